@@ -1,0 +1,63 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "happypath",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "happypath", targets: ["happypath"])
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+        .package(url: "https://github.com/jpsim/Yams", from: "5.0.1"),
+    ],
+    targets: [
+        // MARK: - C: the only place libevent and libcurl are declared
+        .systemLibrary(
+            name: "CLibevent",
+            pkgConfig: "libevent",
+            providers: [.apt(["libevent-dev"])]
+        ),
+        .systemLibrary(
+            name: "CCurl",
+            pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
+        .target(name: "CShims", dependencies: ["CLibevent", "CCurl"]),
+
+        // MARK: - Pure Swift
+        .target(name: "HappyPathCore"),
+        .target(
+            name: "HappyPathConfig",
+            dependencies: ["HappyPathCore", .product(name: "Yams", package: "Yams")]
+        ),
+
+        // MARK: - I/O: the only Swift code that imports C
+        .target(name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims"]),
+
+        // MARK: - Composition and executable
+        .target(
+            name: "HappyPathServer",
+            dependencies: [
+                "HappyPathCore", "HappyPathConfig", "HappyPathIO",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "happypath",
+            dependencies: [
+                "HappyPathServer", "HappyPathConfig",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+
+        // MARK: - Tests
+        .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
+        .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
+        .testTarget(
+            name: "HappyPathIntegrationTests",
+            dependencies: ["HappyPathServer", "HappyPathConfig", "HappyPathCore"]
+        ),
+    ]
+)

@@ -1,0 +1,2 @@
+#include <sys/select.h>
+#include <curl/curl.h>

@@ -1,0 +1,13 @@
+// sys/select.h first: libevent's event-config.h defines _GNU_SOURCE, which
+// changes fd_set; including it here first keeps one fd_set across modules.
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <event2/http.h>
+#include <event2/http_struct.h>
+#include <event2/keyvalq_struct.h>

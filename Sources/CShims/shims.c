@@ -1,0 +1,50 @@
+#include "CShims.h"
+#include <stdatomic.h>
+
+CURLcode hp_easy_set_long(CURL *easy, CURLoption option, long value) {
+    return curl_easy_setopt(easy, option, value);
+}
+CURLcode hp_easy_set_off(CURL *easy, CURLoption option, curl_off_t value) {
+    return curl_easy_setopt(easy, option, value);
+}
+CURLcode hp_easy_set_ptr(CURL *easy, CURLoption option, const void *value) {
+    return curl_easy_setopt(easy, option, value);
+}
+CURLcode hp_easy_set_write_cb(CURL *easy, CURLoption option,
+                              size_t (*cb)(char *, size_t, size_t, void *)) {
+    return curl_easy_setopt(easy, option, cb);
+}
+CURLcode hp_easy_get_long(CURL *easy, CURLINFO info, long *value) {
+    return curl_easy_getinfo(easy, info, value);
+}
+CURLcode hp_easy_get_ptr(CURL *easy, CURLINFO info, void **value) {
+    return curl_easy_getinfo(easy, info, value);
+}
+CURLMcode hp_multi_set_long(CURLM *multi, CURLMoption option, long value) {
+    return curl_multi_setopt(multi, option, value);
+}
+CURLMcode hp_multi_set_ptr(CURLM *multi, CURLMoption option, void *value) {
+    return curl_multi_setopt(multi, option, value);
+}
+CURLMcode hp_multi_set_socket_cb(CURLM *multi, curl_socket_callback cb) {
+    return curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, cb);
+}
+CURLMcode hp_multi_set_timer_cb(CURLM *multi, curl_multi_timer_callback cb) {
+    return curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, cb);
+}
+CURLcode hp_msg_result(CURLMsg *msg) { return msg->data.result; }
+
+static _Atomic(hp_error_hook) error_hook;
+
+void hp_set_error_hook(hp_error_hook hook) { atomic_store(&error_hook, hook); }
+
+void evhttp_send_error(struct evhttp_request *req, int status, const char *reason) {
+    hp_error_hook hook = atomic_load(&error_hook);
+    if (hook != NULL) {
+        hook(req, status, reason);
+        return;
+    }
+    // No hook installed: a bodiless reply that still closes the exchange.
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+    evhttp_send_reply(req, status, reason != NULL ? reason : "Error", NULL);
+}

@@ -1,0 +1,557 @@
+import Foundation
+import HappyPathCore
+import Yams
+
+/// Reads a YAML file into a `Configuration`, reporting every problem at once
+/// as `FILE:LINE:COL: message`. Nothing is silently ignored: unknown keys are
+/// errors, and so is a route that can never match.
+public enum ConfigLoader {
+    /// The default search order of PRODUCT.md section 1.
+    public static let defaultPaths = ["config/happypath.yaml", "/etc/happypath/happypath.yaml"]
+
+    public static func defaultPath() -> String {
+        defaultPaths.first { FileManager.default.fileExists(atPath: $0) } ?? defaultPaths[0]
+    }
+
+    public static func load(
+        path: String, environment: [String: String] = ProcessInfo.processInfo.environment
+    ) throws(ConfigErrors) -> Configuration {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigErrors([ConfigError(file: path, line: 1, column: 1, message: "cannot read the file (does it exist?)")])
+        }
+        guard let text = String(data: data, encoding: .utf8) else {
+            throw ConfigErrors([ConfigError(file: path, line: 1, column: 1, message: "the file is not UTF-8 text")])
+        }
+        return try parse(text, file: path, environment: environment)
+    }
+
+    public static func parse(
+        _ text: String, file: String, environment: [String: String] = [:]
+    ) throws(ConfigErrors) -> Configuration {
+        let node: Node?
+        do {
+            node = try Yams.compose(yaml: text)
+        } catch let error as YamlError {
+            throw ConfigErrors([yamlError(error, file: file)])
+        } catch {
+            throw ConfigErrors([ConfigError(file: file, line: 1, column: 1, message: "\(error)")])
+        }
+        let reader = Reader(file: file, environment: environment)
+        let config = reader.configuration(node)
+        if !reader.errors.isEmpty { throw ConfigErrors(reader.errors) }
+        return config
+    }
+
+    static func yamlError(_ error: YamlError, file: String) -> ConfigError {
+        switch error {
+        case let .scanner(_, problem, mark, _), let .parser(_, problem, mark, _), let .composer(_, problem, mark, _):
+            return ConfigError(file: file, line: mark.line, column: mark.column, message: "YAML syntax: \(problem)")
+        default:
+            return ConfigError(file: file, line: 1, column: 1, message: "YAML: \(error)")
+        }
+    }
+}
+
+/// Walks the YAML tree. Each section names the keys it knows; what remains is
+/// reported. Conversions record an error and return nil, so one pass finds all.
+final class Reader {
+    let file: String
+    let environment: [String: String]
+    var errors: [ConfigError] = []
+
+    init(file: String, environment: [String: String]) {
+        self.file = file
+        self.environment = environment
+    }
+
+    func error(_ node: Node?, _ message: String) {
+        let mark = node?.mark
+        errors.append(ConfigError(file: file, line: mark?.line ?? 1, column: mark?.column ?? 1, message: message))
+    }
+
+    // MARK: - Structure
+
+    /// The entries of a mapping keyed by name, after reporting unknown and duplicate keys.
+    func fields(_ node: Node?, _ path: String, known: [String]) -> [String: (key: Node, value: Node)] {
+        guard let node else { return [:] }
+        guard case let .mapping(mapping) = node else {
+            error(node, "\(path) must be a mapping of keys to values")
+            return [:]
+        }
+        var out: [String: (key: Node, value: Node)] = [:]
+        for (key, value) in mapping {
+            guard let name = key.string else {
+                error(key, "\(path): keys must be plain strings")
+                continue
+            }
+            let qualified = path.isEmpty ? name : "\(path).\(name)"
+            if out[name] != nil {
+                error(key, "duplicate key '\(qualified)'")
+            } else if !known.contains(name) {
+                error(key, "unknown key '\(qualified)'" + suggestion(for: name, in: known))
+            } else {
+                out[name] = (key, value)
+            }
+        }
+        return out
+    }
+
+    private func suggestion(for name: String, in known: [String]) -> String {
+        let close = known.filter { editDistance($0, name) <= 2 }
+        if let best = close.first { return " (did you mean '\(best)'?)" }
+        return "; expected one of: " + known.joined(separator: ", ")
+    }
+
+    func sequence(_ node: Node?, _ path: String) -> [Node]? {
+        guard let node else { return nil }
+        guard case let .sequence(seq) = node else {
+            error(node, "\(path) must be a list")
+            return nil
+        }
+        return Array(seq)
+    }
+
+    // MARK: - Scalars
+
+    /// The scalar's text with `${VAR}` substituted.
+    func text(_ node: Node?, _ path: String) -> String? {
+        guard let node else { return nil }
+        guard case let .scalar(scalar) = node else {
+            error(node, "\(path) must be a single value, not a list or mapping")
+            return nil
+        }
+        switch EnvironmentSubstitution.apply(scalar.string, environment: environment) {
+        case let .success(value): return value
+        case let .failure(.unset(name)):
+            error(node, "\(path): environment variable \(name) is not set (export it, or write ${\(name):-default})")
+            return nil
+        case .failure(.malformed):
+            error(node, "\(path): malformed ${...} reference; write ${NAME} or ${NAME:-default}")
+            return nil
+        }
+    }
+
+    func string(_ node: Node?, _ path: String) -> String? { text(node, path) }
+
+    func int(_ node: Node?, _ path: String, min: Int = 0, max: Int = Int.max) -> Int? {
+        guard let s = text(node, path) else { return nil }
+        guard let v = Int(s) else {
+            error(node, "\(path) must be a whole number, got '\(s)'")
+            return nil
+        }
+        guard v >= min, v <= max else {
+            error(node, "\(path) must be between \(min) and \(max), got \(v)")
+            return nil
+        }
+        return v
+    }
+
+    func double(_ node: Node?, _ path: String, min: Double, max: Double) -> Double? {
+        guard let s = text(node, path) else { return nil }
+        guard let v = Double(s), v >= min, v <= max else {
+            error(node, "\(path) must be a number from \(min) to \(max), got '\(s)'")
+            return nil
+        }
+        return v
+    }
+
+    func bool(_ node: Node?, _ path: String) -> Bool? {
+        guard let s = text(node, path) else { return nil }
+        switch s.lowercased() {
+        case "true", "yes", "on": return true
+        case "false", "no", "off": return false
+        default:
+            error(node, "\(path) must be true or false, got '\(s)'")
+            return nil
+        }
+    }
+
+    func duration(_ node: Node?, _ path: String, allowZero: Bool = false) -> Duration? {
+        guard let s = text(node, path) else { return nil }
+        guard let d = Units.duration(s) else {
+            error(node, "\(path): '\(s)' is not a duration; write e.g. 250ms, 2s, 1m")
+            return nil
+        }
+        if !allowZero && d <= .zero {
+            error(node, "\(path) must be longer than zero")
+            return nil
+        }
+        return d
+    }
+
+    func size(_ node: Node?, _ path: String) -> Int? {
+        guard let s = text(node, path) else { return nil }
+        guard let v = Units.size(s), v > 0 else {
+            error(node, "\(path): '\(s)' is not a size; write e.g. 512KiB, 10MiB")
+            return nil
+        }
+        return v
+    }
+
+    func choice<E: RawRepresentable & CaseIterable>(_ node: Node?, _ path: String, _: E.Type) -> E?
+    where E.RawValue == String {
+        guard let s = text(node, path) else { return nil }
+        guard let v = E(rawValue: s) else {
+            error(node, "\(path) must be one of \(E.allCases.map(\.rawValue).joined(separator: ", ")), got '\(s)'")
+            return nil
+        }
+        return v
+    }
+
+    func strings(_ node: Node?, _ path: String) -> [String]? {
+        guard let node else { return nil }
+        if case .scalar = node, let one = text(node, path) { return [one] }
+        guard let items = sequence(node, path) else { return nil }
+        return items.enumerated().compactMap { text($1, "\(path)[\($0)]") }
+    }
+
+    func address(_ node: Node?, _ path: String) -> ListenAddress? {
+        guard let s = text(node, path) else { return nil }
+        guard let a = ListenAddress.parse(s) else {
+            error(node, "\(path): '\(s)' is not HOST:PORT (e.g. 127.0.0.1:8080 or [::1]:8080)")
+            return nil
+        }
+        return a
+    }
+
+    // MARK: - Sections
+
+    func configuration(_ root: Node?) -> Configuration {
+        var config = Configuration(
+            source: file, listen: ListenAddress(host: "0.0.0.0", port: 8080), workers: nil,
+            admin: AdminConfiguration(), limits: Limits(), defaults: PolicySettings(), upstreams: [], routes: [])
+        guard let root else {
+            error(nil, "the file is empty; it needs at least 'upstreams' and 'routes'")
+            return config
+        }
+        let f = fields(
+            root, "", known: ["listen", "workers", "admin", "limits", "defaults", "upstreams", "routes"])
+        if let a = address(f["listen"]?.value, "listen") { config.listen = a }
+        if let w = f["workers"]?.value {
+            if text(w, "workers") != "auto" { config.workers = int(w, "workers", min: 1, max: 256) }
+        }
+        if let admin = f["admin"]?.value {
+            let af = fields(admin, "admin", known: ["listen"])
+            if let a = address(af["listen"]?.value, "admin.listen") { config.admin.listen = a }
+        }
+        if let limits = f["limits"]?.value {
+            let lf = fields(
+                limits, "limits", known: ["max_request_body", "max_header_bytes", "client_timeout", "max_parked"])
+            if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
+            if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
+                if v < 1024 {
+                    error(lf["max_header_bytes"]?.value, "limits.max_header_bytes must be at least 1KiB")
+                } else {
+                    config.limits.maxHeaderBytes = v
+                }
+            }
+            if let v = duration(lf["client_timeout"]?.value, "limits.client_timeout") { config.limits.clientTimeout = v }
+            if let v = int(lf["max_parked"]?.value, "limits.max_parked", min: 0) { config.limits.maxParked = v }
+        }
+        if let defaults = f["defaults"] {
+            config.defaults = policies(fields(defaults.value, "defaults", known: Self.policyKeys), "defaults")
+        }
+        if let ups = f["upstreams"] {
+            let uf = fields(ups.value, "upstreams", known: mappingKeys(ups.value))
+            let ordered = uf.sorted { ($0.value.key.mark?.line ?? 0) < ($1.value.key.mark?.line ?? 0) }
+            for (name, entry) in ordered {
+                if let u = upstream(name: name, entry.value) { config.upstreams.append(u) }
+            }
+            if config.upstreams.isEmpty && errors.isEmpty { error(ups.value, "upstreams: define at least one upstream") }
+        } else {
+            error(root, "missing 'upstreams': define at least one upstream service")
+        }
+        if let routes = f["routes"] {
+            for (i, node) in (sequence(routes.value, "routes") ?? []).enumerated() {
+                if let r = route(node, "routes[\(i)]", upstreams: config.upstreams, earlier: config.routes) {
+                    config.routes.append(r)
+                }
+            }
+        } else {
+            error(root, "missing 'routes': add at least one route such as '- match: { path_prefix: / }'")
+        }
+        return config
+    }
+
+    private func mappingKeys(_ node: Node) -> [String] {
+        guard case let .mapping(m) = node else { return [] }
+        return m.keys.compactMap(\.string)
+    }
+
+    static let policyKeys = ["timeout", "retry", "circuit_breaker", "reachability", "health_check"]
+
+    func policies(_ f: [String: (key: Node, value: Node)], _ path: String) -> PolicySettings {
+        var p = PolicySettings()
+        p.timeout = duration(f["timeout"]?.value, "\(path).timeout")
+        if let r = f["retry"]?.value {
+            let rp = "\(path).retry"
+            let rf = fields(
+                r, rp,
+                known: ["attempts", "per_try_timeout", "on", "backoff", "honor_retry_after", "budget", "methods"])
+            p.retry.attempts = int(rf["attempts"]?.value, "\(rp).attempts", min: 1, max: 100)
+            p.retry.perTryTimeout = duration(rf["per_try_timeout"]?.value, "\(rp).per_try_timeout")
+            if let on = rf["on"]?.value, let list = strings(on, "\(rp).on") {
+                for item in list where !["connect-failure", "reset", "timeout"].contains(item) {
+                    if let code = Int(item), (500...599).contains(code) || code == 429 || code == 408 { continue }
+                    error(on, "\(rp).on: '\(item)' is not connect-failure, reset, timeout or a 5xx/408/429 status")
+                }
+                p.retry.on = list
+            }
+            if let b = rf["backoff"]?.value {
+                let bf = fields(b, "\(rp).backoff", known: ["base", "max", "jitter"])
+                p.retry.backoffBase = duration(bf["base"]?.value, "\(rp).backoff.base")
+                p.retry.backoffMax = duration(bf["max"]?.value, "\(rp).backoff.max")
+                p.retry.jitter = choice(bf["jitter"]?.value, "\(rp).backoff.jitter", Jitter.self)
+                if let base = p.retry.backoffBase, let max = p.retry.backoffMax, max < base {
+                    error(bf["max"]?.value, "\(rp).backoff.max must not be shorter than backoff.base")
+                }
+            }
+            p.retry.honorRetryAfter = bool(rf["honor_retry_after"]?.value, "\(rp).honor_retry_after")
+            if let b = rf["budget"]?.value {
+                let bf = fields(b, "\(rp).budget", known: ["ratio", "min_per_second"])
+                p.retry.budgetRatio = double(bf["ratio"]?.value, "\(rp).budget.ratio", min: 0, max: 1)
+                p.retry.budgetMinPerSecond = int(bf["min_per_second"]?.value, "\(rp).budget.min_per_second")
+            }
+            if let m = rf["methods"]?.value { p.retry.methods = methods(m, "\(rp).methods") }
+        }
+        if let c = f["circuit_breaker"]?.value {
+            let cp = "\(path).circuit_breaker"
+            let cf = fields(
+                c, cp,
+                known: [
+                    "consecutive_failures", "failure_rate", "minimum_requests", "window", "open_for",
+                    "half_open_probes", "while_open",
+                ])
+            p.circuitBreaker.consecutiveFailures = int(cf["consecutive_failures"]?.value, "\(cp).consecutive_failures", min: 1)
+            p.circuitBreaker.failureRate = double(cf["failure_rate"]?.value, "\(cp).failure_rate", min: 0, max: 1)
+            p.circuitBreaker.minimumRequests = int(cf["minimum_requests"]?.value, "\(cp).minimum_requests", min: 1)
+            p.circuitBreaker.window = duration(cf["window"]?.value, "\(cp).window")
+            p.circuitBreaker.openFor = duration(cf["open_for"]?.value, "\(cp).open_for")
+            p.circuitBreaker.halfOpenProbes = int(cf["half_open_probes"]?.value, "\(cp).half_open_probes", min: 1)
+            p.circuitBreaker.whileOpen = choice(cf["while_open"]?.value, "\(cp).while_open", WhileOpen.self)
+        }
+        if let r = f["reachability"]?.value {
+            let rf = fields(r, "\(path).reachability", known: ["park_for"])
+            p.reachability.parkFor = duration(rf["park_for"]?.value, "\(path).reachability.park_for", allowZero: true)
+        }
+        if let h = f["health_check"]?.value {
+            let hp = "\(path).health_check"
+            let hf = fields(h, hp, known: ["path", "interval", "timeout", "unhealthy_after", "healthy_after"])
+            if let s = string(hf["path"]?.value, "\(hp).path") {
+                if s.hasPrefix("/") { p.healthCheck.path = s } else { error(hf["path"]?.value, "\(hp).path must start with /") }
+            }
+            p.healthCheck.interval = duration(hf["interval"]?.value, "\(hp).interval")
+            p.healthCheck.timeout = duration(hf["timeout"]?.value, "\(hp).timeout")
+            p.healthCheck.unhealthyAfter = int(hf["unhealthy_after"]?.value, "\(hp).unhealthy_after", min: 1)
+            p.healthCheck.healthyAfter = int(hf["healthy_after"]?.value, "\(hp).healthy_after", min: 1)
+        }
+        return p
+    }
+
+    func methods(_ node: Node, _ path: String) -> [String]? {
+        guard let list = strings(node, path) else { return nil }
+        var out: [String] = []
+        for m in list {
+            let upper = m.uppercased()
+            if upper.isEmpty || !upper.allSatisfy({ $0.isLetter || $0 == "-" || $0 == "_" }) {
+                error(node, "\(path): '\(m)' is not an HTTP method")
+            } else {
+                out.append(upper)
+            }
+        }
+        return out
+    }
+
+    func upstream(name: String, _ node: Node) -> Upstream? {
+        let path = "upstreams.\(name)"
+        let f = fields(
+            node, path,
+            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors"] + Self.policyKeys)
+        var u = Upstream(name: name, endpoints: [])
+        if let e = f["endpoints"] {
+            for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
+                guard let s = text(item, "\(path).endpoints[\(i)]") else { continue }
+                if let url = endpoint(s) { u.endpoints.append(url) } else {
+                    error(item, "\(path).endpoints[\(i)]: '\(s)' is not an http:// or https:// URL with a host")
+                }
+            }
+            if u.endpoints.isEmpty && errors.isEmpty { error(e.value, "\(path).endpoints must list at least one URL") }
+        } else {
+            error(node, "\(path) needs 'endpoints', e.g. [http://127.0.0.1:9000]")
+        }
+        if let v = duration(f["connect_timeout"]?.value, "\(path).connect_timeout") { u.connectTimeout = v }
+        if let v = int(f["max_connections"]?.value, "\(path).max_connections", min: 1) { u.maxConnections = v }
+        if let a = f["auth"]?.value { u.auth = auth(a, "\(path).auth") }
+        u.policies = policies(f, path)
+        if let e = f["errors"]?.value { u.policies.errors = errorMappings(e, "\(path).errors") }
+        return u
+    }
+
+    func endpoint(_ s: String) -> String? {
+        var url = s
+        while url.hasSuffix("/") { url.removeLast() }
+        for scheme in ["http://", "https://"] where url.lowercased().hasPrefix(scheme) {
+            let rest = url.dropFirst(scheme.count)
+            guard let host = rest.split(separator: "/", maxSplits: 1).first, !host.isEmpty else { return nil }
+            if let colon = host.lastIndex(of: ":"), !host.hasSuffix("]") {
+                guard let port = Int(host[host.index(after: colon)...]), (1...65535).contains(port) else { return nil }
+            }
+            return url
+        }
+        return nil
+    }
+
+    func auth(_ node: Node, _ path: String) -> AuthSettings {
+        let f = fields(
+            node, path,
+            known: [
+                "kind", "header", "scheme", "value", "token_url", "client_id", "client_secret", "refresh_token",
+                "scope", "audience", "login_url", "login_body", "login_content_type", "token_pointer",
+                "expires_in_pointer", "refresh_on", "refresh_ahead",
+            ])
+        var a = AuthSettings()
+        guard let kind = choice(f["kind"]?.value, "\(path).kind", AuthKind.self) else {
+            if f["kind"] == nil { error(node, "\(path) needs 'kind' (none, static, oauth2_client_credentials, oauth2_refresh_token, login)") }
+            return a
+        }
+        a.kind = kind
+        if let v = string(f["header"]?.value, "\(path).header") { a.header = v }
+        a.scheme = string(f["scheme"]?.value, "\(path).scheme")
+        a.value = string(f["value"]?.value, "\(path).value")
+        a.tokenURL = string(f["token_url"]?.value, "\(path).token_url")
+        a.clientID = string(f["client_id"]?.value, "\(path).client_id")
+        a.clientSecret = string(f["client_secret"]?.value, "\(path).client_secret")
+        a.refreshToken = string(f["refresh_token"]?.value, "\(path).refresh_token")
+        a.scope = string(f["scope"]?.value, "\(path).scope")
+        a.audience = string(f["audience"]?.value, "\(path).audience")
+        a.loginURL = string(f["login_url"]?.value, "\(path).login_url")
+        a.loginBody = string(f["login_body"]?.value, "\(path).login_body")
+        a.loginContentType = string(f["login_content_type"]?.value, "\(path).login_content_type")
+        a.tokenPointer = string(f["token_pointer"]?.value, "\(path).token_pointer")
+        a.expiresInPointer = string(f["expires_in_pointer"]?.value, "\(path).expires_in_pointer")
+        if let r = f["refresh_on"]?.value, let list = strings(r, "\(path).refresh_on") {
+            a.refreshOn = list.compactMap { item in
+                guard let code = Int(item), (400...599).contains(code) else {
+                    error(r, "\(path).refresh_on: '\(item)' is not a 4xx or 5xx status")
+                    return nil
+                }
+                return code
+            }
+        }
+        if let d = duration(f["refresh_ahead"]?.value, "\(path).refresh_ahead", allowZero: true) { a.refreshAhead = d }
+        let required: [String]
+        switch kind {
+        case .none: required = []
+        case .static: required = ["value"]
+        case .oauth2ClientCredentials: required = ["token_url", "client_id", "client_secret"]
+        case .oauth2RefreshToken: required = ["token_url", "refresh_token"]
+        case .login: required = ["login_url", "token_pointer"]
+        }
+        for key in required where f[key] == nil {
+            error(node, "\(path): kind \(kind.rawValue) needs '\(key)'")
+        }
+        return a
+    }
+
+    func errorMappings(_ node: Node, _ path: String) -> [ErrorMapping] {
+        var out: [ErrorMapping] = []
+        for (i, item) in (sequence(node, path) ?? []).enumerated() {
+            let p = "\(path)[\(i)]"
+            let f = fields(
+                item, p,
+                known: ["when", "code", "title", "detail", "recovery_suggestion", "recovery_options", "retryable"])
+            var conditions: [ErrorMapping.Condition] = []
+            if let w = f["when"]?.value {
+                let wf = fields(w, "\(p).when", known: ["status", "json_pointer", "equals"])
+                if let s = wf["status"]?.value, let text = text(s, "\(p).when.status") {
+                    if let code = Int(text), (400...599).contains(code) {
+                        conditions.append(.status(code))
+                    } else if text.count == 3, text.hasSuffix("xx"), let c = Int(text.prefix(1)), c == 4 || c == 5 {
+                        conditions.append(.statusClass(c))
+                    } else {
+                        error(s, "\(p).when.status: '\(text)' is not a 4xx/5xx status or a class like 4xx")
+                    }
+                }
+                if let ptr = string(wf["json_pointer"]?.value, "\(p).when.json_pointer") {
+                    if !ptr.hasPrefix("/") { error(wf["json_pointer"]?.value, "\(p).when.json_pointer must start with /") }
+                    guard let eq = string(wf["equals"]?.value, "\(p).when.equals") else {
+                        error(w, "\(p).when: json_pointer needs 'equals'")
+                        continue
+                    }
+                    conditions.append(.jsonPointer(ptr, equals: eq))
+                }
+                if conditions.isEmpty && wf.isEmpty { error(w, "\(p).when needs 'status' or 'json_pointer'") }
+            } else {
+                error(item, "\(p) needs 'when'")
+            }
+            guard let code = string(f["code"]?.value, "\(p).code") else {
+                if f["code"] == nil { error(item, "\(p) needs 'code', e.g. ITEM_NOT_FOUND") }
+                continue
+            }
+            if code.isEmpty || !code.allSatisfy({ $0.isUppercase || $0.isNumber || $0 == "_" }) {
+                error(f["code"]?.value, "\(p).code must be UPPER_SNAKE_CASE, got '\(code)'")
+            }
+            out.append(
+                ErrorMapping(
+                    when: conditions, code: code, title: string(f["title"]?.value, "\(p).title"),
+                    detail: string(f["detail"]?.value, "\(p).detail"),
+                    recoverySuggestion: string(f["recovery_suggestion"]?.value, "\(p).recovery_suggestion"),
+                    recoveryOptions: strings(f["recovery_options"]?.value, "\(p).recovery_options"),
+                    retryable: bool(f["retryable"]?.value, "\(p).retryable")))
+        }
+        return out
+    }
+
+    func route(_ node: Node, _ path: String, upstreams: [Upstream], earlier: [Route]) -> Route? {
+        let f = fields(
+            node, path, known: ["match", "upstream", "strip_prefix", "errors"] + Self.policyKeys)
+        var match = RouteMatch(pathPrefix: "/")
+        if let m = f["match"]?.value {
+            let mf = fields(m, "\(path).match", known: ["path_prefix", "methods"])
+            if let p = string(mf["path_prefix"]?.value, "\(path).match.path_prefix") {
+                if p.hasPrefix("/") { match.pathPrefix = p } else {
+                    error(mf["path_prefix"]?.value, "\(path).match.path_prefix must start with /, got '\(p)'")
+                }
+            }
+            if let ms = mf["methods"]?.value, let list = methods(ms, "\(path).match.methods") { match.methods = Set(list) }
+        }
+        guard let upstreamNode = f["upstream"]?.value else {
+            error(node, "\(path) needs 'upstream' (one of: \(upstreams.map(\.name).joined(separator: ", ")))")
+            return nil
+        }
+        guard let upstreamName = string(upstreamNode, "\(path).upstream") else { return nil }
+        if !upstreams.contains(where: { $0.name == upstreamName }) {
+            error(
+                upstreamNode,
+                "\(path).upstream: no upstream named '\(upstreamName)' (defined: \(upstreams.map(\.name).joined(separator: ", ")))")
+        }
+        var r = Route(match: match, upstream: upstreamName)
+        if let s = f["strip_prefix"]?.value, let strip = string(s, "\(path).strip_prefix") {
+            if !match.pathPrefix.hasPrefix(strip) {
+                error(s, "\(path).strip_prefix '\(strip)' is not a prefix of path_prefix '\(match.pathPrefix)'")
+            }
+            r.stripPrefix = strip
+        }
+        r.policies = policies(f, path)
+        if let e = f["errors"]?.value { r.errors = errorMappings(e, "\(path).errors") }
+        if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
+            error(node, "\(path) can never match: routes[\(i)] (path_prefix \(earlier[i].match.pathPrefix)) is earlier and matches everything it does")
+        }
+        return r
+    }
+}
+
+func editDistance(_ a: String, _ b: String) -> Int {
+    let a = Array(a), b = Array(b)
+    if a.isEmpty { return b.count }
+    if b.isEmpty { return a.count }
+    var prev = Array(0...b.count)
+    for i in 1...a.count {
+        var cur = [i] + Array(repeating: 0, count: b.count)
+        for j in 1...b.count {
+            cur[j] = Swift.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+        }
+        prev = cur
+    }
+    return prev[b.count]
+}

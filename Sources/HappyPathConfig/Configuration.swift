@@ -1,0 +1,239 @@
+import HappyPathCore
+
+/// A validated configuration. Policy settings keep "not set" (nil) apart from
+/// their defaults so that a route inherits from its upstream, which inherits
+/// from `defaults`; `resolvedPolicies(forRoute:)` does the merge.
+public struct Configuration: Sendable {
+    /// The file this came from, for messages and `/admin/state`.
+    public var source: String
+    public var listen: ListenAddress
+    /// Event-loop threads; `nil` means `auto` (one per core).
+    public var workers: Int?
+    public var admin: AdminConfiguration
+    public var limits: Limits
+    public var defaults: PolicySettings
+    /// In file order.
+    public var upstreams: [Upstream]
+    /// In file order: first match wins.
+    public var routes: [Route]
+
+    public func upstream(named name: String) -> Upstream? { upstreams.first { $0.name == name } }
+
+    public var router: Router { Router(routes.map(\.match)) }
+}
+
+public struct AdminConfiguration: Sendable {
+    public var listen: ListenAddress = ListenAddress(host: "127.0.0.1", port: 9901)
+}
+
+public struct Limits: Sendable {
+    /// Larger bodies are answered 413 PAYLOAD_TOO_LARGE.
+    public var maxRequestBody: Int = 10 * 1024 * 1024
+    /// Larger request heads are answered 431 HEADERS_TOO_LARGE.
+    public var maxHeaderBytes: Int = 64 * 1024
+    /// Idle or slow client connections are closed after this.
+    public var clientTimeout: Duration = .seconds(30)
+    /// Parked commands in the whole process.
+    public var maxParked: Int = 10_000
+}
+
+public struct Upstream: Sendable {
+    public var name: String
+    /// Base URLs such as `http://127.0.0.1:9000`, without a trailing slash.
+    public var endpoints: [String]
+    public var connectTimeout: Duration = .seconds(1)
+    public var maxConnections: Int = 256
+    public var auth: AuthSettings = .none
+    public var policies: PolicySettings = PolicySettings()
+}
+
+public struct Route: Sendable {
+    public var match: RouteMatch
+    public var upstream: String
+    public var stripPrefix: String?
+    public var policies: PolicySettings = PolicySettings()
+    public var errors: [ErrorMapping] = []
+}
+
+// MARK: - Policy settings (every field optional: nil = inherit)
+
+public struct PolicySettings: Sendable {
+    public var timeout: Duration?
+    public var retry = RetrySettings()
+    public var circuitBreaker = CircuitBreakerSettings()
+    public var reachability = ReachabilitySettings()
+    public var healthCheck = HealthCheckSettings()
+    public var errors: [ErrorMapping] = []
+
+    public init() {}
+
+    /// `self` over `base`: each field set here wins, the rest come from `base`.
+    public func over(_ base: PolicySettings) -> PolicySettings {
+        var out = PolicySettings()
+        out.timeout = timeout ?? base.timeout
+        out.retry = retry.over(base.retry)
+        out.circuitBreaker = circuitBreaker.over(base.circuitBreaker)
+        out.reachability = reachability.over(base.reachability)
+        out.healthCheck = healthCheck.over(base.healthCheck)
+        out.errors = errors + base.errors
+        return out
+    }
+}
+
+public enum Jitter: String, Sendable, CaseIterable { case full, none }
+public enum WhileOpen: String, Sendable, CaseIterable { case park, fail }
+
+public struct RetrySettings: Sendable {
+    public var attempts: Int?
+    public var perTryTimeout: Duration?
+    /// `connect-failure`, `reset`, `timeout`, or status codes as text.
+    public var on: [String]?
+    public var backoffBase: Duration?
+    public var backoffMax: Duration?
+    public var jitter: Jitter?
+    public var honorRetryAfter: Bool?
+    public var budgetRatio: Double?
+    public var budgetMinPerSecond: Int?
+    public var methods: [String]?
+
+    func over(_ b: RetrySettings) -> RetrySettings {
+        RetrySettings(
+            attempts: attempts ?? b.attempts, perTryTimeout: perTryTimeout ?? b.perTryTimeout, on: on ?? b.on,
+            backoffBase: backoffBase ?? b.backoffBase, backoffMax: backoffMax ?? b.backoffMax,
+            jitter: jitter ?? b.jitter, honorRetryAfter: honorRetryAfter ?? b.honorRetryAfter,
+            budgetRatio: budgetRatio ?? b.budgetRatio, budgetMinPerSecond: budgetMinPerSecond ?? b.budgetMinPerSecond,
+            methods: methods ?? b.methods)
+    }
+}
+
+public struct CircuitBreakerSettings: Sendable {
+    public var consecutiveFailures: Int?
+    public var failureRate: Double?
+    public var minimumRequests: Int?
+    public var window: Duration?
+    public var openFor: Duration?
+    public var halfOpenProbes: Int?
+    public var whileOpen: WhileOpen?
+
+    func over(_ b: CircuitBreakerSettings) -> CircuitBreakerSettings {
+        CircuitBreakerSettings(
+            consecutiveFailures: consecutiveFailures ?? b.consecutiveFailures, failureRate: failureRate ?? b.failureRate,
+            minimumRequests: minimumRequests ?? b.minimumRequests, window: window ?? b.window,
+            openFor: openFor ?? b.openFor, halfOpenProbes: halfOpenProbes ?? b.halfOpenProbes,
+            whileOpen: whileOpen ?? b.whileOpen)
+    }
+}
+
+public struct ReachabilitySettings: Sendable {
+    public var parkFor: Duration?
+
+    func over(_ b: ReachabilitySettings) -> ReachabilitySettings { ReachabilitySettings(parkFor: parkFor ?? b.parkFor) }
+}
+
+public struct HealthCheckSettings: Sendable {
+    public var path: String?
+    public var interval: Duration?
+    public var timeout: Duration?
+    public var unhealthyAfter: Int?
+    public var healthyAfter: Int?
+
+    func over(_ b: HealthCheckSettings) -> HealthCheckSettings {
+        HealthCheckSettings(
+            path: path ?? b.path, interval: interval ?? b.interval, timeout: timeout ?? b.timeout,
+            unhealthyAfter: unhealthyAfter ?? b.unhealthyAfter, healthyAfter: healthyAfter ?? b.healthyAfter)
+    }
+}
+
+public enum AuthKind: String, Sendable, CaseIterable {
+    case none, `static`
+    case oauth2ClientCredentials = "oauth2_client_credentials"
+    case oauth2RefreshToken = "oauth2_refresh_token"
+    case login
+}
+
+/// Credentials for an upstream. Secret values come from the environment and
+/// are never printed: `description`-style output must go through `redacted`.
+public struct AuthSettings: Sendable {
+    public var kind: AuthKind = .none
+    public var header: String = "Authorization"
+    public var scheme: String?
+    /// `static`: the header value.
+    public var value: String?
+    public var tokenURL: String?
+    public var clientID: String?
+    public var clientSecret: String?
+    public var refreshToken: String?
+    public var scope: String?
+    public var audience: String?
+    public var loginURL: String?
+    public var loginBody: String?
+    public var loginContentType: String?
+    public var tokenPointer: String?
+    public var expiresInPointer: String?
+    public var refreshOn: [Int] = [401]
+    public var refreshAhead: Duration = .seconds(30)
+
+    public static let none = AuthSettings()
+}
+
+/// A route's or upstream's mapping of an upstream error onto the client's domain.
+public struct ErrorMapping: Sendable, Equatable {
+    public enum Condition: Sendable, Equatable {
+        case status(Int)
+        /// 4 for `4xx`, 5 for `5xx`.
+        case statusClass(Int)
+        case jsonPointer(String, equals: String)
+    }
+
+    public var when: [Condition]
+    public var code: String
+    public var title: String?
+    public var detail: String?
+    public var recoverySuggestion: String?
+    public var recoveryOptions: [String]?
+    public var retryable: Bool?
+}
+
+// MARK: - Built-in defaults and resolution
+
+/// The policy values one route runs with, after route → upstream → defaults →
+/// built-in defaults.
+public struct ResolvedPolicies: Sendable {
+    public var timeout: Duration
+    public var retry: RetrySettings
+    public var circuitBreaker: CircuitBreakerSettings
+    public var reachability: ReachabilitySettings
+    public var healthCheck: HealthCheckSettings
+    public var errors: [ErrorMapping]
+}
+
+extension PolicySettings {
+    /// The defaults of PRODUCT.md section 2, used where nothing is configured.
+    public static let builtIn: PolicySettings = {
+        var p = PolicySettings()
+        p.timeout = .seconds(10)
+        p.retry = RetrySettings(
+            attempts: 3, perTryTimeout: .seconds(3), on: ["connect-failure", "reset", "timeout", "502", "503", "504"],
+            backoffBase: .milliseconds(50), backoffMax: .seconds(2), jitter: .full, honorRetryAfter: true,
+            budgetRatio: 0.2, budgetMinPerSecond: 10, methods: ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
+        p.circuitBreaker = CircuitBreakerSettings(
+            consecutiveFailures: 5, failureRate: 0.5, minimumRequests: 20, window: .seconds(10), openFor: .seconds(5),
+            halfOpenProbes: 1, whileOpen: .park)
+        p.reachability = ReachabilitySettings(parkFor: .seconds(10))
+        p.healthCheck = HealthCheckSettings(
+            path: "/healthz", interval: .seconds(2), timeout: .seconds(1), unhealthyAfter: 3, healthyAfter: 1)
+        return p
+    }()
+}
+
+extension Configuration {
+    public func resolvedPolicies(forRoute index: Int) -> ResolvedPolicies {
+        let route = routes[index]
+        let upstreamPolicies = upstream(named: route.upstream)?.policies ?? PolicySettings()
+        var merged = route.policies.over(upstreamPolicies).over(defaults).over(.builtIn)
+        merged.errors = route.errors + upstreamPolicies.errors
+        return ResolvedPolicies(
+            timeout: merged.timeout!, retry: merged.retry, circuitBreaker: merged.circuitBreaker,
+            reachability: merged.reachability, healthCheck: merged.healthCheck, errors: merged.errors)
+    }
+}

@@ -1,0 +1,69 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Synchronization
+
+/// A point on a monotonic time line, in nanoseconds from an arbitrary origin.
+public struct Instant: Comparable, Hashable, Sendable {
+    public var nanoseconds: Int64
+
+    public init(nanoseconds: Int64) { self.nanoseconds = nanoseconds }
+
+    public static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.nanoseconds < rhs.nanoseconds }
+
+    public static func + (lhs: Instant, rhs: Duration) -> Instant {
+        Instant(nanoseconds: lhs.nanoseconds &+ rhs.nanoseconds)
+    }
+
+    public static func - (lhs: Instant, rhs: Instant) -> Duration {
+        .nanoseconds(lhs.nanoseconds &- rhs.nanoseconds)
+    }
+}
+
+extension Duration {
+    /// Whole nanoseconds, saturating; durations here are far below the range.
+    public var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds &* 1_000_000_000 &+ attoseconds / 1_000_000_000
+    }
+
+    /// Whole milliseconds, rounded up so a short positive wait never becomes zero.
+    public var millisecondsRoundedUp: Int64 {
+        let ns = nanoseconds
+        return ns <= 0 ? 0 : (ns + 999_999) / 1_000_000
+    }
+
+    public var seconds: Double { Double(nanoseconds) / 1e9 }
+}
+
+/// Where policies read the time. Production uses `MonotonicClock`; tests use
+/// `ManualClock` and move time by hand, so no test sleeps to wait for time.
+public protocol Clock: Sendable {
+    func now() -> Instant
+}
+
+public struct MonotonicClock: Clock {
+    public init() {}
+
+    public func now() -> Instant {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Instant(nanoseconds: Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec))
+    }
+}
+
+public final class ManualClock: Clock {
+    private let current: Mutex<Instant>
+
+    public init(start: Instant = Instant(nanoseconds: 1_000_000_000)) {
+        current = Mutex(start)
+    }
+
+    public func now() -> Instant { current.withLock { $0 } }
+
+    public func advance(by duration: Duration) {
+        current.withLock { $0 = $0 + duration }
+    }
+}

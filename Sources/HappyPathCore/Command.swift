@@ -1,0 +1,71 @@
+/// The request body, owned once and shared by every try of a command, so a
+/// replay sends exactly the bytes the client sent. The storage is a fixed
+/// allocation whose address libcurl may read while a try is in flight.
+public final class RequestBody: @unchecked Sendable {
+    public let count: Int
+    public let baseAddress: UnsafeMutableRawPointer?
+
+    public static let empty = RequestBody(count: 0)
+
+    /// Allocates `count` bytes for the caller to fill before sharing the body.
+    public init(count: Int) {
+        self.count = count
+        baseAddress = count > 0 ? UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16) : nil
+    }
+
+    public convenience init(_ bytes: [UInt8]) {
+        self.init(count: bytes.count)
+        if let baseAddress { bytes.withUnsafeBytes { baseAddress.copyMemory(from: $0.baseAddress!, byteCount: count) } }
+    }
+
+    public var bytes: [UInt8] {
+        guard let baseAddress else { return [] }
+        return Array(UnsafeRawBufferPointer(start: baseAddress, count: count))
+    }
+
+    deinit { baseAddress?.deallocate() }
+}
+
+/// One client request as an immutable, re-submittable snapshot: everything a
+/// try needs and nothing about the connection it arrived on. A replay is a
+/// copy with `attempt + 1` (the seed pattern's NSOperation copy).
+public struct Command: Sendable {
+    public let requestID: String
+    public let method: String
+    /// Path and query as sent upstream (after `strip_prefix`).
+    public let target: String
+    /// Headers as sent upstream: hop-by-hop removed, forwarding headers added.
+    public let headers: [HTTPField]
+    public let body: RequestBody
+    public let routeIndex: Int
+    public let upstream: String
+    public let deadline: Instant
+    public let attempt: Int
+
+    public init(
+        requestID: String, method: String, target: String, headers: [HTTPField], body: RequestBody,
+        routeIndex: Int, upstream: String, deadline: Instant, attempt: Int = 1
+    ) {
+        self.requestID = requestID
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.routeIndex = routeIndex
+        self.upstream = upstream
+        self.deadline = deadline
+        self.attempt = attempt
+    }
+
+    /// The copy a listener re-submits.
+    public func nextAttempt() -> Command {
+        Command(
+            requestID: requestID, method: method, target: target, headers: headers, body: body,
+            routeIndex: routeIndex, upstream: upstream, deadline: deadline, attempt: attempt + 1)
+    }
+
+    /// Time left before the deadline, never negative.
+    public func remaining(at now: Instant) -> Duration {
+        now < deadline ? deadline - now : .zero
+    }
+}

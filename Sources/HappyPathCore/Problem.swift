@@ -1,0 +1,181 @@
+/// The error codes of the contract (PRODUCT.md section 4), each with the text
+/// a client sees when no route or upstream mapping overrides it.
+public enum ProblemCode: String, Sendable, CaseIterable {
+    case noRoute = "NO_ROUTE"
+    case badRequest = "BAD_REQUEST"
+    case payloadTooLarge = "PAYLOAD_TOO_LARGE"
+    case headersTooLarge = "HEADERS_TOO_LARGE"
+    case upstreamUnreachable = "UPSTREAM_UNREACHABLE"
+    case upstreamTimeout = "UPSTREAM_TIMEOUT"
+    case upstreamUnavailable = "UPSTREAM_UNAVAILABLE"
+    case circuitOpen = "CIRCUIT_OPEN"
+    case overloaded = "OVERLOADED"
+    case rateLimited = "RATE_LIMITED"
+    case authFailed = "AUTH_FAILED"
+    case forbidden = "FORBIDDEN"
+    case notFound = "NOT_FOUND"
+    case clientError = "CLIENT_ERROR"
+    case badGateway = "BAD_GATEWAY"
+
+    public var status: Int {
+        switch self {
+        case .noRoute, .notFound: 404
+        case .badRequest: 400
+        case .payloadTooLarge: 413
+        case .headersTooLarge: 431
+        case .upstreamUnreachable, .upstreamUnavailable, .circuitOpen, .overloaded: 503
+        case .upstreamTimeout: 504
+        case .rateLimited: 429
+        case .authFailed: 401
+        case .forbidden: 403
+        case .clientError: 400
+        case .badGateway: 502
+        }
+    }
+
+    public var retryable: Bool {
+        switch self {
+        case .upstreamUnreachable, .upstreamTimeout, .upstreamUnavailable, .circuitOpen, .overloaded,
+            .rateLimited, .badGateway:
+            true
+        default: false
+        }
+    }
+
+    /// `urn:happypath:error:` followed by the code in kebab case.
+    public var type: String {
+        "urn:happypath:error:" + rawValue.lowercased().replacingUnderscores()
+    }
+
+    public var title: String {
+        switch self {
+        case .noRoute: "No route matches this request"
+        case .badRequest: "The request is malformed"
+        case .payloadTooLarge: "The request body is too large"
+        case .headersTooLarge: "The request headers are too large"
+        case .upstreamUnreachable: "The service cannot be reached"
+        case .upstreamTimeout: "The service did not answer in time"
+        case .upstreamUnavailable: "The service is temporarily unavailable"
+        case .circuitOpen: "The service is paused after repeated failures"
+        case .overloaded: "The gateway is at capacity"
+        case .rateLimited: "Too many requests"
+        case .authFailed: "The gateway could not authenticate to the service"
+        case .forbidden: "Access to this resource is not allowed"
+        case .notFound: "The resource does not exist"
+        case .clientError: "The service rejected the request"
+        case .badGateway: "The service sent an invalid response"
+        }
+    }
+
+    public var recoverySuggestion: String {
+        switch self {
+        case .noRoute: "Check the URL path and method against the gateway's routes."
+        case .badRequest: "Fix the request syntax before sending it again."
+        case .payloadTooLarge: "Send a smaller body, or ask the operator to raise limits.max_request_body."
+        case .headersTooLarge: "Send fewer or smaller headers (cookies are the usual cause)."
+        case .upstreamUnreachable: "Try again in a few seconds; the service is not accepting connections."
+        case .upstreamTimeout: "Try again later; the service is slow right now."
+        case .upstreamUnavailable: "Try again in a few seconds."
+        case .circuitOpen: "Wait for the time given in Retry-After, then try again."
+        case .overloaded: "Try again shortly, with backoff."
+        case .rateLimited: "Slow down and retry after the time given in Retry-After."
+        case .authFailed: "Contact the operator: the gateway's credentials for this service are not accepted."
+        case .forbidden: "Check that you are allowed to access this resource."
+        case .notFound: "Check the identifier in the URL."
+        case .clientError: "Correct the request as the service describes, then send it again."
+        case .badGateway: "Try again; if it persists, the service is misbehaving."
+        }
+    }
+
+    public var recoveryOptions: [String] { retryable ? ["retry", "cancel"] : ["cancel"] }
+}
+
+extension String {
+    fileprivate func replacingUnderscores() -> String {
+        String(unicodeScalars.map { $0 == "_" ? "-" : Character($0) })
+    }
+}
+
+/// The one error body every failure becomes (RFC 9457 problem+json with the
+/// fields of PRODUCT.md section 4). Rendered in exactly one place: `json()`.
+public struct Problem: Sendable, Equatable {
+    public var code: String
+    public var type: String
+    public var title: String
+    public var status: Int
+    public var retryable: Bool
+    public var requestID: String
+    public var detail: String?
+    public var retryAfterSeconds: Int?
+    public var recoverySuggestion: String?
+    public var recoveryOptions: [String]
+    public var attempts: Int?
+    public var upstream: String?
+
+    public init(
+        _ code: ProblemCode, requestID: String, detail: String? = nil, attempts: Int? = nil,
+        upstream: String? = nil, retryAfterSeconds: Int? = nil
+    ) {
+        self.code = code.rawValue
+        self.type = code.type
+        self.title = code.title
+        self.status = code.status
+        self.retryable = code.retryable
+        self.requestID = requestID
+        self.detail = detail
+        self.retryAfterSeconds = retryAfterSeconds
+        self.recoverySuggestion = code.recoverySuggestion
+        self.recoveryOptions = code.recoveryOptions
+        self.attempts = attempts
+        self.upstream = upstream
+    }
+
+    /// The body, with keys in the documented order.
+    public func json() -> String {
+        var out = "{"
+        out.reserveCapacity(384)
+        func field(_ key: String, _ rendered: String) {
+            if out.utf8.count > 1 { out += "," }
+            out += "\"" + key + "\":" + rendered
+        }
+        field("type", JSON.quote(type))
+        field("title", JSON.quote(title))
+        field("status", String(status))
+        field("code", JSON.quote(code))
+        if let detail { field("detail", JSON.quote(detail)) }
+        field("retryable", retryable ? "true" : "false")
+        if let retryAfterSeconds { field("retry_after_s", String(retryAfterSeconds)) }
+        if let recoverySuggestion { field("recovery_suggestion", JSON.quote(recoverySuggestion)) }
+        if !recoveryOptions.isEmpty {
+            field("recovery_options", "[" + recoveryOptions.map(JSON.quote).joined(separator: ",") + "]")
+        }
+        if let attempts { field("attempts", String(attempts)) }
+        if let upstream { field("upstream", JSON.quote(upstream)) }
+        field("request_id", JSON.quote(requestID))
+        out += "}"
+        return out
+    }
+}
+
+/// Minimal JSON string quoting for the bodies and log lines the proxy writes.
+public enum JSON {
+    public static func quote(_ s: String) -> String {
+        var out = "\""
+        out.reserveCapacity(s.utf8.count + 2)
+        for scalar in s.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+        return out
+    }
+}

@@ -1,0 +1,57 @@
+/// What a route accepts: a path prefix and, optionally, a set of methods.
+public struct RouteMatch: Sendable, Equatable {
+    public var pathPrefix: String
+    /// Upper-case method names; `nil` accepts every method.
+    public var methods: Set<String>?
+
+    public init(pathPrefix: String, methods: Set<String>? = nil) {
+        self.pathPrefix = pathPrefix
+        self.methods = methods
+    }
+
+    public func accepts(path: String, method: String) -> Bool {
+        guard path.hasPrefix(pathPrefix) else { return false }
+        guard let methods else { return true }
+        return methods.contains(method)
+    }
+
+    /// True when every request this match accepts is already accepted by `earlier`,
+    /// so a route with this match placed after `earlier` can never be chosen.
+    public func isShadowed(by earlier: RouteMatch) -> Bool {
+        guard pathPrefix.hasPrefix(earlier.pathPrefix) else { return false }
+        guard let earlierMethods = earlier.methods else { return true }
+        guard let methods else { return false }
+        return methods.isSubset(of: earlierMethods)
+    }
+}
+
+/// First match wins, in configuration order (PRODUCT.md section 2).
+public struct Router: Sendable {
+    public let matches: [RouteMatch]
+
+    public init(_ matches: [RouteMatch]) { self.matches = matches }
+
+    /// The index of the first route that accepts the request, or nil (NO_ROUTE).
+    public func route(path: String, method: String) -> Int? {
+        matches.firstIndex { $0.accepts(path: path, method: method) }
+    }
+
+    /// The target sent upstream: the path with `stripPrefix` removed (keeping a
+    /// leading slash), and the query unchanged.
+    public static func upstreamTarget(path: String, query: String?, stripPrefix: String?) -> String {
+        var outPath = Substring(path)
+        if let stripPrefix, !stripPrefix.isEmpty, outPath.hasPrefix(stripPrefix) {
+            outPath = outPath.dropFirst(stripPrefix.count)
+            if !outPath.hasPrefix("/") {
+                return "/" + outPath + (query.map { "?" + $0 } ?? "")
+            }
+        }
+        return String(outPath) + (query.map { "?" + $0 } ?? "")
+    }
+
+    /// Splits an origin-form request target into path and query.
+    public static func split(target: String) -> (path: String, query: String?) {
+        guard let q = target.utf8.firstIndex(of: UInt8(ascii: "?")) else { return (target, nil) }
+        return (String(target[..<q]), String(target[target.index(after: q)...]))
+    }
+}

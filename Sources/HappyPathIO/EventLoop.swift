@@ -1,0 +1,204 @@
+internal import CCurl
+internal import CLibevent
+import HappyPathCore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One libevent `event_base` driven by one thread. Everything that touches the
+/// base runs on that thread; other threads hand work over with `execute`,
+/// which wakes the loop through libevent's thread-safe `event_active`.
+public final class EventLoop: @unchecked Sendable {
+    let base: OpaquePointer
+    private var wakeEvent: OpaquePointer?
+    private let inbox = Mutex<[@Sendable () -> Void]>([])
+    private var thread: pthread_t?
+
+    /// Process-wide setup, once, before any loop or thread exists: libevent
+    /// locking (for `event_active` across threads), curl's globals, SIGPIPE.
+    public static func initializeLibraries() {
+        _ = librariesInitialized
+    }
+
+    private static let librariesInitialized: Bool = {
+        evthread_use_pthreads()
+        curl_global_init(Int(CURL_GLOBAL_ALL))
+        signal(SIGPIPE, SIG_IGN)
+        // Many connections in and out: raise the soft descriptor limit to the hard one.
+        var limit = rlimit()
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max
+            setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        }
+        return true
+    }()
+
+    public init() {
+        Self.initializeLibraries()
+        let config = event_config_new()
+        // Batches epoll_ctl changes made during one loop pass (a socket that
+        // is disabled and re-enabled costs nothing): fewer system calls.
+        event_config_set_flag(config, Int32(EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST.rawValue))
+        base = event_base_new_with_config(config)!
+        event_config_free(config)
+        // The wake-up event holds an unretained pointer: the loop owns it and
+        // frees it in deinit, so it never outlives `self`.
+        wakeEvent = event_new(base, -1, 0, eventLoopWakeCallback, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    deinit {
+        if let wakeEvent { event_free(wakeEvent) }
+        event_base_free(base)
+    }
+
+    /// Runs `task` on the loop's thread, soon. Safe from any thread.
+    public func execute(_ task: @escaping @Sendable () -> Void) {
+        inbox.withLock { $0.append(task) }
+        event_active(wakeEvent, Int32(EV_READ), 0)
+    }
+
+    fileprivate func drainInbox() {
+        let tasks = inbox.withLock { tasks -> [@Sendable () -> Void] in
+            defer { tasks.removeAll(keepingCapacity: true) }
+            return tasks
+        }
+        for task in tasks { task() }
+    }
+
+    /// Runs the loop on the calling thread until `stop()`.
+    public func run() {
+        event_base_loop(base, Int32(EVLOOP_NO_EXIT_ON_EMPTY))
+    }
+
+    /// Starts a thread that runs the loop.
+    public func start(name: String) {
+        final class Box: @unchecked Sendable {
+            let loop: EventLoop
+            init(_ loop: EventLoop) { self.loop = loop }
+        }
+        let box = Unmanaged.passRetained(Box(self)).toOpaque()
+        var tid = pthread_t()
+        let rc = pthread_create(
+            &tid, nil,
+            { arg in
+                let box = Unmanaged<AnyObject>.fromOpaque(arg!).takeRetainedValue() as! Box
+                box.loop.run()
+                return nil
+            }, box)
+        precondition(rc == 0, "pthread_create failed: \(rc)")
+        thread = tid
+        _ = name
+    }
+
+    /// Asks the loop to return after the current pass. Safe from any thread.
+    public func stop() {
+        event_base_loopbreak(base)
+        event_active(wakeEvent, Int32(EV_READ), 0)
+    }
+
+    /// Waits for the loop's thread to end.
+    public func join() {
+        if let thread { pthread_join(thread, nil) }
+        thread = nil
+    }
+
+    // MARK: - Timers
+
+    /// Calls `body` on the loop after `delay` (zero: on the next pass).
+    @discardableResult
+    public func schedule(after delay: Duration, _ body: @escaping () -> Void) -> LoopTimer {
+        let timer = LoopTimer(loop: self, body: body)
+        timer.arm(delay)
+        return timer
+    }
+}
+
+private func eventLoopWakeCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().drainInbox()
+}
+
+/// A one-shot timer on a loop. While armed, the timer retains itself (the C
+/// callback holds an unretained pointer), so dropping the handle is safe;
+/// firing or `cancel()` releases that reference.
+public final class LoopTimer {
+    private var event: OpaquePointer?
+    private var body: (() -> Void)?
+    private var selfReference: Unmanaged<LoopTimer>?
+
+    init(loop: EventLoop, body: @escaping () -> Void) {
+        self.body = body
+        event = event_new(loop.base, -1, 0, loopTimerCallback, nil)
+    }
+
+    fileprivate func arm(_ delay: Duration) {
+        let retained = Unmanaged.passRetained(self)
+        selfReference = retained
+        event_assign(event, event_get_base(event), -1, 0, loopTimerCallback, retained.toOpaque())
+        var tv = timeval(delay)
+        event_add(event, &tv)
+    }
+
+    fileprivate func fire() {
+        let body = self.body
+        self.body = nil
+        let reference = selfReference
+        selfReference = nil
+        body?()
+        reference?.release()
+    }
+
+    public func cancel() {
+        guard let reference = selfReference else { return }
+        event_del(event)
+        body = nil
+        selfReference = nil
+        reference.release()
+    }
+
+    deinit { if let event { event_free(event) } }
+}
+
+private func loopTimerCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<LoopTimer>.fromOpaque(arg!).takeUnretainedValue().fire()
+}
+
+extension timeval {
+    init(_ duration: Duration) {
+        let ns = max(0, duration.nanoseconds)
+        self.init(tv_sec: Int(ns / 1_000_000_000), tv_usec: Int((ns % 1_000_000_000) / 1000))
+    }
+}
+
+// MARK: - Signals
+
+/// A signal delivered on a loop (libevent turns it into an ordinary event).
+/// Keep the handle: dropping it stops the delivery.
+public final class SignalWatcher {
+    private var event: OpaquePointer?
+    private let handler: () -> Void
+
+    public init(loop: EventLoop, signal signo: Int32, handler: @escaping () -> Void) {
+        self.handler = handler
+        event = event_new(
+            loop.base, signo, Int16(EV_SIGNAL | EV_PERSIST), signalWatcherCallback,
+            Unmanaged.passUnretained(self).toOpaque())
+        event_add(event, nil)
+    }
+
+    fileprivate func fire() { handler() }
+
+    /// On the loop's thread.
+    public func cancel() {
+        if let event {
+            event_del(event)
+            event_free(event)
+        }
+        event = nil
+    }
+}
+
+private func signalWatcherCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<SignalWatcher>.fromOpaque(arg!).takeUnretainedValue().fire()
+}

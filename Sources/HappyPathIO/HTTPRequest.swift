@@ -1,0 +1,294 @@
+internal import CLibevent
+import HappyPathCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A client request received by `HTTPServer`, valid until it is answered.
+///
+/// Ownership: libevent owns the underlying `evhttp_request`; it frees it when
+/// a reply completes (`reply`, `endReply`) or when the connection is freed by
+/// `abort()`. After that every method here is a no-op, because `raw` is
+/// cleared first, so a late upstream callback cannot touch freed memory.
+public final class HTTPRequest {
+    private var raw: UnsafeMutablePointer<evhttp_request>?
+    /// Answer with `Connection: close` (set for requests libevent rejected).
+    public var closeAfterReply = false
+    private var closeHandler: (() -> Void)?
+    private var drainHandler: (() -> Void)?
+
+    init(_ raw: UnsafeMutablePointer<evhttp_request>) { self.raw = raw }
+
+    public var isAnswered: Bool { raw == nil }
+
+    // MARK: - Request
+
+    public var method: String {
+        guard let raw else { return "GET" }
+        switch Int32(evhttp_request_get_command(raw).rawValue) {
+        case 1 << 0: return "GET"
+        case 1 << 1: return "POST"
+        case 1 << 2: return "HEAD"
+        case 1 << 3: return "PUT"
+        case 1 << 4: return "DELETE"
+        case 1 << 5: return "OPTIONS"
+        case 1 << 6: return "TRACE"
+        case 1 << 7: return "CONNECT"
+        case 1 << 8: return "PATCH"
+        default: return "GET"
+        }
+    }
+
+    /// The request target exactly as the client sent it (origin form).
+    public var target: String {
+        guard let raw, let uri = evhttp_request_get_uri(raw) else { return "/" }
+        return String(cString: uri)
+    }
+
+    public var httpVersion: (major: Int, minor: Int) {
+        guard let raw else { return (1, 1) }
+        return (Int(raw.pointee.major), Int(raw.pointee.minor))
+    }
+
+    /// Calls `body` with each request header in arrival order.
+    public func forEachHeader(_ body: (_ name: String, _ value: String) -> Void) {
+        guard let raw, let headers = evhttp_request_get_input_headers(raw) else { return }
+        var entry = headers.pointee.tqh_first
+        while let e = entry {
+            if let key = e.pointee.key, let value = e.pointee.value {
+                body(String(cString: key), String(cString: value))
+            }
+            entry = e.pointee.next.tqe_next
+        }
+    }
+
+    public func header(_ name: String) -> String? {
+        guard let raw, let value = evhttp_find_header(evhttp_request_get_input_headers(raw), name) else { return nil }
+        return String(cString: value)
+    }
+
+    /// The client's address, as text.
+    public var peerAddress: String {
+        guard let raw, let evcon = evhttp_request_get_connection(raw) else { return "" }
+        var host: UnsafeMutablePointer<CChar>?
+        var port: UInt16 = 0
+        evhttp_connection_get_peer(evcon, &host, &port)
+        return host.map { String(cString: $0) } ?? ""
+    }
+
+    /// The whole request body (libevent has read it before `serve`).
+    public func takeBody() -> RequestBody {
+        guard let raw, let buffer = evhttp_request_get_input_buffer(raw) else { return .empty }
+        let count = evbuffer_get_length(buffer)
+        guard count > 0 else { return .empty }
+        let body = RequestBody(count: count)
+        evbuffer_remove(buffer, body.baseAddress, count)
+        return body
+    }
+
+    // MARK: - Whole replies
+
+    /// Sends a complete response and releases the request.
+    public func reply(status: Int, headers: [HTTPField] = [], body: String? = nil) {
+        guard let raw else { return }
+        self.raw = nil
+        clearConnectionCallbacks(raw)
+        let out = evhttp_request_get_output_headers(raw)
+        for field in headers { evhttp_add_header(out, field.name, field.value) }
+        if closeAfterReply { evhttp_add_header(out, "Connection", "close") }
+        if let body, !body.isEmpty {
+            let buffer = evbuffer_new()
+            var body = body
+            body.withUTF8 { _ = evbuffer_add(buffer, $0.baseAddress, $0.count) }
+            evhttp_send_reply(raw, Int32(status), reasonPhrase(status), buffer)
+            evbuffer_free(buffer)
+        } else {
+            evhttp_send_reply(raw, Int32(status), reasonPhrase(status), nil)
+        }
+    }
+
+    // MARK: - Streamed replies
+
+    /// Replaces every response header added so far (a new try starts clean).
+    public func clearResponseHeaders() {
+        guard let raw else { return }
+        evhttp_clear_headers(evhttp_request_get_output_headers(raw))
+    }
+
+    public func addResponseHeader(_ name: String, _ value: String) {
+        guard let raw else { return }
+        evhttp_add_header(evhttp_request_get_output_headers(raw), name, value)
+    }
+
+    /// Adds a header from raw bytes (as libcurl hands them over) without
+    /// building Swift strings: copied with terminators into a stack buffer.
+    public func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        guard let raw else { return }
+        let total = name.count + value.count + 2
+        withUnsafeTemporaryAllocation(byteCount: total, alignment: 1) { buffer in
+            let base = buffer.baseAddress!
+            if name.count > 0 { base.copyMemory(from: name.baseAddress!, byteCount: name.count) }
+            base.storeBytes(of: 0, toByteOffset: name.count, as: UInt8.self)
+            let valueStart = base + name.count + 1
+            if value.count > 0 { valueStart.copyMemory(from: value.baseAddress!, byteCount: value.count) }
+            valueStart.storeBytes(of: 0, toByteOffset: value.count, as: UInt8.self)
+            evhttp_add_header(
+                evhttp_request_get_output_headers(raw), base.assumingMemoryBound(to: CChar.self),
+                valueStart.assumingMemoryBound(to: CChar.self))
+        }
+    }
+
+    /// Sends the status line and headers; the body follows with `send`.
+    /// With a `Content-Length` header the body is sent as is; without one,
+    /// HTTP/1.1 clients get chunked encoding.
+    public func startReply(status: Int) {
+        guard let raw else { return }
+        if closeAfterReply { evhttp_add_header(evhttp_request_get_output_headers(raw), "Connection", "close") }
+        evhttp_send_reply_start(raw, Int32(status), reasonPhrase(status))
+    }
+
+    /// Queues body bytes for the client. `onDrained` runs once everything
+    /// queued so far has been written to the socket (for back-pressure).
+    public func send(_ bytes: UnsafeRawBufferPointer, onDrained: (() -> Void)? = nil) {
+        guard let raw, bytes.count > 0 else { return }
+        let buffer = ReplyScratch.buffer
+        evbuffer_add(buffer, bytes.baseAddress, bytes.count)
+        drainHandler = onDrained
+        if onDrained != nil, let evcon = evhttp_request_get_connection(raw) {
+            evhttp_send_reply_chunk_with_cb(raw, buffer, httpRequestDrainedCallback, Unmanaged.passUnretained(self).toOpaque())
+            _ = evcon
+        } else {
+            evhttp_send_reply_chunk(raw, buffer)
+        }
+    }
+
+    /// Bytes queued for the client and not yet written.
+    public var pendingOutput: Int {
+        guard let raw, let evcon = evhttp_request_get_connection(raw),
+            let bev = evhttp_connection_get_bufferevent(evcon)
+        else { return 0 }
+        return evbuffer_get_length(bufferevent_get_output(bev))
+    }
+
+    /// Finishes a streamed reply and releases the request.
+    public func endReply() {
+        guard let raw else { return }
+        self.raw = nil
+        clearConnectionCallbacks(raw)
+        evhttp_send_reply_end(raw)
+    }
+
+    /// Drops the client connection without completing the response (the body
+    /// was cut short upstream: the client must see a broken response, not a
+    /// complete one). Releases the request.
+    public func abort() {
+        guard let raw else { return }
+        self.raw = nil
+        clearConnectionCallbacks(raw)
+        if let evcon = evhttp_request_get_connection(raw) {
+            evhttp_connection_free(evcon)  // frees the request with it
+        } else {
+            evhttp_send_reply_end(raw)  // already detached: this only frees it
+        }
+    }
+
+    /// Runs `handler` if the client connection closes before the answer is
+    /// complete. The connection holds an unretained pointer to `self`; it is
+    /// cleared before the request is released, so it never dangles.
+    public func onClientClose(_ handler: @escaping () -> Void) {
+        guard let raw, let evcon = evhttp_request_get_connection(raw) else { return }
+        closeHandler = handler
+        evhttp_connection_set_closecb(evcon, httpRequestCloseCallback, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    private func clearConnectionCallbacks(_ raw: UnsafeMutablePointer<evhttp_request>) {
+        if closeHandler != nil, let evcon = evhttp_request_get_connection(raw) {
+            evhttp_connection_set_closecb(evcon, nil, nil)
+        }
+        closeHandler = nil
+        drainHandler = nil
+    }
+
+    fileprivate func connectionClosed() {
+        // Still attached: libevent frees the request right after this callback,
+        // so forget it. Detached (evcon == NULL): it is ours to release later.
+        if let raw, raw.pointee.evcon != nil { self.raw = nil }
+        let handler = closeHandler
+        closeHandler = nil
+        drainHandler = nil
+        handler?()
+    }
+
+    fileprivate func drained() {
+        let handler = drainHandler
+        drainHandler = nil
+        handler?()
+    }
+
+    /// Writes `bytes` raw to the socket (no HTTP framing), then drops the
+    /// connection: the demo upstream's "garbage" answer.
+    public func sendRawAndDrop(_ bytes: [UInt8]) {
+        guard let raw, let evcon = evhttp_request_get_connection(raw),
+            let bev = evhttp_connection_get_bufferevent(evcon)
+        else { return }
+        let fd = bufferevent_getfd(bev)
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        dropConnection()
+    }
+
+    /// Shuts the client's socket (both ways) without a response: the demo
+    /// upstream's "drop the connection". The request is released once
+    /// libevent notices.
+    public func dropConnection() {
+        guard let raw else { return }
+        if let evcon = evhttp_request_get_connection(raw), let bev = evhttp_connection_get_bufferevent(evcon) {
+            shutdown(bufferevent_getfd(bev), Int32(SHUT_RDWR))
+        }
+        reply(status: 500)
+    }
+}
+
+private func httpRequestCloseCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {
+    guard let arg else { return }
+    Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().connectionClosed()
+}
+
+private func httpRequestDrainedCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {
+    guard let arg else { return }
+    Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().drained()
+}
+
+/// One scratch evbuffer per thread for moving body bytes into a reply
+/// (`evhttp_send_reply_chunk` moves its chains out, leaving it empty).
+private enum ReplyScratch {
+    static var buffer: OpaquePointer {
+        if let existing = pthread_getspecific(key) { return OpaquePointer(existing) }
+        let created = evbuffer_new()!
+        pthread_setspecific(key, UnsafeRawPointer(created))
+        return created
+    }
+
+    static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key) { pointer in evbuffer_free(OpaquePointer(pointer)) }
+        return key
+    }()
+}
+
+
+/// Reason phrases libevent 2.1 lacks (it prints "Client Error" for them);
+/// nil lets libevent use its own table.
+private func reasonPhrase(_ status: Int) -> UnsafePointer<CChar>? {
+    let phrase: StaticString
+    switch status {
+    case 422: phrase = "Unprocessable Content"
+    case 425: phrase = "Too Early"
+    case 428: phrase = "Precondition Required"
+    case 429: phrase = "Too Many Requests"
+    case 431: phrase = "Request Header Fields Too Large"
+    case 451: phrase = "Unavailable For Legal Reasons"
+    default: return nil
+    }
+    return UnsafeRawPointer(phrase.utf8Start).assumingMemoryBound(to: CChar.self)
+}

@@ -1,0 +1,410 @@
+internal import CCurl
+internal import CLibevent
+internal import CShims
+import HappyPathCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One try against one endpoint, as libcurl will send it.
+public struct UpstreamRequest {
+    /// `scheme://host:port/` of the endpoint: what libcurl connects to.
+    public var origin: String
+    /// Sent verbatim as the request target (endpoint path + command target).
+    public var target: String
+    public var method: String
+    public var headers: [HTTPField]
+    public var body: RequestBody
+    /// Whether a body (possibly empty, with `Content-Length: 0`) is sent.
+    public var sendsBody: Bool
+    /// The whole try, connection included.
+    public var timeout: Duration
+    public var connectTimeout: Duration
+
+    public init(
+        origin: String, target: String, method: String, headers: [HTTPField], body: RequestBody, sendsBody: Bool,
+        timeout: Duration, connectTimeout: Duration
+    ) {
+        self.origin = origin
+        self.target = target
+        self.method = method
+        self.headers = headers
+        self.body = body
+        self.sendsBody = sendsBody
+        self.timeout = timeout
+        self.connectTimeout = connectTimeout
+    }
+}
+
+/// How a try failed, typed where it arises (libcurl's result) so policies
+/// and error rendering never look at curl codes.
+public enum UpstreamFailure: Error, Sendable, Equatable {
+    /// No connection: refused, unresolvable, or connect timed out. The
+    /// request never left, so it is always safe to try again.
+    case connectFailed(String)
+    /// The try ran out of time after the request was sent.
+    case timeout
+    /// The connection dropped before the response was complete.
+    case reset(String)
+    /// What came back was not valid HTTP.
+    case badResponse(String)
+    /// Anything else libcurl reports.
+    case other(String)
+
+    public var neverReachedUpstream: Bool {
+        if case .connectFailed = self { return true }
+        return false
+    }
+}
+
+/// Receives one try's response, on the loop thread, from inside libcurl's
+/// callbacks (so it must not call back into the client except `resume`
+/// later, from a libevent callback).
+public protocol UpstreamResponseHandler: AnyObject {
+    /// The final (non-1xx) status line arrived.
+    func upstreamStatus(_ status: Int)
+    /// A header of the final response; the bytes are valid only during the call.
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
+    func upstreamHeadersComplete()
+    /// Body bytes. Return false to pause: the bytes are not consumed and come
+    /// again after `UpstreamTransfer.resume()`.
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
+    /// The try ended: nil on a complete response.
+    func upstreamFinished(_ failure: UpstreamFailure?)
+}
+
+/// A try in flight. Retained by libcurl's private pointer from `start` until
+/// it finishes or is cancelled.
+public final class UpstreamTransfer {
+    fileprivate let handle: EasyHandle
+    fileprivate var handler: UpstreamResponseHandler?
+    fileprivate var headerList: UnsafeMutablePointer<curl_slist>?
+    fileprivate var body: RequestBody?
+    fileprivate unowned let client: UpstreamClient
+    fileprivate var inFinalBlock = false
+    fileprivate var headersDone = false
+    fileprivate var finished = false
+    fileprivate var paused = false
+
+    fileprivate init(handle: EasyHandle, client: UpstreamClient) {
+        self.handle = handle
+        self.client = client
+    }
+
+    /// Continues a paused transfer. Call from a libevent callback, never from
+    /// inside an `UpstreamResponseHandler` method.
+    public func resume() {
+        guard paused, !finished else { return }
+        paused = false
+        curl_easy_pause(handle.easy, CURLPAUSE_CONT)
+    }
+}
+
+/// A pooled libcurl easy handle with its error buffer.
+fileprivate struct EasyHandle {
+    let easy: UnsafeMutableRawPointer
+    let errorBuffer: UnsafeMutablePointer<CChar>
+}
+
+/// The upstream side of one event loop: a libcurl multi handle driven by the
+/// loop's libevent base (socket and timer callbacks, `curl_multi_socket_action`),
+/// with its own connection pool. Nothing here blocks.
+public final class UpstreamClient {
+    private let loop: EventLoop
+    private let multi: UnsafeMutableRawPointer
+    private var timerEvent: OpaquePointer?
+    /// Per-descriptor libevent events, reused across transfers on a socket.
+    private var socketEvents: [OpaquePointer?] = []
+    private var pool: [EasyHandle] = []
+    public private(set) var activeTransfers = 0
+
+    public init(loop: EventLoop, maxConnectionsPerHost: Int, maxCachedConnections: Int) {
+        self.loop = loop
+        multi = curl_multi_init()
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        hp_multi_set_socket_cb(multi, upstreamSocketCallback)
+        hp_multi_set_ptr(multi, CURLMOPT_SOCKETDATA, me)
+        hp_multi_set_timer_cb(multi, upstreamTimerCallback)
+        hp_multi_set_ptr(multi, CURLMOPT_TIMERDATA, me)
+        hp_multi_set_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, max(1, maxConnectionsPerHost))
+        hp_multi_set_long(multi, CURLMOPT_MAXCONNECTS, max(4, maxCachedConnections))
+        // The timer and socket events point at `self` unretained: they are
+        // freed in `shutdown()`, which the owner calls before letting go.
+        timerEvent = event_new(loop.base, -1, 0, upstreamTimerEventCallback, me)
+    }
+
+    /// Frees libcurl and libevent resources. On the loop's thread.
+    public func shutdown() {
+        for handle in pool {
+            curl_easy_cleanup(handle.easy)
+            handle.errorBuffer.deallocate()
+        }
+        pool.removeAll()
+        curl_multi_cleanup(multi)
+        for case let event? in socketEvents { event_free(event) }
+        socketEvents.removeAll()
+        if let timerEvent { event_free(timerEvent) }
+        timerEvent = nil
+    }
+
+    // MARK: - Transfers
+
+    public func start(_ request: UpstreamRequest, handler: UpstreamResponseHandler) -> UpstreamTransfer {
+        let handle = pool.popLast() ?? makeHandle()
+        let transfer = UpstreamTransfer(handle: handle, client: self)
+        transfer.handler = handler
+        transfer.body = request.body
+        let easy = handle.easy
+        handle.errorBuffer[0] = 0
+
+        hp_easy_set_ptr(easy, CURLOPT_URL, request.origin)
+        hp_easy_set_ptr(easy, CURLOPT_REQUEST_TARGET, request.target)
+        // Method and body. HTTPGET resets whatever the previous try set.
+        hp_easy_set_long(easy, CURLOPT_HTTPGET, 1)
+        hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, nil)
+        if request.method == "HEAD" {
+            hp_easy_set_long(easy, CURLOPT_NOBODY, 1)
+        } else if request.sendsBody {
+            hp_easy_set_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count))
+            // libcurl reads the body in place: `transfer.body` keeps it alive.
+            hp_easy_set_ptr(easy, CURLOPT_POSTFIELDS, request.body.baseAddress ?? emptyBody)
+            if request.method != "POST" { hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, request.method) }
+        } else if request.method != "GET" {
+            hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, request.method)
+        }
+
+        var list: UnsafeMutablePointer<curl_slist>?
+        var sawAccept = false
+        var sawContentType = false
+        for field in request.headers {
+            if !sawAccept && field.name.equalsIgnoringASCIICase("Accept") { sawAccept = true }
+            if !sawContentType && field.name.equalsIgnoringASCIICase("Content-Type") { sawContentType = true }
+            list = curl_slist_append(list, field.name + ": " + field.value)
+        }
+        // "Name:" removes a header libcurl would otherwise invent.
+        list = curl_slist_append(list, "Expect:")
+        if !sawAccept { list = curl_slist_append(list, "Accept:") }
+        if !sawContentType && request.sendsBody { list = curl_slist_append(list, "Content-Type:") }
+        transfer.headerList = list
+        hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, list)
+
+        hp_easy_set_long(easy, CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout.millisecondsRoundedUp)))
+        hp_easy_set_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout.millisecondsRoundedUp)))
+        let retained = Unmanaged.passRetained(transfer).toOpaque()
+        hp_easy_set_ptr(easy, CURLOPT_PRIVATE, retained)
+        hp_easy_set_ptr(easy, CURLOPT_HEADERDATA, retained)
+        hp_easy_set_ptr(easy, CURLOPT_WRITEDATA, retained)
+        activeTransfers += 1
+        curl_multi_add_handle(multi, easy)
+        return transfer
+    }
+
+    /// Stops a try without telling its handler (the caller is the handler).
+    /// Not from inside a handler method.
+    public func cancel(_ transfer: UpstreamTransfer) {
+        guard !transfer.finished else { return }
+        complete(transfer)
+    }
+
+    private func makeHandle() -> EasyHandle {
+        let easy = curl_easy_init()!
+        let errorBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Int(CURL_ERROR_SIZE))
+        errorBuffer[0] = 0
+        hp_easy_set_long(easy, CURLOPT_NOSIGNAL, 1)
+        hp_easy_set_long(easy, CURLOPT_TCP_NODELAY, 1)
+        hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
+        hp_easy_set_long(easy, CURLOPT_PATH_AS_IS, 1)
+        hp_easy_set_long(easy, CURLOPT_HTTP_CONTENT_DECODING, 0)
+        hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 64 * 1024)
+        hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
+        hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
+        hp_easy_set_write_cb(easy, CURLOPT_WRITEFUNCTION, upstreamWriteCallback)
+        return EasyHandle(easy: easy, errorBuffer: errorBuffer)
+    }
+
+    /// Detaches a transfer from libcurl and returns its handle to the pool.
+    private func complete(_ transfer: UpstreamTransfer) {
+        transfer.finished = true
+        activeTransfers -= 1
+        curl_multi_remove_handle(multi, transfer.handle.easy)
+        curl_slist_free_all(transfer.headerList)  // libcurl does not copy the list
+        transfer.headerList = nil
+        hp_easy_set_ptr(transfer.handle.easy, CURLOPT_HTTPHEADER, nil)
+        transfer.body = nil
+        pool.append(transfer.handle)
+        Unmanaged.passUnretained(transfer).release()  // the reference taken in start()
+    }
+
+    fileprivate func drainCompleted() {
+        var remaining: Int32 = 0
+        while let message = curl_multi_info_read(multi, &remaining) {
+            guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle else { continue }
+            let code = hp_msg_result(message)
+            var privatePointer: UnsafeMutableRawPointer?
+            hp_easy_get_ptr(easy, CURLINFO_PRIVATE, &privatePointer)
+            guard let privatePointer else { continue }
+            let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(privatePointer).takeUnretainedValue()
+            let failure = code == CURLE_OK ? nil : classify(code, transfer)
+            let handler = transfer.handler
+            transfer.handler = nil
+            complete(transfer)
+            handler?.upstreamFinished(failure)
+        }
+    }
+
+    private func classify(_ code: CURLcode, _ transfer: UpstreamTransfer) -> UpstreamFailure {
+        let message =
+            transfer.handle.errorBuffer[0] != 0
+            ? String(cString: transfer.handle.errorBuffer) : String(cString: curl_easy_strerror(code))
+        switch code {
+        case CURLE_COULDNT_CONNECT, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY:
+            return .connectFailed(message)
+        case CURLE_OPERATION_TIMEDOUT:
+            var sent = 0
+            hp_easy_get_long(transfer.handle.easy, CURLINFO_REQUEST_SIZE, &sent)
+            return sent == 0 ? .connectFailed(message) : .timeout
+        case CURLE_GOT_NOTHING, CURLE_RECV_ERROR, CURLE_SEND_ERROR, CURLE_PARTIAL_FILE:
+            return .reset(message)
+        case CURLE_WEIRD_SERVER_REPLY, CURLE_UNSUPPORTED_PROTOCOL, CURLE_BAD_CONTENT_ENCODING:
+            return .badResponse(message)
+        default:
+            return .other(message)
+        }
+    }
+
+    // MARK: - libcurl → libevent glue
+
+    fileprivate func watch(socket fd: curl_socket_t, what: Int32) {
+        let index = Int(fd)
+        if index >= socketEvents.count {
+            socketEvents.append(contentsOf: repeatElement(nil, count: index + 1 - socketEvents.count))
+        }
+        if what == CURL_POLL_REMOVE {
+            if let event = socketEvents[index] { event_del(event) }
+            return
+        }
+        var kind = Int16(EV_PERSIST)
+        if what & CURL_POLL_IN != 0 { kind |= Int16(EV_READ) }
+        if what & CURL_POLL_OUT != 0 { kind |= Int16(EV_WRITE) }
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        if let event = socketEvents[index] {
+            event_del(event)
+            event_assign(event, loop.base, fd, kind, upstreamSocketEventCallback, me)
+            event_add(event, nil)
+        } else {
+            let event = event_new(loop.base, fd, kind, upstreamSocketEventCallback, me)
+            socketEvents[index] = event
+            event_add(event, nil)
+        }
+    }
+
+    fileprivate func setTimer(milliseconds: Int) {
+        guard let timerEvent else { return }
+        if milliseconds < 0 {
+            event_del(timerEvent)
+        } else {
+            // Zero means "now": libcurl forbids calling back into it from
+            // here, so a zero-delay timer runs socket_action on the next pass.
+            var tv = timeval(tv_sec: milliseconds / 1000, tv_usec: (milliseconds % 1000) * 1000)
+            event_add(timerEvent, &tv)
+        }
+    }
+
+    fileprivate func socketReady(_ fd: Int32, _ what: Int16) {
+        var flags: Int32 = 0
+        if what & Int16(EV_READ) != 0 { flags |= CURL_CSELECT_IN }
+        if what & Int16(EV_WRITE) != 0 { flags |= CURL_CSELECT_OUT }
+        var running: Int32 = 0
+        curl_multi_socket_action(multi, fd, flags, &running)
+        drainCompleted()
+    }
+
+    fileprivate func timerFired() {
+        var running: Int32 = 0
+        curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running)
+        drainCompleted()
+    }
+}
+
+nonisolated(unsafe) private let emptyBody: UnsafeMutableRawPointer = UnsafeMutableRawPointer.allocate(byteCount: 1, alignment: 1)
+
+// MARK: - C callbacks (each gets its object through an unretained pointer)
+
+private func upstreamSocketCallback(
+    _: UnsafeMutableRawPointer?, _ fd: curl_socket_t, _ what: Int32, _ userp: UnsafeMutableRawPointer?,
+    _: UnsafeMutableRawPointer?
+) -> Int32 {
+    Unmanaged<UpstreamClient>.fromOpaque(userp!).takeUnretainedValue().watch(socket: fd, what: what)
+    return 0
+}
+
+private func upstreamTimerCallback(_: UnsafeMutableRawPointer?, _ ms: Int, _ userp: UnsafeMutableRawPointer?) -> Int32 {
+    Unmanaged<UpstreamClient>.fromOpaque(userp!).takeUnretainedValue().setTimer(milliseconds: ms)
+    return 0
+}
+
+private func upstreamSocketEventCallback(_ fd: Int32, _ what: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<UpstreamClient>.fromOpaque(arg!).takeUnretainedValue().socketReady(fd, what)
+}
+
+private func upstreamTimerEventCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<UpstreamClient>.fromOpaque(arg!).takeUnretainedValue().timerFired()
+}
+
+/// Header lines arrive one per call, CRLF included, not NUL-terminated; each
+/// `HTTP/` line starts a new block (1xx blocks are skipped).
+private func upstreamHeaderCallback(
+    _ data: UnsafeMutablePointer<CChar>?, _ size: Int, _ count: Int, _ userdata: UnsafeMutableRawPointer?
+) -> Int {
+    let n = size * count
+    guard let data, let userdata else { return n }
+    let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(userdata).takeUnretainedValue()
+    guard let handler = transfer.handler, !transfer.headersDone else { return n }
+    let line = UnsafeRawBufferPointer(start: data, count: n)
+    var end = n
+    while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
+    if end == 0 {
+        if transfer.inFinalBlock {
+            transfer.headersDone = true
+            handler.upstreamHeadersComplete()
+        }
+        return n
+    }
+    if n >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
+        var i = 5
+        while i < end, line[i] != 0x20 { i += 1 }
+        while i < end, line[i] == 0x20 { i += 1 }
+        var status = 0
+        var digits = 0
+        while i < end, digits < 3, line[i] >= 0x30, line[i] <= 0x39 {
+            status = status * 10 + Int(line[i] - 0x30)
+            i += 1
+            digits += 1
+        }
+        transfer.inFinalBlock = status >= 200
+        if transfer.inFinalBlock { handler.upstreamStatus(status) }
+        return n
+    }
+    guard transfer.inFinalBlock, let colon = line[..<end].firstIndex(of: 0x3A) else { return n }
+    var valueStart = colon + 1
+    while valueStart < end, line[valueStart] == 0x20 || line[valueStart] == 0x09 { valueStart += 1 }
+    var valueEnd = end
+    while valueEnd > valueStart, line[valueEnd - 1] == 0x20 || line[valueEnd - 1] == 0x09 { valueEnd -= 1 }
+    handler.upstreamHeader(
+        name: UnsafeRawBufferPointer(rebasing: line[0..<colon]),
+        value: UnsafeRawBufferPointer(rebasing: line[valueStart..<valueEnd]))
+    return n
+}
+
+private func upstreamWriteCallback(
+    _ data: UnsafeMutablePointer<CChar>?, _ size: Int, _ count: Int, _ userdata: UnsafeMutableRawPointer?
+) -> Int {
+    let n = size * count
+    guard let data, let userdata else { return n }
+    let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(userdata).takeUnretainedValue()
+    guard let handler = transfer.handler else { return n }
+    if handler.upstreamBody(UnsafeRawBufferPointer(start: data, count: n)) { return n }
+    transfer.paused = true
+    return Int(CURL_WRITEFUNC_PAUSE)
+}

@@ -1,0 +1,195 @@
+import Foundation
+import HappyPathCore
+import HappyPathIO
+import Synchronization
+
+/// `happypath demo-upstream`: a small, deliberately unreliable service to try
+/// the proxy against and to load-test it. Runs on its own event loop.
+public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
+    public static let endpoints: [(path: String, what: String)] = [
+        ("/", "this index"),
+        ("/healthz", "200 while running"),
+        ("/ok", "200 with a small JSON body"),
+        ("/status/{code}", "answers with that status, e.g. /status/503"),
+        ("/flaky?fail=0.25&status=503", "fails the given fraction of requests with the given status"),
+        ("/slow?ms=500", "answers after the given delay"),
+        ("/drop", "closes the connection without answering"),
+        ("/garbage", "answers with bytes that are not HTTP"),
+        ("/echo", "JSON: method, target, headers, body length and FNV-1a hash"),
+        ("/echo/raw", "the request body, byte for byte"),
+        ("/bytes?n=1048576", "n bytes of body, streamed"),
+    ]
+
+    private let loop: EventLoop
+    private var server: HTTPServer!
+    private var random = IdentifierGenerator()
+    /// Requests served, for tests and load reports.
+    public let hits = Atomic<Int>(0)
+    public private(set) var port = 0
+
+    public init(host: String = "127.0.0.1", port: Int) throws(SocketError) {
+        loop = EventLoop()
+        server = try HTTPServer(
+            loop: loop, host: host, port: port, reusePort: false,
+            limits: HTTPServerLimits(maxHeaderBytes: 64 * 1024, maxBodyBytes: 256 * 1024 * 1024, timeout: .seconds(60)),
+            delegate: self)
+        self.port = server.port
+    }
+
+    public func start() { loop.start(name: "demo-upstream") }
+
+    public func stop() {
+        loop.execute { [self] in
+            server.close()
+            loop.stop()
+        }
+        loop.join()
+    }
+
+    /// Runs on the calling thread until the process ends.
+    public func run() { loop.run() }
+
+    // MARK: - Handling
+
+    public func reject(_ request: HTTPRequest, reason: RejectedRequest) {
+        request.reply(status: 400, headers: Self.json, body: "{\"error\":\"\(reason)\"}\n")
+    }
+
+    static let json = [HTTPField(name: "Content-Type", value: "application/json")]
+
+    public func serve(_ request: HTTPRequest) {
+        hits.wrappingAdd(1, ordering: .relaxed)
+        let (path, query) = Router.split(target: request.target)
+        let params = Self.parameters(query)
+        switch path {
+        case "/":
+            let list = Self.endpoints.map { "    {\"path\": \(JSON.quote($0.path)), \"what\": \(JSON.quote($0.what))}" }
+            request.reply(
+                status: 200, headers: Self.json,
+                body: "{\n  \"service\": \"happypath demo upstream\",\n  \"endpoints\": [\n" + list.joined(separator: ",\n") + "\n  ]\n}\n")
+        case "/healthz":
+            request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
+        case "/ok":
+            request.reply(status: 200, headers: Self.json, body: "{\"ok\":true}\n")
+        case "/flaky":
+            let fail = Double(params["fail"] ?? "") ?? 0.25
+            let status = Int(params["status"] ?? "") ?? 503
+            if Double(random.next() % 1_000_000) / 1_000_000 < fail {
+                respond(request, status: status)
+            } else {
+                request.reply(status: 200, headers: Self.json, body: "{\"ok\":true}\n")
+            }
+        case "/slow":
+            let ms = Int(params["ms"] ?? "") ?? 500
+            loop.schedule(after: .milliseconds(ms)) {
+                request.reply(status: 200, headers: Self.json, body: "{\"ok\":true,\"delayed_ms\":\(ms)}\n")
+            }
+        case "/drop":
+            request.dropConnection()
+        case "/garbage":
+            request.sendRawAndDrop(Array("this is not HTTP at all\r\n\r\n".utf8))
+        case "/echo":
+            echo(request)
+        case "/echo/raw":
+            let body = request.takeBody()
+            let type = request.header("Content-Type") ?? "application/octet-stream"
+            streamBody(request, headers: [HTTPField(name: "Content-Type", value: type)], count: body.count) { offset, n, out in
+                out.copyMemory(from: body.baseAddress! + offset, byteCount: n)
+            }
+        case "/bytes":
+            let n = max(0, Int(params["n"] ?? "") ?? 1024)
+            streamBody(request, headers: [HTTPField(name: "Content-Type", value: "application/octet-stream")], count: n) {
+                offset, count, out in
+                for i in 0..<count { out.storeBytes(of: UInt8(truncatingIfNeeded: (offset + i) % 251), toByteOffset: i, as: UInt8.self) }
+            }
+        default:
+            if path.hasPrefix("/status/"), let code = Int(path.dropFirst("/status/".count)), (200...599).contains(code) {
+                respond(request, status: code)
+            } else {
+                request.reply(status: 404, headers: Self.json, body: "{\"error\":\"no such demo endpoint\",\"path\":\(JSON.quote(path))}\n")
+            }
+        }
+    }
+
+    private func respond(_ request: HTTPRequest, status: Int) {
+        if status == 204 || status == 304 {
+            request.reply(status: status)
+        } else {
+            var headers = Self.json
+            if status == 429 || status == 503 { headers.append(HTTPField(name: "Retry-After", value: "1")) }
+            request.reply(status: status, headers: headers, body: "{\"status\":\(status)}\n")
+        }
+    }
+
+    private func echo(_ request: HTTPRequest) {
+        let body = request.takeBody()
+        var headers: [String] = []
+        request.forEachHeader { name, value in headers.append("[\(JSON.quote(name)),\(JSON.quote(value))]") }
+        let hash = String(Self.fnv1a(UnsafeRawBufferPointer(start: body.baseAddress, count: body.count)), radix: 16)
+        let json = """
+            {"method":\(JSON.quote(request.method)),"target":\(JSON.quote(request.target)),\
+            "headers":[\(headers.joined(separator: ","))],"body_bytes":\(body.count),"body_fnv1a64":"\(hash)"}
+
+            """
+        request.reply(status: 200, headers: Self.json, body: json)
+    }
+
+    /// Streams `count` bytes in 64 KiB pieces, each written after the
+    /// previous one drained, so a huge body never sits in memory.
+    private func streamBody(
+        _ request: HTTPRequest, headers: [HTTPField], count: Int,
+        fill: @escaping (_ offset: Int, _ count: Int, _ out: UnsafeMutableRawPointer) -> Void
+    ) {
+        for field in headers { request.addResponseHeader(field.name, field.value) }
+        request.addResponseHeader("Content-Length", String(count))
+        request.startReply(status: 200)
+        let chunk = 64 * 1024
+        let scratch = UnsafeMutableRawPointer.allocate(byteCount: chunk, alignment: 16)
+        var offset = 0
+        var finished = false
+        func finish() {
+            guard !finished else { return }
+            finished = true
+            scratch.deallocate()
+        }
+        request.onClientClose { [loop] in
+            loop.schedule(after: .zero) {
+                finish()
+                request.abort()
+            }
+        }
+        func next() {
+            guard !finished else { return }
+            guard offset < count else {
+                finish()
+                request.endReply()
+                return
+            }
+            let n = min(chunk, count - offset)
+            fill(offset, n, scratch)
+            offset += n
+            request.send(UnsafeRawBufferPointer(start: scratch, count: n)) { next() }
+        }
+        next()
+    }
+
+    /// FNV-1a, 64 bit: a cheap fingerprint for comparing bodies in tests.
+    public static func fnv1a(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in bytes {
+            hash ^= UInt64(byte)
+            hash &*= 0x100_0000_01b3
+        }
+        return hash
+    }
+
+    static func parameters(_ query: String?) -> [String: String] {
+        guard let query else { return [:] }
+        var out: [String: String] = [:]
+        for pair in query.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1)
+            out[String(parts[0])] = parts.count > 1 ? String(parts[1]) : ""
+        }
+        return out
+    }
+}

@@ -1,0 +1,181 @@
+import HappyPathCore
+import HappyPathIO
+import Logging
+
+/// One client request from arrival to answer: it sends the command upstream,
+/// streams the response back, or renders the failure as a problem.
+final class Exchange: UpstreamResponseHandler {
+    /// Pause reading from upstream while this much is queued for a slow client.
+    static let highWater = 1 << 20
+
+    unowned let worker: ProxyWorker
+    let request: HTTPRequest
+    let route: RuntimeRoute
+    let upstream: RuntimeUpstream
+    var command: Command
+    private var transfer: UpstreamTransfer?
+    private var status = 0
+    private var responseStarted = false
+    private var waitingForDrain = false
+    private var done = false
+
+    init(worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, upstream: RuntimeUpstream, command: Command) {
+        self.worker = worker
+        self.request = request
+        self.route = route
+        self.upstream = upstream
+        self.command = command
+    }
+
+    func start() {
+        request.onClientClose { [unowned self] in
+            // Inside libevent's connection teardown: finish on the next pass.
+            worker.loop.schedule(after: .zero) { [self] in clientWentAway() }
+        }
+        sendTry()
+    }
+
+    private func sendTry() {
+        let remaining = command.remaining(at: worker.clock.now())
+        guard remaining > .zero else {
+            return fail(Problem(.upstreamTimeout, requestID: command.requestID, detail: "The deadline passed before a try could start."))
+        }
+        let endpoint = worker.endpoint(for: route.upstreamIndex)
+        let method = command.method
+        let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
+        transfer = worker.client.start(
+            UpstreamRequest(
+                origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
+                headers: command.headers, body: command.body, sendsBody: sendsBody, timeout: remaining,
+                connectTimeout: min(upstream.connectTimeout, remaining)),
+            handler: self)
+    }
+
+    // MARK: - UpstreamResponseHandler
+
+    func upstreamStatus(_ status: Int) {
+        self.status = status
+        request.clearResponseHeaders()
+    }
+
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if Self.isHopByHop(name) { return }
+        request.addResponseHeader(name: name, value: value)
+    }
+
+    func upstreamHeadersComplete() {
+        request.addResponseHeader("X-Request-Id", command.requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        request.startReply(status: status)
+        responseStarted = true
+    }
+
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        if done { return true }  // client gone: discard
+        if waitingForDrain { return false }
+        if request.pendingOutput + bytes.count > Self.highWater {
+            waitingForDrain = true
+            request.send(bytes) { [unowned self] in
+                waitingForDrain = false
+                transfer?.resume()
+            }
+        } else {
+            request.send(bytes)
+        }
+        return true
+    }
+
+    func upstreamFinished(_ failure: UpstreamFailure?) {
+        transfer = nil
+        guard !done else { return }
+        guard let failure else {
+            request.endReply()
+            return finish()
+        }
+        if responseStarted {
+            // Part of the response is already with the client: the only honest
+            // signal left is a broken connection.
+            worker.logger.warning(
+                "upstream failed mid-response",
+                metadata: ["request_id": "\(command.requestID)", "upstream": "\(upstream.name)", "error": "\(failure)"])
+            request.abort()
+            return finish()
+        }
+        fail(problem(for: failure))
+    }
+
+    private func problem(for failure: UpstreamFailure) -> Problem {
+        let id = command.requestID
+        let attempts = command.attempt
+        switch failure {
+        case let .connectFailed(message):
+            return Problem(.upstreamUnreachable, requestID: id, detail: message, attempts: attempts, upstream: upstream.name)
+        case .timeout:
+            return Problem(
+                .upstreamTimeout, requestID: id,
+                detail: "No complete response within the route's timeout of \(route.timeout).", attempts: attempts,
+                upstream: upstream.name)
+        case let .reset(message):
+            return Problem(
+                .badGateway, requestID: id, detail: "The connection closed before a complete response: \(message)",
+                attempts: attempts, upstream: upstream.name)
+        case let .badResponse(message), let .other(message):
+            return Problem(.badGateway, requestID: id, detail: message, attempts: attempts, upstream: upstream.name)
+        }
+    }
+
+    private func fail(_ problem: Problem) {
+        worker.logger.debug(
+            "request failed",
+            metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
+        ProblemResponder.respond(request, problem)
+        finish()
+    }
+
+    private func finish() {
+        done = true
+        worker.finished(self)
+    }
+
+    private func clientWentAway() {
+        guard !done else { return }
+        if let transfer { worker.client.cancel(transfer) }
+        transfer = nil
+        request.abort()
+        finish()
+    }
+
+    /// The worker is shutting down: stop the try and drop the client.
+    func abandon() {
+        guard !done else { return }
+        done = true
+        if let transfer { worker.client.cancel(transfer) }
+        transfer = nil
+        request.abort()
+    }
+
+    /// Hop-by-hop response headers, compared on raw bytes.
+    static func isHopByHop(_ name: UnsafeRawBufferPointer) -> Bool {
+        func equals(_ literal: StaticString) -> Bool {
+            guard name.count == literal.utf8CodeUnitCount else { return false }
+            let l = literal.utf8Start
+            for i in 0..<name.count where name[i] | 0x20 != l[i] | 0x20 { return false }
+            return true
+        }
+        switch name.count {
+        case 2: return equals("te")
+        case 7: return equals("trailer") || equals("upgrade")
+        case 10: return equals("connection") || equals("keep-alive")
+        case 17: return equals("transfer-encoding")
+        default:
+            guard name.count > 6 else { return false }
+            return equals6(name, "proxy-")
+        }
+    }
+
+    private static func equals6(_ name: UnsafeRawBufferPointer, _ prefix: StaticString) -> Bool {
+        let p = prefix.utf8Start
+        for i in 0..<prefix.utf8CodeUnitCount where name[i] | 0x20 != p[i] | 0x20 { return false }
+        return true
+    }
+}

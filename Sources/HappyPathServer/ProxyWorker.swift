@@ -1,0 +1,173 @@
+import HappyPathConfig
+import HappyPathCore
+import HappyPathIO
+import Logging
+
+/// One event loop's share of the proxy: its listener (sharing the port with
+/// the other workers), its libcurl multi handle and connection pool, and the
+/// exchanges in flight on it. Everything here runs on `loop`'s thread.
+final class ProxyWorker: HTTPServerDelegate {
+    let loop: EventLoop
+    let runtime: RuntimeConfiguration
+    let clock: Clock
+    let logger: Logger
+    private(set) var server: HTTPServer!
+    let client: UpstreamClient
+    var ids = IdentifierGenerator()
+    /// Next endpoint per upstream (round robin, per worker).
+    private var nextEndpoint: [Int]
+    /// Exchanges in flight, retained here until they finish.
+    private var active: [ObjectIdentifier: Exchange] = [:]
+
+    init(
+        loop: EventLoop, runtime: RuntimeConfiguration, host: String, port: Int, workers: Int, clock: Clock,
+        logger: Logger
+    ) throws(SocketError) {
+        self.loop = loop
+        self.runtime = runtime
+        self.clock = clock
+        self.logger = logger
+        let perHost = runtime.upstreams.map(\.maxConnections).max() ?? 256
+        let total = runtime.upstreams.reduce(0) { $0 + $1.maxConnections * $1.endpoints.count }
+        client = UpstreamClient(
+            loop: loop, maxConnectionsPerHost: max(1, perHost / workers), maxCachedConnections: max(16, total / workers))
+        nextEndpoint = Array(repeating: 0, count: runtime.upstreams.count)
+        let limits = runtime.configuration.limits
+        server = try HTTPServer(
+            loop: loop, host: host, port: port, reusePort: true,
+            limits: HTTPServerLimits(
+                maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout),
+            delegate: self)
+    }
+
+    var port: Int { server.port }
+
+    // MARK: - HTTPServerDelegate
+
+    func serve(_ request: HTTPRequest) {
+        let target = request.target
+        let method = request.method
+        guard target.hasPrefix("/") else {
+            return reject(request, .badRequest, "The request target must be a path (origin form), got '\(target.prefix(64))'.")
+        }
+        if method == "CONNECT" {
+            return reject(request, .badRequest, "CONNECT tunnels are not supported.")
+        }
+        let (path, query) = Router.split(target: target)
+        guard let routeIndex = runtime.router.route(path: path, method: method) else {
+            let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+            return ProblemResponder.respond(
+                request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
+        }
+        let route = runtime.routes[routeIndex]
+        let exchange = Exchange(
+            worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
+            command: makeCommand(request, method: method, path: path, query: query, route: route))
+        active[ObjectIdentifier(exchange)] = exchange
+        exchange.start()
+    }
+
+    func reject(_ request: HTTPRequest, reason: RejectedRequest) {
+        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+        logger.debug("request refused", metadata: ["request_id": "\(id)", "reason": "\(reason)"])
+        ProblemResponder.respond(request, ProblemResponder.problem(for: reason, requestID: id, limits: server.limits))
+    }
+
+    private func reject(_ request: HTTPRequest, _ code: ProblemCode, _ detail: String) {
+        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+        ProblemResponder.respond(request, Problem(code, requestID: id, detail: detail))
+    }
+
+    // MARK: - Commands
+
+    /// Snapshots the request: headers as they go upstream (hop-by-hop
+    /// removed, forwarding headers added), the body, the deadline.
+    private func makeCommand(_ request: HTTPRequest, method: String, path: String, query: String?, route: RuntimeRoute)
+        -> Command
+    {
+        var headers: [HTTPField] = []
+        headers.reserveCapacity(12)
+        var requestID: String?
+        var host: String?
+        var forwardedFor: String?
+        var hasForwardedProto = false
+        var hasForwardedHost = false
+        var hasTraceparent = false
+        var connectionTokens: [String] = []
+        request.forEachHeader { name, value in
+            if HopByHop.isHopByHop(name) {
+                if name.equalsIgnoringASCIICase("Connection") { connectionTokens += HopByHop.connectionTokens(value) }
+                return
+            }
+            switch name.utf8.count {
+            case 4 where name.equalsIgnoringASCIICase("Host"):
+                host = value
+                return
+            case 6 where name.equalsIgnoringASCIICase("Expect"):
+                return  // libevent already answered 100-continue
+            case 11 where name.equalsIgnoringASCIICase("traceparent"):
+                hasTraceparent = true
+            case 12 where name.equalsIgnoringASCIICase("X-Request-Id"):
+                requestID = validRequestID(value)
+                return  // added back below, exactly once
+            case 14 where name.equalsIgnoringASCIICase("Content-Length"):
+                return  // libcurl sends the length of the body it sends
+            case 15 where name.equalsIgnoringASCIICase("X-Forwarded-For"):
+                forwardedFor = value
+                return
+            case 16 where name.equalsIgnoringASCIICase("X-Forwarded-Host"):
+                hasForwardedHost = true
+            case 17 where name.equalsIgnoringASCIICase("X-Forwarded-Proto"):
+                hasForwardedProto = true
+            default: break
+            }
+            headers.append(HTTPField(name: name, value: value))
+        }
+        if !connectionTokens.isEmpty {
+            headers.removeAll { field in connectionTokens.contains { field.name.equalsIgnoringASCIICase($0) } }
+        }
+        let id = requestID ?? ids.requestID()
+        headers.append(HTTPField(name: "X-Request-Id", value: id))
+        let peer = request.peerAddress
+        headers.append(HTTPField(name: "X-Forwarded-For", value: forwardedFor.map { $0 + ", " + peer } ?? peer))
+        if !hasForwardedProto { headers.append(HTTPField(name: "X-Forwarded-Proto", value: "http")) }
+        if !hasForwardedHost, let host { headers.append(HTTPField(name: "X-Forwarded-Host", value: host)) }
+        if !hasTraceparent { headers.append(HTTPField(name: "traceparent", value: ids.traceparent())) }
+
+        return Command(
+            requestID: id, method: method,
+            target: Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix),
+            headers: headers, body: request.takeBody(), routeIndex: route.index,
+            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: clock.now() + route.timeout)
+    }
+
+    /// A client's X-Request-Id is kept if it is a sane token; anything else
+    /// (too long, control characters) is replaced so logs stay clean.
+    private func validRequestID(_ value: String?) -> String? {
+        guard let value, !value.isEmpty, value.utf8.count <= 128,
+            value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") })
+        else { return nil }
+        return value
+    }
+
+    // MARK: - Exchanges
+
+    func endpoint(for upstreamIndex: Int) -> Endpoint {
+        let endpoints = runtime.upstreams[upstreamIndex].endpoints
+        let i = nextEndpoint[upstreamIndex]
+        nextEndpoint[upstreamIndex] = (i + 1) % endpoints.count
+        return endpoints[i]
+    }
+
+    func finished(_ exchange: Exchange) {
+        active[ObjectIdentifier(exchange)] = nil
+    }
+
+    /// Answers everything in flight and closes the listener. On the loop.
+    func shutdown() {
+        for exchange in active.values { exchange.abandon() }
+        active.removeAll()
+        server.close()
+        client.shutdown()
+    }
+}

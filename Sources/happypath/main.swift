@@ -1,0 +1,149 @@
+import ArgumentParser
+import Foundation
+import HappyPathConfig
+import HappyPathIO
+import HappyPathServer
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let happypathVersion = "0.1.0"
+
+struct HappyPath: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "happypath",
+        abstract: "A resilient HTTP reverse proxy: clients write only the happy path.",
+        subcommands: [Serve.self, Check.self, DemoUpstreamCommand.self, Version.self]
+    )
+}
+
+/// Exit codes of PRODUCT.md section 1.
+enum Exit {
+    static let invalidConfig: Int32 = 1
+    static let cannotBind: Int32 = 2
+}
+
+func loadConfiguration(_ path: String?) -> Configuration {
+    let file = path ?? ConfigLoader.defaultPath()
+    do {
+        return try ConfigLoader.load(path: file)
+    } catch {
+        FileHandle.standardError.write(Data((error.description + "\n").utf8))
+        FileHandle.standardError.write(Data("\(file): \(error.errors.count) problem(s); fix them and run 'happypath check --config \(file)'\n".utf8))
+        Foundation.exit(Exit.invalidConfig)
+    }
+}
+
+/// Blocks the main thread on a loop that turns SIGINT/SIGTERM into `onStop`.
+func waitForTermination(onStop: @escaping () -> Void, onHangUp: @escaping () -> Void) -> Never {
+    let loop = EventLoop()
+    var watchers: [SignalWatcher] = []
+    for signo in [SIGINT, SIGTERM] {
+        watchers.append(SignalWatcher(loop: loop, signal: signo) {
+            onStop()
+            loop.stop()
+        })
+    }
+    watchers.append(SignalWatcher(loop: loop, signal: SIGHUP, handler: onHangUp))
+    loop.run()
+    withExtendedLifetime(watchers) {}
+    Foundation.exit(0)
+}
+
+struct Serve: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run the proxy.")
+
+    @Option(help: "Config file (default: config/happypath.yaml, else /etc/happypath/happypath.yaml).")
+    var config: String?
+    @Option(help: "Listen address HOST:PORT, overriding the config's 'listen'.")
+    var listen: String?
+    @Option(help: "Event-loop threads, overriding the config's 'workers'.")
+    var workers: Int?
+    @Option(help: "trace, debug, info, notice, warning, error or critical.")
+    var logLevel: String = "info"
+    @Option(help: "json (one JSON object per line) or text.")
+    var logFormat: String = "json"
+
+    func run() throws {
+        guard let level = Logger.Level(rawValue: logLevel) else {
+            throw ValidationError("--log-level must be one of: \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        guard let format = LogFormat(rawValue: logFormat) else { throw ValidationError("--log-format must be json or text") }
+        if let workers, workers < 1 { throw ValidationError("--workers must be at least 1") }
+        var configuration = loadConfiguration(config)
+        if let listen {
+            guard let address = ListenAddress.parse(listen) else {
+                throw ValidationError("--listen '\(listen)' is not HOST:PORT")
+            }
+            configuration.listen = address
+        }
+        let logger = Logger.happypath(format: format, level: level)
+        let server = ProxyServer(configuration: configuration, workers: workers, logger: logger)
+        do {
+            try server.start()
+        } catch {
+            logger.critical("cannot start", metadata: ["error": "\(error)"])
+            FileHandle.standardError.write(Data("happypath: \(error)\n".utf8))
+            Foundation.exit(Exit.cannotBind)
+        }
+        print("listening on http://\(configuration.listen.host):\(server.port)")
+        fflush(nil)
+        waitForTermination(
+            onStop: {
+                logger.info("signal received, shutting down")
+                server.stop()
+            },
+            onHangUp: {
+                logger.warning(
+                    "SIGHUP received; live configuration reload is not available in this version: restart to apply changes")
+            })
+    }
+}
+
+struct Check: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Validate a config file; exit 0 if valid, 1 with every problem as FILE:LINE:COL: message.")
+
+    @Option(help: "Config file (default: config/happypath.yaml, else /etc/happypath/happypath.yaml).")
+    var config: String?
+
+    func run() throws {
+        let file = config ?? ConfigLoader.defaultPath()
+        let configuration = loadConfiguration(file)
+        print(
+            "\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.routes.count) route(s), listen \(configuration.listen))")
+    }
+}
+
+struct DemoUpstreamCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "demo-upstream", abstract: "Run the built-in flaky demo service (for trying the proxy and load tests).")
+
+    @Option(help: "Listen address HOST:PORT.")
+    var listen: String = "127.0.0.1:9000"
+
+    func run() throws {
+        guard let address = ListenAddress.parse(listen) else { throw ValidationError("--listen '\(listen)' is not HOST:PORT") }
+        let demo: DemoUpstream
+        do {
+            demo = try DemoUpstream(host: address.host, port: address.port)
+        } catch {
+            FileHandle.standardError.write(Data("happypath demo-upstream: \(error)\n".utf8))
+            Foundation.exit(Exit.cannotBind)
+        }
+        demo.start()
+        print("listening on http://\(address.host):\(demo.port)")
+        for endpoint in DemoUpstream.endpoints { print("  \(endpoint.path)  \(endpoint.what)") }
+        fflush(nil)
+        waitForTermination(onStop: { demo.stop() }, onHangUp: {})
+    }
+}
+
+struct Version: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print the version.")
+    func run() throws { print("happypath \(happypathVersion)") }
+}
+
+HappyPath.main()
