@@ -36,6 +36,15 @@ extension Duration {
     }
 
     public var seconds: Double { Double(nanoseconds) / 1e9 }
+
+    /// `250ms`, `2s`, `1.5s`, `2m`: the way the config writes durations.
+    public var configText: String {
+        let ms = nanoseconds / 1_000_000
+        if ms < 1000 { return "\(ms)ms" }
+        if ms % 60_000 == 0 { return "\(ms / 60_000)m" }
+        if ms % 1000 == 0 { return "\(ms / 1000)s" }
+        return "\(Double(ms) / 1000)s"
+    }
 }
 
 /// Where policies read the time. Production uses `MonotonicClock`; tests use

@@ -155,11 +155,17 @@ public final class HTTPRequest {
         let buffer = ReplyScratch.buffer
         evbuffer_add(buffer, bytes.baseAddress, bytes.count)
         drainHandler = onDrained
-        if onDrained != nil, let evcon = evhttp_request_get_connection(raw) {
+        if onDrained != nil {
             evhttp_send_reply_chunk_with_cb(raw, buffer, httpRequestDrainedCallback, Unmanaged.passUnretained(self).toOpaque())
-            _ = evcon
         } else {
             evhttp_send_reply_chunk(raw, buffer)
+        }
+        let refused = evbuffer_get_length(buffer)
+        if refused > 0 {
+            // libevent takes no body for HEAD, 204 and 304 (or a closed
+            // connection): discard, and report "drained" at once.
+            evbuffer_drain(buffer, refused)
+            drained()
         }
     }
 

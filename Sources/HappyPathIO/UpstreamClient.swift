@@ -18,13 +18,16 @@ public struct UpstreamRequest {
     public var body: RequestBody
     /// Whether a body (possibly empty, with `Content-Length: 0`) is sent.
     public var sendsBody: Bool
-    /// The whole try, connection included.
-    public var timeout: Duration
+    /// How long the connection attempt may take.
     public var connectTimeout: Duration
+    /// A response that stalls (no byte from upstream) this long is cut. The
+    /// deadline for the response head is the caller's: a timer of its own,
+    /// so a long body streaming to a slow client is not cut by it.
+    public var idleTimeout: Duration
 
     public init(
         origin: String, target: String, method: String, headers: [HTTPField], body: RequestBody, sendsBody: Bool,
-        timeout: Duration, connectTimeout: Duration
+        connectTimeout: Duration, idleTimeout: Duration
     ) {
         self.origin = origin
         self.target = target
@@ -32,8 +35,8 @@ public struct UpstreamRequest {
         self.headers = headers
         self.body = body
         self.sendsBody = sendsBody
-        self.timeout = timeout
         self.connectTimeout = connectTimeout
+        self.idleTimeout = idleTimeout
     }
 }
 
@@ -189,7 +192,10 @@ public final class UpstreamClient {
         transfer.headerList = list
         hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, list)
 
-        hp_easy_set_long(easy, CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout.millisecondsRoundedUp)))
+        // Less than one byte a second for idleTimeout: the upstream stalled.
+        // (libcurl does not apply this while the transfer is paused.)
+        hp_easy_set_long(easy, CURLOPT_LOW_SPEED_LIMIT, 1)
+        hp_easy_set_long(easy, CURLOPT_LOW_SPEED_TIME, max(1, Int(request.idleTimeout.nanoseconds / 1_000_000_000)))
         hp_easy_set_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout.millisecondsRoundedUp)))
         let retained = Unmanaged.passRetained(transfer).toOpaque()
         hp_easy_set_ptr(easy, CURLOPT_PRIVATE, retained)

@@ -140,6 +140,9 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         _ request: HTTPRequest, headers: [HTTPField], count: Int,
         fill: @escaping (_ offset: Int, _ count: Int, _ out: UnsafeMutableRawPointer) -> Void
     ) {
+        if request.method == "HEAD" {
+            return request.reply(status: 200, headers: headers + [HTTPField(name: "Content-Length", value: String(count))])
+        }
         for field in headers { request.addResponseHeader(field.name, field.value) }
         request.addResponseHeader("Content-Length", String(count))
         request.startReply(status: 200)

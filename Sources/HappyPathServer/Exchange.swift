@@ -14,6 +14,7 @@ final class Exchange: UpstreamResponseHandler {
     let upstream: RuntimeUpstream
     var command: Command
     private var transfer: UpstreamTransfer?
+    private var deadlineTimer: LoopTimer?
     private var status = 0
     private var responseStarted = false
     private var waitingForDrain = false
@@ -40,14 +41,18 @@ final class Exchange: UpstreamResponseHandler {
         guard remaining > .zero else {
             return fail(Problem(.upstreamTimeout, requestID: command.requestID, detail: "The deadline passed before a try could start."))
         }
+        // The deadline bounds the wait for the response head; a body that is
+        // streaming may take longer (it is bounded by stalls, not by size).
+        deadlineTimer?.cancel()
+        deadlineTimer = worker.loop.schedule(after: remaining) { [unowned self] in deadlinePassed() }
         let endpoint = worker.endpoint(for: route.upstreamIndex)
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
         transfer = worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
-                headers: command.headers, body: command.body, sendsBody: sendsBody, timeout: remaining,
-                connectTimeout: min(upstream.connectTimeout, remaining)),
+                headers: command.headers, body: command.body, sendsBody: sendsBody,
+                connectTimeout: min(upstream.connectTimeout, remaining), idleTimeout: worker.idleTimeout),
             handler: self)
     }
 
@@ -63,7 +68,17 @@ final class Exchange: UpstreamResponseHandler {
         request.addResponseHeader(name: name, value: value)
     }
 
+    private func deadlinePassed() {
+        deadlineTimer = nil
+        guard !done, !responseStarted, let transfer else { return }
+        worker.client.cancel(transfer)
+        self.transfer = nil
+        fail(problem(for: .timeout))
+    }
+
     func upstreamHeadersComplete() {
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
         request.startReply(status: status)
@@ -113,7 +128,7 @@ final class Exchange: UpstreamResponseHandler {
         case .timeout:
             return Problem(
                 .upstreamTimeout, requestID: id,
-                detail: "No complete response within the route's timeout of \(route.timeout).", attempts: attempts,
+                detail: "No response within the route's timeout of \(route.timeout.configText).", attempts: attempts,
                 upstream: upstream.name)
         case let .reset(message):
             return Problem(
@@ -134,6 +149,8 @@ final class Exchange: UpstreamResponseHandler {
 
     private func finish() {
         done = true
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
         worker.finished(self)
     }
 
@@ -149,6 +166,8 @@ final class Exchange: UpstreamResponseHandler {
     func abandon() {
         guard !done else { return }
         done = true
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
         request.abort()

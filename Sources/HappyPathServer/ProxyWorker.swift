@@ -14,6 +14,8 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var server: HTTPServer!
     let client: UpstreamClient
     var ids = IdentifierGenerator()
+    /// An upstream silent this long in mid-response is cut (limits.client_timeout).
+    let idleTimeout: Duration
     /// Next endpoint per upstream (round robin, per worker).
     private var nextEndpoint: [Int]
     /// Exchanges in flight, retained here until they finish.
@@ -27,6 +29,7 @@ final class ProxyWorker: HTTPServerDelegate {
         self.runtime = runtime
         self.clock = clock
         self.logger = logger
+        idleTimeout = runtime.configuration.limits.clientTimeout
         let perHost = runtime.upstreams.map(\.maxConnections).max() ?? 256
         let total = runtime.upstreams.reduce(0) { $0 + $1.maxConnections * $1.endpoints.count }
         client = UpstreamClient(

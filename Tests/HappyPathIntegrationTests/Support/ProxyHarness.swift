@@ -1,0 +1,64 @@
+import Foundation
+import HappyPathConfig
+import HappyPathServer
+import Logging
+
+/// The real proxy and the real demo upstream on ephemeral loopback ports.
+final class ProxyHarness {
+    let demo: DemoUpstream
+    let proxy: ProxyServer
+    var port: Int { proxy.port }
+    var adminPort: Int { proxy.adminPort }
+
+    /// `yaml` may use `{{DEMO}}` for the demo upstream's base URL.
+    init(_ yaml: String = ProxyHarness.defaultYAML, workers: Int = 2) throws {
+        demo = try DemoUpstream(host: "127.0.0.1", port: 0)
+        demo.start()
+        let text = yaml.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)")
+        let configuration = try ConfigLoader.parse(text, file: "test.yaml")
+        proxy = ProxyServer(configuration: configuration, workers: workers, logger: Logger.happypath(level: .critical))
+        try proxy.start()
+    }
+
+    func stop() {
+        proxy.stop()
+        demo.stop()
+    }
+
+    deinit { stop() }
+
+    static let defaultYAML = """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        limits: { max_request_body: 4MiB, max_header_bytes: 8KiB, client_timeout: 5s }
+        upstreams:
+          demo:
+            endpoints: [{{DEMO}}]
+        routes:
+          - match: { path_prefix: /api/ }
+            upstream: demo
+            strip_prefix: /api
+          - match: { path_prefix: /slow }
+            upstream: demo
+            timeout: 300ms
+          - match: { path_prefix: / , methods: [GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE] }
+            upstream: demo
+        """
+
+    /// A config whose single route goes to `url`.
+    static func single(upstream url: String, extra: String = "") -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        upstreams:
+          u:
+            endpoints: [\(url)]
+            connect_timeout: 500ms
+        \(extra)
+        routes:
+          - match: { path_prefix: / }
+            upstream: u
+            timeout: 2s
+        """
+    }
+}

@@ -1,0 +1,201 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct TestError: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+/// A parsed HTTP/1.1 response as a client saw it on the wire.
+struct TestResponse {
+    var status: Int
+    var headers: [(name: String, value: String)]
+    var body: [UInt8]
+
+    func header(_ name: String) -> String? {
+        headers.first { $0.name.lowercased() == name.lowercased() }?.value
+    }
+
+    var text: String { String(decoding: body, as: UTF8.self) }
+
+    var json: [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:]
+    }
+}
+
+/// A blocking client socket on loopback with a receive timeout: the test's
+/// view of the proxy, byte for byte, including malformed and partial input.
+final class TestConnection {
+    let fd: Int32
+    private var buffer: [UInt8] = []
+
+    init(port: Int, timeout: Double = 10) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestError("socket: \(errno)") }
+        var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else {
+            Glibc.close(fd)
+            throw TestError("connect to \(port): errno \(errno)")
+        }
+    }
+
+    deinit { Glibc.close(fd) }
+
+    func send(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard n > 0 else { throw TestError("send: errno \(errno)") }
+            offset += n
+        }
+    }
+
+    func send(_ text: String) throws { try send(Array(text.utf8)) }
+
+    /// Reads more bytes; false at end of stream.
+    private func fill() throws -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        if n > 0 {
+            buffer.append(contentsOf: chunk[0..<n])
+            return true
+        }
+        if n == 0 { return false }
+        if errno == EAGAIN || errno == EWOULDBLOCK { throw TestError("timed out waiting for the server") }
+        return false  // ECONNRESET and friends: the peer is gone
+    }
+
+    private func readLine() throws -> String {
+        while true {
+            if let i = buffer.firstIndex(of: 0x0A) {
+                let line = buffer[..<i]
+                buffer.removeFirst(i + 1)
+                return String(decoding: line.last == 0x0D ? line.dropLast() : line, as: UTF8.self)
+            }
+            guard try fill() else { throw TestError("connection closed mid-head") }
+        }
+    }
+
+    private func readExactly(_ n: Int) throws -> [UInt8] {
+        while buffer.count < n {
+            guard try fill() else { throw TestError("connection closed after \(buffer.count) of \(n) body bytes") }
+        }
+        let out = Array(buffer[0..<n])
+        buffer.removeFirst(n)
+        return out
+    }
+
+    func readResponse(forHead: Bool = false) throws -> TestResponse {
+        var statusLine = try readLine()
+        var status = 0
+        var headers: [(String, String)] = []
+        while true {
+            let parts = statusLine.split(separator: " ", maxSplits: 2)
+            guard parts.count >= 2, let code = Int(parts[1]) else { throw TestError("bad status line '\(statusLine)'") }
+            status = code
+            headers = []
+            while true {
+                let line = try readLine()
+                if line.isEmpty { break }
+                guard let colon = line.firstIndex(of: ":") else { continue }
+                headers.append(
+                    (String(line[..<colon]), String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)))
+            }
+            if status >= 200 { break }
+            statusLine = try readLine()
+        }
+        var response = TestResponse(status: status, headers: headers, body: [])
+        if forHead || status == 204 || status == 304 { return response }
+        if let te = response.header("Transfer-Encoding"), te.lowercased().contains("chunked") {
+            while true {
+                let sizeLine = try readLine()
+                guard let size = Int(sizeLine.split(separator: ";")[0], radix: 16) else { throw TestError("bad chunk size") }
+                if size == 0 {
+                    while try !readLine().isEmpty {}
+                    break
+                }
+                response.body += try readExactly(size)
+                _ = try readLine()
+            }
+        } else if let length = response.header("Content-Length").flatMap({ Int($0) }) {
+            response.body = try readExactly(length)
+        } else {
+            while try fill() {}
+            response.body = buffer
+            buffer = []
+        }
+        return response
+    }
+
+    /// True if the server closes (or resets) the connection before `seconds`.
+    func closedByPeer() -> Bool {
+        do { while try fill() {} } catch { return false }
+        return true
+    }
+}
+
+enum HTTP {
+    static func request(
+        port: Int, _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 10
+    ) throws -> TestResponse {
+        try request(port: port, "GET", target, headers: headers, body: body, timeout: timeout)
+    }
+
+    /// One request on a fresh connection.
+    static func request(
+        port: Int, _ method: String, _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
+        timeout: Double = 10
+    ) throws -> TestResponse {
+        let connection = try TestConnection(port: port, timeout: timeout)
+        var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n"
+        for (name, value) in headers { head += "\(name): \(value)\r\n" }
+        if let body { head += "Content-Length: \(body.count)\r\n" }
+        head += "\r\n"
+        try connection.send(Array(head.utf8) + (body ?? []))
+        return try connection.readResponse(forHead: method == "HEAD")
+    }
+}
+
+/// FNV-1a 64, as the demo upstream's /echo reports it.
+func fnv1a(_ bytes: [UInt8]) -> String {
+    var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+    for byte in bytes {
+        hash ^= UInt64(byte)
+        hash &*= 0x100_0000_01b3
+    }
+    return String(hash, radix: 16)
+}
+
+func randomBytes(_ n: Int) -> [UInt8] {
+    var g = SystemRandomNumberGenerator()
+    return (0..<n).map { _ in UInt8.random(in: 0...255, using: &g) }
+}
+
+/// A port on loopback that refuses connections (bound, then closed).
+func closedPort() -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    withUnsafeMutablePointer(to: &addr) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            _ = bind(fd, $0, len)
+            _ = getsockname(fd, $0, &len)
+        }
+    }
+    Glibc.close(fd)
+    return Int(UInt16(bigEndian: addr.sin_port))
+}
