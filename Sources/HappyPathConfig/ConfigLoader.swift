@@ -140,7 +140,7 @@ final class Reader {
             return nil
         }
         guard v >= min, v <= max else {
-            error(node, "\(path) must be between \(min) and \(max), got \(v)")
+            error(node, max == Int.max ? "\(path) must be at least \(min), got \(v)" : "\(path) must be between \(min) and \(max), got \(v)")
             return nil
         }
         return v

@@ -1,0 +1,65 @@
+# happypath — the two commands a newcomer needs: `make run` and `make test`.
+# Both install what is missing (Debian packages), then build.
+
+SHELL := /bin/bash
+SWIFT ?= swift
+CONFIG ?= config/happypath.yaml
+DEMO_LISTEN ?= 127.0.0.1:9000
+
+# Debian packages: build/run needs the first list; the benchmark adds the second.
+RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
+BENCH_PACKAGES := nginx haproxy wrk curl util-linux iproute2 python3
+
+.PHONY: all deps bench-deps build release run test check bench clean
+
+all: build
+
+# Installs only what dpkg does not already have; needs root (or sudo).
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+endef
+
+deps:
+	$(call apt_install,$(RUNTIME_PACKAGES))
+
+bench-deps: deps
+	$(call apt_install,$(BENCH_PACKAGES))
+
+build: deps
+	$(SWIFT) build
+
+release: deps
+	$(SWIFT) build -c release
+
+# The proxy on :8080 (config/happypath.yaml) in front of the demo upstream on :9000.
+run: release
+	@bin=$$($(SWIFT) build -c release --show-bin-path)/happypath; \
+	$$bin check --config $(CONFIG) || exit 1; \
+	$$bin demo-upstream --listen $(DEMO_LISTEN) & demo=$$!; \
+	trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
+	sleep 0.3; \
+	echo "try: curl -i http://127.0.0.1:8080/api/ok   (Ctrl-C stops both)"; \
+	$$bin serve --config $(CONFIG) --log-format text
+
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build --disable-xctest
+
+check: build
+	$$($(SWIFT) build --show-bin-path)/happypath check --config $(CONFIG)
+
+# wrk through nginx, HAProxy and happypath against one upstream (../shared/bench/peers.sh).
+# Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
+BENCH_ENV ?=
+bench: bench-deps release
+	@test -x ../shared/bench/peers.sh || { echo "needs ../shared/bench/peers.sh beside this repo"; exit 2; }
+	env $(BENCH_ENV) EXTRA_NAME=happypath HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
+	  ../shared/bench/peers.sh deploy/bench/run-happypath-for-bench.sh
+
+clean:
+	rm -rf .build

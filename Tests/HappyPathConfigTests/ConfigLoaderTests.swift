@@ -1,0 +1,218 @@
+import HappyPathConfig
+import HappyPathCore
+import Testing
+
+func errors(_ yaml: String, env: [String: String] = [:]) -> [ConfigError] {
+    do {
+        _ = try ConfigLoader.parse(yaml, file: "f.yaml", environment: env)
+        return []
+    } catch {
+        return error.errors
+    }
+}
+
+let minimal = """
+    upstreams:
+      api:
+        endpoints: [http://127.0.0.1:9000]
+    routes:
+      - match: { path_prefix: / }
+        upstream: api
+    """
+
+@Suite struct ConfigLoaderTests {
+    @Test func minimalConfigGetsTheDocumentedDefaults() throws {
+        let c = try ConfigLoader.parse(minimal, file: "f.yaml")
+        #expect(c.listen == ListenAddress(host: "0.0.0.0", port: 8080))
+        #expect(c.workers == nil)
+        #expect(c.admin.listen == ListenAddress(host: "127.0.0.1", port: 9901))
+        #expect(c.limits.maxRequestBody == 10 * 1024 * 1024)
+        #expect(c.limits.maxHeaderBytes == 64 * 1024)
+        #expect(c.limits.clientTimeout == .seconds(30))
+        #expect(c.limits.maxParked == 10_000)
+        let p = c.resolvedPolicies(forRoute: 0)
+        #expect(p.timeout == .seconds(10))
+        #expect(p.retry.attempts == 3)
+        #expect(p.retry.methods == ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
+        #expect(p.circuitBreaker.whileOpen == .park)
+        #expect(p.reachability.parkFor == .seconds(10))
+        #expect(c.upstreams[0].connectTimeout == .seconds(1))
+        #expect(c.upstreams[0].maxConnections == 256)
+    }
+
+    @Test func routeOverUpstreamOverDefaults() throws {
+        let c = try ConfigLoader.parse(
+            """
+            defaults:
+              timeout: 7s
+              retry: { attempts: 5, per_try_timeout: 1s }
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:9000]
+                retry: { attempts: 2 }
+                timeout: 6s
+            routes:
+              - match: { path_prefix: /a }
+                upstream: api
+                timeout: 2s
+              - match: { path_prefix: /b }
+                upstream: api
+                retry: { per_try_timeout: 250ms }
+            """, file: "f.yaml")
+        let a = c.resolvedPolicies(forRoute: 0)
+        #expect(a.timeout == .seconds(2))
+        #expect(a.retry.attempts == 2)
+        #expect(a.retry.perTryTimeout == .seconds(1))
+        let b = c.resolvedPolicies(forRoute: 1)
+        #expect(b.timeout == .seconds(6))
+        #expect(b.retry.perTryTimeout == .milliseconds(250))
+        #expect(b.retry.backoffMax == .seconds(2))
+    }
+
+    @Test func badDurationIsReportedWithLineAndColumn() {
+        let e = errors(
+            """
+            defaults:
+              timeout: 10 seconds
+            \(minimal)
+            """)
+        #expect(e.count == 1)
+        #expect(e.first?.description == "f.yaml:2:12: defaults.timeout: '10 seconds' is not a duration; write e.g. 250ms, 2s, 1m")
+    }
+
+    @Test func unknownKeyIsReportedWithLineColumnAndSuggestion() {
+        let e = errors(
+            """
+            limits:
+              max_requst_body: 1MiB
+            \(minimal)
+            """)
+        #expect(e.count == 1)
+        #expect(e.first?.line == 2)
+        #expect(e.first?.column == 3)
+        #expect(e.first?.message.contains("unknown key 'limits.max_requst_body'") == true)
+        #expect(e.first?.message.contains("did you mean 'max_request_body'") == true)
+    }
+
+    @Test func routeToMissingUpstream() {
+        let e = errors(
+            """
+            upstreams:
+              api: { endpoints: [http://127.0.0.1:9000] }
+            routes:
+              - match: { path_prefix: / }
+                upstream: apj
+            """)
+        #expect(e.count == 1)
+        #expect(e.first?.line == 5)
+        #expect(e.first?.column == 15)
+        #expect(e.first?.message == "routes[0].upstream: no upstream named 'apj' (defined: api)")
+    }
+
+    @Test func everyProblemIsReportedAtOnce() {
+        let e = errors(
+            """
+            listen: nowhere
+            workers: 0
+            limits: { max_request_body: lots, client_timeout: 5 }
+            upstreams:
+              api: { endpoints: [ftp://x], max_connections: -1 }
+            routes:
+              - match: { path_prefix: api }
+                upstream: nope
+            """)
+        #expect(e.map { "\($0.line):\($0.column)" } == ["1:9", "2:10", "3:29", "3:51", "5:22", "5:49", "7:27", "8:15"])
+        #expect(e[5].message == "upstreams.api.max_connections must be at least 1, got -1")
+        #expect(e.allSatisfy { $0.file == "f.yaml" && $0.line > 0 && $0.column > 0 })
+    }
+
+    @Test func shadowedRouteIsAnError() {
+        let e = errors(
+            """
+            upstreams: { api: { endpoints: [http://127.0.0.1:9000] } }
+            routes:
+              - { match: { path_prefix: / }, upstream: api }
+              - { match: { path_prefix: /api/ }, upstream: api }
+            """)
+        #expect(e.count == 1)
+        #expect(e.first?.line == 4)
+        #expect(e.first?.message.contains("can never match") == true)
+    }
+
+    @Test func environmentSubstitution() throws {
+        let c = try ConfigLoader.parse(
+            """
+            listen: ${LISTEN:-127.0.0.1:8181}
+            upstreams: { api: { endpoints: ["${API_URL}"] } }
+            routes: [ { match: { path_prefix: / }, upstream: api } ]
+            """, file: "f.yaml", environment: ["API_URL": "http://10.0.0.1:9000/base/"])
+        #expect(c.listen == ListenAddress(host: "127.0.0.1", port: 8181))
+        #expect(c.upstreams[0].endpoints == ["http://10.0.0.1:9000/base"])
+    }
+
+    @Test func unsetSecretVariableIsNamed() {
+        let e = errors(
+            """
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:9000]
+                auth:
+                  kind: oauth2_client_credentials
+                  token_url: http://127.0.0.1:9000/token
+                  client_id: ${API_CLIENT_ID}
+                  client_secret: ${API_CLIENT_SECRET}
+            routes: [ { match: { path_prefix: / }, upstream: api } ]
+            """, env: ["API_CLIENT_ID": "s3cr3t-id"])
+        #expect(e.count == 1)
+        #expect(e.first?.line == 8)
+        #expect(e.first?.message.contains("environment variable API_CLIENT_SECRET is not set") == true)
+        #expect(e.first?.description.contains("s3cr3t") == false)  // names, never values
+    }
+
+    @Test func yamlSyntaxErrorHasAPosition() {
+        let e = errors("upstreams:\n  api: [unclosed\n")
+        #expect(e.count == 1)
+        #expect(e.first?.message.hasPrefix("YAML syntax:") == true)
+        #expect((e.first?.line ?? 0) >= 2)
+    }
+
+    @Test func duplicateKeyIsAnError() {
+        let e = errors("workers: 2\nworkers: 3\n" + minimal)
+        #expect(e.count == 1)
+        #expect(e.first?.line == 2)
+        #expect(e.first?.message == "duplicate key 'workers'")
+    }
+}
+
+@Suite struct UnitsTests {
+    @Test(arguments: [
+        ("250ms", Duration.milliseconds(250)), ("2s", .seconds(2)), ("1m", .seconds(60)), ("1m30s", .seconds(90)),
+        ("1.5s", .milliseconds(1500)), ("0", .zero), ("1h", .seconds(3600)),
+    ])
+    func durations(text: String, expected: Duration) { #expect(Units.duration(text) == expected) }
+
+    @Test(arguments: ["", "10", "ten s", "5 parsecs", "-1s", "s"])
+    func badDurations(text: String) { #expect(Units.duration(text) == nil) }
+
+    @Test(arguments: [("512KiB", 524_288), ("10MiB", 10_485_760), ("1GiB", 1_073_741_824), ("100", 100), ("2KB", 2000)])
+    func sizes(text: String, expected: Int) { #expect(Units.size(text) == expected) }
+
+    @Test(arguments: ["", "big", "1.5B", "10 parsecs"])
+    func badSizes(text: String) { #expect(Units.size(text) == nil) }
+
+    @Test func addresses() {
+        #expect(ListenAddress.parse("127.0.0.1:80") == ListenAddress(host: "127.0.0.1", port: 80))
+        #expect(ListenAddress.parse(":8080") == ListenAddress(host: "0.0.0.0", port: 8080))
+        #expect(ListenAddress.parse("[::1]:9") == ListenAddress(host: "::1", port: 9))
+        #expect(ListenAddress.parse("host") == nil)
+        #expect(ListenAddress.parse("h:99999") == nil)
+    }
+
+    @Test func substitution() {
+        #expect(EnvironmentSubstitution.apply("a${X}b", environment: ["X": "1"]) == .success("a1b"))
+        #expect(EnvironmentSubstitution.apply("${Y:-d}", environment: [:]) == .success("d"))
+        #expect(EnvironmentSubstitution.apply("${Y:-d}", environment: ["Y": ""]) == .success("d"))
+        #expect(EnvironmentSubstitution.apply("${Y}", environment: [:]) == .failure(.unset("Y")))
+        #expect(EnvironmentSubstitution.apply("${Y", environment: [:]) == .failure(.malformed))
+    }
+}
