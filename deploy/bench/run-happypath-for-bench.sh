@@ -5,7 +5,6 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cfg=$(mktemp /tmp/happypath-bench.XXXXXX.yaml)
-trap 'rm -f "$cfg"' EXIT
 admin_port=$(( ${PEERS_LISTEN##*:} + 100 ))
 cat > "$cfg" <<YAML
 listen: ${PEERS_LISTEN}
