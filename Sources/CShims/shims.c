@@ -14,6 +14,9 @@ CURLcode hp_easy_set_write_cb(CURL *easy, CURLoption option,
                               size_t (*cb)(char *, size_t, size_t, void *)) {
     return curl_easy_setopt(easy, option, cb);
 }
+CURLcode hp_easy_set_closesocket_cb(CURL *easy, curl_closesocket_callback cb) {
+    return curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, cb);
+}
 CURLcode hp_easy_get_long(CURL *easy, CURLINFO info, long *value) {
     return curl_easy_getinfo(easy, info, value);
 }

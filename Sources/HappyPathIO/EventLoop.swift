@@ -15,6 +15,8 @@ public final class EventLoop: @unchecked Sendable {
     private var wakeEvent: OpaquePointer?
     private let inbox = Mutex<[@Sendable () -> Void]>([])
     private var thread: pthread_t?
+    /// Idle `LoopEvent`s, reused so the hot path allocates no timers.
+    fileprivate var eventPool: [LoopEvent] = []
 
     /// Process-wide setup, once, before any loop or thread exists: libevent
     /// locking (for `event_active` across threads), curl's globals, SIGPIPE.
@@ -168,6 +170,62 @@ extension timeval {
     init(_ duration: Duration) {
         let ns = max(0, duration.nanoseconds)
         self.init(tv_sec: Int(ns / 1_000_000_000), tv_usec: Int((ns % 1_000_000_000) / 1000))
+    }
+}
+
+// MARK: - Pooled timers for the hot path
+
+/// Receives a `LoopEvent`'s firing, on the loop's thread.
+public protocol LoopEventTarget: AnyObject {
+    func loopEventFired(_ event: LoopEvent)
+}
+
+/// A reusable one-shot timer taken from its loop's pool: no allocation per
+/// use, no closure. The target is held unowned(unsafe): its owner must
+/// `disarm()` (or let it fire) and `recycle()` it before the target goes away.
+public final class LoopEvent {
+    fileprivate let event: OpaquePointer
+    fileprivate unowned(unsafe) let loop: EventLoop
+    public unowned(unsafe) var target: LoopEventTarget?
+    /// Free for the owner's use (e.g. which of its timers this is).
+    public var tag = 0
+
+    fileprivate init(loop: EventLoop) {
+        self.loop = loop
+        event = event_new(loop.base, -1, 0, loopEventCallback, nil)
+        event_assign(event, loop.base, -1, 0, loopEventCallback, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    deinit { event_free(event) }
+
+    public func arm(after delay: Duration) {
+        var tv = timeval(delay)
+        event_add(event, &tv)
+    }
+
+    public func disarm() { event_del(event) }
+
+    /// Back to the pool.
+    public func recycle() {
+        event_del(event)
+        target = nil
+        loop.eventPool.append(self)
+    }
+
+    fileprivate func fire() { target?.loopEventFired(self) }
+}
+
+private func loopEventCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<LoopEvent>.fromOpaque(arg!).takeUnretainedValue().fire()
+}
+
+extension EventLoop {
+    /// A timer from the pool (made on first use). On the loop's thread.
+    public func takeEvent(target: LoopEventTarget, tag: Int = 0) -> LoopEvent {
+        let event = eventPool.popLast() ?? LoopEvent(loop: self)
+        event.target = target
+        event.tag = tag
+        return event
     }
 }
 

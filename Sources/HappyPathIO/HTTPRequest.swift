@@ -15,8 +15,12 @@ public final class HTTPRequest {
     private var raw: UnsafeMutablePointer<evhttp_request>?
     /// Answer with `Connection: close` (set for requests libevent rejected).
     public var closeAfterReply = false
-    private var closeHandler: (() -> Void)?
-    private var drainHandler: (() -> Void)?
+    /// Told when the client goes away or queued output drains (see
+    /// `watchClientClose()` and `send(_:notifyWhenDrained:)`). Held
+    /// unowned(unsafe): the observer outlives the request's answer.
+    public unowned(unsafe) var observer: HTTPRequestObserver?
+    private var watchingClose = false
+    private var drainPending = false
 
     init(_ raw: UnsafeMutablePointer<evhttp_request>) { self.raw = raw }
 
@@ -148,14 +152,15 @@ public final class HTTPRequest {
         evhttp_send_reply_start(raw, Int32(status), reasonPhrase(status))
     }
 
-    /// Queues body bytes for the client. `onDrained` runs once everything
-    /// queued so far has been written to the socket (for back-pressure).
-    public func send(_ bytes: UnsafeRawBufferPointer, onDrained: (() -> Void)? = nil) {
+    /// Queues body bytes for the client. With `notifyWhenDrained`, the
+    /// observer hears `requestOutputDrained` once everything queued so far
+    /// has been written to the socket (for back-pressure).
+    public func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool = false) {
         guard let raw, bytes.count > 0 else { return }
         let buffer = ReplyScratch.buffer
         evbuffer_add(buffer, bytes.baseAddress, bytes.count)
-        drainHandler = onDrained
-        if onDrained != nil {
+        drainPending = notifyWhenDrained
+        if notifyWhenDrained {
             evhttp_send_reply_chunk_with_cb(raw, buffer, httpRequestDrainedCallback, Unmanaged.passUnretained(self).toOpaque())
         } else {
             evhttp_send_reply_chunk(raw, buffer)
@@ -199,37 +204,36 @@ public final class HTTPRequest {
         }
     }
 
-    /// Runs `handler` if the client connection closes before the answer is
-    /// complete. The connection holds an unretained pointer to `self`; it is
-    /// cleared before the request is released, so it never dangles.
-    public func onClientClose(_ handler: @escaping () -> Void) {
+    /// Tells the observer (`requestClientClosed`) if the client connection
+    /// closes before the answer is complete. The connection holds an
+    /// unretained pointer to `self`, cleared before the request is released.
+    public func watchClientClose() {
         guard let raw, let evcon = evhttp_request_get_connection(raw) else { return }
-        closeHandler = handler
+        watchingClose = true
         evhttp_connection_set_closecb(evcon, httpRequestCloseCallback, Unmanaged.passUnretained(self).toOpaque())
     }
 
     private func clearConnectionCallbacks(_ raw: UnsafeMutablePointer<evhttp_request>) {
-        if closeHandler != nil, let evcon = evhttp_request_get_connection(raw) {
+        if watchingClose, let evcon = evhttp_request_get_connection(raw) {
             evhttp_connection_set_closecb(evcon, nil, nil)
         }
-        closeHandler = nil
-        drainHandler = nil
+        watchingClose = false
+        drainPending = false
     }
 
     fileprivate func connectionClosed() {
         // Still attached: libevent frees the request right after this callback,
         // so forget it. Detached (evcon == NULL): it is ours to release later.
         if let raw, raw.pointee.evcon != nil { self.raw = nil }
-        let handler = closeHandler
-        closeHandler = nil
-        drainHandler = nil
-        handler?()
+        watchingClose = false
+        drainPending = false
+        observer?.requestClientClosed(self)
     }
 
     fileprivate func drained() {
-        let handler = drainHandler
-        drainHandler = nil
-        handler?()
+        guard drainPending else { return }
+        drainPending = false
+        observer?.requestOutputDrained(self)
     }
 
     /// Writes `bytes` raw to the socket (no HTTP framing), then drops the
@@ -263,6 +267,15 @@ private func httpRequestCloseCallback(_: OpaquePointer?, _ arg: UnsafeMutableRaw
 private func httpRequestDrainedCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {
     guard let arg else { return }
     Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().drained()
+}
+
+/// What a request tells the code answering it, on the loop's thread.
+public protocol HTTPRequestObserver: AnyObject {
+    /// The client connection closed first. Called from inside libevent's
+    /// connection teardown: defer real work to the next loop pass.
+    func requestClientClosed(_ request: HTTPRequest)
+    /// Everything queued with `notifyWhenDrained` has been written.
+    func requestOutputDrained(_ request: HTTPRequest)
 }
 
 /// One scratch evbuffer per thread for moving body bytes into a reply

@@ -56,7 +56,8 @@ public final class HTTPServer {
     private let http: OpaquePointer
     public let limits: HTTPServerLimits
     public private(set) var port: Int = 0
-    weak var delegate: HTTPServerDelegate?
+    /// Unowned(unsafe): the delegate owns the server and closes it first.
+    unowned(unsafe) var delegate: HTTPServerDelegate?
     let loop: EventLoop
 
     public init(
@@ -100,6 +101,11 @@ public final class HTTPServer {
             evhttp_free(http)
             throw .cannotBind(address: "\(host):\(port)", errno: e)
         }
+        // Accepted sockets inherit TCP_NODELAY from the listener on Linux: a
+        // response head and its body, written separately, must not wait for
+        // the client's delayed ACK (Nagle), which costs 40 ms a response.
+        var one: Int32 = 1
+        setsockopt(evconnlistener_get_fd(listener), Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         evhttp_bind_listener(http, listener)
         var storage = sockaddr_storage()
         var len = socklen_t(MemoryLayout<sockaddr_storage>.size)

@@ -117,8 +117,17 @@ public final class UpstreamClient {
     private let loop: EventLoop
     private let multi: UnsafeMutableRawPointer
     private var timerEvent: OpaquePointer?
-    /// Per-descriptor libevent events, reused across transfers on a socket.
-    private var socketEvents: [OpaquePointer?] = []
+    /// Per descriptor: its libevent event (reused across transfers), the
+    /// interest registered with libevent, and whether libcurl wants it now.
+    /// An idle kept-alive connection stays registered for reading between
+    /// transfers, so reusing it costs no epoll_ctl (see `watch`).
+    private var sockets: [SocketSlot] = []
+
+    private struct SocketSlot {
+        var event: OpaquePointer?
+        var registered: Int16 = 0
+        var wanted = false
+    }
     private var pool: [EasyHandle] = []
     public private(set) var activeTransfers = 0
 
@@ -145,8 +154,8 @@ public final class UpstreamClient {
         }
         pool.removeAll()
         curl_multi_cleanup(multi)
-        for case let event? in socketEvents { event_free(event) }
-        socketEvents.removeAll()
+        for case let event? in sockets.map(\.event) { event_free(event) }
+        sockets.removeAll()
         if let timerEvent { event_free(timerEvent) }
         timerEvent = nil
     }
@@ -183,7 +192,7 @@ public final class UpstreamClient {
         for field in request.headers {
             if !sawAccept && field.name.equalsIgnoringASCIICase("Accept") { sawAccept = true }
             if !sawContentType && field.name.equalsIgnoringASCIICase("Content-Type") { sawContentType = true }
-            list = curl_slist_append(list, field.name + ": " + field.value)
+            list = Self.append(list, field)
         }
         // "Name:" removes a header libcurl would otherwise invent.
         list = curl_slist_append(list, "Expect:")
@@ -206,6 +215,27 @@ public final class UpstreamClient {
         return transfer
     }
 
+    /// Appends "Name: value" (libcurl copies it) without building a Swift string.
+    private static func append(_ list: UnsafeMutablePointer<curl_slist>?, _ field: HTTPField)
+        -> UnsafeMutablePointer<curl_slist>?
+    {
+        var name = field.name
+        var value = field.value
+        return name.withUTF8 { n in
+            value.withUTF8 { v in
+                withUnsafeTemporaryAllocation(byteCount: n.count + v.count + 3, alignment: 1) { buffer in
+                    let base = buffer.baseAddress!
+                    if n.count > 0 { base.copyMemory(from: n.baseAddress!, byteCount: n.count) }
+                    base.storeBytes(of: 0x3A, toByteOffset: n.count, as: UInt8.self)  // ':'
+                    base.storeBytes(of: 0x20, toByteOffset: n.count + 1, as: UInt8.self)
+                    if v.count > 0 { (base + n.count + 2).copyMemory(from: v.baseAddress!, byteCount: v.count) }
+                    base.storeBytes(of: 0, toByteOffset: n.count + 2 + v.count, as: UInt8.self)
+                    return curl_slist_append(list, base.assumingMemoryBound(to: CChar.self))
+                }
+            }
+        }
+    }
+
     /// Stops a try without telling its handler (the caller is the handler).
     /// Not from inside a handler method.
     public func cancel(_ transfer: UpstreamTransfer) {
@@ -224,6 +254,11 @@ public final class UpstreamClient {
         hp_easy_set_long(easy, CURLOPT_HTTP_CONTENT_DECODING, 0)
         hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 64 * 1024)
         hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
+        // Upstreams are reached directly: no http_proxy from the environment
+        // (and no getenv on every transfer).
+        hp_easy_set_ptr(easy, CURLOPT_PROXY, "")
+        hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)
+        hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
         hp_easy_set_write_cb(easy, CURLOPT_WRITEFUNCTION, upstreamWriteCallback)
         return EasyHandle(easy: easy, errorBuffer: errorBuffer)
@@ -283,26 +318,44 @@ public final class UpstreamClient {
 
     fileprivate func watch(socket fd: curl_socket_t, what: Int32) {
         let index = Int(fd)
-        if index >= socketEvents.count {
-            socketEvents.append(contentsOf: repeatElement(nil, count: index + 1 - socketEvents.count))
+        if index >= sockets.count {
+            sockets.append(contentsOf: repeatElement(SocketSlot(), count: index + 1 - sockets.count))
         }
         if what == CURL_POLL_REMOVE {
-            if let event = socketEvents[index] { event_del(event) }
+            // The transfer is done but the connection may be kept: leave a
+            // read registration in place (a later transfer that reads again
+            // needs no epoll_ctl). A write registration is dropped.
+            sockets[index].wanted = false
+            if sockets[index].registered & Int16(EV_WRITE) != 0 { unregister(index) }
             return
         }
         var kind = Int16(EV_PERSIST)
         if what & CURL_POLL_IN != 0 { kind |= Int16(EV_READ) }
         if what & CURL_POLL_OUT != 0 { kind |= Int16(EV_WRITE) }
+        sockets[index].wanted = true
+        guard sockets[index].registered != kind else { return }
         let me = Unmanaged.passUnretained(self).toOpaque()
-        if let event = socketEvents[index] {
+        if let event = sockets[index].event {
             event_del(event)
             event_assign(event, loop.base, fd, kind, upstreamSocketEventCallback, me)
             event_add(event, nil)
         } else {
             let event = event_new(loop.base, fd, kind, upstreamSocketEventCallback, me)
-            socketEvents[index] = event
+            sockets[index].event = event
             event_add(event, nil)
         }
+        sockets[index].registered = kind
+    }
+
+    private func unregister(_ index: Int) {
+        if let event = sockets[index].event, sockets[index].registered != 0 { event_del(event) }
+        sockets[index].registered = 0
+        sockets[index].wanted = false
+    }
+
+    /// libcurl closes a connection: drop its registration first.
+    fileprivate func closing(socket fd: curl_socket_t) {
+        if Int(fd) < sockets.count { unregister(Int(fd)) }
     }
 
     fileprivate func setTimer(milliseconds: Int) {
@@ -318,6 +371,13 @@ public final class UpstreamClient {
     }
 
     fileprivate func socketReady(_ fd: Int32, _ what: Int16) {
+        if Int(fd) < sockets.count, !sockets[Int(fd)].wanted {
+            // An idle kept-alive connection became readable: the upstream
+            // closed it (or sent junk). Stop watching; libcurl finds it dead
+            // when it next considers reusing it.
+            unregister(Int(fd))
+            return
+        }
         var flags: Int32 = 0
         if what & Int16(EV_READ) != 0 { flags |= CURL_CSELECT_IN }
         if what & Int16(EV_WRITE) != 0 { flags |= CURL_CSELECT_OUT }
@@ -356,6 +416,11 @@ private func upstreamSocketEventCallback(_ fd: Int32, _ what: Int16, _ arg: Unsa
 
 private func upstreamTimerEventCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
     Unmanaged<UpstreamClient>.fromOpaque(arg!).takeUnretainedValue().timerFired()
+}
+
+private func upstreamCloseSocketCallback(_ clientp: UnsafeMutableRawPointer?, _ fd: curl_socket_t) -> Int32 {
+    Unmanaged<UpstreamClient>.fromOpaque(clientp!).takeUnretainedValue().closing(socket: fd)
+    return close(fd)
 }
 
 /// Header lines arrive one per call, CRLF included, not NUL-terminated; each

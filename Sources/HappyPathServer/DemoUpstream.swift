@@ -146,34 +146,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         for field in headers { request.addResponseHeader(field.name, field.value) }
         request.addResponseHeader("Content-Length", String(count))
         request.startReply(status: 200)
-        let chunk = 64 * 1024
-        let scratch = UnsafeMutableRawPointer.allocate(byteCount: chunk, alignment: 16)
-        var offset = 0
-        var finished = false
-        func finish() {
-            guard !finished else { return }
-            finished = true
-            scratch.deallocate()
-        }
-        request.onClientClose { [loop] in
-            loop.schedule(after: .zero) {
-                finish()
-                request.abort()
-            }
-        }
-        func next() {
-            guard !finished else { return }
-            guard offset < count else {
-                finish()
-                request.endReply()
-                return
-            }
-            let n = min(chunk, count - offset)
-            fill(offset, n, scratch)
-            offset += n
-            request.send(UnsafeRawBufferPointer(start: scratch, count: n)) { next() }
-        }
-        next()
+        BodyStreamer(loop: loop, request: request, count: count, fill: fill).next()
     }
 
     /// FNV-1a, 64 bit: a cheap fingerprint for comparing bodies in tests.
@@ -194,5 +167,59 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
             out[String(parts[0])] = parts.count > 1 ? String(parts[1]) : ""
         }
         return out
+    }
+}
+
+/// Writes one streamed demo body piece by piece. Retains itself while the
+/// stream runs (the request's observer pointer is unowned).
+private final class BodyStreamer: HTTPRequestObserver, LoopEventTarget {
+    static let chunk = 64 * 1024
+    let loop: EventLoop
+    let request: HTTPRequest
+    let count: Int
+    let fill: (Int, Int, UnsafeMutableRawPointer) -> Void
+    let scratch = UnsafeMutableRawPointer.allocate(byteCount: BodyStreamer.chunk, alignment: 16)
+    var offset = 0
+    var keepAlive: BodyStreamer?
+    var cleanup: LoopEvent?
+
+    init(loop: EventLoop, request: HTTPRequest, count: Int, fill: @escaping (Int, Int, UnsafeMutableRawPointer) -> Void) {
+        self.loop = loop
+        self.request = request
+        self.count = count
+        self.fill = fill
+        keepAlive = self
+        request.observer = self
+        request.watchClientClose()
+    }
+
+    deinit { scratch.deallocate() }
+
+    func next() {
+        guard keepAlive != nil else { return }
+        guard offset < count else {
+            request.endReply()
+            keepAlive = nil
+            return
+        }
+        let n = min(Self.chunk, count - offset)
+        fill(offset, n, scratch)
+        offset += n
+        request.send(UnsafeRawBufferPointer(start: scratch, count: n), notifyWhenDrained: true)
+    }
+
+    func requestOutputDrained(_ request: HTTPRequest) { next() }
+
+    func requestClientClosed(_ request: HTTPRequest) {
+        let event = loop.takeEvent(target: self)
+        cleanup = event
+        event.arm(after: .zero)
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        event.recycle()
+        cleanup = nil
+        request.abort()
+        keepAlive = nil
     }
 }

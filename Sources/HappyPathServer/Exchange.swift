@@ -4,17 +4,21 @@ import Logging
 
 /// One client request from arrival to answer: it sends the command upstream,
 /// streams the response back, or renders the failure as a problem.
-final class Exchange: UpstreamResponseHandler {
+final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTarget {
     /// Pause reading from upstream while this much is queued for a slow client.
     static let highWater = 1 << 20
 
-    unowned let worker: ProxyWorker
+    /// The worker retains every exchange in flight (`active`), so this can be unowned(unsafe).
+    unowned(unsafe) let worker: ProxyWorker
     let request: HTTPRequest
     let route: RuntimeRoute
     let upstream: RuntimeUpstream
     var command: Command
     private var transfer: UpstreamTransfer?
-    private var deadlineTimer: LoopTimer?
+    /// One pooled timer: the deadline for the response head, or (re-armed
+    /// at zero) the deferred cleanup after the client hung up.
+    private var timer: LoopEvent?
+    private enum TimerUse: Int { case deadline, clientGone }
     private var status = 0
     private var responseStarted = false
     private var waitingForDrain = false
@@ -29,10 +33,8 @@ final class Exchange: UpstreamResponseHandler {
     }
 
     func start() {
-        request.onClientClose { [unowned self] in
-            // Inside libevent's connection teardown: finish on the next pass.
-            worker.loop.schedule(after: .zero) { [self] in clientWentAway() }
-        }
+        request.observer = self
+        request.watchClientClose()
         sendTry()
     }
 
@@ -43,8 +45,7 @@ final class Exchange: UpstreamResponseHandler {
         }
         // The deadline bounds the wait for the response head; a body that is
         // streaming may take longer (it is bounded by stalls, not by size).
-        deadlineTimer?.cancel()
-        deadlineTimer = worker.loop.schedule(after: remaining) { [unowned self] in deadlinePassed() }
+        arm(.deadline, after: remaining)
         let endpoint = worker.endpoint(for: route.upstreamIndex)
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
@@ -68,17 +69,42 @@ final class Exchange: UpstreamResponseHandler {
         request.addResponseHeader(name: name, value: value)
     }
 
+    private func arm(_ use: TimerUse, after delay: Duration) {
+        let event = timer ?? worker.loop.takeEvent(target: self)
+        timer = event
+        event.tag = use.rawValue
+        event.arm(after: delay)
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        switch TimerUse(rawValue: event.tag) {
+        case .deadline: deadlinePassed()
+        case .clientGone: clientWentAway()
+        case nil: break
+        }
+    }
+
     private func deadlinePassed() {
-        deadlineTimer = nil
         guard !done, !responseStarted, let transfer else { return }
         worker.client.cancel(transfer)
         self.transfer = nil
         fail(problem(for: .timeout))
     }
 
+    // MARK: - HTTPRequestObserver
+
+    func requestClientClosed(_ request: HTTPRequest) {
+        // Inside libevent's connection teardown: finish on the next pass.
+        if !done { arm(.clientGone, after: .zero) }
+    }
+
+    func requestOutputDrained(_ request: HTTPRequest) {
+        waitingForDrain = false
+        transfer?.resume()
+    }
+
     func upstreamHeadersComplete() {
-        deadlineTimer?.cancel()
-        deadlineTimer = nil
+        timer?.disarm()
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
         request.startReply(status: status)
@@ -90,10 +116,7 @@ final class Exchange: UpstreamResponseHandler {
         if waitingForDrain { return false }
         if request.pendingOutput + bytes.count > Self.highWater {
             waitingForDrain = true
-            request.send(bytes) { [unowned self] in
-                waitingForDrain = false
-                transfer?.resume()
-            }
+            request.send(bytes, notifyWhenDrained: true)
         } else {
             request.send(bytes)
         }
@@ -149,8 +172,8 @@ final class Exchange: UpstreamResponseHandler {
 
     private func finish() {
         done = true
-        deadlineTimer?.cancel()
-        deadlineTimer = nil
+        timer?.recycle()
+        timer = nil
         worker.finished(self)
     }
 
@@ -166,8 +189,8 @@ final class Exchange: UpstreamResponseHandler {
     func abandon() {
         guard !done else { return }
         done = true
-        deadlineTimer?.cancel()
-        deadlineTimer = nil
+        timer?.recycle()
+        timer = nil
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
         request.abort()

@@ -13,6 +13,7 @@ CURLcode hp_easy_set_off(CURL *easy, CURLoption option, curl_off_t value);
 CURLcode hp_easy_set_ptr(CURL *easy, CURLoption option, const void *value);
 CURLcode hp_easy_set_write_cb(CURL *easy, CURLoption option,
                               size_t (*cb)(char *, size_t, size_t, void *));
+CURLcode hp_easy_set_closesocket_cb(CURL *easy, curl_closesocket_callback cb);
 CURLcode hp_easy_get_long(CURL *easy, CURLINFO info, long *value);
 CURLcode hp_easy_get_ptr(CURL *easy, CURLINFO info, void **value);
 
