@@ -19,16 +19,32 @@ public struct IdentifierGenerator {
 
     /// A `traceparent` value (version 00, sampled) for a request that came without one.
     public mutating func traceparent() -> String {
-        "00-" + Self.hex(next()) + Self.hex(next()) + "-" + Self.hex(next()) + "-01"
+        let (a, b, c) = (next(), next(), next())
+        return String(unsafeUninitializedCapacity: 55) { out in
+            var i = 0
+            func put(_ s: StaticString) {
+                s.withUTF8Buffer { for byte in $0 { out[i] = byte; i += 1 } }
+            }
+            func put(_ v: UInt64) {
+                Self.writeHex(v, into: UnsafeMutableBufferPointer(rebasing: out[i..<(i + 16)]))
+                i += 16
+            }
+            put("00-"); put(a); put(b); put("-"); put(c); put("-01")
+            return i
+        }
     }
 
     static func hex(_ value: UInt64) -> String {
-        let digits: StaticString = "0123456789abcdef"
-        return String(unsafeUninitializedCapacity: 16) { buffer in
-            digits.withUTF8Buffer { d in
-                for i in 0..<16 { buffer[i] = d[Int((value >> UInt64(60 - 4 * i)) & 0xF)] }
-            }
+        String(unsafeUninitializedCapacity: 16) { buffer in
+            writeHex(value, into: buffer)
             return 16
+        }
+    }
+
+    static func writeHex(_ value: UInt64, into buffer: UnsafeMutableBufferPointer<UInt8>) {
+        let digits: StaticString = "0123456789abcdef"
+        digits.withUTF8Buffer { d in
+            for i in 0..<16 { buffer[i] = d[Int((value >> UInt64(60 - 4 * i)) & 0xF)] }
         }
     }
 }

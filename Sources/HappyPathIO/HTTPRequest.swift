@@ -122,7 +122,7 @@ public final class HTTPRequest {
 
     public func addResponseHeader(_ name: String, _ value: String) {
         guard let raw else { return }
-        evhttp_add_header(evhttp_request_get_output_headers(raw), name, value)
+        name.withCString { n in value.withCString { v in _ = evhttp_add_header(evhttp_request_get_output_headers(raw), n, v) } }
     }
 
     /// Adds a header from raw bytes (as libcurl hands them over) without

@@ -170,8 +170,9 @@ public final class UpstreamClient {
         let easy = handle.easy
         handle.errorBuffer[0] = 0
 
-        hp_easy_set_ptr(easy, CURLOPT_URL, request.origin)
-        hp_easy_set_ptr(easy, CURLOPT_REQUEST_TARGET, request.target)
+        // withCString: no temporary copy for native strings (libcurl copies them).
+        request.origin.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_URL, $0) }
+        request.target.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_REQUEST_TARGET, $0) }
         // Method and body. HTTPGET resets whatever the previous try set.
         hp_easy_set_long(easy, CURLOPT_HTTPGET, 1)
         hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, nil)
@@ -181,9 +182,9 @@ public final class UpstreamClient {
             hp_easy_set_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count))
             // libcurl reads the body in place: `transfer.body` keeps it alive.
             hp_easy_set_ptr(easy, CURLOPT_POSTFIELDS, request.body.baseAddress ?? emptyBody)
-            if request.method != "POST" { hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, request.method) }
+            if request.method != "POST" { request.method.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, $0) } }
         } else if request.method != "GET" {
-            hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, request.method)
+            request.method.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, $0) }
         }
 
         var list: UnsafeMutablePointer<curl_slist>?
@@ -252,11 +253,10 @@ public final class UpstreamClient {
         hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
         hp_easy_set_long(easy, CURLOPT_PATH_AS_IS, 1)
         hp_easy_set_long(easy, CURLOPT_HTTP_CONTENT_DECODING, 0)
-        hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 64 * 1024)
         hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
         // Upstreams are reached directly: no http_proxy from the environment
         // (and no getenv on every transfer).
-        hp_easy_set_ptr(easy, CURLOPT_PROXY, "")
+        "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
         hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
