@@ -33,6 +33,8 @@ let package = Package(
             dependencies: ["HappyPathCore", .product(name: "Yams", package: "Yams")]
         ),
 
+        .target(name: "HappyPathPolicies", dependencies: ["HappyPathCore"]),
+
         // MARK: - I/O: the only Swift code that imports C
         .target(name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims"]),
 
@@ -40,7 +42,7 @@ let package = Package(
         .target(
             name: "HappyPathServer",
             dependencies: [
-                "HappyPathCore", "HappyPathConfig", "HappyPathIO",
+                "HappyPathCore", "HappyPathConfig", "HappyPathIO", "HappyPathPolicies",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -55,6 +57,7 @@ let package = Package(
         // MARK: - Tests
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
+        .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
         .testTarget(
             name: "HappyPathIntegrationTests",
             dependencies: ["HappyPathServer", "HappyPathConfig", "HappyPathCore"]

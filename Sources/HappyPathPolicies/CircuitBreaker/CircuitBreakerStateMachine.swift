@@ -1,0 +1,156 @@
+import HappyPathCore
+
+/// The breaker of one upstream as a pure state machine: events in, state and
+/// decisions out; the clock is passed in with each event.
+public struct CircuitBreakerStateMachine: Sendable {
+    public struct Configuration: Sendable, Equatable {
+        /// Opens after this many failures in a row. Default 5.
+        public var consecutiveFailures: Int = 5
+        /// ...or when this share of the window's requests failed. Default 0.5.
+        public var failureRate: Double = 0.5
+        /// ...once the window holds at least this many requests. Default 20.
+        public var minimumRequests: Int = 20
+        /// Default 10s.
+        public var window: Duration = .seconds(10)
+        /// Stays open this long, then lets probes through. Default 5s.
+        public var openFor: Duration = .seconds(5)
+        /// Probes let through at once while half-open; all must succeed to close. Default 1.
+        public var halfOpenProbes: Int = 1
+
+        public init() {}
+    }
+
+    public enum State: Sendable, Equatable {
+        case closed
+        case open(until: Instant)
+        case halfOpen(probesInFlight: Int, successes: Int)
+
+        /// For metrics: 0 closed, 1 half-open, 2 open.
+        public var gauge: Int {
+            switch self {
+            case .closed: 0
+            case .halfOpen: 1
+            case .open: 2
+            }
+        }
+
+        public var name: String {
+            switch self {
+            case .closed: "closed"
+            case .halfOpen: "half_open"
+            case .open: "open"
+            }
+        }
+    }
+
+    public enum Admission: Sendable, Equatable {
+        case allow
+        /// Allowed as a half-open probe: report its result with `probe: true`.
+        case probe
+        case reject(retryAfter: Duration)
+    }
+
+    public enum Transition: Sendable, Equatable {
+        case opened, halfOpened, closed
+    }
+
+    public let configuration: Configuration
+    public private(set) var state: State = .closed
+    private var consecutive = 0
+    private var buckets: [(second: Int64, requests: Int, failures: Int)]
+    private let windowSeconds: Int
+
+    public init(_ configuration: Configuration) {
+        self.configuration = configuration
+        windowSeconds = max(1, Int((configuration.window.nanoseconds + 999_999_999) / 1_000_000_000))
+        buckets = Array(repeating: (-1, 0, 0), count: windowSeconds)
+    }
+
+    /// Asks to send a try. May move open → half-open when `openFor` passed.
+    public mutating func admit(at now: Instant) -> (Admission, Transition?) {
+        switch state {
+        case .closed:
+            return (.allow, nil)
+        case let .open(until):
+            guard now >= until else { return (.reject(retryAfter: until - now), nil) }
+            state = .halfOpen(probesInFlight: 1, successes: 0)
+            return (.probe, .halfOpened)
+        case let .halfOpen(inFlight, successes):
+            guard inFlight + successes < configuration.halfOpenProbes else {
+                return (.reject(retryAfter: configuration.openFor), nil)
+            }
+            state = .halfOpen(probesInFlight: inFlight + 1, successes: successes)
+            return (.probe, nil)
+        }
+    }
+
+    /// Reports a try's result. `probe` says whether `admit` returned `.probe` for it.
+    public mutating func record(failure: Bool, probe: Bool, at now: Instant) -> Transition? {
+        if probe, case let .halfOpen(inFlight, successes) = state {
+            if failure {
+                return trip(now)
+            }
+            let done = successes + 1
+            if done >= configuration.halfOpenProbes {
+                reset()
+                return .closed
+            }
+            state = .halfOpen(probesInFlight: max(0, inFlight - 1), successes: done)
+            return nil
+        }
+        guard case .closed = state else { return nil }  // late results of tries sent before it opened
+        let i = bucket(now)
+        buckets[i].requests += 1
+        if failure {
+            buckets[i].failures += 1
+            consecutive += 1
+        } else {
+            consecutive = 0
+        }
+        if consecutive >= configuration.consecutiveFailures { return trip(now) }
+        let (requests, failures) = totals(now)
+        if failure, requests >= configuration.minimumRequests,
+            Double(failures) / Double(requests) >= configuration.failureRate
+        {
+            return trip(now)
+        }
+        return nil
+    }
+
+    /// A probe that was admitted but never sent (its client left): free its slot.
+    public mutating func probeAbandoned() {
+        if case let .halfOpen(inFlight, successes) = state {
+            state = .halfOpen(probesInFlight: max(0, inFlight - 1), successes: successes)
+        }
+    }
+
+    private mutating func trip(_ now: Instant) -> Transition {
+        state = .open(until: now + configuration.openFor)
+        consecutive = 0
+        return .opened
+    }
+
+    private mutating func reset() {
+        state = .closed
+        consecutive = 0
+        buckets = Array(repeating: (-1, 0, 0), count: windowSeconds)
+    }
+
+    private mutating func bucket(_ now: Instant) -> Int {
+        let second = now.nanoseconds / 1_000_000_000
+        let i = Int(second % Int64(windowSeconds))
+        if buckets[i].second != second { buckets[i] = (second, 0, 0) }
+        return i
+    }
+
+    private func totals(_ now: Instant) -> (Int, Int) {
+        let second = now.nanoseconds / 1_000_000_000
+        var r = 0
+        var f = 0
+        for b in buckets where b.second > second - Int64(windowSeconds) {
+            r += b.requests
+            f += b.failures
+        }
+        return (r, f)
+    }
+}

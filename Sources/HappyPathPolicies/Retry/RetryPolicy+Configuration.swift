@@ -1,0 +1,34 @@
+import HappyPathCore
+
+extension RetryPolicy {
+    /// Every field's default is the contract's (PRODUCT.md section 2).
+    public struct Configuration: Sendable, Equatable {
+        /// Tries in total, the first included. Default 3.
+        public var attempts: Int = 3
+        /// One try's limit. Default 3s.
+        public var perTryTimeout: Duration = .seconds(3)
+        /// Outcomes that may be retried: `connect-failure`, `reset`, `timeout`, statuses. Default the six below.
+        public var on: Set<String> = ["connect-failure", "reset", "timeout", "502", "503", "504"]
+        /// Backoff before try n+1: full jitter over `min(max, base · 2^(n-1))`. Default 50ms.
+        public var backoffBase: Duration = .milliseconds(50)
+        /// Default 2s.
+        public var backoffMax: Duration = .seconds(2)
+        /// Full jitter (default) or the exact exponential delay.
+        public var jitter: Bool = true
+        /// An upstream's `Retry-After` sets the next delay. Default true.
+        public var honorRetryAfter: Bool = true
+        /// Methods retried after the request may have reached the upstream. Default GET, HEAD, OPTIONS, PUT, DELETE.
+        public var methods: Set<String> = ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]
+
+        public init() {}
+
+        /// The messages `happypath check` would give, empty when valid.
+        public func validate() -> [String] {
+            var problems: [String] = []
+            if attempts < 1 { problems.append("retry.attempts must be at least 1") }
+            if perTryTimeout <= .zero { problems.append("retry.per_try_timeout must be longer than zero") }
+            if backoffMax < backoffBase { problems.append("retry.backoff.max must not be shorter than backoff.base") }
+            return problems
+        }
+    }
+}

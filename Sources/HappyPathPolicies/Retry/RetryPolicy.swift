@@ -1,0 +1,125 @@
+import HappyPathCore
+
+/// Decides whether a failed try is tried again, and when. Pure: time,
+/// randomness and the budget are passed in.
+public struct RetryPolicy: Sendable {
+    public let configuration: Configuration
+
+    public init(_ configuration: Configuration) { self.configuration = configuration }
+
+    public enum Decision: Sendable, Equatable {
+        case retry(after: Duration)
+        case giveUp(Reason)
+    }
+
+    public enum Reason: Sendable, Equatable {
+        case notRetryable
+        case attemptsExhausted
+        /// The request may have reached the upstream and its method is not
+        /// safe to repeat (no `Idempotency-Key`).
+        case unsafeMethod
+        /// The next try could not finish before the deadline.
+        case deadline
+        case budgetExhausted
+    }
+
+    /// What a listener knows about the try that failed.
+    public struct Failure: Sendable {
+        public var outcome: Outcome
+        public var attempt: Int
+        public var method: String
+        public var hasIdempotencyKey: Bool
+        /// The request never left (connect failure): always safe to repeat.
+        public var neverSent: Bool
+        /// A `Retry-After` from the upstream, already parsed.
+        public var retryAfter: Duration?
+
+        public init(outcome: Outcome, attempt: Int, method: String, hasIdempotencyKey: Bool, neverSent: Bool, retryAfter: Duration? = nil) {
+            self.outcome = outcome
+            self.attempt = attempt
+            self.method = method
+            self.hasIdempotencyKey = hasIdempotencyKey
+            self.neverSent = neverSent
+            self.retryAfter = retryAfter
+        }
+    }
+
+    /// - Parameters:
+    ///   - remaining: time left before the command's deadline.
+    ///   - random: a number in [0, 1) for the jitter.
+    ///   - budget: asked last, so a refused retry spends nothing.
+    public func decide(_ failure: Failure, remaining: Duration, random: Double, budget: () -> Bool) -> Decision {
+        guard let name = failure.outcome.retryOnName, configuration.on.contains(name) else { return .giveUp(.notRetryable) }
+        guard failure.attempt < configuration.attempts else { return .giveUp(.attemptsExhausted) }
+        guard failure.neverSent || failure.hasIdempotencyKey || configuration.methods.contains(failure.method) else {
+            return .giveUp(.unsafeMethod)
+        }
+        let delay: Duration
+        if configuration.honorRetryAfter, let retryAfter = failure.retryAfter {
+            delay = retryAfter
+        } else {
+            delay = backoff(afterAttempt: failure.attempt, random: random)
+        }
+        guard delay < remaining else { return .giveUp(.deadline) }
+        guard budget() else { return .giveUp(.budgetExhausted) }
+        return .retry(after: delay)
+    }
+
+    /// Full jitter: uniform in [0, min(max, base · 2^(attempt-1))].
+    public func backoff(afterAttempt attempt: Int, random: Double) -> Duration {
+        let base = Double(configuration.backoffBase.nanoseconds)
+        let cap = Double(configuration.backoffMax.nanoseconds)
+        let exponential = min(cap, base * pow2(max(0, attempt - 1)))
+        let ns = configuration.jitter ? exponential * min(max(random, 0), 1) : exponential
+        return .nanoseconds(Int64(ns))
+    }
+
+    private func pow2(_ n: Int) -> Double { n >= 62 ? Double(Int64.max) : Double(Int64(1) << Int64(n)) }
+}
+
+/// `Retry-After` (RFC 9110 section 10.2.3): delay-seconds or an HTTP-date.
+public enum RetryAfter {
+    /// - Parameter nowUnixSeconds: the wall clock, for HTTP-dates.
+    public static func parse(_ value: String, nowUnixSeconds: Int64) -> Duration? {
+        let trimmed = value.trimmingSpaces
+        if let seconds = Int64(trimmed) { return seconds >= 0 ? .seconds(seconds) : nil }
+        guard let date = HTTPDate.parse(trimmed) else { return nil }
+        return .seconds(max(0, date - nowUnixSeconds))
+    }
+}
+
+/// IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form servers send.
+public enum HTTPDate {
+    static let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+
+    /// Seconds since 1970, or nil.
+    public static func parse(_ text: String) -> Int64? {
+        let parts = text.split(separator: " ")
+        guard parts.count == 6, parts[5] == "GMT", let day = Int(parts[1]),
+            let month = months.firstIndex(of: String(parts[2])), let year = Int(parts[3])
+        else { return nil }
+        let hms = parts[4].split(separator: ":").compactMap { Int($0) }
+        guard hms.count == 3, (1...31).contains(day), hms[0] < 24, hms[1] < 60, hms[2] < 61 else { return nil }
+        return daysFromCivil(year: year, month: month + 1, day: day) * 86400 + Int64(hms[0] * 3600 + hms[1] * 60 + hms[2])
+    }
+
+    /// Days since 1970-01-01 (Howard Hinnant's algorithm).
+    static func daysFromCivil(year: Int, month: Int, day: Int) -> Int64 {
+        let y = Int64(month <= 2 ? year - 1 : year)
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yoe = y - era * 400
+        let m = Int64(month)
+        let doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + Int64(day) - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        return era * 146097 + doe - 719468
+    }
+}
+
+extension String {
+    var trimmingSpaces: String {
+        var s = Substring(self)
+        while s.first == " " { s.removeFirst() }
+        while s.last == " " { s.removeLast() }
+        return String(s)
+    }
+}
