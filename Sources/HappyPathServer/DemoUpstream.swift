@@ -23,7 +23,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     private let loop: EventLoop
     private var server: HTTPServer!
     private var random = IdentifierGenerator()
-    /// Requests served, for tests and load reports.
+    /// Requests served (health checks aside), for tests and load reports.
     public let hits = Atomic<Int>(0)
     public private(set) var port = 0
 
@@ -58,8 +58,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     static let json = [HTTPField(name: "Content-Type", value: "application/json")]
 
     public func serve(_ request: HTTPRequest) {
-        hits.wrappingAdd(1, ordering: .relaxed)
         let (path, query) = Router.split(target: request.target)
+        if path != "/healthz" { hits.wrappingAdd(1, ordering: .relaxed) }
         let params = Self.parameters(query)
         switch path {
         case "/":

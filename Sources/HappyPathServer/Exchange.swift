@@ -1,9 +1,14 @@
+import Foundation
 import HappyPathCore
 import HappyPathIO
+import HappyPathPolicies
 import Logging
 
-/// One client request from arrival to answer: it sends the command upstream,
-/// streams the response back, or renders the failure as a problem.
+/// One client request from arrival to answer: the seed pattern's command in
+/// flight. It sends the command upstream, classifies each try's outcome and
+/// hands failures to their listener — retry (server errors, timeouts,
+/// resets), reachability (unreachable, or circuit open with `while_open:
+/// park`) — until it can stream a response back or render one problem.
 final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTarget {
     /// Pause reading from upstream while this much is queued for a slow client.
     static let highWater = 1 << 20
@@ -13,40 +18,101 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     let request: HTTPRequest
     let route: RuntimeRoute
     let upstream: RuntimeUpstream
-    var command: Command
+    let guardian: UpstreamGuard
+    private(set) var command: Command
+    private let hasIdempotencyKey: Bool
     private var transfer: UpstreamTransfer?
-    /// One pooled timer: the deadline for the response head, or (re-armed
-    /// at zero) the deferred cleanup after the client hung up.
+    /// One pooled timer, used for one thing at a time (see `TimerUse`).
     private var timer: LoopEvent?
-    private enum TimerUse: Int { case deadline, clientGone }
+    private enum TimerUse: Int {
+        /// The try's limit: per_try_timeout, or the deadline if sooner.
+        case tryLimit
+        /// Waiting out a backoff before the next try.
+        case backoff
+        /// Parked: park_for (or the deadline) ran out.
+        case parkExpiry
+        /// The client hung up: clean up on the next loop pass.
+        case clientGone
+    }
     private var status = 0
-    private var responseStarted = false
+    private var mode = Mode.waiting
+    private enum Mode {
+        case waiting
+        /// The response goes to the client as it arrives.
+        case streaming
+        /// A retryable answer: its body is dropped while the next step is decided.
+        case discarding
+    }
+    private var retryAfter: String?
+    private var endpointIndex = -1
+    private var isProbe = false
+    private var history: [String] = []
+    private var lastFailure: UpstreamFailure?
     private var waitingForDrain = false
+    private(set) var parked: ParkReason?
+    private var parkDeadline: Instant?
     private var done = false
 
-    init(worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, upstream: RuntimeUpstream, command: Command) {
+    enum ParkReason: String { case unreachable, circuitOpen = "circuit_open" }
+
+    init(
+        worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, upstream: RuntimeUpstream,
+        guardian: UpstreamGuard, command: Command
+    ) {
         self.worker = worker
         self.request = request
         self.route = route
         self.upstream = upstream
+        self.guardian = guardian
         self.command = command
+        hasIdempotencyKey = command.headers.value(for: "Idempotency-Key") != nil
     }
 
     func start() {
         request.observer = self
         request.watchClientClose()
-        sendTry()
+        guardian.recordRequest(at: worker.clock.now())
+        admitAndSend()
     }
 
-    private func sendTry() {
-        let remaining = command.remaining(at: worker.clock.now())
-        guard remaining > .zero else {
-            return fail(Problem(.upstreamTimeout, requestID: command.requestID, detail: "The deadline passed before a try could start."))
+    // MARK: - Trying
+
+    /// Deadline → reachability → circuit breaker → upstream try.
+    private func admitAndSend() {
+        let now = worker.clock.now()
+        let remaining = command.remaining(at: now)
+        guard remaining > .zero else { return fail(timeoutProblem()) }
+        if !guardian.reachable.load(ordering: .relaxed) {
+            return park(.unreachable)
         }
-        // The deadline bounds the wait for the response head; a body that is
-        // streaming may take longer (it is bounded by stalls, not by size).
-        arm(.deadline, after: remaining)
-        let endpoint = worker.endpoint(for: route.upstreamIndex)
+        let (admission, transition) = guardian.admit(at: now)
+        if transition != nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
+        switch admission {
+        case .allow:
+            send(probe: false, remaining: remaining)
+        case .probe:
+            send(probe: true, remaining: remaining)
+        case let .reject(retryAfter):
+            if upstream.whileOpen == .park, route.parkFor > .zero {
+                worker.scheduleProbe(upstreamIndex: route.upstreamIndex, after: retryAfter)
+                return park(.circuitOpen)
+            }
+            var p = problem(.circuitOpen, detail: "The circuit breaker for '\(upstream.name)' is open after repeated failures.")
+            p.retryAfterSeconds = Int((retryAfter.nanoseconds + 999_999_999) / 1_000_000_000)
+            fail(p)
+        }
+    }
+
+    private func send(probe: Bool, remaining: Duration) {
+        isProbe = probe
+        status = 0
+        mode = .waiting
+        retryAfter = nil
+        arm(.tryLimit, after: min(route.retry.configuration.perTryTimeout, remaining))
+        // A retry prefers another endpoint than the one that just failed.
+        let count = upstream.endpoints.count
+        endpointIndex = endpointIndex < 0 ? worker.nextEndpointIndex(for: route.upstreamIndex) : (endpointIndex + 1) % count
+        let endpoint = upstream.endpoints[endpointIndex]
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
         transfer = worker.client.start(
@@ -61,13 +127,142 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func upstreamStatus(_ status: Int) {
         self.status = status
-        request.clearResponseHeaders()
+        if route.retry.configuration.on.contains(String(status)) {
+            mode = .discarding
+        } else {
+            mode = .streaming
+            request.clearResponseHeaders()
+        }
     }
 
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
-        if Self.isHopByHop(name) { return }
-        request.addResponseHeader(name: name, value: value)
+        switch mode {
+        case .streaming:
+            if !Self.isHopByHop(name) { request.addResponseHeader(name: name, value: value) }
+        case .discarding:
+            if name.count == 11, Self.equalsLowercase(name, "retry-after") {
+                retryAfter = String(decoding: value, as: UTF8.self)
+            }
+        case .waiting: break
+        }
     }
+
+    func upstreamHeadersComplete() {
+        guard mode == .streaming else { return }
+        timer?.disarm()  // a body already streaming is bounded by stalls, not the deadline
+        request.addResponseHeader("X-Request-Id", command.requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        request.startReply(status: status)
+    }
+
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        if done || mode != .streaming { return true }  // client gone, or a body being dropped
+        if waitingForDrain { return false }
+        if request.pendingOutput + bytes.count > Self.highWater {
+            waitingForDrain = true
+            request.send(bytes, notifyWhenDrained: true)
+        } else {
+            request.send(bytes)
+        }
+        return true
+    }
+
+    func upstreamFinished(_ failure: UpstreamFailure?) {
+        transfer = nil
+        guard !done else { return }
+        let now = worker.clock.now()
+        if mode == .streaming {
+            _ = guardian.record(failure == nil ? .success(status: status) : .reset, probe: isProbe, at: now)
+            if isProbe, failure == nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
+            if failure == nil {
+                request.endReply()
+            } else {
+                // Part of the response is already with the client: the only
+                // honest signal left is a broken connection.
+                worker.logger.warning(
+                    "upstream failed mid-response",
+                    metadata: ["request_id": "\(command.requestID)", "upstream": "\(upstream.name)", "error": "\(failure!)"])
+                request.abort()
+            }
+            return finish()
+        }
+        let outcome: Outcome
+        if let failure {
+            lastFailure = failure
+            switch failure {
+            case .connectFailed: outcome = .unreachable
+            case .timeout: outcome = .timeout
+            case .reset, .badResponse, .other: outcome = .reset
+            }
+        } else {
+            lastFailure = nil
+            outcome = .serverError(status: status)
+        }
+        tryFailed(outcome, at: now)
+    }
+
+    // MARK: - Listeners
+
+    /// Broadcasts the failed try's outcome to the listener for its kind.
+    private func tryFailed(_ outcome: Outcome, at now: Instant) {
+        timer?.disarm()
+        if case .badResponse? = lastFailure { history.append("invalid response") } else { history.append(outcome.summary) }
+        if guardian.record(outcome, probe: isProbe, at: now) != nil {
+            worker.circuitChanged(upstreamIndex: route.upstreamIndex)
+        }
+        let remaining = command.remaining(at: now)
+        if outcome == .unreachable {
+            // Reachability listener: another endpoint first, then park.
+            if upstream.endpoints.count > 1, command.attempt < min(route.retry.configuration.attempts, upstream.endpoints.count) {
+                command = command.nextAttempt()
+                return admitAndSend()
+            }
+            if route.parkFor > .zero {
+                guardian.suspect.store(true, ordering: .relaxed)
+                return park(.unreachable)
+            }
+            return fail(finalProblem(outcome))
+        }
+        // Retry listener.
+        let decision = route.retry.decide(
+            RetryPolicy.Failure(
+                outcome: outcome, attempt: command.attempt, method: command.method, hasIdempotencyKey: hasIdempotencyKey,
+                neverSent: false, retryAfter: retryAfter.flatMap { RetryAfter.parse($0, nowUnixSeconds: Int64(Date().timeIntervalSince1970)) }),
+            remaining: remaining, random: Double(worker.ids.next() % 1_000_000) / 1_000_000,
+            budget: { guardian.withdrawRetry(at: now) })
+        switch decision {
+        case let .retry(after: delay):
+            command = command.nextAttempt()
+            arm(.backoff, after: delay)
+        case .giveUp:
+            fail(finalProblem(outcome))
+        }
+    }
+
+    /// Parks the command until the upstream is reachable again (or its
+    /// circuit closes); every parked command is replayed then.
+    private func park(_ reason: ParkReason) {
+        let now = worker.clock.now()
+        if parkDeadline == nil { parkDeadline = min(now + route.parkFor, command.deadline) }
+        let wait = parkDeadline! - now
+        guard wait > .zero else { return fail(parkExpiredProblem(reason)) }
+        guard worker.park(self, reason: reason) else {
+            return fail(problem(.overloaded, detail: "Too many requests are waiting for unavailable upstreams (limits.max_parked)."))
+        }
+        parked = reason
+        arm(.parkExpiry, after: wait)
+    }
+
+    /// Called by the worker when the upstream recovered.
+    func replay() {
+        guard parked != nil, !done else { return }
+        parked = nil
+        timer?.disarm()
+        if !history.isEmpty { command = command.nextAttempt() }
+        admitAndSend()
+    }
+
+    // MARK: - Timers
 
     private func arm(_ use: TimerUse, after delay: Duration) {
         let event = timer ?? worker.loop.takeEvent(target: self)
@@ -78,17 +273,31 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func loopEventFired(_ event: LoopEvent) {
         switch TimerUse(rawValue: event.tag) {
-        case .deadline: deadlinePassed()
-        case .clientGone: clientWentAway()
-        case nil: break
+        case .tryLimit:
+            guard !done, mode != .streaming, let transfer else { return }
+            worker.client.cancel(transfer)
+            self.transfer = nil
+            let now = worker.clock.now()
+            if command.remaining(at: now) <= .zero {
+                history.append("timeout")
+                _ = guardian.record(.timeout, probe: isProbe, at: now)
+                return fail(timeoutProblem())
+            }
+            lastFailure = .timeout
+            tryFailed(.timeout, at: now)
+        case .backoff:
+            if !done { admitAndSend() }
+        case .parkExpiry:
+            guard let reason = parked, !done else { return }
+            worker.unpark(self)
+            parked = nil
+            // Past park_for or the deadline: the cause was reachability, so say that.
+            fail(parkExpiredProblem(reason))
+        case .clientGone:
+            clientWentAway()
+        case nil:
+            break
         }
-    }
-
-    private func deadlinePassed() {
-        guard !done, !responseStarted, let transfer else { return }
-        worker.client.cancel(transfer)
-        self.transfer = nil
-        fail(problem(for: .timeout))
     }
 
     // MARK: - HTTPRequestObserver
@@ -103,63 +312,65 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         transfer?.resume()
     }
 
-    func upstreamHeadersComplete() {
-        timer?.disarm()
-        request.addResponseHeader("X-Request-Id", command.requestID)
-        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
-        request.startReply(status: status)
-        responseStarted = true
+    // MARK: - Answers
+
+    private func problem(_ code: ProblemCode, detail: String) -> Problem {
+        Problem(code, requestID: command.requestID, detail: detail, attempts: command.attempt, upstream: upstream.name)
     }
 
-    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        if done { return true }  // client gone: discard
-        if waitingForDrain { return false }
-        if request.pendingOutput + bytes.count > Self.highWater {
-            waitingForDrain = true
-            request.send(bytes, notifyWhenDrained: true)
-        } else {
-            request.send(bytes)
-        }
-        return true
+    private func timeoutProblem() -> Problem {
+        let tries = history.isEmpty ? "" : " (" + attemptsSummary + ")"
+        return problem(.upstreamTimeout, detail: "No response within the route's timeout of \(route.timeout.configText)\(tries).")
     }
 
-    func upstreamFinished(_ failure: UpstreamFailure?) {
-        transfer = nil
-        guard !done else { return }
-        guard let failure else {
-            request.endReply()
-            return finish()
-        }
-        if responseStarted {
-            // Part of the response is already with the client: the only honest
-            // signal left is a broken connection.
-            worker.logger.warning(
-                "upstream failed mid-response",
-                metadata: ["request_id": "\(command.requestID)", "upstream": "\(upstream.name)", "error": "\(failure)"])
-            request.abort()
-            return finish()
-        }
-        fail(problem(for: failure))
+    private var attemptsSummary: String {
+        "\(history.count) attempt\(history.count == 1 ? "" : "s") failed: " + history.joined(separator: ", ")
     }
 
-    private func problem(for failure: UpstreamFailure) -> Problem {
-        let id = command.requestID
-        let attempts = command.attempt
-        switch failure {
-        case let .connectFailed(message):
-            return Problem(.upstreamUnreachable, requestID: id, detail: message, attempts: attempts, upstream: upstream.name)
+    private func parkExpiredProblem(_ reason: ParkReason) -> Problem {
+        switch reason {
+        case .unreachable:
+            var p = problem(
+                .upstreamUnreachable,
+                detail: "'\(upstream.name)' could not be reached within \(route.parkFor.configText)"
+                    + (lastFailure.map { ": \($0.message)" } ?? "."))
+            p.retryAfterSeconds = 5
+            return p
+        case .circuitOpen:
+            var p = problem(.circuitOpen, detail: "The circuit breaker for '\(upstream.name)' stayed open for \(route.parkFor.configText).")
+            p.retryAfterSeconds = 5
+            return p
+        }
+    }
+
+    /// The error after the retry listener gave up on `outcome`.
+    private func finalProblem(_ outcome: Outcome) -> Problem {
+        switch outcome {
+        case .unreachable:
+            return problem(.upstreamUnreachable, detail: lastFailure?.message ?? "The upstream could not be reached.")
         case .timeout:
-            return Problem(
-                .upstreamTimeout, requestID: id,
-                detail: "No response within the route's timeout of \(route.timeout.configText).", attempts: attempts,
-                upstream: upstream.name)
-        case let .reset(message):
-            return Problem(
-                .badGateway, requestID: id, detail: "The connection closed before a complete response: \(message)",
-                attempts: attempts, upstream: upstream.name)
-        case let .badResponse(message), let .other(message):
-            return Problem(.badGateway, requestID: id, detail: message, attempts: attempts, upstream: upstream.name)
+            return timeoutProblem()
+        case let .serverError(status) where status == 429:
+            var p = problem(.rateLimited, detail: attemptsSummary)
+            p.retryAfterSeconds = retryAfterSeconds
+            return p
+        case .reset:
+            if case let .badResponse(message)? = lastFailure {
+                return problem(.badGateway, detail: history.count == 1 ? message : attemptsSummary + " (\(message))")
+            }
+            fallthrough
+        default:
+            var p = problem(.upstreamUnavailable, detail: attemptsSummary)
+            p.retryAfterSeconds = retryAfterSeconds
+            return p
         }
+    }
+
+    private var retryAfterSeconds: Int? {
+        guard let retryAfter, let d = RetryAfter.parse(retryAfter, nowUnixSeconds: Int64(Date().timeIntervalSince1970)) else {
+            return nil
+        }
+        return Int((d.nanoseconds + 999_999_999) / 1_000_000_000)
     }
 
     private func fail(_ problem: Problem) {
@@ -172,6 +383,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     private func finish() {
         done = true
+        if parked != nil {
+            worker.unpark(self)
+            parked = nil
+        }
         timer?.recycle()
         timer = nil
         worker.finished(self)
@@ -179,7 +394,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     private func clientWentAway() {
         guard !done else { return }
-        if let transfer { worker.client.cancel(transfer) }
+        if let transfer {
+            worker.client.cancel(transfer)
+            if isProbe { guardian.probeAbandoned() }
+        }
         transfer = nil
         request.abort()
         finish()
@@ -196,28 +414,39 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         request.abort()
     }
 
+    // MARK: - Header helpers
+
     /// Hop-by-hop response headers, compared on raw bytes.
     static func isHopByHop(_ name: UnsafeRawBufferPointer) -> Bool {
-        func equals(_ literal: StaticString) -> Bool {
-            guard name.count == literal.utf8CodeUnitCount else { return false }
-            let l = literal.utf8Start
-            for i in 0..<name.count where name[i] | 0x20 != l[i] | 0x20 { return false }
-            return true
-        }
         switch name.count {
-        case 2: return equals("te")
-        case 7: return equals("trailer") || equals("upgrade")
-        case 10: return equals("connection") || equals("keep-alive")
-        case 17: return equals("transfer-encoding")
-        default:
-            guard name.count > 6 else { return false }
-            return equals6(name, "proxy-")
+        case 2: return equalsLowercase(name, "te")
+        case 7: return equalsLowercase(name, "trailer") || equalsLowercase(name, "upgrade")
+        case 10: return equalsLowercase(name, "connection") || equalsLowercase(name, "keep-alive")
+        case 17: return equalsLowercase(name, "transfer-encoding")
+        default: return name.count > 6 && hasLowercasePrefix(name, "proxy-")
         }
     }
 
-    private static func equals6(_ name: UnsafeRawBufferPointer, _ prefix: StaticString) -> Bool {
+    static func equalsLowercase(_ name: UnsafeRawBufferPointer, _ literal: StaticString) -> Bool {
+        name.count == literal.utf8CodeUnitCount && hasLowercasePrefix(name, literal)
+    }
+
+    private static func hasLowercasePrefix(_ name: UnsafeRawBufferPointer, _ prefix: StaticString) -> Bool {
         let p = prefix.utf8Start
-        for i in 0..<prefix.utf8CodeUnitCount where name[i] | 0x20 != p[i] | 0x20 { return false }
+        for i in 0..<prefix.utf8CodeUnitCount {
+            let c = name[i]
+            let lower = c >= 0x41 && c <= 0x5A ? c | 0x20 : c
+            if lower != p[i] { return false }
+        }
         return true
+    }
+}
+
+extension UpstreamFailure {
+    var message: String {
+        switch self {
+        case let .connectFailed(m), let .reset(m), let .badResponse(m), let .other(m): m
+        case .timeout: "timeout"
+        }
     }
 }

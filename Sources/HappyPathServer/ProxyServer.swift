@@ -19,6 +19,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var workers: [ProxyWorker] = []
     private var adminLoop: EventLoop?
     private var admin: AdminServer?
+    private var healthChecker: HealthChecker?
+    private var shared: SharedState?
     private let ready = ReadyFlag()
     private let stopped = Mutex(false)
     public private(set) var port = 0
@@ -39,13 +41,16 @@ public final class ProxyServer: @unchecked Sendable {
     public func start() throws(SocketError) {
         EventLoop.initializeLibraries()
         let config = runtime.configuration
+        let shared = SharedState(runtime: runtime, logger: logger)
+        self.shared = shared
         var bindPort = config.listen.port
         for i in 0..<workerCount {
             let loop = EventLoop()
             // With port 0 the first worker picks the port; the others join it.
             let worker = try ProxyWorker(
-                loop: loop, runtime: runtime, host: config.listen.host, port: bindPort, workers: workerCount,
-                clock: clock, logger: logger)
+                loop: loop, runtime: runtime, shared: shared, host: config.listen.host, port: bindPort,
+                workers: workerCount, clock: clock, logger: logger)
+            shared.register(worker)
             if i == 0 { bindPort = worker.port }
             loops.append(loop)
             workers.append(worker)
@@ -57,7 +62,11 @@ public final class ProxyServer: @unchecked Sendable {
         adminPort = admin.server.port
         self.adminLoop = adminLoop
         self.admin = admin
+        let checker = HealthChecker(loop: adminLoop, runtime: runtime, shared: shared, logger: logger)
+        healthChecker = checker
         for (i, loop) in loops.enumerated() { loop.start(name: "worker-\(i)") }
+        let checkerBox = CheckerBox(checker)
+        adminLoop.execute { checkerBox.checker.start() }
         adminLoop.start(name: "admin")
         ready.value.store(true, ordering: .releasing)
         logger.info(
@@ -87,8 +96,9 @@ public final class ProxyServer: @unchecked Sendable {
         }
         for loop in loops { loop.join() }
         if let adminLoop, let admin {
-            let box = AdminBox(admin, adminLoop)
+            let box = AdminBox(admin, adminLoop, healthChecker)
             adminLoop.execute {
+                box.checker?.stop()
                 box.admin.server.close()
                 box.loop.stop()
             }
@@ -108,8 +118,15 @@ private final class WorkerBox: @unchecked Sendable {
 private final class AdminBox: @unchecked Sendable {
     let admin: AdminServer
     let loop: EventLoop
-    init(_ admin: AdminServer, _ loop: EventLoop) {
+    let checker: HealthChecker?
+    init(_ admin: AdminServer, _ loop: EventLoop, _ checker: HealthChecker?) {
         self.admin = admin
         self.loop = loop
+        self.checker = checker
     }
+}
+
+private final class CheckerBox: @unchecked Sendable {
+    let checker: HealthChecker
+    init(_ checker: HealthChecker) { self.checker = checker }
 }

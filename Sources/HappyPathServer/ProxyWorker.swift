@@ -1,12 +1,14 @@
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
+import HappyPathPolicies
 import Logging
+import Synchronization
 
 /// One event loop's share of the proxy: its listener (sharing the port with
 /// the other workers), its libcurl multi handle and connection pool, and the
 /// exchanges in flight on it. Everything here runs on `loop`'s thread.
-final class ProxyWorker: HTTPServerDelegate {
+final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     let loop: EventLoop
     let runtime: RuntimeConfiguration
     let clock: Clock
@@ -20,13 +22,21 @@ final class ProxyWorker: HTTPServerDelegate {
     private var nextEndpoint: [Int]
     /// Exchanges in flight, retained here until they finish.
     private var active: [ObjectIdentifier: Exchange] = [:]
+    let shared: SharedState
+    /// Parked exchanges, per upstream (the reachability listener's lot).
+    private var lots: [[ObjectIdentifier: Exchange]]
+    /// Per upstream: a timer to send a half-open probe when a breaker's open time ends.
+    private var probeTimers: [LoopEvent?]
 
     init(
-        loop: EventLoop, runtime: RuntimeConfiguration, host: String, port: Int, workers: Int, clock: Clock,
-        logger: Logger
+        loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, host: String, port: Int, workers: Int,
+        clock: Clock, logger: Logger
     ) throws(SocketError) {
         self.loop = loop
         self.runtime = runtime
+        self.shared = shared
+        lots = Array(repeating: [:], count: runtime.upstreams.count)
+        probeTimers = Array(repeating: nil, count: runtime.upstreams.count)
         self.clock = clock
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
@@ -65,6 +75,7 @@ final class ProxyWorker: HTTPServerDelegate {
         let route = runtime.routes[routeIndex]
         let exchange = Exchange(
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
+            guardian: shared.guards[route.upstreamIndex],
             command: makeCommand(request, method: method, path: path, query: query, route: route))
         active[ObjectIdentifier(exchange)] = exchange
         exchange.start()
@@ -155,11 +166,64 @@ final class ProxyWorker: HTTPServerDelegate {
 
     // MARK: - Exchanges
 
-    func endpoint(for upstreamIndex: Int) -> Endpoint {
-        let endpoints = runtime.upstreams[upstreamIndex].endpoints
+    func nextEndpointIndex(for upstreamIndex: Int) -> Int {
         let i = nextEndpoint[upstreamIndex]
-        nextEndpoint[upstreamIndex] = (i + 1) % endpoints.count
-        return endpoints[i]
+        nextEndpoint[upstreamIndex] = (i + 1) % runtime.upstreams[upstreamIndex].endpoints.count
+        return i
+    }
+
+    // MARK: - Parking lot
+
+    /// False when the process-wide `max_parked` is reached.
+    func park(_ exchange: Exchange, reason: Exchange.ParkReason) -> Bool {
+        let u = exchange.route.upstreamIndex
+        if lots[u][ObjectIdentifier(exchange)] != nil { return true }
+        guard shared.parked.tryTake() else { return false }
+        lots[u][ObjectIdentifier(exchange)] = exchange
+        logger.debug(
+            "command parked",
+            metadata: ["request_id": "\(exchange.command.requestID)", "upstream": "\(exchange.upstream.name)", "reason": "\(reason.rawValue)"])
+        return true
+    }
+
+    func unpark(_ exchange: Exchange) {
+        if lots[exchange.route.upstreamIndex].removeValue(forKey: ObjectIdentifier(exchange)) != nil {
+            shared.parked.give()
+        }
+    }
+
+    /// The upstream is reachable again (health check) or its circuit closed:
+    /// replay every command parked for it on this worker.
+    func replayParked(upstreamIndex u: Int) {
+        let parked = lots[u].values
+        guard !parked.isEmpty else { return }
+        lots[u] = [:]
+        for _ in parked { shared.parked.give() }
+        logger.info("replaying parked commands", metadata: ["upstream": "\(runtime.upstreams[u].name)", "count": "\(parked.count)"])
+        for exchange in parked { exchange.replay() }
+    }
+
+    /// A breaker changed state. When it closed, every worker replays.
+    func circuitChanged(upstreamIndex u: Int) {
+        if shared.guards[u].breakerState == .closed { shared.recovered(upstreamIndex: u) }
+    }
+
+    /// Releases one parked command as the half-open probe once `after` passed.
+    func scheduleProbe(upstreamIndex u: Int, after: Duration) {
+        guard probeTimers[u] == nil else { return }
+        let event = loop.takeEvent(target: self, tag: u)
+        probeTimers[u] = event
+        event.arm(after: after)
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        let u = event.tag
+        event.recycle()
+        probeTimers[u] = nil
+        guard let probe = lots[u].values.first(where: { $0.parked == .circuitOpen }) else { return }
+        lots[u].removeValue(forKey: ObjectIdentifier(probe))
+        shared.parked.give()
+        probe.replay()
     }
 
     func finished(_ exchange: Exchange) {
@@ -168,7 +232,10 @@ final class ProxyWorker: HTTPServerDelegate {
 
     /// Answers everything in flight and closes the listener. On the loop.
     func shutdown() {
+        for i in probeTimers.indices { probeTimers[i]?.recycle(); probeTimers[i] = nil }
         for exchange in active.values { exchange.abandon() }
+        for lot in lots { for _ in lot { shared.parked.give() } }
+        lots = lots.map { _ in [:] }
         active.removeAll()
         server.close()
         client.shutdown()

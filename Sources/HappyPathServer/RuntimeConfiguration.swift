@@ -1,5 +1,6 @@
 import HappyPathConfig
 import HappyPathCore
+import HappyPathPolicies
 
 /// The configuration in the shape the hot path wants: routes resolved
 /// (route → upstream → defaults), upstreams by index, endpoints pre-split.
@@ -13,14 +14,15 @@ public final class RuntimeConfiguration: Sendable {
     public init(_ configuration: Configuration) {
         self.configuration = configuration
         router = configuration.router
-        let upstreams = configuration.upstreams.map(RuntimeUpstream.init)
+        let upstreams = configuration.upstreams.map { RuntimeUpstream($0, defaults: configuration.defaults) }
         self.upstreams = upstreams
         routes = configuration.routes.indices.map { i in
             let route = configuration.routes[i]
             let policies = configuration.resolvedPolicies(forRoute: i)
             return RuntimeRoute(
                 index: i, name: "routes[\(i)]", upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
-                stripPrefix: route.stripPrefix, timeout: policies.timeout)
+                stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(policies.retry)),
+                parkFor: policies.reachability.parkFor ?? .seconds(10))
         }
     }
 }
@@ -32,6 +34,9 @@ struct RuntimeRoute: Sendable {
     let stripPrefix: String?
     /// Overall deadline for a request on this route, all tries included.
     let timeout: Duration
+    let retry: RetryPolicy
+    /// How long a command may wait parked for an unreachable upstream.
+    let parkFor: Duration
 }
 
 struct RuntimeUpstream: Sendable {
@@ -40,11 +45,30 @@ struct RuntimeUpstream: Sendable {
     let connectTimeout: Duration
     let maxConnections: Int
 
-    init(_ upstream: Upstream) {
+    /// Upstream-level policies (upstream over defaults over built-in):
+    /// the breaker, the budget and health checks belong to the upstream.
+    let policies: PolicySettings
+    let whileOpen: WhileOpen
+
+    init(_ upstream: Upstream, defaults: PolicySettings) {
         name = upstream.name
         endpoints = upstream.endpoints.map(Endpoint.init)
         connectTimeout = upstream.connectTimeout
         maxConnections = upstream.maxConnections
+        policies = upstream.policies.over(defaults).over(.builtIn)
+        whileOpen = policies.circuitBreaker.whileOpen ?? .park
+    }
+
+    var breakerConfiguration: CircuitBreakerStateMachine.Configuration {
+        let b = policies.circuitBreaker
+        var c = CircuitBreakerStateMachine.Configuration()
+        c.consecutiveFailures = b.consecutiveFailures ?? c.consecutiveFailures
+        c.failureRate = b.failureRate ?? c.failureRate
+        c.minimumRequests = b.minimumRequests ?? c.minimumRequests
+        c.window = b.window ?? c.window
+        c.openFor = b.openFor ?? c.openFor
+        c.halfOpenProbes = b.halfOpenProbes ?? c.halfOpenProbes
+        return c
     }
 }
 
@@ -65,5 +89,19 @@ struct Endpoint: Sendable {
             origin = url + "/"
             basePath = ""
         }
+    }
+}
+
+extension RetryPolicy.Configuration {
+    init(_ settings: RetrySettings) {
+        self.init()
+        attempts = settings.attempts ?? attempts
+        perTryTimeout = settings.perTryTimeout ?? perTryTimeout
+        on = settings.on.map(Set.init) ?? on
+        backoffBase = settings.backoffBase ?? backoffBase
+        backoffMax = settings.backoffMax ?? backoffMax
+        jitter = (settings.jitter ?? .full) == .full
+        honorRetryAfter = settings.honorRetryAfter ?? honorRetryAfter
+        methods = settings.methods.map(Set.init) ?? methods
     }
 }

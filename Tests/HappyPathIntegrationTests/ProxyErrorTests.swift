@@ -70,9 +70,13 @@ import Testing
         expectProblem(try HTTP.request(port: h2.port, "/x"), status: 502, code: "BAD_GATEWAY", retryable: true)
     }
 
-    @Test func upstreamDropsConnection() throws {
+    @Test func upstreamDropsConnectionOnEveryTry() throws {
         let h = try ProxyHarness()
-        expectProblem(try HTTP.request(port: h.port, "/drop"), status: 502, code: "BAD_GATEWAY", retryable: true)
+        let r = try HTTP.request(port: h.port, "/drop")
+        expectProblem(r, status: 503, code: "UPSTREAM_UNAVAILABLE", retryable: true)
+        #expect(r.json["attempts"] as? Int == 3)
+        #expect((r.json["detail"] as? String)?.hasPrefix("3 attempts failed: connection reset") == true)
+        #expect(r.header("X-Happypath-Attempts") == "3")
     }
 
     @Test func truncatedUpstreamBodyBreaksTheClientConnection() throws {

@@ -45,20 +45,24 @@ final class ProxyHarness {
             upstream: demo
         """
 
-    /// A config whose single route goes to `url`.
-    static func single(upstream url: String, extra: String = "") -> String {
+    /// A config whose single route goes to `url`; `defaults` is YAML for the defaults mapping.
+    static func single(
+        upstream url: String, defaults: String = "{ reachability: { park_for: 0s } }", upstreamExtra: String = "",
+        routeTimeout: String = "2s"
+    ) -> String {
         """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
+        defaults: \(defaults)
         upstreams:
           u:
             endpoints: [\(url)]
             connect_timeout: 500ms
-        \(extra)
+            \(upstreamExtra)
         routes:
           - match: { path_prefix: / }
             upstream: u
-            timeout: 2s
+            timeout: \(routeTimeout)
         """
     }
 }

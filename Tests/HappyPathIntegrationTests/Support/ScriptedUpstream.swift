@@ -11,11 +11,16 @@ import Glibc
 final class ScriptedUpstream: @unchecked Sendable {
     let port: Int
     private let listenFD: Int32
-    private let response: [UInt8]
-    let requests = Mutex<[String]>([])
+    /// Served in order, one per request; the last one repeats. A response
+    /// may start with "DELAY:<ms>\n" (wait first) or be "DROP" (close without answering).
+    private let responses: [String]
+    /// Every request received: head and body.
+    let requests = Mutex<[(head: String, body: [UInt8])]>([])
 
-    init(response: String) {
-        self.response = Array(response.utf8)
+    convenience init(response: String) { self.init(responses: [response]) }
+
+    init(responses: [String]) {
+        self.responses = responses
         let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         self.listenFD = listenFD
         var one: Int32 = 1
@@ -30,7 +35,7 @@ final class ScriptedUpstream: @unchecked Sendable {
                 _ = getsockname(listenFD, $0, &len)
             }
         }
-        listen(listenFD, 64)
+        listen(listenFD, 256)
         port = Int(UInt16(bigEndian: addr.sin_port))
     }
 
@@ -46,26 +51,68 @@ final class ScriptedUpstream: @unchecked Sendable {
         Glibc.close(listenFD)
     }
 
+    var count: Int { requests.withLock { $0.count } }
+
+    /// Requests other than health checks.
+    var appRequests: [(head: String, body: [UInt8])] {
+        requests.withLock { $0.filter { !$0.head.contains("happypath-health-check") } }
+    }
+
     private func acceptLoop() {
         while true {
             let fd = accept(listenFD, nil, nil)
             if fd < 0 { return }
-            var head: [UInt8] = []
-            var chunk = [UInt8](repeating: 0, count: 4096)
-            while !head.ends(with: [13, 10, 13, 10]) {
-                let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-                if n <= 0 { break }
-                head += chunk[0..<n]
-                if let range = head.firstRange(of: [13, 10, 13, 10]) { head = Array(head[..<range.upperBound]); break }
-            }
-            requests.withLock { $0.append(String(decoding: head, as: UTF8.self)) }
-            _ = response.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            shutdown(fd, Int32(SHUT_WR))
-            Glibc.close(fd)
+            Thread { [self] in serve(fd) }.start()
         }
+    }
+
+    /// One request per connection, then close (keeps the script simple).
+    private func serve(_ fd: Int32) {
+        defer { Glibc.close(fd) }
+        var data: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        var headEnd: Int?
+        while headEnd == nil {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { return }
+            data += chunk[0..<n]
+            headEnd = data.firstRange(of: [13, 10, 13, 10])?.upperBound
+        }
+        let head = String(decoding: data[..<headEnd!], as: UTF8.self)
+        var length = 0
+        for line in head.split(separator: "\r\n") where line.lowercased().hasPrefix("content-length:") {
+            length = Int(line.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) ?? 0
+        }
+        while data.count - headEnd! < length {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { break }
+            data += chunk[0..<n]
+        }
+        let body = Array(data[headEnd!...])
+        let index = requests.withLock { list -> Int in
+            let isHealth = head.contains("happypath-health-check")
+            let i = list.filter { !$0.head.contains("happypath-health-check") }.count
+            list.append((head, body))
+            return isHealth ? -1 : i
+        }
+        var response = index < 0 ? "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" : responses[min(index, responses.count - 1)]
+        if response.hasPrefix("DELAY:"), let nl = response.firstIndex(of: "\n") {
+            let ms = Int(response[response.index(response.startIndex, offsetBy: 6)..<nl]) ?? 0
+            Thread.sleep(forTimeInterval: Double(ms) / 1000)
+            response = String(response[response.index(after: nl)...])
+        }
+        if response == "DROP" { return }
+        _ = Array(response.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        shutdown(fd, Int32(SHUT_WR))
     }
 }
 
 extension Array where Element == UInt8 {
     func ends(with suffix: [UInt8]) -> Bool { count >= suffix.count && Array(self[(count - suffix.count)...]) == suffix }
+}
+
+/// A canned HTTP/1.1 response.
+func http(_ status: Int, _ body: String = "", headers: [String] = []) -> String {
+    "HTTP/1.1 \(status) X\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n"
+        + headers.map { $0 + "\r\n" }.joined() + "\r\n" + body
 }

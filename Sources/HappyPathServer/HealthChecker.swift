@@ -1,0 +1,161 @@
+import HappyPathConfig
+import HappyPathCore
+import HappyPathIO
+import Logging
+
+/// Active health checks (`health_check`), on the admin loop with a libcurl
+/// client of its own. An upstream is reachable while any endpoint answers
+/// its path with a status below 500. When an upstream turns reachable again
+/// — or answers after a worker reported it suspect — every worker replays
+/// the commands it parked for it.
+final class HealthChecker: LoopEventTarget {
+    private let loop: EventLoop
+    private let runtime: RuntimeConfiguration
+    private let shared: SharedState
+    private let logger: Logger
+    private let client: UpstreamClient
+    private var states: [UpstreamCheck]
+    private var timers: [LoopEvent] = []
+    private var stopped = false
+
+    private struct UpstreamCheck {
+        var inFlight = 0
+        var anySuccess = false
+        var consecutiveFailures = 0
+        var consecutiveSuccesses = 0
+    }
+
+    init(loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, logger: Logger) {
+        self.loop = loop
+        self.runtime = runtime
+        self.shared = shared
+        self.logger = logger
+        client = UpstreamClient(loop: loop, maxConnectionsPerHost: 4, maxCachedConnections: 16)
+        states = Array(repeating: UpstreamCheck(), count: runtime.upstreams.count)
+    }
+
+    /// On the admin loop.
+    func start() {
+        for u in runtime.upstreams.indices {
+            let timer = loop.takeEvent(target: self, tag: u)
+            timers.append(timer)
+            timer.arm(after: interval(u))
+        }
+    }
+
+    func stop() {
+        stopped = true
+        for t in timers { t.recycle() }
+        timers.removeAll()
+        client.shutdown()
+    }
+
+    private func interval(_ u: Int) -> Duration { runtime.upstreams[u].policies.healthCheck.interval ?? .seconds(2) }
+
+    func loopEventFired(_ event: LoopEvent) {
+        let u = event.tag
+        guard !stopped else { return }
+        if states[u].inFlight == 0 { check(u) }
+        event.arm(after: interval(u))
+    }
+
+    private func check(_ u: Int) {
+        let upstream = runtime.upstreams[u]
+        let settings = upstream.policies.healthCheck
+        let timeout = settings.timeout ?? .seconds(1)
+        states[u].inFlight = upstream.endpoints.count
+        states[u].anySuccess = false
+        for endpoint in upstream.endpoints {
+            let probe = HealthProbe(checker: self, client: client, upstreamIndex: u)
+            probe.transfer = client.start(
+                UpstreamRequest(
+                    origin: endpoint.origin, target: endpoint.basePath + (settings.path ?? "/healthz"), method: "GET",
+                    headers: [HTTPField(name: "User-Agent", value: "happypath-health-check")], body: .empty,
+                    sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout),
+                handler: probe)
+            probe.arm(loop: loop, timeout: timeout)
+        }
+    }
+
+    fileprivate func finished(_ u: Int, healthy: Bool) {
+        guard !stopped else { return }
+        states[u].inFlight -= 1
+        if healthy { states[u].anySuccess = true }
+        guard states[u].inFlight == 0 else { return }
+        let settings = runtime.upstreams[u].policies.healthCheck
+        let guardian = shared.guards[u]
+        let name = runtime.upstreams[u].name
+        if states[u].anySuccess {
+            states[u].consecutiveFailures = 0
+            states[u].consecutiveSuccesses += 1
+            let wasReachable = guardian.reachable.load(ordering: .relaxed)
+            if !wasReachable, states[u].consecutiveSuccesses >= (settings.healthyAfter ?? 1) {
+                guardian.reachable.store(true, ordering: .relaxed)
+                logger.info("upstream reachable again", metadata: ["upstream": "\(name)"])
+            }
+            if guardian.reachable.load(ordering: .relaxed),
+                !wasReachable || guardian.suspect.exchange(false, ordering: .relaxed)
+            {
+                shared.recovered(upstreamIndex: u)
+            }
+        } else {
+            states[u].consecutiveSuccesses = 0
+            states[u].consecutiveFailures += 1
+            if guardian.reachable.load(ordering: .relaxed), states[u].consecutiveFailures >= (settings.unhealthyAfter ?? 3) {
+                guardian.reachable.store(false, ordering: .relaxed)
+                logger.warning("upstream unreachable: health checks failing", metadata: ["upstream": "\(name)"])
+            }
+        }
+    }
+}
+
+/// One health request's result. Bounded by its own timer; retained by the
+/// transfer (libcurl's private pointer) and by its armed timer.
+private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
+    unowned(unsafe) let checker: HealthChecker
+    unowned(unsafe) let client: UpstreamClient
+    let upstreamIndex: Int
+    var transfer: UpstreamTransfer?
+    var status = 0
+    var timer: LoopEvent?
+    var reported = false
+    var keepAlive: HealthProbe?
+
+    init(checker: HealthChecker, client: UpstreamClient, upstreamIndex: Int) {
+        self.checker = checker
+        self.client = client
+        self.upstreamIndex = upstreamIndex
+    }
+
+    func arm(loop: EventLoop, timeout: Duration) {
+        keepAlive = self
+        let t = loop.takeEvent(target: self)
+        timer = t
+        t.arm(after: timeout)
+    }
+
+    func upstreamStatus(_ status: Int) { self.status = status }
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
+    func upstreamHeadersComplete() {}
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }
+
+    func upstreamFinished(_ failure: UpstreamFailure?) {
+        transfer = nil
+        report(failure == nil && status > 0 && status < 500)
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        if let transfer { client.cancel(transfer) }
+        transfer = nil
+        report(false)
+    }
+
+    private func report(_ healthy: Bool) {
+        guard !reported else { return }
+        reported = true
+        timer?.recycle()
+        timer = nil
+        checker.finished(upstreamIndex, healthy: healthy)
+        keepAlive = nil
+    }
+}

@@ -1,0 +1,60 @@
+import HappyPathConfig
+import HappyPathCore
+import HappyPathIO
+import Logging
+import Synchronization
+
+/// What the workers share: per-upstream guards (breaker, budget,
+/// reachability), the process-wide parking count, and the way to tell every
+/// worker that an upstream recovered.
+final class SharedState: @unchecked Sendable {
+    let guards: [UpstreamGuard]
+    let parked: ParkingCount
+    /// Set once, before any loop runs; then read-only.
+    private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
+
+    init(runtime: RuntimeConfiguration, logger: Logger) {
+        guards = runtime.upstreams.map { u in
+            UpstreamGuard(
+                name: u.name, breaker: u.breakerConfiguration, budgetRatio: u.policies.retry.budgetRatio ?? 0.2,
+                budgetMinPerSecond: u.policies.retry.budgetMinPerSecond ?? 10, logger: logger)
+        }
+        parked = ParkingCount(limit: runtime.configuration.limits.maxParked)
+    }
+
+    func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
+
+    /// Every worker replays its parked commands for upstream `u`, on its own loop.
+    func recovered(upstreamIndex u: Int) {
+        for (loop, handle) in workers {
+            loop.execute { handle.worker.replayParked(upstreamIndex: u) }
+        }
+    }
+}
+
+/// A worker, handed to its own loop's thread (it is only touched there).
+final class WorkerHandle: @unchecked Sendable {
+    let worker: ProxyWorker
+    init(_ worker: ProxyWorker) { self.worker = worker }
+}
+
+/// Parked commands in the whole process, bounded by `limits.max_parked`.
+final class ParkingCount: Sendable {
+    let limit: Int
+    private let count = Atomic<Int>(0)
+
+    init(limit: Int) { self.limit = limit }
+
+    var current: Int { count.load(ordering: .relaxed) }
+
+    func tryTake() -> Bool {
+        let after = count.wrappingAdd(1, ordering: .relaxed).newValue
+        if after > limit {
+            count.wrappingSubtract(1, ordering: .relaxed)
+            return false
+        }
+        return true
+    }
+
+    func give() { count.wrappingSubtract(1, ordering: .relaxed) }
+}

@@ -1,0 +1,204 @@
+import Foundation
+import HappyPathServer
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Retry, breaker, parking and replay against real upstreams on loopback.
+@Suite("resilience") struct ResilienceTests {
+    @Test func twoServerErrorsThenSuccessGivesTheClient200() throws {
+        let up = ScriptedUpstream(responses: [http(503, "a"), http(503, "b"), http(200, "finally")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status == 200)
+        #expect(r.text == "finally")
+        #expect(r.header("X-Happypath-Attempts") == "3")
+        #expect(up.appRequests.count == 3)
+    }
+
+    @Test func exhaustedRetriesGiveUpstreamUnavailableWithRetryAfter() throws {
+        let up = ScriptedUpstream(responses: [http(503, "{}", headers: ["Retry-After: 0"])]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status == 503)
+        #expect(r.json["code"] as? String == "UPSTREAM_UNAVAILABLE")
+        #expect(r.json["detail"] as? String == "3 attempts failed: 503, 503, 503")
+        #expect(r.json["attempts"] as? Int == 3)
+        #expect(r.json["retry_after_s"] as? Int == 0)
+        #expect(r.header("Retry-After") == "0")
+        #expect(up.appRequests.count == 3)
+    }
+
+    @Test func postWithoutIdempotencyKeyIsNotRetried() throws {
+        let up = ScriptedUpstream(responses: [http(503), http(200, "ok")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let r = try HTTP.request(port: h.port, "POST", "/orders", body: Array("pay once".utf8))
+        #expect(r.status == 503)
+        #expect(r.json["code"] as? String == "UPSTREAM_UNAVAILABLE")
+        #expect(r.json["attempts"] as? Int == 1)
+        #expect(up.appRequests.count == 1)
+    }
+
+    @Test func postWithIdempotencyKeyIsRetriedWithTheSameBody() throws {
+        let up = ScriptedUpstream(responses: [http(503), http(201, "created")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let body = randomBytes(100_000)
+        let r = try HTTP.request(port: h.port, "POST", "/orders", headers: [("Idempotency-Key", "k-1")], body: body)
+        #expect(r.status == 201)
+        let seen = up.appRequests
+        #expect(seen.count == 2)
+        #expect(seen.allSatisfy { $0.body == body })
+    }
+
+    @Test func resetConnectionIsRetried() throws {
+        let up = ScriptedUpstream(responses: ["DROP", http(200, "second")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status == 200)
+        #expect(r.text == "second")
+        #expect(r.header("X-Happypath-Attempts") == "2")
+    }
+
+    @Test func slowFirstTryIsCutByPerTryTimeout() throws {
+        let up = ScriptedUpstream(responses: ["DELAY:1500\n" + http(200, "slow"), http(200, "fast")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(
+            ProxyHarness.single(
+                upstream: "http://127.0.0.1:\(up.port)", defaults: "{ retry: { per_try_timeout: 200ms }, reachability: { park_for: 0s } }"))
+        let started = Date()
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status == 200)
+        #expect(r.text == "fast")
+        #expect(Date().timeIntervalSince(started) < 1.4, "the 1.5s first try must have been cut")
+    }
+
+    @Test func retryAfterDelaysTheNextTry() throws {
+        let up = ScriptedUpstream(responses: [http(503, headers: ["Retry-After: 1"]), http(200, "ok")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let started = Date()
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status == 200)
+        #expect(Date().timeIntervalSince(started) >= 0.95)
+    }
+
+    @Test func deadlineGivesUpstreamTimeoutOnTime() throws {
+        let up = ScriptedUpstream(responses: ["DELAY:3000\n" + http(200)]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(
+            ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)", routeTimeout: "400ms"))
+        let started = Date()
+        let r = try HTTP.request(port: h.port, "/x")
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(r.json["code"] as? String == "UPSTREAM_TIMEOUT")
+        #expect(elapsed >= 0.35)
+        #expect(elapsed < 1.5)
+    }
+
+    @Test func openBreakerKeepsRequestsAwayFromTheUpstream() throws {
+        let up = ScriptedUpstream(responses: [http(500)]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(
+            ProxyHarness.single(
+                upstream: "http://127.0.0.1:\(up.port)",
+                defaults: """
+                    { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 2, open_for: 1s, while_open: fail }, reachability: { park_for: 0s } }
+                    """))
+        for _ in 0..<2 { #expect(try HTTP.request(port: h.port, "/x").status == 503) }
+        let before = up.appRequests.count
+        #expect(before == 2)
+        for _ in 0..<5 {
+            let r = try HTTP.request(port: h.port, "/x")
+            #expect(r.json["code"] as? String == "CIRCUIT_OPEN")
+            #expect(r.header("Retry-After") == "1")
+        }
+        #expect(up.appRequests.count == before)
+        Thread.sleep(forTimeInterval: 1.1)
+        _ = try HTTP.request(port: h.port, "/x")  // the half-open probe
+        #expect(up.appRequests.count == before + 1)
+    }
+
+    @Test func parkedRequestsAreReplayedWhenTheUpstreamComesUp() throws {
+        let port = closedPort()
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults:
+              timeout: 8s
+              reachability: { park_for: 6s }
+              health_check: { interval: 100ms, timeout: 200ms }
+            upstreams:
+              late: { endpoints: [http://127.0.0.1:\(port)] }
+            routes:
+              - { match: { path_prefix: / }, upstream: late }
+            """)
+        let clients = try (0..<10).map { i -> TestConnection in
+            let c = try TestConnection(port: h.port, timeout: 10)
+            try c.send("GET /echo?i=\(i) HTTP/1.1\r\nHost: x\r\n\r\n")
+            return c
+        }
+        Thread.sleep(forTimeInterval: 1.5)
+        let demo = try DemoUpstream(host: "127.0.0.1", port: port)
+        demo.start()
+        defer { demo.stop() }
+        var ok = 0
+        for (i, c) in clients.enumerated() {
+            let r = try c.readResponse()
+            if r.status == 200, r.json["target"] as? String == "/echo?i=\(i)" { ok += 1 }
+        }
+        #expect(ok == 10)
+        #expect(demo.hits.load(ordering: .relaxed) == 10)
+    }
+
+    @Test func pastParkForTheClientGetsUpstreamUnreachable() throws {
+        let h = try ProxyHarness(
+            ProxyHarness.single(upstream: "http://127.0.0.1:\(closedPort())", defaults: "{ reachability: { park_for: 300ms } }"))
+        let started = Date()
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")
+        #expect(r.status == 503)
+        #expect(Date().timeIntervalSince(started) >= 0.25)
+    }
+
+    @Test func oneInFourFailingStillAllSucceed() throws {
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults:
+              retry: { attempts: 8, backoff: { base: 1ms, max: 5ms }, budget: { ratio: 1.0, min_per_second: 1000 } }
+              circuit_breaker: { consecutive_failures: 1000, minimum_requests: 100000 }
+            upstreams: { demo: { endpoints: [{{DEMO}}] } }
+            routes: [ { match: { path_prefix: / }, upstream: demo } ]
+            """)
+        let clients = try (0..<200).map { _ in try TestConnection(port: h.port, timeout: 20) }
+        for c in clients { try c.send("GET /flaky?fail=0.25&status=503 HTTP/1.1\r\nHost: x\r\n\r\n") }
+        var ok = 0
+        for c in clients where try c.readResponse().status == 200 { ok += 1 }
+        #expect(ok == 200)
+    }
+
+    @Test func retriesStopAtTheBudgetDuringAnOutage() throws {
+        let up = ScriptedUpstream(responses: [http(503)]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(
+            ProxyHarness.single(
+                upstream: "http://127.0.0.1:\(up.port)",
+                defaults: """
+                    { retry: { attempts: 3, backoff: { base: 1ms, max: 2ms }, budget: { ratio: 0.1, min_per_second: 0 } }, circuit_breaker: { consecutive_failures: 100000, minimum_requests: 100000 }, reachability: { park_for: 0s } }
+                    """))
+        for _ in 0..<40 { _ = try HTTP.request(port: h.port, "/x") }
+        let hits = up.appRequests.count
+        // 40 first tries and at most 10% of them as retries (the budget), not 40 × 3.
+        #expect(hits >= 40)
+        #expect(hits <= 44)
+    }
+}
