@@ -33,7 +33,12 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         case parkExpiry
         /// The client hung up: clean up on the next loop pass.
         case clientGone
+        /// Waiting in the upstream's queue for a connection slot (bounded by the deadline).
+        case queued
     }
+    private var holdsSlot = false
+    private var isQueued = false
+    private var pendingProbe = false
     private var status = 0
     private var mode = Mode.waiting
     private enum Mode {
@@ -88,10 +93,23 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let (admission, transition) = guardian.admit(at: now)
         if transition != nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
         switch admission {
-        case .allow:
-            send(probe: false, remaining: remaining)
-        case .probe:
-            send(probe: true, remaining: remaining)
+        case .allow, .probe:
+            // Concurrency limit: a slot, a place in the bounded queue, or OVERLOADED.
+            let probe = admission == .probe
+            switch worker.acquireSlot(self, upstream: route.upstreamIndex) {
+            case .acquired:
+                holdsSlot = true
+                send(probe: probe, remaining: remaining)
+            case .queued:
+                isQueued = true
+                pendingProbe = probe
+                arm(.queued, after: remaining)
+            case .full:
+                if probe { guardian.probeAbandoned() }
+                var p = problem(.overloaded, detail: "'\(upstream.name)' has max_connections tries in flight and as many waiting.")
+                p.retryAfterSeconds = 1
+                fail(p)
+            }
         case let .reject(retryAfter):
             if upstream.whileOpen == .park, route.parkFor > .zero {
                 worker.scheduleProbe(upstreamIndex: route.upstreamIndex, after: retryAfter)
@@ -103,15 +121,39 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
     }
 
+    /// The worker hands over a freed connection slot.
+    func slotGranted() {
+        guard isQueued, !done else { return worker.releaseSlot(upstream: route.upstreamIndex) }
+        isQueued = false
+        holdsSlot = true
+        timer?.disarm()
+        let remaining = command.remaining(at: worker.clock.now())
+        guard remaining > .zero else { return fail(timeoutProblem()) }
+        send(probe: pendingProbe, remaining: remaining)
+    }
+
+    private func releaseSlot() {
+        if holdsSlot {
+            holdsSlot = false
+            worker.releaseSlot(upstream: route.upstreamIndex)
+        }
+        if isQueued {
+            isQueued = false
+            worker.leaveQueue(self, upstream: route.upstreamIndex)
+        }
+    }
+
     private func send(probe: Bool, remaining: Duration) {
         isProbe = probe
         status = 0
         mode = .waiting
         retryAfter = nil
         arm(.tryLimit, after: min(route.retry.configuration.perTryTimeout, remaining))
-        // A retry prefers another endpoint than the one that just failed.
+        // A retry prefers another endpoint than the one that just failed;
+        // ejected endpoints are skipped.
         let count = upstream.endpoints.count
-        endpointIndex = endpointIndex < 0 ? worker.nextEndpointIndex(for: route.upstreamIndex) : (endpointIndex + 1) % count
+        let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: route.upstreamIndex) : (endpointIndex + 1) % count
+        endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
         let endpoint = upstream.endpoints[endpointIndex]
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
@@ -169,10 +211,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func upstreamFinished(_ failure: UpstreamFailure?) {
         transfer = nil
+        releaseSlot()
         guard !done else { return }
         let now = worker.clock.now()
         if mode == .streaming {
-            _ = guardian.record(failure == nil ? .success(status: status) : .reset, probe: isProbe, at: now)
+            let outcome: Outcome = failure == nil ? .success(status: status) : .reset
+            _ = guardian.record(outcome, probe: isProbe, at: now)
+            guardian.recordEndpoint(endpointIndex, failure: outcome.isFailure, at: now)
             if isProbe, failure == nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
             if failure == nil {
                 request.endReply()
@@ -210,6 +255,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         if guardian.record(outcome, probe: isProbe, at: now) != nil {
             worker.circuitChanged(upstreamIndex: route.upstreamIndex)
         }
+        guardian.recordEndpoint(endpointIndex, failure: true, at: now)
         let remaining = command.remaining(at: now)
         if outcome == .unreachable {
             // Reachability listener: another endpoint first, then park.
@@ -277,6 +323,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             guard !done, mode != .streaming, let transfer else { return }
             worker.client.cancel(transfer)
             self.transfer = nil
+            releaseSlot()
             let now = worker.clock.now()
             if command.remaining(at: now) <= .zero {
                 history.append("timeout")
@@ -295,6 +342,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             fail(parkExpiredProblem(reason))
         case .clientGone:
             clientWentAway()
+        case .queued:
+            guard isQueued, !done else { return }
+            releaseSlot()
+            if pendingProbe { guardian.probeAbandoned() }
+            fail(timeoutProblem())
         case nil:
             break
         }
@@ -383,6 +435,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     private func finish() {
         done = true
+        releaseSlot()
         if parked != nil {
             worker.unpark(self)
             parked = nil
@@ -397,8 +450,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         if let transfer {
             worker.client.cancel(transfer)
             if isProbe { guardian.probeAbandoned() }
+        } else if isQueued, pendingProbe {
+            guardian.probeAbandoned()
         }
         transfer = nil
+        releaseSlot()
         request.abort()
         finish()
     }

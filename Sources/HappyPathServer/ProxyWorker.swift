@@ -27,6 +27,11 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     private var lots: [[ObjectIdentifier: Exchange]]
     /// Per upstream: a timer to send a half-open probe when a breaker's open time ends.
     private var probeTimers: [LoopEvent?]
+    /// Per upstream: tries in flight on this worker, its share of
+    /// `max_connections`, and the bounded queue of exchanges waiting for a slot.
+    private var inFlight: [Int]
+    private let slotLimit: [Int]
+    private var waiting: [[Exchange]]
 
     init(
         loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, host: String, port: Int, workers: Int,
@@ -37,6 +42,9 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         self.shared = shared
         lots = Array(repeating: [:], count: runtime.upstreams.count)
         probeTimers = Array(repeating: nil, count: runtime.upstreams.count)
+        inFlight = Array(repeating: 0, count: runtime.upstreams.count)
+        waiting = Array(repeating: [], count: runtime.upstreams.count)
+        slotLimit = runtime.upstreams.map { max(1, $0.maxConnections * $0.endpoints.count / workers) }
         self.clock = clock
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
@@ -172,6 +180,35 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         return i
     }
 
+    // MARK: - Concurrency limit
+
+    enum SlotResult { case acquired, queued, full }
+
+    /// A slot for one try to upstream `u`; else a place in its queue; else full (OVERLOADED).
+    func acquireSlot(_ exchange: Exchange, upstream u: Int) -> SlotResult {
+        if inFlight[u] < slotLimit[u] {
+            inFlight[u] += 1
+            return .acquired
+        }
+        guard waiting[u].count < slotLimit[u] else { return .full }
+        waiting[u].append(exchange)
+        return .queued
+    }
+
+    /// A try ended: its slot goes to the longest-waiting exchange.
+    func releaseSlot(upstream u: Int) {
+        if !waiting[u].isEmpty {
+            let next = waiting[u].removeFirst()
+            next.slotGranted()
+        } else {
+            inFlight[u] -= 1
+        }
+    }
+
+    func leaveQueue(_ exchange: Exchange, upstream u: Int) {
+        waiting[u].removeAll { $0 === exchange }
+    }
+
     // MARK: - Parking lot
 
     /// False when the process-wide `max_parked` is reached.
@@ -233,6 +270,7 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     /// Answers everything in flight and closes the listener. On the loop.
     func shutdown() {
         for i in probeTimers.indices { probeTimers[i]?.recycle(); probeTimers[i] = nil }
+        waiting = waiting.map { _ in [] }
         for exchange in active.values { exchange.abandon() }
         for lot in lots { for _ in lot { shared.parked.give() } }
         lots = lots.map { _ in [:] }

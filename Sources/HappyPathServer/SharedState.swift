@@ -16,7 +16,7 @@ final class SharedState: @unchecked Sendable {
     init(runtime: RuntimeConfiguration, logger: Logger) {
         guards = runtime.upstreams.map { u in
             UpstreamGuard(
-                name: u.name, breaker: u.breakerConfiguration, budgetRatio: u.policies.retry.budgetRatio ?? 0.2,
+                name: u.name, endpointCount: u.endpoints.count, breaker: u.breakerConfiguration, budgetRatio: u.policies.retry.budgetRatio ?? 0.2,
                 budgetMinPerSecond: u.policies.retry.budgetMinPerSecond ?? 10, logger: logger)
         }
         parked = ParkingCount(limit: runtime.configuration.limits.maxParked)

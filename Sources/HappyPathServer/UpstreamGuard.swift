@@ -17,9 +17,25 @@ final class UpstreamGuard: Sendable {
     /// replays parked commands even if the checker never saw it down.
     let suspect = Atomic<Bool>(false)
     let logger: Logger
+    private let endpoints: Mutex<[EndpointHealth]>
 
-    init(name: String, breaker: CircuitBreakerStateMachine.Configuration, budgetRatio: Double, budgetMinPerSecond: Int, logger: Logger) {
+    /// Outlier ejection (Envoy's consecutive-5xx rule): an endpoint with this
+    /// many failed tries in a row leaves the rotation for `ejectionTime`,
+    /// as long as at least half of the endpoints stay in.
+    static let ejectAfter = 5
+    static let ejectionTime: Duration = .seconds(10)
+
+    private struct EndpointHealth {
+        var consecutiveFailures = 0
+        var ejectedUntil: Instant?
+    }
+
+    init(
+        name: String, endpointCount: Int, breaker: CircuitBreakerStateMachine.Configuration, budgetRatio: Double,
+        budgetMinPerSecond: Int, logger: Logger
+    ) {
         self.name = name
+        endpoints = Mutex(Array(repeating: EndpointHealth(), count: endpointCount))
         self.breaker = Mutex(CircuitBreakerStateMachine(breaker))
         budget = Mutex(RetryBudget(ratio: budgetRatio, minPerSecond: budgetMinPerSecond))
         self.logger = logger
@@ -44,6 +60,39 @@ final class UpstreamGuard: Sendable {
     func recordRequest(at now: Instant) { budget.withLock { $0.recordRequest(at: now) } }
 
     func withdrawRetry(at now: Instant) -> Bool { budget.withLock { $0.tryWithdraw(at: now) } }
+
+    /// `preferred`, or the next endpoint after it that is not ejected (all
+    /// ejected: `preferred` anyway).
+    func pickEndpoint(preferred: Int, at now: Instant) -> Int {
+        endpoints.withLock { list in
+            for step in 0..<list.count {
+                let i = (preferred + step) % list.count
+                if let until = list[i].ejectedUntil, now < until { continue }
+                list[i].ejectedUntil = nil
+                return i
+            }
+            return preferred
+        }
+    }
+
+    func recordEndpoint(_ i: Int, failure: Bool, at now: Instant) {
+        let ejected = endpoints.withLock { list -> Bool in
+            guard list.count > 1 else { return false }
+            guard failure else {
+                list[i].consecutiveFailures = 0
+                return false
+            }
+            list[i].consecutiveFailures += 1
+            let out = list.filter { $0.ejectedUntil.map { now < $0 } ?? false }.count
+            guard list[i].consecutiveFailures >= Self.ejectAfter, (out + 1) * 2 <= list.count else { return false }
+            list[i].consecutiveFailures = 0
+            list[i].ejectedUntil = now + Self.ejectionTime
+            return true
+        }
+        if ejected {
+            logger.warning("endpoint ejected", metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(Self.ejectionTime.configText)"])
+        }
+    }
 
     private func log(_ transition: CircuitBreakerStateMachine.Transition) {
         switch transition {

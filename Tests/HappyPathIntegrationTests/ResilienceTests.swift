@@ -202,3 +202,52 @@ import Glibc
         #expect(hits <= 44)
     }
 }
+
+@Suite("limits and ejection") struct ConcurrencyAndEjectionTests {
+    @Test func overTheConcurrencyLimitAndQueueTheClientGetsOverloaded() throws {
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams: { demo: { endpoints: [{{DEMO}}], max_connections: 1 } }
+            routes: [ { match: { path_prefix: / }, upstream: demo } ]
+            """, workers: 1)
+        let clients = try (0..<3).map { _ in try TestConnection(port: h.port) }
+        for c in clients {
+            try c.send("GET /slow?ms=400 HTTP/1.1\r\nHost: x\r\n\r\n")
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        let statuses = try clients.map { try $0.readResponse() }
+        #expect(statuses[0].status == 200)  // in flight
+        #expect(statuses[1].status == 200)  // queued, then sent
+        #expect(statuses[2].status == 503)
+        #expect(statuses[2].json["code"] as? String == "OVERLOADED")
+        #expect(statuses[2].header("Retry-After") == "1")
+    }
+
+    @Test func failingEndpointIsEjectedAndTheOtherServes() throws {
+        let bad = ScriptedUpstream(responses: [http(500)]).started()
+        let good = ScriptedUpstream(responses: [http(200, "good")]).started()
+        defer {
+            bad.stop()
+            good.stop()
+        }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults:
+              retry: { on: [500], attempts: 2, backoff: { base: 1ms, max: 1ms }, budget: { ratio: 1.0, min_per_second: 100 } }
+              circuit_breaker: { consecutive_failures: 1000, minimum_requests: 100000 }
+            upstreams:
+              pair: { endpoints: [http://127.0.0.1:\(bad.port), http://127.0.0.1:\(good.port)] }
+            routes: [ { match: { path_prefix: / }, upstream: pair } ]
+            """, workers: 1)
+        var ok = 0
+        for _ in 0..<40 where try HTTP.request(port: h.port, "/x").text == "good" { ok += 1 }
+        #expect(ok == 40)
+        // Without ejection about half of the 40 first tries would go to the bad endpoint.
+        #expect(bad.appRequests.count <= 6)
+        #expect(bad.appRequests.count >= 5)
+    }
+}
