@@ -125,6 +125,24 @@ import Glibc
         #expect(up.appRequests.count == before + 1)
     }
 
+    @Test func whileOpenParkHoldsCommandsAndReplaysThemAfterTheProbe() throws {
+        let up = ScriptedUpstream(responses: [http(500), http(500), http(200, "back")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(
+            ProxyHarness.single(
+                upstream: "http://127.0.0.1:\(up.port)",
+                defaults: """
+                    { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 2, open_for: 500ms, while_open: park }, reachability: { park_for: 5s } }
+                    """))
+        for _ in 0..<2 { #expect(try HTTP.request(port: h.port, "/x").status == 503) }
+        let clients = try (0..<5).map { _ in try TestConnection(port: h.port) }
+        for c in clients { try c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n") }
+        var ok = 0
+        for c in clients where try c.readResponse().text == "back" { ok += 1 }
+        #expect(ok == 5)
+        #expect(up.appRequests.count == 7)  // nothing reached it while open; one probe, then four replays
+    }
+
     @Test func parkedRequestsAreReplayedWhenTheUpstreamComesUp() throws {
         let port = closedPort()
         let h = try ProxyHarness(
