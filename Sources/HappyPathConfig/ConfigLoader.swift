@@ -503,8 +503,16 @@ final class Reader {
     }
 
     func route(_ node: Node, _ path: String, upstreams: [Upstream], earlier: [Route]) -> Route? {
+        // The breaker and health checks belong to an upstream: a route may
+        // not set them (it would be silently ignored otherwise).
+        if case let .mapping(m) = node {
+            for key in m.keys where key.string == "circuit_breaker" || key.string == "health_check" {
+                error(key, "\(path).\(key.string!) belongs to the upstream (or defaults), not to a route")
+            }
+        }
         let f = fields(
-            node, path, known: ["match", "upstream", "strip_prefix", "errors"] + Self.policyKeys)
+            node, path, known: ["match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability"]
+                + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
         if let m = f["match"]?.value {
             let mf = fields(m, "\(path).match", known: ["path_prefix", "methods"])

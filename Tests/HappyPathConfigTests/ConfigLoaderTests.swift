@@ -176,6 +176,17 @@ let minimal = """
         #expect((e.first?.line ?? 0) >= 2)
     }
 
+    @Test func breakerOnARouteIsAnError() {
+        let e = errors(
+            """
+            upstreams: { api: { endpoints: [http://127.0.0.1:9000] } }
+            routes:
+              - { match: { path_prefix: / }, upstream: api, circuit_breaker: { open_for: 1s } }
+            """)
+        #expect(e.count == 1)
+        #expect(e.first?.message == "routes[0].circuit_breaker belongs to the upstream (or defaults), not to a route")
+    }
+
     @Test func duplicateKeyIsAnError() {
         let e = errors("workers: 2\nworkers: 3\n" + minimal)
         #expect(e.count == 1)
