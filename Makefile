@@ -10,7 +10,7 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
 BENCH_PACKAGES := nginx haproxy wrk curl util-linux iproute2 python3
 
-.PHONY: all deps bench-deps build release run test check bench clean
+.PHONY: all deps bench-deps build release run test check bench bench-peers bench-resilience clean
 
 all: build
 
@@ -56,10 +56,16 @@ check: build
 # wrk through nginx, HAProxy and happypath against one upstream (../shared/bench/peers.sh).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 BENCH_ENV ?=
-bench: bench-deps release
+bench: bench-peers bench-resilience
+
+bench-peers: bench-deps release
 	@test -x ../shared/bench/peers.sh || { echo "needs ../shared/bench/peers.sh beside this repo"; exit 2; }
 	env $(BENCH_ENV) EXTRA_NAME=happypath HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
 	  ../shared/bench/peers.sh deploy/bench/run-happypath-for-bench.sh
+
+# Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
+bench-resilience: bench-deps release
+	env $(BENCH_ENV) deploy/bench/resilience.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 clean:
 	rm -rf .build

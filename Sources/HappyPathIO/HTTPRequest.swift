@@ -21,6 +21,8 @@ public final class HTTPRequest {
     public unowned(unsafe) var observer: HTTPRequestObserver?
     private var watchingClose = false
     private var drainPending = false
+    /// While armed: an EV_CLOSED watch on the client socket (see `watchForHangUp`).
+    private var hangUpEvent: OpaquePointer?
 
     init(_ raw: UnsafeMutablePointer<evhttp_request>) { self.raw = raw }
 
@@ -213,7 +215,37 @@ public final class HTTPRequest {
         evhttp_connection_set_closecb(evcon, httpRequestCloseCallback, Unmanaged.passUnretained(self).toOpaque())
     }
 
+    /// libevent stops reading a connection while its request is handled, so a
+    /// client that hangs up is only noticed when the answer is written. For
+    /// long waits (parked, queued) this watches the socket for the peer's
+    /// close (EPOLLRDHUP) and reports it as `requestClientClosed`. It costs
+    /// system calls, so it is not for every request.
+    public func watchForHangUp() {
+        guard hangUpEvent == nil, let raw, let evcon = evhttp_request_get_connection(raw),
+            let bev = evhttp_connection_get_bufferevent(evcon)
+        else { return }
+        let event = event_new(
+            evhttp_connection_get_base(evcon), bufferevent_getfd(bev), Int16(EV_CLOSED), httpRequestHangUpCallback,
+            Unmanaged.passUnretained(self).toOpaque())
+        hangUpEvent = event
+        event_add(event, nil)
+    }
+
+    public func stopWatchingForHangUp() {
+        if let hangUpEvent {
+            event_del(hangUpEvent)
+            event_free(hangUpEvent)
+        }
+        hangUpEvent = nil
+    }
+
+    fileprivate func hungUp() {
+        stopWatchingForHangUp()
+        observer?.requestClientClosed(self)
+    }
+
     private func clearConnectionCallbacks(_ raw: UnsafeMutablePointer<evhttp_request>) {
+        stopWatchingForHangUp()
         if watchingClose, let evcon = evhttp_request_get_connection(raw) {
             evhttp_connection_set_closecb(evcon, nil, nil)
         }
@@ -222,6 +254,7 @@ public final class HTTPRequest {
     }
 
     fileprivate func connectionClosed() {
+        stopWatchingForHangUp()
         // Still attached: libevent frees the request right after this callback,
         // so forget it. Detached (evcon == NULL): it is ours to release later.
         if let raw, raw.pointee.evcon != nil { self.raw = nil }
@@ -262,6 +295,11 @@ public final class HTTPRequest {
 private func httpRequestCloseCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {
     guard let arg else { return }
     Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().connectionClosed()
+}
+
+private func httpRequestHangUpCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    guard let arg else { return }
+    Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().hungUp()
 }
 
 private func httpRequestDrainedCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {

@@ -18,6 +18,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         ("/echo", "JSON: method, target, headers, body length and FNV-1a hash"),
         ("/echo/raw", "the request body, byte for byte"),
         ("/bytes?n=1048576", "n bytes of body, streamed"),
+        ("/_demo/stats", "requests served so far (health checks aside), as JSON"),
     ]
 
     private let loop: EventLoop
@@ -59,7 +60,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
 
     public func serve(_ request: HTTPRequest) {
         let (path, query) = Router.split(target: request.target)
-        if path != "/healthz" { hits.wrappingAdd(1, ordering: .relaxed) }
+        if path != "/healthz" && path != "/_demo/stats" { hits.wrappingAdd(1, ordering: .relaxed) }
         let params = Self.parameters(query)
         switch path {
         case "/":
@@ -69,6 +70,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
                 body: "{\n  \"service\": \"happypath demo upstream\",\n  \"endpoints\": [\n" + list.joined(separator: ",\n") + "\n  ]\n}\n")
         case "/healthz":
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
+        case "/_demo/stats":
+            request.reply(status: 200, headers: Self.json, body: "{\"hits\":\(hits.load(ordering: .relaxed))}\n")
         case "/ok":
             request.reply(status: 200, headers: Self.json, body: "{\"ok\":true}\n")
         case "/flaky":

@@ -103,6 +103,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             case .queued:
                 isQueued = true
                 pendingProbe = probe
+                request.watchForHangUp()
                 arm(.queued, after: remaining)
             case .full:
                 if probe { guardian.probeAbandoned() }
@@ -126,6 +127,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         guard isQueued, !done else { return worker.releaseSlot(upstream: route.upstreamIndex) }
         isQueued = false
         holdsSlot = true
+        request.stopWatchingForHangUp()
         timer?.disarm()
         let remaining = command.remaining(at: worker.clock.now())
         guard remaining > .zero else { return fail(timeoutProblem()) }
@@ -296,6 +298,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             return fail(problem(.overloaded, detail: "Too many requests are waiting for unavailable upstreams (limits.max_parked)."))
         }
         parked = reason
+        request.watchForHangUp()
         arm(.parkExpiry, after: wait)
     }
 
@@ -303,6 +306,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     func replay() {
         guard parked != nil, !done else { return }
         parked = nil
+        request.stopWatchingForHangUp()
         timer?.disarm()
         if !history.isEmpty { command = command.nextAttempt() }
         admitAndSend()

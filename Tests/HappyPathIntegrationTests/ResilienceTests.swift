@@ -269,3 +269,40 @@ import Glibc
         #expect(bad.appRequests.count >= 5)
     }
 }
+
+@Suite("parking lot") struct ParkingLotTests {
+    func harness() throws -> ProxyHarness {
+        try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            limits: { max_parked: 1 }
+            defaults: { reachability: { park_for: 600ms } }
+            upstreams: { down: { endpoints: [http://127.0.0.1:\(closedPort())] } }
+            routes: [ { match: { path_prefix: / }, upstream: down } ]
+            """, workers: 1)
+    }
+
+    @Test func overMaxParkedTheClientGetsOverloaded() throws {
+        let h = try harness()
+        let first = try TestConnection(port: h.port)
+        try first.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        Thread.sleep(forTimeInterval: 0.15)
+        let second = try HTTP.request(port: h.port, "/b")
+        #expect(second.json["code"] as? String == "OVERLOADED")
+        #expect(try first.readResponse().json["code"] as? String == "UPSTREAM_UNREACHABLE")
+    }
+
+    @Test func aClientThatHangsUpLeavesTheLot() throws {
+        let h = try harness()
+        do {
+            let gone = try TestConnection(port: h.port)
+            try gone.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+            Thread.sleep(forTimeInterval: 0.15)
+        }  // closed while parked
+        Thread.sleep(forTimeInterval: 0.1)
+        // Its place is free again: this one is parked (and times out), not refused.
+        let r = try HTTP.request(port: h.port, "/b")
+        #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")
+    }
+}
