@@ -43,8 +43,11 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     }
 
     /// `urn:happypath:error:` followed by the code in kebab case.
-    public var type: String {
-        "urn:happypath:error:" + rawValue.lowercased().replacingUnderscores()
+    public var type: String { Self.type(for: rawValue) }
+
+    /// The `type` URI for any code, built-in or a route's own.
+    public static func type(for code: String) -> String {
+        "urn:happypath:error:" + code.lowercased().replacingUnderscores()
     }
 
     public var title: String {
@@ -111,6 +114,8 @@ public struct Problem: Sendable, Equatable {
     public var recoveryOptions: [String]
     public var attempts: Int?
     public var upstream: String?
+    /// The upstream's own JSON error body, embedded as is (already validated JSON).
+    public var upstreamBodyJSON: String?
 
     public init(
         _ code: ProblemCode, requestID: String, detail: String? = nil, attempts: Int? = nil,
@@ -151,6 +156,7 @@ public struct Problem: Sendable, Equatable {
         }
         if let attempts { field("attempts", String(attempts)) }
         if let upstream { field("upstream", JSON.quote(upstream)) }
+        if let upstreamBodyJSON { field("upstream_body", upstreamBodyJSON) }
         field("request_id", JSON.quote(requestID))
         out += "}"
         return out

@@ -45,9 +45,12 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         case waiting
         /// The response goes to the client as it arrives.
         case streaming
-        /// A retryable answer: its body is dropped while the next step is decided.
-        case discarding
+        /// An error answer (4xx, 5xx): held back while the listeners decide;
+        /// its first 16 KiB are kept for `upstream_body` and mappings.
+        case holding
     }
+    private var heldBody: [UInt8] = []
+    private var heldBodyComplete = true
     private var retryAfter: String?
     private var endpointIndex = -1
     private var isProbe = false
@@ -171,8 +174,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func upstreamStatus(_ status: Int) {
         self.status = status
-        if route.retry.configuration.on.contains(String(status)) {
-            mode = .discarding
+        if status >= 400 || route.retry.configuration.on.contains(String(status)) {
+            mode = .holding
+            heldBody.removeAll(keepingCapacity: true)
+            heldBodyComplete = true
         } else {
             mode = .streaming
             request.clearResponseHeaders()
@@ -183,7 +188,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         switch mode {
         case .streaming:
             if !Self.isHopByHop(name) { request.addResponseHeader(name: name, value: value) }
-        case .discarding:
+        case .holding:
             if name.count == 11, Self.equalsLowercase(name, "retry-after") {
                 retryAfter = String(decoding: value, as: UTF8.self)
             }
@@ -200,7 +205,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        if done || mode != .streaming { return true }  // client gone, or a body being dropped
+        if mode == .holding {
+            let room = ErrorMapper.maxBody - heldBody.count
+            if bytes.count > room { heldBodyComplete = false }
+            if room > 0 { heldBody.append(contentsOf: bytes.prefix(room)) }
+            return true
+        }
+        if done || mode != .streaming { return true }  // client gone
         if waitingForDrain { return false }
         if request.pendingOutput + bytes.count > Self.highWater {
             waitingForDrain = true
@@ -241,11 +252,31 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             case .timeout: outcome = .timeout
             case .reset, .badResponse, .other: outcome = .reset
             }
+        } else if status < 500 && !route.retry.configuration.on.contains(String(status)) {
+            // A 4xx: the upstream is healthy and answered; normalize it.
+            _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
+            guardian.recordEndpoint(endpointIndex, failure: false, at: now)
+            if isProbe { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
+            history.append(String(status))
+            return fail(upstreamProblem())
         } else {
             lastFailure = nil
             outcome = .serverError(status: status)
         }
         tryFailed(outcome, at: now)
+    }
+
+    /// The upstream's own error answer as a problem (route and upstream
+    /// `errors:` mappings first, then the built-in code for its status).
+    private func upstreamProblem() -> Problem {
+        var base = problem(.upstreamUnavailable, detail: "")
+        base.retryAfterSeconds = retryAfterSeconds
+        var p = ErrorMapper.problem(
+            status: status, body: heldBody, complete: heldBodyComplete, mappings: route.errors, base: base)
+        if p.detail?.isEmpty ?? true {
+            p.detail = history.count > 1 ? attemptsSummary : "The upstream answered \(status)."
+        }
+        return p
     }
 
     // MARK: - Listeners
@@ -406,10 +437,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             return problem(.upstreamUnreachable, detail: lastFailure?.message ?? "The upstream could not be reached.")
         case .timeout:
             return timeoutProblem()
-        case let .serverError(status) where status == 429:
-            var p = problem(.rateLimited, detail: attemptsSummary)
-            p.retryAfterSeconds = retryAfterSeconds
-            return p
+        case .serverError:
+            return upstreamProblem()
         case .reset:
             if case let .badResponse(message)? = lastFailure {
                 return problem(.badGateway, detail: history.count == 1 ? message : attemptsSummary + " (\(message))")

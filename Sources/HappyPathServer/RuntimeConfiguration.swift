@@ -22,7 +22,7 @@ public final class RuntimeConfiguration: Sendable {
             return RuntimeRoute(
                 index: i, name: "routes[\(i)]", upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(policies.retry)),
-                parkFor: policies.reachability.parkFor ?? .seconds(10))
+                parkFor: policies.reachability.parkFor ?? .seconds(10), errors: policies.errors)
         }
     }
 }
@@ -37,6 +37,8 @@ struct RuntimeRoute: Sendable {
     let retry: RetryPolicy
     /// How long a command may wait parked for an unreachable upstream.
     let parkFor: Duration
+    /// Error mappings: the route's, then its upstream's.
+    let errors: [ErrorMapping]
 }
 
 struct RuntimeUpstream: Sendable {

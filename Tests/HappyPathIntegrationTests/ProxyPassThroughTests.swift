@@ -26,7 +26,7 @@ import Testing
         #expect(next.text == "{\"ok\":true}\n")
     }
 
-    @Test(arguments: [200, 201, 202, 204, 301, 304, 400, 401, 403, 404, 409, 418, 422, 429, 500, 501])
+    @Test(arguments: [200, 201, 202, 204, 206, 301, 302, 304, 307])
     func statusPassesThrough(status: Int) throws {
         let h = try ProxyHarness()
         let r = try HTTP.request(port: h.port, "/status/\(status)")

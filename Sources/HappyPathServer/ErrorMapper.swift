@@ -1,0 +1,99 @@
+import Foundation
+import HappyPathConfig
+import HappyPathCore
+
+/// Turns an upstream's error answer into the client's problem: the built-in
+/// code for its status, then the first matching mapping (route's before the
+/// upstream's, like a responder chain), with the upstream's JSON body kept
+/// under `upstream_body`.
+enum ErrorMapper {
+    /// Bodies larger than this are not kept or inspected.
+    static let maxBody = 16 * 1024
+
+    static func builtInCode(for status: Int) -> ProblemCode {
+        switch status {
+        case 403: .forbidden
+        case 404: .notFound
+        case 429: .rateLimited
+        case 400..<500: .clientError
+        default: .upstreamUnavailable
+        }
+    }
+
+    /// - Parameters:
+    ///   - body: the first bytes of the upstream's body; `complete` says whether that was all of it.
+    static func problem(
+        status: Int, body: [UInt8], complete: Bool, mappings: [ErrorMapping], base: Problem
+    ) -> Problem {
+        let code = builtInCode(for: status)
+        var p = base
+        p.code = code.rawValue
+        p.type = code.type
+        p.title = code.title
+        p.status = code == .clientError ? status : code.status
+        p.retryable = code.retryable
+        p.recoverySuggestion = code.recoverySuggestion
+        p.recoveryOptions = code.recoveryOptions
+        let json: Any? = complete && !body.isEmpty ? try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed]) : nil
+        if json != nil, let text = String(bytes: body, encoding: .utf8) {
+            p.upstreamBodyJSON = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        guard let mapping = mappings.first(where: { matches($0, status: status, json: json) }) else { return p }
+        p.code = mapping.code
+        p.type = ProblemCode.type(for: mapping.code)
+        if let title = mapping.title { p.title = title }
+        if let detail = mapping.detail { p.detail = detail }
+        if let suggestion = mapping.recoverySuggestion { p.recoverySuggestion = suggestion }
+        if let retryable = mapping.retryable {
+            p.retryable = retryable
+            p.recoveryOptions = retryable ? ["retry", "cancel"] : ["cancel"]
+        }
+        if let options = mapping.recoveryOptions { p.recoveryOptions = options }
+        return p
+    }
+
+    static func matches(_ mapping: ErrorMapping, status: Int, json: Any?) -> Bool {
+        !mapping.when.isEmpty
+            && mapping.when.allSatisfy { condition in
+                switch condition {
+                case let .status(s): return s == status
+                case let .statusClass(c): return status / 100 == c
+                case let .jsonPointer(pointer, equals):
+                    guard let json, let value = JSONPointer.resolve(pointer, in: json) else { return false }
+                    return JSONPointer.text(of: value) == equals
+                }
+            }
+    }
+}
+
+/// RFC 6901 JSON pointers over JSONSerialization's objects.
+enum JSONPointer {
+    static func resolve(_ pointer: String, in document: Any) -> Any? {
+        guard pointer.hasPrefix("/") else { return pointer.isEmpty ? document : nil }
+        var current: Any = document
+        for raw in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            let token = raw.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
+            if let object = current as? [String: Any], let next = object[token] {
+                current = next
+            } else if let array = current as? [Any], let i = Int(token), array.indices.contains(i) {
+                current = array[i]
+            } else {
+                return nil
+            }
+        }
+        return current
+    }
+
+    /// Scalars as text for comparison with a mapping's `equals`.
+    static func text(of value: Any) -> String? {
+        switch value {
+        case let s as String: return s
+        case let n as NSNumber:
+            // JSON true/false arrive as boolean NSNumbers (objCType "c").
+            if String(cString: n.objCType) == "c" { return n.boolValue ? "true" : "false" }
+            return n.stringValue
+        case is NSNull: return "null"
+        default: return nil
+        }
+    }
+}
