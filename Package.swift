@@ -60,7 +60,10 @@ let package = Package(
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
         .testTarget(
             name: "HappyPathIntegrationTests",
-            dependencies: ["HappyPathServer", "HappyPathConfig", "HappyPathCore"]
+            dependencies: [
+                "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
     ]
 )

@@ -450,6 +450,12 @@ final class Reader {
         for key in required where f[key] == nil {
             error(node, "\(path): kind \(kind.rawValue) needs '\(key)'")
         }
+        for key in ["token_url", "login_url"] {
+            if let n = f[key]?.value, let url = text(n, "\(path).\(key)"), endpoint(url) == nil {
+                error(n, "\(path).\(key): '\(url)' is not an http:// or https:// URL")
+            }
+        }
+        if let p = a.tokenPointer, !p.hasPrefix("/") { error(f["token_pointer"]?.value, "\(path).token_pointer must start with /") }
         return a
     }
 

@@ -17,6 +17,10 @@ public struct Instant: Comparable, Hashable, Sendable {
         Instant(nanoseconds: lhs.nanoseconds &+ rhs.nanoseconds)
     }
 
+    public static func - (lhs: Instant, rhs: Duration) -> Instant {
+        Instant(nanoseconds: lhs.nanoseconds &- rhs.nanoseconds)
+    }
+
     public static func - (lhs: Instant, rhs: Instant) -> Duration {
         .nanoseconds(lhs.nanoseconds &- rhs.nanoseconds)
     }

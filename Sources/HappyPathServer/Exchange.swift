@@ -61,7 +61,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private var parkDeadline: Instant?
     private var done = false
 
-    enum ParkReason: String { case unreachable, circuitOpen = "circuit_open" }
+    enum ParkReason: String { case unreachable, circuitOpen = "circuit_open", auth }
+    /// The token this try carries, and whether the command already waited for a refresh.
+    private var authToken: Token?
+    private var refreshedOnce = false
+    private var tokens: TokenSource? { worker.shared.tokens[route.upstreamIndex] }
 
     init(
         worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, upstream: RuntimeUpstream,
@@ -92,6 +96,19 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         guard remaining > .zero else { return fail(timeoutProblem()) }
         if !guardian.reachable.load(ordering: .relaxed) {
             return park(.unreachable)
+        }
+        // Auth listener: a token to inject, or wait for the single refresh.
+        if let tokens {
+            switch tokens.use(at: now) {
+            case let .use(token):
+                authToken = token
+            case let .useAndRefresh(token):
+                authToken = token
+                worker.startRefresh(upstreamIndex: route.upstreamIndex)
+            case let .wait(start):
+                if start { worker.startRefresh(upstreamIndex: route.upstreamIndex) }
+                return park(.auth)
+            }
         }
         let (admission, transition) = guardian.admit(at: now)
         if transition != nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
@@ -162,10 +179,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let endpoint = upstream.endpoints[endpointIndex]
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
+        var headers = command.headers
+        if let authToken, let tokens {
+            headers.removeAll { $0.name.equalsIgnoringASCIICase(tokens.header) }
+            headers.append(HTTPField(name: tokens.header, value: authToken.headerValue))
+        }
         transfer = worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
-                headers: command.headers, body: command.body, sendsBody: sendsBody,
+                headers: headers, body: command.body, sendsBody: sendsBody,
                 connectTimeout: min(upstream.connectTimeout, remaining), idleTimeout: worker.idleTimeout),
             handler: self)
     }
@@ -252,6 +274,22 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             case .timeout: outcome = .timeout
             case .reset, .badResponse, .other: outcome = .reset
             }
+        } else if let authToken, let tokens, tokens.refreshOn.contains(status) {
+            // Auth listener: the upstream refused the token.
+            _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
+            history.append(String(status))
+            if refreshedOnce {
+                return fail(authProblem("The upstream refused a freshly refreshed token (HTTP \(status))."))
+            }
+            refreshedOnce = true
+            command = command.nextAttempt()
+            switch tokens.refused(generation: authToken.generation) {
+            case .retryWith:
+                return admitAndSend()
+            case let .wait(start):
+                if start { worker.startRefresh(upstreamIndex: route.upstreamIndex) }
+                return park(.auth)
+            }
         } else if status < 500 && !route.retry.configuration.on.contains(String(status)) {
             // A 4xx: the upstream is healthy and answered; normalize it.
             _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
@@ -333,13 +371,25 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         arm(.parkExpiry, after: wait)
     }
 
+    /// The token refresh this command waited for failed.
+    func authFailed(_ reason: String) {
+        guard parked == .auth, !done else { return }
+        worker.unpark(self)
+        parked = nil
+        fail(authProblem("The token refresh failed: \(reason)."))
+    }
+
+    private func authProblem(_ detail: String) -> Problem {
+        problem(.authFailed, detail: detail)
+    }
+
     /// Called by the worker when the upstream recovered.
     func replay() {
-        guard parked != nil, !done else { return }
+        guard let reasonWas = parked, !done else { return }
         parked = nil
         request.stopWatchingForHangUp()
         timer?.disarm()
-        if !history.isEmpty { command = command.nextAttempt() }
+        if !history.isEmpty, reasonWas != .auth { command = command.nextAttempt() }
         admitAndSend()
     }
 
@@ -423,6 +473,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                     + (lastFailure.map { ": \($0.message)" } ?? "."))
             p.retryAfterSeconds = 5
             return p
+        case .auth:
+            return authProblem("No valid token within \(route.parkFor.configText): the token endpoint did not answer in time.")
         case .circuitOpen:
             var p = problem(.circuitOpen, detail: "The circuit breaker for '\(upstream.name)' stayed open for \(route.parkFor.configText).")
             p.retryAfterSeconds = 5

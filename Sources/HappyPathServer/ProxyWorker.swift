@@ -230,14 +230,32 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     }
 
     /// The upstream is reachable again (health check) or its circuit closed:
-    /// replay every command parked for it on this worker.
-    func replayParked(upstreamIndex u: Int) {
-        let parked = lots[u].values
+    /// replay every command parked for it (for those reasons) on this worker.
+    func replayParked(upstreamIndex u: Int, reasons: Set<Exchange.ParkReason>) {
+        let parked = lots[u].values.filter { $0.parked.map(reasons.contains) ?? false }
         guard !parked.isEmpty else { return }
-        lots[u] = [:]
-        for _ in parked { shared.parked.give() }
+        for exchange in parked {
+            lots[u].removeValue(forKey: ObjectIdentifier(exchange))
+            shared.parked.give()
+        }
         logger.info("replaying parked commands", metadata: ["upstream": "\(runtime.upstreams[u].name)", "count": "\(parked.count)"])
         for exchange in parked { exchange.replay() }
+    }
+
+    /// A token refresh ended (on any worker).
+    func authDone(upstreamIndex u: Int, failure: String?) {
+        if let failure {
+            let waiting = lots[u].values.filter { $0.parked == .auth }
+            for exchange in waiting { exchange.authFailed(failure) }
+        } else {
+            replayParked(upstreamIndex: u, reasons: [.auth])
+        }
+    }
+
+    /// Starts the single refresh for upstream `u` on this worker's loop.
+    func startRefresh(upstreamIndex u: Int) {
+        guard let source = shared.tokens[u] else { return }
+        TokenRefresh(worker: self, upstreamIndex: u, source: source).start()
     }
 
     /// A breaker changed state. When it closed, every worker replays.

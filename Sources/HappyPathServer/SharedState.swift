@@ -10,6 +10,8 @@ import Synchronization
 final class SharedState: @unchecked Sendable {
     let guards: [UpstreamGuard]
     let parked: ParkingCount
+    /// Per upstream: its credentials (nil for `auth.kind: none`).
+    let tokens: [TokenSource?]
     /// Set once, before any loop runs; then read-only.
     private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
 
@@ -20,6 +22,17 @@ final class SharedState: @unchecked Sendable {
                 budgetMinPerSecond: u.policies.retry.budgetMinPerSecond ?? 10, logger: logger)
         }
         parked = ParkingCount(limit: runtime.configuration.limits.maxParked)
+        tokens = runtime.configuration.upstreams.map { u in
+            u.auth.kind == .none ? nil : TokenSource(settings: u.auth, upstreamName: u.name)
+        }
+    }
+
+    /// A token refresh for upstream `u` ended: every worker replays the
+    /// commands it parked waiting for it, or answers them AUTH_FAILED.
+    func tokenRefreshed(upstreamIndex u: Int, failure: String?) {
+        for (loop, handle) in workers {
+            loop.execute { handle.worker.authDone(upstreamIndex: u, failure: failure) }
+        }
     }
 
     func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
@@ -27,7 +40,7 @@ final class SharedState: @unchecked Sendable {
     /// Every worker replays its parked commands for upstream `u`, on its own loop.
     func recovered(upstreamIndex u: Int) {
         for (loop, handle) in workers {
-            loop.execute { handle.worker.replayParked(upstreamIndex: u) }
+            loop.execute { handle.worker.replayParked(upstreamIndex: u, reasons: [.unreachable, .circuitOpen]) }
         }
     }
 }

@@ -11,12 +11,15 @@ final class ProxyHarness {
     var adminPort: Int { proxy.adminPort }
 
     /// `yaml` may use `{{DEMO}}` for the demo upstream's base URL.
-    init(_ yaml: String = ProxyHarness.defaultYAML, workers: Int = 2) throws {
+    init(
+        _ yaml: String = ProxyHarness.defaultYAML, workers: Int = 2, logger: Logger = Logger.happypath(level: .critical),
+        environment: [String: String] = [:]
+    ) throws {
         demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         let text = yaml.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)")
-        let configuration = try ConfigLoader.parse(text, file: "test.yaml")
-        proxy = ProxyServer(configuration: configuration, workers: workers, logger: Logger.happypath(level: .critical))
+        let configuration = try ConfigLoader.parse(text, file: "test.yaml", environment: environment)
+        proxy = ProxyServer(configuration: configuration, workers: workers, logger: logger)
         try proxy.start()
     }
 

@@ -1,0 +1,118 @@
+import Foundation
+import HappyPathCore
+
+/// A credential as the proxy injects it.
+public struct Token: Sendable, Equatable {
+    /// The full header value, scheme included (`Bearer abc`). Never logged.
+    public var headerValue: String
+    /// nil: does not expire (static credentials, or no `expires_in`).
+    public var expiresAt: Instant?
+    /// Counts refreshes, so a try can tell whether a fresher token exists.
+    public var generation: Int
+
+    public init(headerValue: String, expiresAt: Instant?, generation: Int) {
+        self.headerValue = headerValue
+        self.expiresAt = expiresAt
+        self.generation = generation
+    }
+}
+
+/// What a token endpoint said, parsed. Pure: tests feed it bytes.
+public struct TokenResponse: Sendable, Equatable {
+    public var accessToken: String
+    public var tokenType: String?
+    public var expiresIn: Duration?
+    /// A rotated refresh token (oauth2_refresh_token), if the server sent one.
+    public var refreshToken: String?
+
+    public init(accessToken: String, tokenType: String?, expiresIn: Duration?, refreshToken: String?) {
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.expiresIn = expiresIn
+        self.refreshToken = refreshToken
+    }
+
+    public enum ParseError: Error, Equatable, CustomStringConvertible {
+        case notJSON
+        case missing(String)
+
+        public var description: String {
+            switch self {
+            case .notJSON: "the token endpoint's answer is not a JSON object"
+            case let .missing(what): "the token endpoint's answer has no \(what)"
+            }
+        }
+    }
+
+    /// RFC 6749 section 5.1: `access_token`, `token_type`, `expires_in`, `refresh_token`.
+    public static func oauth2(_ body: [UInt8]) -> Result<TokenResponse, ParseError> {
+        guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] else {
+            return .failure(.notJSON)
+        }
+        guard let token = object["access_token"] as? String, !token.isEmpty else { return .failure(.missing("access_token")) }
+        return .success(
+            TokenResponse(
+                accessToken: token, tokenType: object["token_type"] as? String,
+                expiresIn: seconds(object["expires_in"]), refreshToken: object["refresh_token"] as? String))
+    }
+
+    /// A login answer: the token at `tokenPointer`, its lifetime (seconds) at `expiresInPointer`.
+    public static func login(_ body: [UInt8], tokenPointer: String, expiresInPointer: String?) -> Result<TokenResponse, ParseError> {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) else { return .failure(.notJSON) }
+        guard let token = pointer(tokenPointer, in: object) as? String, !token.isEmpty else {
+            return .failure(.missing("token at \(tokenPointer)"))
+        }
+        let lifetime = expiresInPointer.flatMap { seconds(pointer($0, in: object)) }
+        return .success(TokenResponse(accessToken: token, tokenType: nil, expiresIn: lifetime, refreshToken: nil))
+    }
+
+    static func seconds(_ value: Any?) -> Duration? {
+        switch value {
+        case let n as NSNumber: return n.doubleValue > 0 ? .milliseconds(Int64(n.doubleValue * 1000)) : nil
+        case let s as String: return Double(s).flatMap { $0 > 0 ? .milliseconds(Int64($0 * 1000)) : nil }
+        default: return nil
+        }
+    }
+
+    /// RFC 6901.
+    static func pointer(_ pointer: String, in document: Any) -> Any? {
+        guard pointer.hasPrefix("/") else { return nil }
+        var current: Any = document
+        for raw in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            let token = raw.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
+            if let object = current as? [String: Any], let next = object[token] {
+                current = next
+            } else if let array = current as? [Any], let i = Int(token), array.indices.contains(i) {
+                current = array[i]
+            } else {
+                return nil
+            }
+        }
+        return current
+    }
+}
+
+/// application/x-www-form-urlencoded bodies for token requests.
+public enum FormEncoding {
+    public static func encode(_ fields: [(String, String)]) -> String {
+        fields.map { escape($0.0) + "=" + escape($0.1) }.joined(separator: "&")
+    }
+
+    static func escape(_ s: String) -> String {
+        var out = ""
+        for byte in s.utf8 {
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"):
+                out.unicodeScalars.append(UnicodeScalar(byte))
+            case UInt8(ascii: " "): out += "+"
+            default: out += "%" + String(byte, radix: 16, uppercase: true).leftPadded()
+            }
+        }
+        return out
+    }
+}
+
+extension String {
+    fileprivate func leftPadded() -> String { count == 1 ? "0" + self : self }
+}

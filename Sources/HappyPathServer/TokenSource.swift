@@ -1,0 +1,188 @@
+import Foundation
+import HappyPathConfig
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+import Logging
+import Synchronization
+
+/// One upstream's credentials, shared by every worker: the token state
+/// machine behind a lock, and what a refresh needs. Secrets stay in here;
+/// nothing in this type logs a token or a secret.
+final class TokenSource: Sendable {
+    let settings: AuthSettings
+    let upstreamName: String
+    private let state: Mutex<TokenStateMachine>
+    /// oauth2_refresh_token: the current refresh token (rotated by the server).
+    private let refreshToken: Mutex<String?>
+
+    init(settings: AuthSettings, upstreamName: String) {
+        self.settings = settings
+        self.upstreamName = upstreamName
+        var initial: Token?
+        if settings.kind == .static, let value = settings.value {
+            initial = Token(headerValue: settings.scheme.map { "\($0) \(value)" } ?? value, expiresAt: nil, generation: 1)
+        }
+        state = Mutex(TokenStateMachine(refreshAhead: settings.refreshAhead, initial: initial))
+        refreshToken = Mutex(settings.refreshToken)
+    }
+
+    var header: String { settings.header }
+    var refreshOn: [Int] { settings.refreshOn }
+
+    func use(at now: Instant) -> TokenStateMachine.Use { state.withLock { $0.use(at: now) } }
+    func refused(generation: Int) -> TokenStateMachine.Refusal { state.withLock { $0.refused(generation: generation) } }
+    func succeeded(_ response: TokenResponse, at now: Instant) {
+        let scheme = settings.scheme ?? (response.tokenType.map { $0.lowercased() == "bearer" ? "Bearer" : $0 } ?? "Bearer")
+        if let rotated = response.refreshToken { refreshToken.withLock { $0 = rotated } }
+        state.withLock { _ = $0.succeeded(headerValue: "\(scheme) \(response.accessToken)", expiresIn: response.expiresIn, at: now) }
+    }
+    func failed() { state.withLock { $0.failed() } }
+    func expiresIn(at now: Instant) -> Duration? { state.withLock { $0.expiresIn(at: now) } }
+
+    /// The token request for this kind: where, and the body.
+    func tokenRequest() -> (url: String, contentType: String, body: String)? {
+        let s = settings
+        switch s.kind {
+        case .none, .static:
+            return nil
+        case .oauth2ClientCredentials:
+            var fields = [("grant_type", "client_credentials"), ("client_id", s.clientID ?? ""), ("client_secret", s.clientSecret ?? "")]
+            if let scope = s.scope { fields.append(("scope", scope)) }
+            if let audience = s.audience { fields.append(("audience", audience)) }
+            return (s.tokenURL ?? "", "application/x-www-form-urlencoded", FormEncoding.encode(fields))
+        case .oauth2RefreshToken:
+            var fields = [("grant_type", "refresh_token"), ("refresh_token", refreshToken.withLock { $0 } ?? "")]
+            if let id = s.clientID { fields.append(("client_id", id)) }
+            if let secret = s.clientSecret { fields.append(("client_secret", secret)) }
+            if let scope = s.scope { fields.append(("scope", scope)) }
+            return (s.tokenURL ?? "", "application/x-www-form-urlencoded", FormEncoding.encode(fields))
+        case .login:
+            return (s.loginURL ?? "", s.loginContentType ?? "application/json", s.loginBody ?? "{}")
+        }
+    }
+
+    func parse(_ body: [UInt8]) -> Result<TokenResponse, TokenResponse.ParseError> {
+        switch settings.kind {
+        case .login:
+            return TokenResponse.login(body, tokenPointer: settings.tokenPointer ?? "/token", expiresInPointer: settings.expiresInPointer)
+        default:
+            return TokenResponse.oauth2(body)
+        }
+    }
+}
+
+/// Runs one refresh on a worker's loop through its libcurl client, retrying
+/// a token endpoint that is down or failing (5xx, no connection, timeout)
+/// with backoff; a 4xx or an unreadable answer ends it at once. Retains
+/// itself until it reports.
+final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
+    static let maxTries = 6
+    unowned(unsafe) let worker: ProxyWorker
+    let upstreamIndex: Int
+    let source: TokenSource
+    private var tries = 0
+    private var status = 0
+    private var body: [UInt8] = []
+    private var timer: LoopEvent?
+    private var transfer: UpstreamTransfer?
+    private var keepAlive: TokenRefresh?
+    private enum Use: Int { case backoff, timeout }
+
+    init(worker: ProxyWorker, upstreamIndex: Int, source: TokenSource) {
+        self.worker = worker
+        self.upstreamIndex = upstreamIndex
+        self.source = source
+    }
+
+    func start() {
+        keepAlive = self
+        send()
+    }
+
+    private func send() {
+        tries += 1
+        status = 0
+        body.removeAll()
+        guard let request = source.tokenRequest() else { return finish(nil) }
+        let endpoint = Endpoint(request.url)
+        transfer = worker.client.start(
+            UpstreamRequest(
+                origin: endpoint.origin, target: endpoint.basePath.isEmpty ? "/" : endpoint.basePath, method: "POST",
+                headers: [
+                    HTTPField(name: "Content-Type", value: request.contentType),
+                    HTTPField(name: "Accept", value: "application/json"),
+                    HTTPField(name: "User-Agent", value: "happypath"),
+                ],
+                body: RequestBody(Array(request.body.utf8)), sendsBody: true, connectTimeout: .seconds(2),
+                idleTimeout: .seconds(5)),
+            handler: self)
+        arm(.timeout, after: .seconds(5))
+    }
+
+    private func arm(_ use: Use, after delay: Duration) {
+        let t = timer ?? worker.loop.takeEvent(target: self)
+        timer = t
+        t.tag = use.rawValue
+        t.arm(after: delay)
+    }
+
+    func upstreamStatus(_ status: Int) { self.status = status }
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
+    func upstreamHeadersComplete() {}
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        if body.count < 64 * 1024 { body.append(contentsOf: bytes) }
+        return true
+    }
+
+    func upstreamFinished(_ failure: UpstreamFailure?) {
+        transfer = nil
+        timer?.disarm()
+        if failure == nil, (200..<300).contains(status) {
+            switch source.parse(body) {
+            case let .success(response):
+                source.succeeded(response, at: worker.clock.now())
+                return finish(nil)
+            case let .failure(error):
+                return finish("\(error)")
+            }
+        }
+        if failure == nil, (400..<500).contains(status) {
+            return finish("the token endpoint refused the credentials (HTTP \(status))")
+        }
+        retryOrGiveUp(failure.map { "token endpoint: \($0.message)" } ?? "the token endpoint answered \(status)")
+    }
+
+    private func retryOrGiveUp(_ reason: String) {
+        guard tries < Self.maxTries else { return finish(reason) }
+        worker.logger.warning(
+            "token refresh failed, retrying", metadata: ["upstream": "\(source.upstreamName)", "try": "\(tries)", "reason": "\(reason)"])
+        let delay = Duration.milliseconds(min(2000, 100 << (tries - 1)))
+        arm(.backoff, after: delay)
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        switch Use(rawValue: event.tag) {
+        case .backoff: send()
+        case .timeout:
+            if let transfer { worker.client.cancel(transfer) }
+            transfer = nil
+            retryOrGiveUp("the token endpoint did not answer in time")
+        case nil: break
+        }
+    }
+
+    /// `failure` nil: success.
+    private func finish(_ failure: String?) {
+        timer?.recycle()
+        timer = nil
+        if let failure {
+            source.failed()
+            worker.logger.error("token refresh failed", metadata: ["upstream": "\(source.upstreamName)", "reason": "\(failure)"])
+        } else {
+            worker.logger.info("token refreshed", metadata: ["upstream": "\(source.upstreamName)"])
+        }
+        worker.shared.tokenRefreshed(upstreamIndex: upstreamIndex, failure: failure)
+        keepAlive = nil
+    }
+}

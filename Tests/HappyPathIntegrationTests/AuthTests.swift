@@ -1,0 +1,110 @@
+import Foundation
+import Testing
+
+@Suite("auth") struct AuthTests {
+    static let secret = "s3cr3t-value-never-logged"
+
+    func harness(_ auth: AuthTestServer, log: CapturedLog = CapturedLog(), workers: Int = 2) throws -> ProxyHarness {
+        try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { timeout: 5s, reachability: { park_for: 4s } }
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:\(auth.port)]
+                auth:
+                  kind: oauth2_client_credentials
+                  token_url: http://127.0.0.1:\(auth.port)/token
+                  client_id: proxy
+                  client_secret: ${TEST_CLIENT_SECRET}
+            routes: [ { match: { path_prefix: / }, upstream: api } ]
+            """, workers: workers, logger: log.logger, environment: ["TEST_CLIENT_SECRET": Self.secret])
+    }
+
+    @Test func tokenIsFetchedOnFirstUseAndInjected() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        let h = try harness(auth)
+        let r = try HTTP.request(port: h.port, "/data")
+        #expect(r.status == 200)
+        #expect(auth.tokenCalls == 1)
+        let form = auth.state.withLock { $0.tokenBodies.first } ?? ""
+        #expect(form.contains("grant_type=client_credentials"))
+        #expect(form.contains("client_secret=\(Self.secret)"))
+        #expect(try HTTP.request(port: h.port, "/data").status == 200)
+        #expect(auth.tokenCalls == 1)  // reused, not fetched per request
+    }
+
+    @Test func sixtyConcurrentRequestsAfterInvalidationShareOneRefresh() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        let h = try harness(auth)
+        #expect(try HTTP.request(port: h.port, "/data").status == 200)
+        auth.invalidate()
+        let clients = try (0..<60).map { i -> TestConnection in
+            let c = try TestConnection(port: h.port)
+            try c.send("GET /data?i=\(i) HTTP/1.1\r\nHost: x\r\n\r\n")
+            return c
+        }
+        var ok = 0
+        for c in clients where try c.readResponse().status == 200 { ok += 1 }
+        #expect(ok == 60)
+        #expect(auth.tokenCalls == 2)  // the first fetch, and exactly one refresh
+    }
+
+    @Test func postBodyIsReplayedUnchangedAfterARefresh() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        let h = try harness(auth)
+        #expect(try HTTP.request(port: h.port, "/data").status == 200)
+        auth.invalidate()
+        let body = Array("{\"order\":\"\(UUID().uuidString)\"}".utf8)
+        let r = try HTTP.request(port: h.port, "POST", "/data", body: body)
+        #expect(r.status == 200)
+        #expect(r.body == body)
+    }
+
+    @Test func failingTokenEndpointGivesEveryWaitingClientAuthFailed() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        auth.state.withLock { $0.tokenStatus = 400 }
+        let log = CapturedLog()
+        let h = try harness(auth, log: log)
+        let clients = try (0..<10).map { _ -> TestConnection in
+            let c = try TestConnection(port: h.port)
+            try c.send("GET /data HTTP/1.1\r\nHost: x\r\n\r\n")
+            return c
+        }
+        for c in clients {
+            let r = try c.readResponse()
+            #expect(r.status == 401)
+            #expect(r.json["code"] as? String == "AUTH_FAILED")
+            #expect(!r.text.contains(Self.secret))
+        }
+        #expect(auth.tokenCalls >= 1)
+        #expect(log.text.contains("token refresh failed"))
+        #expect(!log.text.contains(Self.secret))
+    }
+
+    @Test func tokenEndpointDownIsRetriedWithBackoff() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        auth.state.withLock { $0.failNext = 2 }
+        let h = try harness(auth)
+        let r = try HTTP.request(port: h.port, "/data")
+        #expect(r.status == 200)
+        #expect(auth.tokenCalls == 3)
+    }
+
+    @Test func aRefusedFreshTokenIsNotRefreshedAgain() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        let h = try harness(auth)
+        auth.state.withLock { $0.refuseEverything = true }
+        let r = try HTTP.request(port: h.port, "/data")
+        #expect(r.status == 401)
+        #expect(r.json["code"] as? String == "AUTH_FAILED")
+        #expect(auth.tokenCalls == 2)  // first fetch, one refresh, then no loop
+    }
+}

@@ -1,0 +1,103 @@
+import Foundation
+import HappyPathCore
+import HappyPathIO
+import Logging
+import Synchronization
+
+/// A token endpoint and a protected resource on one real libevent server:
+/// `/token` issues `tok-N` (or fails on demand); `/data` wants the latest
+/// token and echoes the request body.
+final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
+    struct State {
+        var valid: String?
+        var issued = 0
+        var tokenStatus = 200
+        var tokenBodies: [String] = []
+        var refuseEverything = false
+        /// The next this many token calls answer 503.
+        var failNext = 0
+    }
+
+    private let loop = EventLoop()
+    private var server: HTTPServer!
+    let state = Mutex(State())
+    var port: Int { server.port }
+
+    init() throws {
+        server = try HTTPServer(
+            loop: loop, host: "127.0.0.1", port: 0, reusePort: false,
+            limits: HTTPServerLimits(maxHeaderBytes: 65536, maxBodyBytes: 16 << 20, timeout: .seconds(30)), delegate: self)
+        loop.start(name: "auth-test")
+    }
+
+    func stop() {
+        loop.execute { [self] in
+            server.close()
+            loop.stop()
+        }
+        loop.join()
+    }
+
+    var tokenCalls: Int { state.withLock { $0.tokenBodies.count } }
+    func invalidate() { state.withLock { $0.valid = nil } }
+
+    func serve(_ request: HTTPRequest) {
+        let path = Router.split(target: request.target).path
+        let body = request.takeBody()
+        let json = [HTTPField(name: "Content-Type", value: "application/json")]
+        switch path {
+        case "/token":
+            let (status, token) = state.withLock { s -> (Int, String?) in
+                s.tokenBodies.append(String(decoding: body.bytes, as: UTF8.self))
+                if s.failNext > 0 {
+                    s.failNext -= 1
+                    return (503, nil)
+                }
+                guard s.tokenStatus == 200 else { return (s.tokenStatus, nil) }
+                s.issued += 1
+                s.valid = "tok-\(s.issued)"
+                return (200, s.valid)
+            }
+            if let token {
+                request.reply(status: 200, headers: json, body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":3600}"#)
+            } else {
+                request.reply(status: status, headers: json, body: #"{"error":"unavailable"}"#)
+            }
+        case "/healthz":
+            request.reply(status: 200)
+        default:
+            let ok = state.withLock { s in !s.refuseEverything && s.valid != nil && request.header("Authorization") == "Bearer \(s.valid!)" }
+            if ok {
+                request.reply(status: 200, headers: json, body: String(decoding: body.bytes, as: UTF8.self))
+            } else {
+                request.reply(status: 401, headers: json, body: #"{"error":"invalid_token"}"#)
+            }
+        }
+    }
+
+    func reject(_ request: HTTPRequest, reason: RejectedRequest) { request.reply(status: 400) }
+}
+
+/// Collects every log line (message and metadata), to check what never appears in logs.
+final class CapturedLog: @unchecked Sendable {
+    let lines = Mutex<[String]>([])
+    var text: String { lines.withLock { $0.joined(separator: "\n") } }
+
+    var logger: Logger {
+        Logger(label: "test") { _ in CapturingHandler(sink: self) }
+    }
+
+    struct CapturingHandler: LogHandler {
+        let sink: CapturedLog
+        var logLevel: Logger.Level = .trace
+        var metadata: Logger.Metadata = [:]
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) {
+            let meta = (event.metadata ?? [:]).map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+            sink.lines.withLock { $0.append("\(event.level) \(event.message) \(meta)") }
+        }
+    }
+}

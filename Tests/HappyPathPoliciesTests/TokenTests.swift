@@ -1,0 +1,94 @@
+import HappyPathCore
+import HappyPathPolicies
+import Testing
+
+@Suite struct TokenResponseTests {
+    @Test func oauth2Answer() throws {
+        let r = try TokenResponse.oauth2(Array(#"{"access_token":"abc","token_type":"Bearer","expires_in":3600,"refresh_token":"r2"}"#.utf8)).get()
+        #expect(r == TokenResponse(accessToken: "abc", tokenType: "Bearer", expiresIn: .seconds(3600), refreshToken: "r2"))
+    }
+
+    @Test func oauth2WithoutTokenOrNotJSON() {
+        #expect(TokenResponse.oauth2(Array(#"{"token_type":"Bearer"}"#.utf8)) == .failure(.missing("access_token")))
+        #expect(TokenResponse.oauth2(Array("<html>".utf8)) == .failure(.notJSON))
+    }
+
+    @Test func expiresInAsText() throws {
+        let r = try TokenResponse.oauth2(Array(#"{"access_token":"a","expires_in":"90"}"#.utf8)).get()
+        #expect(r.expiresIn == .seconds(90))
+    }
+
+    @Test func loginAnswerWithPointers() throws {
+        let body = Array(#"{"data":{"token":"t-1","ttl":120}}"#.utf8)
+        let r = try TokenResponse.login(body, tokenPointer: "/data/token", expiresInPointer: "/data/ttl").get()
+        #expect(r.accessToken == "t-1")
+        #expect(r.expiresIn == .seconds(120))
+        #expect(TokenResponse.login(body, tokenPointer: "/data/nope", expiresInPointer: nil) == .failure(.missing("token at /data/nope")))
+    }
+
+    @Test func formEncoding() {
+        #expect(FormEncoding.encode([("grant_type", "client_credentials"), ("client_secret", "a b&c=d/é")]) == "grant_type=client_credentials&client_secret=a+b%26c%3Dd%2F%C3%A9")
+    }
+}
+
+@Suite struct TokenStateMachineTests {
+    @Test func firstUseWaitsAndStartsOneRefresh() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .seconds(30))
+        let first = m.use(at: clock.now())
+        let second = m.use(at: clock.now())
+        #expect(first == .wait(start: true))
+        #expect(second == .wait(start: false))  // single flight
+        let token = m.succeeded(headerValue: "Bearer a", expiresIn: .seconds(100), at: clock.now())
+        let third = m.use(at: clock.now())
+        #expect(third == .use(token))
+    }
+
+    @Test func refreshesAheadOfExpiryOnce() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .seconds(30))
+        _ = m.use(at: clock.now())
+        let token = m.succeeded(headerValue: "Bearer a", expiresIn: .seconds(100), at: clock.now())
+        clock.advance(by: .seconds(71))
+        let a = m.use(at: clock.now())
+        let b = m.use(at: clock.now())
+        #expect(a == .useAndRefresh(token))
+        #expect(b == .use(token))
+        clock.advance(by: .seconds(30))  // expired, refresh still running
+        let c = m.use(at: clock.now())
+        #expect(c == .wait(start: false))
+    }
+
+    @Test func refusalOfAnOldGenerationUsesTheFresherToken() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .zero)
+        _ = m.use(at: clock.now())
+        let t1 = m.succeeded(headerValue: "Bearer 1", expiresIn: nil, at: clock.now())
+        let r1 = m.refused(generation: t1.generation)
+        #expect(r1 == .wait(start: true))
+        let r1b = m.refused(generation: t1.generation)
+        #expect(r1b == .wait(start: false))
+        let t2 = m.succeeded(headerValue: "Bearer 2", expiresIn: nil, at: clock.now())
+        #expect(t2.generation == t1.generation + 1)
+        let late = m.refused(generation: t1.generation)
+        #expect(late == .retryWith(t2))
+    }
+
+    @Test func aFailedRefreshLetsTheNextUseStartAnother() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .zero)
+        _ = m.use(at: clock.now())
+        m.failed()
+        let again = m.use(at: clock.now())
+        #expect(again == .wait(start: true))
+    }
+
+    @Test func expiryArithmetic() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .seconds(10))
+        _ = m.use(at: clock.now())
+        m.succeeded(headerValue: "x", expiresIn: .seconds(60), at: clock.now())
+        clock.advance(by: .seconds(15))
+        #expect(m.expiresIn(at: clock.now()) == .seconds(45))
+    }
+}
