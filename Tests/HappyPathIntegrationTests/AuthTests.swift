@@ -87,6 +87,46 @@ import Testing
         #expect(!log.text.contains(Self.secret))
     }
 
+    @Test func loginKindTakesTheTokenFromAJSONPointer() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:\(auth.port)]
+                auth:
+                  kind: login
+                  login_url: http://127.0.0.1:\(auth.port)/token
+                  login_body: '{"user":"proxy","password":"${PW}"}'
+                  token_pointer: /access_token
+                  expires_in_pointer: /expires_in
+            routes: [ { match: { path_prefix: / }, upstream: api } ]
+            """, environment: ["PW": Self.secret])
+        #expect(try HTTP.request(port: h.port, "/data").status == 200)
+        #expect(auth.state.withLock { $0.tokenBodies.first } == #"{"user":"proxy","password":"\#(Self.secret)"}"#)
+    }
+
+    @Test func staticKindInjectsTheConfiguredValue() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        auth.state.withLock { $0.valid = "fixed-key" }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:\(auth.port)]
+                auth: { kind: static, value: "${KEY}", scheme: Bearer }
+            routes: [ { match: { path_prefix: / }, upstream: api } ]
+            """, environment: ["KEY": "fixed-key"])
+        #expect(try HTTP.request(port: h.port, "/data", headers: [("Authorization", "Bearer client-own")]).status == 200)
+        #expect(auth.tokenCalls == 0)
+    }
+
     @Test func tokenEndpointDownIsRetriedWithBackoff() throws {
         let auth = try AuthTestServer()
         defer { auth.stop() }
