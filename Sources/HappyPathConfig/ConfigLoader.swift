@@ -225,14 +225,15 @@ final class Reader {
             return config
         }
         let f = fields(
-            root, "", known: ["listen", "workers", "admin", "limits", "defaults", "upstreams", "routes"])
+            root, "", known: ["listen", "workers", "admin", "limits", "drain_timeout", "defaults", "upstreams", "routes"])
         if let a = address(f["listen"]?.value, "listen") { config.listen = a }
         if let w = f["workers"]?.value {
             if text(w, "workers") != "auto" { config.workers = int(w, "workers", min: 1, max: 256) }
         }
         if let admin = f["admin"]?.value {
-            let af = fields(admin, "admin", known: ["listen"])
+            let af = fields(admin, "admin", known: ["listen", "allow_remote"])
             if let a = address(af["listen"]?.value, "admin.listen") { config.admin.listen = a }
+            if let b = bool(af["allow_remote"]?.value, "admin.allow_remote") { config.admin.allowRemote = b }
         }
         if let limits = f["limits"]?.value {
             let lf = fields(
@@ -248,6 +249,7 @@ final class Reader {
             if let v = duration(lf["client_timeout"]?.value, "limits.client_timeout") { config.limits.clientTimeout = v }
             if let v = int(lf["max_parked"]?.value, "limits.max_parked", min: 0) { config.limits.maxParked = v }
         }
+        if let d = duration(f["drain_timeout"]?.value, "drain_timeout", allowZero: true) { config.drainTimeout = d }
         if let defaults = f["defaults"] {
             config.defaults = policies(fields(defaults.value, "defaults", known: Self.policyKeys), "defaults")
         }

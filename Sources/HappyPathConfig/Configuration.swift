@@ -11,6 +11,8 @@ public struct Configuration: Sendable {
     public var workers: Int?
     public var admin: AdminConfiguration
     public var limits: Limits
+    /// SIGTERM/SIGINT: how long in-flight and parked commands may take to finish.
+    public var drainTimeout: Duration = .seconds(20)
     public var defaults: PolicySettings
     /// In file order.
     public var upstreams: [Upstream]
@@ -24,6 +26,8 @@ public struct Configuration: Sendable {
 
 public struct AdminConfiguration: Sendable {
     public var listen: ListenAddress = ListenAddress(host: "127.0.0.1", port: 9901)
+    /// Answer admin requests from other hosts than loopback. Default false.
+    public var allowRemote = false
 }
 
 public struct Limits: Sendable {

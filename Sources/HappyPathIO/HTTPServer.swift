@@ -56,6 +56,7 @@ public final class HTTPServer {
     private let http: OpaquePointer
     public let limits: HTTPServerLimits
     public private(set) var port: Int = 0
+    private var boundSocket: OpaquePointer?
     /// Unowned(unsafe): the delegate owns the server and closes it first.
     unowned(unsafe) var delegate: HTTPServerDelegate?
     let loop: EventLoop
@@ -106,7 +107,7 @@ public final class HTTPServer {
         // the client's delayed ACK (Nagle), which costs 40 ms a response.
         var one: Int32 = 1
         setsockopt(evconnlistener_get_fd(listener), Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        evhttp_bind_listener(http, listener)
+        boundSocket = evhttp_bind_listener(http, listener)
         var storage = sockaddr_storage()
         var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
         withUnsafeMutablePointer(to: &storage) {
@@ -122,6 +123,12 @@ public final class HTTPServer {
         }
         let me = UInt(bitPattern: Unmanaged.passUnretained(self).toOpaque())
         ServerRegistry.shared.withLock { $0[ServerRegistry.key(http)] = me }
+    }
+
+    /// Stops accepting new connections; open ones keep being served. On the loop's thread.
+    public func stopAccepting() {
+        if let boundSocket { evhttp_del_accept_socket(http, boundSocket) }
+        boundSocket = nil
     }
 
     /// Stops accepting and closes every connection. On the loop's thread.

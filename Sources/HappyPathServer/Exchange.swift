@@ -58,10 +58,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private var lastFailure: UpstreamFailure?
     private var waitingForDrain = false
     private(set) var parked: ParkReason?
+    /// For the access log and metrics.
+    let startedAt: Instant
+    private(set) var finalStatus = 0
+    private(set) var finalCode = "OK"
+    private(set) var bytesOut = 0
     private var parkDeadline: Instant?
     private var done = false
 
-    enum ParkReason: String { case unreachable, circuitOpen = "circuit_open", auth }
+    enum ParkReason: String, CaseIterable { case unreachable, circuitOpen = "circuit_open", auth }
     /// The token this try carries, and whether the command already waited for a refresh.
     private var authToken: Token?
     private var refreshedOnce = false
@@ -77,6 +82,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         self.upstream = upstream
         self.guardian = guardian
         self.command = command
+        startedAt = worker.clock.now()
         hasIdempotencyKey = command.headers.value(for: "Idempotency-Key") != nil
     }
 
@@ -235,6 +241,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         if done || mode != .streaming { return true }  // client gone
         if waitingForDrain { return false }
+        bytesOut += bytes.count
         if request.pendingOutput + bytes.count > Self.highWater {
             waitingForDrain = true
             request.send(bytes, notifyWhenDrained: true)
@@ -251,6 +258,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let now = worker.clock.now()
         if mode == .streaming {
             let outcome: Outcome = failure == nil ? .success(status: status) : .reset
+            countTry(outcome)
+            finalStatus = status
+            finalCode = failure == nil ? "OK" : "TRUNCATED"
             _ = guardian.record(outcome, probe: isProbe, at: now)
             guardian.recordEndpoint(endpointIndex, failure: outcome.isFailure, at: now)
             if isProbe, failure == nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
@@ -276,6 +286,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             }
         } else if let authToken, let tokens, tokens.refreshOn.contains(status) {
             // Auth listener: the upstream refused the token.
+            countTry(.clientError(status: status))
             _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
             history.append(String(status))
             if refreshedOnce {
@@ -292,6 +303,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             }
         } else if status < 500 && !route.retry.configuration.on.contains(String(status)) {
             // A 4xx: the upstream is healthy and answered; normalize it.
+            countTry(.clientError(status: status))
             _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
             guardian.recordEndpoint(endpointIndex, failure: false, at: now)
             if isProbe { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
@@ -320,8 +332,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     // MARK: - Listeners
 
     /// Broadcasts the failed try's outcome to the listener for its kind.
+    private func countTry(_ outcome: Outcome) {
+        worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
+    }
+
     private func tryFailed(_ outcome: Outcome, at now: Instant) {
         timer?.disarm()
+        countTry(outcome)
         if case .badResponse? = lastFailure { history.append("invalid response") } else { history.append(outcome.summary) }
         if guardian.record(outcome, probe: isProbe, at: now) != nil {
             worker.circuitChanged(upstreamIndex: route.upstreamIndex)
@@ -349,6 +366,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             budget: { guardian.withdrawRetry(at: now) })
         switch decision {
         case let .retry(after: delay):
+            worker.metrics.retry(upstreamIndex: route.upstreamIndex, upstream: upstream.name)
             command = command.nextAttempt()
             arm(.backoff, after: delay)
         case .giveUp:
@@ -411,6 +429,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             releaseSlot()
             let now = worker.clock.now()
             if command.remaining(at: now) <= .zero {
+                countTry(.timeout)
                 history.append("timeout")
                 _ = guardian.record(.timeout, probe: isProbe, at: now)
                 return fail(timeoutProblem())
@@ -514,7 +533,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         worker.logger.debug(
             "request failed",
             metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
-        ProblemResponder.respond(request, problem)
+        finalStatus = problem.status
+        finalCode = problem.code
+        bytesOut = ProblemResponder.respond(request, problem)
         finish()
     }
 
@@ -540,8 +561,34 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         transfer = nil
         releaseSlot()
+        finalStatus = 499  // nginx's "client closed request"
+        finalCode = "CLIENT_CLOSED"
         request.abort()
         finish()
+    }
+
+    /// Drain timed out: answer now. A response already streaming is cut;
+    /// anything else gets a retryable error (another instance can serve it).
+    func answerNow() {
+        guard !done else { return }
+        if mode == .streaming, transfer != nil {
+            if let transfer { worker.client.cancel(transfer) }
+            transfer = nil
+            releaseSlot()
+            finalCode = "TRUNCATED"
+            request.abort()
+            return finish()
+        }
+        if let transfer { worker.client.cancel(transfer) }
+        transfer = nil
+        releaseSlot()
+        if parked != nil {
+            worker.unpark(self)
+            parked = nil
+        }
+        var p = problem(.upstreamUnavailable, detail: "The proxy is shutting down; try again.")
+        p.retryAfterSeconds = 1
+        fail(p)
     }
 
     /// The worker is shutting down: stop the try and drop the client.

@@ -92,6 +92,7 @@ final class HealthChecker: LoopEventTarget {
             if !wasReachable, states[u].consecutiveSuccesses >= (settings.healthyAfter ?? 1) {
                 guardian.reachable.store(true, ordering: .relaxed)
                 logger.info("upstream reachable again", metadata: ["upstream": "\(name)"])
+                shared.events.publish("upstream_reachable", [("upstream", name)])
             }
             if guardian.reachable.load(ordering: .relaxed),
                 !wasReachable || guardian.suspect.exchange(false, ordering: .relaxed)
@@ -104,6 +105,7 @@ final class HealthChecker: LoopEventTarget {
             if guardian.reachable.load(ordering: .relaxed), states[u].consecutiveFailures >= (settings.unhealthyAfter ?? 3) {
                 guardian.reachable.store(false, ordering: .relaxed)
                 logger.warning("upstream unreachable: health checks failing", metadata: ["upstream": "\(name)"])
+                shared.events.publish("upstream_unreachable", [("upstream", name)])
             }
         }
     }

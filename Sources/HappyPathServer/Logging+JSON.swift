@@ -15,10 +15,17 @@ public struct LineLogHandler: LogHandler {
     let label: String
     let format: LogFormat
 
-    public init(label: String, format: LogFormat, level: Logger.Level) {
+    /// Where finished lines go; stderr by default.
+    let sink: @Sendable (String) -> Void
+
+    public init(
+        label: String, format: LogFormat, level: Logger.Level,
+        sink: @escaping @Sendable (String) -> Void = { FileHandle.standardError.write(Data($0.utf8)) }
+    ) {
         self.label = label
         self.format = format
         self.logLevel = level
+        self.sink = sink
     }
 
     public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
@@ -43,15 +50,16 @@ public struct LineLogHandler: LogHandler {
             for (key, value) in merged.sorted(by: { $0.key < $1.key }) { line += " \(key)=\(value)" }
             line += "\n"
         }
-        FileHandle.standardError.write(Data(line.utf8))
+        sink(line)
     }
 
     static func render(_ value: Logger.MetadataValue) -> String {
         switch value {
         case let .string(s): return JSON.quote(s)
         case let .stringConvertible(c):
+            // Numbers stay numbers in the JSON line.
             let s = c.description
-            return Double(s) != nil && !s.contains("e") ? s : JSON.quote(s)
+            return c is any BinaryInteger || c is Double ? s : JSON.quote(s)
         case let .array(items): return "[" + items.map(render).joined(separator: ",") + "]"
         case let .dictionary(d):
             return "{" + d.sorted { $0.key < $1.key }.map { "\(JSON.quote($0.key)):\(render($0.value))" }.joined(separator: ",") + "}"

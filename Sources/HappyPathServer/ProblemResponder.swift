@@ -3,7 +3,9 @@ import HappyPathIO
 
 /// The one place a `Problem` becomes an HTTP response.
 enum ProblemResponder {
-    static func respond(_ request: HTTPRequest, _ problem: Problem) {
+    /// Returns the body's size in bytes.
+    @discardableResult
+    static func respond(_ request: HTTPRequest, _ problem: Problem) -> Int {
         request.clearResponseHeaders()
         // A client that asks for JSON but not problem+json gets the same body
         // labelled application/json, so plain JSON decoders accept it.
@@ -22,7 +24,9 @@ enum ProblemResponder {
         if let retryAfter = problem.retryAfterSeconds {
             headers.append(HTTPField(name: "Retry-After", value: String(retryAfter)))
         }
-        request.reply(status: problem.status, headers: headers, body: problem.json())
+        let body = problem.json()
+        request.reply(status: problem.status, headers: headers, body: body)
+        return body.utf8.count
     }
 
     /// Problems for requests libevent refused before routing.

@@ -1,3 +1,4 @@
+import Foundation
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
@@ -9,7 +10,7 @@ import Glibc
 #endif
 
 /// The running proxy: `workers` event loops sharing the listen port, plus the
-/// admin listener on a loop of its own.
+/// admin listener (and health checks, and the event stream) on a loop of its own.
 public final class ProxyServer: @unchecked Sendable {
     public let runtime: RuntimeConfiguration
     private let logger: Logger
@@ -41,7 +42,9 @@ public final class ProxyServer: @unchecked Sendable {
     public func start() throws(SocketError) {
         EventLoop.initializeLibraries()
         let config = runtime.configuration
-        let shared = SharedState(runtime: runtime, logger: logger)
+        let adminLoop = EventLoop()
+        self.adminLoop = adminLoop
+        let shared = SharedState(runtime: runtime, logger: logger, events: EventBus(loop: adminLoop))
         self.shared = shared
         var bindPort = config.listen.port
         for i in 0..<workerCount {
@@ -56,11 +59,9 @@ public final class ProxyServer: @unchecked Sendable {
             workers.append(worker)
         }
         port = bindPort
-        let adminLoop = EventLoop()
         let admin = try AdminServer(
-            loop: adminLoop, host: config.admin.listen.host, port: config.admin.listen.port, ready: ready)
+            loop: adminLoop, configuration: config, ready: ready, shared: shared, runtime: runtime, clock: clock)
         adminPort = admin.server.port
-        self.adminLoop = adminLoop
         self.admin = admin
         let checker = HealthChecker(loop: adminLoop, runtime: runtime, shared: shared, logger: logger)
         healthChecker = checker
@@ -78,6 +79,34 @@ public final class ProxyServer: @unchecked Sendable {
             ])
     }
 
+    /// Graceful stop (SIGTERM): stop accepting, `/readyz` turns 503, let
+    /// in-flight and parked commands finish until `timeout`, answer what is
+    /// left with its error, then stop. Blocks the calling thread.
+    public func drain(timeout: Duration) {
+        guard let shared else { return stop() }
+        ready.value.store(false, ordering: .releasing)
+        logger.info("draining", metadata: ["in_flight": "\(shared.inFlight.load(ordering: .relaxed))", "timeout": "\(timeout.configText)"])
+        for (loop, worker) in zip(loops, workers) {
+            let handle = WorkerHandle(worker)
+            loop.execute { handle.worker.stopAccepting() }
+        }
+        let deadline = clock.now() + timeout
+        while shared.inFlight.load(ordering: .relaxed) > 0, clock.now() < deadline {
+            usleep(20_000)
+        }
+        let left = shared.inFlight.load(ordering: .relaxed)
+        if left > 0 {
+            logger.warning("drain timeout: answering what is left", metadata: ["in_flight": "\(left)"])
+            for (loop, worker) in zip(loops, workers) {
+                let handle = WorkerHandle(worker)
+                loop.execute { handle.worker.answerEverything() }
+            }
+            let grace = clock.now() + .seconds(1)
+            while shared.inFlight.load(ordering: .relaxed) > 0, clock.now() < grace { usleep(20_000) }
+        }
+        stop()
+    }
+
     /// Stops accepting, drops what is in flight, and ends the loops. Returns
     /// when every loop thread has ended. Safe to call more than once.
     public func stop() {
@@ -88,17 +117,18 @@ public final class ProxyServer: @unchecked Sendable {
         guard !already else { return }
         ready.value.store(false, ordering: .releasing)
         for (loop, worker) in zip(loops, workers) {
-            let box = WorkerBox(worker)
+            let box = WorkerHandle(worker)
             loop.execute {
                 box.worker.shutdown()
-                box.loop.stop()
+                box.worker.loop.stop()
             }
         }
         for loop in loops { loop.join() }
         if let adminLoop, let admin {
-            let box = AdminBox(admin, adminLoop, healthChecker)
+            let box = AdminBox(admin, adminLoop, healthChecker, shared?.events)
             adminLoop.execute {
                 box.checker?.stop()
+                box.events?.closeAll()
                 box.admin.server.close()
                 box.loop.stop()
             }
@@ -108,21 +138,16 @@ public final class ProxyServer: @unchecked Sendable {
     }
 }
 
-/// Hands a worker to its own loop's thread (it is only touched there).
-private final class WorkerBox: @unchecked Sendable {
-    let worker: ProxyWorker
-    var loop: EventLoop { worker.loop }
-    init(_ worker: ProxyWorker) { self.worker = worker }
-}
-
 private final class AdminBox: @unchecked Sendable {
     let admin: AdminServer
     let loop: EventLoop
     let checker: HealthChecker?
-    init(_ admin: AdminServer, _ loop: EventLoop, _ checker: HealthChecker?) {
+    let events: EventBus?
+    init(_ admin: AdminServer, _ loop: EventLoop, _ checker: HealthChecker?, _ events: EventBus?) {
         self.admin = admin
         self.loop = loop
         self.checker = checker
+        self.events = events
     }
 }
 

@@ -23,6 +23,7 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     /// Exchanges in flight, retained here until they finish.
     private var active: [ObjectIdentifier: Exchange] = [:]
     let shared: SharedState
+    let metrics: WorkerMetrics
     /// Parked exchanges, per upstream (the reachability listener's lot).
     private var lots: [[ObjectIdentifier: Exchange]]
     /// Per upstream: a timer to send a half-open probe when a breaker's open time ends.
@@ -40,6 +41,7 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         self.loop = loop
         self.runtime = runtime
         self.shared = shared
+        metrics = WorkerMetrics(shared.metrics)
         lots = Array(repeating: [:], count: runtime.upstreams.count)
         probeTimers = Array(repeating: nil, count: runtime.upstreams.count)
         inFlight = Array(repeating: 0, count: runtime.upstreams.count)
@@ -77,8 +79,8 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         let (path, query) = Router.split(target: target)
         guard let routeIndex = runtime.router.route(path: path, method: method) else {
             let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-            return ProblemResponder.respond(
-                request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
+            ProblemResponder.respond(request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
+            return
         }
         let route = runtime.routes[routeIndex]
         let exchange = Exchange(
@@ -86,6 +88,7 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
             guardian: shared.guards[route.upstreamIndex],
             command: makeCommand(request, method: method, path: path, query: query, route: route))
         active[ObjectIdentifier(exchange)] = exchange
+        shared.inFlight.wrappingAdd(1, ordering: .relaxed)
         exchange.start()
     }
 
@@ -217,6 +220,9 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         if lots[u][ObjectIdentifier(exchange)] != nil { return true }
         guard shared.parked.tryTake() else { return false }
         lots[u][ObjectIdentifier(exchange)] = exchange
+        shared.parkedChanged(upstreamIndex: u, name: exchange.upstream.name, reason: reason, by: 1)
+        shared.events.publish(
+            "command_parked", [("upstream", exchange.upstream.name), ("reason", reason.rawValue), ("request_id", exchange.command.requestID)])
         logger.debug(
             "command parked",
             metadata: ["request_id": "\(exchange.command.requestID)", "upstream": "\(exchange.upstream.name)", "reason": "\(reason.rawValue)"])
@@ -224,8 +230,12 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     }
 
     func unpark(_ exchange: Exchange) {
-        if lots[exchange.route.upstreamIndex].removeValue(forKey: ObjectIdentifier(exchange)) != nil {
+        let u = exchange.route.upstreamIndex
+        if lots[u].removeValue(forKey: ObjectIdentifier(exchange)) != nil {
             shared.parked.give()
+            if let reason = exchange.parked {
+                shared.parkedChanged(upstreamIndex: u, name: exchange.upstream.name, reason: reason, by: -1)
+            }
         }
     }
 
@@ -234,11 +244,10 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     func replayParked(upstreamIndex u: Int, reasons: Set<Exchange.ParkReason>) {
         let parked = lots[u].values.filter { $0.parked.map(reasons.contains) ?? false }
         guard !parked.isEmpty else { return }
-        for exchange in parked {
-            lots[u].removeValue(forKey: ObjectIdentifier(exchange))
-            shared.parked.give()
-        }
-        logger.info("replaying parked commands", metadata: ["upstream": "\(runtime.upstreams[u].name)", "count": "\(parked.count)"])
+        for exchange in parked { unpark(exchange) }
+        let name = runtime.upstreams[u].name
+        logger.info("replaying parked commands", metadata: ["upstream": "\(name)", "count": "\(parked.count)"])
+        shared.events.publish("commands_replayed", [("upstream", name), ("count", String(parked.count))])
         for exchange in parked { exchange.replay() }
     }
 
@@ -276,22 +285,43 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         event.recycle()
         probeTimers[u] = nil
         guard let probe = lots[u].values.first(where: { $0.parked == .circuitOpen }) else { return }
-        lots[u].removeValue(forKey: ObjectIdentifier(probe))
-        shared.parked.give()
+        unpark(probe)
         probe.replay()
     }
 
     func finished(_ exchange: Exchange) {
-        active[ObjectIdentifier(exchange)] = nil
+        guard active.removeValue(forKey: ObjectIdentifier(exchange)) != nil else { return }
+        shared.inFlight.wrappingSubtract(1, ordering: .relaxed)
+        let duration = clock.now() - exchange.startedAt
+        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
+        // The access log: one line per client request (info level).
+        logger.info(
+            "request",
+            metadata: [
+                "request_id": "\(exchange.command.requestID)", "method": "\(exchange.command.method)",
+                "route": "\(exchange.route.label)", "upstream": "\(exchange.upstream.name)",
+                "status": .stringConvertible(exchange.finalStatus), "code": "\(exchange.finalCode)",
+                "attempts": .stringConvertible(exchange.command.attempt),
+                "duration_ms": .stringConvertible(Double(duration.nanoseconds / 1000) / 1000),
+                "bytes": .stringConvertible(exchange.bytesOut),
+            ])
+    }
+
+    /// Drain: no new connections; what is open is still served.
+    func stopAccepting() { server.stopAccepting() }
+
+    /// Drain timed out: every exchange still here gets its answer now.
+    func answerEverything() {
+        for exchange in Array(active.values) { exchange.answerNow() }
     }
 
     /// Answers everything in flight and closes the listener. On the loop.
     func shutdown() {
         for i in probeTimers.indices { probeTimers[i]?.recycle(); probeTimers[i] = nil }
         waiting = waiting.map { _ in [] }
+        for lot in lots { for exchange in lot.values { unpark(exchange) } }
         for exchange in active.values { exchange.abandon() }
-        for lot in lots { for _ in lot { shared.parked.give() } }
-        lots = lots.map { _ in [:] }
+        shared.inFlight.wrappingSubtract(active.count, ordering: .relaxed)
         active.removeAll()
         server.close()
         client.shutdown()

@@ -19,8 +19,10 @@ public final class RuntimeConfiguration: Sendable {
         routes = configuration.routes.indices.map { i in
             let route = configuration.routes[i]
             let policies = configuration.resolvedPolicies(forRoute: i)
+            let prefix = route.match.pathPrefix
+            let shared = configuration.routes.filter { $0.match.pathPrefix == prefix }.count > 1
             return RuntimeRoute(
-                index: i, name: "routes[\(i)]", upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
+                index: i, name: "routes[\(i)]", label: shared ? "\(prefix)#\(i)" : prefix, upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(policies.retry)),
                 parkFor: policies.reachability.parkFor ?? .seconds(10), errors: policies.errors)
         }
@@ -30,6 +32,9 @@ public final class RuntimeConfiguration: Sendable {
 struct RuntimeRoute: Sendable {
     let index: Int
     let name: String
+    /// The `route` label of metrics and access logs: its path prefix (with
+    /// `#index` when several routes share one).
+    let label: String
     let upstreamIndex: Int
     let stripPrefix: String?
     /// Overall deadline for a request on this route, all tries included.

@@ -1,3 +1,4 @@
+import Foundation
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
@@ -10,16 +11,32 @@ import Synchronization
 final class SharedState: @unchecked Sendable {
     let guards: [UpstreamGuard]
     let parked: ParkingCount
+    let metrics: ProxyMetrics
+    let events: EventBus
+    /// Exchanges in flight in the whole process (drain waits for zero).
+    let inFlight = Atomic<Int>(0)
+    /// Parked commands per upstream and reason (for metrics and /admin/state).
+    private let parkedBy: Mutex<[[Int]]>
+    let loadedAt = Date()
     /// Per upstream: its credentials (nil for `auth.kind: none`).
     let tokens: [TokenSource?]
     /// Set once, before any loop runs; then read-only.
     private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
 
-    init(runtime: RuntimeConfiguration, logger: Logger) {
+    init(runtime: RuntimeConfiguration, logger: Logger, events: EventBus) {
+        let metrics = ProxyMetrics()
+        self.metrics = metrics
+        self.events = events
         guards = runtime.upstreams.map { u in
             UpstreamGuard(
-                name: u.name, endpointCount: u.endpoints.count, breaker: u.breakerConfiguration, budgetRatio: u.policies.retry.budgetRatio ?? 0.2,
-                budgetMinPerSecond: u.policies.retry.budgetMinPerSecond ?? 10, logger: logger)
+                name: u.name, endpointCount: u.endpoints.count, breaker: u.breakerConfiguration,
+                budgetRatio: u.policies.retry.budgetRatio ?? 0.2, budgetMinPerSecond: u.policies.retry.budgetMinPerSecond ?? 10,
+                logger: logger, metrics: metrics, events: events)
+        }
+        parkedBy = Mutex(runtime.upstreams.map { _ in Exchange.ParkReason.allCases.map { _ in 0 } })
+        for u in runtime.upstreams {
+            metrics.circuitState(upstream: u.name, gauge: 0)
+            for r in Exchange.ParkReason.allCases { metrics.parked(upstream: u.name, reason: r.rawValue, count: 0) }
         }
         parked = ParkingCount(limit: runtime.configuration.limits.maxParked)
         tokens = runtime.configuration.upstreams.map { u in
@@ -36,6 +53,19 @@ final class SharedState: @unchecked Sendable {
     }
 
     func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
+
+    func parkedChanged(upstreamIndex u: Int, name: String, reason: Exchange.ParkReason, by delta: Int) {
+        let i = Exchange.ParkReason.allCases.firstIndex(of: reason)!
+        let now = parkedBy.withLock { counts in
+            counts[u][i] += delta
+            return counts[u][i]
+        }
+        metrics.parked(upstream: name, reason: reason.rawValue, count: now)
+    }
+
+    func parkedCount(upstreamIndex u: Int, reason: Exchange.ParkReason) -> Int {
+        parkedBy.withLock { $0[u][Exchange.ParkReason.allCases.firstIndex(of: reason)!] }
+    }
 
     /// Every worker replays its parked commands for upstream `u`, on its own loop.
     func recovered(upstreamIndex u: Int) {

@@ -176,6 +176,9 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     private func finish(_ failure: String?) {
         timer?.recycle()
         timer = nil
+        worker.shared.metrics.tokenRefresh(upstream: source.upstreamName, success: failure == nil)
+        worker.shared.events.publish(
+            failure == nil ? "token_refreshed" : "token_refresh_failed", [("upstream", source.upstreamName)])
         if let failure {
             source.failed()
             worker.logger.error("token refresh failed", metadata: ["upstream": "\(source.upstreamName)", "reason": "\(failure)"])

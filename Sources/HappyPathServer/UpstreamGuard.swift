@@ -17,6 +17,8 @@ final class UpstreamGuard: Sendable {
     /// replays parked commands even if the checker never saw it down.
     let suspect = Atomic<Bool>(false)
     let logger: Logger
+    let metrics: ProxyMetrics
+    let events: EventBus
     private let endpoints: Mutex<[EndpointHealth]>
 
     /// Outlier ejection (Envoy's consecutive-5xx rule): an endpoint with this
@@ -32,9 +34,11 @@ final class UpstreamGuard: Sendable {
 
     init(
         name: String, endpointCount: Int, breaker: CircuitBreakerStateMachine.Configuration, budgetRatio: Double,
-        budgetMinPerSecond: Int, logger: Logger
+        budgetMinPerSecond: Int, logger: Logger, metrics: ProxyMetrics, events: EventBus
     ) {
         self.name = name
+        self.metrics = metrics
+        self.events = events
         endpoints = Mutex(Array(repeating: EndpointHealth(), count: endpointCount))
         self.breaker = Mutex(CircuitBreakerStateMachine(breaker))
         budget = Mutex(RetryBudget(ratio: budgetRatio, minPerSecond: budgetMinPerSecond))
@@ -75,6 +79,11 @@ final class UpstreamGuard: Sendable {
         }
     }
 
+    /// Indices of endpoints out of the rotation now.
+    func ejected(at now: Instant) -> Set<Int> {
+        endpoints.withLock { list in Set(list.indices.filter { list[$0].ejectedUntil.map { now < $0 } ?? false }) }
+    }
+
     func recordEndpoint(_ i: Int, failure: Bool, at now: Instant) {
         let ejected = endpoints.withLock { list -> Bool in
             guard list.count > 1 else { return false }
@@ -90,11 +99,15 @@ final class UpstreamGuard: Sendable {
             return true
         }
         if ejected {
+            events.publish("endpoint_ejected", [("upstream", name), ("endpoint", String(i))])
             logger.warning("endpoint ejected", metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(Self.ejectionTime.configText)"])
         }
     }
 
     private func log(_ transition: CircuitBreakerStateMachine.Transition) {
+        let state: CircuitBreakerStateMachine.State = transition == .opened ? .open(until: Instant(nanoseconds: 0)) : transition == .closed ? .closed : .halfOpen(probesInFlight: 0, successes: 0)
+        metrics.circuitState(upstream: name, gauge: state.gauge)
+        events.publish("breaker_" + (transition == .halfOpened ? "half_open" : "\(transition)"), [("upstream", name)])
         switch transition {
         case .opened: logger.warning("circuit opened", metadata: ["upstream": "\(name)"])
         case .halfOpened: logger.info("circuit half-open: probing", metadata: ["upstream": "\(name)"])

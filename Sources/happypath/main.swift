@@ -92,8 +92,8 @@ struct Serve: ParsableCommand {
         fflush(nil)
         waitForTermination(
             onStop: {
-                logger.info("signal received, shutting down")
-                server.stop()
+                logger.info("signal received: draining", metadata: ["drain_timeout": "\(configuration.drainTimeout.configText)"])
+                server.drain(timeout: configuration.drainTimeout)
             },
             onHangUp: {
                 logger.warning(
@@ -145,5 +145,13 @@ struct Version: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Print the version.")
     func run() throws { print("happypath \(happypathVersion)") }
 }
+
+// A parent may start us with signals blocked (the mask is inherited, and
+// every thread inherits it from this one): unblock the ones we act on
+// before any thread exists, or SIGTERM would never arrive.
+var handled = sigset_t()
+sigemptyset(&handled)
+for signo in [SIGINT, SIGTERM, SIGHUP] { sigaddset(&handled, signo) }
+pthread_sigmask(SIG_UNBLOCK, &handled, nil)
 
 HappyPath.main()

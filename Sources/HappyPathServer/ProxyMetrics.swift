@@ -1,0 +1,114 @@
+import CoreMetrics
+import Foundation
+import HappyPathCore
+import Metrics
+import HappyPathPolicies
+import Prometheus
+
+/// The proxy's metrics through swift-metrics, exposed by swift-prometheus
+/// (`GET /metrics` on the admin listener). One registry per server, so
+/// servers in one process (tests) do not share series.
+final class ProxyMetrics: Sendable {
+    let registry = PrometheusCollectorRegistry()
+    let factory: PrometheusMetricsFactory
+
+    init() {
+        var factory = PrometheusMetricsFactory(registry: registry)
+        factory.defaultDurationHistogramBuckets = [
+            .milliseconds(1), .microseconds(2500), .milliseconds(5), .milliseconds(10), .milliseconds(25),
+            .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),
+            .microseconds(2_500_000), .seconds(5), .seconds(10), .seconds(30),
+        ]
+        self.factory = factory
+    }
+
+    func counter(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Counter {
+        CoreMetrics.Counter(label: name, dimensions: dimensions, factory: factory)
+    }
+
+    func timer(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Timer {
+        CoreMetrics.Timer(label: name, dimensions: dimensions, preferredDisplayUnit: .seconds, factory: factory)
+    }
+
+    func gauge(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Gauge {
+        CoreMetrics.Gauge(label: name, dimensions: dimensions, factory: factory)
+    }
+
+    /// Prometheus text exposition format.
+    func exposition() -> String { registry.emitToString() }
+
+    // MARK: - Series of PRODUCT.md section 6
+
+    func tokenRefresh(upstream: String, success: Bool) {
+        counter("happypath_token_refreshes_total", [("upstream", upstream), ("result", success ? "success" : "failure")]).increment()
+    }
+
+    func circuitState(upstream: String, gauge value: Int) {
+        gauge("happypath_circuit_state", [("upstream", upstream)]).record(value)
+    }
+
+    func parked(upstream: String, reason: String, count: Int) {
+        gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
+    }
+}
+
+/// A worker's handles on the hot-path series, made once per label set and
+/// kept, so a request costs a dictionary lookup and an atomic add.
+final class WorkerMetrics {
+    private let metrics: ProxyMetrics
+    private var requests: [String: CoreMetrics.Counter] = [:]
+    private var durations: [Int: CoreMetrics.Timer] = [:]
+    private var tries: [String: CoreMetrics.Counter] = [:]
+    private var retries: [Int: CoreMetrics.Counter] = [:]
+
+    init(_ metrics: ProxyMetrics) { self.metrics = metrics }
+
+    func request(route: RuntimeRoute, code: String, duration: Duration) {
+        let key = "\(route.index)|\(code)"
+        let counter = requests[key] ?? {
+            let c = metrics.counter("happypath_requests_total", [("route", route.label), ("code", code)])
+            requests[key] = c
+            return c
+        }()
+        counter.increment()
+        let timer = durations[route.index] ?? {
+            let t = metrics.timer("happypath_request_duration_seconds", [("route", route.label)])
+            durations[route.index] = t
+            return t
+        }()
+        timer.recordNanoseconds(duration.nanoseconds)
+    }
+
+    func upstreamTry(upstream: String, outcome: String) {
+        let key = upstream + "|" + outcome
+        let counter = tries[key] ?? {
+            let c = metrics.counter("happypath_upstream_tries_total", [("upstream", upstream), ("outcome", outcome)])
+            tries[key] = c
+            return c
+        }()
+        counter.increment()
+    }
+
+    func retry(upstreamIndex: Int, upstream: String) {
+        let counter = retries[upstreamIndex] ?? {
+            let c = metrics.counter("happypath_retries_total", [("upstream", upstream)])
+            retries[upstreamIndex] = c
+            return c
+        }()
+        counter.increment()
+    }
+}
+
+extension Outcome {
+    /// The `outcome` label of `happypath_upstream_tries_total`.
+    var metricLabel: String {
+        switch self {
+        case .success: "success"
+        case .serverError: "server_error"
+        case .clientError: "client_error"
+        case .timeout: "timeout"
+        case .unreachable: "unreachable"
+        case .reset: "reset"
+        }
+    }
+}
