@@ -10,8 +10,8 @@ import Synchronization
 /// `admin.allow_remote` says otherwise.
 final class AdminServer: HTTPServerDelegate {
     private let ready: ReadyFlag
-    private let shared: SharedState
-    private let runtime: RuntimeConfiguration
+    private var shared: SharedState
+    private var runtime: RuntimeConfiguration
     private let clock: Clock
     private let allowRemote: Bool
     private(set) var server: HTTPServer!
@@ -33,6 +33,12 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     static let json = [HTTPField(name: "Content-Type", value: "application/json")]
+
+    /// A reload: the state page shows the new configuration. On the admin loop.
+    func update(runtime: RuntimeConfiguration, shared: SharedState) {
+        self.runtime = runtime
+        self.shared = shared
+    }
 
     func serve(_ request: HTTPRequest) {
         if !allowRemote, !Self.isLoopback(request.peerAddress) {
@@ -89,14 +95,14 @@ final class AdminServer: HTTPServerDelegate {
         for (u, upstream) in runtime.upstreams.enumerated() {
             let guardian = shared.guards[u]
             let parked = Exchange.ParkReason.allCases.map {
-                "\(JSON.quote($0.rawValue)):\(shared.parkedCount(upstreamIndex: u, reason: $0))"
+                "\(JSON.quote($0.rawValue)):\(guardian.parkedCount($0))"
             }
             let ejected = guardian.ejected(at: now)
             let endpoints = upstream.endpoints.enumerated().map { i, e in
                 "{\"url\":\(JSON.quote(e.url)),\"ejected\":\(ejected.contains(i))}"
             }
             var token = "null"
-            if let source = shared.tokens[u] {
+            if let source = guardian.tokens {
                 let expires = source.expiresIn(at: now).map { String(Int($0.seconds.rounded())) } ?? "null"
                 token = "{\"kind\":\(JSON.quote(source.settings.kind.rawValue)),\"expires_in_s\":\(expires)}"
             }
@@ -113,7 +119,7 @@ final class AdminServer: HTTPServerDelegate {
         }
         let loaded = shared.loadedAt.formatted(.iso8601)
         return """
-            {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.load(ordering: .relaxed)),\
+            {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.current),\
             "parked":\(shared.parked.current),"max_parked":\(shared.parked.limit),\
             "config":{"source":\(JSON.quote(config.source)),"loaded_at":\(JSON.quote(loaded))},\
             "upstreams":[\(upstreams.joined(separator: ","))]}

@@ -70,7 +70,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// The token this try carries, and whether the command already waited for a refresh.
     private var authToken: Token?
     private var refreshedOnce = false
-    private var tokens: TokenSource? { worker.shared.tokens[route.upstreamIndex] }
+    private var tokens: TokenSource? { guardian.tokens }
 
     init(
         worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, upstream: RuntimeUpstream,
@@ -110,19 +110,19 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 authToken = token
             case let .useAndRefresh(token):
                 authToken = token
-                worker.startRefresh(upstreamIndex: route.upstreamIndex)
+                worker.startRefresh(guardian: guardian)
             case let .wait(start):
-                if start { worker.startRefresh(upstreamIndex: route.upstreamIndex) }
+                if start { worker.startRefresh(guardian: guardian) }
                 return park(.auth)
             }
         }
         let (admission, transition) = guardian.admit(at: now)
-        if transition != nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
+        if transition != nil { worker.circuitChanged(guardian: guardian) }
         switch admission {
         case .allow, .probe:
             // Concurrency limit: a slot, a place in the bounded queue, or OVERLOADED.
             let probe = admission == .probe
-            switch worker.acquireSlot(self, upstream: route.upstreamIndex) {
+            switch worker.acquireSlot(self, guardian: guardian) {
             case .acquired:
                 holdsSlot = true
                 send(probe: probe, remaining: remaining)
@@ -139,7 +139,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             }
         case let .reject(retryAfter):
             if upstream.whileOpen == .park, route.parkFor > .zero {
-                worker.scheduleProbe(upstreamIndex: route.upstreamIndex, after: retryAfter)
+                worker.scheduleProbe(guardian: guardian, after: retryAfter)
                 return park(.circuitOpen)
             }
             var p = problem(.circuitOpen, detail: "The circuit breaker for '\(upstream.name)' is open after repeated failures.")
@@ -150,7 +150,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     /// The worker hands over a freed connection slot.
     func slotGranted() {
-        guard isQueued, !done else { return worker.releaseSlot(upstream: route.upstreamIndex) }
+        guard isQueued, !done else { return worker.releaseSlot(guardian: guardian) }
         isQueued = false
         holdsSlot = true
         request.stopWatchingForHangUp()
@@ -163,11 +163,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private func releaseSlot() {
         if holdsSlot {
             holdsSlot = false
-            worker.releaseSlot(upstream: route.upstreamIndex)
+            worker.releaseSlot(guardian: guardian)
         }
         if isQueued {
             isQueued = false
-            worker.leaveQueue(self, upstream: route.upstreamIndex)
+            worker.leaveQueue(self, guardian: guardian)
         }
     }
 
@@ -180,7 +180,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         // A retry prefers another endpoint than the one that just failed;
         // ejected endpoints are skipped.
         let count = upstream.endpoints.count
-        let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: route.upstreamIndex) : (endpointIndex + 1) % count
+        let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
         endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
         let endpoint = upstream.endpoints[endpointIndex]
         let method = command.method
@@ -263,7 +263,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             finalCode = failure == nil ? "OK" : "TRUNCATED"
             _ = guardian.record(outcome, probe: isProbe, at: now)
             guardian.recordEndpoint(endpointIndex, failure: outcome.isFailure, at: now)
-            if isProbe, failure == nil { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
+            if isProbe, failure == nil { worker.circuitChanged(guardian: guardian) }
             if failure == nil {
                 request.endReply()
             } else {
@@ -298,7 +298,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             case .retryWith:
                 return admitAndSend()
             case let .wait(start):
-                if start { worker.startRefresh(upstreamIndex: route.upstreamIndex) }
+                if start { worker.startRefresh(guardian: guardian) }
                 return park(.auth)
             }
         } else if status < 500 && !route.retry.configuration.on.contains(String(status)) {
@@ -306,7 +306,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             countTry(.clientError(status: status))
             _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
             guardian.recordEndpoint(endpointIndex, failure: false, at: now)
-            if isProbe { worker.circuitChanged(upstreamIndex: route.upstreamIndex) }
+            if isProbe { worker.circuitChanged(guardian: guardian) }
             history.append(String(status))
             return fail(upstreamProblem())
         } else {
@@ -341,7 +341,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         countTry(outcome)
         if case .badResponse? = lastFailure { history.append("invalid response") } else { history.append(outcome.summary) }
         if guardian.record(outcome, probe: isProbe, at: now) != nil {
-            worker.circuitChanged(upstreamIndex: route.upstreamIndex)
+            worker.circuitChanged(guardian: guardian)
         }
         guardian.recordEndpoint(endpointIndex, failure: true, at: now)
         let remaining = command.remaining(at: now)
@@ -366,7 +366,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             budget: { guardian.withdrawRetry(at: now) })
         switch decision {
         case let .retry(after: delay):
-            worker.metrics.retry(upstreamIndex: route.upstreamIndex, upstream: upstream.name)
+            worker.metrics.retry(upstream: upstream.name)
             command = command.nextAttempt()
             arm(.backoff, after: delay)
         case .giveUp:

@@ -16,6 +16,7 @@ final class HealthChecker: LoopEventTarget {
     private let client: UpstreamClient
     private var states: [UpstreamCheck]
     private var timers: [LoopEvent] = []
+    private var probes: [ObjectIdentifier: HealthProbe] = [:]
     private var stopped = false
 
     private struct UpstreamCheck {
@@ -43,10 +44,14 @@ final class HealthChecker: LoopEventTarget {
         }
     }
 
+    /// On the admin loop. Probes in flight are cancelled first: they point
+    /// at this checker and its client.
     func stop() {
         stopped = true
         for t in timers { t.recycle() }
         timers.removeAll()
+        for probe in probes.values { probe.abandon() }
+        probes.removeAll()
         client.shutdown()
     }
 
@@ -67,6 +72,7 @@ final class HealthChecker: LoopEventTarget {
         states[u].anySuccess = false
         for endpoint in upstream.endpoints {
             let probe = HealthProbe(checker: self, client: client, upstreamIndex: u)
+            probes[ObjectIdentifier(probe)] = probe
             probe.transfer = client.start(
                 UpstreamRequest(
                     origin: endpoint.origin, target: endpoint.basePath + (settings.path ?? "/healthz"), method: "GET",
@@ -77,7 +83,8 @@ final class HealthChecker: LoopEventTarget {
         }
     }
 
-    fileprivate func finished(_ u: Int, healthy: Bool) {
+    fileprivate func finished(_ probe: HealthProbe, _ u: Int, healthy: Bool) {
+        probes[ObjectIdentifier(probe)] = nil
         guard !stopped else { return }
         states[u].inFlight -= 1
         if healthy { states[u].anySuccess = true }
@@ -97,7 +104,7 @@ final class HealthChecker: LoopEventTarget {
             if guardian.reachable.load(ordering: .relaxed),
                 !wasReachable || guardian.suspect.exchange(false, ordering: .relaxed)
             {
-                shared.recovered(upstreamIndex: u)
+                shared.recovered(guardian)
             }
         } else {
             states[u].consecutiveSuccesses = 0
@@ -157,7 +164,17 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         reported = true
         timer?.recycle()
         timer = nil
-        checker.finished(upstreamIndex, healthy: healthy)
+        checker.finished(self, upstreamIndex, healthy: healthy)
+        keepAlive = nil
+    }
+
+    /// The checker stops: cancel quietly.
+    func abandon() {
+        reported = true
+        timer?.recycle()
+        timer = nil
+        if let transfer { client.cancel(transfer) }
+        transfer = nil
         keepAlive = nil
     }
 }

@@ -57,23 +57,23 @@ final class ProxyMetrics: Sendable {
 final class WorkerMetrics {
     private let metrics: ProxyMetrics
     private var requests: [String: CoreMetrics.Counter] = [:]
-    private var durations: [Int: CoreMetrics.Timer] = [:]
+    private var durations: [String: CoreMetrics.Timer] = [:]
     private var tries: [String: CoreMetrics.Counter] = [:]
-    private var retries: [Int: CoreMetrics.Counter] = [:]
+    private var retries: [String: CoreMetrics.Counter] = [:]
 
     init(_ metrics: ProxyMetrics) { self.metrics = metrics }
 
     func request(route: RuntimeRoute, code: String, duration: Duration) {
-        let key = "\(route.index)|\(code)"
+        let key = "\(route.label)|\(code)"
         let counter = requests[key] ?? {
             let c = metrics.counter("happypath_requests_total", [("route", route.label), ("code", code)])
             requests[key] = c
             return c
         }()
         counter.increment()
-        let timer = durations[route.index] ?? {
+        let timer = durations[route.label] ?? {
             let t = metrics.timer("happypath_request_duration_seconds", [("route", route.label)])
-            durations[route.index] = t
+            durations[route.label] = t
             return t
         }()
         timer.recordNanoseconds(duration.nanoseconds)
@@ -89,10 +89,10 @@ final class WorkerMetrics {
         counter.increment()
     }
 
-    func retry(upstreamIndex: Int, upstream: String) {
-        let counter = retries[upstreamIndex] ?? {
+    func retry(upstream: String) {
+        let counter = retries[upstream] ?? {
             let c = metrics.counter("happypath_retries_total", [("upstream", upstream)])
-            retries[upstreamIndex] = c
+            retries[upstream] = c
             return c
         }()
         counter.increment()

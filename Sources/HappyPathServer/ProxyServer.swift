@@ -12,7 +12,7 @@ import Glibc
 /// The running proxy: `workers` event loops sharing the listen port, plus the
 /// admin listener (and health checks, and the event stream) on a loop of its own.
 public final class ProxyServer: @unchecked Sendable {
-    public let runtime: RuntimeConfiguration
+    public private(set) var runtime: RuntimeConfiguration
     private let logger: Logger
     private let clock: Clock
     private let workerCount: Int
@@ -79,22 +79,72 @@ public final class ProxyServer: @unchecked Sendable {
             ])
     }
 
+    /// SIGHUP: switch to `configuration` (already validated by the loader).
+    /// New commands use it; commands in flight finish under the old one. An
+    /// upstream whose definition did not change keeps its breaker, budget
+    /// and token. Returns the reasons it was refused (nothing changed then).
+    public func reload(_ configuration: Configuration) -> [String] {
+        guard let shared, let adminLoop else { return ["the server is not running"] }
+        let old = runtime.configuration
+        var problems: [String] = []
+        if configuration.listen != old.listen { problems.append("listen cannot change on reload (restart to apply)") }
+        if configuration.admin.listen != old.admin.listen { problems.append("admin.listen cannot change on reload (restart to apply)") }
+        if (configuration.workers ?? Self.coreCount) != (old.workers ?? Self.coreCount), configuration.workers != old.workers {
+            problems.append("workers cannot change on reload (restart to apply)")
+        }
+        if configuration.limits.maxHeaderBytes != old.limits.maxHeaderBytes
+            || configuration.limits.maxRequestBody != old.limits.maxRequestBody
+            || configuration.limits.clientTimeout != old.limits.clientTimeout
+        {
+            problems.append("limits.max_header_bytes, max_request_body and client_timeout cannot change on reload (restart to apply)")
+        }
+        guard problems.isEmpty else {
+            shared.events.publish("config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
+            return problems
+        }
+        let newRuntime = RuntimeConfiguration(configuration)
+        let newShared = SharedState(runtime: newRuntime, logger: logger, events: shared.events, previous: shared)
+        for (loop, worker) in zip(loops, workers) {
+            let handle = WorkerHandle(worker)
+            let box = ReloadBox(newRuntime, newShared)
+            loop.execute { handle.worker.apply(runtime: box.runtime, shared: box.shared) }
+        }
+        let checker = HealthChecker(loop: adminLoop, runtime: newRuntime, shared: newShared, logger: logger)
+        let swap = AdminSwap(admin, healthChecker, checker, ReloadBox(newRuntime, newShared))
+        adminLoop.execute {
+            swap.oldChecker?.stop()
+            swap.newChecker.start()
+            swap.admin?.update(runtime: swap.box.runtime, shared: swap.box.shared)
+        }
+        healthChecker = checker
+        runtime = newRuntime
+        self.shared = newShared
+        logger.info("configuration reloaded", metadata: ["config": "\(configuration.source)", "routes": "\(configuration.routes.count)"])
+        newShared.events.publish("config_reloaded", [("source", configuration.source)])
+        return []
+    }
+
+    /// A reload was refused before it reached the server (the file has errors).
+    public func reloadRejected(source: String, problems: [String]) {
+        shared?.events.publish("config_rejected", [("source", source), ("problems", problems.joined(separator: "; "))])
+    }
+
     /// Graceful stop (SIGTERM): stop accepting, `/readyz` turns 503, let
     /// in-flight and parked commands finish until `timeout`, answer what is
     /// left with its error, then stop. Blocks the calling thread.
     public func drain(timeout: Duration) {
         guard let shared else { return stop() }
         ready.value.store(false, ordering: .releasing)
-        logger.info("draining", metadata: ["in_flight": "\(shared.inFlight.load(ordering: .relaxed))", "timeout": "\(timeout.configText)"])
+        logger.info("draining", metadata: ["in_flight": "\(shared.inFlight.current)", "timeout": "\(timeout.configText)"])
         for (loop, worker) in zip(loops, workers) {
             let handle = WorkerHandle(worker)
             loop.execute { handle.worker.stopAccepting() }
         }
         let deadline = clock.now() + timeout
-        while shared.inFlight.load(ordering: .relaxed) > 0, clock.now() < deadline {
+        while shared.inFlight.current > 0, clock.now() < deadline {
             usleep(20_000)
         }
-        let left = shared.inFlight.load(ordering: .relaxed)
+        let left = shared.inFlight.current
         if left > 0 {
             logger.warning("drain timeout: answering what is left", metadata: ["in_flight": "\(left)"])
             for (loop, worker) in zip(loops, workers) {
@@ -102,7 +152,7 @@ public final class ProxyServer: @unchecked Sendable {
                 loop.execute { handle.worker.answerEverything() }
             }
             let grace = clock.now() + .seconds(1)
-            while shared.inFlight.load(ordering: .relaxed) > 0, clock.now() < grace { usleep(20_000) }
+            while shared.inFlight.current > 0, clock.now() < grace { usleep(20_000) }
         }
         stop()
     }
@@ -154,4 +204,26 @@ private final class AdminBox: @unchecked Sendable {
 private final class CheckerBox: @unchecked Sendable {
     let checker: HealthChecker
     init(_ checker: HealthChecker) { self.checker = checker }
+}
+
+private final class ReloadBox: @unchecked Sendable {
+    let runtime: RuntimeConfiguration
+    let shared: SharedState
+    init(_ runtime: RuntimeConfiguration, _ shared: SharedState) {
+        self.runtime = runtime
+        self.shared = shared
+    }
+}
+
+private final class AdminSwap: @unchecked Sendable {
+    let admin: AdminServer?
+    let oldChecker: HealthChecker?
+    let newChecker: HealthChecker
+    let box: ReloadBox
+    init(_ admin: AdminServer?, _ oldChecker: HealthChecker?, _ newChecker: HealthChecker, _ box: ReloadBox) {
+        self.admin = admin
+        self.oldChecker = oldChecker
+        self.newChecker = newChecker
+        self.box = box
+    }
 }

@@ -8,9 +8,8 @@ import Synchronization
 /// One event loop's share of the proxy: its listener (sharing the port with
 /// the other workers), its libcurl multi handle and connection pool, and the
 /// exchanges in flight on it. Everything here runs on `loop`'s thread.
-final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
+final class ProxyWorker: HTTPServerDelegate {
     let loop: EventLoop
-    let runtime: RuntimeConfiguration
     let clock: Clock
     let logger: Logger
     private(set) var server: HTTPServer!
@@ -18,21 +17,42 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     var ids = IdentifierGenerator()
     /// An upstream silent this long in mid-response is cut (limits.client_timeout).
     let idleTimeout: Duration
-    /// Next endpoint per upstream (round robin, per worker).
-    private var nextEndpoint: [Int]
     /// Exchanges in flight, retained here until they finish.
     private var active: [ObjectIdentifier: Exchange] = [:]
-    let shared: SharedState
+    /// Swapped by a reload; exchanges keep the ones they started with.
+    private(set) var runtime: RuntimeConfiguration
+    private(set) var shared: SharedState
     let metrics: WorkerMetrics
-    /// Parked exchanges, per upstream (the reachability listener's lot).
-    private var lots: [[ObjectIdentifier: Exchange]]
-    /// Per upstream: a timer to send a half-open probe when a breaker's open time ends.
-    private var probeTimers: [LoopEvent?]
-    /// Per upstream: tries in flight on this worker, its share of
-    /// `max_connections`, and the bounded queue of exchanges waiting for a slot.
-    private var inFlight: [Int]
-    private let slotLimit: [Int]
-    private var waiting: [[Exchange]]
+    private let workers: Int
+    /// Per upstream (keyed by its guard, which survives a reload of an
+    /// unchanged upstream): round-robin position, parked exchanges (the
+    /// reachability and auth listeners' lot), the half-open probe timer,
+    /// tries in flight on this worker and the bounded queue waiting for a slot.
+    private var lanes: [ObjectIdentifier: Lane] = [:]
+
+    final class Lane: LoopEventTarget {
+        unowned(unsafe) let worker: ProxyWorker
+        let guardian: UpstreamGuard
+        var nextEndpoint = 0
+        var parked: [ObjectIdentifier: Exchange] = [:]
+        var probeTimer: LoopEvent?
+        var inFlight = 0
+        var waiting: [Exchange] = []
+
+        init(worker: ProxyWorker, guardian: UpstreamGuard) {
+            self.worker = worker
+            self.guardian = guardian
+        }
+
+        func loopEventFired(_ event: LoopEvent) { worker.probeDue(self) }
+    }
+
+    private func lane(_ guardian: UpstreamGuard) -> Lane {
+        if let lane = lanes[ObjectIdentifier(guardian)] { return lane }
+        let lane = Lane(worker: self, guardian: guardian)
+        lanes[ObjectIdentifier(guardian)] = lane
+        return lane
+    }
 
     init(
         loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, host: String, port: Int, workers: Int,
@@ -41,12 +61,8 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         self.loop = loop
         self.runtime = runtime
         self.shared = shared
+        self.workers = workers
         metrics = WorkerMetrics(shared.metrics)
-        lots = Array(repeating: [:], count: runtime.upstreams.count)
-        probeTimers = Array(repeating: nil, count: runtime.upstreams.count)
-        inFlight = Array(repeating: 0, count: runtime.upstreams.count)
-        waiting = Array(repeating: [], count: runtime.upstreams.count)
-        slotLimit = runtime.upstreams.map { max(1, $0.maxConnections * $0.endpoints.count / workers) }
         self.clock = clock
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
@@ -54,7 +70,6 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
         let total = runtime.upstreams.reduce(0) { $0 + $1.maxConnections * $1.endpoints.count }
         client = UpstreamClient(
             loop: loop, maxConnectionsPerHost: max(1, perHost / workers), maxCachedConnections: max(16, total / workers))
-        nextEndpoint = Array(repeating: 0, count: runtime.upstreams.count)
         let limits = runtime.configuration.limits
         server = try HTTPServer(
             loop: loop, host: host, port: port, reusePort: true,
@@ -88,7 +103,7 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
             guardian: shared.guards[route.upstreamIndex],
             command: makeCommand(request, method: method, path: path, query: query, route: route))
         active[ObjectIdentifier(exchange)] = exchange
-        shared.inFlight.wrappingAdd(1, ordering: .relaxed)
+        shared.inFlight.add(1)
         exchange.start()
     }
 
@@ -177,9 +192,10 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
 
     // MARK: - Exchanges
 
-    func nextEndpointIndex(for upstreamIndex: Int) -> Int {
-        let i = nextEndpoint[upstreamIndex]
-        nextEndpoint[upstreamIndex] = (i + 1) % runtime.upstreams[upstreamIndex].endpoints.count
+    func nextEndpointIndex(for guardian: UpstreamGuard, count: Int) -> Int {
+        let l = lane(guardian)
+        let i = l.nextEndpoint % count
+        l.nextEndpoint = (i + 1) % count
         return i
     }
 
@@ -187,40 +203,42 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
 
     enum SlotResult { case acquired, queued, full }
 
-    /// A slot for one try to upstream `u`; else a place in its queue; else full (OVERLOADED).
-    func acquireSlot(_ exchange: Exchange, upstream u: Int) -> SlotResult {
-        if inFlight[u] < slotLimit[u] {
-            inFlight[u] += 1
+    /// A slot for one try; else a place in the upstream's queue; else full (OVERLOADED).
+    func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard) -> SlotResult {
+        let l = lane(guardian)
+        let limit = max(1, exchange.upstream.maxConnections * exchange.upstream.endpoints.count / workers)
+        if l.inFlight < limit {
+            l.inFlight += 1
             return .acquired
         }
-        guard waiting[u].count < slotLimit[u] else { return .full }
-        waiting[u].append(exchange)
+        guard l.waiting.count < limit else { return .full }
+        l.waiting.append(exchange)
         return .queued
     }
 
     /// A try ended: its slot goes to the longest-waiting exchange.
-    func releaseSlot(upstream u: Int) {
-        if !waiting[u].isEmpty {
-            let next = waiting[u].removeFirst()
-            next.slotGranted()
+    func releaseSlot(guardian: UpstreamGuard) {
+        let l = lane(guardian)
+        if !l.waiting.isEmpty {
+            l.waiting.removeFirst().slotGranted()
         } else {
-            inFlight[u] -= 1
+            l.inFlight -= 1
         }
     }
 
-    func leaveQueue(_ exchange: Exchange, upstream u: Int) {
-        waiting[u].removeAll { $0 === exchange }
+    func leaveQueue(_ exchange: Exchange, guardian: UpstreamGuard) {
+        lane(guardian).waiting.removeAll { $0 === exchange }
     }
 
     // MARK: - Parking lot
 
     /// False when the process-wide `max_parked` is reached.
     func park(_ exchange: Exchange, reason: Exchange.ParkReason) -> Bool {
-        let u = exchange.route.upstreamIndex
-        if lots[u][ObjectIdentifier(exchange)] != nil { return true }
+        let l = lane(exchange.guardian)
+        if l.parked[ObjectIdentifier(exchange)] != nil { return true }
         guard shared.parked.tryTake() else { return false }
-        lots[u][ObjectIdentifier(exchange)] = exchange
-        shared.parkedChanged(upstreamIndex: u, name: exchange.upstream.name, reason: reason, by: 1)
+        l.parked[ObjectIdentifier(exchange)] = exchange
+        exchange.guardian.parkedChanged(reason, by: 1)
         shared.events.publish(
             "command_parked", [("upstream", exchange.upstream.name), ("reason", reason.rawValue), ("request_id", exchange.command.requestID)])
         logger.debug(
@@ -230,68 +248,79 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
     }
 
     func unpark(_ exchange: Exchange) {
-        let u = exchange.route.upstreamIndex
-        if lots[u].removeValue(forKey: ObjectIdentifier(exchange)) != nil {
+        if lane(exchange.guardian).parked.removeValue(forKey: ObjectIdentifier(exchange)) != nil {
             shared.parked.give()
-            if let reason = exchange.parked {
-                shared.parkedChanged(upstreamIndex: u, name: exchange.upstream.name, reason: reason, by: -1)
-            }
+            if let reason = exchange.parked { exchange.guardian.parkedChanged(reason, by: -1) }
         }
     }
 
     /// The upstream is reachable again (health check) or its circuit closed:
     /// replay every command parked for it (for those reasons) on this worker.
-    func replayParked(upstreamIndex u: Int, reasons: Set<Exchange.ParkReason>) {
-        let parked = lots[u].values.filter { $0.parked.map(reasons.contains) ?? false }
+    func replayParked(guardian: UpstreamGuard, reasons: Set<Exchange.ParkReason>) {
+        let parked = lane(guardian).parked.values.filter { $0.parked.map(reasons.contains) ?? false }
         guard !parked.isEmpty else { return }
         for exchange in parked { unpark(exchange) }
-        let name = runtime.upstreams[u].name
-        logger.info("replaying parked commands", metadata: ["upstream": "\(name)", "count": "\(parked.count)"])
-        shared.events.publish("commands_replayed", [("upstream", name), ("count", String(parked.count))])
+        logger.info("replaying parked commands", metadata: ["upstream": "\(guardian.name)", "count": "\(parked.count)"])
+        shared.events.publish("commands_replayed", [("upstream", guardian.name), ("count", String(parked.count))])
         for exchange in parked { exchange.replay() }
     }
 
     /// A token refresh ended (on any worker).
-    func authDone(upstreamIndex u: Int, failure: String?) {
+    func authDone(guardian: UpstreamGuard, failure: String?) {
         if let failure {
-            let waiting = lots[u].values.filter { $0.parked == .auth }
-            for exchange in waiting { exchange.authFailed(failure) }
+            for exchange in lane(guardian).parked.values where exchange.parked == .auth { exchange.authFailed(failure) }
         } else {
-            replayParked(upstreamIndex: u, reasons: [.auth])
+            replayParked(guardian: guardian, reasons: [.auth])
         }
     }
 
-    /// Starts the single refresh for upstream `u` on this worker's loop.
-    func startRefresh(upstreamIndex u: Int) {
-        guard let source = shared.tokens[u] else { return }
-        TokenRefresh(worker: self, upstreamIndex: u, source: source).start()
+    /// Starts the single refresh for this upstream on this worker's loop.
+    func startRefresh(guardian: UpstreamGuard) {
+        guard let source = guardian.tokens else { return }
+        TokenRefresh(worker: self, guardian: guardian, source: source).start()
     }
 
     /// A breaker changed state. When it closed, every worker replays.
-    func circuitChanged(upstreamIndex u: Int) {
-        if shared.guards[u].breakerState == .closed { shared.recovered(upstreamIndex: u) }
+    func circuitChanged(guardian: UpstreamGuard) {
+        if guardian.breakerState == .closed { shared.recovered(guardian) }
     }
 
     /// Releases one parked command as the half-open probe once `after` passed.
-    func scheduleProbe(upstreamIndex u: Int, after: Duration) {
-        guard probeTimers[u] == nil else { return }
-        let event = loop.takeEvent(target: self, tag: u)
-        probeTimers[u] = event
+    func scheduleProbe(guardian: UpstreamGuard, after: Duration) {
+        let l = lane(guardian)
+        guard l.probeTimer == nil else { return }
+        let event = loop.takeEvent(target: l)
+        l.probeTimer = event
         event.arm(after: after)
     }
 
-    func loopEventFired(_ event: LoopEvent) {
-        let u = event.tag
-        event.recycle()
-        probeTimers[u] = nil
-        guard let probe = lots[u].values.first(where: { $0.parked == .circuitOpen }) else { return }
+    fileprivate func probeDue(_ l: Lane) {
+        l.probeTimer?.recycle()
+        l.probeTimer = nil
+        guard let probe = l.parked.values.first(where: { $0.parked == .circuitOpen }) else { return }
         unpark(probe)
         probe.replay()
     }
 
+    // MARK: - Reload
+
+    /// New commands use the new configuration; exchanges in flight keep
+    /// theirs. Commands parked for an upstream that the new configuration
+    /// changed or removed are replayed now (under their own configuration).
+    func apply(runtime: RuntimeConfiguration, shared: SharedState) {
+        self.runtime = runtime
+        self.shared = shared
+        let kept = Set(shared.guards.map(ObjectIdentifier.init))
+        for (key, l) in lanes where !kept.contains(key) {
+            let parked = Array(l.parked.values)
+            for exchange in parked { unpark(exchange) }
+            for exchange in parked { exchange.replay() }
+        }
+    }
+
     func finished(_ exchange: Exchange) {
         guard active.removeValue(forKey: ObjectIdentifier(exchange)) != nil else { return }
-        shared.inFlight.wrappingSubtract(1, ordering: .relaxed)
+        shared.inFlight.add(-1)
         let duration = clock.now() - exchange.startedAt
         metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
         // The access log: one line per client request (info level).
@@ -317,11 +346,14 @@ final class ProxyWorker: HTTPServerDelegate, LoopEventTarget {
 
     /// Answers everything in flight and closes the listener. On the loop.
     func shutdown() {
-        for i in probeTimers.indices { probeTimers[i]?.recycle(); probeTimers[i] = nil }
-        waiting = waiting.map { _ in [] }
-        for lot in lots { for exchange in lot.values { unpark(exchange) } }
+        for l in lanes.values {
+            l.probeTimer?.recycle()
+            l.probeTimer = nil
+            l.waiting.removeAll()
+            for exchange in Array(l.parked.values) { unpark(exchange) }
+        }
         for exchange in active.values { exchange.abandon() }
-        shared.inFlight.wrappingSubtract(active.count, ordering: .relaxed)
+        shared.inFlight.add(-active.count)
         active.removeAll()
         server.close()
         client.shutdown()

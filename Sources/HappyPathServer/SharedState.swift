@@ -9,70 +9,61 @@ import Synchronization
 /// reachability), the process-wide parking count, and the way to tell every
 /// worker that an upstream recovered.
 final class SharedState: @unchecked Sendable {
+    /// Per upstream of the current configuration, in its order.
     let guards: [UpstreamGuard]
     let parked: ParkingCount
     let metrics: ProxyMetrics
     let events: EventBus
     /// Exchanges in flight in the whole process (drain waits for zero).
-    let inFlight = Atomic<Int>(0)
-    /// Parked commands per upstream and reason (for metrics and /admin/state).
-    private let parkedBy: Mutex<[[Int]]>
+    let inFlight: InFlightCount
     let loadedAt = Date()
-    /// Per upstream: its credentials (nil for `auth.kind: none`).
-    let tokens: [TokenSource?]
-    /// Set once, before any loop runs; then read-only.
+    /// Set before any loop runs (and again by a reload, from the loops'
+    /// owner); then read-only.
     private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
 
-    init(runtime: RuntimeConfiguration, logger: Logger, events: EventBus) {
-        let metrics = ProxyMetrics()
+    /// - Parameter previous: on a reload, the state to carry over: counters,
+    ///   metrics, the event bus, workers, and the guard of every upstream whose
+    ///   definition did not change (so its breaker, budget and token survive).
+    init(runtime: RuntimeConfiguration, logger: Logger, events: EventBus, previous: SharedState? = nil) {
+        let metrics = previous?.metrics ?? ProxyMetrics()
         self.metrics = metrics
         self.events = events
-        guards = runtime.upstreams.map { u in
-            UpstreamGuard(
-                name: u.name, endpointCount: u.endpoints.count, breaker: u.breakerConfiguration,
-                budgetRatio: u.policies.retry.budgetRatio ?? 0.2, budgetMinPerSecond: u.policies.retry.budgetMinPerSecond ?? 10,
-                logger: logger, metrics: metrics, events: events)
-        }
-        parkedBy = Mutex(runtime.upstreams.map { _ in Exchange.ParkReason.allCases.map { _ in 0 } })
-        for u in runtime.upstreams {
+        parked = previous?.parked ?? ParkingCount(limit: runtime.configuration.limits.maxParked)
+        inFlight = previous?.inFlight ?? InFlightCount()
+        workers = previous?.workers ?? []
+        guards = zip(runtime.upstreams, runtime.configuration.upstreams).map { u, definition in
+            let fresh = UpstreamGuard(upstream: u, definition: definition, logger: logger, metrics: metrics, events: events)
+            if let old = previous?.guards.first(where: { $0.name == u.name && $0.fingerprint == fresh.fingerprint }) {
+                return old
+            }
             metrics.circuitState(upstream: u.name, gauge: 0)
             for r in Exchange.ParkReason.allCases { metrics.parked(upstream: u.name, reason: r.rawValue, count: 0) }
-        }
-        parked = ParkingCount(limit: runtime.configuration.limits.maxParked)
-        tokens = runtime.configuration.upstreams.map { u in
-            u.auth.kind == .none ? nil : TokenSource(settings: u.auth, upstreamName: u.name)
-        }
-    }
-
-    /// A token refresh for upstream `u` ended: every worker replays the
-    /// commands it parked waiting for it, or answers them AUTH_FAILED.
-    func tokenRefreshed(upstreamIndex u: Int, failure: String?) {
-        for (loop, handle) in workers {
-            loop.execute { handle.worker.authDone(upstreamIndex: u, failure: failure) }
+            return fresh
         }
     }
 
     func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
 
-    func parkedChanged(upstreamIndex u: Int, name: String, reason: Exchange.ParkReason, by delta: Int) {
-        let i = Exchange.ParkReason.allCases.firstIndex(of: reason)!
-        let now = parkedBy.withLock { counts in
-            counts[u][i] += delta
-            return counts[u][i]
-        }
-        metrics.parked(upstream: name, reason: reason.rawValue, count: now)
-    }
-
-    func parkedCount(upstreamIndex u: Int, reason: Exchange.ParkReason) -> Int {
-        parkedBy.withLock { $0[u][Exchange.ParkReason.allCases.firstIndex(of: reason)!] }
-    }
-
-    /// Every worker replays its parked commands for upstream `u`, on its own loop.
-    func recovered(upstreamIndex u: Int) {
+    /// Every worker replays its parked commands for this upstream, on its own loop.
+    func recovered(_ guardian: UpstreamGuard) {
         for (loop, handle) in workers {
-            loop.execute { handle.worker.replayParked(upstreamIndex: u, reasons: [.unreachable, .circuitOpen]) }
+            loop.execute { handle.worker.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
         }
     }
+
+    /// A token refresh ended: every worker replays the commands it parked
+    /// waiting for it, or answers them AUTH_FAILED.
+    func tokenRefreshed(_ guardian: UpstreamGuard, failure: String?) {
+        for (loop, handle) in workers {
+            loop.execute { handle.worker.authDone(guardian: guardian, failure: failure) }
+        }
+    }
+}
+
+final class InFlightCount: Sendable {
+    private let count = Atomic<Int>(0)
+    var current: Int { count.load(ordering: .relaxed) }
+    func add(_ n: Int) { count.wrappingAdd(n, ordering: .relaxed) }
 }
 
 /// A worker, handed to its own loop's thread (it is only touched there).

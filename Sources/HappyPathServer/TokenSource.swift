@@ -79,7 +79,7 @@ final class TokenSource: Sendable {
 final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     static let maxTries = 6
     unowned(unsafe) let worker: ProxyWorker
-    let upstreamIndex: Int
+    let guardian: UpstreamGuard
     let source: TokenSource
     private var tries = 0
     private var status = 0
@@ -89,9 +89,9 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     private var keepAlive: TokenRefresh?
     private enum Use: Int { case backoff, timeout }
 
-    init(worker: ProxyWorker, upstreamIndex: Int, source: TokenSource) {
+    init(worker: ProxyWorker, guardian: UpstreamGuard, source: TokenSource) {
         self.worker = worker
-        self.upstreamIndex = upstreamIndex
+        self.guardian = guardian
         self.source = source
     }
 
@@ -185,7 +185,7 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
         } else {
             worker.logger.info("token refreshed", metadata: ["upstream": "\(source.upstreamName)"])
         }
-        worker.shared.tokenRefreshed(upstreamIndex: upstreamIndex, failure: failure)
+        worker.shared.tokenRefreshed(guardian, failure: failure)
         keepAlive = nil
     }
 }

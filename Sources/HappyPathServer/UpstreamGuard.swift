@@ -19,6 +19,12 @@ final class UpstreamGuard: Sendable {
     let logger: Logger
     let metrics: ProxyMetrics
     let events: EventBus
+    /// Credentials (nil for `auth.kind: none`).
+    let tokens: TokenSource?
+    /// What this guard was built from: a reload keeps the guard (breaker,
+    /// budget, token) when an upstream's definition did not change.
+    let fingerprint: String
+    private let parkedCounts = Mutex<[String: Int]>([:])
     private let endpoints: Mutex<[EndpointHealth]>
 
     /// Outlier ejection (Envoy's consecutive-5xx rule): an endpoint with this
@@ -32,10 +38,14 @@ final class UpstreamGuard: Sendable {
         var ejectedUntil: Instant?
     }
 
-    init(
-        name: String, endpointCount: Int, breaker: CircuitBreakerStateMachine.Configuration, budgetRatio: Double,
-        budgetMinPerSecond: Int, logger: Logger, metrics: ProxyMetrics, events: EventBus
-    ) {
+    init(upstream: RuntimeUpstream, definition: Upstream, logger: Logger, metrics: ProxyMetrics, events: EventBus) {
+        let name = upstream.name
+        let endpointCount = upstream.endpoints.count
+        let breaker = upstream.breakerConfiguration
+        let budgetRatio = upstream.policies.retry.budgetRatio ?? 0.2
+        let budgetMinPerSecond = upstream.policies.retry.budgetMinPerSecond ?? 10
+        tokens = definition.auth.kind == .none ? nil : TokenSource(settings: definition.auth, upstreamName: name)
+        fingerprint = "\(definition)|\(upstream.policies)"
         self.name = name
         self.metrics = metrics
         self.events = events
@@ -78,6 +88,16 @@ final class UpstreamGuard: Sendable {
             return preferred
         }
     }
+
+    func parkedChanged(_ reason: Exchange.ParkReason, by delta: Int) {
+        let now = parkedCounts.withLock { counts -> Int in
+            counts[reason.rawValue, default: 0] += delta
+            return counts[reason.rawValue]!
+        }
+        metrics.parked(upstream: name, reason: reason.rawValue, count: now)
+    }
+
+    func parkedCount(_ reason: Exchange.ParkReason) -> Int { parkedCounts.withLock { $0[reason.rawValue] ?? 0 } }
 
     /// Indices of endpoints out of the rotation now.
     func ejected(at now: Instant) -> Set<Int> {

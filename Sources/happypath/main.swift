@@ -96,8 +96,23 @@ struct Serve: ParsableCommand {
                 server.drain(timeout: configuration.drainTimeout)
             },
             onHangUp: {
-                logger.warning(
-                    "SIGHUP received; live configuration reload is not available in this version: restart to apply changes")
+                // Validate the whole file; on any error keep serving the old configuration.
+                let file = config ?? ConfigLoader.defaultPath()
+                do {
+                    var fresh = try ConfigLoader.load(path: file)
+                    if let listen, let address = ListenAddress.parse(listen) { fresh.listen = address }
+                    let refused = server.reload(fresh)
+                    for reason in refused {
+                        logger.error("configuration reload refused; the old one stays", metadata: ["config": "\(file)", "problem": "\(reason)"])
+                    }
+                } catch let error as ConfigErrors {
+                    for problem in error.errors {
+                        logger.error("configuration reload refused; the old one stays", metadata: ["problem": "\(problem)"])
+                    }
+                    server.reloadRejected(source: file, problems: error.errors.map(\.description))
+                } catch {
+                    logger.error("configuration reload refused; the old one stays", metadata: ["problem": "\(error)"])
+                }
             })
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathConfig
 import HappyPathServer
 import Logging
 import Synchronization
@@ -183,5 +184,83 @@ import Glibc
         while process.isRunning, Date() < exitBy { Thread.sleep(forTimeInterval: 0.02) }
         #expect(!process.isRunning)
         if !process.isRunning { #expect(process.terminationStatus == 0) }
+    }
+}
+
+@Suite("reload") struct ReloadTests {
+    @Test func goodReloadTakesEffectAndKeepsBreakerState() throws {
+        let up = ScriptedUpstream(responses: [http(500)]).started()
+        defer { up.stop() }
+        let base = """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }
+            upstreams:
+              u: { endpoints: [http://127.0.0.1:\(up.port)] }
+            """
+        let h = try ProxyHarness(base + "\nroutes: [ { match: { path_prefix: /old }, upstream: u } ]")
+        _ = try HTTP.request(port: h.port, "/old")  // opens the breaker
+        #expect(try HTTP.request(port: h.port, "/new").json["code"] as? String == "NO_ROUTE")
+        var next = try ConfigLoader.parse(
+            base + "\nroutes: [ { match: { path_prefix: /new }, upstream: u } ]", file: "test.yaml")
+        // Another listen address is refused: that needs a restart.
+        next.listen.port = h.port + 1
+        #expect(h.proxy.reload(next) == ["listen cannot change on reload (restart to apply)"])
+        #expect(try HTTP.request(port: h.port, "/new").json["code"] as? String == "NO_ROUTE")
+        #expect(h.proxy.reload(withPorts(next, like: h.proxy.runtime.configuration)).isEmpty)
+        Thread.sleep(forTimeInterval: 0.1)
+        let r = try HTTP.request(port: h.port, "/new")
+        #expect(r.json["code"] as? String == "CIRCUIT_OPEN")  // routed now, and the breaker is still open
+        #expect(try HTTP.request(port: h.port, "/old").json["code"] as? String == "NO_ROUTE")
+    }
+
+    func withPorts(_ c: Configuration, like old: Configuration) -> Configuration {
+        var c = c
+        c.listen = old.listen
+        c.admin = old.admin
+        return c
+    }
+
+    @Test func sighupWithABrokenFileKeepsServingAndAGoodOneTakesEffect() throws {
+        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("happypath").path
+        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
+        demo.start()
+        defer { demo.stop() }
+        let port = closedPort()
+        let adminPort = closedPort()
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
+        func write(_ routes: String) throws {
+            try """
+            listen: 127.0.0.1:\(port)
+            admin: { listen: 127.0.0.1:\(adminPort) }
+            upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
+            routes: \(routes)
+            """.write(to: file, atomically: true, encoding: .utf8)
+        }
+        try write("[ { match: { path_prefix: /ok }, upstream: demo } ]")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = ["serve", "--config", file.path, "--log-level", "error"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+        func get(_ path: String) -> Int? { try? HTTP.request(port: port, path, timeout: 2).status }
+        let until = Date().addingTimeInterval(5)
+        while get("/ok") != 200, Date() < until { Thread.sleep(forTimeInterval: 0.05) }
+        #expect(get("/ok") == 200)
+        // Broken: unknown key. The old routes keep working.
+        try write("[ { match: { path_prefix: /echo }, upstream: demo, bogus: 1 } ]")
+        kill(process.processIdentifier, SIGHUP)
+        Thread.sleep(forTimeInterval: 0.3)
+        #expect(process.isRunning)
+        #expect(get("/ok") == 200)
+        #expect(get("/echo") == 404)
+        // Good: the new route takes effect.
+        try write("[ { match: { path_prefix: /echo }, upstream: demo } ]")
+        kill(process.processIdentifier, SIGHUP)
+        Thread.sleep(forTimeInterval: 0.3)
+        #expect(get("/echo") == 200)
+        #expect(get("/ok") == 404)
     }
 }
