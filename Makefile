@@ -10,7 +10,7 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
 BENCH_PACKAGES := nginx haproxy wrk curl util-linux iproute2 python3
 
-.PHONY: all deps bench-deps build release run test check bench bench-peers bench-resilience clean
+.PHONY: all deps bench-deps build release run test unit-test check bench bench-peers bench-resilience deploy-check image-local loadtest loadtest-short clean
 
 all: build
 
@@ -46,9 +46,33 @@ run: release
 	echo "try: curl -i http://127.0.0.1:8080/api/ok   (Ctrl-C stops both)"; \
 	$$bin serve --config $(CONFIG) --log-format text
 
-test: deps
+# Every test: unit and loopback integration tests, the Kubernetes manifests,
+# and each load-test scenario in its short form (about 10 s each).
+test: deploy-check loadtest-short unit-test
+
+unit-test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-xctest
+
+# Validates deploy/k8s/*.yaml offline against the Kubernetes schemas (strict).
+deploy-check: build
+	deploy/check-manifests.sh $$($(SWIFT) build --show-bin-path)/happypath
+
+# Builds the runtime image of deploy/Dockerfile with buildah/podman (no Docker
+# engine needed), runs it, and sends a request through it. Needs root.
+image-local: deps
+	deploy/image-local.sh
+
+# make loadtest SCENARIO=steady|flaky|outage|token-storm|breaker (30 s; chart in /tmp/happypath-loadtest)
+SCENARIO ?= steady
+loadtest: bench-deps release
+	HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/loadtest/run.sh $(SCENARIO)
+
+LOADTEST_SCENARIOS := steady flaky outage token-storm breaker
+loadtest-short: bench-deps build
+	@for s in $(LOADTEST_SCENARIOS); do \
+	  HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/loadtest/run.sh $$s --short || exit 1; \
+	done
 
 check: build
 	$$($(SWIFT) build --show-bin-path)/happypath check --config $(CONFIG)

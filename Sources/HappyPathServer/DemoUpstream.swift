@@ -19,11 +19,19 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         ("/echo/raw", "the request body, byte for byte"),
         ("/bytes?n=1048576", "n bytes of body, streamed"),
         ("/_demo/stats", "requests served so far (health checks aside), as JSON"),
+        ("/_demo/outage?ms=3000&status=503", "every other endpoint answers that status for that long"),
+        ("/_demo/token?ttl=60", "POST: issues a bearer token valid for ttl seconds (OAuth2 JSON)"),
+        ("/private/...", "like the paths above, but needs a valid token from /_demo/token (else 401)"),
     ]
 
     private let loop: EventLoop
     private var server: HTTPServer!
     private var random = IdentifierGenerator()
+    /// Loop thread only: an outage window, and the tokens issued with their expiry.
+    private var outageUntil: Instant?
+    private var outageStatus = 503
+    private var tokens: [String: Instant] = [:]
+    private let clock = MonotonicClock()
     /// Requests served (health checks aside), for tests and load reports.
     public let hits = Atomic<Int>(0)
     public private(set) var port = 0
@@ -59,10 +67,35 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     static let json = [HTTPField(name: "Content-Type", value: "application/json")]
 
     public func serve(_ request: HTTPRequest) {
-        let (path, query) = Router.split(target: request.target)
-        if path != "/healthz" && path != "/_demo/stats" { hits.wrappingAdd(1, ordering: .relaxed) }
+        var (path, query) = Router.split(target: request.target)
+        let control = path.hasPrefix("/_demo/")
+        if path != "/healthz" && !control { hits.wrappingAdd(1, ordering: .relaxed) }
         let params = Self.parameters(query)
+        let now = clock.now()
+        if !control, path != "/healthz", let until = outageUntil, now < until {
+            return respond(request, status: outageStatus)
+        }
+        if path.hasPrefix("/private/") {
+            let presented = request.header("Authorization").map { String($0.dropFirst("Bearer ".count)) } ?? ""
+            guard let expiry = tokens[presented], now < expiry else {
+                return request.reply(status: 401, headers: Self.json, body: "{\"error\":\"invalid_token\"}\n")
+            }
+            path = String(path.dropFirst("/private".count))
+        }
         switch path {
+        case "/_demo/outage":
+            let ms = Int(params["ms"] ?? "") ?? 3000
+            outageStatus = Int(params["status"] ?? "") ?? 503
+            outageUntil = now + .milliseconds(ms)
+            request.reply(status: 200, headers: Self.json, body: "{\"outage_ms\":\(ms),\"status\":\(outageStatus)}\n")
+        case "/_demo/token":
+            let ttl = Int(params["ttl"] ?? "") ?? 60
+            let token = random.requestID() + random.requestID()
+            tokens = tokens.filter { now < $0.value }
+            tokens[token] = now + .seconds(ttl)
+            request.reply(
+                status: 200, headers: Self.json,
+                body: "{\"access_token\":\"\(token)\",\"token_type\":\"Bearer\",\"expires_in\":\(ttl)}\n")
         case "/":
             let list = Self.endpoints.map { "    {\"path\": \(JSON.quote($0.path)), \"what\": \(JSON.quote($0.what))}" }
             request.reply(

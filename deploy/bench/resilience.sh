@@ -13,7 +13,7 @@ UP=$((PORT_BASE + 1)); PX=$((PORT_BASE + 2)); ADMIN=$((PORT_BASE + 3))
 OUT=${OUT:-/tmp/resilience-results.$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null || true; }
+cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 for tool in wrk python3 curl; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)"; exit 2; }; done
 
