@@ -345,6 +345,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         guardian.recordEndpoint(endpointIndex, failure: true, at: now)
         let remaining = command.remaining(at: now)
+        // A failed half-open probe re-opened the breaker: with `while_open:
+        // park` the probe waits with the others instead of spending its
+        // retries against an upstream that is known to be down.
+        if isProbe, upstream.whileOpen == .park, route.parkFor > .zero, case let .open(until) = guardian.breakerState {
+            worker.scheduleProbe(guardian: guardian, after: until - now)
+            return park(.circuitOpen)
+        }
         if outcome == .unreachable {
             // Reachability listener: another endpoint first, then park.
             if upstream.endpoints.count > 1, command.attempt < min(route.retry.configuration.attempts, upstream.endpoints.count) {

@@ -43,7 +43,7 @@ case "$SCENARIO" in
     path="/private/ok"
     auth="auth: { kind: oauth2_client_credentials, token_url: 'http://127.0.0.1:$UP_PORT/_demo/token?ttl=2', client_id: load, client_secret: test, refresh_ahead: 0s }" ;;
   breaker) # the upstream answers 503 to everything for 3 s; the breaker opens, parks, probes, closes
-    defaults="{ timeout: 20s, retry: { attempts: 2 }, circuit_breaker: { consecutive_failures: 5, open_for: 1s, while_open: park }, reachability: { park_for: 15s } }" ;;
+    defaults="{ timeout: 20s, retry: { attempts: 4 }, circuit_breaker: { consecutive_failures: 5, open_for: 1s, while_open: park }, reachability: { park_for: 15s } }" ;;
   *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac
 [ -n "${PATH_UNDER_TEST:-}" ] && path=$PATH_UNDER_TEST
