@@ -92,16 +92,20 @@ for k, v in rows:
 json.dump({"result": result, "samples": samples}, open(out_prefix + ".json", "w"))
 
 # ---- SVG: latency (p50/p99, ms, log scale) above, requests and errors per second below
-W, H, PAD = 900, 520, 60
+W, H, PAD = 960, 520, 60
 ts = [s["t"] for s in samples] or [0, 1]
 tmax = max(ts[-1], 1)
 def x(t): return PAD + (W - 2 * PAD) * t / tmax
-def panel(y0, h, series, color, ymax, label, log=False):
+def panel(y0, h, series, color, ymax, label, slot, log=False):
+    """One line per run of consecutive samples that have a value (an interval
+    with no finished request leaves a gap instead of a misleading line)."""
     import math
-    pts = []
+    runs, pts = [], []
     for s in samples:
         v = s.get(series)
         if v is None or v != v or v == float("inf"):
+            if pts: runs.append(pts)
+            pts = []
             continue
         v = v * 1000 if log else v
         if log:
@@ -109,8 +113,9 @@ def panel(y0, h, series, color, ymax, label, log=False):
         else:
             y = y0 + h - h * min(v, ymax) / ymax
         pts.append(f"{x(s['t']):.1f},{y:.1f}")
-    return f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(pts)}"/>' \
-           f'<text x="{W - PAD + 5}" y="{y0 + 15 + 15 * ["p50", "p99", "rps", "errors"].index(series) % 2 * 1}" fill="{color}" font-size="12">{label}</text>'
+    if pts: runs.append(pts)
+    lines = "".join(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(r)}"/>' for r in runs)
+    return lines + f'<text x="{W - PAD + 5}" y="{y0 + 15 + 16 * slot}" fill="{color}" font-size="12">{label}</text>'
 lat_max = max([s["p99"] * 1000 for s in samples if s.get("p99") not in (None, float("inf"))] or [10])
 rps_max = max([s["rps"] for s in samples] + [1])
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">',
@@ -118,8 +123,8 @@ svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-f
        f'<text x="{PAD}" y="25" font-size="16">{out_prefix.split("/")[-1]}: latency (top, ms, log scale) and requests / errors per second (bottom)</text>',
        f'<rect x="{PAD}" y="40" width="{W - 2 * PAD}" height="200" fill="none" stroke="#ccc"/>',
        f'<rect x="{PAD}" y="280" width="{W - 2 * PAD}" height="200" fill="none" stroke="#ccc"/>',
-       panel(40, 200, "p50", "#1f77b4", lat_max, "p50", log=True), panel(40, 200, "p99", "#d62728", lat_max, "p99", log=True),
-       panel(280, 200, "rps", "#2ca02c", rps_max, "requests/s"), panel(280, 200, "errors", "#ff7f0e", rps_max, "errors/s"),
+       panel(40, 200, "p50", "#1f77b4", lat_max, "p50", 0, log=True), panel(40, 200, "p99", "#d62728", lat_max, "p99", 1, log=True),
+       panel(280, 200, "rps", "#2ca02c", rps_max, "req/s", 0), panel(280, 200, "errors", "#ff7f0e", rps_max, "errors/s", 1),
        f'<text x="{PAD}" y="{H - 15}" font-size="12">0 s</text><text x="{W - PAD - 30}" y="{H - 15}" font-size="12">{tmax:.0f} s</text>',
        f'<text x="{PAD + 5}" y="55" font-size="11" fill="#666">max {lat_max:.1f} ms</text>',
        f'<text x="{PAD + 5}" y="295" font-size="11" fill="#666">max {rps_max:.0f}/s</text>', '</svg>']
