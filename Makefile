@@ -6,11 +6,13 @@ SWIFT ?= swift
 CONFIG ?= config/happypath.yaml
 DEMO_LISTEN ?= 127.0.0.1:9000
 
-# Debian packages: build/run needs the first list; the benchmark adds the second.
+# Debian packages: build/run needs the first list, the load-test scenarios and
+# the manifest check the second, the side-by-side benchmark the third.
 RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
-BENCH_PACKAGES := nginx haproxy wrk curl util-linux iproute2 python3
+TEST_PACKAGES := wrk curl python3 python3-venv
+BENCH_PACKAGES := nginx haproxy util-linux iproute2
 
-.PHONY: all deps bench-deps build release run test unit-test check bench bench-peers bench-resilience deploy-check image-local loadtest loadtest-short clean
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-resilience deploy-check image-local loadtest loadtest-short clean
 
 all: build
 
@@ -27,7 +29,10 @@ endef
 deps:
 	$(call apt_install,$(RUNTIME_PACKAGES))
 
-bench-deps: deps
+test-deps: deps
+	$(call apt_install,$(TEST_PACKAGES))
+
+bench-deps: test-deps
 	$(call apt_install,$(BENCH_PACKAGES))
 
 build: deps
@@ -55,7 +60,7 @@ unit-test: deps
 	$(SWIFT) test --skip-build --disable-xctest
 
 # Validates deploy/k8s/*.yaml offline against the Kubernetes schemas (strict).
-deploy-check: build
+deploy-check: test-deps build
 	deploy/check-manifests.sh $$($(SWIFT) build --show-bin-path)/happypath
 
 # Builds the runtime image of deploy/Dockerfile with buildah/podman (no Docker
@@ -65,11 +70,11 @@ image-local: deps
 
 # make loadtest SCENARIO=steady|flaky|outage|token-storm|breaker (30 s; chart in /tmp/happypath-loadtest)
 SCENARIO ?= steady
-loadtest: bench-deps release
+loadtest: test-deps release
 	HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/loadtest/run.sh $(SCENARIO)
 
 LOADTEST_SCENARIOS := steady flaky outage token-storm breaker
-loadtest-short: bench-deps build
+loadtest-short: test-deps build
 	@for s in $(LOADTEST_SCENARIOS); do \
 	  HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/loadtest/run.sh $$s --short || exit 1; \
 	done
