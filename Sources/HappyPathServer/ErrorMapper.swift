@@ -1,6 +1,7 @@
 import Foundation
 import HappyPathConfig
 import HappyPathCore
+import HappyPathPolicies
 
 /// Turns an upstream's error answer into the client's problem: the built-in
 /// code for its status, then the first matching mapping (route's before the
@@ -66,24 +67,7 @@ enum ErrorMapper {
     }
 }
 
-/// RFC 6901 JSON pointers over JSONSerialization's objects.
-enum JSONPointer {
-    static func resolve(_ pointer: String, in document: Any) -> Any? {
-        guard pointer.hasPrefix("/") else { return pointer.isEmpty ? document : nil }
-        var current: Any = document
-        for raw in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            let token = raw.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
-            if let object = current as? [String: Any], let next = object[token] {
-                current = next
-            } else if let array = current as? [Any], let i = Int(token), array.indices.contains(i) {
-                current = array[i]
-            } else {
-                return nil
-            }
-        }
-        return current
-    }
-
+extension JSONPointer {
     /// Scalars as text for comparison with a mapping's `equals`.
     static func text(of value: Any) -> String? {
         switch value {

@@ -136,3 +136,18 @@ import Testing
         #expect(!later)
     }
 }
+
+@Suite struct SlidingWindowTests {
+    @Test func countsOnlyTheLastSeconds() {
+        let clock = ManualClock()
+        var w = SlidingWindow(seconds: 3)
+        w.add(first: 2, second: 1, at: clock.now())
+        clock.advance(by: .seconds(1))
+        w.add(first: 1, at: clock.now())
+        #expect(w.totals(at: clock.now()) == (3, 1))
+        clock.advance(by: .seconds(2))
+        #expect(w.totals(at: clock.now()) == (1, 0))
+        clock.advance(by: .seconds(5))
+        #expect(w.totals(at: clock.now()) == (0, 0))
+    }
+}

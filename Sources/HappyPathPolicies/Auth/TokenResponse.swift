@@ -59,10 +59,10 @@ public struct TokenResponse: Sendable, Equatable {
     /// A login answer: the token at `tokenPointer`, its lifetime (seconds) at `expiresInPointer`.
     public static func login(_ body: [UInt8], tokenPointer: String, expiresInPointer: String?) -> Result<TokenResponse, ParseError> {
         guard let object = try? JSONSerialization.jsonObject(with: Data(body)) else { return .failure(.notJSON) }
-        guard let token = pointer(tokenPointer, in: object) as? String, !token.isEmpty else {
+        guard let token = JSONPointer.resolve(tokenPointer, in: object) as? String, !token.isEmpty else {
             return .failure(.missing("token at \(tokenPointer)"))
         }
-        let lifetime = expiresInPointer.flatMap { seconds(pointer($0, in: object)) }
+        let lifetime = expiresInPointer.flatMap { seconds(JSONPointer.resolve($0, in: object)) }
         return .success(TokenResponse(accessToken: token, tokenType: nil, expiresIn: lifetime, refreshToken: nil))
     }
 
@@ -72,23 +72,6 @@ public struct TokenResponse: Sendable, Equatable {
         case let s as String: return Double(s).flatMap { $0 > 0 ? .milliseconds(Int64($0 * 1000)) : nil }
         default: return nil
         }
-    }
-
-    /// RFC 6901.
-    static func pointer(_ pointer: String, in document: Any) -> Any? {
-        guard pointer.hasPrefix("/") else { return nil }
-        var current: Any = document
-        for raw in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            let token = raw.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
-            if let object = current as? [String: Any], let next = object[token] {
-                current = next
-            } else if let array = current as? [Any], let i = Int(token), array.indices.contains(i) {
-                current = array[i]
-            } else {
-                return nil
-            }
-        }
-        return current
     }
 }
 

@@ -57,13 +57,12 @@ public struct CircuitBreakerStateMachine: Sendable {
     public let configuration: Configuration
     public private(set) var state: State = .closed
     private var consecutive = 0
-    private var buckets: [(second: Int64, requests: Int, failures: Int)]
-    private let windowSeconds: Int
+    /// first: tries, second: failed tries.
+    private var window: SlidingWindow
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
-        windowSeconds = max(1, Int((configuration.window.nanoseconds + 999_999_999) / 1_000_000_000))
-        buckets = Array(repeating: (-1, 0, 0), count: windowSeconds)
+        window = SlidingWindow(seconds: Int((configuration.window.nanoseconds + 999_999_999) / 1_000_000_000))
     }
 
     /// Asks to send a try. May move open → half-open when `openFor` passed.
@@ -99,16 +98,10 @@ public struct CircuitBreakerStateMachine: Sendable {
             return nil
         }
         guard case .closed = state else { return nil }  // late results of tries sent before it opened
-        let i = bucket(now)
-        buckets[i].requests += 1
-        if failure {
-            buckets[i].failures += 1
-            consecutive += 1
-        } else {
-            consecutive = 0
-        }
+        window.add(first: 1, second: failure ? 1 : 0, at: now)
+        consecutive = failure ? consecutive + 1 : 0
         if consecutive >= configuration.consecutiveFailures { return trip(now) }
-        let (requests, failures) = totals(now)
+        let (requests, failures) = window.totals(at: now)
         if failure, requests >= configuration.minimumRequests,
             Double(failures) / Double(requests) >= configuration.failureRate
         {
@@ -133,24 +126,6 @@ public struct CircuitBreakerStateMachine: Sendable {
     private mutating func reset() {
         state = .closed
         consecutive = 0
-        buckets = Array(repeating: (-1, 0, 0), count: windowSeconds)
-    }
-
-    private mutating func bucket(_ now: Instant) -> Int {
-        let second = now.nanoseconds / 1_000_000_000
-        let i = Int(second % Int64(windowSeconds))
-        if buckets[i].second != second { buckets[i] = (second, 0, 0) }
-        return i
-    }
-
-    private func totals(_ now: Instant) -> (Int, Int) {
-        let second = now.nanoseconds / 1_000_000_000
-        var r = 0
-        var f = 0
-        for b in buckets where b.second > second - Int64(windowSeconds) {
-            r += b.requests
-            f += b.failures
-        }
-        return (r, f)
+        window.reset()
     }
 }

@@ -6,43 +6,25 @@ import HappyPathCore
 public struct RetryBudget: Sendable {
     public let ratio: Double
     public let minPerSecond: Int
-    public let windowSeconds: Int
-    private var buckets: [(second: Int64, requests: Int, retries: Int)]
+    public var windowSeconds: Int { window.seconds }
+    /// first: requests, second: retries.
+    private var window: SlidingWindow
 
     public init(ratio: Double, minPerSecond: Int, windowSeconds: Int = 10) {
         self.ratio = ratio
         self.minPerSecond = minPerSecond
-        self.windowSeconds = max(1, windowSeconds)
-        buckets = Array(repeating: (-1, 0, 0), count: self.windowSeconds)
-    }
-
-    private mutating func bucket(_ now: Instant) -> Int {
-        let second = now.nanoseconds / 1_000_000_000
-        let i = Int(second % Int64(windowSeconds))
-        if buckets[i].second != second { buckets[i] = (second, 0, 0) }
-        return i
-    }
-
-    private func totals(_ now: Instant) -> (requests: Int, retries: Int) {
-        let second = now.nanoseconds / 1_000_000_000
-        var requests = 0
-        var retries = 0
-        for b in buckets where b.second > second - Int64(windowSeconds) {
-            requests += b.requests
-            retries += b.retries
-        }
-        return (requests, retries)
+        window = SlidingWindow(seconds: windowSeconds)
     }
 
     /// A first try.
-    public mutating func recordRequest(at now: Instant) { buckets[bucket(now)].requests += 1 }
+    public mutating func recordRequest(at now: Instant) { window.add(first: 1, at: now) }
 
     /// Takes one retry from the budget if there is one.
     public mutating func tryWithdraw(at now: Instant) -> Bool {
-        let (requests, retries) = totals(now)
+        let (requests, retries) = window.totals(at: now)
         let allowed = Double(minPerSecond * windowSeconds) + ratio * Double(requests)
         guard Double(retries + 1) <= allowed else { return false }
-        buckets[bucket(now)].retries += 1
+        window.add(second: 1, at: now)
         return true
     }
 }

@@ -25,18 +25,8 @@ final class ScriptedUpstream: @unchecked Sendable {
         self.listenFD = listenFD
         var one: Int32 = 1
         setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        withUnsafeMutablePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                _ = bind(listenFD, $0, len)
-                _ = getsockname(listenFD, $0, &len)
-            }
-        }
+        port = bindLoopback(listenFD)
         listen(listenFD, 256)
-        port = Int(UInt16(bigEndian: addr.sin_port))
     }
 
     /// Starts accepting (separate from init so `self` is complete).

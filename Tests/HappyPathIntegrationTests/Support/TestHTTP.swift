@@ -183,9 +183,8 @@ func randomBytes(_ n: Int) -> [UInt8] {
     return (0..<n).map { _ in UInt8.random(in: 0...255, using: &g) }
 }
 
-/// A port on loopback that refuses connections (bound, then closed).
-func closedPort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+/// Binds `fd` to an ephemeral loopback port and returns the port.
+func bindLoopback(_ fd: Int32) -> Int {
     var addr = sockaddr_in()
     addr.sin_family = sa_family_t(AF_INET)
     addr.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -196,6 +195,13 @@ func closedPort() -> Int {
             _ = getsockname(fd, $0, &len)
         }
     }
-    Glibc.close(fd)
     return Int(UInt16(bigEndian: addr.sin_port))
+}
+
+/// A port on loopback that refuses connections (bound, then closed).
+func closedPort() -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let port = bindLoopback(fd)
+    Glibc.close(fd)
+    return port
 }
