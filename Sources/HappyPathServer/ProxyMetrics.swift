@@ -47,6 +47,10 @@ final class ProxyMetrics: Sendable {
         gauge("happypath_circuit_state", [("upstream", upstream)]).record(value)
     }
 
+    func replayed(upstream: String, count: Int) {
+        counter("happypath_replayed_commands_total", [("upstream", upstream)]).increment(by: count)
+    }
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }

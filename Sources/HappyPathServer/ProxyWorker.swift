@@ -262,6 +262,7 @@ final class ProxyWorker: HTTPServerDelegate {
         for exchange in parked { unpark(exchange) }
         logger.info("replaying parked commands", metadata: ["upstream": "\(guardian.name)", "count": "\(parked.count)"])
         shared.events.publish("commands_replayed", [("upstream", guardian.name), ("count", String(parked.count))])
+        shared.metrics.replayed(upstream: guardian.name, count: parked.count)
         for exchange in parked { exchange.replay() }
     }
 

@@ -90,7 +90,7 @@ scenario = sys.argv[2]
 problems = []
 if not r["requests"]: problems.append("no requests completed")
 if r["client_errors"] != 0: problems.append(f'{r["client_errors"]} client-visible errors')
-if scenario == "outage" and r["peak_parked"] == 0: problems.append("nothing was parked during the outage")
+if scenario == "outage" and r["replayed"] == 0: problems.append("nothing was parked and replayed during the outage")
 if scenario == "breaker" and not r["breaker_opened"]: problems.append("the breaker never opened")
 if scenario == "token-storm" and r["token_refreshes"] < 2: problems.append("tokens were not refreshed during the run")
 if problems:

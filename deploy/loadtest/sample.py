@@ -75,6 +75,7 @@ result = {
     "requests": wrk.get("requests"), "rps": wrk.get("rps"), "p50_ms": wrk.get("p50_ms"), "p95_ms": wrk.get("p95_ms"),
     "p99_ms": wrk.get("p99_ms"), "client_errors": client_errors, "upstream_tries": int(tries), "retries": int(retries),
     "peak_parked": int(peak_parked), "breaker_opened": breaker_seen >= 2,
+    "replayed": int(total(last, "happypath_replayed_commands_total") - total(first, "happypath_replayed_commands_total")),
     "token_refreshes": int(total(last, "happypath_token_refreshes_total") - total(first, "happypath_token_refreshes_total")),
     "error_codes": {re.search(r'code="([^"]+)"', labels).group(1): int(v - first.get((n, labels), 0))
                     for (n, labels), v in last.items()
@@ -84,6 +85,7 @@ rows = [("requests/s", f'{result["rps"]:.0f}' if result["rps"] else "-"),
         ("p50 / p95 / p99 ms", f'{result["p50_ms"]} / {result["p95_ms"]} / {result["p99_ms"]}'),
         ("client-visible errors", str(client_errors) + (f' {result["error_codes"]}' if result["error_codes"] else "")), ("upstream tries", str(result["upstream_tries"])),
         ("retries", str(result["retries"])), ("peak parked commands", str(result["peak_parked"])),
+        ("replayed commands", str(result["replayed"])),
         ("breaker opened", "yes" if result["breaker_opened"] else "no"), ("token refreshes", str(result["token_refreshes"]))]
 width = max(len(r[0]) for r in rows)
 print("| metric | value |\n|---|---:|")
