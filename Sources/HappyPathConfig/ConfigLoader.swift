@@ -140,7 +140,10 @@ final class Reader {
             return nil
         }
         guard v >= min, v <= max else {
-            error(node, max == Int.max ? "\(path) must be at least \(min), got \(v)" : "\(path) must be between \(min) and \(max), got \(v)")
+            error(
+                node,
+                max == Int.max
+                    ? "\(path) must be at least \(min), got \(v)" : "\(path) must be between \(min) and \(max), got \(v)")
             return nil
         }
         return v
@@ -373,7 +376,9 @@ final class Reader {
         if let e = f["endpoints"] {
             for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
                 guard let s = text(item, "\(path).endpoints[\(i)]") else { continue }
-                if let url = endpoint(s) { u.endpoints.append(url) } else {
+                if let url = endpoint(s) {
+                    u.endpoints.append(url)
+                } else {
                     error(item, "\(path).endpoints[\(i)]: '\(s)' is not an http:// or https:// URL with a host")
                 }
             }
@@ -413,7 +418,9 @@ final class Reader {
             ])
         var a = AuthSettings()
         guard let kind = choice(f["kind"]?.value, "\(path).kind", AuthKind.self) else {
-            if f["kind"] == nil { error(node, "\(path) needs 'kind' (none, static, oauth2_client_credentials, oauth2_refresh_token, login)") }
+            if f["kind"] == nil {
+                error(node, "\(path) needs 'kind' (none, static, oauth2_client_credentials, oauth2_refresh_token, login)")
+            }
             return a
         }
         a.kind = kind
@@ -457,7 +464,9 @@ final class Reader {
                 error(n, "\(path).\(key): '\(url)' is not an http:// or https:// URL")
             }
         }
-        if let p = a.tokenPointer, !p.hasPrefix("/") { error(f["token_pointer"]?.value, "\(path).token_pointer must start with /") }
+        if let p = a.tokenPointer, !p.hasPrefix("/") {
+            error(f["token_pointer"]?.value, "\(path).token_pointer must start with /")
+        }
         return a
     }
 
@@ -519,13 +528,16 @@ final class Reader {
             }
         }
         let f = fields(
-            node, path, known: ["match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability"]
+            node, path,
+            known: ["match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability"]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
         if let m = f["match"]?.value {
             let mf = fields(m, "\(path).match", known: ["path_prefix", "methods"])
             if let p = string(mf["path_prefix"]?.value, "\(path).match.path_prefix") {
-                if p.hasPrefix("/") { match.pathPrefix = p } else {
+                if p.hasPrefix("/") {
+                    match.pathPrefix = p
+                } else {
                     error(mf["path_prefix"]?.value, "\(path).match.path_prefix must start with /, got '\(p)'")
                 }
             }
@@ -539,7 +551,8 @@ final class Reader {
         if !upstreams.contains(where: { $0.name == upstreamName }) {
             error(
                 upstreamNode,
-                "\(path).upstream: no upstream named '\(upstreamName)' (defined: \(upstreams.map(\.name).joined(separator: ", ")))")
+                "\(path).upstream: no upstream named '\(upstreamName)' (defined: \(upstreams.map(\.name).joined(separator: ", ")))"
+            )
         }
         var r = Route(match: match, upstream: upstreamName)
         if let s = f["strip_prefix"]?.value, let strip = string(s, "\(path).strip_prefix") {
@@ -551,7 +564,10 @@ final class Reader {
         r.policies = policies(f, path)
         if let e = f["errors"]?.value { r.errors = errorMappings(e, "\(path).errors") }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
-            error(node, "\(path) can never match: routes[\(i)] (path_prefix \(earlier[i].match.pathPrefix)) is earlier and matches everything it does")
+            error(
+                node,
+                "\(path) can never match: routes[\(i)] (path_prefix \(earlier[i].match.pathPrefix)) is earlier and matches everything it does"
+            )
         }
         return r
     }

@@ -4,7 +4,7 @@ import HappyPathCore
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One libevent `event_base` driven by one thread. Everything that touches the

@@ -2,7 +2,7 @@ internal import CLibevent
 import HappyPathCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A client request received by `HTTPServer`, valid until it is answered.
@@ -332,7 +332,6 @@ private enum ReplyScratch {
         return key
     }()
 }
-
 
 /// Reason phrases libevent 2.1 lacks (it prints "Client Error" for them);
 /// nil lets libevent use its own table.

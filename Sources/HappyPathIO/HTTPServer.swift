@@ -4,7 +4,7 @@ import HappyPathCore
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Bounds on what a client may send; libevent enforces them while reading.

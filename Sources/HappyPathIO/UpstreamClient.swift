@@ -4,7 +4,7 @@ internal import CShims
 import HappyPathCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One try against one endpoint, as libcurl will send it.

@@ -44,11 +44,14 @@ final class AdminServer: HTTPServerDelegate {
         if !allowRemote, !Self.isLoopback(request.peerAddress) {
             ProblemResponder.respond(
                 request,
-                Problem(.forbidden, requestID: ids.requestID(), detail: "The admin listener answers loopback clients only (admin.allow_remote)."))
+                Problem(
+                    .forbidden, requestID: ids.requestID(),
+                    detail: "The admin listener answers loopback clients only (admin.allow_remote)."))
             return
         }
         guard request.method == "GET" || request.method == "HEAD" else {
-            ProblemResponder.respond(request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
+            ProblemResponder.respond(
+                request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
             return
         }
         switch Router.split(target: request.target).path {

@@ -100,7 +100,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
             let list = Self.endpoints.map { "    {\"path\": \(JSON.quote($0.path)), \"what\": \(JSON.quote($0.what))}" }
             request.reply(
                 status: 200, headers: Self.json,
-                body: "{\n  \"service\": \"happypath demo upstream\",\n  \"endpoints\": [\n" + list.joined(separator: ",\n") + "\n  ]\n}\n")
+                body: "{\n  \"service\": \"happypath demo upstream\",\n  \"endpoints\": [\n" + list.joined(separator: ",\n")
+                    + "\n  ]\n}\n")
         case "/healthz":
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
         case "/_demo/stats":
@@ -136,13 +137,16 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
             let n = max(0, Int(params["n"] ?? "") ?? 1024)
             streamBody(request, headers: [HTTPField(name: "Content-Type", value: "application/octet-stream")], count: n) {
                 offset, count, out in
-                for i in 0..<count { out.storeBytes(of: UInt8(truncatingIfNeeded: (offset + i) % 251), toByteOffset: i, as: UInt8.self) }
+                for i in 0..<count {
+                    out.storeBytes(of: UInt8(truncatingIfNeeded: (offset + i) % 251), toByteOffset: i, as: UInt8.self)
+                }
             }
         default:
             if path.hasPrefix("/status/"), let code = Int(path.dropFirst("/status/".count)), (200...599).contains(code) {
                 respond(request, status: code)
             } else {
-                request.reply(status: 404, headers: Self.json, body: "{\"error\":\"no such demo endpoint\",\"path\":\(JSON.quote(path))}\n")
+                request.reply(
+                    status: 404, headers: Self.json, body: "{\"error\":\"no such demo endpoint\",\"path\":\(JSON.quote(path))}\n")
             }
         }
     }

@@ -35,7 +35,8 @@ enum ErrorMapper {
         p.retryable = code.retryable
         p.recoverySuggestion = code.recoverySuggestion
         p.recoveryOptions = code.recoveryOptions
-        let json: Any? = complete && !body.isEmpty ? try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed]) : nil
+        let json: Any? =
+            complete && !body.isEmpty ? try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed]) : nil
         if json != nil, let text = String(bytes: body, encoding: .utf8) {
             p.upstreamBodyJSON = text.trimmingCharacters(in: .whitespacesAndNewlines)
         }

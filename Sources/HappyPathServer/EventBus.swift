@@ -81,4 +81,3 @@ private final class EventSubscriber: HTTPRequestObserver, LoopEventTarget {
 
     func requestOutputDrained(_ request: HTTPRequest) {}
 }
-

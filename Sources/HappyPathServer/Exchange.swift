@@ -133,7 +133,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 arm(.queued, after: remaining)
             case .full:
                 if probe { guardian.probeAbandoned() }
-                var p = problem(.overloaded, detail: "'\(upstream.name)' has max_connections tries in flight and as many waiting.")
+                var p = problem(
+                    .overloaded, detail: "'\(upstream.name)' has max_connections tries in flight and as many waiting.")
                 p.retryAfterSeconds = 1
                 fail(p)
             }
@@ -368,7 +369,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let decision = route.retry.decide(
             RetryPolicy.Failure(
                 outcome: outcome, attempt: command.attempt, method: command.method, hasIdempotencyKey: hasIdempotencyKey,
-                neverSent: false, retryAfter: retryAfter.flatMap { RetryAfter.parse($0, nowUnixSeconds: Int64(Date().timeIntervalSince1970)) }),
+                neverSent: false,
+                retryAfter: retryAfter.flatMap { RetryAfter.parse($0, nowUnixSeconds: Int64(Date().timeIntervalSince1970)) }),
             remaining: remaining, random: Double(worker.ids.next() % 1_000_000) / 1_000_000,
             budget: { guardian.withdrawRetry(at: now) })
         switch decision {
@@ -389,7 +391,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let wait = parkDeadline! - now
         guard wait > .zero else { return fail(parkExpiredProblem(reason)) }
         guard worker.park(self, reason: reason) else {
-            return fail(problem(.overloaded, detail: "Too many requests are waiting for unavailable upstreams (limits.max_parked)."))
+            return fail(
+                problem(.overloaded, detail: "Too many requests are waiting for unavailable upstreams (limits.max_parked)."))
         }
         parked = reason
         request.watchForHangUp()
@@ -502,7 +505,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         case .auth:
             return authProblem("No valid token within \(route.parkFor.configText): the token endpoint did not answer in time.")
         case .circuitOpen:
-            var p = problem(.circuitOpen, detail: "The circuit breaker for '\(upstream.name)' stayed open for \(route.parkFor.configText).")
+            var p = problem(
+                .circuitOpen, detail: "The circuit breaker for '\(upstream.name)' stayed open for \(route.parkFor.configText).")
             p.retryAfterSeconds = 5
             return p
         }

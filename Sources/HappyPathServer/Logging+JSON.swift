@@ -62,7 +62,8 @@ public struct LineLogHandler: LogHandler {
             return c is any BinaryInteger || c is Double ? s : JSON.quote(s)
         case let .array(items): return "[" + items.map(render).joined(separator: ",") + "]"
         case let .dictionary(d):
-            return "{" + d.sorted { $0.key < $1.key }.map { "\(JSON.quote($0.key)):\(render($0.value))" }.joined(separator: ",") + "}"
+            return "{" + d.sorted { $0.key < $1.key }.map { "\(JSON.quote($0.key)):\(render($0.value))" }.joined(separator: ",")
+                + "}"
         }
     }
 }

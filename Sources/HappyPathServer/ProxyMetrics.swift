@@ -1,8 +1,8 @@
 import CoreMetrics
 import Foundation
 import HappyPathCore
-import Metrics
 import HappyPathPolicies
+import Metrics
 import Prometheus
 
 /// The proxy's metrics through swift-metrics, exposed by swift-prometheus
@@ -40,7 +40,8 @@ final class ProxyMetrics: Sendable {
     // MARK: - Series of PRODUCT.md section 6
 
     func tokenRefresh(upstream: String, success: Bool) {
-        counter("happypath_token_refreshes_total", [("upstream", upstream), ("result", success ? "success" : "failure")]).increment()
+        counter("happypath_token_refreshes_total", [("upstream", upstream), ("result", success ? "success" : "failure")])
+            .increment()
     }
 
     func circuitState(upstream: String, gauge value: Int) {
@@ -69,36 +70,44 @@ final class WorkerMetrics {
 
     func request(route: RuntimeRoute, code: String, duration: Duration) {
         let key = "\(route.label)|\(code)"
-        let counter = requests[key] ?? {
-            let c = metrics.counter("happypath_requests_total", [("route", route.label), ("code", code)])
-            requests[key] = c
-            return c
-        }()
+        let counter =
+            requests[key]
+            ?? {
+                let c = metrics.counter("happypath_requests_total", [("route", route.label), ("code", code)])
+                requests[key] = c
+                return c
+            }()
         counter.increment()
-        let timer = durations[route.label] ?? {
-            let t = metrics.timer("happypath_request_duration_seconds", [("route", route.label)])
-            durations[route.label] = t
-            return t
-        }()
+        let timer =
+            durations[route.label]
+            ?? {
+                let t = metrics.timer("happypath_request_duration_seconds", [("route", route.label)])
+                durations[route.label] = t
+                return t
+            }()
         timer.recordNanoseconds(duration.nanoseconds)
     }
 
     func upstreamTry(upstream: String, outcome: String) {
         let key = upstream + "|" + outcome
-        let counter = tries[key] ?? {
-            let c = metrics.counter("happypath_upstream_tries_total", [("upstream", upstream), ("outcome", outcome)])
-            tries[key] = c
-            return c
-        }()
+        let counter =
+            tries[key]
+            ?? {
+                let c = metrics.counter("happypath_upstream_tries_total", [("upstream", upstream), ("outcome", outcome)])
+                tries[key] = c
+                return c
+            }()
         counter.increment()
     }
 
     func retry(upstream: String) {
-        let counter = retries[upstream] ?? {
-            let c = metrics.counter("happypath_retries_total", [("upstream", upstream)])
-            retries[upstream] = c
-            return c
-        }()
+        let counter =
+            retries[upstream]
+            ?? {
+                let c = metrics.counter("happypath_retries_total", [("upstream", upstream)])
+                retries[upstream] = c
+                return c
+            }()
         counter.increment()
     }
 }

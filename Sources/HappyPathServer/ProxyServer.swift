@@ -6,7 +6,7 @@ import Logging
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The running proxy: `workers` event loops sharing the listen port, plus the
@@ -88,7 +88,9 @@ public final class ProxyServer: @unchecked Sendable {
         let old = runtime.configuration
         var problems: [String] = []
         if configuration.listen != old.listen { problems.append("listen cannot change on reload (restart to apply)") }
-        if configuration.admin.listen != old.admin.listen { problems.append("admin.listen cannot change on reload (restart to apply)") }
+        if configuration.admin.listen != old.admin.listen {
+            problems.append("admin.listen cannot change on reload (restart to apply)")
+        }
         if (configuration.workers ?? Self.coreCount) != (old.workers ?? Self.coreCount), configuration.workers != old.workers {
             problems.append("workers cannot change on reload (restart to apply)")
         }
@@ -96,10 +98,12 @@ public final class ProxyServer: @unchecked Sendable {
             || configuration.limits.maxRequestBody != old.limits.maxRequestBody
             || configuration.limits.clientTimeout != old.limits.clientTimeout
         {
-            problems.append("limits.max_header_bytes, max_request_body and client_timeout cannot change on reload (restart to apply)")
+            problems.append(
+                "limits.max_header_bytes, max_request_body and client_timeout cannot change on reload (restart to apply)")
         }
         guard problems.isEmpty else {
-            shared.events.publish("config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
+            shared.events.publish(
+                "config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
             return problems
         }
         let newRuntime = RuntimeConfiguration(configuration)
@@ -119,7 +123,8 @@ public final class ProxyServer: @unchecked Sendable {
         healthChecker = checker
         runtime = newRuntime
         self.shared = newShared
-        logger.info("configuration reloaded", metadata: ["config": "\(configuration.source)", "routes": "\(configuration.routes.count)"])
+        logger.info(
+            "configuration reloaded", metadata: ["config": "\(configuration.source)", "routes": "\(configuration.routes.count)"])
         newShared.events.publish("config_reloaded", [("source", configuration.source)])
         return []
     }

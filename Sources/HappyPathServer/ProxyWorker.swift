@@ -240,10 +240,14 @@ final class ProxyWorker: HTTPServerDelegate {
         l.parked[ObjectIdentifier(exchange)] = exchange
         exchange.guardian.parkedChanged(reason, by: 1)
         shared.events.publish(
-            "command_parked", [("upstream", exchange.upstream.name), ("reason", reason.rawValue), ("request_id", exchange.command.requestID)])
+            "command_parked",
+            [("upstream", exchange.upstream.name), ("reason", reason.rawValue), ("request_id", exchange.command.requestID)])
         logger.debug(
             "command parked",
-            metadata: ["request_id": "\(exchange.command.requestID)", "upstream": "\(exchange.upstream.name)", "reason": "\(reason.rawValue)"])
+            metadata: [
+                "request_id": "\(exchange.command.requestID)", "upstream": "\(exchange.upstream.name)",
+                "reason": "\(reason.rawValue)",
+            ])
         return true
     }
 

@@ -22,7 +22,8 @@ public final class RuntimeConfiguration: Sendable {
             let prefix = route.match.pathPrefix
             let shared = configuration.routes.filter { $0.match.pathPrefix == prefix }.count > 1
             return RuntimeRoute(
-                index: i, name: "routes[\(i)]", label: shared ? "\(prefix)#\(i)" : prefix, upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
+                index: i, name: "routes[\(i)]", label: shared ? "\(prefix)#\(i)" : prefix,
+                upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(policies.retry)),
                 parkFor: policies.reachability.parkFor ?? .seconds(10), errors: policies.errors)
         }

@@ -35,7 +35,9 @@ final class TokenSource: Sendable {
     func succeeded(_ response: TokenResponse, at now: Instant) {
         let scheme = settings.scheme ?? (response.tokenType.map { $0.lowercased() == "bearer" ? "Bearer" : $0 } ?? "Bearer")
         if let rotated = response.refreshToken { refreshToken.withLock { $0 = rotated } }
-        state.withLock { _ = $0.succeeded(headerValue: "\(scheme) \(response.accessToken)", expiresIn: response.expiresIn, at: now) }
+        state.withLock {
+            _ = $0.succeeded(headerValue: "\(scheme) \(response.accessToken)", expiresIn: response.expiresIn, at: now)
+        }
     }
     func failed() { state.withLock { $0.failed() } }
     func expiresIn(at now: Instant) -> Duration? { state.withLock { $0.expiresIn(at: now) } }
@@ -47,7 +49,9 @@ final class TokenSource: Sendable {
         case .none, .static:
             return nil
         case .oauth2ClientCredentials:
-            var fields = [("grant_type", "client_credentials"), ("client_id", s.clientID ?? ""), ("client_secret", s.clientSecret ?? "")]
+            var fields = [
+                ("grant_type", "client_credentials"), ("client_id", s.clientID ?? ""), ("client_secret", s.clientSecret ?? ""),
+            ]
             if let scope = s.scope { fields.append(("scope", scope)) }
             if let audience = s.audience { fields.append(("audience", audience)) }
             return (s.tokenURL ?? "", "application/x-www-form-urlencoded", FormEncoding.encode(fields))
@@ -65,7 +69,8 @@ final class TokenSource: Sendable {
     func parse(_ body: [UInt8]) -> Result<TokenResponse, TokenResponse.ParseError> {
         switch settings.kind {
         case .login:
-            return TokenResponse.login(body, tokenPointer: settings.tokenPointer ?? "/token", expiresInPointer: settings.expiresInPointer)
+            return TokenResponse.login(
+                body, tokenPointer: settings.tokenPointer ?? "/token", expiresInPointer: settings.expiresInPointer)
         default:
             return TokenResponse.oauth2(body)
         }
@@ -156,7 +161,8 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     private func retryOrGiveUp(_ reason: String) {
         guard tries < Self.maxTries else { return finish(reason) }
         worker.logger.warning(
-            "token refresh failed, retrying", metadata: ["upstream": "\(source.upstreamName)", "try": "\(tries)", "reason": "\(reason)"])
+            "token refresh failed, retrying",
+            metadata: ["upstream": "\(source.upstreamName)", "try": "\(tries)", "reason": "\(reason)"])
         let delay = Duration.milliseconds(min(2000, 100 << (tries - 1)))
         arm(.backoff, after: delay)
     }

@@ -120,12 +120,16 @@ final class UpstreamGuard: Sendable {
         }
         if ejected {
             events.publish("endpoint_ejected", [("upstream", name), ("endpoint", String(i))])
-            logger.warning("endpoint ejected", metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(Self.ejectionTime.configText)"])
+            logger.warning(
+                "endpoint ejected",
+                metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(Self.ejectionTime.configText)"])
         }
     }
 
     private func log(_ transition: CircuitBreakerStateMachine.Transition) {
-        let state: CircuitBreakerStateMachine.State = transition == .opened ? .open(until: Instant(nanoseconds: 0)) : transition == .closed ? .closed : .halfOpen(probesInFlight: 0, successes: 0)
+        let state: CircuitBreakerStateMachine.State =
+            transition == .opened
+            ? .open(until: Instant(nanoseconds: 0)) : transition == .closed ? .closed : .halfOpen(probesInFlight: 0, successes: 0)
         metrics.circuitState(upstream: name, gauge: state.gauge)
         events.publish("breaker_" + (transition == .halfOpened ? "half_open" : "\(transition)"), [("upstream", name)])
         switch transition {

@@ -6,7 +6,7 @@ import HappyPathServer
 import Logging
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 let happypathVersion = "0.1.0"
@@ -31,7 +31,8 @@ func loadConfiguration(_ path: String?) -> Configuration {
         return try ConfigLoader.load(path: file)
     } catch {
         FileHandle.standardError.write(Data((error.description + "\n").utf8))
-        FileHandle.standardError.write(Data("\(file): \(error.errors.count) problem(s); fix them and run 'happypath check --config \(file)'\n".utf8))
+        FileHandle.standardError.write(
+            Data("\(file): \(error.errors.count) problem(s); fix them and run 'happypath check --config \(file)'\n".utf8))
         Foundation.exit(Exit.invalidConfig)
     }
 }
@@ -41,10 +42,11 @@ func waitForTermination(onStop: @escaping () -> Void, onHangUp: @escaping () -> 
     let loop = EventLoop()
     var watchers: [SignalWatcher] = []
     for signo in [SIGINT, SIGTERM] {
-        watchers.append(SignalWatcher(loop: loop, signal: signo) {
-            onStop()
-            loop.stop()
-        })
+        watchers.append(
+            SignalWatcher(loop: loop, signal: signo) {
+                onStop()
+                loop.stop()
+            })
     }
     watchers.append(SignalWatcher(loop: loop, signal: SIGHUP, handler: onHangUp))
     loop.run()
@@ -103,7 +105,9 @@ struct Serve: ParsableCommand {
                     if let listen, let address = ListenAddress.parse(listen) { fresh.listen = address }
                     let refused = server.reload(fresh)
                     for reason in refused {
-                        logger.error("configuration reload refused; the old one stays", metadata: ["config": "\(file)", "problem": "\(reason)"])
+                        logger.error(
+                            "configuration reload refused; the old one stays",
+                            metadata: ["config": "\(file)", "problem": "\(reason)"])
                     }
                 } catch let error as ConfigErrors {
                     for problem in error.errors {
@@ -128,7 +132,8 @@ struct Check: ParsableCommand {
         let file = config ?? ConfigLoader.defaultPath()
         let configuration = loadConfiguration(file)
         print(
-            "\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.routes.count) route(s), listen \(configuration.listen))")
+            "\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.routes.count) route(s), listen \(configuration.listen))"
+        )
     }
 }
 

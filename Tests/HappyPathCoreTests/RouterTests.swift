@@ -21,13 +21,14 @@ import Testing
         #expect(r.route(path: "/api/x", method: "POST") == nil)
     }
 
-    @Test(arguments: [
-        ("/api/items", "a=1", "/api", "/items?a=1"),
-        ("/api", nil, "/api", "/"),
-        ("/apiv2/x", nil, "/api", "/v2/x"),
-        ("/x", nil, nil, "/x"),
-        ("/x/y", "q", "/zzz", "/x/y?q"),
-    ] as [(String, String?, String?, String)])
+    @Test(
+        arguments: [
+            ("/api/items", "a=1", "/api", "/items?a=1"),
+            ("/api", nil, "/api", "/"),
+            ("/apiv2/x", nil, "/api", "/v2/x"),
+            ("/x", nil, nil, "/x"),
+            ("/x/y", "q", "/zzz", "/x/y?q"),
+        ] as [(String, String?, String?, String)])
     func upstreamTargetStripsPrefixAndKeepsQuery(path: String, query: String?, strip: String?, expected: String) {
         #expect(Router.upstreamTarget(path: path, query: query, stripPrefix: strip) == expected)
     }
@@ -42,13 +43,16 @@ import Testing
         #expect(RouteMatch(pathPrefix: "/api/v1").isShadowed(by: RouteMatch(pathPrefix: "/api")))
         #expect(!RouteMatch(pathPrefix: "/api").isShadowed(by: RouteMatch(pathPrefix: "/api/v1")))
         #expect(!RouteMatch(pathPrefix: "/a", methods: ["POST"]).isShadowed(by: RouteMatch(pathPrefix: "/", methods: ["GET"])))
-        #expect(RouteMatch(pathPrefix: "/a", methods: ["GET"]).isShadowed(by: RouteMatch(pathPrefix: "/", methods: ["GET", "PUT"])))
+        #expect(
+            RouteMatch(pathPrefix: "/a", methods: ["GET"]).isShadowed(by: RouteMatch(pathPrefix: "/", methods: ["GET", "PUT"])))
         #expect(!RouteMatch(pathPrefix: "/a").isShadowed(by: RouteMatch(pathPrefix: "/", methods: ["GET"])))
     }
 }
 
 @Suite struct HeaderTests {
-    @Test(arguments: ["Connection", "keep-alive", "TE", "Trailer", "transfer-encoding", "Upgrade", "Proxy-Authorization", "proxy-connection"])
+    @Test(arguments: [
+        "Connection", "keep-alive", "TE", "Trailer", "transfer-encoding", "Upgrade", "Proxy-Authorization", "proxy-connection",
+    ])
     func hopByHop(name: String) { #expect(HopByHop.isHopByHop(name)) }
 
     @Test(arguments: ["Content-Type", "X-Request-Id", "Authorization", "Proxy", "Tee", "Host"])
@@ -89,7 +93,9 @@ import Testing
     }
 
     @Test func jsonHasTheDocumentedFieldsInOrder() {
-        let p = Problem(.upstreamUnavailable, requestID: "4f7c", detail: "3 attempts failed: \"503\"\n", attempts: 3, upstream: "api", retryAfterSeconds: 5)
+        let p = Problem(
+            .upstreamUnavailable, requestID: "4f7c", detail: "3 attempts failed: \"503\"\n", attempts: 3, upstream: "api",
+            retryAfterSeconds: 5)
         let json = p.json()
         #expect(json.hasPrefix("{\"type\":\"urn:happypath:error:upstream-unavailable\",\"title\":"))
         #expect(json.contains("\"detail\":\"3 attempts failed: \\\"503\\\"\\n\""))

@@ -6,7 +6,7 @@ import Synchronization
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Metrics, admin state, live events, access log, drain.
@@ -27,7 +27,9 @@ import Glibc
         let h = try ProxyHarness(
             ProxyHarness.single(
                 upstream: "http://127.0.0.1:\(up.port)",
-                defaults: "{ retry: { on: [503], attempts: 2 }, circuit_breaker: { consecutive_failures: 2, while_open: fail }, reachability: { park_for: 0s } }"))
+                defaults:
+                    "{ retry: { on: [503], attempts: 2 }, circuit_breaker: { consecutive_failures: 2, while_open: fail }, reachability: { park_for: 0s } }"
+            ))
         let before = try HTTP.request(port: h.adminPort, "/metrics")
         #expect(before.status == 200)
         #expect(before.header("Content-Type")?.hasPrefix("text/plain") == true)
@@ -54,7 +56,9 @@ import Glibc
         let h = try ProxyHarness(
             ProxyHarness.single(
                 upstream: "http://127.0.0.1:\(up.port)",
-                defaults: "{ retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }"))
+                defaults:
+                    "{ retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }"
+            ))
         let closed = try HTTP.request(port: h.adminPort, "/admin/state").json
         let first = (closed["upstreams"] as? [[String: Any]])?.first
         #expect((first?["circuit_breaker"] as? [String: Any])?["state"] as? String == "closed")
@@ -73,7 +77,9 @@ import Glibc
         let h = try ProxyHarness(
             ProxyHarness.single(
                 upstream: "http://127.0.0.1:\(up.port)",
-                defaults: "{ retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }"))
+                defaults:
+                    "{ retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }"
+            ))
         let events = try TestConnection(port: h.adminPort, timeout: 5)
         try events.send("GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
         Thread.sleep(forTimeInterval: 0.1)
@@ -108,7 +114,8 @@ import Glibc
         let access = parsed.compactMap { $0 }.filter { $0["msg"] as? String == "request" }
         #expect(access.count == 3)
         for line in access {
-            for field in ["ts", "level", "request_id", "route", "upstream", "status", "code", "attempts", "duration_ms", "bytes"] {
+            for field in ["ts", "level", "request_id", "route", "upstream", "status", "code", "attempts", "duration_ms", "bytes"]
+            {
                 #expect(line[field] != nil, "access log line lacks \(field)")
             }
         }
@@ -146,7 +153,9 @@ import Glibc
     }
 
     @Test func sigtermDuringAnUpstreamCallDeliversItAndExitsZero() throws {
-        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("happypath").path
+        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(
+            "happypath"
+        ).path
         #expect(FileManager.default.isExecutableFile(atPath: binary), "\(binary) is built by `swift build --build-tests`")
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
@@ -170,7 +179,9 @@ import Glibc
         defer { if process.isRunning { process.terminate() } }
         // Wait for "listening on" (bounded: the read happens on another thread).
         let firstLine = Mutex("")
-        Thread { let d = out.fileHandleForReading.availableData; firstLine.withLock { $0 = String(decoding: d, as: UTF8.self) } }.start()
+        Thread {
+            let d = out.fileHandleForReading.availableData; firstLine.withLock { $0 = String(decoding: d, as: UTF8.self) }
+        }.start()
         let until = Date().addingTimeInterval(5)
         while firstLine.withLock({ $0.isEmpty }), Date() < until { Thread.sleep(forTimeInterval: 0.02) }
         #expect(firstLine.withLock { $0 }.contains("listening on http://127.0.0.1:\(port)"))
@@ -222,7 +233,9 @@ import Glibc
     }
 
     @Test func sighupWithABrokenFileKeepsServingAndAGoodOneTakesEffect() throws {
-        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("happypath").path
+        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(
+            "happypath"
+        ).path
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }

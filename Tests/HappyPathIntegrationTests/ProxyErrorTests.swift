@@ -3,13 +3,17 @@ import Testing
 
 /// Every failure the foundation can produce, as problem+json.
 @Suite("errors") struct ProxyErrorTests {
-    func expectProblem(_ r: TestResponse, status: Int, code: String, retryable: Bool, sourceLocation: SourceLocation = #_sourceLocation) {
+    func expectProblem(
+        _ r: TestResponse, status: Int, code: String, retryable: Bool, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         #expect(r.status == status, sourceLocation: sourceLocation)
         #expect(r.header("Content-Type") == "application/problem+json", sourceLocation: sourceLocation)
         let j = r.json
         #expect(j["code"] as? String == code, sourceLocation: sourceLocation)
         #expect(j["status"] as? Int == status, sourceLocation: sourceLocation)
-        #expect(j["type"] as? String == "urn:happypath:error:" + code.lowercased().replacingOccurrences(of: "_", with: "-"), sourceLocation: sourceLocation)
+        #expect(
+            j["type"] as? String == "urn:happypath:error:" + code.lowercased().replacingOccurrences(of: "_", with: "-"),
+            sourceLocation: sourceLocation)
         #expect((j["title"] as? String)?.isEmpty == false, sourceLocation: sourceLocation)
         #expect(j["retryable"] as? Bool == retryable, sourceLocation: sourceLocation)
         #expect((j["request_id"] as? String)?.isEmpty == false, sourceLocation: sourceLocation)
@@ -42,7 +46,8 @@ import Testing
         let r = try HTTP.request(port: h.port, "/ok", headers: [("X-Huge", String(repeating: "a", count: 9000))])
         expectProblem(r, status: 431, code: "HEADERS_TOO_LARGE", retryable: false)
         let many = (0..<40).map { ("X-Many-\($0)", String(repeating: "b", count: 300)) }
-        expectProblem(try HTTP.request(port: h.port, "/ok", headers: many), status: 431, code: "HEADERS_TOO_LARGE", retryable: false)
+        expectProblem(
+            try HTTP.request(port: h.port, "/ok", headers: many), status: 431, code: "HEADERS_TOO_LARGE", retryable: false)
     }
 
     @Test func upstreamRefused() throws {

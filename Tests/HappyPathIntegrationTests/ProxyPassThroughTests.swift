@@ -41,7 +41,8 @@ import Testing
     func requestBodyArrivesByteForByte(size: Int) throws {
         let h = try ProxyHarness()
         let body = randomBytes(size)
-        let echoed = try HTTP.request(port: h.port, "POST", "/echo/raw", headers: [("Content-Type", "application/x-test")], body: body)
+        let echoed = try HTTP.request(
+            port: h.port, "POST", "/echo/raw", headers: [("Content-Type", "application/x-test")], body: body)
         #expect(echoed.status == 200)
         #expect(echoed.body.count == size)
         #expect(echoed.body == body)
@@ -140,7 +141,8 @@ import Testing
 
     @Test func requestIdAndTraceparentAreMadeWhenMissing() throws {
         let h = try ProxyHarness()
-        let r = try HTTP.request(port: h.port, "/echo", headers: [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")])
+        let r = try HTTP.request(
+            port: h.port, "/echo", headers: [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")])
         let pairs = (r.json["headers"] as? [[String]] ?? []).map { ($0[0].lowercased(), $0[1]) }
         let id = pairs.first { $0.0 == "x-request-id" }?.1
         #expect(id?.count == 16)

@@ -3,7 +3,7 @@ import HappyPathServer
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Retry, breaker, parking and replay against real upstreams on loopback.
@@ -71,7 +71,8 @@ import Glibc
         defer { up.stop() }
         let h = try ProxyHarness(
             ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)", defaults: "{ retry: { per_try_timeout: 200ms }, reachability: { park_for: 0s } }"))
+                upstream: "http://127.0.0.1:\(up.port)",
+                defaults: "{ retry: { per_try_timeout: 200ms }, reachability: { park_for: 0s } }"))
         let started = Date()
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)

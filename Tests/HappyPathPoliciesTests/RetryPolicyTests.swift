@@ -40,8 +40,13 @@ import Testing
 @Suite struct RetryDecisionTests {
     let policy = RetryPolicy(RetryPolicy.Configuration())
 
-    func failure(_ outcome: Outcome, attempt: Int = 1, method: String = "GET", key: Bool = false, neverSent: Bool = false, retryAfter: Duration? = nil) -> RetryPolicy.Failure {
-        RetryPolicy.Failure(outcome: outcome, attempt: attempt, method: method, hasIdempotencyKey: key, neverSent: neverSent, retryAfter: retryAfter)
+    func failure(
+        _ outcome: Outcome, attempt: Int = 1, method: String = "GET", key: Bool = false, neverSent: Bool = false,
+        retryAfter: Duration? = nil
+    ) -> RetryPolicy.Failure {
+        RetryPolicy.Failure(
+            outcome: outcome, attempt: attempt, method: method, hasIdempotencyKey: key, neverSent: neverSent,
+            retryAfter: retryAfter)
     }
 
     func decide(_ f: RetryPolicy.Failure, remaining: Duration = .seconds(10), budget: Bool = true) -> RetryPolicy.Decision {
@@ -83,7 +88,9 @@ import Testing
 
     @Test func budgetIsAskedLast() {
         var asked = 0
-        _ = policy.decide(failure(.serverError(status: 500)), remaining: .seconds(5), random: 0) { asked += 1; return true }
+        _ = policy.decide(failure(.serverError(status: 500)), remaining: .seconds(5), random: 0) {
+            asked += 1; return true
+        }
         #expect(asked == 0)
         #expect(decide(failure(.timeout), budget: false) == .giveUp(.budgetExhausted))
     }

@@ -4,7 +4,9 @@ import Testing
 
 @Suite struct TokenResponseTests {
     @Test func oauth2Answer() throws {
-        let r = try TokenResponse.oauth2(Array(#"{"access_token":"abc","token_type":"Bearer","expires_in":3600,"refresh_token":"r2"}"#.utf8)).get()
+        let r = try TokenResponse.oauth2(
+            Array(#"{"access_token":"abc","token_type":"Bearer","expires_in":3600,"refresh_token":"r2"}"#.utf8)
+        ).get()
         #expect(r == TokenResponse(accessToken: "abc", tokenType: "Bearer", expiresIn: .seconds(3600), refreshToken: "r2"))
     }
 
@@ -23,11 +25,15 @@ import Testing
         let r = try TokenResponse.login(body, tokenPointer: "/data/token", expiresInPointer: "/data/ttl").get()
         #expect(r.accessToken == "t-1")
         #expect(r.expiresIn == .seconds(120))
-        #expect(TokenResponse.login(body, tokenPointer: "/data/nope", expiresInPointer: nil) == .failure(.missing("token at /data/nope")))
+        #expect(
+            TokenResponse.login(body, tokenPointer: "/data/nope", expiresInPointer: nil)
+                == .failure(.missing("token at /data/nope")))
     }
 
     @Test func formEncoding() {
-        #expect(FormEncoding.encode([("grant_type", "client_credentials"), ("client_secret", "a b&c=d/é")]) == "grant_type=client_credentials&client_secret=a+b%26c%3Dd%2F%C3%A9")
+        #expect(
+            FormEncoding.encode([("grant_type", "client_credentials"), ("client_secret", "a b&c=d/é")])
+                == "grant_type=client_credentials&client_secret=a+b%26c%3Dd%2F%C3%A9")
     }
 }
 

@@ -57,7 +57,9 @@ public struct TokenResponse: Sendable, Equatable {
     }
 
     /// A login answer: the token at `tokenPointer`, its lifetime (seconds) at `expiresInPointer`.
-    public static func login(_ body: [UInt8], tokenPointer: String, expiresInPointer: String?) -> Result<TokenResponse, ParseError> {
+    public static func login(_ body: [UInt8], tokenPointer: String, expiresInPointer: String?) -> Result<
+        TokenResponse, ParseError
+    > {
         guard let object = try? JSONSerialization.jsonObject(with: Data(body)) else { return .failure(.notJSON) }
         guard let token = JSONPointer.resolve(tokenPointer, in: object) as? String, !token.isEmpty else {
             return .failure(.missing("token at \(tokenPointer)"))
@@ -85,7 +87,8 @@ public enum FormEncoding {
         var out = ""
         for byte in s.utf8 {
             switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"),
                 UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"):
                 out.unicodeScalars.append(UnicodeScalar(byte))
             case UInt8(ascii: " "): out += "+"

@@ -34,7 +34,9 @@ public struct RetryPolicy: Sendable {
         /// A `Retry-After` from the upstream, already parsed.
         public var retryAfter: Duration?
 
-        public init(outcome: Outcome, attempt: Int, method: String, hasIdempotencyKey: Bool, neverSent: Bool, retryAfter: Duration? = nil) {
+        public init(
+            outcome: Outcome, attempt: Int, method: String, hasIdempotencyKey: Bool, neverSent: Bool, retryAfter: Duration? = nil
+        ) {
             self.outcome = outcome
             self.attempt = attempt
             self.method = method

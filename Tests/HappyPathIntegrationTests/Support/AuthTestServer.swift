@@ -59,14 +59,17 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
                 return (200, s.valid)
             }
             if let token {
-                request.reply(status: 200, headers: json, body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":3600}"#)
+                request.reply(
+                    status: 200, headers: json, body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":3600}"#)
             } else {
                 request.reply(status: status, headers: json, body: #"{"error":"unavailable"}"#)
             }
         case "/healthz":
             request.reply(status: 200)
         default:
-            let ok = state.withLock { s in !s.refuseEverything && s.valid != nil && request.header("Authorization") == "Bearer \(s.valid!)" }
+            let ok = state.withLock { s in
+                !s.refuseEverything && s.valid != nil && request.header("Authorization") == "Bearer \(s.valid!)"
+            }
             if ok {
                 request.reply(status: 200, headers: json, body: String(decoding: body.bytes, as: UTF8.self))
             } else {

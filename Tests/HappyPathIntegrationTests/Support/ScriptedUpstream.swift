@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A raw TCP upstream that reads one request head per connection and writes
@@ -85,7 +85,9 @@ final class ScriptedUpstream: @unchecked Sendable {
             list.append((head, body))
             return isHealth ? -1 : i
         }
-        var response = index < 0 ? "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" : responses[min(index, responses.count - 1)]
+        var response =
+            index < 0
+            ? "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" : responses[min(index, responses.count - 1)]
         if response.hasPrefix("DELAY:"), let nl = response.firstIndex(of: "\n") {
             let ms = Int(response[response.index(response.startIndex, offsetBy: 6)..<nl]) ?? 0
             Thread.sleep(forTimeInterval: Double(ms) / 1000)
