@@ -61,20 +61,21 @@ final class ProxyMetrics: Sendable {
 /// kept, so a request costs a dictionary lookup and an atomic add.
 final class WorkerMetrics {
     private let metrics: ProxyMetrics
-    private var requests: [String: CoreMetrics.Counter] = [:]
+    // Nested by label values: a lookup hashes the strings it is given and
+    // builds none.
+    private var requests: [String: [String: CoreMetrics.Counter]] = [:]
     private var durations: [String: CoreMetrics.Timer] = [:]
-    private var tries: [String: CoreMetrics.Counter] = [:]
+    private var tries: [String: [String: CoreMetrics.Counter]] = [:]
     private var retries: [String: CoreMetrics.Counter] = [:]
 
     init(_ metrics: ProxyMetrics) { self.metrics = metrics }
 
     func request(route: RuntimeRoute, code: String, duration: Duration) {
-        let key = "\(route.label)|\(code)"
         let counter =
-            requests[key]
+            requests[route.label]?[code]
             ?? {
                 let c = metrics.counter("happypath_requests_total", [("route", route.label), ("code", code)])
-                requests[key] = c
+                requests[route.label, default: [:]][code] = c
                 return c
             }()
         counter.increment()
@@ -89,12 +90,11 @@ final class WorkerMetrics {
     }
 
     func upstreamTry(upstream: String, outcome: String) {
-        let key = upstream + "|" + outcome
         let counter =
-            tries[key]
+            tries[upstream]?[outcome]
             ?? {
                 let c = metrics.counter("happypath_upstream_tries_total", [("upstream", upstream), ("outcome", outcome)])
-                tries[key] = c
+                tries[upstream, default: [:]][outcome] = c
                 return c
             }()
         counter.increment()

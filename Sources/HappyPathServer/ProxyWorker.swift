@@ -320,6 +320,8 @@ final class ProxyWorker: HTTPServerDelegate {
             let parked = Array(l.parked.values)
             for exchange in parked { unpark(exchange) }
             for exchange in parked { exchange.replay() }
+            // Nothing of the old upstream left on this worker: forget its lane.
+            if l.parked.isEmpty, l.waiting.isEmpty, l.inFlight == 0, l.probeTimer == nil { lanes[key] = nil }
         }
     }
 
