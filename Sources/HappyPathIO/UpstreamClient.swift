@@ -196,9 +196,11 @@ public final class UpstreamClient {
             list = Self.append(list, field)
         }
         // "Name:" removes a header libcurl would otherwise invent.
-        list = curl_slist_append(list, "Expect:")
         if !sawAccept { list = curl_slist_append(list, "Accept:") }
-        if !sawContentType && request.sendsBody { list = curl_slist_append(list, "Content-Type:") }
+        if request.sendsBody {
+            list = curl_slist_append(list, "Expect:")
+            if !sawContentType { list = curl_slist_append(list, "Content-Type:") }
+        }
         transfer.headerList = list
         hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, list)
 
