@@ -50,15 +50,20 @@ import Testing
         #expect(s["happypath_parked_commands{upstream=\"u\",reason=\"unreachable\"}"] == 0)
     }
 
-    @Test func adminStateReflectsAnOpenBreaker() throws {
-        let up = ScriptedUpstream(responses: [http(500)]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
+    /// A proxy whose breaker opens on the first 500 from `up` and then fails fast.
+    func oneFailureOpensTheBreaker(_ up: ScriptedUpstream) throws -> ProxyHarness {
+        try ProxyHarness(
             ProxyHarness.single(
                 upstream: "http://127.0.0.1:\(up.port)",
                 defaults:
                     "{ retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }"
             ))
+    }
+
+    @Test func adminStateReflectsAnOpenBreaker() throws {
+        let up = ScriptedUpstream(responses: [http(500)]).started()
+        defer { up.stop() }
+        let h = try oneFailureOpensTheBreaker(up)
         let closed = try HTTP.request(port: h.adminPort, "/admin/state").json
         let first = (closed["upstreams"] as? [[String: Any]])?.first
         #expect((first?["circuit_breaker"] as? [String: Any])?["state"] as? String == "closed")
@@ -74,12 +79,7 @@ import Testing
     @Test func eventStreamDeliversBreakerOpened() throws {
         let up = ScriptedUpstream(responses: [http(500)]).started()
         defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)",
-                defaults:
-                    "{ retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 1, while_open: fail }, reachability: { park_for: 0s } }"
-            ))
+        let h = try oneFailureOpensTheBreaker(up)
         let events = try TestConnection(port: h.adminPort, timeout: 5)
         try events.send("GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
         Thread.sleep(forTimeInterval: 0.1)
