@@ -39,6 +39,16 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private var holdsSlot = false
     private var isQueued = false
     private var pendingProbe = false
+    /// The response head went to the client: from here on only a broken
+    /// connection can signal a failure.
+    private var replyStarted = false
+    /// The upstream's response head arrived whole (libcurl may report a
+    /// response whose head was cut short by a close as complete).
+    private var headComplete = false
+    /// The client hung up; set at once, acted on at the next step (see `clientGoneCheck`).
+    private var clientClosed = false
+    /// Tries actually sent: the command's attempt number follows it.
+    private var triesSent = 0
     private var status = 0
     private var mode = Mode.waiting
     private enum Mode {
@@ -97,6 +107,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     /// Deadline → reachability → circuit breaker → upstream try.
     private func admitAndSend() {
+        if clientClosed { return clientWentAway() }
         let now = worker.clock.now()
         let remaining = command.remaining(at: now)
         guard remaining > .zero else { return fail(timeoutProblem()) }
@@ -132,7 +143,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 request.watchForHangUp()
                 arm(.queued, after: remaining)
             case .full:
-                if probe { guardian.probeAbandoned() }
+                if probe { abandonProbe() }
                 var p = problem(
                     .overloaded, detail: "'\(upstream.name)' has max_connections tries in flight and as many waiting.")
                 p.retryAfterSeconds = 1
@@ -156,8 +167,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         holdsSlot = true
         request.stopWatchingForHangUp()
         timer?.disarm()
+        if clientClosed {
+            if pendingProbe { abandonProbe() }
+            return clientWentAway()
+        }
         let remaining = command.remaining(at: worker.clock.now())
-        guard remaining > .zero else { return fail(timeoutProblem()) }
+        guard remaining > .zero else {
+            if pendingProbe { abandonProbe() }
+            return fail(timeoutProblem())
+        }
         send(probe: pendingProbe, remaining: remaining)
     }
 
@@ -173,7 +191,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     private func send(probe: Bool, remaining: Duration) {
+        if triesSent > 0 { command = command.nextAttempt() }
+        triesSent += 1
         isProbe = probe
+        headComplete = false
         status = 0
         mode = .waiting
         retryAfter = nil
@@ -226,7 +247,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamHeadersComplete() {
+        headComplete = true
         guard mode == .streaming else { return }
+        replyStarted = true
         timer?.disarm()  // a body already streaming is bounded by stalls, not the deadline
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
@@ -253,18 +276,17 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamFinished(_ failure: UpstreamFailure?) {
+        var failure = failure
+        if failure == nil, !headComplete { failure = .reset("the connection closed inside the response head") }
         transfer = nil
         releaseSlot()
         guard !done else { return }
         let now = worker.clock.now()
-        if mode == .streaming {
+        if replyStarted {
             let outcome: Outcome = failure == nil ? .success(status: status) : .reset
-            countTry(outcome)
+            report(outcome, at: now)
             finalStatus = status
             finalCode = failure == nil ? "OK" : "TRUNCATED"
-            _ = guardian.record(outcome, probe: isProbe, at: now)
-            guardian.recordEndpoint(endpointIndex, failure: outcome.isFailure, at: now)
-            if isProbe, failure == nil { worker.circuitChanged(guardian: guardian) }
             if failure == nil {
                 request.endReply()
             } else {
@@ -287,14 +309,12 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             }
         } else if let authToken, let tokens, tokens.refreshOn.contains(status) {
             // Auth listener: the upstream refused the token.
-            countTry(.clientError(status: status))
-            _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
+            report(.clientError(status: status), at: now)
             history.append(String(status))
             if refreshedOnce {
                 return fail(authProblem("The upstream refused a freshly refreshed token (HTTP \(status))."))
             }
             refreshedOnce = true
-            command = command.nextAttempt()
             switch tokens.refused(generation: authToken.generation) {
             case .retryWith:
                 return admitAndSend()
@@ -304,10 +324,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             }
         } else if status < 500 && !route.retry.configuration.on.contains(String(status)) {
             // A 4xx: the upstream is healthy and answered; normalize it.
-            countTry(.clientError(status: status))
-            _ = guardian.record(.clientError(status: status), probe: isProbe, at: now)
-            guardian.recordEndpoint(endpointIndex, failure: false, at: now)
-            if isProbe { worker.circuitChanged(guardian: guardian) }
+            report(.clientError(status: status), at: now)
             history.append(String(status))
             return fail(upstreamProblem())
         } else {
@@ -333,30 +350,48 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     // MARK: - Listeners
 
     /// Broadcasts the failed try's outcome to the listener for its kind.
-    private func countTry(_ outcome: Outcome) {
+    /// One try's result to everything that counts it: metrics, the breaker,
+    /// the endpoint's ejection count. A probe's result also decides what the
+    /// lot does next: replay everything (closed) or probe again later (open).
+    private func report(_ outcome: Outcome, at now: Instant) {
         worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
+        let transition = guardian.record(outcome, probe: isProbe, at: now)
+        guardian.recordEndpoint(endpointIndex, failure: outcome.isFailure, at: now)
+        if transition != nil || isProbe {
+            switch guardian.breakerState {
+            case .closed: worker.circuitChanged(guardian: guardian)
+            case let .open(until) where upstream.whileOpen == .park:
+                worker.scheduleProbe(guardian: guardian, after: until - now)
+            default: break
+            }
+        }
+        isProbe = false  // reported once
+    }
+
+    /// A probe admitted by the breaker will not be sent: free its place and
+    /// let the lot send another.
+    private func abandonProbe() {
+        guardian.probeAbandoned()
+        isProbe = false
+        pendingProbe = false
+        if upstream.whileOpen == .park { worker.scheduleProbe(guardian: guardian, after: .zero) }
     }
 
     private func tryFailed(_ outcome: Outcome, at now: Instant) {
         timer?.disarm()
-        countTry(outcome)
+        let wasProbe = isProbe
         if case .badResponse? = lastFailure { history.append("invalid response") } else { history.append(outcome.summary) }
-        if guardian.record(outcome, probe: isProbe, at: now) != nil {
-            worker.circuitChanged(guardian: guardian)
-        }
-        guardian.recordEndpoint(endpointIndex, failure: true, at: now)
+        report(outcome, at: now)
         let remaining = command.remaining(at: now)
         // A failed half-open probe re-opened the breaker: with `while_open:
         // park` the probe waits with the others instead of spending its
         // retries against an upstream that is known to be down.
-        if isProbe, upstream.whileOpen == .park, route.parkFor > .zero, case let .open(until) = guardian.breakerState {
-            worker.scheduleProbe(guardian: guardian, after: until - now)
+        if wasProbe, upstream.whileOpen == .park, route.parkFor > .zero, case .open = guardian.breakerState {
             return park(.circuitOpen)
         }
         if outcome == .unreachable {
             // Reachability listener: another endpoint first, then park.
             if upstream.endpoints.count > 1, command.attempt < min(route.retry.configuration.attempts, upstream.endpoints.count) {
-                command = command.nextAttempt()
                 return admitAndSend()
             }
             if route.parkFor > .zero {
@@ -376,7 +411,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         switch decision {
         case let .retry(after: delay):
             worker.metrics.retry(upstream: upstream.name)
-            command = command.nextAttempt()
             arm(.backoff, after: delay)
         case .giveUp:
             fail(finalProblem(outcome))
@@ -413,11 +447,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     /// Called by the worker when the upstream recovered.
     func replay() {
-        guard let reasonWas = parked, !done else { return }
+        guard parked != nil, !done else { return }
         parked = nil
         request.stopWatchingForHangUp()
         timer?.disarm()
-        if !history.isEmpty, reasonWas != .auth { command = command.nextAttempt() }
         admitAndSend()
     }
 
@@ -433,15 +466,14 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     func loopEventFired(_ event: LoopEvent) {
         switch TimerUse(rawValue: event.tag) {
         case .tryLimit:
-            guard !done, mode != .streaming, let transfer else { return }
+            guard !done, !replyStarted, let transfer else { return }
             worker.client.cancel(transfer)
             self.transfer = nil
             releaseSlot()
             let now = worker.clock.now()
             if command.remaining(at: now) <= .zero {
-                countTry(.timeout)
                 history.append("timeout")
-                _ = guardian.record(.timeout, probe: isProbe, at: now)
+                report(.timeout, at: now)
                 return fail(timeoutProblem())
             }
             lastFailure = .timeout
@@ -459,7 +491,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         case .queued:
             guard isQueued, !done else { return }
             releaseSlot()
-            if pendingProbe { guardian.probeAbandoned() }
+            if pendingProbe { abandonProbe() }
             fail(timeoutProblem())
         case nil:
             break
@@ -470,6 +502,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func requestClientClosed(_ request: HTTPRequest) {
         // Inside libevent's connection teardown: finish on the next pass.
+        clientClosed = true
         if !done { arm(.clientGone, after: .zero) }
     }
 
@@ -566,9 +599,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         guard !done else { return }
         if let transfer {
             worker.client.cancel(transfer)
-            if isProbe { guardian.probeAbandoned() }
+            if isProbe { abandonProbe() }
         } else if isQueued, pendingProbe {
-            guardian.probeAbandoned()
+            abandonProbe()
         }
         transfer = nil
         releaseSlot()
@@ -582,7 +615,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// anything else gets a retryable error (another instance can serve it).
     func answerNow() {
         guard !done else { return }
-        if mode == .streaming, transfer != nil {
+        if replyStarted {
             if let transfer { worker.client.cancel(transfer) }
             transfer = nil
             releaseSlot()

@@ -29,6 +29,8 @@ final class ProxyWorker: HTTPServerDelegate {
     /// reachability and auth listeners' lot), the half-open probe timer,
     /// tries in flight on this worker and the bounded queue waiting for a slot.
     private var lanes: [ObjectIdentifier: Lane] = [:]
+    /// Drain ran out of time: freed slots go to nobody (no new tries).
+    private var stopping = false
 
     final class Lane: LoopEventTarget {
         unowned(unsafe) let worker: ProxyWorker
@@ -219,7 +221,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// A try ended: its slot goes to the longest-waiting exchange.
     func releaseSlot(guardian: UpstreamGuard) {
         let l = lane(guardian)
-        if !l.waiting.isEmpty {
+        if !stopping, !l.waiting.isEmpty {
             l.waiting.removeFirst().slotGranted()
         } else {
             l.inFlight -= 1
@@ -348,6 +350,7 @@ final class ProxyWorker: HTTPServerDelegate {
 
     /// Drain timed out: every exchange still here gets its answer now.
     func answerEverything() {
+        stopping = true
         for exchange in Array(active.values) { exchange.answerNow() }
     }
 

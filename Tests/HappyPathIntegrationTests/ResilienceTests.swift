@@ -66,6 +66,18 @@ import Testing
         #expect(r.header("X-Happypath-Attempts") == "2")
     }
 
+    @Test func aHeadCutOffBeforeItEndsIsRetriedNotPassedOn() throws {
+        // The status line arrived, the rest of the head did not: nothing
+        // reached the client yet, so this is an ordinary failed try.
+        let up = ScriptedUpstream(responses: ["HTTP/1.1 200 OK\r\nX-Partial: ", http(200, "second")]).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status == 200)
+        #expect(r.text == "second")
+        #expect(r.header("X-Happypath-Attempts") == "2")
+    }
+
     @Test func slowFirstTryIsCutByPerTryTimeout() throws {
         let up = ScriptedUpstream(responses: ["DELAY:1500\n" + http(200, "slow"), http(200, "fast")]).started()
         defer { up.stop() }
