@@ -1,9 +1,10 @@
 import Foundation
 import HappyPathConfig
-import HappyPathServer
 import Logging
 import Synchronization
 import Testing
+
+@testable import HappyPathServer
 
 #if canImport(Glibc)
     import Glibc
@@ -275,5 +276,15 @@ import Testing
         Thread.sleep(forTimeInterval: 0.3)
         #expect(get("/echo") == 200)
         #expect(get("/ok") == 404)
+    }
+}
+
+@Suite struct AdminAccessTests {
+    @Test(arguments: [
+        ("127.0.0.1", true), ("127.8.9.10", true), ("::1", true), ("::ffff:127.0.0.1", true), ("10.0.0.1", false),
+        ("::ffff:10.0.0.1", false), ("192.168.1.2", false), ("", false),
+    ])
+    func onlyLoopbackPeersAreAdmitted(address: String, admitted: Bool) {
+        #expect(AdminServer.isLoopback(address) == admitted)
     }
 }
