@@ -166,6 +166,10 @@ public struct Problem: Sendable, Equatable {
 /// Minimal JSON string quoting for the bodies and log lines the proxy writes.
 public enum JSON {
     public static func quote(_ s: String) -> String {
+        // Fast path: nothing to escape (the usual case for ids, names, codes).
+        if !s.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            return "\"" + s + "\""
+        }
         var out = "\""
         out.reserveCapacity(s.utf8.count + 2)
         for scalar in s.unicodeScalars {

@@ -14,7 +14,7 @@ final class EventBus: @unchecked Sendable {
 
     /// `fields` become the JSON `data` line, after `type` and `ts`.
     func publish(_ type: String, _ fields: [(String, String)] = []) {
-        let ts = Date().formatted(.iso8601.year().month().day().time(includingFractionalSeconds: true))
+        let ts = Timestamp.now()
         var data = "{\"type\":\(JSON.quote(type)),\"ts\":\"\(ts)\""
         for (key, value) in fields {
             data += ",\(JSON.quote(key)):" + (Int(value) != nil ? value : JSON.quote(value))

@@ -336,9 +336,9 @@ final class ProxyWorker: HTTPServerDelegate {
         logger.info(
             "request",
             metadata: [
-                "request_id": "\(exchange.command.requestID)", "method": "\(exchange.command.method)",
-                "route": "\(exchange.route.label)", "upstream": "\(exchange.upstream.name)",
-                "status": .stringConvertible(exchange.finalStatus), "code": "\(exchange.finalCode)",
+                "request_id": .string(exchange.command.requestID), "method": .string(exchange.command.method),
+                "route": .string(exchange.route.label), "upstream": .string(exchange.upstream.name),
+                "status": .stringConvertible(exchange.finalStatus), "code": .string(exchange.finalCode),
                 "attempts": .stringConvertible(exchange.command.attempt),
                 "duration_ms": .stringConvertible(Double(duration.nanoseconds / 1000) / 1000),
                 "bytes": .stringConvertible(exchange.bytesOut),
