@@ -26,8 +26,6 @@ public final class HTTPRequest {
 
     init(_ raw: UnsafeMutablePointer<evhttp_request>) { self.raw = raw }
 
-    public var isAnswered: Bool { raw == nil }
-
     // MARK: - Request
 
     public var method: String {
@@ -50,11 +48,6 @@ public final class HTTPRequest {
     public var target: String {
         guard let raw, let uri = evhttp_request_get_uri(raw) else { return "/" }
         return String(cString: uri)
-    }
-
-    public var httpVersion: (major: Int, minor: Int) {
-        guard let raw else { return (1, 1) }
-        return (Int(raw.pointee.major), Int(raw.pointee.minor))
     }
 
     /// Calls `body` with each request header in arrival order.

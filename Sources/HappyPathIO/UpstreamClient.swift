@@ -55,10 +55,6 @@ public enum UpstreamFailure: Error, Sendable, Equatable {
     /// Anything else libcurl reports.
     case other(String)
 
-    public var neverReachedUpstream: Bool {
-        if case .connectFailed = self { return true }
-        return false
-    }
 }
 
 /// Receives one try's response, on the loop thread, from inside libcurl's
@@ -129,7 +125,6 @@ public final class UpstreamClient {
         var wanted = false
     }
     private var pool: [EasyHandle] = []
-    public private(set) var activeTransfers = 0
 
     public init(loop: EventLoop, maxConnectionsPerHost: Int, maxCachedConnections: Int) {
         self.loop = loop
@@ -213,7 +208,6 @@ public final class UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_PRIVATE, retained)
         hp_easy_set_ptr(easy, CURLOPT_HEADERDATA, retained)
         hp_easy_set_ptr(easy, CURLOPT_WRITEDATA, retained)
-        activeTransfers += 1
         curl_multi_add_handle(multi, easy)
         return transfer
     }
@@ -272,7 +266,6 @@ public final class UpstreamClient {
     /// Detaches a transfer from libcurl and returns its handle to the pool.
     private func complete(_ transfer: UpstreamTransfer) {
         transfer.finished = true
-        activeTransfers -= 1
         curl_multi_remove_handle(multi, transfer.handle.easy)
         curl_slist_free_all(transfer.headerList)  // libcurl does not copy the list
         transfer.headerList = nil

@@ -22,7 +22,7 @@ public final class RuntimeConfiguration: Sendable {
             let prefix = route.match.pathPrefix
             let shared = configuration.routes.filter { $0.match.pathPrefix == prefix }.count > 1
             return RuntimeRoute(
-                index: i, name: "routes[\(i)]", label: shared ? "\(prefix)#\(i)" : prefix,
+                index: i, label: shared ? "\(prefix)#\(i)" : prefix,
                 upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(policies.retry)),
                 parkFor: policies.reachability.parkFor ?? .seconds(10), errors: policies.errors)
@@ -32,7 +32,6 @@ public final class RuntimeConfiguration: Sendable {
 
 struct RuntimeRoute: Sendable {
     let index: Int
-    let name: String
     /// The `route` label of metrics and access logs: its path prefix (with
     /// `#index` when several routes share one).
     let label: String
