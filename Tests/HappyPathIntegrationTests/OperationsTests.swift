@@ -23,14 +23,11 @@ import Testing
     }
 
     @Test func metricsParseAndMove() throws {
-        let up = ScriptedUpstream(responses: [http(503), http(200, "ok"), http(500), http(500)]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)",
-                defaults:
-                    "{ retry: { on: [503], attempts: 2 }, circuit_breaker: { consecutive_failures: 2, while_open: fail }, reachability: { park_for: 0s } }"
-            ))
+        let (h, _) = try ProxyHarness.scripted(
+            [http(503), http(200, "ok"), http(500), http(500)],
+            defaults:
+                "{ retry: { on: [503], attempts: 2 }, circuit_breaker: { consecutive_failures: 2, while_open: fail }, reachability: { park_for: 0s } }"
+        )
         let before = try HTTP.request(port: h.adminPort, "/metrics")
         #expect(before.status == 200)
         #expect(before.header("Content-Type")?.hasPrefix("text/plain") == true)
@@ -154,10 +151,9 @@ import Testing
     }
 
     @Test func sigtermDuringAnUpstreamCallDeliversItAndExitsZero() throws {
-        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(
-            "happypath"
-        ).path
-        #expect(FileManager.default.isExecutableFile(atPath: binary), "\(binary) is built by `swift build --build-tests`")
+        #expect(
+            FileManager.default.isExecutableFile(atPath: happypathBinary),
+            "\(happypathBinary) is built by `swift build --build-tests`")
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
@@ -170,13 +166,8 @@ import Testing
         upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
         routes: [ { match: { path_prefix: / }, upstream: demo } ]
         """.write(to: config, atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["serve", "--config", config.path, "--log-level", "error"]
         let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
+        let process = try startServe(config: config.path, stdout: out)
         defer { if process.isRunning { process.terminate() } }
         // Wait for "listening on" (bounded: the read happens on another thread).
         let firstLine = Mutex("")
@@ -234,9 +225,6 @@ import Testing
     }
 
     @Test func sighupWithABrokenFileKeepsServingAndAGoodOneTakesEffect() throws {
-        let binary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(
-            "happypath"
-        ).path
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
@@ -252,12 +240,7 @@ import Testing
             """.write(to: file, atomically: true, encoding: .utf8)
         }
         try write("[ { match: { path_prefix: /ok }, upstream: demo } ]")
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["serve", "--config", file.path, "--log-level", "error"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
+        let process = try startServe(config: file.path)
         defer { if process.isRunning { process.terminate() } }
         func get(_ path: String) -> Int? { try? HTTP.request(port: port, path, timeout: 2).status }
         let until = Date().addingTimeInterval(5)

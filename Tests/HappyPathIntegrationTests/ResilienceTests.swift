@@ -9,9 +9,7 @@ import Testing
 /// Retry, breaker, parking and replay against real upstreams on loopback.
 @Suite("resilience") struct ResilienceTests {
     @Test func twoServerErrorsThenSuccessGivesTheClient200() throws {
-        let up = ScriptedUpstream(responses: [http(503, "a"), http(503, "b"), http(200, "finally")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let (h, up) = try ProxyHarness.scripted([http(503, "a"), http(503, "b"), http(200, "finally")])
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)
         #expect(r.text == "finally")
@@ -20,9 +18,7 @@ import Testing
     }
 
     @Test func exhaustedRetriesGiveUpstreamUnavailableWithRetryAfter() throws {
-        let up = ScriptedUpstream(responses: [http(503, "{}", headers: ["Retry-After: 0"])]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let (h, up) = try ProxyHarness.scripted([http(503, "{}", headers: ["Retry-After: 0"])])
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 503)
         #expect(r.json["code"] as? String == "UPSTREAM_UNAVAILABLE")
@@ -34,9 +30,7 @@ import Testing
     }
 
     @Test func postWithoutIdempotencyKeyIsNotRetried() throws {
-        let up = ScriptedUpstream(responses: [http(503), http(200, "ok")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let (h, up) = try ProxyHarness.scripted([http(503), http(200, "ok")])
         let r = try HTTP.request(port: h.port, "POST", "/orders", body: Array("pay once".utf8))
         #expect(r.status == 503)
         #expect(r.json["code"] as? String == "UPSTREAM_UNAVAILABLE")
@@ -45,9 +39,7 @@ import Testing
     }
 
     @Test func postWithIdempotencyKeyIsRetriedWithTheSameBody() throws {
-        let up = ScriptedUpstream(responses: [http(503), http(201, "created")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let (h, up) = try ProxyHarness.scripted([http(503), http(201, "created")])
         let body = randomBytes(100_000)
         let r = try HTTP.request(port: h.port, "POST", "/orders", headers: [("Idempotency-Key", "k-1")], body: body)
         #expect(r.status == 201)
@@ -56,22 +48,11 @@ import Testing
         #expect(seen.allSatisfy { $0.body == body })
     }
 
-    @Test func resetConnectionIsRetried() throws {
-        let up = ScriptedUpstream(responses: ["DROP", http(200, "second")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
-        let r = try HTTP.request(port: h.port, "/x")
-        #expect(r.status == 200)
-        #expect(r.text == "second")
-        #expect(r.header("X-Happypath-Attempts") == "2")
-    }
-
-    @Test func aHeadCutOffBeforeItEndsIsRetriedNotPassedOn() throws {
-        // The status line arrived, the rest of the head did not: nothing
-        // reached the client yet, so this is an ordinary failed try.
-        let up = ScriptedUpstream(responses: ["HTTP/1.1 200 OK\r\nX-Partial: ", http(200, "second")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+    /// A dropped connection, or a head cut short after its status line:
+    /// nothing reached the client yet, so either is an ordinary failed try.
+    @Test(arguments: ["DROP", "HTTP/1.1 200 OK\r\nX-Partial: "])
+    func aFirstTryThatBreaksBeforeItsHeadEndsIsRetried(firstAnswer: String) throws {
+        let (h, _) = try ProxyHarness.scripted([firstAnswer, http(200, "second")])
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)
         #expect(r.text == "second")
@@ -79,12 +60,9 @@ import Testing
     }
 
     @Test func slowFirstTryIsCutByPerTryTimeout() throws {
-        let up = ScriptedUpstream(responses: ["DELAY:1500\n" + http(200, "slow"), http(200, "fast")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)",
-                defaults: "{ retry: { per_try_timeout: 200ms }, reachability: { park_for: 0s } }"))
+        let (h, _) = try ProxyHarness.scripted(
+            ["DELAY:1500\n" + http(200, "slow"), http(200, "fast")],
+            defaults: "{ retry: { per_try_timeout: 200ms }, reachability: { park_for: 0s } }")
         let started = Date()
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)
@@ -93,9 +71,7 @@ import Testing
     }
 
     @Test func retryAfterDelaysTheNextTry() throws {
-        let up = ScriptedUpstream(responses: [http(503, headers: ["Retry-After: 1"]), http(200, "ok")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)"))
+        let (h, _) = try ProxyHarness.scripted([http(503, headers: ["Retry-After: 1"]), http(200, "ok")])
         let started = Date()
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)
@@ -103,10 +79,7 @@ import Testing
     }
 
     @Test func deadlineGivesUpstreamTimeoutOnTime() throws {
-        let up = ScriptedUpstream(responses: ["DELAY:3000\n" + http(200)]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(upstream: "http://127.0.0.1:\(up.port)", routeTimeout: "400ms"))
+        let (h, _) = try ProxyHarness.scripted(["DELAY:3000\n" + http(200)], routeTimeout: "400ms")
         let started = Date()
         let r = try HTTP.request(port: h.port, "/x")
         let elapsed = Date().timeIntervalSince(started)
@@ -116,14 +89,11 @@ import Testing
     }
 
     @Test func openBreakerKeepsRequestsAwayFromTheUpstream() throws {
-        let up = ScriptedUpstream(responses: [http(500)]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)",
-                defaults: """
-                    { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 2, open_for: 1s, while_open: fail }, reachability: { park_for: 0s } }
-                    """))
+        let (h, up) = try ProxyHarness.scripted(
+            [http(500)],
+            defaults: """
+                { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 2, open_for: 1s, while_open: fail }, reachability: { park_for: 0s } }
+                """)
         for _ in 0..<2 { #expect(try HTTP.request(port: h.port, "/x").status == 503) }
         let before = up.appRequests.count
         #expect(before == 2)
@@ -139,14 +109,11 @@ import Testing
     }
 
     @Test func whileOpenParkHoldsCommandsAndReplaysThemAfterTheProbe() throws {
-        let up = ScriptedUpstream(responses: [http(500), http(500), http(200, "back")]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)",
-                defaults: """
-                    { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 2, open_for: 500ms, while_open: park }, reachability: { park_for: 5s } }
-                    """))
+        let (h, up) = try ProxyHarness.scripted(
+            [http(500), http(500), http(200, "back")],
+            defaults: """
+                { retry: { on: [500], attempts: 1 }, circuit_breaker: { consecutive_failures: 2, open_for: 500ms, while_open: park }, reachability: { park_for: 5s } }
+                """)
         for _ in 0..<2 { #expect(try HTTP.request(port: h.port, "/x").status == 503) }
         let clients = try (0..<5).map { _ in try TestConnection(port: h.port) }
         for c in clients { try c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n") }
@@ -218,14 +185,11 @@ import Testing
     }
 
     @Test func retriesStopAtTheBudgetDuringAnOutage() throws {
-        let up = ScriptedUpstream(responses: [http(503)]).started()
-        defer { up.stop() }
-        let h = try ProxyHarness(
-            ProxyHarness.single(
-                upstream: "http://127.0.0.1:\(up.port)",
-                defaults: """
-                    { retry: { attempts: 3, backoff: { base: 1ms, max: 2ms }, budget: { ratio: 0.1, min_per_second: 0 } }, circuit_breaker: { consecutive_failures: 100000, minimum_requests: 100000 }, reachability: { park_for: 0s } }
-                    """))
+        let (h, up) = try ProxyHarness.scripted(
+            [http(503)],
+            defaults: """
+                { retry: { attempts: 3, backoff: { base: 1ms, max: 2ms }, budget: { ratio: 0.1, min_per_second: 0 } }, circuit_breaker: { consecutive_failures: 100000, minimum_requests: 100000 }, reachability: { park_for: 0s } }
+                """)
         for _ in 0..<40 { _ = try HTTP.request(port: h.port, "/x") }
         let hits = up.appRequests.count
         // 40 first tries and at most 10% of them as retries (the budget), not 40 × 3.

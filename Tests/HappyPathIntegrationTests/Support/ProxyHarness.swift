@@ -23,9 +23,31 @@ final class ProxyHarness {
         try proxy.start()
     }
 
+    /// Scripted upstreams this harness stops with itself.
+    var scripted: [ScriptedUpstream] = []
+
     func stop() {
         proxy.stop()
         demo.stop()
+        for upstream in scripted { upstream.stop() }
+        scripted.removeAll()
+    }
+
+    /// The proxy (`single` config) in front of a scripted upstream serving
+    /// `responses`; the upstream stops with the harness.
+    static func scripted(
+        _ responses: [String], defaults: String = "{ reachability: { park_for: 0s } }", routeTimeout: String = "2s"
+    ) throws -> (ProxyHarness, ScriptedUpstream) {
+        let upstream = ScriptedUpstream(responses: responses).started()
+        do {
+            let h = try ProxyHarness(
+                single(upstream: "http://127.0.0.1:\(upstream.port)", defaults: defaults, routeTimeout: routeTimeout))
+            h.scripted.append(upstream)
+            return (h, upstream)
+        } catch {
+            upstream.stop()
+            throw error
+        }
     }
 
     deinit { stop() }

@@ -205,3 +205,18 @@ func closedPort() -> Int {
     Glibc.close(fd)
     return port
 }
+
+/// The `happypath` binary that `swift build --build-tests` put beside the test runner.
+let happypathBinary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    .appendingPathComponent("happypath").path
+
+/// `happypath serve --config PATH` as a real process (stderr dropped).
+func startServe(config path: String, stdout: Any = FileHandle.nullDevice) throws -> Process {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: happypathBinary)
+    process.arguments = ["serve", "--config", path, "--log-level", "error"]
+    process.standardOutput = stdout
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    return process
+}
