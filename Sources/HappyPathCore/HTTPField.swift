@@ -35,30 +35,40 @@ extension String {
         }
     }
 
-    /// ASCII case-insensitive prefix test.
-    public func hasPrefixIgnoringASCIICase(_ prefix: String) -> Bool {
-        var a = utf8.makeIterator()
-        for y in prefix.utf8 {
-            guard let x = a.next() else { return false }
-            if x == y { continue }
-            let lower = x | 0x20
-            if lower != y | 0x20 || lower < UInt8(ascii: "a") || lower > UInt8(ascii: "z") { return false }
-        }
-        return true
-    }
 }
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1) belong to one connection and
 /// are never forwarded, in either direction.
 public enum HopByHop {
     public static func isHopByHop(_ name: String) -> Bool {
-        switch name.utf8.count {
-        case 2: return name.equalsIgnoringASCIICase("TE")
-        case 7: return name.equalsIgnoringASCIICase("Trailer") || name.equalsIgnoringASCIICase("Upgrade")
-        case 10: return name.equalsIgnoringASCIICase("Connection") || name.equalsIgnoringASCIICase("Keep-Alive")
-        case 17: return name.equalsIgnoringASCIICase("Transfer-Encoding")
-        default: return name.hasPrefixIgnoringASCIICase("Proxy-")
+        var name = name
+        return name.withUTF8 { isHopByHop(UnsafeRawBufferPointer($0)) }
+    }
+
+    /// The same rule on raw bytes, for header names as libcurl hands them over.
+    public static func isHopByHop(_ name: UnsafeRawBufferPointer) -> Bool {
+        switch name.count {
+        case 2: return equalsIgnoringCase(name, "te")
+        case 7: return equalsIgnoringCase(name, "trailer") || equalsIgnoringCase(name, "upgrade")
+        case 10: return equalsIgnoringCase(name, "connection") || equalsIgnoringCase(name, "keep-alive")
+        case 17: return equalsIgnoringCase(name, "transfer-encoding")
+        default: return name.count > 6 && hasPrefixIgnoringCase(name, "proxy-")
         }
+    }
+
+    /// ASCII case-insensitive comparison with a lower-case literal.
+    public static func equalsIgnoringCase(_ name: UnsafeRawBufferPointer, _ lowercase: StaticString) -> Bool {
+        name.count == lowercase.utf8CodeUnitCount && hasPrefixIgnoringCase(name, lowercase)
+    }
+
+    static func hasPrefixIgnoringCase(_ name: UnsafeRawBufferPointer, _ lowercase: StaticString) -> Bool {
+        guard name.count >= lowercase.utf8CodeUnitCount else { return false }
+        let p = lowercase.utf8Start
+        for i in 0..<lowercase.utf8CodeUnitCount {
+            let c = name[i]
+            if (c >= 0x41 && c <= 0x5A ? c | 0x20 : c) != p[i] { return false }
+        }
+        return true
     }
 
     /// Names listed in a `Connection` header value are hop-by-hop for that message too.

@@ -237,9 +237,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
         switch mode {
         case .streaming:
-            if !Self.isHopByHop(name) { request.addResponseHeader(name: name, value: value) }
+            if !HopByHop.isHopByHop(name) { request.addResponseHeader(name: name, value: value) }
         case .holding:
-            if name.count == 11, Self.equalsLowercase(name, "retry-after") {
+            if HopByHop.equalsIgnoringCase(name, "retry-after") {
                 retryAfter = String(decoding: value, as: UTF8.self)
             }
         case .waiting: break
@@ -644,33 +644,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
         request.abort()
-    }
-
-    // MARK: - Header helpers
-
-    /// Hop-by-hop response headers, compared on raw bytes.
-    static func isHopByHop(_ name: UnsafeRawBufferPointer) -> Bool {
-        switch name.count {
-        case 2: return equalsLowercase(name, "te")
-        case 7: return equalsLowercase(name, "trailer") || equalsLowercase(name, "upgrade")
-        case 10: return equalsLowercase(name, "connection") || equalsLowercase(name, "keep-alive")
-        case 17: return equalsLowercase(name, "transfer-encoding")
-        default: return name.count > 6 && hasLowercasePrefix(name, "proxy-")
-        }
-    }
-
-    static func equalsLowercase(_ name: UnsafeRawBufferPointer, _ literal: StaticString) -> Bool {
-        name.count == literal.utf8CodeUnitCount && hasLowercasePrefix(name, literal)
-    }
-
-    private static func hasLowercasePrefix(_ name: UnsafeRawBufferPointer, _ prefix: StaticString) -> Bool {
-        let p = prefix.utf8Start
-        for i in 0..<prefix.utf8CodeUnitCount {
-            let c = name[i]
-            let lower = c >= 0x41 && c <= 0x5A ? c | 0x20 : c
-            if lower != p[i] { return false }
-        }
-        return true
     }
 }
 
