@@ -6,8 +6,3 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/listener.h>
-#include <event2/http.h>
-#include <event2/http_struct.h>
-#include <event2/keyvalq_struct.h>

@@ -1,5 +1,6 @@
+#define _GNU_SOURCE
+#include <sys/socket.h>
 #include "CShims.h"
-#include <stdatomic.h>
 
 CURLcode hp_easy_set_long(CURL *easy, CURLoption option, long value) {
     return curl_easy_setopt(easy, option, value);
@@ -37,17 +38,6 @@ CURLMcode hp_multi_set_timer_cb(CURLM *multi, curl_multi_timer_callback cb) {
 }
 CURLcode hp_msg_result(CURLMsg *msg) { return msg->data.result; }
 
-static _Atomic(hp_error_hook) error_hook;
-
-void hp_set_error_hook(hp_error_hook hook) { atomic_store(&error_hook, hook); }
-
-void evhttp_send_error(struct evhttp_request *req, int status, const char *reason) {
-    hp_error_hook hook = atomic_load(&error_hook);
-    if (hook != NULL) {
-        hook(req, status, reason);
-        return;
-    }
-    // No hook installed: a bodiless reply that still closes the exchange.
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-    evhttp_send_reply(req, status, reason != NULL ? reason : "Error", NULL);
+int hp_accept(int fd, struct sockaddr *addr, socklen_t *len) {
+    return accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }

@@ -16,6 +16,10 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     case notFound = "NOT_FOUND"
     case clientError = "CLIENT_ERROR"
     case badGateway = "BAD_GATEWAY"
+    case uriTooLong = "URI_TOO_LONG"
+    case requestTimeout = "REQUEST_TIMEOUT"
+    case notImplemented = "NOT_IMPLEMENTED"
+    case versionNotSupported = "VERSION_NOT_SUPPORTED"
 
     public var status: Int {
         switch self {
@@ -30,6 +34,10 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .forbidden: 403
         case .clientError: 400
         case .badGateway: 502
+        case .uriTooLong: 414
+        case .requestTimeout: 408
+        case .notImplemented: 501
+        case .versionNotSupported: 505
         }
     }
 
@@ -67,6 +75,10 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .notFound: "The resource does not exist"
         case .clientError: "The service rejected the request"
         case .badGateway: "The service sent an invalid response"
+        case .uriTooLong: "The request line is too long"
+        case .requestTimeout: "The request did not arrive in time"
+        case .notImplemented: "The request uses a feature the gateway does not support"
+        case .versionNotSupported: "The HTTP version is not supported"
         }
     }
 
@@ -87,6 +99,10 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .notFound: "Check the identifier in the URL."
         case .clientError: "Correct the request as the service describes, then send it again."
         case .badGateway: "Try again; if it persists, the service is misbehaving."
+        case .uriTooLong: "Send a shorter URL (move long parameters into the body)."
+        case .requestTimeout: "Send the whole request without pausing, then try again."
+        case .notImplemented: "Send the body with Content-Length or plain chunked encoding."
+        case .versionNotSupported: "Use HTTP/1.1."
         }
     }
 

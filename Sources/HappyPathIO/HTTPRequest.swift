@@ -1,4 +1,3 @@
-internal import CLibevent
 import HappyPathCore
 
 #if canImport(Glibc)
@@ -7,337 +6,454 @@ import HappyPathCore
 
 /// A client request received by `HTTPServer`, valid until it is answered.
 ///
-/// Ownership: libevent owns the underlying `evhttp_request`; it frees it when
-/// a reply completes (`reply`, `endReply`) or when the connection is freed by
-/// `abort()`. After that every method here is a no-op, because `raw` is
-/// cleared first, so a late upstream callback cannot touch freed memory.
+/// Its head lives in the connection's read buffer (names and values are
+/// read in place) until the answer is complete; after that, and after the
+/// connection is gone, every method here is a no-op, so a late upstream
+/// callback cannot write into another request's answer.
 public final class HTTPRequest {
-    private var raw: UnsafeMutablePointer<evhttp_request>?
-    /// Answer with `Connection: close` (set for requests libevent rejected).
-    public var closeAfterReply = false
-    /// Told when the client goes away or queued output drains (see
-    /// `watchClientClose()` and `send(_:notifyWhenDrained:)`). Held
+    /// Strong while the request is open; cleared when it is answered.
+    private var connection: HTTPConnection?
+    /// Told when the client goes away or queued output drains. Held
     /// unowned(unsafe): the observer outlives the request's answer.
     public unowned(unsafe) var observer: HTTPRequestObserver?
-    private var watchingClose = false
-    private var drainPending = false
-    /// While armed: an EV_CLOSED watch on the client socket (see `watchForHangUp`).
-    private var hangUpEvent: OpaquePointer?
+    /// Set when the edge refused the request (the delegate's `reject`).
+    public internal(set) var refusal: HTTP1Refusal?
+    private var lostReported = false
+    private var cachedMethod: String?
+    private var cachedTarget: String?
 
-    init(_ raw: UnsafeMutablePointer<evhttp_request>) { self.raw = raw }
+    init(connection: HTTPConnection) { self.connection = connection }
+
+    /// The connection, while this request is the one it is answering.
+    private var live: HTTPConnection? {
+        guard let connection, connection.current === self else { return nil }
+        return connection
+    }
+
+    private var head: RequestHead? { live?.head }
 
     // MARK: - Request
 
     public var method: String {
-        guard let raw else { return "GET" }
-        switch Int32(evhttp_request_get_command(raw).rawValue) {
-        case 1 << 0: return "GET"
-        case 1 << 1: return "POST"
-        case 1 << 2: return "HEAD"
-        case 1 << 3: return "PUT"
-        case 1 << 4: return "DELETE"
-        case 1 << 5: return "OPTIONS"
-        case 1 << 6: return "TRACE"
-        case 1 << 7: return "CONNECT"
-        case 1 << 8: return "PATCH"
-        default: return "GET"
-        }
+        if let cachedMethod { return cachedMethod }
+        guard let head, let c = live else { return "GET" }
+        let m = String(decoding: UnsafeRawBufferPointer(rebasing: c.input.bytes[head.method]), as: UTF8.self)
+        cachedMethod = m
+        return m
     }
 
-    /// The request target exactly as the client sent it (origin form).
+    /// Path and query, in origin form: an absolute-form target's authority
+    /// is dropped (it is never used for routing); `*` for `OPTIONS *`.
     public var target: String {
-        guard let raw, let uri = evhttp_request_get_uri(raw) else { return "/" }
-        return String(cString: uri)
+        if let cachedTarget { return cachedTarget }
+        guard let head, let c = live else { return "/" }
+        let raw = UnsafeRawBufferPointer(rebasing: c.input.bytes[head.pathAndQuery])
+        var t = String(decoding: raw, as: UTF8.self)
+        if head.form == .absolute, raw.first != UInt8(ascii: "/") { t = "/" + t }
+        cachedTarget = t
+        return t
     }
 
-    /// Calls `body` with each request header in arrival order.
-    public func forEachHeader(_ body: (_ name: String, _ value: String) -> Void) {
-        guard let raw, let headers = evhttp_request_get_input_headers(raw) else { return }
-        var entry = headers.pointee.tqh_first
-        while let e = entry {
-            if let key = e.pointee.key, let value = e.pointee.value {
-                body(String(cString: key), String(cString: value))
-            }
-            entry = e.pointee.next.tqe_next
+    public var isAsteriskForm: Bool { head?.form == .asterisk }
+
+    /// Whether `Connection` names other fields (they are hop-by-hop then).
+    public var connectionNominatesFields: Bool { head?.connectionNominatesFields ?? false }
+
+    /// Calls `body` with each request field, in arrival order, as bytes in
+    /// the read buffer (valid only during the call): no copy per field.
+    public func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void) {
+        guard head != nil, let c = live else { return }
+        let bytes = c.input.bytes
+        for f in c.fields {
+            body(
+                UnsafeRawBufferPointer(rebasing: bytes[f.nameStart..<f.nameEnd]),
+                UnsafeRawBufferPointer(rebasing: bytes[f.valueStart..<f.valueEnd]))
         }
     }
 
+    /// Each request field as strings, in arrival order.
+    public func forEachHeader(_ body: (_ name: String, _ value: String) -> Void) {
+        forEachRawHeader { name, value in
+            body(String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self))
+        }
+    }
+
+    /// The first value of the field `name` (case-insensitive).
     public func header(_ name: String) -> String? {
-        guard let raw, let value = evhttp_find_header(evhttp_request_get_input_headers(raw), name) else { return nil }
-        return String(cString: value)
+        var found: String?
+        var wanted = name
+        wanted.withUTF8 { w in
+            let wanted = UnsafeRawBufferPointer(w)
+            forEachRawHeader { n, v in
+                if found == nil, n.count == wanted.count, NominatedFieldsBridge.equal(n, wanted) {
+                    found = String(decoding: v, as: UTF8.self)
+                }
+            }
+        }
+        return found
+    }
+
+    /// The fields that a `Connection` header of this request names, by
+    /// index in `forEachRawHeader` order (linear in the head's size).
+    public func nominatedFields() -> [Bool] {
+        guard head != nil, let c = live else { return [] }
+        var marks = [Bool](repeating: false, count: c.fields.count)
+        let bytes = c.input.bytes
+        for f in c.fields where HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: bytes[f.nameStart..<f.nameEnd]), "connection") {
+            NominatedFields.mark(
+                count: c.fields.count,
+                name: { UnsafeRawBufferPointer(rebasing: bytes[c.fields[$0].nameStart..<c.fields[$0].nameEnd]) },
+                connectionValue: UnsafeRawBufferPointer(rebasing: bytes[f.valueStart..<f.valueEnd]), nominated: &marks)
+        }
+        return marks
     }
 
     /// The client's address, as text.
-    public var peerAddress: String {
-        guard let raw, let evcon = evhttp_request_get_connection(raw) else { return "" }
-        var host: UnsafeMutablePointer<CChar>?
-        var port: UInt16 = 0
-        evhttp_connection_get_peer(evcon, &host, &port)
-        return host.map { String(cString: $0) } ?? ""
-    }
+    public var peerAddress: String { connection?.peerAddress ?? "" }
 
-    /// The whole request body (libevent has read it before `serve`).
-    public func takeBody() -> RequestBody {
-        guard let raw, let buffer = evhttp_request_get_input_buffer(raw) else { return .empty }
-        let count = evbuffer_get_length(buffer)
-        guard count > 0 else { return .empty }
-        let body = RequestBody(count: count)
-        evbuffer_remove(buffer, body.baseAddress, count)
-        return body
-    }
+    /// The whole request body (read before `serve`), handed over once.
+    public func takeBody() -> RequestBody { live?.takeBody() ?? .empty }
 
     // MARK: - Whole replies
 
-    /// Sends a complete response and releases the request.
+    /// Close the connection after this answer.
+    public var closeAfterReply: Bool {
+        get { live?.closeAfterResponse ?? true }
+        set { if newValue { live?.closeAfterResponse = true } }
+    }
+
+    /// Sends a complete response (the staged headers, then `headers`) and
+    /// releases the request.
     public func reply(status: Int, headers: [HTTPField] = [], body: String? = nil) {
-        guard let raw else { return }
-        self.raw = nil
-        clearConnectionCallbacks(raw)
-        let out = evhttp_request_get_output_headers(raw)
-        for field in headers { evhttp_add_header(out, field.name, field.value) }
-        if closeAfterReply { evhttp_add_header(out, "Connection", "close") }
-        if let body, !body.isEmpty {
-            let buffer = evbuffer_new()
-            var body = body
-            body.withUTF8 { _ = evbuffer_add(buffer, $0.baseAddress, $0.count) }
-            evhttp_send_reply(raw, Int32(status), reasonPhrase(status), buffer)
-            evbuffer_free(buffer)
-        } else {
-            evhttp_send_reply(raw, Int32(status), reasonPhrase(status), nil)
+        guard let c = live else { return }
+        for field in headers { addResponseHeader(field.name, field.value) }
+        var body = body ?? ""
+        let bodyless = c.response.isHead || status < 200 || status == 204 || status == 304
+        let length = body.utf8.count
+        c.response.composeHead(
+            status: status, contentLength: (status < 200 || status == 204) ? nil : length, chunked: false,
+            close: closes(c), server: c.server)
+        c.response.framing = .none
+        body.withUTF8 { b in
+            c.write([c.response.headOut.bytes, bodyless ? UnsafeRawBufferPointer(start: nil, count: 0) : UnsafeRawBufferPointer(b)])
         }
+        c.response.headPending = false
+        release(c)
+    }
+
+    private func closes(_ c: HTTPConnection) -> Bool {
+        c.closeAfterResponse || c.server.draining || !(c.head?.keepAlive ?? false)
     }
 
     // MARK: - Streamed replies
 
-    /// Replaces every response header added so far (a new try starts clean).
+    /// Forgets every response header staged so far (a new try starts clean).
     public func clearResponseHeaders() {
-        guard let raw else { return }
-        evhttp_clear_headers(evhttp_request_get_output_headers(raw))
+        live?.response.clearStaged()
     }
 
     public func addResponseHeader(_ name: String, _ value: String) {
-        guard let raw else { return }
-        name.withCString { n in value.withCString { v in _ = evhttp_add_header(evhttp_request_get_output_headers(raw), n, v) } }
+        guard let c = live else { return }
+        var name = name
+        var value = value
+        name.withUTF8 { n in value.withUTF8 { v in c.response.stage(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) } }
     }
 
-    /// Adds a header from raw bytes (as libcurl hands them over) without
-    /// building Swift strings: copied with terminators into a stack buffer.
+    /// Stages a header from raw bytes (as libcurl hands them over), copied.
     public func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
-        guard let raw else { return }
-        let total = name.count + value.count + 2
-        withUnsafeTemporaryAllocation(byteCount: total, alignment: 1) { buffer in
-            let base = buffer.baseAddress!
-            if name.count > 0 { base.copyMemory(from: name.baseAddress!, byteCount: name.count) }
-            base.storeBytes(of: 0, toByteOffset: name.count, as: UInt8.self)
-            let valueStart = base + name.count + 1
-            if value.count > 0 { valueStart.copyMemory(from: value.baseAddress!, byteCount: value.count) }
-            valueStart.storeBytes(of: 0, toByteOffset: value.count, as: UInt8.self)
-            evhttp_add_header(
-                evhttp_request_get_output_headers(raw), base.assumingMemoryBound(to: CChar.self),
-                valueStart.assumingMemoryBound(to: CChar.self))
-        }
+        live?.response.stage(name: name, value: value)
     }
 
-    /// Sends the status line and headers; the body follows with `send`.
-    /// With a `Content-Length` header the body is sent as is; without one,
-    /// HTTP/1.1 clients get chunked encoding.
-    public func startReply(status: Int) {
-        guard let raw else { return }
-        if closeAfterReply { evhttp_add_header(evhttp_request_get_output_headers(raw), "Connection", "close") }
-        evhttp_send_reply_start(raw, Int32(status), reasonPhrase(status))
+    /// Drops the staged headers that a `Connection` value names
+    /// (an upstream's own hop-by-hop fields).
+    public func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {
+        live?.response.removeNominated(by: connectionValue)
     }
 
-    /// Queues body bytes for the client. With `notifyWhenDrained`, the
-    /// observer hears `requestOutputDrained` once everything queued so far
-    /// has been written to the socket (for back-pressure).
-    public func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool = false) {
-        guard let raw, bytes.count > 0 else { return }
-        let buffer = ReplyScratch.buffer
-        evbuffer_add(buffer, bytes.baseAddress, bytes.count)
-        drainPending = notifyWhenDrained
-        if notifyWhenDrained {
-            evhttp_send_reply_chunk_with_cb(raw, buffer, httpRequestDrainedCallback, Unmanaged.passUnretained(self).toOpaque())
+    /// Stages the status line and headers; they leave with the first body
+    /// bytes (one write). The framing is the proxy's own: `Content-Length`
+    /// when the length is known, else chunked (HTTP/1.1) or end-of-connection
+    /// (HTTP/1.0). HEAD, 1xx, 204 and 304 answers carry no body.
+    public func startReply(status: Int, contentLength: Int? = nil) {
+        guard let c = live else { return }
+        let noBody = c.response.isHead || status < 200 || status == 204 || status == 304
+        var chunked = false
+        if noBody {
+            c.response.framing = .none
+        } else if let contentLength {
+            c.response.framing = .length(remaining: contentLength)
+        } else if c.head?.version == .http10 || c.head == nil {
+            c.response.framing = .untilClose
+            c.closeAfterResponse = true
         } else {
-            evhttp_send_reply_chunk(raw, buffer)
+            c.response.framing = .chunked
+            chunked = true
         }
-        let refused = evbuffer_get_length(buffer)
-        if refused > 0 {
-            // libevent takes no body for HEAD, 204 and 304 (or a closed
-            // connection): discard, and report "drained" at once.
-            evbuffer_drain(buffer, refused)
-            drained()
+        let announced = (status < 200 || status == 204) ? nil : (noBody && !c.response.isHead ? nil : contentLength)
+        c.response.composeHead(
+            status: status, contentLength: announced, chunked: chunked, close: closes(c), server: c.server)
+        c.response.headPending = true
+    }
+
+    /// Writes body bytes. With `notifyWhenDrained`, the observer hears
+    /// `requestOutputDrained` once everything queued so far is written.
+    public func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool = false) {
+        guard let c = live else { return }
+        let head = c.response.headPending ? c.response.headOut.bytes : UnsafeRawBufferPointer(start: nil, count: 0)
+        c.response.headPending = false
+        switch c.response.framing {
+        case .none:
+            c.write([head])
+        case let .length(remaining):
+            // Never more than announced: the client frames by this length.
+            let n = min(remaining, bytes.count)
+            c.response.framing = .length(remaining: remaining - n)
+            c.write([head, UnsafeRawBufferPointer(rebasing: bytes[0..<n])])
+        case .chunked:
+            guard bytes.count > 0 else { break }
+            c.response.chunkLine.count = 0
+            c.response.chunkLine.append(hex: bytes.count)
+            c.response.chunkLine.append("\r\n")
+            c.write([head, c.response.chunkLine.bytes, bytes, crlf])
+        case .untilClose:
+            c.write([head, bytes])
         }
+        if notifyWhenDrained, live != nil { c.notifyWhenDrained() }
     }
 
     /// Bytes queued for the client and not yet written.
-    public var pendingOutput: Int {
-        guard let raw, let evcon = evhttp_request_get_connection(raw),
-            let bev = evhttp_connection_get_bufferevent(evcon)
-        else { return 0 }
-        return evbuffer_get_length(bufferevent_get_output(bev))
-    }
+    public var pendingOutput: Int { live?.pendingOutput ?? 0 }
 
-    /// Finishes a streamed reply and releases the request.
+    /// Finishes a streamed reply and releases the request. A body shorter
+    /// than its announced length cannot end well: the connection is closed.
     public func endReply() {
-        guard let raw else { return }
-        self.raw = nil
-        clearConnectionCallbacks(raw)
-        evhttp_send_reply_end(raw)
+        guard let c = live else { return }
+        let head = c.response.headPending ? c.response.headOut.bytes : UnsafeRawBufferPointer(start: nil, count: 0)
+        c.response.headPending = false
+        switch c.response.framing {
+        case .chunked: c.write([head, lastChunk])
+        case let .length(remaining) where remaining > 0:
+            c.write([head])
+            return abort()
+        default: c.write([head])
+        }
+        release(c)
     }
 
-    /// Drops the client connection without completing the response (the body
-    /// was cut short upstream: the client must see a broken response, not a
-    /// complete one). Releases the request.
+    /// Drops the client connection without completing the response (the
+    /// body was cut short upstream: the client must see a broken response,
+    /// not a complete one). Releases the request.
     public func abort() {
-        guard let raw else { return }
-        self.raw = nil
-        clearConnectionCallbacks(raw)
-        if let evcon = evhttp_request_get_connection(raw) {
-            evhttp_connection_free(evcon)  // frees the request with it
-        } else {
-            evhttp_send_reply_end(raw)  // already detached: this only frees it
-        }
+        guard let c = connection else { return }
+        connection = nil
+        c.abort(self)
     }
 
-    /// Tells the observer (`requestClientClosed`) if the client connection
-    /// closes before the answer is complete. The connection holds an
-    /// unretained pointer to `self`, cleared before the request is released.
-    public func watchClientClose() {
-        guard let raw, let evcon = evhttp_request_get_connection(raw) else { return }
-        watchingClose = true
-        evhttp_connection_set_closecb(evcon, httpRequestCloseCallback, Unmanaged.passUnretained(self).toOpaque())
+    private func release(_ c: HTTPConnection) {
+        connection = nil
+        c.finished(self)
     }
 
-    /// libevent stops reading a connection while its request is handled, so a
-    /// client that hangs up is only noticed when the answer is written. For
-    /// long waits (parked, queued) this watches the socket for the peer's
-    /// close (EPOLLRDHUP) and reports it as `requestClientClosed`. It costs
-    /// system calls, so it is not for every request.
-    public func watchForHangUp() {
-        guard hangUpEvent == nil, let raw, let evcon = evhttp_request_get_connection(raw),
-            let bev = evhttp_connection_get_bufferevent(evcon)
-        else { return }
-        let event = event_new(
-            evhttp_connection_get_base(evcon), bufferevent_getfd(bev), Int16(EV_CLOSED), httpRequestHangUpCallback,
-            Unmanaged.passUnretained(self).toOpaque())
-        hangUpEvent = event
-        event_add(event, nil)
-    }
+    // MARK: - From the connection
 
-    public func stopWatchingForHangUp() {
-        if let hangUpEvent {
-            event_del(hangUpEvent)
-            event_free(hangUpEvent)
-        }
-        hangUpEvent = nil
-    }
-
-    fileprivate func hungUp() {
-        stopWatchingForHangUp()
+    /// The client is gone (closed, reset, or stopped reading): told once.
+    func connectionLost() {
+        guard !lostReported else { return }
+        lostReported = true
         observer?.requestClientClosed(self)
     }
 
-    private func clearConnectionCallbacks(_ raw: UnsafeMutablePointer<evhttp_request>) {
-        stopWatchingForHangUp()
-        if watchingClose, let evcon = evhttp_request_get_connection(raw) {
-            evhttp_connection_set_closecb(evcon, nil, nil)
-        }
-        watchingClose = false
-        drainPending = false
-    }
+    func outputDrained() { observer?.requestOutputDrained(self) }
 
-    fileprivate func connectionClosed() {
-        stopWatchingForHangUp()
-        // Still attached: libevent frees the request right after this callback,
-        // so forget it. Detached (evcon == NULL): it is ours to release later.
-        if let raw, raw.pointee.evcon != nil { self.raw = nil }
-        watchingClose = false
-        drainPending = false
-        observer?.requestClientClosed(self)
-    }
-
-    fileprivate func drained() {
-        guard drainPending else { return }
-        drainPending = false
-        observer?.requestOutputDrained(self)
-    }
+    // MARK: - Demo upstream misbehaviour
 
     /// Writes `bytes` raw to the socket (no HTTP framing), then drops the
     /// connection: the demo upstream's "garbage" answer.
     public func sendRawAndDrop(_ bytes: [UInt8]) {
-        guard let raw, let evcon = evhttp_request_get_connection(raw),
-            let bev = evhttp_connection_get_bufferevent(evcon)
-        else { return }
-        let fd = bufferevent_getfd(bev)
-        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        dropConnection()
+        guard let c = live else { return }
+        bytes.withUnsafeBytes { c.write([$0]) }
+        abort()
     }
 
-    /// Shuts the client's socket (both ways) without a response: the demo
-    /// upstream's "drop the connection". The request is released once
-    /// libevent notices.
+    /// Shuts the client's socket without a response: the demo upstream's
+    /// "drop the connection".
     public func dropConnection() {
-        guard let raw else { return }
-        if let evcon = evhttp_request_get_connection(raw), let bev = evhttp_connection_get_bufferevent(evcon) {
-            shutdown(bufferevent_getfd(bev), Int32(SHUT_RDWR))
-        }
-        reply(status: 500)
+        guard let c = live else { return }
+        shutdown(c.fd, Int32(SHUT_RDWR))
+        abort()
     }
 }
 
-private func httpRequestCloseCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {
-    guard let arg else { return }
-    Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().connectionClosed()
-}
-
-private func httpRequestHangUpCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
-    guard let arg else { return }
-    Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().hungUp()
-}
-
-private func httpRequestDrainedCallback(_: OpaquePointer?, _ arg: UnsafeMutableRawPointer?) {
-    guard let arg else { return }
-    Unmanaged<HTTPRequest>.fromOpaque(arg).takeUnretainedValue().drained()
-}
+nonisolated(unsafe) private let crlf = UnsafeRawBufferPointer(start: StaticString("\r\n").utf8Start, count: 2)
+nonisolated(unsafe) private let lastChunk = UnsafeRawBufferPointer(start: StaticString("0\r\n\r\n").utf8Start, count: 5)
 
 /// What a request tells the code answering it, on the loop's thread.
 public protocol HTTPRequestObserver: AnyObject {
-    /// The client connection closed first. Called from inside libevent's
-    /// connection teardown: defer real work to the next loop pass.
+    /// The client connection closed (or reset) before the answer was
+    /// complete. May be called from inside a write: defer real work to the
+    /// next loop pass.
     func requestClientClosed(_ request: HTTPRequest)
     /// Everything queued with `notifyWhenDrained` has been written.
     func requestOutputDrained(_ request: HTTPRequest)
 }
 
-/// One scratch evbuffer per thread for moving body bytes into a reply
-/// (`evhttp_send_reply_chunk` moves its chains out, leaving it empty).
-private enum ReplyScratch {
-    static var buffer: OpaquePointer {
-        if let existing = pthread_getspecific(key) { return OpaquePointer(existing) }
-        let created = evbuffer_new()!
-        pthread_setspecific(key, UnsafeRawPointer(created))
-        return created
+enum NominatedFieldsBridge {
+    static func equal(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
+        for i in 0..<a.count where HTTPBytes.lower(a[i]) != HTTPBytes.lower(b[i]) { return false }
+        return true
     }
-
-    static let key: pthread_key_t = {
-        var key = pthread_key_t()
-        pthread_key_create(&key) { pointer in evbuffer_free(OpaquePointer(pointer)) }
-        return key
-    }()
 }
 
-/// Reason phrases libevent 2.1 lacks (it prints "Client Error" for them);
-/// nil lets libevent use its own table.
-private func reasonPhrase(_ status: Int) -> UnsafePointer<CChar>? {
-    let phrase: StaticString
-    switch status {
-    case 422: phrase = "Unprocessable Content"
-    case 425: phrase = "Too Early"
-    case 428: phrase = "Precondition Required"
-    case 429: phrase = "Too Many Requests"
-    case 431: phrase = "Request Header Fields Too Large"
-    case 451: phrase = "Unavailable For Legal Reasons"
-    default: return nil
+// MARK: - The response being written
+
+/// The answer's staged head and framing, kept by the connection and reused.
+struct ResponseState {
+    enum Framing {
+        case none
+        case length(remaining: Int)
+        case chunked
+        case untilClose
     }
-    return UnsafeRawPointer(phrase.utf8Start).assumingMemoryBound(to: CChar.self)
+
+    /// `Name: value\r\n` lines, in order.
+    var staged = ByteBuffer(capacity: 512)
+    /// Each staged line: where it starts, where its name ends, where it ends.
+    var entries: [(start: Int, nameEnd: Int, end: Int)] = []
+    var removed: [Bool] = []
+    var anyRemoved = false
+    var hasDate = false
+    var headOut = ByteBuffer(capacity: 1024)
+    var headPending = false
+    var chunkLine = ByteBuffer(capacity: 32)
+    var framing = Framing.none
+    var version = HTTPVersion.http11
+    var isHead = false
+
+    mutating func reset(version: HTTPVersion, isHead: Bool) {
+        clearStaged()
+        headPending = false
+        framing = .none
+        self.version = version
+        self.isHead = isHead
+    }
+
+    mutating func clearStaged() {
+        staged.count = 0
+        entries.removeAll(keepingCapacity: true)
+        anyRemoved = false
+        hasDate = false
+    }
+
+    func deallocate() {
+        staged.deallocate()
+        headOut.deallocate()
+        chunkLine.deallocate()
+    }
+
+    mutating func stage(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        // The framing is the server's alone (`startReply(contentLength:)`),
+        // so that a response can never carry two.
+        if name.count == 14, HTTPBytes.equals(name, "content-length") { return }
+        if name.count == 17, HTTPBytes.equals(name, "transfer-encoding") { return }
+        let start = staged.count
+        staged.append(name)
+        let nameEnd = staged.count
+        staged.append(": ")
+        staged.append(value)
+        staged.append("\r\n")
+        entries.append((start, nameEnd, staged.count))
+        if name.count == 4, HTTPBytes.equals(name, "date") { hasDate = true }
+    }
+
+    mutating func removeNominated(by connectionValue: UnsafeRawBufferPointer) {
+        removed.removeAll(keepingCapacity: true)
+        let bytes = staged.bytes
+        let entries = self.entries
+        NominatedFields.mark(
+            count: entries.count, name: { UnsafeRawBufferPointer(rebasing: bytes[entries[$0].start..<entries[$0].nameEnd]) },
+            connectionValue: connectionValue, nominated: &removed)
+        anyRemoved = removed.contains(true)
+    }
+
+    mutating func composeHead(status: Int, contentLength: Int?, chunked: Bool, close: Bool, server: HTTPServer) {
+        headOut.count = 0
+        headOut.append("HTTP/1.1 ")
+        headOut.append(decimal: status)
+        headOut.append(byte: 0x20)
+        headOut.append(reasonPhrase(status))
+        headOut.append("\r\n")
+        if anyRemoved {
+            for (k, e) in entries.enumerated() where !(k < removed.count && removed[k]) {
+                headOut.append(UnsafeRawBufferPointer(rebasing: staged.bytes[e.start..<e.end]))
+            }
+        } else {
+            headOut.append(staged.bytes)
+        }
+        if !hasDate { server.dateHeader.withLine { headOut.append($0) } }
+        if let contentLength {
+            headOut.append("Content-Length: ")
+            headOut.append(decimal: contentLength)
+            headOut.append("\r\n")
+        } else if chunked {
+            headOut.append("Transfer-Encoding: chunked\r\n")
+        }
+        if close {
+            headOut.append("Connection: close\r\n")
+        } else if version == .http10 {
+            headOut.append("Connection: keep-alive\r\n")
+        }
+        headOut.append("\r\n")
+    }
+}
+
+private func reasonPhrase(_ status: Int) -> StaticString {
+    switch status {
+    case 100: "Continue"
+    case 101: "Switching Protocols"
+    case 200: "OK"
+    case 201: "Created"
+    case 202: "Accepted"
+    case 203: "Non-Authoritative Information"
+    case 204: "No Content"
+    case 205: "Reset Content"
+    case 206: "Partial Content"
+    case 300: "Multiple Choices"
+    case 301: "Moved Permanently"
+    case 302: "Found"
+    case 303: "See Other"
+    case 304: "Not Modified"
+    case 307: "Temporary Redirect"
+    case 308: "Permanent Redirect"
+    case 400: "Bad Request"
+    case 401: "Unauthorized"
+    case 403: "Forbidden"
+    case 404: "Not Found"
+    case 405: "Method Not Allowed"
+    case 406: "Not Acceptable"
+    case 408: "Request Timeout"
+    case 409: "Conflict"
+    case 410: "Gone"
+    case 411: "Length Required"
+    case 412: "Precondition Failed"
+    case 413: "Content Too Large"
+    case 414: "URI Too Long"
+    case 415: "Unsupported Media Type"
+    case 416: "Range Not Satisfiable"
+    case 417: "Expectation Failed"
+    case 421: "Misdirected Request"
+    case 422: "Unprocessable Content"
+    case 425: "Too Early"
+    case 426: "Upgrade Required"
+    case 428: "Precondition Required"
+    case 429: "Too Many Requests"
+    case 431: "Request Header Fields Too Large"
+    case 451: "Unavailable For Legal Reasons"
+    case 500: "Internal Server Error"
+    case 501: "Not Implemented"
+    case 502: "Bad Gateway"
+    case 503: "Service Unavailable"
+    case 504: "Gateway Timeout"
+    case 505: "HTTP Version Not Supported"
+    default: status < 200 ? "Informational" : status < 300 ? "Success" : status < 400 ? "Redirection" : status < 500 ? "Client Error" : "Server Error"
+    }
 }

@@ -1,40 +1,55 @@
 internal import CLibevent
 internal import CShims
 import HappyPathCore
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
 #endif
 
-/// Bounds on what a client may send; libevent enforces them while reading.
+/// Bounds on what a client may send, and how long it may take.
 public struct HTTPServerLimits: Sendable {
     public var maxHeaderBytes: Int
     public var maxBodyBytes: Int
-    /// Read and write inactivity timeout for a client connection.
+    /// The request head must arrive in full within this, counted from its
+    /// first byte (else 408); a body, a kept-alive connection between
+    /// requests and a client reading its response may each stall this long.
     public var timeout: Duration
+    /// Header fields in a head (and in a chunked body's trailers).
+    public var maxFields: Int
 
-    public init(maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration) {
+    public init(maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100) {
         self.maxHeaderBytes = maxHeaderBytes
         self.maxBodyBytes = maxBodyBytes
         self.timeout = timeout
+        self.maxFields = maxFields
+    }
+
+    var request: RequestLimits {
+        RequestLimits(maxHeadBytes: maxHeaderBytes, maxFields: maxFields, maxBodyBytes: maxBodyBytes)
     }
 }
 
-/// Why libevent refused a request before a handler saw it.
-public enum RejectedRequest: Sendable {
-    case malformed
-    case headersTooLarge
-    case bodyTooLarge
-    case methodNotAllowed
-    case other(status: Int)
+/// Receives requests on the server's loop thread. Each request passed to
+/// `serve` or `reject` must be answered exactly once (a reply, a streamed
+/// reply ended with `endReply`, or `abort()`).
+public protocol HTTPServerDelegate: AnyObject {
+    /// A complete request, body included.
+    func serve(_ request: HTTPRequest)
+    /// A request the edge refused (RFC 9112 rules and limits): answer it;
+    /// the connection closes after the answer.
+    func reject(_ request: HTTPRequest, reason: HTTP1Refusal)
+    /// A request with `Expect: 100-continue`, before its body is read: false
+    /// if the delegate answered it already (the client is then not invited
+    /// to send the body, and the connection closes after the answer).
+    func admit(_ request: HTTPRequest) -> Bool
+    /// Accepting stopped for `pause` because the process is out of file
+    /// descriptors (EMFILE/ENFILE) or memory; it resumes by itself.
+    func acceptPaused(errno: Int32, pause: Duration)
 }
 
-/// Receives requests on the server's loop thread. Each request must be
-/// answered exactly once (a reply, a streamed reply, or `abort()`).
-public protocol HTTPServerDelegate: AnyObject {
-    func serve(_ request: HTTPRequest)
-    func reject(_ request: HTTPRequest, reason: RejectedRequest)
+extension HTTPServerDelegate {
+    public func admit(_ request: HTTPRequest) -> Bool { true }
+    public func acceptPaused(errno: Int32, pause: Duration) {}
 }
 
 public enum SocketError: Error, CustomStringConvertible {
@@ -49,17 +64,29 @@ public enum SocketError: Error, CustomStringConvertible {
     }
 }
 
-/// An evhttp server on one event loop. With `reusePort`, several servers on
-/// several loops share one port (SO_REUSEPORT) and the kernel spreads
-/// connections across them.
+/// The HTTP/1.1 server of one event loop: a listening socket read by an
+/// accept event, and per-connection read events that stay registered for
+/// the connection's life (no epoll_ctl per request). With `reusePort`,
+/// several servers on several loops share one port (SO_REUSEPORT) and the
+/// kernel spreads connections across them.
 public final class HTTPServer {
-    private let http: OpaquePointer
     public let limits: HTTPServerLimits
     public private(set) var port: Int = 0
-    private var boundSocket: OpaquePointer?
     /// Unowned(unsafe): the delegate owns the server and closes it first.
     unowned(unsafe) var delegate: HTTPServerDelegate?
     let loop: EventLoop
+    let requestLimits: RequestLimits
+    private var listenFD: Int32 = -1
+    private var acceptEvent: OpaquePointer?
+    /// Re-arms the accept event after an EMFILE pause.
+    private var resumeEvent: OpaquePointer?
+    /// Open connections, retained here until they close.
+    private var connections: [ObjectIdentifier: HTTPConnection] = [:]
+    /// Draining: no new connections; idle ones close, busy ones close after their answer.
+    private(set) var draining = false
+    /// How long accepting pauses when descriptors run out (as nginx does).
+    public static let acceptPause: Duration = .milliseconds(500)
+    let dateHeader = DateHeaderCache()
 
     public init(
         loop: EventLoop, host: String, port: Int, reusePort: Bool, limits: HTTPServerLimits,
@@ -67,20 +94,8 @@ public final class HTTPServer {
     ) throws(SocketError) {
         self.loop = loop
         self.limits = limits
+        requestLimits = limits.request
         self.delegate = delegate
-        http = evhttp_new(loop.base)
-        installErrorHook()
-        evhttp_set_max_headers_size(http, limits.maxHeaderBytes)
-        evhttp_set_max_body_size(http, limits.maxBodyBytes)
-        var tv = timeval(limits.timeout)
-        evhttp_set_timeout_tv(http, &tv)
-        evhttp_set_allowed_methods(http, UInt16(0x1FF))  // all nine methods libevent knows
-        // No invented Content-Type: a response has the upstream's, or none.
-        evhttp_set_default_content_type(http, nil)
-        // Read an oversized body to its end before answering 413, so the
-        // client sees the answer instead of a reset while it is still sending.
-        evhttp_set_flags(http, EVHTTP_SERVER_LINGERING_CLOSE)
-        evhttp_set_gencb(http, httpServerRequestCallback, Unmanaged.passUnretained(self).toOpaque())
 
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC
@@ -88,112 +103,138 @@ public final class HTTPServer {
         hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV
         var result: UnsafeMutablePointer<addrinfo>?
         guard getaddrinfo(host, String(port), &hints, &result) == 0, let info = result else {
-            evhttp_free(http)
             throw .badAddress("\(host):\(port)")
         }
         defer { freeaddrinfo(result) }
-        var flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC)
-        if reusePort { flags |= UInt32(LEV_OPT_REUSEABLE_PORT) }
-        guard
-            let listener = evconnlistener_new_bind(
-                loop.base, nil, nil, flags, 1024, info.pointee.ai_addr, Int32(info.pointee.ai_addrlen))
-        else {
+        let fd = socket(info.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw .cannotBind(address: "\(host):\(port)", errno: errno) }
+        var one: Int32 = 1
+        let size = socklen_t(MemoryLayout<Int32>.size)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, size)
+        if reusePort { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
+        // Accepted sockets inherit TCP_NODELAY from the listener on Linux: a
+        // response must not wait for the client's delayed ACK (Nagle).
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, size)
+        guard bind(fd, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0, listen(fd, 1024) == 0 else {
             let e = errno
-            evhttp_free(http)
+            Glibc.close(fd)
             throw .cannotBind(address: "\(host):\(port)", errno: e)
         }
-        // Accepted sockets inherit TCP_NODELAY from the listener on Linux: a
-        // response head and its body, written separately, must not wait for
-        // the client's delayed ACK (Nagle), which costs 40 ms a response.
-        var one: Int32 = 1
-        setsockopt(evconnlistener_get_fd(listener), Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        boundSocket = evhttp_bind_listener(http, listener)
+        listenFD = fd
         var storage = sockaddr_storage()
         var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
         withUnsafeMutablePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                _ = getsockname(evconnlistener_get_fd(listener), $0, &len)
-            }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = getsockname(fd, $0, &len) }
         }
-        self.port = withUnsafeBytes(of: &storage) { raw -> Int in
-            let family = raw.load(fromByteOffset: 0, as: sa_family_t.self)
-            let offset = family == sa_family_t(AF_INET6) ? 2 : 2
-            let be = raw.load(fromByteOffset: offset, as: UInt16.self)
-            return Int(UInt16(bigEndian: be))
+        self.port = withUnsafeBytes(of: &storage) { raw in
+            Int(UInt16(bigEndian: raw.load(fromByteOffset: 2, as: UInt16.self)))  // sin_port and sin6_port sit at offset 2
         }
-        let me = UInt(bitPattern: Unmanaged.passUnretained(self).toOpaque())
-        ServerRegistry.shared.withLock { $0[ServerRegistry.key(http)] = me }
+        // Both events point at `self` unretained; `close()` frees them first.
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        acceptEvent = event_new(loop.base, fd, Int16(EV_READ | EV_PERSIST), httpServerAcceptCallback, me)
+        resumeEvent = event_new(loop.base, -1, 0, httpServerResumeCallback, me)
+        event_add(acceptEvent, nil)
     }
 
-    /// Stops accepting new connections; open ones keep being served. On the loop's thread.
+    /// Stops accepting new connections and closes idle ones; busy ones
+    /// close after their current answer. On the loop's thread.
     public func stopAccepting() {
-        if let boundSocket { evhttp_del_accept_socket(http, boundSocket) }
-        boundSocket = nil
+        draining = true
+        closeListener()
+        for connection in Array(connections.values) { connection.drain() }
     }
 
     /// Stops accepting and closes every connection. On the loop's thread.
     public func close() {
-        ServerRegistry.shared.withLock { _ = $0.removeValue(forKey: ServerRegistry.key(http)) }
-        evhttp_free(http)
+        closeListener()
+        for connection in Array(connections.values) { connection.close() }
+        connections.removeAll()
+        if let resumeEvent { event_free(resumeEvent) }
+        resumeEvent = nil
     }
 
-    fileprivate func handle(_ raw: UnsafeMutablePointer<evhttp_request>) {
-        delegate?.serve(HTTPRequest(raw))
+    private func closeListener() {
+        if let acceptEvent { event_free(acceptEvent) }
+        acceptEvent = nil
+        if let resumeEvent { event_del(resumeEvent) }
+        if listenFD >= 0 { Glibc.close(listenFD) }
+        listenFD = -1
     }
 
-    fileprivate func reject(_ raw: UnsafeMutablePointer<evhttp_request>, status: Int32) {
-        let reason: RejectedRequest
-        switch status {
-        case 400:
-            // libevent reports an oversized head as a parse error (400); tell
-            // the two apart by how much head it had read and buffered.
-            var headBytes = raw.pointee.headers_size
-            if let evcon = evhttp_request_get_connection(raw), let bev = evhttp_connection_get_bufferevent(evcon) {
-                headBytes += evbuffer_get_length(bufferevent_get_input(bev))
+    /// Open client connections (for tests and the admin state).
+    public var connectionCount: Int { connections.count }
+
+    // MARK: - Accepting
+
+    fileprivate func acceptReady() {
+        // A bounded batch per wake-up, so one busy listener cannot starve the loop.
+        for _ in 0..<64 {
+            var storage = sockaddr_storage()
+            var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let fd = withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { hp_accept(listenFD, $0, &len) }
             }
-            reason = headBytes > limits.maxHeaderBytes ? .headersTooLarge : .malformed
-        case 405, 501: reason = .methodNotAllowed
-        case 413: reason = .bodyTooLarge
-        default: reason = .other(status: Int(status))
+            if fd < 0 {
+                switch errno {
+                case EINTR, ECONNABORTED: continue
+                case EMFILE, ENFILE, ENOBUFS, ENOMEM:
+                    // Out of descriptors: the pending connection stays queued and
+                    // the listener stays readable, so a level-triggered accept
+                    // would spin. Stop listening for a while instead.
+                    let e = errno
+                    event_del(acceptEvent)
+                    var tv = timeval(Self.acceptPause)
+                    event_add(resumeEvent, &tv)
+                    delegate?.acceptPaused(errno: e, pause: Self.acceptPause)
+                    return
+                default: return  // EAGAIN: nothing more to accept
+                }
+            }
+            let connection = HTTPConnection(server: self, fd: fd, peer: storage)
+            connections[ObjectIdentifier(connection)] = connection
+            connection.start()
+            if draining { connection.drain() }
         }
-        if raw.pointee.major == 0 {  // no parsable request line: answer in HTTP/1.1
-            raw.pointee.major = 1
-            raw.pointee.minor = 1
-        }
-        let request = HTTPRequest(raw)
-        request.closeAfterReply = true
-        if let delegate { delegate.reject(request, reason: reason) } else { request.reply(status: Int(status)) }
+    }
+
+    fileprivate func resumeAccepting() {
+        if let acceptEvent, listenFD >= 0 { event_add(acceptEvent, nil) }
+    }
+
+    func connectionClosed(_ connection: HTTPConnection) {
+        connections.removeValue(forKey: ObjectIdentifier(connection))
     }
 }
 
-/// evhttp → HTTPServer, for the error hook, which gets only a request.
-private enum ServerRegistry {
-    /// Keys and values are pointer bit patterns (evhttp → unretained HTTPServer).
-    static let shared = Mutex<[UInt: UInt]>([:])
-
-    static func key(_ http: OpaquePointer) -> UInt { UInt(bitPattern: UnsafeRawPointer(http)) }
+private func httpServerAcceptCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    let server = Unmanaged<HTTPServer>.fromOpaque(arg!).takeUnretainedValue()
+    withExtendedLifetime(server) { server.acceptReady() }
 }
 
-private let errorHookInstalled: Bool = {
-    hp_set_error_hook { raw, status, _ in
-        guard let raw else { return }
-        let evcon = evhttp_request_get_connection(raw)
-        let server = evcon.flatMap(evhttp_connection_get_server).flatMap { http in
-            ServerRegistry.shared.withLock { $0[ServerRegistry.key(http)] }
+private func httpServerResumeCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<HTTPServer>.fromOpaque(arg!).takeUnretainedValue().resumeAccepting()
+}
+
+/// The `Date` header value, formatted once a second (RFC 9110 section 6.6.1).
+final class DateHeaderCache {
+    private var second = 0
+    private var text = ByteBuffer(capacity: 64)
+
+    deinit { text.deallocate() }
+
+    /// `Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n`
+    func withLine<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        let now = time(nil)
+        if now != second || text.count == 0 {
+            second = now
+            var t = now
+            var parts = tm()
+            gmtime_r(&t, &parts)
+            var scratch = [CChar](repeating: 0, count: 64)
+            let n = strftime(&scratch, 64, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &parts)
+            text.count = 0
+            scratch.withUnsafeBytes { text.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
         }
-        if let server, let pointer = UnsafeMutableRawPointer(bitPattern: server) {
-            Unmanaged<HTTPServer>.fromOpaque(pointer).takeUnretainedValue().reject(raw, status: status)
-        } else {
-            evhttp_add_header(evhttp_request_get_output_headers(raw), "Connection", "close")
-            evhttp_send_reply(raw, status, "Error", nil)
-        }
+        return body(text.bytes)
     }
-    return true
-}()
-
-private func installErrorHook() { _ = errorHookInstalled }
-
-private func httpServerRequestCallback(_ req: UnsafeMutablePointer<evhttp_request>?, _ arg: UnsafeMutableRawPointer?) {
-    guard let req, let arg else { return }
-    Unmanaged<HTTPServer>.fromOpaque(arg).takeUnretainedValue().handle(req)
 }

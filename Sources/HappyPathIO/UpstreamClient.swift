@@ -65,7 +65,10 @@ public protocol UpstreamResponseHandler: AnyObject {
     func upstreamStatus(_ status: Int)
     /// A header of the final response; the bytes are valid only during the call.
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
-    func upstreamHeadersComplete()
+    /// The final response's head is complete. A non-nil reason refuses it:
+    /// the try ends as `.badResponse(reason)` and its connection is closed,
+    /// never reused (its framing cannot be trusted).
+    func upstreamHeadersComplete() -> String?
     /// Body bytes. Return false to pause: the bytes are not consumed and come
     /// again after `UpstreamTransfer.resume()`.
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
@@ -85,10 +88,19 @@ public final class UpstreamTransfer {
     fileprivate var headersDone = false
     fileprivate var finished = false
     fileprivate var paused = false
+    /// Why the response head was refused (the transfer was aborted for it).
+    fileprivate var refusal: String?
 
     fileprivate init(handle: EasyHandle, client: UpstreamClient) {
         self.handle = handle
         self.client = client
+    }
+
+    /// Aborts the transfer from inside a header callback (returning a size
+    /// other than the line's makes libcurl fail it and close the connection).
+    fileprivate func refuse(_ reason: String) -> Int {
+        refusal = reason
+        return 0
     }
 
     /// Continues a paused transfer. Call from a libevent callback, never from
@@ -284,7 +296,8 @@ public final class UpstreamClient {
             hp_easy_get_ptr(easy, CURLINFO_PRIVATE, &privatePointer)
             guard let privatePointer else { continue }
             let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(privatePointer).takeUnretainedValue()
-            let failure = code == CURLE_OK ? nil : classify(code, transfer)
+            var failure = code == CURLE_OK ? nil : classify(code, transfer)
+            if let refusal = transfer.refusal { failure = .badResponse(refusal) }
             let handler = transfer.handler
             transfer.handler = nil
             complete(transfer)
@@ -436,26 +449,22 @@ private func upstreamHeaderCallback(
     if end == 0 {
         if transfer.inFinalBlock {
             transfer.headersDone = true
-            handler.upstreamHeadersComplete()
+            if let refusal = handler.upstreamHeadersComplete() { return transfer.refuse(refusal) }
         }
         return n
     }
     if n >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
-        var i = 5
-        while i < end, line[i] != 0x20 { i += 1 }
-        while i < end, line[i] == 0x20 { i += 1 }
-        var status = 0
-        var digits = 0
-        while i < end, digits < 3, line[i] >= 0x30, line[i] <= 0x39 {
-            status = status * 10 + Int(line[i] - 0x30)
-            i += 1
-            digits += 1
+        guard let status = ResponseFraming.status(ofLine: UnsafeRawBufferPointer(rebasing: line[0..<end])) else {
+            return transfer.refuse("The upstream's status line is not 'HTTP/1.x' and a status from 100 to 599.")
         }
         transfer.inFinalBlock = status >= 200
         if transfer.inFinalBlock { handler.upstreamStatus(status) }
         return n
     }
-    guard transfer.inFinalBlock, let colon = line[..<end].firstIndex(of: 0x3A) else { return n }
+    guard transfer.inFinalBlock else { return n }
+    guard let colon = line[..<end].firstIndex(of: 0x3A) else {
+        return transfer.refuse("The upstream sent a header line without a colon (or a folded one).")
+    }
     var valueStart = colon + 1
     while valueStart < end, line[valueStart] == 0x20 || line[valueStart] == 0x09 { valueStart += 1 }
     var valueEnd = end

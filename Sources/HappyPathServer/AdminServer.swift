@@ -80,7 +80,7 @@ final class AdminServer: HTTPServerDelegate {
         }
     }
 
-    func reject(_ request: HTTPRequest, reason: RejectedRequest) {
+    func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         ProblemResponder.respond(
             request, ProblemResponder.problem(for: reason, requestID: ids.requestID(), limits: server.limits))
     }

@@ -60,8 +60,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
 
     // MARK: - Handling
 
-    public func reject(_ request: HTTPRequest, reason: RejectedRequest) {
-        request.reply(status: 400, headers: Self.json, body: "{\"error\":\"\(reason)\"}\n")
+    public func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
+        request.reply(status: reason.status, headers: Self.json, body: "{\"error\":\"\(reason.rawValue)\"}\n")
     }
 
     static let json = [HTTPField(name: "Content-Type", value: "application/json")]
@@ -180,12 +180,9 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         _ request: HTTPRequest, headers: [HTTPField], count: Int,
         fill: @escaping (_ offset: Int, _ count: Int, _ out: UnsafeMutableRawPointer) -> Void
     ) {
-        if request.method == "HEAD" {
-            return request.reply(status: 200, headers: headers + [HTTPField(name: "Content-Length", value: String(count))])
-        }
         for field in headers { request.addResponseHeader(field.name, field.value) }
-        request.addResponseHeader("Content-Length", String(count))
-        request.startReply(status: 200)
+        request.startReply(status: 200, contentLength: count)
+        if request.method == "HEAD" { return request.endReply() }
         BodyStreamer(loop: loop, request: request, count: count, fill: fill).next()
     }
 
@@ -230,7 +227,6 @@ private final class BodyStreamer: HTTPRequestObserver, LoopEventTarget {
         self.fill = fill
         keepAlive = self
         request.observer = self
-        request.watchClientClose()
     }
 
     deinit { scratch.deallocate() }

@@ -59,6 +59,12 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         /// its first 16 KiB are kept for `upstream_body` and mappings.
         case holding
     }
+    /// The try's response head as checked so far: its framing is rewritten
+    /// by the proxy, never forwarded as it came (see `ResponseFraming`).
+    private var framing = ResponseFraming()
+    /// The upstream's `Connection` values: the fields they name are its own
+    /// hop-by-hop fields and are dropped.
+    private var upstreamConnection: [UInt8] = []
     private var heldBody: [UInt8] = []
     private var heldBodyComplete = true
     private var retryAfter: String?
@@ -98,7 +104,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func start() {
         request.observer = self
-        request.watchClientClose()
         guardian.recordRequest(at: worker.clock.now())
         admitAndSend()
     }
@@ -140,7 +145,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             case .queued:
                 isQueued = true
                 pendingProbe = probe
-                request.watchForHangUp()
                 arm(.queued, after: remaining)
             case .full:
                 if probe { abandonProbe() }
@@ -165,7 +169,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         guard isQueued, !done else { return worker.releaseSlot(guardian: guardian) }
         isQueued = false
         holdsSlot = true
-        request.stopWatchingForHangUp()
         timer?.disarm()
         if clientClosed {
             if pendingProbe { abandonProbe() }
@@ -198,6 +201,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         status = 0
         mode = .waiting
         retryAfter = nil
+        framing = ResponseFraming()
+        upstreamConnection.removeAll(keepingCapacity: true)
         arm(.tryLimit, after: min(route.retry.configuration.perTryTimeout, remaining))
         // A retry prefers another endpoint than the one that just failed;
         // ejected endpoints are skipped.
@@ -235,9 +240,19 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        // Content-Length and Transfer-Encoding are the proxy's to write, and
+        // a malformed field fails the head (reported when it is complete).
+        guard framing.add(name: name, value: value) else { return }
+        if HopByHop.isHopByHop(name) {
+            if HopByHop.equalsIgnoringCase(name, "connection") {
+                if !upstreamConnection.isEmpty { upstreamConnection.append(UInt8(ascii: ",")) }
+                upstreamConnection.append(contentsOf: value)
+            }
+            return
+        }
         switch mode {
         case .streaming:
-            if !HopByHop.isHopByHop(name) { request.addResponseHeader(name: name, value: value) }
+            request.addResponseHeader(name: name, value: value)
         case .holding:
             if HopByHop.equalsIgnoringCase(name, "retry-after") {
                 retryAfter = String(decoding: value, as: UTF8.self)
@@ -246,14 +261,23 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
     }
 
-    func upstreamHeadersComplete() {
+    func upstreamHeadersComplete() -> String? {
+        let length: Int?
+        switch framing.verdict() {
+        case let .failure(error): return error.message  // a failed try: BAD_GATEWAY once the retry rules give up
+        case let .success(announced): length = announced
+        }
         headComplete = true
-        guard mode == .streaming else { return }
+        guard mode == .streaming else { return nil }
+        if !upstreamConnection.isEmpty {
+            upstreamConnection.withUnsafeBytes { request.removeResponseHeaders(nominatedBy: $0) }
+        }
         replyStarted = true
         timer?.disarm()  // a body already streaming is bounded by stalls, not the deadline
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
-        request.startReply(status: status)
+        request.startReply(status: status, contentLength: length)
+        return nil
     }
 
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
@@ -429,7 +453,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 problem(.overloaded, detail: "Too many requests are waiting for unavailable upstreams (limits.max_parked)."))
         }
         parked = reason
-        request.watchForHangUp()
         arm(.parkExpiry, after: wait)
     }
 
@@ -449,7 +472,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     func replay() {
         guard parked != nil, !done else { return }
         parked = nil
-        request.stopWatchingForHangUp()
         timer?.disarm()
         admitAndSend()
     }

@@ -145,7 +145,7 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
 
     func upstreamStatus(_ status: Int) { self.status = status }
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
-    func upstreamHeadersComplete() {}
+    func upstreamHeadersComplete() -> String? { nil }
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }
 
     func upstreamFinished(_ failure: UpstreamFailure?) {

@@ -29,25 +29,29 @@ enum ProblemResponder {
         return body.utf8.count
     }
 
-    /// Problems for requests libevent refused before routing.
-    static func problem(for reason: RejectedRequest, requestID: String, limits: HTTPServerLimits) -> Problem {
-        switch reason {
-        case .malformed:
-            return Problem(.badRequest, requestID: requestID, detail: "The request line or headers could not be parsed.")
-        case .headersTooLarge:
-            return Problem(
-                .headersTooLarge, requestID: requestID,
-                detail: "The request head is larger than \(limits.maxHeaderBytes) bytes (limits.max_header_bytes).")
-        case .bodyTooLarge:
-            return Problem(
-                .payloadTooLarge, requestID: requestID,
-                detail: "The request body is larger than \(limits.maxBodyBytes) bytes (limits.max_request_body).")
-        case .methodNotAllowed:
-            return Problem(.badRequest, requestID: requestID, detail: "This request method is not supported.")
-        case let .other(status):
-            var p = Problem(.badRequest, requestID: requestID, detail: "The request was refused (HTTP \(status)).")
-            p.status = status
-            return p
+    /// The problem for a request the HTTP/1.1 edge refused before routing.
+    static func problem(for refusal: HTTP1Refusal, requestID: String, limits: HTTPServerLimits) -> Problem {
+        let code: ProblemCode
+        var detail = refusal.detail
+        switch refusal.status {
+        case 413:
+            code = .payloadTooLarge
+            detail = "The request body is larger than \(limits.maxBodyBytes) bytes (limits.max_request_body)."
+        case 431:
+            code = .headersTooLarge
+            if refusal == .headTooLarge || refusal == .trailersTooLarge {
+                detail = "The request head is larger than \(limits.maxHeaderBytes) bytes (limits.max_header_bytes)."
+            } else {
+                detail = "The request has more than \(limits.maxFields) header fields."
+            }
+        case 414: code = .uriTooLong
+        case 408:
+            code = .requestTimeout
+            detail += " (limits.client_timeout: \(limits.timeout.configText))"
+        case 501: code = .notImplemented
+        case 505: code = .versionNotSupported
+        default: code = .badRequest
         }
+        return Problem(code, requestID: requestID, detail: detail)
     }
 }

@@ -67,6 +67,7 @@ final class WorkerMetrics {
     private var durations: [String: CoreMetrics.Timer] = [:]
     private var tries: [String: [String: CoreMetrics.Counter]] = [:]
     private var retries: [String: CoreMetrics.Counter] = [:]
+    private var refusals: [HTTP1Refusal: CoreMetrics.Counter] = [:]
 
     init(_ metrics: ProxyMetrics) { self.metrics = metrics }
 
@@ -88,6 +89,27 @@ final class WorkerMetrics {
             }()
         timer.recordNanoseconds(duration.nanoseconds)
     }
+
+    /// A request the HTTP/1.1 edge refused, by rule.
+    func refused(_ reason: HTTP1Refusal) {
+        let counter =
+            refusals[reason]
+            ?? {
+                let c = metrics.counter(
+                    "happypath_requests_refused_total", [("reason", reason.rawValue), ("status", String(reason.status))])
+                refusals[reason] = c
+                return c
+            }()
+        counter.increment()
+    }
+
+    /// The listener paused because descriptors (or memory) ran out.
+    func acceptPaused() {
+        let c = acceptPausedCounter ?? metrics.counter("happypath_accept_paused_total", [])
+        acceptPausedCounter = c
+        c.increment()
+    }
+    private var acceptPausedCounter: CoreMetrics.Counter?
 
     func upstreamTry(upstream: String, outcome: String) {
         let counter =

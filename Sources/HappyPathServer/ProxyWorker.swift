@@ -5,6 +5,10 @@ import HappyPathPolicies
 import Logging
 import Synchronization
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// One event loop's share of the proxy: its listener (sharing the port with
 /// the other workers), its libcurl multi handle and connection pool, and the
 /// exchanges in flight on it. Everything here runs on `loop`'s thread.
@@ -31,6 +35,9 @@ final class ProxyWorker: HTTPServerDelegate {
     private var lanes: [ObjectIdentifier: Lane] = [:]
     /// Drain ran out of time: freed slots go to nobody (no new tries).
     private var stopping = false
+    /// EMFILE pauses since the last log line about them.
+    private var acceptPauses = 0
+    private var lastAcceptPauseLog: Instant?
 
     final class Lane: LoopEventTarget {
         unowned(unsafe) let worker: ProxyWorker
@@ -87,17 +94,14 @@ final class ProxyWorker: HTTPServerDelegate {
     func serve(_ request: HTTPRequest) {
         let target = request.target
         let method = request.method
-        guard target.hasPrefix("/") else {
-            return reject(request, .badRequest, "The request target must be a path (origin form), got '\(target.prefix(64))'.")
-        }
-        if method == "CONNECT" {
-            return reject(request, .badRequest, "CONNECT tunnels are not supported.")
+        if request.isAsteriskForm {
+            // `OPTIONS *` asks about the server, not a resource: answered here.
+            return request.reply(
+                status: 200, headers: [HTTPField(name: "Allow", value: "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")])
         }
         let (path, query) = Router.split(target: target)
         guard let routeIndex = runtime.router.route(path: path, method: method) else {
-            let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-            ProblemResponder.respond(request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
-            return
+            return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
         let exchange = Exchange(
@@ -109,15 +113,45 @@ final class ProxyWorker: HTTPServerDelegate {
         exchange.start()
     }
 
-    func reject(_ request: HTTPRequest, reason: RejectedRequest) {
+    func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        logger.debug("request refused", metadata: ["request_id": "\(id)", "reason": "\(reason)"])
+        logger.debug(
+            "request refused", metadata: ["request_id": "\(id)", "reason": "\(reason.rawValue)", "peer": "\(request.peerAddress)"])
+        metrics.refused(reason)
         ProblemResponder.respond(request, ProblemResponder.problem(for: reason, requestID: id, limits: server.limits))
     }
 
-    private func reject(_ request: HTTPRequest, _ code: ProblemCode, _ detail: String) {
+    /// `Expect: 100-continue`: the client is invited to send its body only
+    /// if a route will take it.
+    func admit(_ request: HTTPRequest) -> Bool {
+        let (path, _) = Router.split(target: request.target)
+        guard runtime.router.route(path: path, method: request.method) != nil else {
+            noRoute(request, method: request.method, path: path)
+            return false
+        }
+        return true
+    }
+
+    private func noRoute(_ request: HTTPRequest, method: String, path: String) {
         let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        ProblemResponder.respond(request, Problem(code, requestID: id, detail: detail))
+        ProblemResponder.respond(request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
+    }
+
+    /// Out of descriptors: the listener pauses (see HTTPServer). One log
+    /// line per interval, however often it happens; every pause is counted.
+    func acceptPaused(errno code: Int32, pause: Duration) {
+        metrics.acceptPaused()
+        acceptPauses += 1
+        let now = clock.now()
+        if let last = lastAcceptPauseLog, now - last < .seconds(5) { return }
+        lastAcceptPauseLog = now
+        logger.error(
+            "cannot accept connections: \(String(cString: strerror(code))); pausing the listener",
+            metadata: [
+                "pause_ms": "\(pause.nanoseconds / 1_000_000)", "pauses_since_last_log": "\(acceptPauses)",
+                "hint": "raise the open-files limit (ulimit -n / LimitNOFILE) or lower the number of idle clients",
+            ])
+        acceptPauses = 0
     }
 
     // MARK: - Commands
@@ -135,38 +169,39 @@ final class ProxyWorker: HTTPServerDelegate {
         var hasForwardedProto = false
         var hasForwardedHost = false
         var hasTraceparent = false
-        var connectionTokens: [String] = []
-        request.forEachHeader { name, value in
-            if HopByHop.isHopByHop(name) {
-                if name.equalsIgnoringASCIICase("Connection") { connectionTokens += HopByHop.connectionTokens(value) }
+        // Fields a `Connection` header names are hop-by-hop for this request
+        // (one pass over the head, however many tokens it lists).
+        let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
+        var index = -1
+        request.forEachRawHeader { name, value in
+            index += 1
+            if !nominated.isEmpty, nominated[index] { return }
+            if HopByHop.isHopByHop(name) { return }
+            switch name.count {
+            case 4 where HTTPBytes.equals(name, "host"):
+                host = String(decoding: value, as: UTF8.self)
                 return
-            }
-            switch name.utf8.count {
-            case 4 where name.equalsIgnoringASCIICase("Host"):
-                host = value
-                return
-            case 6 where name.equalsIgnoringASCIICase("Expect"):
-                return  // libevent already answered 100-continue
-            case 11 where name.equalsIgnoringASCIICase("traceparent"):
+            case 6 where HTTPBytes.equals(name, "expect"):
+                return  // the edge already answered 100-continue
+            case 11 where HTTPBytes.equals(name, "traceparent"):
                 hasTraceparent = true
-            case 12 where name.equalsIgnoringASCIICase("X-Request-Id"):
-                requestID = validRequestID(value)
+            case 12 where HTTPBytes.equals(name, "x-request-id"):
+                if requestID == nil { requestID = validRequestID(String(decoding: value, as: UTF8.self)) }
                 return  // added back below, exactly once
-            case 14 where name.equalsIgnoringASCIICase("Content-Length"):
+            case 14 where HTTPBytes.equals(name, "content-length"):
                 return  // libcurl sends the length of the body it sends
-            case 15 where name.equalsIgnoringASCIICase("X-Forwarded-For"):
-                forwardedFor = value
+            case 15 where HTTPBytes.equals(name, "x-forwarded-for"):
+                // Several lines form one list (RFC 9110 section 5.3).
+                let v = String(decoding: value, as: UTF8.self)
+                forwardedFor = forwardedFor.map { $0 + ", " + v } ?? v
                 return
-            case 16 where name.equalsIgnoringASCIICase("X-Forwarded-Host"):
+            case 16 where HTTPBytes.equals(name, "x-forwarded-host"):
                 hasForwardedHost = true
-            case 17 where name.equalsIgnoringASCIICase("X-Forwarded-Proto"):
+            case 17 where HTTPBytes.equals(name, "x-forwarded-proto"):
                 hasForwardedProto = true
             default: break
             }
-            headers.append(HTTPField(name: name, value: value))
-        }
-        if !connectionTokens.isEmpty {
-            headers.removeAll { field in connectionTokens.contains { field.name.equalsIgnoringASCIICase($0) } }
+            headers.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         }
         let id = requestID ?? ids.requestID()
         headers.append(HTTPField(name: "X-Request-Id", value: id))

@@ -134,7 +134,7 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
 
     func upstreamStatus(_ status: Int) { self.status = status }
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
-    func upstreamHeadersComplete() {}
+    func upstreamHeadersComplete() -> String? { nil }
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
         if body.count < 64 * 1024 { body.append(contentsOf: bytes) }
         return true

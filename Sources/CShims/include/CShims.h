@@ -2,10 +2,10 @@
 #define HAPPYPATH_CSHIMS_H
 
 // Typed wrappers for the C calls Swift cannot make: curl's variadic
-// setopt/getinfo, and a hook that replaces libevent's HTML error pages.
+// setopt/getinfo, and accept4.
 #include <sys/select.h>
 #include <curl/curl.h>
-#include <event2/http.h>
+#include <sys/socket.h>
 
 // MARK: - curl easy
 CURLcode hp_easy_set_long(CURL *easy, CURLoption option, long value);
@@ -24,13 +24,9 @@ CURLMcode hp_multi_set_socket_cb(CURLM *multi, curl_socket_callback cb);
 CURLMcode hp_multi_set_timer_cb(CURLM *multi, curl_multi_timer_callback cb);
 CURLcode hp_msg_result(CURLMsg *msg);
 
-// MARK: - libevent error pages
-// libevent 2.1 answers malformed or oversized requests itself with an HTML
-// page through evhttp_send_error, before any user callback sees the request.
-// This library defines evhttp_send_error, which takes precedence over
-// libevent's own (libevent calls it through the PLT), and forwards to the
-// hook so the server can answer with its problem+json body instead.
-typedef void (*hp_error_hook)(struct evhttp_request *req, int status, const char *reason);
-void hp_set_error_hook(hp_error_hook hook);
+// MARK: - sockets
+// accept4 with SOCK_NONBLOCK | SOCK_CLOEXEC (a GNU extension Swift's Glibc
+// module does not show): one call instead of accept + two fcntl.
+int hp_accept(int fd, struct sockaddr *addr, socklen_t *len);
 
 #endif

@@ -78,7 +78,7 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
         }
     }
 
-    func reject(_ request: HTTPRequest, reason: RejectedRequest) { request.reply(status: 400) }
+    func reject(_ request: HTTPRequest, reason: HTTP1Refusal) { request.reply(status: reason.status) }
 }
 
 /// Collects every log line (message and metadata), to check what never appears in logs.
