@@ -73,7 +73,7 @@ public struct ChunkedDecoder: Sendable {
                     lineScanned = n - i
                     if isTrailer {
                         if trailerBytes + lineScanned > limits.maxHeadBytes { return .refused(.trailersTooLarge) }
-                    } else if lineScanned > Self.maxChunkLine {
+                    } else if lineScanned > Self.maxChunkLine + 1 {  // + 1: the line's CR may be in
                         return .refused(.chunkLineTooLong)
                     }
                     return .needMore(consumed: i)

@@ -100,8 +100,11 @@ public struct RequestHeadScanner: Sendable {
 
     public mutating func scan(_ buffer: UnsafeRawBufferPointer, limits: RequestLimits) -> Result {
         let count = buffer.count
+        // Nothing past the head limit is examined, so that the answer does
+        // not depend on how the bytes were split into reads.
+        let limit = count > limits.maxHeadBytes ? limits.maxHeadBytes + 1 : count
         var i = scanned
-        while i < count {
+        while i < limit {
             let b = buffer[i]
             if i > 0, buffer[i - 1] == 0x0D, b != 0x0A { return .refused(.bareCarriageReturn) }
             if b == 0x0A {
@@ -129,7 +132,7 @@ public struct RequestHeadScanner: Sendable {
             }
             i += 1
         }
-        scanned = count
+        scanned = limit
         if count > limits.maxHeadBytes { return .refused(.headTooLarge) }
         return .incomplete
     }
