@@ -336,11 +336,15 @@ final class HTTPConnection {
     /// request, or close.
     func finished(_ request: HTTPRequest) {
         guard current === request else { return }
+        // The answer said `Connection: close` (the client asked for it, or
+        // HTTP/1.0 without keep-alive): nothing after it may be served
+        // (RFC 9112 section 9.6).
+        let keepAlive = head?.keepAlive ?? false
         current = nil
         head = nil
         body = nil
         drainNotifyPending = false
-        if closeAfterResponse || server.draining || peerClosed {
+        if !keepAlive || closeAfterResponse || server.draining || peerClosed {
             return closeAfterWriting()
         }
         input.removeFirst(requestEnd)

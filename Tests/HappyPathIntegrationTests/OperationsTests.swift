@@ -35,7 +35,12 @@ import Testing
         #expect(try HTTP.request(port: h.port, "/a").status == 200)  // 503, retried, 200
         _ = try HTTP.request(port: h.port, "/b")  // 500: first failure
         _ = try HTTP.request(port: h.port, "/c")  // 500: second, breaker opens
-        let text = try HTTP.request(port: h.adminPort, "/metrics").text
+        // A request is counted just after its answer is written: wait for the third.
+        var text = ""
+        let until = Date().addingTimeInterval(5)
+        repeat {
+            text = try HTTP.request(port: h.adminPort, "/metrics").text
+        } while samples(text)["happypath_request_duration_seconds_count{route=\"/\"}"] != 3 && Date() < until
         let s = samples(text)
         #expect(s["happypath_requests_total{route=\"/\",code=\"OK\"}"] == 1)
         #expect(s["happypath_requests_total{route=\"/\",code=\"UPSTREAM_UNAVAILABLE\"}"] == 2)

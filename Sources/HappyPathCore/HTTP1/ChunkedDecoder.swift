@@ -114,24 +114,24 @@ public struct ChunkedDecoder: Sendable {
         return nil
     }
 
+    /// Chunk extensions with no whitespace around `;` and `=`. The grammar
+    /// allows "bad whitespace" there (RFC 9112 section 7.1.1), but parsers
+    /// disagree on it (llhttp refuses it) and it is a known smuggling
+    /// vector; the extensions are dropped anyway. Quoted values may hold spaces.
     private static func extensions(_ input: UnsafeRawBufferPointer, _ start: Int, _ end: Int) -> HTTP1Refusal? {
         var i = start
-        func skipBWS() { while i < end, input[i] == 0x20 || input[i] == 0x09 { i += 1 } }
+        func isSpace(_ k: Int) -> Bool { k < end && (input[k] == 0x20 || input[k] == 0x09) }
         while true {
-            skipBWS()
-            if i == end { return i == start ? nil : (input[i - 1] == 0x20 || input[i - 1] == 0x09 ? .badChunkExtension : nil) }
+            if i == end { return nil }
+            if isSpace(i) { return .badChunkExtension }
             guard input[i] == UInt8(ascii: ";") else { return i == start ? .badChunkSize : .badChunkExtension }
             i += 1
-            skipBWS()
             let nameStart = i
             while i < end, HTTPBytes.token[Int(input[i])] { i += 1 }
             guard i > nameStart else { return .badChunkExtension }
-            let afterName = i
-            skipBWS()
             if i < end, input[i] == UInt8(ascii: "=") {
                 i += 1
-                skipBWS()
-                guard i < end else { return .badChunkExtension }
+                guard i < end, !isSpace(i) else { return .badChunkExtension }
                 if input[i] == UInt8(ascii: "\"") {
                     i += 1
                     var closed = false
@@ -156,8 +156,6 @@ public struct ChunkedDecoder: Sendable {
                     while i < end, HTTPBytes.token[Int(input[i])] { i += 1 }
                     guard i > valueStart else { return .badChunkExtension }
                 }
-            } else {
-                i = afterName
             }
         }
     }
