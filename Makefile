@@ -12,7 +12,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy util-linux iproute2
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-resilience deploy-check image-local loadtest loadtest-short clean
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-resilience deploy-check image-local loadtest loadtest-short clean fuzz
 
 all: build
 
@@ -35,11 +35,13 @@ test-deps: deps
 bench-deps: test-deps
 	$(call apt_install,$(BENCH_PACKAGES))
 
+# Only the product: the fuzz targets and the llhttp oracle (swift-nio) are
+# built by `make test` and `make fuzz`, not by `make run`.
 build: deps
-	$(SWIFT) build
+	$(SWIFT) build --product happypath
 
 release: deps
-	$(SWIFT) build -c release
+	$(SWIFT) build -c release --product happypath
 
 # The proxy on :8080 (config/happypath.yaml) in front of the demo upstream on :9000.
 run: release
@@ -82,15 +84,16 @@ loadtest-short: test-deps build
 check: build
 	$$($(SWIFT) build --show-bin-path)/happypath check --config $(CONFIG)
 
-# wrk through nginx, HAProxy and happypath against one upstream (../shared/bench/peers.sh).
-# Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
+# wrk through nginx, HAProxy (Caddy if installed) and happypath against one
+# nginx upstream, CPU µs/request side by side (deploy/bench/peers.sh).
+# Shorter: make bench BENCH_ENV="REPEATS=1 BODIES=small DURATION=5s"
+# Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
 bench: bench-peers bench-resilience
 
 bench-peers: bench-deps release
-	@test -x ../shared/bench/peers.sh || { echo "needs ../shared/bench/peers.sh beside this repo"; exit 2; }
-	env $(BENCH_ENV) EXTRA_NAME=happypath HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
-	  ../shared/bench/peers.sh deploy/bench/run-happypath-for-bench.sh
+	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
+	  deploy/bench/peers.sh
 
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release
@@ -98,3 +101,26 @@ bench-resilience: bench-deps release
 
 clean:
 	rm -rf .build
+
+# libFuzzer: each target runs FUZZ_SECONDS (default 60) from a corpus in
+# .build-fuzz/corpus/<target>, seeded from Tests/FuzzSeeds/<target>. A crash
+# input lands in .build-fuzz/crashes/<target>/; replay it without the fuzzer:
+#   swift build --product <target> && $(swift build --show-bin-path)/<target> <crash file>
+# (-DFUZZING selects the fuzz entry point, which starts libFuzzer's driver;
+# -parse-as-library because that build has no top-level code. SWIFT_BACKTRACE=enable=no:
+# Swift's own backtracer would take the trap before libFuzzer saves the input.)
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential
+FUZZ_BUILD := $(SWIFT) build -c release --scratch-path .build-fuzz \
+	-Xswiftc -sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
+fuzz: deps
+	@for t in $(FUZZ_TARGETS); do $(FUZZ_BUILD) --product $$t || exit 1; done
+	@bin=$$($(FUZZ_BUILD) --show-bin-path); failed=""; \
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p .build-fuzz/corpus/$$t .build-fuzz/crashes/$$t; \
+	  echo "== $$t: $(FUZZ_SECONDS) s"; \
+	  SWIFT_BACKTRACE=enable=no $$bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	    -artifact_prefix=.build-fuzz/crashes/$$t/ .build-fuzz/corpus/$$t Tests/FuzzSeeds/$$t \
+	    || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: crashes in:$$failed (inputs in .build-fuzz/crashes/)"; exit 1; fi

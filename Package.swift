@@ -13,6 +13,10 @@ let package = Package(
         .package(url: "https://github.com/jpsim/Yams", from: "5.0.1"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.5.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.0.0"),
+        // Test-only: llhttp (inside NIOHTTP1) is the reference parser the HTTP/1.1
+        // oracle and the differential fuzzer compare ours with. No target that
+        // `happypath` links depends on it.
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.0"),
     ],
     targets: [
         // MARK: - C: the only place libevent and libcurl are declared
@@ -58,10 +62,45 @@ let package = Package(
             ]
         ),
 
+        // MARK: - Fuzzing and the llhttp oracle (never linked into happypath)
+        // Frames a whole byte stream with the HTTP/1.1 parser, checking its invariants.
+        .target(name: "HTTP1Framing", dependencies: ["HappyPathCore"], path: "Tests/Support/HTTP1Framing"),
+        // The same byte stream through llhttp, and the rules for comparing the two.
+        .target(
+            name: "HTTP1Oracle",
+            dependencies: [
+                "HTTP1Framing", "HappyPathCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            path: "Tests/Support/HTTP1Oracle"
+        ),
+        // `make fuzz` builds these with -sanitize=fuzzer -DFUZZING; a plain build
+        // gives a driver that replays the input files named on its command line.
+        .executableTarget(name: "FuzzRequestParser", dependencies: ["HTTP1Framing", "HappyPathCore"]),
+        .executableTarget(name: "FuzzResponseHead", dependencies: ["HappyPathCore"]),
+        .executableTarget(
+            name: "FuzzDifferential",
+            dependencies: [
+                "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+
         // MARK: - Tests
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
+        .testTarget(
+            name: "HappyPathHTTPOracleTests",
+            dependencies: [
+                "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
         .testTarget(
             name: "HappyPathIntegrationTests",
             dependencies: [

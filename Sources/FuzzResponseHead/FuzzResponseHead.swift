@@ -1,0 +1,111 @@
+// libFuzzer target for the checks on an upstream's response head
+// (ResponseFraming): a status line, then field lines up to the empty line.
+// `make fuzz` builds it with -sanitize=fuzzer -DFUZZING; a plain build
+// replays input files: `FuzzResponseHead crash-1234 ...`.
+// (Not main.swift: under -parse-as-library Swift 6.3 rejects top-level
+// statements even in an inactive #if branch, so the replay driver is @main.)
+import HappyPathCore
+
+/// What the head did, for the replay driver's output.
+struct ResponseHeadCheck: CustomStringConvertible {
+    var status: Int?
+    var verdict: Result<Int?, ResponseFramingError>?
+    var description: String { "status \(status.map(String.init) ?? "invalid"), verdict \(verdict.map { "\($0)" } ?? "-")" }
+}
+
+/// Splits `bytes` into CRLF lines the way the upstream reader does, feeds
+/// them to ResponseFraming and traps on any broken invariant.
+@discardableResult
+func check(_ bytes: [UInt8]) -> ResponseHeadCheck {
+    var lines: [ArraySlice<UInt8>] = []
+    var start = 0
+    var i = 0
+    while i + 1 < bytes.count {
+        if bytes[i] == 0x0D, bytes[i + 1] == 0x0A {
+            lines.append(bytes[start..<i])
+            start = i + 2
+            i += 2
+        } else {
+            i += 1
+        }
+    }
+    lines.append(bytes[start...])
+
+    var result = ResponseHeadCheck()
+    result.status = lines[0].withUnsafeBytes { ResponseFraming.status(ofLine: $0) }
+    if let status = result.status {
+        precondition((100...599).contains(status), "status \(status) out of range")
+        let digits = lines[0].dropFirst(9).prefix(3).reduce(0) { $0 * 10 + Int($1) - 0x30 }
+        precondition(digits == status, "status \(status) is not the line's digits \(digits)")
+    }
+
+    var framing = ResponseFraming()
+    var addedContentLength = false
+    var addedTransferEncoding = false
+    for line in lines.dropFirst() {
+        if line.isEmpty { break }
+        let colon = line.firstIndex(of: UInt8(ascii: ":")) ?? line.endIndex
+        let name = Array(line[line.startIndex..<colon])
+        var value = colon < line.endIndex ? Array(line[(colon + 1)...]) : []
+        while let f = value.first, f == 0x20 || f == 0x09 { value.removeFirst() }
+        while let l = value.last, l == 0x20 || l == 0x09 { value.removeLast() }
+        let lower = String(decoding: name, as: UTF8.self).lowercased()
+        let forwarded = name.withUnsafeBytes { n in value.withUnsafeBytes { v in framing.add(name: n, value: v) } }
+        if lower == "content-length" || lower == "transfer-encoding" {
+            // The proxy writes its own framing: the upstream's is never forwarded.
+            precondition(!forwarded, "\(lower) would be forwarded")
+            if lower == "content-length" { addedContentLength = true } else { addedTransferEncoding = true }
+        }
+    }
+    let verdict = framing.verdict()
+    result.verdict = verdict
+    if addedContentLength && addedTransferEncoding {
+        guard case .failure = verdict else { preconditionFailure("CL with TE accepted: \(verdict)") }
+    }
+    if case let .success(length) = verdict {
+        if addedTransferEncoding { precondition(length == nil, "a length announced for a chunked response") }
+        if length != nil { precondition(addedContentLength, "a length without Content-Length") }
+        if addedContentLength && !addedTransferEncoding { precondition(length != nil, "Content-Length lost") }
+    }
+    return result
+}
+
+#if FUZZING
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
+    check(Array(UnsafeBufferPointer(start: data, count: size)))
+    return 0
+}
+
+// SwiftPM links executables with `main` aliased to `<module>_main`, so
+// libFuzzer's own main() is never used: this one hands over to its driver.
+@_silgen_name("LLVMFuzzerRunDriver")
+func LLVMFuzzerRunDriver(
+    _ argc: UnsafeMutablePointer<CInt>,
+    _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
+    _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt
+) -> CInt
+
+@_cdecl("FuzzResponseHead_main")
+public func fuzzerMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+    var argc = argc
+    var argv = argv
+    return LLVMFuzzerRunDriver(&argc, &argv) { data, size in fuzz(data, size) }
+}
+#else
+import Foundation
+
+/// Replays input files (a crash libFuzzer saved, a seed) through the same check.
+@main
+struct Replay {
+    static func main() {
+        for path in CommandLine.arguments.dropFirst() {
+            guard let data = FileManager.default.contents(atPath: path) else {
+                print("\(path): cannot read")
+                exit(2)
+            }
+            print("\(path): \(check(Array(data)))")
+        }
+    }
+}
+#endif

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Instructions (and malloc calls) per request under callgrind, by library:
+# each binary serves N1 and then N2 keep-alive requests (one curl, one
+# connection) in two separate runs; (run N2 - run N1) / (N2 - N1) removes
+# start-up and shutdown. valgrind 3.19 cannot read Swift 6's DWARF 5, so it
+# runs a `strip --strip-debug` copy.
+#
+#   deploy/bench/callgrind.sh new=.build/release/happypath old=/tmp/old/happypath
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+N1=${N1:-300}; N2=${N2:-1800}
+PORT_BASE=${PORT_BASE:-18580}
+OUT=${OUT:-/tmp/happypath-callgrind.$(date +%Y%m%d-%H%M%S)}
+UP=127.0.0.1:$((PORT_BASE + 1)); PX=127.0.0.1:$((PORT_BASE + 2))
+mkdir -p "$OUT"
+for tool in valgrind callgrind_annotate nginx curl strip; do command -v $tool >/dev/null || { echo "missing: $tool"; exit 2; }; done
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
+cat > "$OUT/upstream.conf" <<EOF
+worker_processes 1; daemon off; pid $OUT/up.pid; error_log $OUT/up.err warn;
+events { worker_connections 1024; }
+http {
+  access_log off; keepalive_requests 10000000;
+  client_body_temp_path $OUT/t1; proxy_temp_path $OUT/t2; fastcgi_temp_path $OUT/t3; uwsgi_temp_path $OUT/t4; scgi_temp_path $OUT/t5;
+  server { listen $UP; location / { default_type text/plain; return 200 "$(printf 'callgrind-bench-body-%078d' 0)\n"; } }
+}
+EOF
+nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
+wait_up() { for _ in $(seq 600); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
+wait_up "http://$UP/" || { echo "upstream down"; exit 1; }
+
+for spec in "$@"; do
+  name=${spec%%=*}; bin=${spec#*=}
+  strip --strip-debug -o "$OUT/$name" "$bin"
+  for n in $N1 $N2; do
+    BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$OUT/$name" \
+      BENCH_WRAPPER="valgrind --tool=callgrind --callgrind-out-file=$OUT/$name.$n.out" \
+      "$here/run-happypath-for-bench.sh" > "$OUT/$name.$n.log" 2>&1 & vg=$!
+    PIDS+=($vg)
+    wait_up "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
+    curl -s -o /dev/null "http://$PX/small?[1-$((n - 1))]"   # + the readiness probe = n requests, one connection
+    kill -INT $vg; wait $vg 2>/dev/null
+    callgrind_annotate --inclusive=no --threshold=100 "$OUT/$name.$n.out" > "$OUT/$name.$n.txt" 2>/dev/null
+  done
+done
+# per request = (run N2 - run N1) / (N2 - N1), summed by shared object
+python3 - "$OUT" "$N1" "$N2" "$@" <<'PY' | tee "$OUT/summary.md"
+import collections, re, sys
+out, n1, n2, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), [a.split("=")[0] for a in sys.argv[4:]]
+line = re.compile(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*?)(?: \[(.*)\])?$")
+def by_object(name, n):
+    c = collections.Counter()
+    for l in open(f"{out}/{name}.{n}.txt"):
+        m = line.match(l)
+        if m and "PROGRAM TOTALS" not in l:
+            obj = (m.group(3) or "?").rsplit("/", 1)[-1]
+            c["happypath binary" if obj == name else obj] += int(m.group(1).replace(",", ""))
+    return c
+per = {}
+for name in names:
+    a, b = by_object(name, n1), by_object(name, n2)
+    per[name] = {k: (b[k] - a[k]) / (n2 - n1) for k in set(a) | set(b)}
+objs = sorted({k for d in per.values() for k in d}, key=lambda k: -max(d.get(k, 0) for d in per.values()))
+print("| instructions per request | " + " | ".join(names) + " |")
+print("|---|" + "---:|" * len(names))
+for o in objs:
+    if max(abs(d.get(o, 0)) for d in per.values()) >= 100:
+        print(f"| {o} | " + " | ".join(f"{per[n].get(o, 0):,.0f}" for n in names) + " |")
+print("| **total** | " + " | ".join(f"**{sum(per[n].values()):,.0f}**" for n in names) + " |")
+PY
+echo "raw: $OUT (callgrind_annotate --inclusive=no output in *.txt)"
