@@ -78,12 +78,14 @@ let package = Package(
         ),
         // `make fuzz` builds these with -sanitize=fuzzer -DFUZZING; a plain build
         // gives a driver that replays the input files named on its command line.
-        .executableTarget(name: "FuzzRequestParser", dependencies: ["HTTP1Framing", "HappyPathCore"]),
-        .executableTarget(name: "FuzzResponseHead", dependencies: ["HappyPathCore"]),
+        // libFuzzer's driver and the replay driver, shared by the fuzz targets.
+        .target(name: "FuzzSupport", path: "Tests/Support/FuzzSupport"),
+        .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "HTTP1Framing", "HappyPathCore"]),
+        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore"]),
         .executableTarget(
             name: "FuzzDifferential",
             dependencies: [
-                "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
+                "FuzzSupport", "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]

@@ -368,3 +368,12 @@ private func refusal(_ o: ChunkedOutcome) -> HTTP1Refusal? {
         #expect(whole.end == .done(consumed: input.count - 4))
     }
 }
+
+@Suite struct ChunkedTrailerFramingTests {
+    /// Found by the differential fuzzer: llhttp refuses these, and a reader
+    /// that merged trailers into the head would frame the message anew.
+    @Test(arguments: ["Transfer-Encoding: chunked", "Content-Length: 5", "Host: other", "content-length: 0"])
+    func refusesFramingAndRoutingFieldsInTrailers(trailer: String) {
+        #expect(refusal(decode("5\r\nhello\r\n0\r\n\(trailer)\r\n\r\n")) == .badTrailer)
+    }
+}

@@ -172,7 +172,16 @@ public struct ChunkedDecoder: Sendable {
         trailerFields += 1
         if trailerFields > limits.maxFields { return .trailersTooLarge }
         switch RequestHeadParser.parseFieldLine(input, start, end) {
-        case .success: return nil
+        case let .success(field):
+            // Framing and routing fields are not allowed in trailers (RFC 9110
+            // section 6.5.1); a reader that merged them would frame differently.
+            let name = UnsafeRawBufferPointer(rebasing: input[field.nameStart..<field.nameEnd])
+            if HTTPBytes.equals(name, "content-length") || HTTPBytes.equals(name, "transfer-encoding")
+                || HTTPBytes.equals(name, "host")
+            {
+                return .badTrailer
+            }
+            return nil
         case .failure: return .badTrailer
         }
     }
