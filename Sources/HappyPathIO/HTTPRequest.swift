@@ -135,7 +135,9 @@ public final class HTTPRequest {
             close: closes(c), server: c.server)
         c.response.framing = .none
         body.withUTF8 { b in
-            c.write([c.response.headOut.bytes, bodyless ? UnsafeRawBufferPointer(start: nil, count: 0) : UnsafeRawBufferPointer(b)])
+            c.write([
+                c.response.headOut.bytes, bodyless ? UnsafeRawBufferPointer(start: nil, count: 0) : UnsafeRawBufferPointer(b),
+            ])
         }
         c.response.headPending = false
         release(c)
@@ -156,7 +158,9 @@ public final class HTTPRequest {
         guard let c = live else { return }
         var name = name
         var value = value
-        name.withUTF8 { n in value.withUTF8 { v in c.response.stage(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) } }
+        name.withUTF8 { n in
+            value.withUTF8 { v in c.response.stage(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) }
+        }
     }
 
     /// Stages a header from raw bytes (as libcurl hands them over), copied.
@@ -454,6 +458,9 @@ private func reasonPhrase(_ status: Int) -> StaticString {
     case 503: "Service Unavailable"
     case 504: "Gateway Timeout"
     case 505: "HTTP Version Not Supported"
-    default: status < 200 ? "Informational" : status < 300 ? "Success" : status < 400 ? "Redirection" : status < 500 ? "Client Error" : "Server Error"
+    default:
+        status < 200
+            ? "Informational"
+            : status < 300 ? "Success" : status < 400 ? "Redirection" : status < 500 ? "Client Error" : "Server Error"
     }
 }

@@ -106,7 +106,8 @@ public final class HTTPServer {
             throw .badAddress("\(host):\(port)")
         }
         defer { freeaddrinfo(result) }
-        let fd = socket(info.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = socket(
+            info.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .cannotBind(address: "\(host):\(port)", errno: errno) }
         var one: Int32 = 1
         let size = socklen_t(MemoryLayout<Int32>.size)

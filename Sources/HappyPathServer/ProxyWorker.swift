@@ -116,7 +116,8 @@ final class ProxyWorker: HTTPServerDelegate {
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
         logger.debug(
-            "request refused", metadata: ["request_id": "\(id)", "reason": "\(reason.rawValue)", "peer": "\(request.peerAddress)"])
+            "request refused",
+            metadata: ["request_id": "\(id)", "reason": "\(reason.rawValue)", "peer": "\(request.peerAddress)"])
         metrics.refused(reason)
         ProblemResponder.respond(request, ProblemResponder.problem(for: reason, requestID: id, limits: server.limits))
     }
