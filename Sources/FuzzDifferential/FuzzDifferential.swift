@@ -17,24 +17,10 @@ func check(_ bytes: [UInt8]) -> String {
 }
 
 #if FUZZING
-    @_cdecl("LLVMFuzzerTestOneInput")
-    public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
-        fuzzCheck = check
-        return fuzzOne(data, size)
-    }
-
     @_cdecl("FuzzDifferential_main")
     public func fuzzerMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
-        fuzzCheck = check
-        return runFuzzer(argc, argv)
+        runFuzzer(argc, argv, check: check)
     }
 #else
-    /// Replays input files (a crash libFuzzer saved, a seed) through the same check.
-    @main
-    struct Replay {
-        static func main() {
-            fuzzCheck = check
-            replayFiles()
-        }
-    }
+    @main struct Replay { static func main() { replayFiles(check: check) } }
 #endif

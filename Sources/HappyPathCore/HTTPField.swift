@@ -48,43 +48,11 @@ public enum HopByHop {
     /// The same rule on raw bytes, for header names as libcurl hands them over.
     public static func isHopByHop(_ name: UnsafeRawBufferPointer) -> Bool {
         switch name.count {
-        case 2: return equalsIgnoringCase(name, "te")
-        case 7: return equalsIgnoringCase(name, "trailer") || equalsIgnoringCase(name, "upgrade")
-        case 10: return equalsIgnoringCase(name, "connection") || equalsIgnoringCase(name, "keep-alive")
-        case 17: return equalsIgnoringCase(name, "transfer-encoding")
-        default: return name.count > 6 && hasPrefixIgnoringCase(name, "proxy-")
+        case 2: return HTTPBytes.equals(name, "te")
+        case 7: return HTTPBytes.equals(name, "trailer") || HTTPBytes.equals(name, "upgrade")
+        case 10: return HTTPBytes.equals(name, "connection") || HTTPBytes.equals(name, "keep-alive")
+        case 17: return HTTPBytes.equals(name, "transfer-encoding")
+        default: return name.count > 6 && HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: name[0..<6]), "proxy-")
         }
-    }
-
-    /// ASCII case-insensitive comparison with a lower-case literal.
-    public static func equalsIgnoringCase(_ name: UnsafeRawBufferPointer, _ lowercase: StaticString) -> Bool {
-        name.count == lowercase.utf8CodeUnitCount && hasPrefixIgnoringCase(name, lowercase)
-    }
-
-    static func hasPrefixIgnoringCase(_ name: UnsafeRawBufferPointer, _ lowercase: StaticString) -> Bool {
-        guard name.count >= lowercase.utf8CodeUnitCount else { return false }
-        let p = lowercase.utf8Start
-        for i in 0..<lowercase.utf8CodeUnitCount {
-            let c = name[i]
-            if (c >= 0x41 && c <= 0x5A ? c | 0x20 : c) != p[i] { return false }
-        }
-        return true
-    }
-
-    /// Names listed in a `Connection` header value are hop-by-hop for that message too.
-    public static func connectionTokens(_ value: String?) -> [String] {
-        guard let value else { return [] }
-        return value.split(separator: ",").map { $0.trimmingSpaces() }.filter {
-            !$0.isEmpty && !$0.equalsIgnoringASCIICase("close") && !$0.equalsIgnoringASCIICase("keep-alive")
-        }
-    }
-}
-
-extension Substring {
-    func trimmingSpaces() -> String {
-        var s = self
-        while let f = s.first, f == " " || f == "\t" { s.removeFirst() }
-        while let l = s.last, l == " " || l == "\t" { s.removeLast() }
-        return String(s)
     }
 }

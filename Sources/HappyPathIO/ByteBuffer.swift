@@ -41,11 +41,6 @@ struct ByteBuffer {
         append(UnsafeRawBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
     }
 
-    mutating func append(_ string: String) {
-        var string = string
-        string.withUTF8 { append(UnsafeRawBufferPointer($0)) }
-    }
-
     mutating func append(byte: UInt8) {
         reserve(1)
         base.storeBytes(of: byte, toByteOffset: count, as: UInt8.self)

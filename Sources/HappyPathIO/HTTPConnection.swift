@@ -61,7 +61,6 @@ final class HTTPConnection {
     private var output: ByteBuffer
     private var outputSent = 0
     private var writeRegistered = false
-    private var readRegistered = false
     /// Reading stopped: too many pipelined bytes wait, or the peer closed.
     private var readPaused = false
     /// The client closed its side (or reset) while a request was answered.
@@ -107,7 +106,6 @@ final class HTTPConnection {
         writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), httpConnectionWriteCallback, me)
         timerEvent = event_new(base, -1, 0, httpConnectionTimerCallback, me)
         event_add(readEvent, nil)
-        readRegistered = true
         arm(.idle)
     }
 
@@ -322,7 +320,6 @@ final class HTTPConnection {
         current = request
         phase = .dispatched
         arm(.none)
-        request.refusal = reason
         if let delegate = server.delegate {
             delegate.reject(request, reason: reason)
         } else {
@@ -418,15 +415,13 @@ final class HTTPConnection {
     private func pauseReading() {
         guard !readPaused else { return }
         readPaused = true
-        if readRegistered { event_del(readEvent) }
-        readRegistered = false
+        event_del(readEvent)
     }
 
     private func resumeReading() {
         guard readPaused, phase != .closed else { return }
         readPaused = false
         event_add(readEvent, nil)
-        readRegistered = true
     }
 
     // MARK: - Writing

@@ -16,8 +16,6 @@ public final class HTTPRequest {
     /// Told when the client goes away or queued output drains. Held
     /// unowned(unsafe): the observer outlives the request's answer.
     public unowned(unsafe) var observer: HTTPRequestObserver?
-    /// Set when the edge refused the request (the delegate's `reject`).
-    public internal(set) var refusal: HTTP1Refusal?
     private var lostReported = false
     private var cachedMethod: String?
     private var cachedTarget: String?
@@ -85,7 +83,7 @@ public final class HTTPRequest {
         wanted.withUTF8 { w in
             let wanted = UnsafeRawBufferPointer(w)
             forEachRawHeader { n, v in
-                if found == nil, n.count == wanted.count, NominatedFieldsBridge.equal(n, wanted) {
+                if found == nil, n.count == wanted.count, HTTPBytes.equalsIgnoringCase(n, wanted) {
                     found = String(decoding: v, as: UTF8.self)
                 }
             }
@@ -115,12 +113,6 @@ public final class HTTPRequest {
     public func takeBody() -> RequestBody { live?.takeBody() ?? .empty }
 
     // MARK: - Whole replies
-
-    /// Close the connection after this answer.
-    public var closeAfterReply: Bool {
-        get { live?.closeAfterResponse ?? true }
-        set { if newValue { live?.closeAfterResponse = true } }
-    }
 
     /// Sends a complete response (the staged headers, then `headers`) and
     /// releases the request.
@@ -299,13 +291,6 @@ public protocol HTTPRequestObserver: AnyObject {
     func requestClientClosed(_ request: HTTPRequest)
     /// Everything queued with `notifyWhenDrained` has been written.
     func requestOutputDrained(_ request: HTTPRequest)
-}
-
-enum NominatedFieldsBridge {
-    static func equal(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
-        for i in 0..<a.count where HTTPBytes.lower(a[i]) != HTTPBytes.lower(b[i]) { return false }
-        return true
-    }
 }
 
 // MARK: - The response being written

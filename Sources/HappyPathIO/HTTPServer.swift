@@ -162,9 +162,6 @@ public final class HTTPServer {
         listenFD = -1
     }
 
-    /// Open client connections (for tests and the admin state).
-    public var connectionCount: Int { connections.count }
-
     // MARK: - Accepting
 
     fileprivate func acceptReady() {

@@ -244,7 +244,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         // a malformed field fails the head (reported when it is complete).
         guard framing.add(name: name, value: value) else { return }
         if HopByHop.isHopByHop(name) {
-            if HopByHop.equalsIgnoringCase(name, "connection") {
+            if HTTPBytes.equals(name, "connection") {
                 if !upstreamConnection.isEmpty { upstreamConnection.append(UInt8(ascii: ",")) }
                 upstreamConnection.append(contentsOf: value)
             }
@@ -254,7 +254,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         case .streaming:
             request.addResponseHeader(name: name, value: value)
         case .holding:
-            if HopByHop.equalsIgnoringCase(name, "retry-after") {
+            if HTTPBytes.equals(name, "retry-after") {
                 retryAfter = String(decoding: value, as: UTF8.self)
             }
         case .waiting: break

@@ -58,9 +58,25 @@ import Testing
     @Test(arguments: ["Content-Type", "X-Request-Id", "Authorization", "Proxy", "Tee", "Host"])
     func endToEnd(name: String) { #expect(!HopByHop.isHopByHop(name)) }
 
+    /// The tokens of a `Connection` value name fields; `close` and `keep-alive` name none.
     @Test func connectionTokens() {
-        #expect(HopByHop.connectionTokens("keep-alive, X-Foo ,close,X-Bar") == ["X-Foo", "X-Bar"])
-        #expect(HopByHop.connectionTokens(nil) == [])
+        let names = ["X-Foo", "X-Bar", "close", "keep-alive", "Other"]
+        let bytes = Array(names.joined().utf8)
+        var ranges: [Range<Int>] = []
+        for name in names { ranges.append((ranges.last?.upperBound ?? 0)..<((ranges.last?.upperBound ?? 0) + name.utf8.count)) }
+        func marked(_ value: String) -> [Bool] {
+            var marks: [Bool] = []
+            bytes.withUnsafeBytes { b in
+                Array(value.utf8).withUnsafeBytes { v in
+                    NominatedFields.mark(
+                        count: names.count, name: { UnsafeRawBufferPointer(rebasing: b[ranges[$0]]) }, connectionValue: v,
+                        nominated: &marks)
+                }
+            }
+            return marks
+        }
+        #expect(marked("keep-alive, X-Foo ,close,X-Bar") == [true, true, false, false, false])
+        #expect(marked("") == [false, false, false, false, false])
     }
 
     @Test func caseInsensitiveCompare() {

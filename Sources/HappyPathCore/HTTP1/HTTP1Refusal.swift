@@ -175,6 +175,13 @@ public enum HTTPBytes {
         return true
     }
 
+    /// ASCII case-insensitive comparison of two byte runs.
+    public static func equalsIgnoringCase(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
+        guard a.count == b.count else { return false }
+        for i in 0..<a.count where lower(a[i]) != lower(b[i]) { return false }
+        return true
+    }
+
     /// Validates `host [ ":" port ]` (RFC 9110 section 7.2, RFC 3986 section 3.2.2):
     /// a reg-name or IPv4 address, or an IP literal in brackets; the port is
     /// digits. An empty value is valid (a target without an authority).

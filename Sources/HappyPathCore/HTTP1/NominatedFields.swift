@@ -31,7 +31,7 @@ public enum NominatedFields {
             var slot = Int(truncatingIfNeeded: hash(token)) & mask
             while table[slot] >= 0 {
                 let k = table[slot]
-                if !nominated[k], equalsIgnoringCase(name(k), token) { nominated[k] = true }
+                if !nominated[k], HTTPBytes.equalsIgnoringCase(name(k), token) { nominated[k] = true }
                 slot = (slot + 1) & mask
             }
         }
@@ -46,11 +46,5 @@ public enum NominatedFields {
             h &*= 0x100_0000_01b3
         }
         return h
-    }
-
-    static func equalsIgnoringCase(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
-        guard a.count == b.count else { return false }
-        for i in 0..<a.count where HTTPBytes.lower(a[i]) != HTTPBytes.lower(b[i]) { return false }
-        return true
     }
 }

@@ -359,7 +359,7 @@ public enum RequestHeadParser {
     /// One Content-Length field value: 1*DIGIT, or a list of identical
     /// values (RFC 9110 section 8.6). Differing values, signs, spaces inside
     /// a number or more than 18 digits are refused.
-    private static func parseContentLength(_ value: UnsafeRawBufferPointer, previous: Int?) -> Result<Int, HTTP1Refusal> {
+    static func parseContentLength(_ value: UnsafeRawBufferPointer, previous: Int?) -> Result<Int, HTTP1Refusal> {
         var result = previous
         var sawElement = false
         var failure: HTTP1Refusal?
@@ -386,7 +386,6 @@ public enum RequestHeadParser {
         var chunkedCount = 0
         var others = 0
         var malformed = false
-        var sawAny = false
 
         mutating func add(_ value: UnsafeRawBufferPointer) {
             var any = false
@@ -407,7 +406,6 @@ public enum RequestHeadParser {
                 }
             }
             if !any { malformed = true }
-            sawAny = true
         }
     }
 

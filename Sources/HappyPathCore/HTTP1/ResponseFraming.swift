@@ -47,16 +47,11 @@ public struct ResponseFraming: Sendable {
         switch name.count {
         case 14 where HTTPBytes.equals(name, "content-length"):
             sawContentLength = true
-            forEachListElement(value, keepEmpty: true) { element in
-                guard !element.isEmpty, element.count <= 18, element.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else {
-                    fault = fault ?? "its Content-Length is not a number"
-                    return
-                }
-                let n = element.reduce(0) { $0 * 10 + Int($1 - 0x30) }
-                if let contentLength, contentLength != n {
-                    fault = fault ?? "it carries differing Content-Length values"
-                }
-                contentLength = n
+            // The same rule as for requests: digits, and several values only if equal.
+            switch RequestHeadParser.parseContentLength(value, previous: contentLength) {
+            case let .success(n): contentLength = n
+            case .failure(.conflictingContentLength): fault = fault ?? "it carries differing Content-Length values"
+            case .failure: fault = fault ?? "its Content-Length is not a number"
             }
             return false
         case 17 where HTTPBytes.equals(name, "transfer-encoding"):
