@@ -14,6 +14,7 @@ import Synchronization
 public final class ProxyServer: @unchecked Sendable {
     public private(set) var runtime: RuntimeConfiguration
     private let logger: Logger
+    private let accessLog: AccessLogSettings
     private let clock: Clock
     private let workerCount: Int
     private var loops: [EventLoop] = []
@@ -29,9 +30,14 @@ public final class ProxyServer: @unchecked Sendable {
 
     /// - Parameters:
     ///   - workers: event-loop threads; nil uses the configuration (`auto` = cores).
-    public init(configuration: Configuration, workers: Int? = nil, logger: Logger, clock: Clock = MonotonicClock()) {
+    ///   - accessLog: nil writes JSON lines to stderr when `logger` is at `info` or below.
+    public init(
+        configuration: Configuration, workers: Int? = nil, logger: Logger, accessLog: AccessLogSettings? = nil,
+        clock: Clock = MonotonicClock()
+    ) {
         runtime = RuntimeConfiguration(configuration)
         self.logger = logger
+        self.accessLog = accessLog ?? AccessLogSettings(level: logger.logLevel, format: .json)
         self.clock = clock
         workerCount = max(1, workers ?? configuration.workers ?? Self.coreCount)
     }
@@ -52,7 +58,7 @@ public final class ProxyServer: @unchecked Sendable {
             // With port 0 the first worker picks the port; the others join it.
             let worker = try ProxyWorker(
                 loop: loop, runtime: runtime, shared: shared, host: config.listen.host, port: bindPort,
-                workers: workerCount, clock: clock, logger: logger)
+                workers: workerCount, clock: clock, logger: logger, accessLog: accessLog)
             shared.register(worker)
             if i == 0 { bindPort = worker.port }
             loops.append(loop)

@@ -16,6 +16,8 @@ final class ProxyWorker: HTTPServerDelegate {
     let loop: EventLoop
     let clock: Clock
     let logger: Logger
+    /// One line per finished request, written in batches.
+    let accessLog: AccessLog
     private(set) var server: HTTPServer!
     let client: UpstreamClient
     var ids = IdentifierGenerator()
@@ -65,9 +67,10 @@ final class ProxyWorker: HTTPServerDelegate {
 
     init(
         loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, host: String, port: Int, workers: Int,
-        clock: Clock, logger: Logger
+        clock: Clock, logger: Logger, accessLog: AccessLogSettings
     ) throws(SocketError) {
         self.loop = loop
+        self.accessLog = AccessLog(settings: accessLog, loop: loop)
         self.runtime = runtime
         self.shared = shared
         self.workers = workers
@@ -369,16 +372,14 @@ final class ProxyWorker: HTTPServerDelegate {
         let duration = clock.now() - exchange.startedAt
         metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
         // The access log: one line per client request (info level).
-        logger.info(
-            "request",
-            metadata: [
-                "request_id": .string(exchange.command.requestID), "method": .string(exchange.command.method),
-                "route": .string(exchange.route.label), "upstream": .string(exchange.upstream.name),
-                "status": .stringConvertible(exchange.finalStatus), "code": .string(exchange.finalCode),
-                "attempts": .stringConvertible(exchange.command.attempt),
-                "duration_ms": .stringConvertible(Double(duration.nanoseconds / 1000) / 1000),
-                "bytes": .stringConvertible(exchange.bytesOut),
-            ])
+        if accessLog.enabled {
+            let command = exchange.command
+            accessLog.append(
+                AccessRecord(
+                    requestID: command.requestID, method: command.method, route: exchange.route.label,
+                    upstream: exchange.upstream.name, status: exchange.finalStatus, code: exchange.finalCode,
+                    attempts: command.attempt, durationMicros: duration.nanoseconds / 1000, bytes: exchange.bytesOut))
+        }
     }
 
     /// Drain: no new connections; what is open is still served.
@@ -403,5 +404,6 @@ final class ProxyWorker: HTTPServerDelegate {
         active.removeAll()
         server.close()
         client.shutdown()
+        accessLog.flush()
     }
 }

@@ -82,7 +82,9 @@ struct Serve: ParsableCommand {
             configuration.listen = address
         }
         let logger = Logger.happypath(format: format, level: level)
-        let server = ProxyServer(configuration: configuration, workers: workers, logger: logger)
+        let server = ProxyServer(
+            configuration: configuration, workers: workers, logger: logger,
+            accessLog: AccessLogSettings(level: level, format: format))
         do {
             try server.start()
         } catch {

@@ -13,13 +13,13 @@ final class ProxyHarness {
     /// `yaml` may use `{{DEMO}}` for the demo upstream's base URL.
     init(
         _ yaml: String = ProxyHarness.defaultYAML, workers: Int = 2, logger: Logger = Logger.happypath(level: .critical),
-        environment: [String: String] = [:]
+        environment: [String: String] = [:], accessLog: AccessLogSettings? = nil
     ) throws {
         demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         let text = yaml.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)")
         let configuration = try ConfigLoader.parse(text, file: "test.yaml", environment: environment)
-        proxy = ProxyServer(configuration: configuration, workers: workers, logger: logger)
+        proxy = ProxyServer(configuration: configuration, workers: workers, logger: logger, accessLog: accessLog)
         try proxy.start()
     }
 

@@ -1,0 +1,257 @@
+import HappyPathIO
+import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Where and how the access log is written: one line per client request,
+/// at `info`, in the same format as the other log lines.
+public struct AccessLogSettings: Sendable {
+    /// Off below `info` (`--log-level warning` and higher).
+    public var enabled: Bool
+    public var format: LogFormat
+    /// Receives whole batches of lines; stderr by default.
+    public var sink: @Sendable (UnsafeRawBufferPointer) -> Void
+    /// A batch is written when it is this old...
+    public var flushInterval: Duration
+    /// ...or this large, whichever comes first (and at stop).
+    public var batchBytes: Int
+
+    public init(
+        level: Logger.Level, format: LogFormat,
+        sink: @escaping @Sendable (UnsafeRawBufferPointer) -> Void = AccessLogSettings.writeToStderr,
+        flushInterval: Duration = .milliseconds(100), batchBytes: Int = 64 * 1024
+    ) {
+        enabled = level <= .info
+        self.format = format
+        self.sink = sink
+        self.flushInterval = flushInterval
+        self.batchBytes = batchBytes
+    }
+
+    /// write(2) until every byte is out; a failing stderr drops the batch
+    /// rather than stopping the worker.
+    public static let writeToStderr: @Sendable (UnsafeRawBufferPointer) -> Void = { bytes in
+        guard let base = bytes.baseAddress else { return }
+        var offset = 0
+        while offset < bytes.count {
+            let n = write(2, base + offset, bytes.count - offset)
+            if n > 0 {
+                offset += n
+            } else if n < 0, errno == EINTR {
+                continue
+            } else {
+                return
+            }
+        }
+    }
+}
+
+/// What one access-log line says about a finished request.
+struct AccessRecord {
+    var requestID: String
+    var method: String
+    var route: String
+    var upstream: String
+    var status: Int
+    var code: String
+    var attempts: Int
+    var durationMicros: Int64
+    var bytes: Int
+}
+
+/// One worker's access log: lines are composed straight into a byte buffer
+/// (no `String`, no metadata dictionary per request) and written in
+/// batches, when the oldest line is `flushInterval` old, when `batchBytes`
+/// have collected, and when the worker stops. Used on the worker's loop only.
+final class AccessLog: LoopEventTarget {
+    private let settings: AccessLogSettings
+    private let loop: EventLoop
+    private var buffer: [UInt8] = []
+    private var timer: LoopEvent?
+    /// `2026-11-22T01:15:38` for the second in `cachedSecond`.
+    private var cachedSecond = -1
+    private var cachedStamp = [UInt8](repeating: 0, count: 19)
+
+    var enabled: Bool { settings.enabled }
+
+    init(settings: AccessLogSettings, loop: EventLoop) {
+        self.settings = settings
+        self.loop = loop
+        if settings.enabled { buffer.reserveCapacity(settings.batchBytes + 1024) }
+    }
+
+    func append(_ record: AccessRecord) {
+        guard settings.enabled else { return }
+        switch settings.format {
+        case .json: appendJSON(record)
+        case .text: appendText(record)
+        }
+        if buffer.count >= settings.batchBytes {
+            flush()
+        } else if timer == nil {
+            let event = loop.takeEvent(target: self)
+            timer = event
+            event.arm(after: settings.flushInterval)
+        }
+    }
+
+    /// Writes what has collected. At stop, and from the timer.
+    func flush() {
+        if let timer {
+            timer.recycle()
+            self.timer = nil
+        }
+        guard !buffer.isEmpty else { return }
+        buffer.withUnsafeBytes { settings.sink($0) }
+        buffer.removeAll(keepingCapacity: true)
+    }
+
+    func loopEventFired(_ event: LoopEvent) { flush() }
+
+    // MARK: - Composing a line
+
+    private func appendJSON(_ r: AccessRecord) {
+        put("{\"ts\":\"")
+        putTimestamp()
+        put("\",\"level\":\"info\",\"msg\":\"request\",\"attempts\":")
+        putInt(r.attempts)
+        put(",\"bytes\":")
+        putInt(r.bytes)
+        put(",\"code\":")
+        putQuoted(r.code)
+        put(",\"duration_ms\":")
+        putMillis(r.durationMicros)
+        put(",\"method\":")
+        putQuoted(r.method)
+        put(",\"request_id\":")
+        putQuoted(r.requestID)
+        put(",\"route\":")
+        putQuoted(r.route)
+        put(",\"status\":")
+        putInt(r.status)
+        put(",\"upstream\":")
+        putQuoted(r.upstream)
+        put("}\n")
+    }
+
+    private func appendText(_ r: AccessRecord) {
+        putTimestamp()
+        put(" INFO request attempts=")
+        putInt(r.attempts)
+        put(" bytes=")
+        putInt(r.bytes)
+        put(" code=")
+        putRaw(r.code)
+        put(" duration_ms=")
+        putMillis(r.durationMicros)
+        put(" method=")
+        putRaw(r.method)
+        put(" request_id=")
+        putRaw(r.requestID)
+        put(" route=")
+        putRaw(r.route)
+        put(" status=")
+        putInt(r.status)
+        put(" upstream=")
+        putRaw(r.upstream)
+        put("\n")
+    }
+
+    private func put(_ literal: StaticString) {
+        buffer.append(contentsOf: UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
+    }
+
+    private func putRaw(_ s: String) {
+        var s = s
+        s.withUTF8 { buffer.append(contentsOf: $0) }
+    }
+
+    private static let hex: StaticString = "0123456789abcdef"
+
+    /// A JSON string: quotes, backslashes and control bytes escaped.
+    private func putQuoted(_ s: String) {
+        buffer.append(UInt8(ascii: "\""))
+        var s = s
+        s.withUTF8 { bytes in
+            for b in bytes {
+                switch b {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"):
+                    buffer.append(UInt8(ascii: "\\"))
+                    buffer.append(b)
+                case 0..<0x20:
+                    let hex = Self.hex.utf8Start
+                    buffer.append(contentsOf: [
+                        UInt8(ascii: "\\"), UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(b >> 4)],
+                        hex[Int(b & 0xF)],
+                    ])
+                default:
+                    buffer.append(b)
+                }
+            }
+        }
+        buffer.append(UInt8(ascii: "\""))
+    }
+
+    private func putInt(_ value: Int) {
+        if value < 0 { buffer.append(UInt8(ascii: "-")) }
+        var v = value.magnitude
+        var divisor: UInt = 1
+        while v / divisor >= 10 { divisor *= 10 }
+        repeat {
+            buffer.append(UInt8(ascii: "0") + UInt8(v / divisor))
+            v %= divisor
+            divisor /= 10
+        } while divisor > 0
+    }
+
+    /// Microseconds as milliseconds with three decimals: `12.345`.
+    private func putMillis(_ micros: Int64) {
+        let m = max(0, micros)
+        putInt(Int(m / 1000))
+        buffer.append(UInt8(ascii: "."))
+        let frac = Int(m % 1000)
+        buffer.append(UInt8(ascii: "0") + UInt8(frac / 100))
+        buffer.append(UInt8(ascii: "0") + UInt8(frac / 10 % 10))
+        buffer.append(UInt8(ascii: "0") + UInt8(frac % 10))
+    }
+
+    /// UTC with milliseconds, as the other log lines; the date and time of
+    /// day are formatted once per second.
+    private func putTimestamp() {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let second = Int(ts.tv_sec)
+        if second != cachedSecond {
+            cachedSecond = second
+            var t = time_t(ts.tv_sec)
+            var parts = tm()
+            gmtime_r(&t, &parts)
+            var i = 0
+            func two(_ v: Int32, then sep: UInt8?) {
+                cachedStamp[i] = UInt8(ascii: "0") + UInt8(v / 10 % 10)
+                cachedStamp[i + 1] = UInt8(ascii: "0") + UInt8(v % 10)
+                i += 2
+                if let sep {
+                    cachedStamp[i] = sep
+                    i += 1
+                }
+            }
+            let year = parts.tm_year + 1900
+            two(year / 100, then: nil)
+            two(year % 100, then: UInt8(ascii: "-"))
+            two(parts.tm_mon + 1, then: UInt8(ascii: "-"))
+            two(parts.tm_mday, then: UInt8(ascii: "T"))
+            two(parts.tm_hour, then: UInt8(ascii: ":"))
+            two(parts.tm_min, then: UInt8(ascii: ":"))
+            two(parts.tm_sec, then: nil)
+        }
+        buffer.append(contentsOf: cachedStamp)
+        let millis = Int(ts.tv_nsec / 1_000_000)
+        buffer.append(UInt8(ascii: "."))
+        buffer.append(UInt8(ascii: "0") + UInt8(millis / 100))
+        buffer.append(UInt8(ascii: "0") + UInt8(millis / 10 % 10))
+        buffer.append(UInt8(ascii: "0") + UInt8(millis % 10))
+    }
+}
