@@ -1,6 +1,12 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// The proxy's own targets, in release builds: no runtime exclusivity checks
+// (swift_beginAccess on every class-property access, about 4,000
+// instructions a request). Debug builds, which the tests run, keep them, so
+// a violation still fails a test; the compile-time checks apply to both.
+let hotPath: [SwiftSetting] = [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
+
 let package = Package(
     name: "happypath",
     platforms: [.macOS(.v14)],
@@ -33,16 +39,18 @@ let package = Package(
         .target(name: "CShims", dependencies: ["CLibevent", "CCurl"]),
 
         // MARK: - Pure Swift
-        .target(name: "HappyPathCore"),
+        .target(name: "HappyPathCore", swiftSettings: hotPath),
         .target(
             name: "HappyPathConfig",
-            dependencies: ["HappyPathCore", .product(name: "Yams", package: "Yams")]
+            dependencies: ["HappyPathCore", .product(name: "Yams", package: "Yams")],
+            swiftSettings: hotPath
         ),
 
-        .target(name: "HappyPathPolicies", dependencies: ["HappyPathCore"]),
+        .target(name: "HappyPathPolicies", dependencies: ["HappyPathCore"], swiftSettings: hotPath),
 
         // MARK: - I/O: the only Swift code that imports C
-        .target(name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims"]),
+        .target(
+            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims"], swiftSettings: hotPath),
 
         // MARK: - Composition and executable
         .target(
@@ -52,14 +60,16 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-            ]
+            ],
+            swiftSettings: hotPath
         ),
         .executableTarget(
             name: "happypath",
             dependencies: [
                 "HappyPathServer", "HappyPathConfig",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            ]
+            ],
+            swiftSettings: hotPath
         ),
 
         // MARK: - Fuzzing and the llhttp oracle (never linked into happypath)
