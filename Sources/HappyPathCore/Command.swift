@@ -35,7 +35,7 @@ public struct Command: Sendable {
     /// Path and query as sent upstream (after `strip_prefix`).
     public let target: String
     /// Headers as sent upstream: hop-by-hop removed, forwarding headers added.
-    public let headers: [HTTPField]
+    public let headers: HeaderBlock
     public let body: RequestBody
     public let routeIndex: Int
     public let upstream: String
@@ -43,7 +43,7 @@ public struct Command: Sendable {
     public let attempt: Int
 
     public init(
-        requestID: String, method: String, target: String, headers: [HTTPField], body: RequestBody,
+        requestID: String, method: String, target: String, headers: HeaderBlock, body: RequestBody,
         routeIndex: Int, upstream: String, deadline: Instant, attempt: Int = 1
     ) {
         self.requestID = requestID

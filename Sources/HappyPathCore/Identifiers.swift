@@ -14,23 +14,43 @@ public struct IdentifierGenerator {
         return z ^ (z >> 31)
     }
 
-    /// 16 lower-case hex digits.
-    public mutating func requestID() -> String { Self.hex(next()) }
+    /// 15 lower-case hex digits (60 bits): short enough to live inside a
+    /// Swift string without a heap allocation.
+    public mutating func requestID() -> String {
+        let value = next() >> 4
+        return String(unsafeUninitializedCapacity: 15) { buffer in
+            let digits: StaticString = "0123456789abcdef"
+            for i in 0..<15 { buffer[i] = digits.utf8Start[Int((value >> UInt64(56 - 4 * i)) & 0xF)] }
+            return 15
+        }
+    }
 
-    /// A `traceparent` value (version 00, sampled) for a request that came without one.
-    public mutating func traceparent() -> String {
+    /// Length of a `traceparent` value.
+    public static let traceparentLength = 55
+
+    /// A `traceparent` value (version 00, sampled) for a request that came
+    /// without one, written into `out` (55 bytes).
+    public mutating func writeTraceparent(into out: UnsafeMutableBufferPointer<UInt8>) {
         let (a, b, c) = (next(), next(), next())
-        return String(unsafeUninitializedCapacity: 55) { out in
-            var i = 0
-            func put(_ s: StaticString) {
-                s.withUTF8Buffer { for byte in $0 { out[i] = byte; i += 1 } }
+        var i = 0
+        func put(_ s: StaticString) {
+            for k in 0..<s.utf8CodeUnitCount {
+                out[i] = s.utf8Start[k]
+                i += 1
             }
-            func put(_ v: UInt64) {
-                Self.writeHex(v, into: UnsafeMutableBufferPointer(rebasing: out[i..<(i + 16)]))
-                i += 16
-            }
-            put("00-"); put(a); put(b); put("-"); put(c); put("-01")
-            return i
+        }
+        func put(_ v: UInt64) {
+            Self.writeHex(v, into: UnsafeMutableBufferPointer(rebasing: out[i..<(i + 16)]))
+            i += 16
+        }
+        put("00-"); put(a); put(b); put("-"); put(c); put("-01")
+    }
+
+    /// The same as a string.
+    public mutating func traceparent() -> String {
+        String(unsafeUninitializedCapacity: Self.traceparentLength) { out in
+            writeTraceparent(into: out)
+            return Self.traceparentLength
         }
     }
 

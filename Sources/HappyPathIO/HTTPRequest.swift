@@ -54,6 +54,9 @@ public final class HTTPRequest {
 
     public var isAsteriskForm: Bool { head?.form == .asterisk }
 
+    /// Size of the request head as received (request line and fields).
+    public var headBytes: Int { head?.headLength ?? 0 }
+
     /// Whether `Connection` names other fields (they are hop-by-hop then).
     public var connectionNominatesFields: Bool { head?.connectionNominatesFields ?? false }
 

@@ -14,7 +14,10 @@ public struct UpstreamRequest {
     /// Sent verbatim as the request target (endpoint path + command target).
     public var target: String
     public var method: String
-    public var headers: [HTTPField]
+    /// Sent as they are, in order (the block stays alive for the try).
+    public var headers: HeaderBlock
+    /// Sent instead of any field of the same name in `headers` (credentials).
+    public var replacing: HTTPField?
     public var body: RequestBody
     /// Whether a body (possibly empty, with `Content-Length: 0`) is sent.
     public var sendsBody: Bool
@@ -26,13 +29,14 @@ public struct UpstreamRequest {
     public var idleTimeout: Duration
 
     public init(
-        origin: String, target: String, method: String, headers: [HTTPField], body: RequestBody, sendsBody: Bool,
-        connectTimeout: Duration, idleTimeout: Duration
+        origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,
+        body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration
     ) {
         self.origin = origin
         self.target = target
         self.method = method
         self.headers = headers
+        self.replacing = replacing
         self.body = body
         self.sendsBody = sendsBody
         self.connectTimeout = connectTimeout
@@ -81,7 +85,8 @@ public protocol UpstreamResponseHandler: AnyObject {
 public final class UpstreamTransfer {
     fileprivate let handle: EasyHandle
     fileprivate var handler: UpstreamResponseHandler?
-    fileprivate var headerList: UnsafeMutablePointer<curl_slist>?
+    /// What libcurl reads while the try is in flight: kept alive here.
+    fileprivate var headers: HeaderBlock?
     fileprivate var body: RequestBody?
     fileprivate unowned let client: UpstreamClient
     fileprivate var inFinalBlock = false
@@ -112,10 +117,63 @@ public final class UpstreamTransfer {
     }
 }
 
-/// A pooled libcurl easy handle with its error buffer.
-fileprivate struct EasyHandle {
+/// A pooled libcurl easy handle with its error buffer and the nodes of its
+/// header list. The nodes are ours (libcurl only reads a list): each try
+/// points them at the fields of its `HeaderBlock`, so building the list
+/// allocates nothing.
+fileprivate final class EasyHandle {
     let easy: UnsafeMutableRawPointer
     let errorBuffer: UnsafeMutablePointer<CChar>
+    private(set) var nodes: UnsafeMutablePointer<curl_slist>
+    private(set) var nodeCapacity: Int
+    /// `Name: value` of a replacing field, NUL-terminated.
+    private var replacement: UnsafeMutablePointer<CChar>?
+    private var replacementCapacity = 0
+
+    init(easy: UnsafeMutableRawPointer) {
+        self.easy = easy
+        errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE))
+        errorBuffer[0] = 0
+        nodeCapacity = 16
+        nodes = .allocate(capacity: nodeCapacity)
+    }
+
+    func reserveNodes(_ count: Int) {
+        guard count > nodeCapacity else { return }
+        nodes.deallocate()
+        nodeCapacity = max(count, nodeCapacity * 2)
+        nodes = .allocate(capacity: nodeCapacity)
+    }
+
+    func replacementEntry(_ field: HTTPField) -> UnsafeMutablePointer<CChar> {
+        var name = field.name
+        var value = field.value
+        let length = name.utf8.count + value.utf8.count + 3
+        if length > replacementCapacity {
+            replacement?.deallocate()
+            replacementCapacity = max(length, 256)
+            replacement = .allocate(capacity: replacementCapacity)
+        }
+        let out = UnsafeMutableRawPointer(replacement!)
+        var i = 0
+        name.withUTF8 { out.copyMemory(from: $0.baseAddress!, byteCount: $0.count); i = $0.count }
+        out.storeBytes(of: 0x3A, toByteOffset: i, as: UInt8.self)
+        out.storeBytes(of: 0x20, toByteOffset: i + 1, as: UInt8.self)
+        i += 2
+        value.withUTF8 { v in
+            if v.count > 0 { (out + i).copyMemory(from: v.baseAddress!, byteCount: v.count) }
+            i += v.count
+        }
+        out.storeBytes(of: 0, toByteOffset: i, as: UInt8.self)
+        return replacement!
+    }
+
+    func free() {
+        curl_easy_cleanup(easy)
+        errorBuffer.deallocate()
+        nodes.deallocate()
+        replacement?.deallocate()
+    }
 }
 
 /// The upstream side of one event loop: a libcurl multi handle driven by the
@@ -155,10 +213,7 @@ public final class UpstreamClient {
 
     /// Frees libcurl and libevent resources. On the loop's thread.
     public func shutdown() {
-        for handle in pool {
-            curl_easy_cleanup(handle.easy)
-            handle.errorBuffer.deallocate()
-        }
+        for handle in pool { handle.free() }
         pool.removeAll()
         curl_multi_cleanup(multi)
         for case let event? in sockets.map(\.event) { event_free(event) }
@@ -194,22 +249,8 @@ public final class UpstreamClient {
             request.method.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, $0) }
         }
 
-        var list: UnsafeMutablePointer<curl_slist>?
-        var sawAccept = false
-        var sawContentType = false
-        for field in request.headers {
-            if !sawAccept && field.name.equalsIgnoringASCIICase("Accept") { sawAccept = true }
-            if !sawContentType && field.name.equalsIgnoringASCIICase("Content-Type") { sawContentType = true }
-            list = Self.append(list, field)
-        }
-        // "Name:" removes a header libcurl would otherwise invent.
-        if !sawAccept { list = curl_slist_append(list, "Accept:") }
-        if request.sendsBody {
-            list = curl_slist_append(list, "Expect:")
-            if !sawContentType { list = curl_slist_append(list, "Content-Type:") }
-        }
-        transfer.headerList = list
-        hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, list)
+        transfer.headers = request.headers
+        hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, headerList(handle, request))
 
         // Less than one byte a second for idleTimeout: the upstream stalled.
         // (libcurl does not apply this while the transfer is paused.)
@@ -224,25 +265,50 @@ public final class UpstreamClient {
         return transfer
     }
 
-    /// Appends "Name: value" (libcurl copies it) without building a Swift string.
-    private static func append(_ list: UnsafeMutablePointer<curl_slist>?, _ field: HTTPField)
-        -> UnsafeMutablePointer<curl_slist>?
-    {
-        var name = field.name
-        var value = field.value
-        return name.withUTF8 { n in
-            value.withUTF8 { v in
-                withUnsafeTemporaryAllocation(byteCount: n.count + v.count + 3, alignment: 1) { buffer in
-                    let base = buffer.baseAddress!
-                    if n.count > 0 { base.copyMemory(from: n.baseAddress!, byteCount: n.count) }
-                    base.storeBytes(of: 0x3A, toByteOffset: n.count, as: UInt8.self)  // ':'
-                    base.storeBytes(of: 0x20, toByteOffset: n.count + 1, as: UInt8.self)
-                    if v.count > 0 { (base + n.count + 2).copyMemory(from: v.baseAddress!, byteCount: v.count) }
-                    base.storeBytes(of: 0, toByteOffset: n.count + 2 + v.count, as: UInt8.self)
-                    return curl_slist_append(list, base.assumingMemoryBound(to: CChar.self))
-                }
+    /// The try's header list, in the handle's own nodes: the fields of the
+    /// block (those named like the replacing field left out), the replacing
+    /// field, and "Name:" entries that stop libcurl from inventing `Accept`,
+    /// `Expect` and `Content-Type`.
+    private func headerList(_ handle: EasyHandle, _ request: UpstreamRequest) -> UnsafeMutablePointer<curl_slist> {
+        handle.reserveNodes(request.headers.fieldCount + 4)
+        let nodes = handle.nodes
+        var n = 0
+        var sawAccept = false
+        var sawContentType = false
+        var skip: HTTPField? = request.replacing
+        request.headers.forEach { name, _, entry in
+            switch name.count {
+            case 6 where HTTPBytes.equals(name, "accept"): sawAccept = true
+            case 12 where HTTPBytes.equals(name, "content-type"): sawContentType = true
+            default: break
+            }
+            if let replaced = skip?.name {
+                var replaced = replaced
+                let same = replaced.withUTF8 { HTTPBytes.equalsIgnoringCase(name, UnsafeRawBufferPointer($0)) }
+                if same { return }
+            }
+            nodes[n].data = UnsafeMutablePointer(mutating: entry)
+            n += 1
+        }
+        if let field = request.replacing {
+            nodes[n].data = handle.replacementEntry(field)
+            n += 1
+            skip = nil
+        }
+        if !sawAccept {
+            nodes[n].data = blankAccept
+            n += 1
+        }
+        if request.sendsBody {
+            nodes[n].data = blankExpect
+            n += 1
+            if !sawContentType {
+                nodes[n].data = blankContentType
+                n += 1
             }
         }
+        for i in 0..<n { nodes[i].next = i + 1 < n ? nodes + i + 1 : nil }
+        return nodes
     }
 
     /// Stops a try without telling its handler (the caller is the handler).
@@ -254,8 +320,7 @@ public final class UpstreamClient {
 
     private func makeHandle() -> EasyHandle {
         let easy = curl_easy_init()!
-        let errorBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Int(CURL_ERROR_SIZE))
-        errorBuffer[0] = 0
+        let handle = EasyHandle(easy: easy)
         hp_easy_set_long(easy, CURLOPT_NOSIGNAL, 1)
         hp_easy_set_long(easy, CURLOPT_TCP_NODELAY, 1)
         hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
@@ -264,7 +329,7 @@ public final class UpstreamClient {
         // One receive takes a head and a mid-sized body together, so the
         // client gets them in one write instead of two.
         hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 64 * 1024)
-        hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
+        hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, handle.errorBuffer)
         // Upstreams are reached directly: no http_proxy from the environment
         // (and no getenv on every transfer).
         "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
@@ -272,16 +337,15 @@ public final class UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
         hp_easy_set_write_cb(easy, CURLOPT_WRITEFUNCTION, upstreamWriteCallback)
-        return EasyHandle(easy: easy, errorBuffer: errorBuffer)
+        return handle
     }
 
     /// Detaches a transfer from libcurl and returns its handle to the pool.
     private func complete(_ transfer: UpstreamTransfer) {
         transfer.finished = true
         curl_multi_remove_handle(multi, transfer.handle.easy)
-        curl_slist_free_all(transfer.headerList)  // libcurl does not copy the list
-        transfer.headerList = nil
         hp_easy_set_ptr(transfer.handle.easy, CURLOPT_HTTPHEADER, nil)
+        transfer.headers = nil
         transfer.body = nil
         pool.append(transfer.handle)
         Unmanaged.passUnretained(transfer).release()  // the reference taken in start()
@@ -404,6 +468,10 @@ public final class UpstreamClient {
     }
 }
 
+// "Name:" with nothing after it tells libcurl not to send a field it would add.
+nonisolated(unsafe) private let blankAccept = strdup("Accept:")!
+nonisolated(unsafe) private let blankExpect = strdup("Expect:")!
+nonisolated(unsafe) private let blankContentType = strdup("Content-Type:")!
 nonisolated(unsafe) private let emptyBody: UnsafeMutableRawPointer = UnsafeMutableRawPointer.allocate(byteCount: 1, alignment: 1)
 
 // MARK: - C callbacks (each gets its object through an unretained pointer)

@@ -99,7 +99,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         self.guardian = guardian
         self.command = command
         startedAt = worker.clock.now()
-        hasIdempotencyKey = command.headers.value(for: "Idempotency-Key") != nil
+        hasIdempotencyKey = command.headers.contains("idempotency-key")
     }
 
     func start() {
@@ -212,15 +212,12 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let endpoint = upstream.endpoints[endpointIndex]
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
-        var headers = command.headers
-        if let authToken, let tokens {
-            headers.removeAll { $0.name.equalsIgnoringASCIICase(tokens.header) }
-            headers.append(HTTPField(name: tokens.header, value: authToken.headerValue))
-        }
+        var credentials: HTTPField?
+        if let authToken, let tokens { credentials = HTTPField(name: tokens.header, value: authToken.headerValue) }
         transfer = worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
-                headers: headers, body: command.body, sendsBody: sendsBody,
+                headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
                 connectTimeout: min(upstream.connectTimeout, remaining), idleTimeout: worker.idleTimeout),
             handler: self)
     }

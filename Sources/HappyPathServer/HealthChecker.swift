@@ -76,7 +76,7 @@ final class HealthChecker: LoopEventTarget {
             probe.transfer = client.start(
                 UpstreamRequest(
                     origin: endpoint.origin, target: endpoint.basePath + (settings.path ?? "/healthz"), method: "GET",
-                    headers: [HTTPField(name: "User-Agent", value: "happypath-health-check")], body: .empty,
+                    headers: HeaderBlock([HTTPField(name: "User-Agent", value: "happypath-health-check")]), body: .empty,
                     sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout),
                 handler: probe)
             probe.arm(loop: loop, timeout: timeout)

@@ -161,15 +161,15 @@ final class ProxyWorker: HTTPServerDelegate {
     // MARK: - Commands
 
     /// Snapshots the request: headers as they go upstream (hop-by-hop
-    /// removed, forwarding headers added), the body, the deadline.
+    /// removed, forwarding headers added) written once into one block, the
+    /// body, the deadline.
     private func makeCommand(_ request: HTTPRequest, method: String, path: String, query: String?, route: RuntimeRoute)
         -> Command
     {
-        var headers: [HTTPField] = []
-        headers.reserveCapacity(12)
+        let headers = HeaderBlock(capacity: request.headBytes + 160)
         var requestID: String?
-        var host: String?
-        var forwardedFor: String?
+        var host: UnsafeRawBufferPointer?
+        var forwardedFor: [UnsafeRawBufferPointer] = []
         var hasForwardedProto = false
         var hasForwardedHost = false
         var hasTraceparent = false
@@ -177,27 +177,28 @@ final class ProxyWorker: HTTPServerDelegate {
         // (one pass over the head, however many tokens it lists).
         let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
         var index = -1
+        // The raw bytes stay valid until the request is answered, which is
+        // after this returns.
         request.forEachRawHeader { name, value in
             index += 1
             if !nominated.isEmpty, nominated[index] { return }
             if HopByHop.isHopByHop(name) { return }
             switch name.count {
             case 4 where HTTPBytes.equals(name, "host"):
-                host = String(decoding: value, as: UTF8.self)
+                host = value
                 return
             case 6 where HTTPBytes.equals(name, "expect"):
                 return  // the edge already answered 100-continue
             case 11 where HTTPBytes.equals(name, "traceparent"):
                 hasTraceparent = true
             case 12 where HTTPBytes.equals(name, "x-request-id"):
-                if requestID == nil { requestID = validRequestID(String(decoding: value, as: UTF8.self)) }
+                if requestID == nil { requestID = validRequestID(value) }
                 return  // added back below, exactly once
             case 14 where HTTPBytes.equals(name, "content-length"):
                 return  // libcurl sends the length of the body it sends
             case 15 where HTTPBytes.equals(name, "x-forwarded-for"):
                 // Several lines form one list (RFC 9110 section 5.3).
-                let v = String(decoding: value, as: UTF8.self)
-                forwardedFor = forwardedFor.map { $0 + ", " + v } ?? v
+                forwardedFor.append(value)
                 return
             case 16 where HTTPBytes.equals(name, "x-forwarded-host"):
                 hasForwardedHost = true
@@ -205,21 +206,49 @@ final class ProxyWorker: HTTPServerDelegate {
                 hasForwardedProto = true
             default: break
             }
-            headers.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
+            headers.append(name: name, value: value)
         }
         let id = requestID ?? ids.requestID()
-        headers.append(HTTPField(name: "X-Request-Id", value: id))
-        let peer = request.peerAddress
-        headers.append(HTTPField(name: "X-Forwarded-For", value: forwardedFor.map { $0 + ", " + peer } ?? peer))
-        if !hasForwardedProto { headers.append(HTTPField(name: "X-Forwarded-Proto", value: "http")) }
-        if !hasForwardedHost, let host { headers.append(HTTPField(name: "X-Forwarded-Host", value: host)) }
-        if !hasTraceparent { headers.append(HTTPField(name: "traceparent", value: ids.traceparent())) }
+        headers.append(name: "X-Request-Id", value: id)
+        var peer = request.peerAddress
+        peer.withUTF8 { peerBytes in
+            let length = forwardedFor.reduce(peerBytes.count) { $0 + $1.count + 2 }
+            headers.append(name: "X-Forwarded-For", valueLength: length) { out in
+                var i = 0
+                for part in forwardedFor {
+                    for b in part {
+                        out[i] = b
+                        i += 1
+                    }
+                    out[i] = UInt8(ascii: ",")
+                    out[i + 1] = UInt8(ascii: " ")
+                    i += 2
+                }
+                for b in peerBytes {
+                    out[i] = b
+                    i += 1
+                }
+            }
+        }
+        if !hasForwardedProto { headers.append(name: "X-Forwarded-Proto", value: "http" as StaticString) }
+        if !hasForwardedHost, let host { headers.append(name: "X-Forwarded-Host", value: host) }
+        if !hasTraceparent {
+            headers.append(name: "traceparent", valueLength: IdentifierGenerator.traceparentLength) {
+                ids.writeTraceparent(into: $0)
+            }
+        }
 
         return Command(
             requestID: id, method: method,
             target: Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix),
             headers: headers, body: request.takeBody(), routeIndex: route.index,
             upstream: runtime.upstreams[route.upstreamIndex].name, deadline: clock.now() + route.timeout)
+    }
+
+    private func validRequestID(_ value: UnsafeRawBufferPointer) -> String? {
+        guard !value.isEmpty, value.count <= 128, value.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") })
+        else { return nil }
+        return String(decoding: value, as: UTF8.self)
     }
 
     /// A client's X-Request-Id is kept if it is a sane token; anything else

@@ -114,11 +114,11 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
         transfer = worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath.isEmpty ? "/" : endpoint.basePath, method: "POST",
-                headers: [
+                headers: HeaderBlock([
                     HTTPField(name: "Content-Type", value: request.contentType),
                     HTTPField(name: "Accept", value: "application/json"),
                     HTTPField(name: "User-Agent", value: "happypath"),
-                ],
+                ]),
                 body: RequestBody(Array(request.body.utf8)), sendsBody: true, connectTimeout: .seconds(2),
                 idleTimeout: .seconds(5)),
             handler: self)

@@ -15,6 +15,15 @@ import Testing
         #expect(TokenResponse.oauth2(Array("<html>".utf8)) == .failure(.notJSON))
     }
 
+    @Test func aTokenThatCouldBreakTheHeaderIsRefused() {
+        #expect(TokenResponse.oauth2(Array(#"{"access_token":"a\r\nX-Evil: 1"}"#.utf8)) == .failure(.unusable))
+        #expect(TokenResponse.oauth2(Array(#"{"access_token":"a b"}"#.utf8)) == .failure(.unusable))
+        #expect(
+            TokenResponse.login(Array(#"{"t":"x\u0000y"}"#.utf8), tokenPointer: "/t", expiresInPointer: nil)
+                == .failure(.unusable))
+        #expect((try? TokenResponse.oauth2(Array(#"{"access_token":"eyJ.a-b_c~d+e/f=="}"#.utf8)).get()) != nil)
+    }
+
     @Test func expiresInAsText() throws {
         let r = try TokenResponse.oauth2(Array(#"{"access_token":"a","expires_in":"90"}"#.utf8)).get()
         #expect(r.expiresIn == .seconds(90))

@@ -35,11 +35,13 @@ public struct TokenResponse: Sendable, Equatable {
     public enum ParseError: Error, Equatable, CustomStringConvertible {
         case notJSON
         case missing(String)
+        case unusable
 
         public var description: String {
             switch self {
             case .notJSON: "the token endpoint's answer is not a JSON object"
             case let .missing(what): "the token endpoint's answer has no \(what)"
+            case .unusable: "the token endpoint's token has spaces or control characters and cannot go into a header"
             }
         }
     }
@@ -50,6 +52,7 @@ public struct TokenResponse: Sendable, Equatable {
             return .failure(.notJSON)
         }
         guard let token = object["access_token"] as? String, !token.isEmpty else { return .failure(.missing("access_token")) }
+        guard usable(token) else { return .failure(.unusable) }
         return .success(
             TokenResponse(
                 accessToken: token, tokenType: object["token_type"] as? String,
@@ -64,8 +67,16 @@ public struct TokenResponse: Sendable, Equatable {
         guard let token = JSONPointer.resolve(tokenPointer, in: object) as? String, !token.isEmpty else {
             return .failure(.missing("token at \(tokenPointer)"))
         }
+        guard usable(token) else { return .failure(.unusable) }
         let lifetime = expiresInPointer.flatMap { seconds(JSONPointer.resolve($0, in: object)) }
         return .success(TokenResponse(accessToken: token, tokenType: nil, expiresIn: lifetime, refreshToken: nil))
+    }
+
+    /// A token goes into a header value verbatim: visible ASCII only, so it
+    /// can never end the field or the head early (RFC 6750's b64token is a
+    /// subset of this).
+    static func usable(_ token: String) -> Bool {
+        token.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
     }
 
     static func seconds(_ value: Any?) -> Duration? {

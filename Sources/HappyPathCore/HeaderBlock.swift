@@ -1,0 +1,141 @@
+/// The header fields of a request as they go upstream, in one allocation:
+/// each field is stored as `Name: value` followed by a NUL byte, which is
+/// the form libcurl takes, so a try hands libcurl pointers into this block
+/// instead of copying every field into a list of its own.
+///
+/// Filled once by its builder, then shared read-only by every try of the
+/// command (like `RequestBody`, the storage never moves after that).
+public final class HeaderBlock: @unchecked Sendable {
+    public private(set) var storage: UnsafeMutablePointer<UInt8>
+    /// Bytes used, NULs included.
+    public private(set) var byteCount = 0
+    public private(set) var fieldCount = 0
+    private var capacity: Int
+
+    public init(capacity: Int = 512) {
+        self.capacity = max(16, capacity)
+        storage = .allocate(capacity: self.capacity)
+    }
+
+    public convenience init(_ fields: [HTTPField]) {
+        self.init(capacity: fields.reduce(16) { $0 + $1.name.utf8.count + $1.value.utf8.count + 3 })
+        for field in fields { append(name: field.name, value: field.value) }
+    }
+
+    deinit { storage.deallocate() }
+
+    private func reserve(_ extra: Int) {
+        guard byteCount + extra > capacity else { return }
+        var newCapacity = capacity * 2
+        while byteCount + extra > newCapacity { newCapacity *= 2 }
+        let bigger = UnsafeMutablePointer<UInt8>.allocate(capacity: newCapacity)
+        bigger.update(from: storage, count: byteCount)
+        storage.deallocate()
+        storage = bigger
+        capacity = newCapacity
+    }
+
+    private func put(_ bytes: UnsafeRawBufferPointer) {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return }
+        UnsafeMutableRawPointer(storage + byteCount).copyMemory(from: base, byteCount: bytes.count)
+        byteCount += bytes.count
+    }
+
+    private func putSeparator() {
+        storage[byteCount] = UInt8(ascii: ":")
+        storage[byteCount + 1] = UInt8(ascii: " ")
+        byteCount += 2
+    }
+
+    private func endField() {
+        storage[byteCount] = 0
+        byteCount += 1
+        fieldCount += 1
+    }
+
+    /// Adds `name: value`. The caller has checked both (the request parser did).
+    public func append(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        reserve(name.count + value.count + 3)
+        put(name)
+        putSeparator()
+        put(value)
+        endField()
+    }
+
+    public func append(name: StaticString, value: UnsafeRawBufferPointer) {
+        append(name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), value: value)
+    }
+
+    public func append(name: StaticString, value: StaticString) {
+        append(name: name, value: UnsafeRawBufferPointer(start: value.utf8Start, count: value.utf8CodeUnitCount))
+    }
+
+    public func append(name: String, value: String) {
+        var name = name
+        var value = value
+        name.withUTF8 { n in value.withUTF8 { v in append(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) } }
+    }
+
+    public func append(name: StaticString, value: String) {
+        var value = value
+        value.withUTF8 { append(name: name, value: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Adds `name: ` and lets `write` fill exactly `valueLength` bytes in place.
+    public func append(
+        name: StaticString, valueLength: Int, _ write: (UnsafeMutableBufferPointer<UInt8>) -> Void
+    ) {
+        reserve(name.utf8CodeUnitCount + valueLength + 3)
+        put(UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        putSeparator()
+        write(UnsafeMutableBufferPointer(start: storage + byteCount, count: valueLength))
+        byteCount += valueLength
+        endField()
+    }
+
+    /// Every field in order: its name, its value, and the whole NUL-terminated
+    /// `Name: value` entry as a C string.
+    public func forEach(
+        _ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer, _ entry: UnsafePointer<CChar>) -> Void
+    ) {
+        var start = 0
+        while start < byteCount {
+            var colon = start
+            while storage[colon] != UInt8(ascii: ":") { colon += 1 }
+            var end = colon + 2
+            while storage[end] != 0 { end += 1 }
+            let raw = UnsafeRawPointer(storage)
+            body(
+                UnsafeRawBufferPointer(start: raw + start, count: colon - start),
+                UnsafeRawBufferPointer(start: raw + colon + 2, count: end - colon - 2),
+                UnsafeRawPointer(storage + start).assumingMemoryBound(to: CChar.self))
+            start = end + 1
+        }
+    }
+
+    /// The first value of the field named `name` (given in lower case;
+    /// fields match in any case), as a string.
+    public func value(for name: StaticString) -> String? {
+        var found: String?
+        forEach { n, v, _ in
+            if found == nil, HTTPBytes.equals(n, name) { found = String(decoding: v, as: UTF8.self) }
+        }
+        return found
+    }
+
+    /// Whether a field named `name` (given in lower case) is present.
+    public func contains(_ name: StaticString) -> Bool {
+        var found = false
+        forEach { n, _, _ in if !found, HTTPBytes.equals(n, name) { found = true } }
+        return found
+    }
+
+    /// The fields as name/value strings (tests, diagnostics).
+    public var fields: [HTTPField] {
+        var out: [HTTPField] = []
+        forEach { n, v, _ in
+            out.append(HTTPField(name: String(decoding: n, as: UTF8.self), value: String(decoding: v, as: UTF8.self)))
+        }
+        return out
+    }
+}
