@@ -1,13 +1,15 @@
 /// The header fields of a request as they go upstream, in one allocation:
 /// each field is stored as `Name: value` followed by a NUL byte, which is
 /// the form libcurl takes, so a try hands libcurl pointers into this block
-/// instead of copying every field into a list of its own.
+/// instead of copying every field into a list of its own. Each entry is
+/// preceded by the lengths of its name and value (two `UInt32`s), so
+/// walking the fields never scans their bytes.
 ///
 /// Filled once by its builder, then shared read-only by every try of the
 /// command (like `RequestBody`, the storage never moves after that).
 public final class HeaderBlock: @unchecked Sendable {
     public private(set) var storage: UnsafeMutablePointer<UInt8>
-    /// Bytes used, NULs included.
+    /// Bytes used, length prefixes and NULs included.
     public private(set) var byteCount = 0
     public private(set) var fieldCount = 0
     private var capacity: Int
@@ -41,6 +43,15 @@ public final class HeaderBlock: @unchecked Sendable {
         byteCount += bytes.count
     }
 
+    private static let prefix = 8
+
+    private func putLengths(_ name: Int, _ value: Int) {
+        let raw = UnsafeMutableRawPointer(storage + byteCount)
+        raw.storeBytes(of: UInt32(truncatingIfNeeded: name), as: UInt32.self)
+        (raw + 4).storeBytes(of: UInt32(truncatingIfNeeded: value), as: UInt32.self)
+        byteCount += Self.prefix
+    }
+
     private func putSeparator() {
         storage[byteCount] = UInt8(ascii: ":")
         storage[byteCount + 1] = UInt8(ascii: " ")
@@ -55,7 +66,8 @@ public final class HeaderBlock: @unchecked Sendable {
 
     /// Adds `name: value`. The caller has checked both (the request parser did).
     public func append(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
-        reserve(name.count + value.count + 3)
+        reserve(name.count + value.count + 3 + Self.prefix)
+        putLengths(name.count, value.count)
         put(name)
         putSeparator()
         put(value)
@@ -85,7 +97,8 @@ public final class HeaderBlock: @unchecked Sendable {
     public func append(
         name: StaticString, valueLength: Int, _ write: (UnsafeMutableBufferPointer<UInt8>) -> Void
     ) {
-        reserve(name.utf8CodeUnitCount + valueLength + 3)
+        reserve(name.utf8CodeUnitCount + valueLength + 3 + Self.prefix)
+        putLengths(name.utf8CodeUnitCount, valueLength)
         put(UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
         putSeparator()
         write(UnsafeMutableBufferPointer(start: storage + byteCount, count: valueLength))
@@ -98,18 +111,18 @@ public final class HeaderBlock: @unchecked Sendable {
     public func forEach(
         _ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer, _ entry: UnsafePointer<CChar>) -> Void
     ) {
-        var start = 0
-        while start < byteCount {
-            var colon = start
-            while storage[colon] != UInt8(ascii: ":") { colon += 1 }
-            var end = colon + 2
-            while storage[end] != 0 { end += 1 }
-            let raw = UnsafeRawPointer(storage)
+        var at = 0
+        let raw = UnsafeRawPointer(storage)
+        while at < byteCount {
+            // Unaligned loads: entries are packed.
+            let nameCount = Int(raw.loadUnaligned(fromByteOffset: at, as: UInt32.self))
+            let valueCount = Int(raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self))
+            let start = at + Self.prefix
             body(
-                UnsafeRawBufferPointer(start: raw + start, count: colon - start),
-                UnsafeRawBufferPointer(start: raw + colon + 2, count: end - colon - 2),
-                UnsafeRawPointer(storage + start).assumingMemoryBound(to: CChar.self))
-            start = end + 1
+                UnsafeRawBufferPointer(start: raw + start, count: nameCount),
+                UnsafeRawBufferPointer(start: raw + start + nameCount + 2, count: valueCount),
+                (raw + start).assumingMemoryBound(to: CChar.self))
+            at = start + nameCount + valueCount + 3
         }
     }
 

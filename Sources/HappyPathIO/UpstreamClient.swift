@@ -195,6 +195,21 @@ public final class UpstreamClient {
         var wanted = false
     }
     private var pool: [EasyHandle] = []
+    /// Each origin parsed once into a libcurl URL handle (CURLOPT_CURLU),
+    /// instead of libcurl parsing the URL string on every try.
+    private var origins: [String: OpaquePointer] = [:]
+
+    private func parsedOrigin(_ origin: String) -> OpaquePointer? {
+        if let url = origins[origin] { return url }
+        guard let url = curl_url() else { return nil }
+        let code = origin.withCString { curl_url_set(url, CURLUPART_URL, $0, 0) }
+        guard code == CURLUE_OK else {
+            curl_url_cleanup(url)
+            return nil
+        }
+        origins[origin] = url
+        return url
+    }
 
     public init(loop: EventLoop, maxConnectionsPerHost: Int, maxCachedConnections: Int) {
         self.loop = loop
@@ -215,6 +230,8 @@ public final class UpstreamClient {
     public func shutdown() {
         for handle in pool { handle.free() }
         pool.removeAll()
+        for url in origins.values { curl_url_cleanup(url) }
+        origins.removeAll()
         curl_multi_cleanup(multi)
         for case let event? in sockets.map(\.event) { event_free(event) }
         sockets.removeAll()
@@ -233,7 +250,13 @@ public final class UpstreamClient {
         handle.errorBuffer[0] = 0
 
         // withCString: no temporary copy for native strings (libcurl copies them).
-        request.origin.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_URL, $0) }
+        if let url = parsedOrigin(request.origin) {
+            hp_easy_set_ptr(easy, CURLOPT_CURLU, UnsafeRawPointer(url))
+        } else {
+            // Not parseable ahead: libcurl reports the problem on the try.
+            hp_easy_set_ptr(easy, CURLOPT_CURLU, nil)
+            request.origin.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_URL, $0) }
+        }
         request.target.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_REQUEST_TARGET, $0) }
         // Method and body. HTTPGET resets whatever the previous try set.
         hp_easy_set_long(easy, CURLOPT_HTTPGET, 1)

@@ -23,7 +23,7 @@ import Testing
         block.forEach { _, _, entry in entries.append(String(cString: entry)) }
         #expect(entries.first == "Accept: text/plain")
         #expect(entries.last == "traceparent: abc")
-        #expect(block.byteCount == entries.reduce(0) { $0 + $1.utf8.count + 1 })
+        #expect(block.byteCount == entries.reduce(0) { $0 + 8 + $1.utf8.count + 1 })
     }
 
     @Test func lookupIgnoresCase() {
