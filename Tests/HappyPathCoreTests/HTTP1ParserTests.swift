@@ -730,3 +730,17 @@ import Testing
         }
     }
 }
+
+@Suite struct ByteClassTests {
+    /// The constant masks of HTTPBytes, byte by byte, against the grammar.
+    @Test func masksMatchTheGrammar() {
+        for b in 0...255 {
+            let c = UInt8(b)
+            let alnum = (0x30...0x39).contains(b) || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b)
+            #expect(HTTPBytes.isToken(c) == (alnum || "!#$%&'*+-.^_`|~".utf8.contains(c)), "token \(b)")
+            #expect(HTTPBytes.isFieldValue(c) == (b == 0x09 || (b >= 0x20 && b != 0x7F)), "field value \(b)")
+            #expect(HTTPBytes.isTarget(c) == (b > 0x20 && b < 0x7F && b != 0x23), "target \(b)")
+            #expect(HTTPBytes.isRegName(c) == (alnum || "-._~%!$&'()*+,;=".utf8.contains(c)), "reg-name \(b)")
+        }
+    }
+}

@@ -127,7 +127,7 @@ public struct ChunkedDecoder: Sendable {
             guard input[i] == UInt8(ascii: ";") else { return i == start ? .badChunkSize : .badChunkExtension }
             i += 1
             let nameStart = i
-            while i < end, HTTPBytes.token[Int(input[i])] { i += 1 }
+            while i < end, HTTPBytes.isToken(input[i]) { i += 1 }
             guard i > nameStart else { return .badChunkExtension }
             if i < end, input[i] == UInt8(ascii: "=") {
                 i += 1
@@ -144,8 +144,8 @@ public struct ChunkedDecoder: Sendable {
                         }
                         if c == UInt8(ascii: "\\") {
                             i += 1
-                            guard i < end, HTTPBytes.fieldValue[Int(input[i])] else { return .badChunkExtension }
-                        } else if !HTTPBytes.fieldValue[Int(c)] {
+                            guard i < end, HTTPBytes.isFieldValue(input[i]) else { return .badChunkExtension }
+                        } else if !HTTPBytes.isFieldValue(c) {
                             return .badChunkExtension
                         }
                         i += 1
@@ -153,7 +153,7 @@ public struct ChunkedDecoder: Sendable {
                     guard closed else { return .badChunkExtension }
                 } else {
                     let valueStart = i
-                    while i < end, HTTPBytes.token[Int(input[i])] { i += 1 }
+                    while i < end, HTTPBytes.isToken(input[i]) { i += 1 }
                     guard i > valueStart else { return .badChunkExtension }
                 }
             }

@@ -128,41 +128,36 @@ public enum BodyFraming: Sendable, Equatable {
 
 // MARK: - Byte classes
 
-/// Character classes of RFC 9110 and RFC 3986, as 256-entry tables, so that
-/// every check on the hot path is one load.
+/// Character classes of RFC 9110 and RFC 3986, as 128-bit masks written as
+/// constants: a check is a shift and a test, with no table to load and no
+/// global to initialise first. (The masks are checked against the grammar,
+/// byte by byte, in HTTP1ParserTests.)
 public enum HTTPBytes {
-    /// tchar: "!#$%&'*+-.^_`|~" / DIGIT / ALPHA.
-    public static let token: [Bool] = (0..<256).map { (b: Int) -> Bool in
-        switch UInt8(b) {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "z"),
-            UInt8(ascii: "A")...UInt8(ascii: "Z"):
-            return true
-        default: return "!#$%&'*+-.^_`|~".utf8.contains(UInt8(b))
-        }
+    @inline(__always)
+    static func inMask(_ b: UInt8, _ low: UInt64, _ high: UInt64) -> Bool {
+        b < 64 ? (low >> UInt64(b)) & 1 != 0 : b < 128 ? (high >> UInt64(b &- 64)) & 1 != 0 : false
     }
+
+    /// tchar: "!#$%&'*+-.^_`|~" / DIGIT / ALPHA.
+    @inline(__always)
+    public static func isToken(_ b: UInt8) -> Bool { inMask(b, 0x03ff_6cfa_0000_0000, 0x57ff_ffff_c7ff_fffe) }
 
     /// field-vchar / SP / HTAB: what may appear inside a field value.
     /// obs-text (0x80-0xFF) is allowed by the grammar; controls and DEL are not.
-    public static let fieldValue: [Bool] = (0..<256).map { (b: Int) -> Bool in
-        b == 0x09 || (b >= 0x20 && b != 0x7F)
+    @inline(__always)
+    public static func isFieldValue(_ b: UInt8) -> Bool {
+        b >= 128 || inMask(b, 0xffff_ffff_0000_0200, 0x7fff_ffff_ffff_ffff)
     }
 
     /// Bytes allowed in a request target: visible ASCII except '#' (a
     /// fragment is never part of a request target). Non-ASCII must arrive
     /// percent-encoded (RFC 3986 section 2.1).
-    public static let target: [Bool] = (0..<256).map { (b: Int) -> Bool in
-        b > 0x20 && b < 0x7F && b != UInt8(ascii: "#")
-    }
+    @inline(__always)
+    public static func isTarget(_ b: UInt8) -> Bool { inMask(b, 0xffff_fff6_0000_0000, 0x7fff_ffff_ffff_ffff) }
 
     /// reg-name characters of RFC 3986: unreserved / pct-encoded ('%') / sub-delims.
-    public static let regName: [Bool] = (0..<256).map { (b: Int) -> Bool in
-        switch UInt8(b) {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "z"),
-            UInt8(ascii: "A")...UInt8(ascii: "Z"):
-            return true
-        default: return "-._~%!$&'()*+,;=".utf8.contains(UInt8(b))
-        }
-    }
+    @inline(__always)
+    public static func isRegName(_ b: UInt8) -> Bool { inMask(b, 0x2bff_7ff2_0000_0000, 0x47ff_fffe_87ff_fffe) }
 
     @inline(__always)
     public static func lower(_ b: UInt8) -> UInt8 { b >= 0x41 && b <= 0x5A ? b | 0x20 : b }
@@ -202,7 +197,7 @@ public enum HTTPBytes {
             i += 1  // past ']'
         } else {
             while i < n, value[i] != UInt8(ascii: ":") {
-                if !regName[Int(value[i])] { return false }
+                if !HTTPBytes.isRegName(value[i]) { return false }
                 i += 1
             }
         }

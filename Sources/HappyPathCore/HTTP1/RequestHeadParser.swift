@@ -153,14 +153,14 @@ public enum RequestHeadParser {
         var lineEnd = requestStart
         while buffer[lineEnd] != 0x0D { lineEnd += 1 }  // the scanner guarantees CRLF
         var i = requestStart
-        while i < lineEnd, HTTPBytes.token[Int(buffer[i])] { i += 1 }
+        while i < lineEnd, HTTPBytes.isToken(buffer[i]) { i += 1 }
         guard i > requestStart, i < lineEnd else { return .failure(i == requestStart ? .badMethod : .badRequestLine) }
-        guard buffer[i] == 0x20 else { return .failure(HTTPBytes.fieldValue[Int(buffer[i])] ? .badMethod : .badRequestLine) }
+        guard buffer[i] == 0x20 else { return .failure(HTTPBytes.isFieldValue(buffer[i]) ? .badMethod : .badRequestLine) }
         let method = requestStart..<i
         i += 1
         let targetStart = i
         while i < lineEnd, buffer[i] != 0x20 {
-            guard HTTPBytes.target[Int(buffer[i])] else { return .failure(.badTarget) }
+            guard HTTPBytes.isTarget(buffer[i]) else { return .failure(.badTarget) }
             i += 1
         }
         guard i > targetStart, i < lineEnd else { return .failure(.badRequestLine) }
@@ -285,7 +285,7 @@ public enum RequestHeadParser {
         HTTP1Field, HTTP1Refusal
     > {
         var i = start
-        while i < end, HTTPBytes.token[Int(buffer[i])] { i += 1 }
+        while i < end, HTTPBytes.isToken(buffer[i]) { i += 1 }
         guard i < end else { return .failure(.missingColon) }
         let c = buffer[i]
         if c != UInt8(ascii: ":") {
@@ -300,7 +300,7 @@ public enum RequestHeadParser {
         var valueEnd = i
         while i < end {
             let b = buffer[i]
-            guard HTTPBytes.fieldValue[Int(b)] else { return .failure(.badFieldValue) }
+            guard HTTPBytes.isFieldValue(b) else { return .failure(.badFieldValue) }
             i += 1
             if b != 0x20 && b != 0x09 { valueEnd = i }
         }
@@ -393,7 +393,7 @@ public enum RequestHeadParser {
                 any = true
                 // A coding is a token, optionally followed by parameters.
                 var n = 0
-                while n < element.count, HTTPBytes.token[Int(element[n])] { n += 1 }
+                while n < element.count, HTTPBytes.isToken(element[n]) { n += 1 }
                 if n == 0 { malformed = true }
                 let name = UnsafeRawBufferPointer(rebasing: element[0..<n])
                 if HTTPBytes.equals(name, "chunked") {

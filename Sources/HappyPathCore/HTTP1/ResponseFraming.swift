@@ -36,11 +36,11 @@ public struct ResponseFraming: Sendable {
     public mutating func add(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
         // A name that is not a token, or a value with a control byte (a bare
         // CR could split the line for a lenient client): never forwarded.
-        if name.isEmpty || !name.allSatisfy({ HTTPBytes.token[Int($0)] }) {
+        if name.isEmpty || !name.allSatisfy({ HTTPBytes.isToken($0) }) {
             fault = fault ?? "a header name is not a token"
             return false
         }
-        if !value.allSatisfy({ HTTPBytes.fieldValue[Int($0)] }) {
+        if !value.allSatisfy({ HTTPBytes.isFieldValue($0) }) {
             fault = fault ?? "a header value contains a control byte"
             return false
         }
