@@ -242,6 +242,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         guard framing.add(name: name, value: value) else { return }
         if HopByHop.isHopByHop(name) {
             if HTTPBytes.equals(name, "connection") {
+                // Kept only if it names fields: `keep-alive` and `close`
+                // (the usual values) name none.
+                var namesFields = false
+                forEachListElement(value) { token in
+                    if !HTTPBytes.equals(token, "keep-alive"), !HTTPBytes.equals(token, "close") { namesFields = true }
+                }
+                guard namesFields else { return }
                 if !upstreamConnection.isEmpty { upstreamConnection.append(UInt8(ascii: ",")) }
                 upstreamConnection.append(contentsOf: value)
             }

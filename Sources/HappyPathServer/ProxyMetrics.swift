@@ -71,7 +71,18 @@ final class WorkerMetrics {
 
     init(_ metrics: ProxyMetrics) { self.metrics = metrics }
 
+    /// The series the previous request used: consecutive requests mostly
+    /// share route and code, and comparing two strings that share storage
+    /// costs less than hashing them.
+    private var lastRequest: (label: String, code: String, counter: CoreMetrics.Counter, timer: CoreMetrics.Timer)?
+    private var lastTry: (upstream: String, outcome: String, counter: CoreMetrics.Counter)?
+
     func request(route: RuntimeRoute, code: String, duration: Duration) {
+        if let last = lastRequest, last.label == route.label, last.code == code {
+            last.counter.increment()
+            last.timer.recordNanoseconds(duration.nanoseconds)
+            return
+        }
         let counter =
             requests[route.label]?[code]
             ?? {
@@ -88,6 +99,7 @@ final class WorkerMetrics {
                 return t
             }()
         timer.recordNanoseconds(duration.nanoseconds)
+        lastRequest = (route.label, code, counter, timer)
     }
 
     /// A request the HTTP/1.1 edge refused, by rule.
@@ -112,6 +124,7 @@ final class WorkerMetrics {
     private var acceptPausedCounter: CoreMetrics.Counter?
 
     func upstreamTry(upstream: String, outcome: String) {
+        if let last = lastTry, last.upstream == upstream, last.outcome == outcome { return last.counter.increment() }
         let counter =
             tries[upstream]?[outcome]
             ?? {
@@ -120,6 +133,7 @@ final class WorkerMetrics {
                 return c
             }()
         counter.increment()
+        lastTry = (upstream, outcome, counter)
     }
 
     func retry(upstream: String) {
