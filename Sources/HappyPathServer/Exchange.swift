@@ -226,7 +226,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func upstreamStatus(_ status: Int) {
         self.status = status
-        if status >= 400 || route.retry.configuration.on.contains(String(status)) {
+        if status >= 400 || route.retry.configuration.statuses.contains(status) {
             mode = .holding
             heldBody.removeAll(keepingCapacity: true)
             heldBodyComplete = true
@@ -350,7 +350,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 if start { worker.startRefresh(guardian: guardian) }
                 return park(.auth)
             }
-        } else if status < 500 && !route.retry.configuration.on.contains(String(status)) {
+        } else if status < 500 && !route.retry.configuration.statuses.contains(status) {
             // A 4xx: the upstream is healthy and answered; normalize it.
             report(.clientError(status: status), at: now)
             history.append(String(status))

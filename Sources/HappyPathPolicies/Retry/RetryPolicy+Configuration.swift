@@ -8,7 +8,11 @@ extension RetryPolicy {
         /// One try's limit. Default 3s.
         public var perTryTimeout: Duration = .seconds(3)
         /// Outcomes that may be retried: `connect-failure`, `reset`, `timeout`, statuses. Default the six below.
-        public var on: Set<String> = ["connect-failure", "reset", "timeout", "502", "503", "504"]
+        public var on: Set<String> = ["connect-failure", "reset", "timeout", "502", "503", "504"] {
+            didSet { statuses = Set(on.compactMap { Int($0) }) }
+        }
+        /// The statuses among `on`, as numbers (looked up on every response).
+        public private(set) var statuses: Set<Int> = [502, 503, 504]
         /// Backoff before try n+1: full jitter over `min(max, base · 2^(n-1))`. Default 50ms.
         public var backoffBase: Duration = .milliseconds(50)
         /// Default 2s.
