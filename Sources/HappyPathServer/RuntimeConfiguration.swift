@@ -30,7 +30,9 @@ public final class RuntimeConfiguration: Sendable {
     }
 }
 
-struct RuntimeRoute: Sendable {
+/// A class, so an exchange holds its route (and upstream) with one
+/// reference instead of copying every field.
+final class RuntimeRoute: Sendable {
     let index: Int
     /// The `route` label of metrics and access logs: its path prefix (with
     /// `#index` when several routes share one).
@@ -44,9 +46,23 @@ struct RuntimeRoute: Sendable {
     let parkFor: Duration
     /// Error mappings: the route's, then its upstream's.
     let errors: [ErrorMapping]
+
+    init(
+        index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
+        parkFor: Duration, errors: [ErrorMapping]
+    ) {
+        self.index = index
+        self.label = label
+        self.upstreamIndex = upstreamIndex
+        self.stripPrefix = stripPrefix
+        self.timeout = timeout
+        self.retry = retry
+        self.parkFor = parkFor
+        self.errors = errors
+    }
 }
 
-struct RuntimeUpstream: Sendable {
+final class RuntimeUpstream: Sendable {
     let name: String
     let endpoints: [Endpoint]
     let connectTimeout: Duration
