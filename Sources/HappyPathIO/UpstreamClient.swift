@@ -356,6 +356,9 @@ public final class UpstreamClient {
         // Upstreams are reached directly: no http_proxy from the environment
         // (and no getenv on every transfer).
         "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
+        // ...and no proxy for any host, which also spares libcurl reading
+        // no_proxy and NO_PROXY from the environment on every transfer.
+        "*".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_NOPROXY, $0) }
         hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
