@@ -166,7 +166,9 @@ final class ProxyWorker: HTTPServerDelegate {
     private func makeCommand(_ request: HTTPRequest, method: String, path: String, query: String?, route: RuntimeRoute)
         -> Command
     {
-        let headers = HeaderBlock(capacity: request.headBytes + 160)
+        // Room for every field (each gains an 8-byte prefix) and the five
+        // added ones, so the block is allocated once.
+        let headers = HeaderBlock(capacity: request.headBytes * 2 + 384)
         var requestID: String?
         var host: UnsafeRawBufferPointer?
         var forwardedFor: [UnsafeRawBufferPointer] = []
