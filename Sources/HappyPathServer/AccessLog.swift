@@ -68,27 +68,43 @@ struct AccessRecord {
 final class AccessLog: LoopEventTarget {
     private let settings: AccessLogSettings
     private let loop: EventLoop
-    private var buffer: [UInt8] = []
+    /// The batch: raw storage, so composing a line is stores and copies
+    /// with no per-byte capacity or bounds check.
+    private var storage: UnsafeMutablePointer<UInt8>
+    private var capacity: Int
+    private var count = 0
     private var timer: LoopEvent?
     /// `2026-11-22T01:15:38` for the second in `cachedSecond`.
     private var cachedSecond = -1
-    private var cachedStamp = [UInt8](repeating: 0, count: 19)
+    private var cachedStamp: (UInt64, UInt64, UInt32) = (0, 0, 0)
 
     var enabled: Bool { settings.enabled }
 
     init(settings: AccessLogSettings, loop: EventLoop) {
         self.settings = settings
         self.loop = loop
-        if settings.enabled { buffer.reserveCapacity(settings.batchBytes + 1024) }
+        capacity = settings.enabled ? settings.batchBytes + 4096 : 0
+        storage = .allocate(capacity: max(1, capacity))
+    }
+
+    deinit {
+        timer?.recycle()
+        storage.deallocate()
     }
 
     func append(_ record: AccessRecord) {
         guard settings.enabled else { return }
+        // The longest this line can be: fixed text plus every string escaped
+        // at six bytes a byte (`\u00XX`).
+        let strings =
+            record.requestID.utf8.count + record.method.utf8.count + record.route.utf8.count
+            + record.upstream.utf8.count + record.code.utf8.count
+        reserve(256 + 6 * strings)
         switch settings.format {
         case .json: appendJSON(record)
         case .text: appendText(record)
         }
-        if buffer.count >= settings.batchBytes {
+        if count >= settings.batchBytes {
             flush()
         } else if timer == nil {
             let event = loop.takeEvent(target: self)
@@ -97,15 +113,26 @@ final class AccessLog: LoopEventTarget {
         }
     }
 
+    /// Room for `n` more bytes: the batch is written first if it would not
+    /// fit, and the storage grows only for a line larger than a batch.
+    private func reserve(_ n: Int) {
+        guard count + n > capacity else { return }
+        flush()
+        guard n > capacity else { return }
+        storage.deallocate()
+        capacity = n
+        storage = .allocate(capacity: capacity)
+    }
+
     /// Writes what has collected. At stop, and from the timer.
     func flush() {
         if let timer {
             timer.recycle()
             self.timer = nil
         }
-        guard !buffer.isEmpty else { return }
-        buffer.withUnsafeBytes { settings.sink($0) }
-        buffer.removeAll(keepingCapacity: true)
+        guard count > 0 else { return }
+        settings.sink(UnsafeRawBufferPointer(start: storage, count: count))
+        count = 0
     }
 
     func loopEventFired(_ event: LoopEvent) { flush() }
@@ -159,48 +186,63 @@ final class AccessLog: LoopEventTarget {
         put("\n")
     }
 
+    @inline(__always)
+    private func byte(_ b: UInt8) {
+        storage[count] = b
+        count += 1
+    }
+
+    private func put(_ bytes: UnsafeRawBufferPointer) {
+        guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
+        UnsafeMutableRawPointer(storage + count).copyMemory(from: base, byteCount: bytes.count)
+        count += bytes.count
+    }
+
     private func put(_ literal: StaticString) {
-        buffer.append(contentsOf: UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
+        put(UnsafeRawBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
     }
 
     private func putRaw(_ s: String) {
         var s = s
-        s.withUTF8 { buffer.append(contentsOf: $0) }
+        s.withUTF8 { put(UnsafeRawBufferPointer($0)) }
     }
 
     private static let hex: StaticString = "0123456789abcdef"
 
-    /// A JSON string: quotes, backslashes and control bytes escaped.
+    /// A JSON string: quotes, backslashes and control bytes escaped; runs
+    /// that need nothing are copied whole.
     private func putQuoted(_ s: String) {
-        buffer.append(UInt8(ascii: "\""))
+        byte(UInt8(ascii: "\""))
         var s = s
-        s.withUTF8 { bytes in
-            for b in bytes {
-                switch b {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"):
-                    buffer.append(UInt8(ascii: "\\"))
-                    buffer.append(b)
-                case 0..<0x20:
-                    let hex = Self.hex.utf8Start
-                    buffer.append(contentsOf: [
-                        UInt8(ascii: "\\"), UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(b >> 4)],
-                        hex[Int(b & 0xF)],
-                    ])
-                default:
-                    buffer.append(b)
+        s.withUTF8 { utf8 in
+            let bytes = UnsafeRawBufferPointer(utf8)
+            var run = 0
+            for i in 0..<bytes.count {
+                let b = bytes[i]
+                guard b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") else { continue }
+                put(UnsafeRawBufferPointer(rebasing: bytes[run..<i]))
+                run = i + 1
+                byte(UInt8(ascii: "\\"))
+                if b >= 0x20 {
+                    byte(b)
+                } else {
+                    put("u00")
+                    byte(Self.hex.utf8Start[Int(b >> 4)])
+                    byte(Self.hex.utf8Start[Int(b & 0xF)])
                 }
             }
+            put(UnsafeRawBufferPointer(rebasing: bytes[run..<bytes.count]))
         }
-        buffer.append(UInt8(ascii: "\""))
+        byte(UInt8(ascii: "\""))
     }
 
     private func putInt(_ value: Int) {
-        if value < 0 { buffer.append(UInt8(ascii: "-")) }
+        if value < 0 { byte(UInt8(ascii: "-")) }
         var v = value.magnitude
         var divisor: UInt = 1
         while v / divisor >= 10 { divisor *= 10 }
         repeat {
-            buffer.append(UInt8(ascii: "0") + UInt8(v / divisor))
+            byte(UInt8(ascii: "0") + UInt8(v / divisor))
             v %= divisor
             divisor /= 10
         } while divisor > 0
@@ -210,11 +252,11 @@ final class AccessLog: LoopEventTarget {
     private func putMillis(_ micros: Int64) {
         let m = max(0, micros)
         putInt(Int(m / 1000))
-        buffer.append(UInt8(ascii: "."))
+        byte(UInt8(ascii: "."))
         let frac = Int(m % 1000)
-        buffer.append(UInt8(ascii: "0") + UInt8(frac / 100))
-        buffer.append(UInt8(ascii: "0") + UInt8(frac / 10 % 10))
-        buffer.append(UInt8(ascii: "0") + UInt8(frac % 10))
+        byte(UInt8(ascii: "0") + UInt8(frac / 100))
+        byte(UInt8(ascii: "0") + UInt8(frac / 10 % 10))
+        byte(UInt8(ascii: "0") + UInt8(frac % 10))
     }
 
     /// UTC with milliseconds, as the other log lines; the date and time of
@@ -228,30 +270,32 @@ final class AccessLog: LoopEventTarget {
             var t = time_t(ts.tv_sec)
             var parts = tm()
             gmtime_r(&t, &parts)
-            var i = 0
-            func two(_ v: Int32, then sep: UInt8?) {
-                cachedStamp[i] = UInt8(ascii: "0") + UInt8(v / 10 % 10)
-                cachedStamp[i + 1] = UInt8(ascii: "0") + UInt8(v % 10)
-                i += 2
-                if let sep {
-                    cachedStamp[i] = sep
-                    i += 1
+            withUnsafeMutableBytes(of: &cachedStamp) { out in
+                var i = 0
+                func two(_ v: Int32, then sep: UInt8?) {
+                    out[i] = UInt8(ascii: "0") + UInt8(v / 10 % 10)
+                    out[i + 1] = UInt8(ascii: "0") + UInt8(v % 10)
+                    i += 2
+                    if let sep {
+                        out[i] = sep
+                        i += 1
+                    }
                 }
+                let year = parts.tm_year + 1900
+                two(year / 100, then: nil)
+                two(year % 100, then: UInt8(ascii: "-"))
+                two(parts.tm_mon + 1, then: UInt8(ascii: "-"))
+                two(parts.tm_mday, then: UInt8(ascii: "T"))
+                two(parts.tm_hour, then: UInt8(ascii: ":"))
+                two(parts.tm_min, then: UInt8(ascii: ":"))
+                two(parts.tm_sec, then: nil)
             }
-            let year = parts.tm_year + 1900
-            two(year / 100, then: nil)
-            two(year % 100, then: UInt8(ascii: "-"))
-            two(parts.tm_mon + 1, then: UInt8(ascii: "-"))
-            two(parts.tm_mday, then: UInt8(ascii: "T"))
-            two(parts.tm_hour, then: UInt8(ascii: ":"))
-            two(parts.tm_min, then: UInt8(ascii: ":"))
-            two(parts.tm_sec, then: nil)
         }
-        buffer.append(contentsOf: cachedStamp)
+        withUnsafeBytes(of: cachedStamp) { put(UnsafeRawBufferPointer(rebasing: $0[0..<19])) }
         let millis = Int(ts.tv_nsec / 1_000_000)
-        buffer.append(UInt8(ascii: "."))
-        buffer.append(UInt8(ascii: "0") + UInt8(millis / 100))
-        buffer.append(UInt8(ascii: "0") + UInt8(millis / 10 % 10))
-        buffer.append(UInt8(ascii: "0") + UInt8(millis % 10))
+        byte(UInt8(ascii: "."))
+        byte(UInt8(ascii: "0") + UInt8(millis / 100))
+        byte(UInt8(ascii: "0") + UInt8(millis / 10 % 10))
+        byte(UInt8(ascii: "0") + UInt8(millis % 10))
     }
 }

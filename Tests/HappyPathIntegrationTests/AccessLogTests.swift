@@ -118,6 +118,22 @@ import Testing
         #expect(capture.writes == 3)
     }
 
+    @Test func aLineLongerThanABatchIsWrittenWhole() throws {
+        let capture = Capture()
+        let h = try ProxyHarness(
+            accessLog: AccessLogSettings(
+                level: .info, format: .json, sink: capture.sink, flushInterval: .seconds(3600), batchBytes: 64))
+        defer { h.stop() }
+        let id = String(repeating: "i", count: 128)
+        _ = try HTTP.request(port: h.port, "/ok", headers: [("X-Request-Id", id)])
+        _ = try HTTP.request(port: h.port, "/ok", headers: [("X-Request-Id", "short")])
+        #expect(waitFor { capture.lines.count == 2 })
+        let ids = capture.lines.compactMap { line in
+            (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["request_id"] as? String
+        }
+        #expect(Set(ids) == [id, "short"])
+    }
+
     @Test func theIntervalWritesABatch() throws {
         let capture = Capture()
         let h = try ProxyHarness(
