@@ -10,9 +10,9 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 # the manifest check the second, the side-by-side benchmark the third.
 RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
-BENCH_PACKAGES := nginx haproxy util-linux iproute2
+BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-resilience deploy-check image-local loadtest loadtest-short clean fuzz
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience deploy-check image-local loadtest loadtest-short clean fuzz
 
 all: build
 
@@ -84,16 +84,25 @@ loadtest-short: test-deps build
 check: build
 	$$($(SWIFT) build --show-bin-path)/happypath check --config $(CONFIG)
 
-# wrk through nginx, HAProxy (Caddy if installed) and happypath against one
-# nginx upstream, CPU µs/request side by side (deploy/bench/peers.sh).
-# Shorter: make bench BENCH_ENV="REPEATS=1 BODIES=small DURATION=5s"
+# The benchmark, all of it in this repository (deploy/bench/), one run:
+#  bench-peers: wrk through nginx, HAProxy, Caddy and happypath (foundation
+#    profile, and config/happypath.yaml with every policy and the access log
+#    on) in front of one nginx upstream, pinned and unpinned; CPU µs/request,
+#    p99, resident memory after 400 connections, and the bars of docs/performance.md.
+#  bench-counts: instructions (callgrind) and system calls (perf trace) per
+#    request, happypath beside nginx. Needs root (uprobes).
+#  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
+# Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-resilience
+bench: bench-peers bench-counts bench-resilience
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
 	  deploy/bench/peers.sh
+
+bench-counts: bench-deps release
+	env $(BENCH_ENV) deploy/bench/counts.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release

@@ -6,6 +6,10 @@
 # runs a `strip --strip-debug` copy.
 #
 #   deploy/bench/callgrind.sh new=.build/release/happypath old=/tmp/old/happypath
+#   deploy/bench/callgrind.sh happypath=.build/release/happypath nginx=nginx
+#
+# `NAME=nginx` measures nginx as the proxy instead (one process:
+# master_process off, upstream keep-alive as in peers.sh).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 N1=${N1:-300}; N2=${N2:-1800}
@@ -29,13 +33,28 @@ nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
 wait_up() { for _ in $(seq 600); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
 wait_up "http://$UP/" || { echo "upstream down"; exit 1; }
 
+cat > "$OUT/proxy.conf" <<EOF
+master_process off; daemon off; pid $OUT/px.pid; error_log $OUT/px.err warn;
+events { worker_connections 1024; }
+http {
+  access_log off; keepalive_requests 10000000;
+  client_body_temp_path $OUT/p1; proxy_temp_path $OUT/p2; fastcgi_temp_path $OUT/p3; uwsgi_temp_path $OUT/p4; scgi_temp_path $OUT/p5;
+  upstream up { server $UP; keepalive 128; }
+  server { listen $PX; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+EOF
+
 for spec in "$@"; do
   name=${spec%%=*}; bin=${spec#*=}
-  strip --strip-debug -o "$OUT/$name" "$bin"
+  [ "$bin" = nginx ] || strip --strip-debug -o "$OUT/$name" "$bin"
   for n in $N1 $N2; do
-    BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$OUT/$name" \
-      BENCH_WRAPPER="valgrind --tool=callgrind --callgrind-out-file=$OUT/$name.$n.out" \
-      "$here/run-happypath-for-bench.sh" > "$OUT/$name.$n.log" 2>&1 & vg=$!
+    vgargs="valgrind --tool=callgrind --callgrind-out-file=$OUT/$name.$n.out"
+    if [ "$bin" = nginx ]; then
+      $vgargs nginx -p "$OUT/" -c "$OUT/proxy.conf" -e "$OUT/px.err" > "$OUT/$name.$n.log" 2>&1 & vg=$!
+    else
+      BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$OUT/$name" BENCH_WRAPPER="$vgargs" \
+        "$here/run-happypath-for-bench.sh" > "$OUT/$name.$n.log" 2>&1 & vg=$!
+    fi
     PIDS+=($vg)
     wait_up "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
     curl -s -o /dev/null "http://$PX/small?[1-$((n - 1))]"   # + the readiness probe = n requests, one connection
@@ -54,7 +73,7 @@ def by_object(name, n):
         m = line.match(l)
         if m and "PROGRAM TOTALS" not in l:
             obj = (m.group(3) or "?").rsplit("/", 1)[-1]
-            c["happypath binary" if obj == name else obj] += int(m.group(1).replace(",", ""))
+            c["the binary itself" if obj == name else obj] += int(m.group(1).replace(",", ""))
     return c
 per = {}
 for name in names:

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# happypath next to nginx, HAProxy (and Caddy when installed), all in front of
-# one nginx upstream on loopback, loaded by wrk. Self-contained: needs only
-# nginx, haproxy, wrk, curl, taskset, python3 (make bench-deps).
+# happypath next to nginx, HAProxy and Caddy (all Debian packages), all in
+# front of one nginx upstream on loopback, loaded by wrk. Self-contained: needs
+# only nginx, haproxy, caddy, wrk, curl, taskset, python3 (make bench-deps).
+#
+# happypath runs twice: `happypath` is the foundation profile (one route, no
+# policies, log `warning`), `happypath-policies` is config/happypath.yaml with
+# every policy on and the access log at `info` (run-happypath-for-bench.sh).
 #
 #   HAPPYPATH_BIN=.build/release/happypath deploy/bench/peers.sh
 #   # also an older build as a second target, in the same interleaved run:
@@ -11,10 +15,15 @@
 #   REPEATS=3          measured runs per (target, body); the table shows medians
 #   DURATION=10s       wrk -d of a measured run (WARMUP=2s: one unrecorded run first)
 #   BODIES="small 16k" small = 100-byte `return 200`, 16k = a 16,384-byte file
-#   MODES=pinned       pinned: every proxy on CPU 0, upstream + wrk on CPU 1
-#                      unpinned: no taskset at all; "pinned unpinned" runs both
+#   MODES="pinned unpinned"  pinned: every proxy on CPU 0, upstream + wrk on CPU 1;
+#                      unpinned: no taskset at all
+#   WORKERS=1          happypath's workers = nginx's worker_processes = HAProxy's
+#                      nbthread = Caddy's GOMAXPROCS
+#   RSS_CONNS=400      after the measured runs (first mode), wrk -c$RSS_CONNS on
+#                      /16k for RSS_DURATION=10s, then each target's resident
+#                      memory (VmRSS and peak VmHWM, its whole process tree)
 #   CONNS=64           wrk -c (always -t1)
-#   TARGETS            default: direct nginx haproxy [caddy] happypath [BASELINE_NAME]
+#   TARGETS            default: direct nginx haproxy caddy happypath happypath-policies [BASELINE_NAME]
 #   BASELINE_BIN, BASELINE_NAME (default happypath-base): a second happypath binary
 #   PORT_BASE=18380    upstream +1, direct = upstream, proxies +2 ...
 #   OUT=/tmp/happypath-bench.<time>
@@ -30,7 +39,10 @@ REPEATS=${REPEATS:-3}
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-2s}
 BODIES=${BODIES:-small 16k}
-MODES=${MODES:-pinned}
+MODES=${MODES:-pinned unpinned}
+WORKERS=${WORKERS:-1}
+RSS_CONNS=${RSS_CONNS:-400}
+RSS_DURATION=${RSS_DURATION:-10s}
 CONNS=${CONNS:-64}
 PORT_BASE=${PORT_BASE:-18380}
 HAPPYPATH_BIN=${HAPPYPATH_BIN:-$here/../../.build/release/happypath}
@@ -38,13 +50,11 @@ BASELINE_BIN=${BASELINE_BIN:-}
 BASELINE_NAME=${BASELINE_NAME:-happypath-base}
 OUT=${OUT:-/tmp/happypath-bench.$(date +%Y%m%d-%H%M%S)}
 if [ -z "${TARGETS:-}" ]; then
-  TARGETS="direct nginx haproxy"
-  command -v caddy >/dev/null && TARGETS="$TARGETS caddy"
-  TARGETS="$TARGETS happypath"
+  TARGETS="direct nginx haproxy caddy happypath happypath-policies"
   [ -n "$BASELINE_BIN" ] && TARGETS="$TARGETS $BASELINE_NAME"
 fi
 
-for tool in nginx haproxy wrk curl taskset python3; do
+for tool in nginx haproxy caddy wrk curl taskset python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool (make bench-deps)" >&2; exit 2; }
 done
 [ -x "$HAPPYPATH_BIN" ] || { echo "no happypath binary at $HAPPYPATH_BIN (set HAPPYPATH_BIN)" >&2; exit 2; }
@@ -53,7 +63,7 @@ mkdir -p "$OUT/conf" "$OUT/logs" "$OUT/www" "$OUT/tmp"
 exec > >(tee -a "$OUT/run.log") 2>&1
 UP=127.0.0.1:$((PORT_BASE + 1))
 declare -A PORT=([direct]=$((PORT_BASE + 1)) [nginx]=$((PORT_BASE + 2)) [haproxy]=$((PORT_BASE + 3))
-                 [caddy]=$((PORT_BASE + 4)) [happypath]=$((PORT_BASE + 5)))
+                 [caddy]=$((PORT_BASE + 4)) [happypath]=$((PORT_BASE + 5)) [happypath-policies]=$((PORT_BASE + 7)))
 PORT[$BASELINE_NAME]=$((PORT_BASE + 6))   # happypath admin ports are listen + 100
 
 # ---- processes: started in the background, remembered, stopped by PID ----
@@ -79,6 +89,13 @@ stop_all() {
 trap 'stop_all' EXIT
 trap 'exit 130' INT TERM
 
+tree_kb() {  # the sum of a /proc/PID/status field (VmRSS, VmHWM) over a PID and its children, in KiB
+  local p t=0
+  for p in $1 $(pgrep -P "$1" | tr '\n' ' '); do
+    [ -r /proc/$p/status ] && t=$((t + $(awk -v f="$2:" '$1 == f {print $2}' /proc/$p/status)))
+  done
+  echo $t
+}
 tree_ticks() {  # utime+stime of a PID and its children (nginx master + worker), in clock ticks; $2=sys: stime only
   local pids p t=0 f='$12 + $13'
   [ "${2:-}" = sys ] && f='$13'
@@ -100,9 +117,9 @@ up_at() {  # url: wait up to 10 s for a 200
 # ---- configurations ----
 head -c 16384 /dev/zero | tr '\0' 'k' > "$OUT/www/16k"
 small=$(printf 'happypath-bench-small-body-%072d' 0)  # 99 bytes + the newline
-nginx_conf() {  # name port [proxy]
+nginx_conf() {  # name port proxy-or-empty workers
   cat <<EOF
-worker_processes 1;
+worker_processes $4;
 daemon off;
 pid $OUT/tmp/$1.pid;
 error_log $OUT/logs/$1.err warn;
@@ -134,11 +151,11 @@ EOF
 EOF
   fi
 }
-nginx_conf upstream "${PORT[direct]}" > "$OUT/conf/upstream.conf"
-nginx_conf nginx "${PORT[nginx]}" proxy > "$OUT/conf/nginx.conf"
+nginx_conf upstream "${PORT[direct]}" "" 1 > "$OUT/conf/upstream.conf"
+nginx_conf nginx "${PORT[nginx]}" proxy "$WORKERS" > "$OUT/conf/nginx.conf"
 cat > "$OUT/conf/haproxy.cfg" <<EOF
 global
-  nbthread 1
+  nbthread $WORKERS
   maxconn 8192
 defaults
   mode http
@@ -171,11 +188,13 @@ start_target() {  # target cpu
     direct)  ;;  # the upstream itself, already running
     nginx)   spawn nginx "$2" nginx -p "$OUT/tmp/" -c "$OUT/conf/nginx.conf" -e "$OUT/logs/nginx.err" ;;
     haproxy) spawn haproxy "$2" haproxy -db -f "$OUT/conf/haproxy.cfg" ;;
-    caddy)   spawn caddy "$2" env GOMAXPROCS=1 HOME="$OUT/tmp" XDG_DATA_HOME="$OUT/tmp" XDG_CONFIG_HOME="$OUT/tmp" \
+    caddy)   spawn caddy "$2" env GOMAXPROCS="$WORKERS" HOME="$OUT/tmp" XDG_DATA_HOME="$OUT/tmp" XDG_CONFIG_HOME="$OUT/tmp" \
                caddy run --adapter caddyfile --config "$OUT/conf/Caddyfile" ;;
-    happypath) spawn happypath "$2" env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[happypath]}" \
+    happypath|happypath-policies)
+             spawn "$1" "$2" env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[$1]}" BENCH_WORKERS="$WORKERS" \
+               BENCH_PROFILE="$([ "$1" = happypath ] && echo foundation || echo policies)" \
                BENCH_OUT="$OUT/conf" HAPPYPATH_BIN="$HAPPYPATH_BIN" "$here/run-happypath-for-bench.sh" ;;
-    "$BASELINE_NAME") spawn "$1" "$2" env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[$1]}" \
+    "$BASELINE_NAME") spawn "$1" "$2" env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[$1]}" BENCH_WORKERS="$WORKERS" \
                BENCH_OUT="$OUT/conf" HAPPYPATH_BIN="$BASELINE_BIN" "$here/run-happypath-for-bench.sh" ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac
@@ -184,6 +203,7 @@ path_of() { [ "$1" = small ] && echo /small || echo "/$1"; }
 
 # ---- one wrk run -> one line of results.tsv ----
 RESULTS=$OUT/results.tsv
+printf 'target\trss_kib\thwm_kib\trequests\terrors\n' > "$OUT/rss.tsv"
 printf 'mode\ttarget\tbody\trep\trps\tp50_us\tp99_us\trequests\terrors\tcpu_s\tsys_s\tforeign_pct\n' > "$RESULTS"
 measure() {  # mode target body rep duration loadcpu
   local mode=$1 t=$2 body=$3 rep=$4 dur=$5 lcpu=$6 pid c0 c1 b0 b1 w0 w1 s0 s1 n0 n1 k0 k1 log
@@ -248,10 +268,22 @@ for mode in $MODES; do
   for rep in $(seq "$REPEATS"); do
     for b in $BODIES; do for t in "${ready[@]}"; do measure "$mode" "$t" "$b" "$rep" "$DURATION" "$lcpu"; done; done
   done
+  if [ "$mode" = "${MODES%% *}" ] && [ "$RSS_CONNS" -gt 0 ]; then
+    echo "== resident memory after wrk -t1 -c$RSS_CONNS -d$RSS_DURATION on /16k"
+    for t in "${ready[@]}"; do
+      [ "$t" = direct ] && continue
+      log=$OUT/logs/wrk-rss-$t.txt
+      if [ -n "$lcpu" ]; then taskset -c "$lcpu" wrk -t1 -c"$RSS_CONNS" -d"$RSS_DURATION" "http://127.0.0.1:${PORT[$t]}/16k" > "$log" 2>&1
+      else wrk -t1 -c"$RSS_CONNS" -d"$RSS_DURATION" "http://127.0.0.1:${PORT[$t]}/16k" > "$log" 2>&1; fi
+      err=$(awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8 + $10 } /Non-2xx/ { e += $NF } END { print e + 0 }' "$log")
+      printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$(tree_kb "${PID_OF[$t]}" VmRSS)" "$(tree_kb "${PID_OF[$t]}" VmHWM)" \
+        "$(awk '/ requests in /{print $1}' "$log")" "$err" | tee -a "$OUT/rss.tsv" | awk -F'\t' '{printf "  %-18s RSS %6.1f MiB  peak %6.1f MiB  (%s requests, %s errors)\n", $1, $2/1024, $3/1024, $4, $5}'
+    done
+  fi
   stop_all
 done
 
 echo
-python3 "$here/peers-table.py" "$RESULTS" | tee "$OUT/summary.md"
+python3 "$here/peers-table.py" "$RESULTS" "$OUT/rss.tsv" | tee "$OUT/summary.md"
 echo
 echo "raw: $RESULTS  logs: $OUT/logs  configs: $OUT/conf"

@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
-# Started (and pinned) by deploy/bench/peers.sh: happypath with one worker and
-# every feature at its default (retries, circuit breaker, health checks,
-# reachability parking, admin listener) in front of the benchmark's upstream.
+# Started (and pinned) by the scripts in deploy/bench/: happypath in front of
+# the benchmark's upstream, in one of two profiles:
+#
+#   BENCH_PROFILE=foundation (default): one route, no policies (1 attempt,
+#     breaker thresholds out of reach, no parking, health checks hourly),
+#     log level `warning` (no access log).
+#   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
+#     breaker, health checks, ejection, concurrency limit, metrics) with only
+#     the addresses changed, log level `info`: one JSON access-log line per
+#     request, written to stderr (which the caller sends to a file).
+#
 # BENCH_UPSTREAM = host:port of the upstream, BENCH_LISTEN = host:port to
-# listen on (the admin listener takes port + 100), HAPPYPATH_BIN = the binary,
-# BENCH_OUT = where the generated config goes (default /tmp), BENCH_WRAPPER =
-# a command to run it under (valgrind ..., unquoted words).
+# listen on (the admin listener takes port + 100), BENCH_WORKERS (default 1),
+# HAPPYPATH_BIN = the binary, BENCH_OUT = where the generated config goes
+# (default /tmp), BENCH_WRAPPER = a command to run it under (valgrind ...,
+# unquoted words).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-upstream=${BENCH_UPSTREAM:-${PEERS_UPSTREAM:?BENCH_UPSTREAM (host:port of the upstream) is not set}}
-listen=${BENCH_LISTEN:-${PEERS_LISTEN:?BENCH_LISTEN (host:port to listen on) is not set}}
+upstream=${BENCH_UPSTREAM:?BENCH_UPSTREAM (host:port of the upstream) is not set}
+listen=${BENCH_LISTEN:?BENCH_LISTEN (host:port to listen on) is not set}
+workers=${BENCH_WORKERS:-1}
 admin_port=$(( ${listen##*:} + 100 ))
-cfg=${BENCH_OUT:-/tmp}/happypath-${listen##*:}.yaml
-cat > "$cfg" <<YAML
+profile=${BENCH_PROFILE:-foundation}
+cfg=${BENCH_OUT:-/tmp}/happypath-$profile-${listen##*:}.yaml
+case $profile in
+  foundation)
+    level=warning
+    cat > "$cfg" <<YAML
 listen: ${listen}
-workers: ${BENCH_WORKERS:-1}
+workers: ${workers}
 admin: { listen: 127.0.0.1:${admin_port} }
+defaults:
+  retry: { attempts: 1 }
+  circuit_breaker: { consecutive_failures: 1000000, minimum_requests: 1000000 }
+  reachability: { park_for: 0s }
+  health_check: { interval: 1h }
 upstreams:
   bench:
     endpoints: [http://${upstream}]
@@ -24,5 +43,20 @@ routes:
   - match: { path_prefix: / }
     upstream: bench
 YAML
+    ;;
+  policies)
+    level=info
+    example=$here/../../config/happypath.yaml
+    # Only addresses and the worker count change; every policy stays as shipped.
+    sed -e "s|^listen: .*|listen: ${listen}|" \
+        -e "s|^workers: .*|workers: ${workers}|" \
+        -e "s|^  listen: 127.0.0.1:9901 |  listen: 127.0.0.1:${admin_port} |" \
+        -e "s|endpoints: \[http://127.0.0.1:9000\]|endpoints: [http://${upstream}]|" \
+        "$example" > "$cfg"
+    grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
+    ;;
+  *) echo "BENCH_PROFILE must be foundation or policies, not $profile" >&2; exit 2 ;;
+esac
+"${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086
-exec ${BENCH_WRAPPER:-} "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" serve --config "$cfg" --log-level warning
+exec ${BENCH_WRAPPER:-} "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" serve --config "$cfg" --log-level "$level"

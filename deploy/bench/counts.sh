@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Counts that do not move with machine noise, for happypath (foundation
+# profile: one worker, one route, no policies, log `warning`) beside nginx as
+# a proxy, both in front of one nginx upstream, on /small (100 bytes):
+#
+#   user-space instructions per request  deploy/bench/callgrind.sh
+#   system calls per request             deploy/bench/per-request.sh (perf trace -s)
+#   (and libc allocations per request, from the same run)
+#
+#   deploy/bench/counts.sh .build/release/happypath     (make bench-counts)
+#
+# Needs valgrind, perf and root (uprobes). OUT=dir keeps the raw files.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bin=${1:?usage: counts.sh PATH/TO/happypath}
+OUT=${OUT:-/tmp/happypath-counts.$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+echo "== instructions (callgrind, N2 - N1 requests on one connection)"
+OUT=$OUT/callgrind PORT_BASE=${PORT_BASE:-18680} "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
+echo "== system calls and allocations (perf trace -s, uprobes on libc; wrk -c64)"
+OUT=$OUT/per-request PORT_BASE=$(( ${PORT_BASE:-18680} + 10 )) "$here/per-request.sh" happypath="$bin" || exit 1
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
+import csv, re, sys
+out = sys.argv[1]
+instr = {}
+for line in open(f"{out}/callgrind/summary.md"):
+    m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \| \*\*([\d,]+)\*\* \|", line)
+    if m:
+        instr = {"happypath": int(m.group(1).replace(",", "")), "nginx": int(m.group(2).replace(",", ""))}
+sys_, alloc = {}, {}
+for row in csv.reader(open(f"{out}/per-request/all.tsv"), delimiter="\t"):
+    name, kind, _, what, per = row
+    if kind == "syscalls":
+        sys_[name] = sys_.get(name, 0) + float(per)
+    elif what in ("malloc", "calloc", "realloc", "posix_memalign"):
+        alloc[name] = alloc.get(name, 0) + float(per)
+def cell(d, k, f):
+    return f.format(d[k]) if k in d else "-"
+print()
+print("| per request (100 B, keep-alive) | nginx | happypath | limit | |")
+print("|---|---:|---:|---:|---|")
+for label, d, f, limit in [("user-space instructions", instr, "{:,.0f}", 80000),
+                           ("system calls", sys_, "{:.2f}", 8),
+                           ("allocations (malloc, calloc, realloc, posix_memalign)", alloc, "{:.1f}", None)]:
+    verdict = "" if limit is None or "happypath" not in d else ("met" if d["happypath"] <= limit else "**short**")
+    print(f"| {label} | {cell(d, 'nginx', f)} | {cell(d, 'happypath', f)} | {'' if limit is None else format(limit, ',')} | {verdict} |")
+PY
+echo "raw: $OUT"
