@@ -56,6 +56,13 @@ extension Duration {
 /// `ManualClock` and move time by hand, so no test sleeps to wait for time.
 public protocol Clock: Sendable {
     func now() -> Instant
+    /// The wall clock, in seconds since 1970: only for dates that come from
+    /// outside (an upstream's `Retry-After: <HTTP-date>`).
+    func wallSeconds() -> Int64
+}
+
+extension Clock {
+    public func wallSeconds() -> Int64 { Int64(time(nil)) }
 }
 
 public struct MonotonicClock: Clock {
@@ -69,15 +76,21 @@ public struct MonotonicClock: Clock {
 }
 
 public final class ManualClock: Clock {
-    private let current: Mutex<Instant>
+    private let current: Mutex<(Instant, wall: Int64)>
 
-    public init(start: Instant = Instant(nanoseconds: 1_000_000_000)) {
-        current = Mutex(start)
+    /// - Parameter wallSeconds: the wall clock at `start`; it moves with `advance`.
+    public init(start: Instant = Instant(nanoseconds: 1_000_000_000), wallSeconds: Int64 = 1_700_000_000) {
+        current = Mutex((start, wallSeconds * 1_000_000_000))
     }
 
-    public func now() -> Instant { current.withLock { $0 } }
+    public func now() -> Instant { current.withLock { $0.0 } }
+
+    public func wallSeconds() -> Int64 { current.withLock { $0.wall / 1_000_000_000 } }
 
     public func advance(by duration: Duration) {
-        current.withLock { $0 = $0 + duration }
+        current.withLock {
+            $0.0 = $0.0 + duration
+            $0.wall += duration.nanoseconds
+        }
     }
 }

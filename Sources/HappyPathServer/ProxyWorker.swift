@@ -357,11 +357,6 @@ final class ProxyWorker: HTTPServerDelegate {
         TokenRefresh(worker: self, guardian: guardian, source: source).start()
     }
 
-    /// A breaker changed state. When it closed, every worker replays.
-    func circuitChanged(guardian: UpstreamGuard) {
-        if guardian.breakerState == .closed { shared.recovered(guardian) }
-    }
-
     /// Releases one parked command as the half-open probe once `after` passed.
     func scheduleProbe(guardian: UpstreamGuard, after: Duration) {
         let l = lane(guardian)

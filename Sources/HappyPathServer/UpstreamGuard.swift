@@ -55,16 +55,24 @@ final class UpstreamGuard: Sendable {
         self.logger = logger
     }
 
-    func admit(at now: Instant) -> (CircuitBreakerStateMachine.Admission, CircuitBreakerStateMachine.Transition?) {
-        let result = breaker.withLock { $0.admit(at: now) }
-        if let t = result.1 { log(t) }
-        return result
+    /// Asks the breaker to let a try through (may move it open → half-open).
+    func admit(at now: Instant) -> CircuitBreakerStateMachine.Admission {
+        let (admission, transition) = breaker.withLock { $0.admit(at: now) }
+        if let transition { log(transition) }
+        return admission
     }
 
-    func record(_ outcome: Outcome, probe: Bool, at now: Instant) -> CircuitBreakerStateMachine.Transition? {
-        let t = breaker.withLock { $0.record(failure: outcome.isFailure, probe: probe, at: now) }
-        if let t { log(t) }
-        return t
+    /// Counts a try's outcome. Returns the transition it caused and the
+    /// state after it, read under the same lock (another worker may change
+    /// the state right after; what a caller acts on is what this try did).
+    func record(_ outcome: Outcome, probe: Bool, at now: Instant)
+        -> (CircuitBreakerStateMachine.Transition?, CircuitBreakerStateMachine.State)
+    {
+        let (transition, state) = breaker.withLock { b in
+            (b.record(failure: outcome.isFailure, probe: probe, at: now), b.state)
+        }
+        if let transition { log(transition) }
+        return (transition, state)
     }
 
     func probeAbandoned() { breaker.withLock { $0.probeAbandoned() } }

@@ -50,11 +50,24 @@ import Testing
             try HTTP.request(port: h.port, "/ok", headers: many), status: 431, code: "HEADERS_TOO_LARGE", retryable: false)
     }
 
+    /// Nothing parks (park_for 0s): a refused connection is retried, since
+    /// the request never left (`connect-failure` in `retry.on`, the default).
     @Test func upstreamRefused() throws {
         let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(closedPort())"))
         let r = try HTTP.request(port: h.port, "/x")
         expectProblem(r, status: 503, code: "UPSTREAM_UNREACHABLE", retryable: true)
         #expect(r.json["upstream"] as? String == "u")
+        #expect(r.json["attempts"] as? Int == 3)
+    }
+
+    /// Without `connect-failure` in `retry.on`, the first refusal is the answer.
+    @Test func upstreamRefusedWithoutConnectFailureRetries() throws {
+        let h = try ProxyHarness(
+            ProxyHarness.single(
+                upstream: "http://127.0.0.1:\(closedPort())",
+                defaults: "{ reachability: { park_for: 0s }, retry: { on: [503] } }"))
+        let r = try HTTP.request(port: h.port, "/x")
+        expectProblem(r, status: 503, code: "UPSTREAM_UNREACHABLE", retryable: true)
         #expect(r.json["attempts"] as? Int == 1)
     }
 

@@ -1,0 +1,435 @@
+import HappyPathCore
+
+/// One client request's life, from arrival to answer, as a pure state
+/// machine: events in (an admission verdict, a try's end, a timer, the
+/// client hanging up, a replay, drain), one `Action` out for the driver
+/// (`Exchange`) to perform on the real transfer, client connection and
+/// timer. Time, randomness and the retry budget are passed in, so its tests
+/// walk every path on a manual clock.
+///
+/// ```
+///            ┌──────── backOff ◀──────────┐ (a retryable failure)
+///            ▼                             │
+///  start ▶ admitting ─▶ trying ─▶ (try ends, held) ─▶ answer problem
+///            │  ▲   ╲      │
+///            │  │    queued (no slot yet)  ╲─▶ streaming ─▶ finished
+///            ▼  │
+///          parked (unreachable, circuit open, waiting for a token) ─▶ expiry: answer problem
+/// ```
+///
+/// The driver performs each action and reports back with the next event:
+/// `.admit` → `admitted(_:at:)`; `.send` → the try's end via `tryEnded`
+/// (or `streamingStarted` first); `.waitForSlot`, `.backOff`, `.park` and
+/// `.send` arm the one timer → `timerFired`.
+public struct ExchangeStateMachine: Sendable {
+    public enum ParkReason: String, CaseIterable, Sendable {
+        /// The upstream cannot be reached (connect failures, health checks).
+        case unreachable
+        /// The breaker is open and the upstream's `while_open` is `park`.
+        case circuitOpen = "circuit_open"
+        /// No usable token: waiting for the refresh.
+        case auth
+    }
+
+    public enum State: Sendable, Equatable {
+        /// Deciding whether the next try may go (see `Admission`).
+        case admitting
+        /// Waiting in the upstream's queue for a connection slot, up to the deadline.
+        case queued
+        /// A try is in flight; nothing went to the client yet.
+        case trying
+        /// Waiting out the backoff before the next try.
+        case backingOff
+        /// Waiting for the upstream to recover, until `until` (park_for or the deadline).
+        case parked(ParkReason, until: Instant)
+        /// The response head went to the client; the body follows as it comes.
+        case streaming
+        /// Answered (or given up on); every later event is ignored.
+        case finished
+    }
+
+    /// What the machine needs from the route, its upstream and the request.
+    public struct Settings: Sendable {
+        /// The request's deadline (the route's `timeout` from arrival).
+        public var deadline: Instant
+        public var retry: RetryPolicy
+        /// `reachability.park_for`.
+        public var parkFor: Duration
+        /// `while_open: park` (and `park_for` above zero).
+        public var parkWhileOpen: Bool
+        /// Endpoints of the upstream: an unreachable one is followed by another at once.
+        public var endpoints: Int
+        public var method: String
+        public var hasIdempotencyKey: Bool
+        /// The statuses that mean the upstream refused the injected token
+        /// (`auth.refresh_on`); empty when the proxy injects none.
+        public var refreshOn: Set<Int>
+
+        public init(
+            deadline: Instant, retry: RetryPolicy, parkFor: Duration, parkWhileOpen: Bool, endpoints: Int, method: String,
+            hasIdempotencyKey: Bool, refreshOn: Set<Int>
+        ) {
+            self.deadline = deadline
+            self.retry = retry
+            self.parkFor = parkFor
+            self.parkWhileOpen = parkWhileOpen && parkFor > .zero
+            self.endpoints = endpoints
+            self.method = method
+            self.hasIdempotencyKey = hasIdempotencyKey
+            self.refreshOn = refreshOn
+        }
+    }
+
+    /// Why a try produced no response.
+    public struct TryFailure: Sendable, Equatable {
+        public enum Kind: Sendable, Equatable {
+            /// No connection (refused, unresolvable, connect timeout): the request never left.
+            case unreachable
+            /// No response head within the try's limit.
+            case timeout
+            /// The connection dropped before a whole response.
+            case reset
+            /// The answer was not valid HTTP (the proxy refuses to relay it).
+            case invalidResponse
+        }
+
+        public var kind: Kind
+        /// For `detail`: what libcurl or the response checks said.
+        public var message: String
+
+        public init(_ kind: Kind, _ message: String) {
+            self.kind = kind
+            self.message = message
+        }
+    }
+
+    /// How a try ended, as the driver saw it.
+    public enum TryEnd: Sendable, Equatable {
+        /// A whole response. If it was held back (an error status), the
+        /// machine decides what follows; if it streamed, the request is done.
+        /// `withToken`: the try carried an injected token.
+        case answered(status: Int, retryAfter: Duration?, withToken: Bool)
+        case failed(TryFailure)
+    }
+
+    /// Why the client gets a problem instead of the upstream's answer.
+    public enum Failure: Sendable, Equatable {
+        /// The deadline passed (before a try, in the queue, or with the try in flight).
+        case timeout
+        /// `max_connections` busy and the queue full (`byParking`: `max_parked` reached).
+        case overloaded(byParking: Bool)
+        /// The breaker is open and `while_open` is `fail`.
+        case circuitOpen(retryAfter: Duration)
+        /// Parked for `reason` until `park_for` or the deadline (`byDeadline`) ran out, after `waited`.
+        case parkExpired(ParkReason, waited: Duration, byDeadline: Bool)
+        /// Every endpoint unreachable and no parking.
+        case unreachable
+        /// The upstream's own error answer (a 4xx, or the last 5xx): mapped, not replaced.
+        case upstreamAnswer(status: Int)
+        /// The upstream's answer was not valid HTTP.
+        case badGateway(message: String)
+        /// Tries failed (resets) and the retry rules gave up.
+        case unavailable
+        /// The upstream refused a token that had just been refreshed.
+        case tokenRefusedAfterRefresh(status: Int)
+        /// The token refresh this request waited for failed.
+        case tokenRefreshFailed(reason: String)
+        /// Drain ran out of time before this request was answered.
+        case shuttingDown
+    }
+
+    public enum Ending: Sendable, Equatable {
+        /// The upstream's response was relayed whole.
+        case completed
+        /// The upstream failed mid-response: the client's connection is cut.
+        case truncated
+        /// The client hung up first.
+        case clientClosed
+        /// Drain ran out of time mid-response: the client's connection is cut.
+        case drained
+    }
+
+    public enum Action: Sendable, Equatable {
+        /// Run `Admission.decide` and hand the verdict to `admitted(_:at:)`.
+        case admit
+        /// Send try number `attempt`; arm the timer for `limit` (per_try_timeout, or the deadline if sooner).
+        case send(attempt: Int, limit: Duration)
+        /// The timer for `limit`: how long to wait in the queue for a slot.
+        case waitForSlot(limit: Duration)
+        /// The timer for the backoff before the next try.
+        case backOff(Duration)
+        /// Park the request (then `replay`), arm the timer for `limit`;
+        /// `probeAfter`: let the breaker's probe go after this long.
+        case park(ParkReason, limit: Duration, probeAfter: Duration?)
+        /// The try's limit passed: cancel it, then report `tryEnded(.failed(timeout))`.
+        case cancelTry
+        /// The upstream refused the token: ask the token source, then either
+        /// `.admit` (a fresher token exists) or `admitted(.park(.auth))`.
+        case tokenRefused
+        /// The response head went to the client: disarm the timer (a
+        /// streaming body is bounded by stalls, not the deadline).
+        case stream
+        /// Answer with this problem, release everything held, finish.
+        /// `abandonProbe`: the breaker's probe place was taken and no try ran.
+        case answer(Failure, abandonProbe: Bool)
+        /// Release everything held and finish as `Ending` says.
+        case finish(Ending, abandonProbe: Bool)
+        case none
+    }
+
+    public let settings: Settings
+    public private(set) var state: State = .admitting
+    /// Tries sent so far (the attempt number of the latest).
+    public private(set) var attempt = 0
+    /// The try in flight (or queued for) is the breaker's half-open probe.
+    public private(set) var probe = false
+    /// One word per failed try, for `detail`: "503", "timeout", "connection failed".
+    public private(set) var history: [String] = []
+    /// The last try's failure, when it had no response.
+    public private(set) var lastFailure: TryFailure?
+    /// The last held response's `Retry-After`.
+    public private(set) var retryAfter: Duration?
+    /// The status of the response that is streaming.
+    public private(set) var streamedStatus = 0
+    private var refreshedOnce = false
+    private var parkedSince: Instant?
+    private var parkDeadline: Instant?
+
+    public init(_ settings: Settings) { self.settings = settings }
+
+    public func remaining(at now: Instant) -> Duration {
+        now < settings.deadline ? settings.deadline - now : .zero
+    }
+
+    // MARK: - Events
+
+    /// The request arrived.
+    public mutating func start() -> Action {
+        state = .admitting
+        return .admit
+    }
+
+    /// The answer to `.admit`.
+    public mutating func admitted(_ verdict: Admission.Verdict, at now: Instant) -> Action {
+        guard state == .admitting else { return .none }
+        switch verdict {
+        case let .send(probe):
+            return sendTry(probe: probe, at: now)
+        case let .queue(probe):
+            self.probe = probe
+            state = .queued
+            return .waitForSlot(limit: remaining(at: now))
+        case let .park(reason, probeAfter):
+            return park(reason, probeAfter: probeAfter, at: now)
+        case .refuse(.deadline):
+            return fail(.timeout)
+        case .refuse(.overloaded):
+            return fail(.overloaded(byParking: false))
+        case let .refuse(.circuitOpen(retryAfter)):
+            return fail(.circuitOpen(retryAfter: retryAfter))
+        }
+    }
+
+    /// The queue handed this request a connection slot.
+    public mutating func slotGranted(at now: Instant) -> Action {
+        guard state == .queued else { return .none }
+        guard remaining(at: now) > .zero else { return fail(.timeout, abandonProbe: probe) }
+        return sendTry(probe: probe, at: now)
+    }
+
+    /// The worker could not park it: `limits.max_parked` is reached.
+    public mutating func parkRefused() -> Action {
+        guard case .parked = state else { return .none }
+        return fail(.overloaded(byParking: true))
+    }
+
+    /// The try's response head (status `status`) went to the client.
+    public mutating func streamingStarted(status: Int) -> Action {
+        guard state == .trying else { return .none }
+        state = .streaming
+        streamedStatus = status
+        return .stream
+    }
+
+    /// How the driver reports a try's end to the breaker and metrics (before `tryEnded`).
+    public func outcome(of end: TryEnd) -> Outcome {
+        if state == .streaming {
+            if case .answered = end { return .success(status: streamedStatus) }
+            return .reset
+        }
+        switch end {
+        case let .answered(status, _, withToken):
+            if withToken, settings.refreshOn.contains(status) { return .clientError(status: status) }
+            if status < 500, !settings.retry.configuration.statuses.contains(status) { return .clientError(status: status) }
+            return .serverError(status: status)
+        case let .failed(failure):
+            switch failure.kind {
+            case .unreachable: return .unreachable
+            case .timeout: return .timeout
+            case .reset, .invalidResponse: return .reset
+            }
+        }
+    }
+
+    /// A try ended (after its outcome was reported).
+    /// - Parameters:
+    ///   - breakerOpen: the breaker is open after this try was counted.
+    ///   - random: in [0, 1), for the backoff's jitter.
+    ///   - budget: withdraws one retry from the upstream's budget; asked last.
+    public mutating func tryEnded(
+        _ end: TryEnd, breakerOpen: Bool, at now: Instant, random: Double, budget: () -> Bool
+    ) -> Action {
+        let outcome = outcome(of: end)
+        let wasProbe = probe
+        probe = false
+        switch state {
+        case .streaming:
+            return finish(outcome.isFailure ? .truncated : .completed)
+        case .trying:
+            state = .admitting
+        default:
+            return .none
+        }
+        switch end {
+        case let .failed(failure):
+            lastFailure = failure
+            history.append(failure.kind == .invalidResponse ? "invalid response" : outcome.summary)
+        case let .answered(status, retryAfter, withToken):
+            lastFailure = nil
+            self.retryAfter = retryAfter
+            history.append(String(status))
+            if withToken, settings.refreshOn.contains(status) {
+                if refreshedOnce { return fail(.tokenRefusedAfterRefresh(status: status)) }
+                refreshedOnce = true
+                return .tokenRefused
+            }
+            if case .clientError = outcome { return fail(.upstreamAnswer(status: status)) }
+        }
+        if outcome == .timeout, remaining(at: now) <= .zero { return fail(.timeout) }
+        // A failed half-open probe re-opened the breaker: with `while_open:
+        // park` it waits with the others instead of spending retries on an
+        // upstream known to be down.
+        if wasProbe, breakerOpen, settings.parkWhileOpen { return park(.circuitOpen, probeAfter: nil, at: now) }
+        let retry = settings.retry.configuration
+        if outcome == .unreachable {
+            // The request never left: another endpoint at once, then park
+            // until the upstream is back, then (no parking) a retry after backoff.
+            if retry.on.contains("connect-failure"), settings.endpoints > 1,
+                attempt < min(retry.attempts, settings.endpoints)
+            {
+                return .admit
+            }
+            if settings.parkFor > .zero { return park(.unreachable, probeAfter: nil, at: now) }
+        }
+        let decision = settings.retry.decide(
+            RetryPolicy.Failure(
+                outcome: outcome, attempt: attempt, method: settings.method, hasIdempotencyKey: settings.hasIdempotencyKey,
+                neverSent: outcome == .unreachable, retryAfter: retryAfter),
+            remaining: remaining(at: now), random: random, budget: budget)
+        switch decision {
+        case let .retry(after: delay):
+            state = .backingOff
+            return .backOff(delay)
+        case .giveUp:
+            return fail(finalFailure(outcome))
+        }
+    }
+
+    /// The one timer fired.
+    public mutating func timerFired(at now: Instant) -> Action {
+        switch state {
+        case .trying:
+            return .cancelTry
+        case .backingOff:
+            state = .admitting
+            return .admit
+        case .queued:
+            return fail(.timeout, abandonProbe: probe)
+        case let .parked(reason, _):
+            return fail(parkExpired(reason, at: now))
+        case .admitting, .streaming, .finished:
+            return .none
+        }
+    }
+
+    /// The upstream recovered (health check, breaker closed, token refreshed):
+    /// a parked request tries again.
+    public mutating func replay() -> Action {
+        guard case .parked = state else { return .none }
+        state = .admitting
+        return .admit
+    }
+
+    /// The token refresh a parked request waited for failed.
+    public mutating func tokenRefreshFailed(_ reason: String) -> Action {
+        guard case .parked(.auth, _) = state else { return .none }
+        return fail(.tokenRefreshFailed(reason: reason))
+    }
+
+    /// The client hung up.
+    public mutating func clientGone() -> Action {
+        switch state {
+        case .finished: return .none
+        case .trying, .queued: return finish(.clientClosed, abandonProbe: probe)
+        default: return finish(.clientClosed)
+        }
+    }
+
+    /// Drain ran out of time: answer now. A response already streaming is
+    /// cut; anything else gets a retryable error (another instance can serve it).
+    public mutating func drain() -> Action {
+        switch state {
+        case .finished: return .none
+        case .streaming: return finish(.drained)
+        case .trying, .queued: return fail(.shuttingDown, abandonProbe: probe)
+        default: return fail(.shuttingDown)
+        }
+    }
+
+    // MARK: - Steps
+
+    private mutating func sendTry(probe: Bool, at now: Instant) -> Action {
+        self.probe = probe
+        attempt += 1
+        state = .trying
+        return .send(attempt: attempt, limit: min(settings.retry.configuration.perTryTimeout, remaining(at: now)))
+    }
+
+    private mutating func park(_ reason: ParkReason, probeAfter: Duration?, at now: Instant) -> Action {
+        if parkDeadline == nil {
+            parkDeadline = min(now + settings.parkFor, settings.deadline)
+            parkedSince = now
+        }
+        let until = parkDeadline!
+        guard until > now else { return fail(parkExpired(reason, at: now)) }
+        state = .parked(reason, until: until)
+        return .park(reason, limit: until - now, probeAfter: probeAfter)
+    }
+
+    private func parkExpired(_ reason: ParkReason, at now: Instant) -> Failure {
+        .parkExpired(reason, waited: now - (parkedSince ?? now), byDeadline: parkDeadline == settings.deadline)
+    }
+
+    private func finalFailure(_ outcome: Outcome) -> Failure {
+        switch outcome {
+        case .unreachable: return .unreachable
+        case .timeout: return .timeout
+        case let .serverError(status), let .clientError(status), let .success(status): return .upstreamAnswer(status: status)
+        case .reset:
+            if let lastFailure, lastFailure.kind == .invalidResponse { return .badGateway(message: lastFailure.message) }
+            return .unavailable
+        }
+    }
+
+    private mutating func fail(_ failure: Failure, abandonProbe: Bool = false) -> Action {
+        state = .finished
+        probe = false
+        return .answer(failure, abandonProbe: abandonProbe)
+    }
+
+    private mutating func finish(_ ending: Ending, abandonProbe: Bool = false) -> Action {
+        state = .finished
+        probe = false
+        return .finish(ending, abandonProbe: abandonProbe)
+    }
+}

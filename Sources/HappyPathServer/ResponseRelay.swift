@@ -1,0 +1,148 @@
+import HappyPathCore
+import HappyPathIO
+
+/// One try's response on its way to the client: held back or streamed, its
+/// framing checked and rewritten, and the client's pace respected
+/// (back-pressure). An error answer (4xx, 5xx, or a status the route
+/// retries) is held while the exchange decides what to do with it; its
+/// first 16 KiB are kept for `upstream_body` and the error mappings.
+struct ResponseRelay {
+    /// Pause reading from upstream while this much is queued for a slow client.
+    static let highWater = 1 << 20
+
+    enum Mode {
+        /// No status yet.
+        case waiting
+        /// The response goes to the client as it arrives.
+        case streaming
+        /// An error answer, kept (its first `ErrorMapper.maxBody` bytes) until the try ends.
+        case holding
+    }
+
+    private(set) var mode = Mode.waiting
+    private(set) var status = 0
+    /// The head arrived whole and passed the framing checks (libcurl may
+    /// report a response cut short inside its head as complete).
+    private(set) var headComplete = false
+    /// The held answer's `Retry-After`, as sent.
+    private(set) var retryAfter: String?
+    private(set) var heldBody: [UInt8] = []
+    private(set) var heldBodyComplete = true
+    /// Body bytes sent to the client.
+    private(set) var bytesOut = 0
+    /// Paused until the client's connection drains.
+    private(set) var waitingForDrain = false
+    /// The head is checked as it comes; its framing is the proxy's to write,
+    /// never forwarded as it came (see `ResponseFraming`).
+    private var framing = ResponseFraming()
+    /// The upstream's `Connection` values naming fields: those fields are its
+    /// own hop-by-hop fields and are dropped.
+    private var upstreamConnection: [UInt8] = []
+
+    /// A new try: forget the last one's response.
+    mutating func reset() {
+        mode = .waiting
+        status = 0
+        headComplete = false
+        retryAfter = nil
+        framing = ResponseFraming()
+        upstreamConnection.removeAll(keepingCapacity: true)
+    }
+
+    /// The status line arrived: `hold` for answers the exchange must look at first.
+    mutating func begin(status: Int, hold: Bool, to request: HTTPRequest) {
+        self.status = status
+        if hold {
+            mode = .holding
+            heldBody.removeAll(keepingCapacity: true)
+            heldBodyComplete = true
+        } else {
+            mode = .streaming
+            request.clearResponseHeaders()
+        }
+    }
+
+    mutating func header(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, to request: HTTPRequest) {
+        // Content-Length and Transfer-Encoding are the proxy's to write, and
+        // a malformed field fails the head (reported when it is complete).
+        guard framing.add(name: name, value: value) else { return }
+        if HopByHop.isHopByHop(name) {
+            if HTTPBytes.equals(name, "connection") {
+                // Kept only if it names fields: `keep-alive` and `close` (the usual values) name none.
+                var namesFields = false
+                forEachListElement(value) { token in
+                    if !HTTPBytes.equals(token, "keep-alive"), !HTTPBytes.equals(token, "close") { namesFields = true }
+                }
+                guard namesFields else { return }
+                if !upstreamConnection.isEmpty { upstreamConnection.append(UInt8(ascii: ",")) }
+                upstreamConnection.append(contentsOf: value)
+            }
+            return
+        }
+        switch mode {
+        case .streaming:
+            request.addResponseHeader(name: name, value: value)
+        case .holding:
+            if HTTPBytes.equals(name, "retry-after") { retryAfter = String(decoding: value, as: UTF8.self) }
+        case .waiting:
+            break
+        }
+    }
+
+    enum HeadVerdict {
+        /// The head is refused: the try fails with this reason.
+        case refused(String)
+        /// Held: nothing goes to the client yet.
+        case held
+        /// Streaming: the head went to the client.
+        case streamed
+    }
+
+    /// The head is complete: refuse it, keep holding, or send it to the client.
+    mutating func headComplete(to request: HTTPRequest, requestID: String, attempt: Int) -> HeadVerdict {
+        let length: Int?
+        switch framing.verdict() {
+        case let .failure(error): return .refused(error.message)
+        case let .success(announced): length = announced
+        }
+        headComplete = true
+        guard mode == .streaming else { return .held }
+        if !upstreamConnection.isEmpty {
+            upstreamConnection.withUnsafeBytes { request.removeResponseHeaders(nominatedBy: $0) }
+        }
+        request.addResponseHeader("X-Request-Id", requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(attempt))
+        request.startReply(status: status, contentLength: length)
+        return .streamed
+    }
+
+    /// Body bytes: kept (holding) or sent (streaming). False: the client is
+    /// slow; pause the upstream until `drained()`.
+    mutating func body(_ bytes: UnsafeRawBufferPointer, to request: HTTPRequest) -> Bool {
+        switch mode {
+        case .holding:
+            let room = ErrorMapper.maxBody - heldBody.count
+            if bytes.count > room { heldBodyComplete = false }
+            if room > 0 { heldBody.append(contentsOf: bytes.prefix(room)) }
+            return true
+        case .waiting:
+            return true
+        case .streaming:
+            if waitingForDrain { return false }
+            bytesOut += bytes.count
+            if request.pendingOutput + bytes.count > Self.highWater {
+                waitingForDrain = true
+                request.send(bytes, notifyWhenDrained: true)
+            } else {
+                request.send(bytes)
+            }
+            return true
+        }
+    }
+
+    /// The client's connection drained: the upstream may go on.
+    mutating func drained() { waitingForDrain = false }
+
+    /// A problem answer was sent instead: its size, for the access log.
+    mutating func answered(bytes: Int) { bytesOut = bytes }
+}
