@@ -101,6 +101,17 @@ let package = Package(
             ]
         ),
 
+        // Starts and stops the proxy many times in a process of its own
+        // (LifecycleTests runs it): nothing may be left behind.
+        .target(name: "CHeapProbe", path: "Tests/Support/CHeapProbe"),
+        .executableTarget(
+            name: "LifecycleProbe",
+            dependencies: [
+                "CHeapProbe", "HappyPathServer", "HappyPathConfig", .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/Support/LifecycleProbe"
+        ),
+
         // MARK: - Tests
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),

@@ -10,6 +10,12 @@ import Synchronization
 /// One libevent `event_base` driven by one thread. Everything that touches the
 /// base runs on that thread; other threads hand work over with `execute`,
 /// which wakes the loop through libevent's thread-safe `event_active`.
+///
+/// Ownership: every object that holds an event on this base (`LoopEvent`,
+/// `LoopTimer`, `SignalWatcher`, servers and clients) holds the loop
+/// strongly, so the base is freed only after the last of them. The pool
+/// of idle `LoopEvent`s is the one reference back: `close()` drops it once
+/// the loop has stopped.
 public final class EventLoop: @unchecked Sendable {
     let base: OpaquePointer
     private var wakeEvent: OpaquePointer?
@@ -51,8 +57,16 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     deinit {
+        // Nothing that holds an event on the base is left (each holds `self`).
+        eventPool.removeAll()
         if let wakeEvent { event_free(wakeEvent) }
         event_base_free(base)
+    }
+
+    /// After `stop()` and `join()`: drops the idle pooled timers (they hold
+    /// the loop), so the loop is freed once its last user lets go.
+    public func close() {
+        eventPool.removeAll()
     }
 
     /// Runs `task` on the loop's thread, soon. Safe from any thread.
@@ -125,11 +139,13 @@ private func eventLoopWakeCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPo
 /// callback holds an unretained pointer), so dropping the handle is safe;
 /// firing or `cancel()` releases that reference.
 public final class LoopTimer {
+    private let loop: EventLoop
     private var event: OpaquePointer?
     private var body: (() -> Void)?
     private var selfReference: Unmanaged<LoopTimer>?
 
     init(loop: EventLoop, body: @escaping () -> Void) {
+        self.loop = loop
         self.body = body
         event = event_new(loop.base, -1, 0, loopTimerCallback, nil)
     }
@@ -181,11 +197,12 @@ public protocol LoopEventTarget: AnyObject {
 }
 
 /// A reusable one-shot timer taken from its loop's pool: no allocation per
-/// use, no closure. The target is held unowned(unsafe): its owner must
-/// `disarm()` (or let it fire) and `recycle()` it before the target goes away.
+/// use, no closure. The target is held unowned(unsafe) (a timer is taken
+/// for every request): its owner must `disarm()` (or let it fire) and
+/// `recycle()` it before the target goes away.
 public final class LoopEvent {
     fileprivate let event: OpaquePointer
-    fileprivate unowned(unsafe) let loop: EventLoop
+    fileprivate let loop: EventLoop
     public unowned(unsafe) var target: LoopEventTarget?
     /// Free for the owner's use (e.g. which of its timers this is).
     public var tag = 0
@@ -234,10 +251,12 @@ extension EventLoop {
 /// A signal delivered on a loop (libevent turns it into an ordinary event).
 /// Keep the handle: dropping it stops the delivery.
 public final class SignalWatcher {
+    private let loop: EventLoop
     private var event: OpaquePointer?
     private let handler: () -> Void
 
     public init(loop: EventLoop, signal signo: Int32, handler: @escaping () -> Void) {
+        self.loop = loop
         self.handler = handler
         event = event_new(
             loop.base, signo, Int16(EV_SIGNAL | EV_PERSIST), signalWatcherCallback,

@@ -16,7 +16,8 @@ import HappyPathCore
 /// All three point at `self` unretained; the server retains the connection
 /// until `close()`, which frees them.
 final class HTTPConnection {
-    unowned(unsafe) let server: HTTPServer
+    /// The server owns the connection (its `connections`) until `close()`.
+    let server: HTTPServer
     private(set) var fd: Int32
     private let peer: sockaddr_storage
     private var peerText: String?

@@ -14,8 +14,8 @@ public final class HTTPRequest {
     /// Strong while the request is open; cleared when it is answered.
     private var connection: HTTPConnection?
     /// Told when the client goes away or queued output drains. Held
-    /// unowned(unsafe): the observer outlives the request's answer.
-    public unowned(unsafe) var observer: HTTPRequestObserver?
+    /// Weak: the observer (the request's handler) owns the request.
+    public weak var observer: HTTPRequestObserver?
     private var lostReported = false
     private var cachedMethod: String?
     private var cachedTarget: String?

@@ -72,8 +72,8 @@ public enum SocketError: Error, CustomStringConvertible {
 public final class HTTPServer {
     public let limits: HTTPServerLimits
     public private(set) var port: Int = 0
-    /// Unowned(unsafe): the delegate owns the server and closes it first.
-    unowned(unsafe) var delegate: HTTPServerDelegate?
+    /// Weak: the delegate owns the server.
+    weak var delegate: HTTPServerDelegate?
     let loop: EventLoop
     let requestLimits: RequestLimits
     private var listenFD: Int32 = -1

@@ -93,6 +93,8 @@ public final class UpstreamTransfer {
     fileprivate var headersDone = false
     fileprivate var finished = false
     fileprivate var paused = false
+    /// Where the client's `inFlight` list holds it (-1: not in flight).
+    fileprivate var inFlightIndex = -1
     /// Why the response head was refused (the transfer was aborted for it).
     fileprivate var refusal: String?
 
@@ -195,6 +197,10 @@ public final class UpstreamClient {
         var wanted = false
     }
     private var pool: [EasyHandle] = []
+    /// Transfers handed to libcurl and not yet complete: `shutdown` ends
+    /// them (libcurl's private pointer holds a reference to each).
+    private var inFlight: [UpstreamTransfer] = []
+    private var isShutDown = false
     /// Each origin parsed once into a libcurl URL handle (CURLOPT_CURLU),
     /// instead of libcurl parsing the URL string on every try.
     private var origins: [String: OpaquePointer] = [:]
@@ -226,8 +232,18 @@ public final class UpstreamClient {
         timerEvent = event_new(loop.base, -1, 0, upstreamTimerEventCallback, me)
     }
 
-    /// Frees libcurl and libevent resources. On the loop's thread.
+    deinit { shutdown() }
+
+    /// Ends every transfer in flight (their handlers are not called) and
+    /// frees libcurl's and libevent's resources, in that order. On the
+    /// loop's thread, or after it stopped.
     public func shutdown() {
+        guard !isShutDown else { return }
+        isShutDown = true
+        while let transfer = inFlight.last {
+            transfer.handler = nil
+            complete(transfer)
+        }
         for handle in pool { handle.free() }
         pool.removeAll()
         for url in origins.values { curl_url_cleanup(url) }
@@ -281,6 +297,8 @@ public final class UpstreamClient {
         hp_easy_set_long(easy, CURLOPT_LOW_SPEED_TIME, max(1, Int(request.idleTimeout.nanoseconds / 1_000_000_000)))
         hp_easy_set_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout.millisecondsRoundedUp)))
         let retained = Unmanaged.passRetained(transfer).toOpaque()
+        transfer.inFlightIndex = inFlight.count
+        inFlight.append(transfer)
         hp_easy_set_ptr(easy, CURLOPT_PRIVATE, retained)
         hp_easy_set_ptr(easy, CURLOPT_HEADERDATA, retained)
         hp_easy_set_ptr(easy, CURLOPT_WRITEDATA, retained)
@@ -369,6 +387,15 @@ public final class UpstreamClient {
     /// Detaches a transfer from libcurl and returns its handle to the pool.
     private func complete(_ transfer: UpstreamTransfer) {
         transfer.finished = true
+        let i = transfer.inFlightIndex
+        if i >= 0 {
+            let last = inFlight.removeLast()
+            if i < inFlight.count {
+                inFlight[i] = last
+                last.inFlightIndex = i
+            }
+            transfer.inFlightIndex = -1
+        }
         curl_multi_remove_handle(multi, transfer.handle.easy)
         hp_easy_set_ptr(transfer.handle.easy, CURLOPT_HTTPHEADER, nil)
         transfer.headers = nil

@@ -46,7 +46,7 @@ final class EventBus: @unchecked Sendable {
 
 private final class EventSubscriber: HTTPRequestObserver, LoopEventTarget {
     let request: HTTPRequest
-    unowned(unsafe) let bus: EventBus
+    let bus: EventBus
 
     init(request: HTTPRequest, bus: EventBus) {
         self.request = request

@@ -12,9 +12,9 @@ import Logging
 final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTarget {
     typealias ParkReason = ExchangeStateMachine.ParkReason
 
-    /// The worker retains every exchange until `finished` (its `active`), and
-    /// outlives them all (it abandons them at shutdown).
-    unowned(unsafe) let worker: ProxyWorker
+    /// The worker owns every exchange until `finished` (its `active`), and
+    /// abandons those left at shutdown.
+    let worker: ProxyWorker
     let request: HTTPRequest
     let route: RuntimeRoute
     let upstream: RuntimeUpstream
@@ -194,7 +194,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     private struct Gates: Admission.Gates {
-        unowned(unsafe) let exchange: Exchange
+        let exchange: Exchange
         let now: Instant
 
         func isReachable() -> Bool { exchange.guardian.reachable.load(ordering: .relaxed) }

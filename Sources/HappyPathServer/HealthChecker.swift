@@ -118,17 +118,16 @@ final class HealthChecker: LoopEventTarget {
     }
 }
 
-/// One health request's result. Bounded by its own timer; retained by the
-/// transfer (libcurl's private pointer) and by its armed timer.
+/// One health request's result, bounded by its own timer. The checker owns
+/// it (its `probes`) until it reports or the checker stops.
 private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
-    unowned(unsafe) let checker: HealthChecker
-    unowned(unsafe) let client: UpstreamClient
+    let checker: HealthChecker
+    let client: UpstreamClient
     let upstreamIndex: Int
     var transfer: UpstreamTransfer?
     var status = 0
     var timer: LoopEvent?
     var reported = false
-    var keepAlive: HealthProbe?
 
     init(checker: HealthChecker, client: UpstreamClient, upstreamIndex: Int) {
         self.checker = checker
@@ -137,7 +136,6 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
     }
 
     func arm(loop: EventLoop, timeout: Duration) {
-        keepAlive = self
         let t = loop.takeEvent(target: self)
         timer = t
         t.arm(after: timeout)
@@ -165,7 +163,6 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         timer?.recycle()
         timer = nil
         checker.finished(self, upstreamIndex, healthy: healthy)
-        keepAlive = nil
     }
 
     /// The checker stops: cancel quietly.
@@ -175,6 +172,5 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         timer = nil
         if let transfer { client.cancel(transfer) }
         transfer = nil
-        keepAlive = nil
     }
 }

@@ -195,6 +195,18 @@ public final class ProxyServer: @unchecked Sendable {
             }
             adminLoop.join()
         }
+        // Every loop has stopped. What holds an event on a loop's base goes
+        // first (workers with their listeners, libcurl clients and requests;
+        // the admin side), then each loop's idle timers; the bases are freed
+        // when the last of their users is gone (see `EventLoop`).
+        workers.removeAll()
+        admin = nil
+        healthChecker = nil
+        shared = nil
+        for loop in loops { loop.close() }
+        adminLoop?.close()
+        loops.removeAll()
+        adminLoop = nil
         logger.info("proxy stopped")
     }
 }

@@ -41,8 +41,12 @@ final class ProxyWorker: HTTPServerDelegate {
     private var acceptPauses = 0
     private var lastAcceptPauseLog: Instant?
 
+    /// Token refreshes running on this worker, owned here until they report.
+    private var refreshes: [ObjectIdentifier: TokenRefresh] = [:]
+
+    /// Owned by the worker's `lanes` (until shutdown empties them).
     final class Lane: LoopEventTarget {
-        unowned(unsafe) let worker: ProxyWorker
+        let worker: ProxyWorker
         let guardian: UpstreamGuard
         var nextEndpoint = 0
         var parked: [ObjectIdentifier: Exchange] = [:]
@@ -354,8 +358,12 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Starts the single refresh for this upstream on this worker's loop.
     func startRefresh(guardian: UpstreamGuard) {
         guard let source = guardian.tokens else { return }
-        TokenRefresh(worker: self, guardian: guardian, source: source).start()
+        let refresh = TokenRefresh(worker: self, guardian: guardian, source: source)
+        refreshes[ObjectIdentifier(refresh)] = refresh
+        refresh.start()
     }
+
+    func refreshEnded(_ refresh: TokenRefresh) { refreshes[ObjectIdentifier(refresh)] = nil }
 
     /// Releases one parked command as the half-open probe once `after` passed.
     func scheduleProbe(guardian: UpstreamGuard, after: Duration) {
@@ -417,7 +425,9 @@ final class ProxyWorker: HTTPServerDelegate {
         for exchange in Array(active.values) { exchange.answerNow() }
     }
 
-    /// Answers everything in flight and closes the listener. On the loop.
+    /// Drops everything in flight and closes the listener, in order: the
+    /// requests (their transfers and timers), the refreshes, the lanes, the
+    /// client connections, libcurl, and the access log's last lines. On the loop.
     func shutdown() {
         for l in lanes.values {
             l.probeTimer?.recycle()
@@ -428,6 +438,9 @@ final class ProxyWorker: HTTPServerDelegate {
         for exchange in active.values { exchange.abandon() }
         shared.inFlight.add(-active.count)
         active.removeAll()
+        for refresh in refreshes.values { refresh.abandon() }
+        refreshes.removeAll()
+        lanes.removeAll()
         server.close()
         client.shutdown()
         accessLog.flush()

@@ -17,9 +17,10 @@ final class SharedState: @unchecked Sendable {
     /// Exchanges in flight in the whole process (drain waits for zero).
     let inFlight: InFlightCount
     let loadedAt = Date()
-    /// Set before any loop runs (and again by a reload, from the loops'
-    /// owner); then read-only.
-    private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
+    /// Set before any loop runs (and carried over by a reload); then
+    /// read-only. Weak: the server owns its workers, and each worker holds
+    /// the shared state, so a strong list would keep both alive forever.
+    private var workers: [(loop: EventLoop, worker: WeakWorker)] = []
 
     /// - Parameter previous: on a reload, the state to carry over: counters,
     ///   metrics, the event bus, workers, and the guard of every upstream whose
@@ -42,12 +43,12 @@ final class SharedState: @unchecked Sendable {
         }
     }
 
-    func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
+    func register(_ worker: ProxyWorker) { workers.append((worker.loop, WeakWorker(worker))) }
 
     /// Every worker replays its parked commands for this upstream, on its own loop.
     func recovered(_ guardian: UpstreamGuard) {
         for (loop, handle) in workers {
-            loop.execute { handle.worker.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
+            loop.execute { handle.worker?.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
         }
     }
 
@@ -55,7 +56,7 @@ final class SharedState: @unchecked Sendable {
     /// waiting for it, or answers them AUTH_FAILED.
     func tokenRefreshed(_ guardian: UpstreamGuard, failure: String?) {
         for (loop, handle) in workers {
-            loop.execute { handle.worker.authDone(guardian: guardian, failure: failure) }
+            loop.execute { handle.worker?.authDone(guardian: guardian, failure: failure) }
         }
     }
 }
@@ -69,6 +70,12 @@ final class InFlightCount: Sendable {
 /// A worker, handed to its own loop's thread (it is only touched there).
 final class WorkerHandle: @unchecked Sendable {
     let worker: ProxyWorker
+    init(_ worker: ProxyWorker) { self.worker = worker }
+}
+
+/// A worker as the shared state knows it: gone once the server lets go of it.
+final class WeakWorker: @unchecked Sendable {
+    weak var worker: ProxyWorker?
     init(_ worker: ProxyWorker) { self.worker = worker }
 }
 

@@ -79,11 +79,11 @@ final class TokenSource: Sendable {
 
 /// Runs one refresh on a worker's loop through its libcurl client, retrying
 /// a token endpoint that is down or failing (5xx, no connection, timeout)
-/// with backoff; a 4xx or an unreadable answer ends it at once. Retains
-/// itself until it reports.
+/// with backoff; a 4xx or an unreadable answer ends it at once. The worker
+/// owns it (its `refreshes`) until it reports or the worker shuts down.
 final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     static let maxTries = 6
-    unowned(unsafe) let worker: ProxyWorker
+    let worker: ProxyWorker
     let guardian: UpstreamGuard
     let source: TokenSource
     private var tries = 0
@@ -91,7 +91,6 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     private var body: [UInt8] = []
     private var timer: LoopEvent?
     private var transfer: UpstreamTransfer?
-    private var keepAlive: TokenRefresh?
     private enum Use: Int { case backoff, timeout }
 
     init(worker: ProxyWorker, guardian: UpstreamGuard, source: TokenSource) {
@@ -100,9 +99,14 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
         self.source = source
     }
 
-    func start() {
-        keepAlive = self
-        send()
+    func start() { send() }
+
+    /// The worker shuts down: stop quietly (no report).
+    func abandon() {
+        timer?.recycle()
+        timer = nil
+        if let transfer { worker.client.cancel(transfer) }
+        transfer = nil
     }
 
     private func send() {
@@ -192,6 +196,6 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
             worker.logger.info("token refreshed", metadata: ["upstream": "\(source.upstreamName)"])
         }
         worker.shared.tokenRefreshed(guardian, failure: failure)
-        keepAlive = nil
+        worker.refreshEnded(self)
     }
 }
