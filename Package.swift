@@ -42,7 +42,7 @@ let package = Package(
         .target(name: "HappyPathCore", swiftSettings: hotPath),
         .target(
             name: "HappyPathConfig",
-            dependencies: ["HappyPathCore", .product(name: "Yams", package: "Yams")],
+            dependencies: ["HappyPathCore", "HappyPathPolicies", .product(name: "Yams", package: "Yams")],
             swiftSettings: hotPath
         ),
 

@@ -1,4 +1,5 @@
 import HappyPathCore
+import HappyPathPolicies
 
 /// A validated configuration. Policy settings keep "not set" (nil) apart from
 /// their defaults so that a route inherits from its upstream, which inherits
@@ -212,22 +213,74 @@ public struct ResolvedPolicies: Sendable {
 }
 
 extension PolicySettings {
-    /// The defaults of PRODUCT.md section 2, used where nothing is configured.
+    /// The built-in defaults (docs/configuration.md), used where nothing is
+    /// configured. The one place they are written: retry and breaker values
+    /// come from the policies' own `Configuration()`, the rest is here.
+    /// Every resolved setting is complete (see `resolved`).
     public static let builtIn: PolicySettings = {
         var p = PolicySettings()
         p.timeout = .seconds(10)
+        let retry = RetryPolicy.Configuration()
         p.retry = RetrySettings(
-            attempts: 3, perTryTimeout: .seconds(3), on: ["connect-failure", "reset", "timeout", "502", "503", "504"],
-            backoffBase: .milliseconds(50), backoffMax: .seconds(2), jitter: .full, honorRetryAfter: true,
-            budgetRatio: 0.2, budgetMinPerSecond: 10, methods: ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
+            attempts: retry.attempts, perTryTimeout: retry.perTryTimeout, on: inDocumentedOrder(retry.on),
+            backoffBase: retry.backoffBase, backoffMax: retry.backoffMax, jitter: retry.jitter ? .full : Jitter.none,
+            honorRetryAfter: retry.honorRetryAfter, budgetRatio: RetryBudget.defaultRatio,
+            budgetMinPerSecond: RetryBudget.defaultMinPerSecond, methods: inDocumentedOrder(retry.methods))
+        let breaker = CircuitBreakerStateMachine.Configuration()
         p.circuitBreaker = CircuitBreakerSettings(
-            consecutiveFailures: 5, failureRate: 0.5, minimumRequests: 20, window: .seconds(10), openFor: .seconds(5),
-            halfOpenProbes: 1, whileOpen: .park)
+            consecutiveFailures: breaker.consecutiveFailures, failureRate: breaker.failureRate,
+            minimumRequests: breaker.minimumRequests, window: breaker.window, openFor: breaker.openFor,
+            halfOpenProbes: breaker.halfOpenProbes, whileOpen: .park)
         p.reachability = ReachabilitySettings(parkFor: .seconds(10))
         p.healthCheck = HealthCheckSettings(
             path: "/healthz", interval: .seconds(2), timeout: .seconds(1), unhealthyAfter: 3, healthyAfter: 1)
         return p
     }()
+}
+
+/// A set of `retry.on` or `retry.methods` values as the docs list them.
+private func inDocumentedOrder(_ values: Set<String>) -> [String] {
+    let order = ["connect-failure", "reset", "timeout", "GET", "HEAD", "OPTIONS", "PUT", "DELETE", "POST", "PATCH"]
+    return values.sorted { a, b in
+        let i = order.firstIndex(of: a) ?? order.count
+        let j = order.firstIndex(of: b) ?? order.count
+        return i != j ? i < j : a < b
+    }
+}
+
+/// A setting after resolution over `PolicySettings.builtIn`, which sets
+/// every key: nil here is a missing built-in default, a programming error.
+public func resolved<T>(_ value: T?, _ key: StaticString) -> T {
+    guard let value else { preconditionFailure("no built-in default for \(key)") }
+    return value
+}
+
+extension RetryPolicy.Configuration {
+    /// The policy for resolved settings (over `PolicySettings.builtIn`).
+    public init(resolved settings: RetrySettings) {
+        self.init()
+        attempts = resolved(settings.attempts, "retry.attempts")
+        perTryTimeout = resolved(settings.perTryTimeout, "retry.per_try_timeout")
+        on = Set(resolved(settings.on, "retry.on"))
+        backoffBase = resolved(settings.backoffBase, "retry.backoff.base")
+        backoffMax = resolved(settings.backoffMax, "retry.backoff.max")
+        jitter = resolved(settings.jitter, "retry.backoff.jitter") == .full
+        honorRetryAfter = resolved(settings.honorRetryAfter, "retry.honor_retry_after")
+        methods = Set(resolved(settings.methods, "retry.methods"))
+    }
+}
+
+extension CircuitBreakerStateMachine.Configuration {
+    /// The breaker for resolved settings (over `PolicySettings.builtIn`).
+    public init(resolved b: CircuitBreakerSettings) {
+        self.init()
+        consecutiveFailures = resolved(b.consecutiveFailures, "circuit_breaker.consecutive_failures")
+        failureRate = resolved(b.failureRate, "circuit_breaker.failure_rate")
+        minimumRequests = resolved(b.minimumRequests, "circuit_breaker.minimum_requests")
+        window = resolved(b.window, "circuit_breaker.window")
+        openFor = resolved(b.openFor, "circuit_breaker.open_for")
+        halfOpenProbes = resolved(b.halfOpenProbes, "circuit_breaker.half_open_probes")
+    }
 }
 
 extension Configuration {
@@ -237,7 +290,7 @@ extension Configuration {
         var merged = route.policies.over(upstreamPolicies).over(defaults).over(.builtIn)
         merged.errors = route.errors + upstreamPolicies.errors
         return ResolvedPolicies(
-            timeout: merged.timeout!, retry: merged.retry, circuitBreaker: merged.circuitBreaker,
+            timeout: resolved(merged.timeout, "timeout"), retry: merged.retry, circuitBreaker: merged.circuitBreaker,
             reachability: merged.reachability, healthCheck: merged.healthCheck, errors: merged.errors)
     }
 }

@@ -55,7 +55,7 @@ final class HealthChecker: LoopEventTarget {
         client.shutdown()
     }
 
-    private func interval(_ u: Int) -> Duration { runtime.upstreams[u].policies.healthCheck.interval ?? .seconds(2) }
+    private func interval(_ u: Int) -> Duration { runtime.upstreams[u].healthCheck.interval }
 
     func loopEventFired(_ event: LoopEvent) {
         let u = event.tag
@@ -66,8 +66,8 @@ final class HealthChecker: LoopEventTarget {
 
     private func check(_ u: Int) {
         let upstream = runtime.upstreams[u]
-        let settings = upstream.policies.healthCheck
-        let timeout = settings.timeout ?? .seconds(1)
+        let settings = upstream.healthCheck
+        let timeout = settings.timeout
         states[u].inFlight = upstream.endpoints.count
         states[u].anySuccess = false
         for endpoint in upstream.endpoints {
@@ -75,7 +75,7 @@ final class HealthChecker: LoopEventTarget {
             probes[ObjectIdentifier(probe)] = probe
             probe.transfer = client.start(
                 UpstreamRequest(
-                    origin: endpoint.origin, target: endpoint.basePath + (settings.path ?? "/healthz"), method: "GET",
+                    origin: endpoint.origin, target: endpoint.basePath + settings.path, method: "GET",
                     headers: HeaderBlock([HTTPField(name: "User-Agent", value: "happypath-health-check")]), body: .empty,
                     sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout),
                 handler: probe)
@@ -89,14 +89,14 @@ final class HealthChecker: LoopEventTarget {
         states[u].inFlight -= 1
         if healthy { states[u].anySuccess = true }
         guard states[u].inFlight == 0 else { return }
-        let settings = runtime.upstreams[u].policies.healthCheck
+        let settings = runtime.upstreams[u].healthCheck
         let guardian = shared.guards[u]
         let name = runtime.upstreams[u].name
         if states[u].anySuccess {
             states[u].consecutiveFailures = 0
             states[u].consecutiveSuccesses += 1
             let wasReachable = guardian.reachable.load(ordering: .relaxed)
-            if !wasReachable, states[u].consecutiveSuccesses >= (settings.healthyAfter ?? 1) {
+            if !wasReachable, states[u].consecutiveSuccesses >= settings.healthyAfter {
                 guardian.reachable.store(true, ordering: .relaxed)
                 logger.info("upstream reachable again", metadata: ["upstream": "\(name)"])
                 shared.events.publish("upstream_reachable", [("upstream", name)])
@@ -109,7 +109,7 @@ final class HealthChecker: LoopEventTarget {
         } else {
             states[u].consecutiveSuccesses = 0
             states[u].consecutiveFailures += 1
-            if guardian.reachable.load(ordering: .relaxed), states[u].consecutiveFailures >= (settings.unhealthyAfter ?? 3) {
+            if guardian.reachable.load(ordering: .relaxed), states[u].consecutiveFailures >= settings.unhealthyAfter {
                 guardian.reachable.store(false, ordering: .relaxed)
                 logger.warning("upstream unreachable: health checks failing", metadata: ["upstream": "\(name)"])
                 shared.events.publish("upstream_unreachable", [("upstream", name)])

@@ -24,8 +24,8 @@ public final class RuntimeConfiguration: Sendable {
             return RuntimeRoute(
                 index: i, label: shared ? "\(prefix)#\(i)" : prefix,
                 upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
-                stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(policies.retry)),
-                parkFor: policies.reachability.parkFor ?? .seconds(10), errors: policies.errors)
+                stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(resolved: policies.retry)),
+                parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors)
         }
     }
 }
@@ -79,19 +79,31 @@ final class RuntimeUpstream: Sendable {
         connectTimeout = upstream.connectTimeout
         maxConnections = upstream.maxConnections
         policies = upstream.policies.over(defaults).over(.builtIn)
-        whileOpen = policies.circuitBreaker.whileOpen ?? .park
+        whileOpen = resolved(policies.circuitBreaker.whileOpen, "circuit_breaker.while_open")
+        breakerConfiguration = CircuitBreakerStateMachine.Configuration(resolved: policies.circuitBreaker)
+        budget = (
+            resolved(policies.retry.budgetRatio, "retry.budget.ratio"),
+            resolved(policies.retry.budgetMinPerSecond, "retry.budget.min_per_second")
+        )
+        let h = policies.healthCheck
+        healthCheck = HealthCheck(
+            path: resolved(h.path, "health_check.path"), interval: resolved(h.interval, "health_check.interval"),
+            timeout: resolved(h.timeout, "health_check.timeout"),
+            unhealthyAfter: resolved(h.unhealthyAfter, "health_check.unhealthy_after"),
+            healthyAfter: resolved(h.healthyAfter, "health_check.healthy_after"))
     }
 
-    var breakerConfiguration: CircuitBreakerStateMachine.Configuration {
-        let b = policies.circuitBreaker
-        var c = CircuitBreakerStateMachine.Configuration()
-        c.consecutiveFailures = b.consecutiveFailures ?? c.consecutiveFailures
-        c.failureRate = b.failureRate ?? c.failureRate
-        c.minimumRequests = b.minimumRequests ?? c.minimumRequests
-        c.window = b.window ?? c.window
-        c.openFor = b.openFor ?? c.openFor
-        c.halfOpenProbes = b.halfOpenProbes ?? c.halfOpenProbes
-        return c
+    let breakerConfiguration: CircuitBreakerStateMachine.Configuration
+    /// The retry budget: ratio and floor per second.
+    let budget: (ratio: Double, minPerSecond: Int)
+    let healthCheck: HealthCheck
+
+    struct HealthCheck: Sendable {
+        let path: String
+        let interval: Duration
+        let timeout: Duration
+        let unhealthyAfter: Int
+        let healthyAfter: Int
     }
 }
 
@@ -115,16 +127,3 @@ struct Endpoint: Sendable {
     }
 }
 
-extension RetryPolicy.Configuration {
-    init(_ settings: RetrySettings) {
-        self.init()
-        attempts = settings.attempts ?? attempts
-        perTryTimeout = settings.perTryTimeout ?? perTryTimeout
-        on = settings.on.map(Set.init) ?? on
-        backoffBase = settings.backoffBase ?? backoffBase
-        backoffMax = settings.backoffMax ?? backoffMax
-        jitter = (settings.jitter ?? .full) == .full
-        honorRetryAfter = settings.honorRetryAfter ?? honorRetryAfter
-        methods = settings.methods.map(Set.init) ?? methods
-    }
-}

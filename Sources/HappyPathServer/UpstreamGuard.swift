@@ -42,8 +42,6 @@ final class UpstreamGuard: Sendable {
         let name = upstream.name
         let endpointCount = upstream.endpoints.count
         let breaker = upstream.breakerConfiguration
-        let budgetRatio = upstream.policies.retry.budgetRatio ?? 0.2
-        let budgetMinPerSecond = upstream.policies.retry.budgetMinPerSecond ?? 10
         tokens = definition.auth.kind == .none ? nil : TokenSource(settings: definition.auth, upstreamName: name)
         fingerprint = "\(definition)|\(upstream.policies)"
         self.name = name
@@ -51,7 +49,7 @@ final class UpstreamGuard: Sendable {
         self.events = events
         endpoints = Mutex(Array(repeating: EndpointHealth(), count: endpointCount))
         self.breaker = Mutex(CircuitBreakerStateMachine(breaker))
-        budget = Mutex(RetryBudget(ratio: budgetRatio, minPerSecond: budgetMinPerSecond))
+        budget = Mutex(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
     }
 

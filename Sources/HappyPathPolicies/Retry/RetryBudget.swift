@@ -10,6 +10,11 @@ public struct RetryBudget: Sendable {
     /// first: requests, second: retries.
     private var window: SlidingWindow
 
+    /// `budget.ratio` when nothing is configured: retries add at most 20% load.
+    public static let defaultRatio = 0.2
+    /// `budget.min_per_second` when nothing is configured.
+    public static let defaultMinPerSecond = 10
+
     public init(ratio: Double, minPerSecond: Int, windowSeconds: Int = 10) {
         self.ratio = ratio
         self.minPerSecond = minPerSecond
