@@ -14,8 +14,11 @@ public final class HTTPRequest {
     /// Strong while the request is open; cleared when it is answered.
     private var connection: HTTPConnection?
     /// Told when the client goes away or queued output drains. Held
-    /// Weak: the observer (the request's handler) owns the request.
-    public weak var observer: HTTPRequestObserver?
+    /// The request's handler, held until the request is answered or
+    /// aborted (then dropped, which ends the handler ↔ request cycle). Not
+    /// weak: a weak reference would move the handler's reference counts to
+    /// a side table, slowing every retain and release of it.
+    public var observer: HTTPRequestObserver?
     private var lostReported = false
     private var cachedMethod: String?
     private var cachedTarget: String?
@@ -243,12 +246,14 @@ public final class HTTPRequest {
     /// body was cut short upstream: the client must see a broken response,
     /// not a complete one). Releases the request.
     public func abort() {
+        observer = nil
         guard let c = connection else { return }
         connection = nil
         c.abort(self)
     }
 
     private func release(_ c: HTTPConnection) {
+        observer = nil
         connection = nil
         c.finished(self)
     }

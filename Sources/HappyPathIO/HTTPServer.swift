@@ -72,8 +72,10 @@ public enum SocketError: Error, CustomStringConvertible {
 public final class HTTPServer {
     public let limits: HTTPServerLimits
     public private(set) var port: Int = 0
-    /// Weak: the delegate owns the server.
-    weak var delegate: HTTPServerDelegate?
+    /// The delegate owns the server; `close()` drops this reference, which
+    /// ends the cycle. (Not weak: a weak reference would put the delegate's
+    /// reference counts in a side table, slowing each retain and release.)
+    var delegate: HTTPServerDelegate?
     let loop: EventLoop
     let requestLimits: RequestLimits
     private var listenFD: Int32 = -1
@@ -147,6 +149,7 @@ public final class HTTPServer {
 
     /// Stops accepting and closes every connection. On the loop's thread.
     public func close() {
+        delegate = nil
         closeListener()
         for connection in Array(connections.values) { connection.close() }
         connections.removeAll()

@@ -199,6 +199,7 @@ public final class ProxyServer: @unchecked Sendable {
         // first (workers with their listeners, libcurl clients and requests;
         // the admin side), then each loop's idle timers; the bases are freed
         // when the last of their users is gone (see `EventLoop`).
+        shared?.forgetWorkers()
         workers.removeAll()
         admin = nil
         healthChecker = nil

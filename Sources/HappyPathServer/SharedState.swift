@@ -18,9 +18,9 @@ final class SharedState: @unchecked Sendable {
     let inFlight: InFlightCount
     let loadedAt = Date()
     /// Set before any loop runs (and carried over by a reload); then
-    /// read-only. Weak: the server owns its workers, and each worker holds
-    /// the shared state, so a strong list would keep both alive forever.
-    private var workers: [(loop: EventLoop, worker: WeakWorker)] = []
+    /// read-only until the server stops and calls `forgetWorkers()`: each
+    /// worker holds the shared state, so this list keeps both alive until then.
+    private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
 
     /// - Parameter previous: on a reload, the state to carry over: counters,
     ///   metrics, the event bus, workers, and the guard of every upstream whose
@@ -43,12 +43,15 @@ final class SharedState: @unchecked Sendable {
         }
     }
 
-    func register(_ worker: ProxyWorker) { workers.append((worker.loop, WeakWorker(worker))) }
+    func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
+
+    /// The server stopped (every loop has ended): let go of the workers.
+    func forgetWorkers() { workers.removeAll() }
 
     /// Every worker replays its parked commands for this upstream, on its own loop.
     func recovered(_ guardian: UpstreamGuard) {
         for (loop, handle) in workers {
-            loop.execute { handle.worker?.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
+            loop.execute { handle.worker.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
         }
     }
 
@@ -56,7 +59,7 @@ final class SharedState: @unchecked Sendable {
     /// waiting for it, or answers them AUTH_FAILED.
     func tokenRefreshed(_ guardian: UpstreamGuard, failure: String?) {
         for (loop, handle) in workers {
-            loop.execute { handle.worker?.authDone(guardian: guardian, failure: failure) }
+            loop.execute { handle.worker.authDone(guardian: guardian, failure: failure) }
         }
     }
 }
@@ -73,11 +76,6 @@ final class WorkerHandle: @unchecked Sendable {
     init(_ worker: ProxyWorker) { self.worker = worker }
 }
 
-/// A worker as the shared state knows it: gone once the server lets go of it.
-final class WeakWorker: @unchecked Sendable {
-    weak var worker: ProxyWorker?
-    init(_ worker: ProxyWorker) { self.worker = worker }
-}
 
 /// Parked commands in the whole process, bounded by `limits.max_parked`.
 final class ParkingCount: Sendable {
