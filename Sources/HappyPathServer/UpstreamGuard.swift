@@ -26,6 +26,7 @@ final class UpstreamGuard: Sendable {
     let fingerprint: String
     private let parkedCounts = Mutex<[String: Int]>([:])
     private let endpoints: Mutex<[EndpointHealth]>
+    private let endpointCount: Int
 
     /// Outlier ejection (Envoy's consecutive-5xx rule): an endpoint with this
     /// many failed tries in a row leaves the rotation for `ejectionTime`,
@@ -48,6 +49,7 @@ final class UpstreamGuard: Sendable {
         self.metrics = metrics
         self.events = events
         endpoints = Mutex(Array(repeating: EndpointHealth(), count: endpointCount))
+        self.endpointCount = endpointCount
         self.breaker = Mutex(CircuitBreakerStateMachine(breaker))
         budget = Mutex(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
@@ -111,8 +113,8 @@ final class UpstreamGuard: Sendable {
     }
 
     func recordEndpoint(_ i: Int, failure: Bool, at now: Instant) {
+        guard endpointCount > 1 else { return }  // one endpoint is never ejected: no lock
         let ejected = endpoints.withLock { list -> Bool in
-            guard list.count > 1 else { return false }
             guard failure else {
                 list[i].consecutiveFailures = 0
                 return false
