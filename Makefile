@@ -119,7 +119,7 @@ clean:
 # -parse-as-library because that build has no top-level code. SWIFT_BACKTRACE=enable=no:
 # Swift's own backtracer would take the trap before libFuzzer saves the input.)
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential
+FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential FuzzConfig
 FUZZ_BUILD := $(SWIFT) build -c release --scratch-path .build-fuzz \
 	-Xswiftc -sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
 fuzz: deps

@@ -92,6 +92,7 @@ let package = Package(
         .target(name: "FuzzSupport", path: "Tests/Support/FuzzSupport"),
         .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "HTTP1Framing", "HappyPathCore"]),
         .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore"]),
+        .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "HappyPathConfig"]),
         .executableTarget(
             name: "FuzzDifferential",
             dependencies: [

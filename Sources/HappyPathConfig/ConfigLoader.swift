@@ -46,9 +46,31 @@ public enum ConfigLoader {
         switch error {
         case let .scanner(_, problem, mark, _), let .parser(_, problem, mark, _), let .composer(_, problem, mark, _):
             return ConfigError(file: file, line: mark.line, column: mark.column, message: "YAML syntax: \(problem)")
+        case let .reader(problem, offset, value, yaml):
+            // The reader reports a byte offset: turn it into the line and column.
+            let (line, column) = position(ofByte: offset ?? 0, in: yaml)
+            let byte = value >= 0 ? String(format: " (byte 0x%02X)", value) : ""
+            return ConfigError(file: file, line: line, column: column, message: "YAML: \(problem)\(byte)")
         default:
-            return ConfigError(file: file, line: 1, column: 1, message: "YAML: \(error)")
+            let text = "\(error)".split(separator: "\n").first.map(String.init) ?? "unreadable YAML"
+            return ConfigError(file: file, line: 1, column: 1, message: "YAML: \(text)")
         }
+    }
+
+    /// Line and column (from 1, columns in characters) of the byte at `offset`.
+    static func position(ofByte offset: Int, in text: String) -> (Int, Int) {
+        var line = 1
+        var column = 1
+        for (i, byte) in text.utf8.enumerated() {
+            if i >= offset { break }
+            if byte == 0x0A {
+                line += 1
+                column = 1
+            } else if byte & 0xC0 != 0x80 {
+                column += 1
+            }
+        }
+        return (line, column)
     }
 }
 

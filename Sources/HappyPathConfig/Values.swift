@@ -35,6 +35,9 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
 /// Durations (`250ms`, `2s`, `1m`, `1h`, combinations like `1m30s`) and sizes
 /// (`512KiB`, `10MiB`, `1GiB`, `100KB`, plain bytes).
 public enum Units {
+    /// The longest duration a setting may have: ten years.
+    public static let maxDurationSeconds: Double = 10 * 365 * 24 * 3600
+
     public static func duration(_ text: String) -> Duration? {
         var rest = Substring(text.trimmingCharacters(in: " "))
         guard !rest.isEmpty else { return nil }
@@ -58,6 +61,8 @@ public enum Units {
             }
             total += value * scale
         }
+        // Past what any setting needs, and past what nanoseconds in 64 bits hold.
+        guard total.isFinite, total <= maxDurationSeconds else { return nil }
         return .nanoseconds(Int64((total * 1e9).rounded()))
     }
 

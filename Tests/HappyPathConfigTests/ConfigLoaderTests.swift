@@ -202,7 +202,7 @@ let minimal = """
     ])
     func durations(text: String, expected: Duration) { #expect(Units.duration(text) == expected) }
 
-    @Test(arguments: ["", "10", "ten s", "5 parsecs", "-1s", "s"])
+    @Test(arguments: ["", "10", "ten s", "5 parsecs", "-1s", "s", "99999999999999999999h", "87601h"])
     func badDurations(text: String) { #expect(Units.duration(text) == nil) }
 
     @Test(arguments: [("512KiB", 524_288), ("10MiB", 10_485_760), ("1GiB", 1_073_741_824), ("100", 100), ("2KB", 2000)])
