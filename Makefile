@@ -12,7 +12,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience deploy-check image-local loadtest loadtest-short clean fuzz
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience deploy-check image-local loadtest loadtest-short soak soak-short clean fuzz
 
 all: build
 
@@ -54,8 +54,9 @@ run: release
 	$$bin serve --config $(CONFIG) --log-format text
 
 # Every test: unit and loopback integration tests, the Kubernetes manifests,
-# and each load-test scenario in its short form (about 10 s each).
-test: deploy-check loadtest-short unit-test
+# each load-test scenario in its short form (about 10 s each) and a
+# one-minute soak.
+test: deploy-check loadtest-short soak-short unit-test
 
 unit-test: deps
 	$(SWIFT) build --build-tests
@@ -80,6 +81,17 @@ loadtest-short: test-deps build
 	@for s in $(LOADTEST_SCENARIOS); do \
 	  HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/loadtest/run.sh $$s --short || exit 1; \
 	done
+
+# A long run with faults (deploy/soak/run.sh): 25% upstream 503s, a 10 s
+# outage every 2 minutes, a token expiry every minute, a reload every 30 s.
+# Memory, descriptors, parked and in-flight requests sampled every second
+# (CSV and SVG chart in /tmp/happypath-soak). SOAK_S shortens it.
+SOAK_S ?= 600
+soak: test-deps release
+	SOAK_S=$(SOAK_S) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/soak/run.sh
+
+soak-short: test-deps build
+	SOAK_S=60 TOKEN_TTL=20 HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/soak/run.sh
 
 check: build
 	$$($(SWIFT) build --show-bin-path)/happypath check --config $(CONFIG)
