@@ -69,6 +69,16 @@ final class SharedState: @unchecked Sendable {
     }
 }
 
+extension UpstreamGuard {
+    /// An upstream's definition and resolved policies, compared field by
+    /// field (credentials included, so a rotated secret gets a fresh token)
+    /// and never turned into text.
+    struct Fingerprint: Equatable, Sendable {
+        let definition: Upstream
+        let policies: PolicySettings
+    }
+}
+
 final class InFlightCount: Sendable {
     private let count = Atomic<Int>(0)
     var current: Int { count.load(ordering: .relaxed) }

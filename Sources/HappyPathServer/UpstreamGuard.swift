@@ -23,7 +23,7 @@ final class UpstreamGuard: Sendable {
     let tokens: TokenSource?
     /// What this guard was built from: a reload keeps the guard (breaker,
     /// budget, token) when an upstream's definition did not change.
-    let fingerprint: String
+    let fingerprint: Fingerprint
     private let parkedCounts = Mutex<[String: Int]>([:])
     private let endpoints: Mutex<[EndpointHealth]>
 
@@ -45,7 +45,7 @@ final class UpstreamGuard: Sendable {
         let budgetRatio = upstream.policies.retry.budgetRatio ?? 0.2
         let budgetMinPerSecond = upstream.policies.retry.budgetMinPerSecond ?? 10
         tokens = definition.auth.kind == .none ? nil : TokenSource(settings: definition.auth, upstreamName: name)
-        fingerprint = "\(definition)|\(upstream.policies)"
+        fingerprint = Fingerprint(definition: definition, policies: upstream.policies)
         self.name = name
         self.metrics = metrics
         self.events = events
