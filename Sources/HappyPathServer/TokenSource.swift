@@ -33,7 +33,15 @@ final class TokenSource: Sendable {
     var refreshOn: [Int] { settings.refreshOn }
 
     func use(at now: Instant) -> TokenStateMachine.Use { state.withLock { $0.use(at: now) } }
-    func refused(generation: Int) -> TokenStateMachine.Refusal { state.withLock { $0.refused(generation: generation) } }
+    /// The upstream refused the credential of `generation`. A static
+    /// credential cannot be refreshed: it stays in use for later requests
+    /// (the upstream may take it again), and the refused request waits for
+    /// a refresh that fails at once (`TokenRefresh`), so it gets
+    /// AUTH_FAILED instead of waiting out `park_for`.
+    func refused(generation: Int) -> TokenStateMachine.Refusal {
+        if settings.kind == .static { return .wait(start: true) }
+        return state.withLock { $0.refused(generation: generation) }
+    }
     func succeeded(_ response: TokenResponse, at now: Instant) {
         let scheme = settings.scheme ?? (response.tokenType.map { $0.lowercased() == "bearer" ? "Bearer" : $0 } ?? "Bearer")
         if let rotated = response.refreshToken { refreshToken.withLock { $0 = rotated } }
@@ -113,7 +121,9 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
         tries += 1
         status = 0
         body.removeAll()
-        guard let request = source.tokenRequest() else { return finish(nil) }
+        guard let request = source.tokenRequest() else {
+            return finish("the upstream refused the static credential (auth.kind static cannot be refreshed)")
+        }
         let endpoint = Endpoint(request.url)
         transfer = worker.client.start(
             UpstreamRequest(
