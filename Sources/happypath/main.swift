@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import HappyPathConfig
+import HappyPathDemo
 import HappyPathIO
 import HappyPathServer
 import Logging

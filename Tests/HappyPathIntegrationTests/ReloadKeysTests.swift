@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathConfig
+import HappyPathDemo
 import Testing
 
 @testable import HappyPathServer
@@ -73,7 +74,8 @@ import Testing
                 "limits.client_timeout",
             ])  // workers: 3 is what `auto` means on 3 cores, so no change
         new.workers = 4
-        #expect(RestartOnlyKeys.changes(from: old, to: new, cores: 3).contains("workers cannot change on reload (restart to apply)"))
+        #expect(
+            RestartOnlyKeys.changes(from: old, to: new, cores: 3).contains("workers cannot change on reload (restart to apply)"))
     }
 
     @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))

@@ -88,9 +88,11 @@ import Testing
         let accessLog = Mutex("")
         let h = try ProxyHarness(
             yaml(cc: cc, rt: rt, login: login), workers: 2, logger: log.logger, environment: env,
-            accessLog: AccessLogSettings(level: .info, format: .json, sink: { bytes in
-                accessLog.withLock { $0 += String(decoding: bytes, as: UTF8.self) }
-            }))
+            accessLog: AccessLogSettings(
+                level: .info, format: .json,
+                sink: { bytes in
+                    accessLog.withLock { $0 += String(decoding: bytes, as: UTF8.self) }
+                }))
         let events = try EventRecorder(adminPort: h.adminPort)
         var answers: [String] = []
         func get(_ path: String) throws -> TestResponse {

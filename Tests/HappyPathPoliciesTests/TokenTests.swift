@@ -7,7 +7,10 @@ import Testing
         let r = try TokenResponse.oauth2(
             Array(#"{"access_token":"abc","token_type":"Bearer","expires_in":3600,"refresh_token":"r2"}"#.utf8)
         ).get()
-        #expect(r == TokenResponse(accessToken: Secret("abc"), tokenType: "Bearer", expiresIn: .seconds(3600), refreshToken: Secret("r2")))
+        #expect(
+            r
+                == TokenResponse(
+                    accessToken: Secret("abc"), tokenType: "Bearer", expiresIn: .seconds(3600), refreshToken: Secret("r2")))
     }
 
     @Test func oauth2WithoutTokenOrNotJSON() {
