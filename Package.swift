@@ -63,10 +63,13 @@ let package = Package(
             ],
             swiftSettings: hotPath
         ),
+        // `happypath demo-upstream`: the flaky service to try the proxy on.
+        // Not part of the proxy; the executable and the integration tests use it.
+        .target(name: "HappyPathDemo", dependencies: ["HappyPathCore", "HappyPathIO"], swiftSettings: hotPath),
         .executableTarget(
             name: "happypath",
             dependencies: [
-                "HappyPathServer", "HappyPathConfig",
+                "HappyPathServer", "HappyPathConfig", "HappyPathDemo",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: hotPath
@@ -108,7 +111,8 @@ let package = Package(
         .executableTarget(
             name: "LifecycleProbe",
             dependencies: [
-                "CHeapProbe", "HappyPathServer", "HappyPathConfig", .product(name: "Logging", package: "swift-log"),
+                "CHeapProbe", "HappyPathServer", "HappyPathConfig", "HappyPathDemo",
+                .product(name: "Logging", package: "swift-log"),
             ],
             path: "Tests/Support/LifecycleProbe"
         ),
@@ -128,7 +132,7 @@ let package = Package(
         .testTarget(
             name: "HappyPathIntegrationTests",
             dependencies: [
-                "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO",
+                "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

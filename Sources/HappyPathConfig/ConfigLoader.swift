@@ -155,6 +155,10 @@ final class Reader {
 
     func string(_ node: Node?, _ path: String) -> String? { text(node, path) }
 
+    /// A credential: wrapped as soon as it is read, so no later message can
+    /// print it. (`text` never puts a value into its own messages.)
+    func secret(_ node: Node?, _ path: String) -> Secret? { text(node, path).map(Secret.init) }
+
     func int(_ node: Node?, _ path: String, min: Int = 0, max: Int = Int.max) -> Int? {
         guard let s = text(node, path) else { return nil }
         guard let v = Int(s) else {
@@ -448,15 +452,15 @@ final class Reader {
         a.kind = kind
         if let v = string(f["header"]?.value, "\(path).header") { a.header = v }
         a.scheme = string(f["scheme"]?.value, "\(path).scheme")
-        a.value = string(f["value"]?.value, "\(path).value")
+        a.value = secret(f["value"]?.value, "\(path).value")
         a.tokenURL = string(f["token_url"]?.value, "\(path).token_url")
         a.clientID = string(f["client_id"]?.value, "\(path).client_id")
-        a.clientSecret = string(f["client_secret"]?.value, "\(path).client_secret")
-        a.refreshToken = string(f["refresh_token"]?.value, "\(path).refresh_token")
+        a.clientSecret = secret(f["client_secret"]?.value, "\(path).client_secret")
+        a.refreshToken = secret(f["refresh_token"]?.value, "\(path).refresh_token")
         a.scope = string(f["scope"]?.value, "\(path).scope")
         a.audience = string(f["audience"]?.value, "\(path).audience")
         a.loginURL = string(f["login_url"]?.value, "\(path).login_url")
-        a.loginBody = string(f["login_body"]?.value, "\(path).login_body")
+        a.loginBody = secret(f["login_body"]?.value, "\(path).login_body")
         a.loginContentType = string(f["login_content_type"]?.value, "\(path).login_content_type")
         a.tokenPointer = string(f["token_pointer"]?.value, "\(path).token_pointer")
         a.expiresInPointer = string(f["expires_in_pointer"]?.value, "\(path).expires_in_pointer")

@@ -42,7 +42,9 @@ public struct Limits: Sendable {
     public var maxParked: Int = 10_000
 }
 
-public struct Upstream: Sendable {
+/// Equatable so a reload can tell an unchanged upstream (and keep its
+/// breaker, budget and token) without printing it: it holds credentials.
+public struct Upstream: Sendable, Equatable {
     public var name: String
     /// Base URLs such as `http://127.0.0.1:9000`, without a trailing slash.
     public var endpoints: [String]
@@ -62,7 +64,7 @@ public struct Route: Sendable {
 
 // MARK: - Policy settings (every field optional: nil = inherit)
 
-public struct PolicySettings: Sendable {
+public struct PolicySettings: Sendable, Equatable {
     public var timeout: Duration?
     public var retry = RetrySettings()
     public var circuitBreaker = CircuitBreakerSettings()
@@ -88,7 +90,7 @@ public struct PolicySettings: Sendable {
 public enum Jitter: String, Sendable, CaseIterable { case full, none }
 public enum WhileOpen: String, Sendable, CaseIterable { case park, fail }
 
-public struct RetrySettings: Sendable {
+public struct RetrySettings: Sendable, Equatable {
     public var attempts: Int?
     public var perTryTimeout: Duration?
     /// `connect-failure`, `reset`, `timeout`, or status codes as text.
@@ -111,7 +113,7 @@ public struct RetrySettings: Sendable {
     }
 }
 
-public struct CircuitBreakerSettings: Sendable {
+public struct CircuitBreakerSettings: Sendable, Equatable {
     public var consecutiveFailures: Int?
     public var failureRate: Double?
     public var minimumRequests: Int?
@@ -129,13 +131,13 @@ public struct CircuitBreakerSettings: Sendable {
     }
 }
 
-public struct ReachabilitySettings: Sendable {
+public struct ReachabilitySettings: Sendable, Equatable {
     public var parkFor: Duration?
 
     func over(_ b: ReachabilitySettings) -> ReachabilitySettings { ReachabilitySettings(parkFor: parkFor ?? b.parkFor) }
 }
 
-public struct HealthCheckSettings: Sendable {
+public struct HealthCheckSettings: Sendable, Equatable {
     public var path: String?
     public var interval: Duration?
     public var timeout: Duration?
@@ -156,22 +158,24 @@ public enum AuthKind: String, Sendable, CaseIterable {
     case login
 }
 
-/// Credentials for an upstream. Secret values come from the environment and
-/// are never printed: `description`-style output must go through `redacted`.
-public struct AuthSettings: Sendable {
+/// Credentials for an upstream. The secret ones (`value`, `client_secret`,
+/// `refresh_token`, `login_body`, which usually carries a password) come
+/// from the environment and are `Secret`s: printing these settings, or
+/// anything that holds them, shows `***` in their place.
+public struct AuthSettings: Sendable, Equatable {
     public var kind: AuthKind = .none
     public var header: String = "Authorization"
     public var scheme: String?
     /// `static`: the header value.
-    public var value: String?
+    public var value: Secret?
     public var tokenURL: String?
     public var clientID: String?
-    public var clientSecret: String?
-    public var refreshToken: String?
+    public var clientSecret: Secret?
+    public var refreshToken: Secret?
     public var scope: String?
     public var audience: String?
     public var loginURL: String?
-    public var loginBody: String?
+    public var loginBody: Secret?
     public var loginContentType: String?
     public var tokenPointer: String?
     public var expiresInPointer: String?

@@ -389,6 +389,28 @@ final class HTTPConnection {
     /// asked for the close).
     func close() {
         guard phase != .closed else { return }
+        let socket = forget()
+        Glibc.close(socket)
+        server.connectionClosed(self)
+        if let request = current {
+            current = nil
+            request.connectionLost()
+        }
+    }
+
+    /// Hands the socket to `request`'s code and forgets it (see
+    /// `HTTPRequest.takeOverConnection`). Nil if the connection is gone.
+    func detach(_ request: HTTPRequest) -> Int32? {
+        guard phase != .closed else { return nil }
+        let socket = forget()
+        if current === request { current = nil }
+        server.connectionClosed(self)
+        return socket
+    }
+
+    /// Stops every event of the connection and marks it closed; returns the
+    /// socket, which is the caller's to close or keep.
+    private func forget() -> Int32 {
         phase = .closed
         if let readEvent { event_free(readEvent) }
         if let writeEvent { event_free(writeEvent) }
@@ -396,13 +418,9 @@ final class HTTPConnection {
         readEvent = nil
         writeEvent = nil
         timerEvent = nil
-        Glibc.close(fd)
+        let socket = fd
         fd = -1
-        server.connectionClosed(self)
-        if let request = current {
-            current = nil
-            request.connectionLost()
-        }
+        return socket
     }
 
     /// The request's own code gives up on it (`abort`): close without telling it.

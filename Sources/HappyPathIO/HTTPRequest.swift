@@ -269,22 +269,20 @@ public final class HTTPRequest {
 
     func outputDrained() { observer?.requestOutputDrained(self) }
 
-    // MARK: - Demo upstream misbehaviour
+    // MARK: - Leaving HTTP
 
-    /// Writes `bytes` raw to the socket (no HTTP framing), then drops the
-    /// connection: the demo upstream's "garbage" answer.
-    public func sendRawAndDrop(_ bytes: [UInt8]) {
-        guard let c = live else { return }
-        bytes.withUnsafeBytes { c.write([$0]) }
-        abort()
-    }
-
-    /// Shuts the client's socket without a response: the demo upstream's
-    /// "drop the connection".
-    public func dropConnection() {
-        guard let c = live else { return }
-        shutdown(c.fd, Int32(SHUT_RDWR))
-        abort()
+    /// Takes the connection out of HTTP: the server stops reading, writing
+    /// and timing it, forgets it, and returns its socket (non-blocking),
+    /// which the caller now owns and must close. For a protocol that takes
+    /// over after a request (a `101 Switching Protocols` upgrade, a
+    /// `CONNECT` tunnel), or a test peer that must misbehave below HTTP.
+    /// Call it before any answer was started: bytes already read past this
+    /// request (pipelined ones) are dropped. Nil if the request is no
+    /// longer its connection's current one; the request is answered either way.
+    public func takeOverConnection() -> Int32? {
+        guard let c = live else { return nil }
+        connection = nil
+        return c.detach(self)
     }
 }
 

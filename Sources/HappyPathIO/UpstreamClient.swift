@@ -225,11 +225,20 @@ public final class UpstreamClient {
         hp_multi_set_ptr(multi, CURLMOPT_SOCKETDATA, me)
         hp_multi_set_timer_cb(multi, upstreamTimerCallback)
         hp_multi_set_ptr(multi, CURLMOPT_TIMERDATA, me)
-        hp_multi_set_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, max(1, maxConnectionsPerHost))
-        hp_multi_set_long(multi, CURLMOPT_MAXCONNECTS, max(4, maxCachedConnections))
+        setConnectionLimits(perHost: maxConnectionsPerHost, cached: maxCachedConnections)
         // The timer and socket events point at `self` unretained: they are
         // freed in `shutdown()`, which the owner calls before letting go.
         timerEvent = event_new(loop.base, -1, 0, upstreamTimerEventCallback, me)
+    }
+
+    /// libcurl's connection caps: connections open to one host and port at
+    /// once (more transfers wait inside libcurl for one), and idle
+    /// connections kept for reuse. May change while transfers run (a
+    /// configuration reload): libcurl applies the new values at its next
+    /// check and closes nothing that is in use. On the loop's thread.
+    public func setConnectionLimits(perHost: Int, cached: Int) {
+        hp_multi_set_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, max(1, perHost))
+        hp_multi_set_long(multi, CURLMOPT_MAXCONNECTS, max(4, cached))
     }
 
     deinit { shutdown() }

@@ -7,13 +7,13 @@ import Synchronization
 /// The admin listener, on its own loop so a busy proxy worker never delays a
 /// probe: `/healthz`, `/readyz`, `/metrics`, `/admin/state`, `/admin/events`.
 /// Answers only its own paths, and only to loopback clients unless
-/// `admin.allow_remote` says otherwise.
+/// `admin.allow_remote` says otherwise (read from the current configuration,
+/// so a reload that changes it takes effect at the next request).
 final class AdminServer: HTTPServerDelegate {
     private let ready: ReadyFlag
     private var shared: SharedState
     private var runtime: RuntimeConfiguration
     private let clock: Clock
-    private let allowRemote: Bool
     private(set) var server: HTTPServer!
     private var ids = IdentifierGenerator()
 
@@ -25,7 +25,6 @@ final class AdminServer: HTTPServerDelegate {
         self.shared = shared
         self.runtime = runtime
         self.clock = clock
-        allowRemote = configuration.admin.allowRemote
         server = try HTTPServer(
             loop: loop, host: configuration.admin.listen.host, port: configuration.admin.listen.port, reusePort: false,
             limits: HTTPServerLimits(maxHeaderBytes: 16 * 1024, maxBodyBytes: 64 * 1024, timeout: .seconds(3600)),
@@ -41,7 +40,7 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     func serve(_ request: HTTPRequest) {
-        if !allowRemote, !Self.isLoopback(request.peerAddress) {
+        if !runtime.configuration.admin.allowRemote, !Self.isLoopback(request.peerAddress) {
             ProblemResponder.respond(
                 request,
                 Problem(

@@ -88,25 +88,13 @@ public final class ProxyServer: @unchecked Sendable {
     /// SIGHUP: switch to `configuration` (already validated by the loader).
     /// New commands use it; commands in flight finish under the old one. An
     /// upstream whose definition did not change keeps its breaker, budget
-    /// and token. Returns the reasons it was refused (nothing changed then).
+    /// and token. Every key takes effect except the few `RestartOnlyKeys`;
+    /// changing one of those refuses the whole reload. Returns the reasons
+    /// it was refused (nothing changed then).
     public func reload(_ configuration: Configuration) -> [String] {
         guard let shared, let adminLoop else { return ["the server is not running"] }
         let old = runtime.configuration
-        var problems: [String] = []
-        if configuration.listen != old.listen { problems.append("listen cannot change on reload (restart to apply)") }
-        if configuration.admin.listen != old.admin.listen {
-            problems.append("admin.listen cannot change on reload (restart to apply)")
-        }
-        if (configuration.workers ?? Self.coreCount) != (old.workers ?? Self.coreCount), configuration.workers != old.workers {
-            problems.append("workers cannot change on reload (restart to apply)")
-        }
-        if configuration.limits.maxHeaderBytes != old.limits.maxHeaderBytes
-            || configuration.limits.maxRequestBody != old.limits.maxRequestBody
-            || configuration.limits.clientTimeout != old.limits.clientTimeout
-        {
-            problems.append(
-                "limits.max_header_bytes, max_request_body and client_timeout cannot change on reload (restart to apply)")
-        }
+        let problems = RestartOnlyKeys.changes(from: old, to: configuration, cores: Self.coreCount)
         guard problems.isEmpty else {
             shared.events.publish(
                 "config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])

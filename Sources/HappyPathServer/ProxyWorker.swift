@@ -82,10 +82,8 @@ final class ProxyWorker: HTTPServerDelegate {
         self.clock = clock
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
-        let perHost = runtime.upstreams.map(\.maxConnections).max() ?? 256
-        let total = runtime.upstreams.reduce(0) { $0 + $1.maxConnections * $1.endpoints.count }
-        client = UpstreamClient(
-            loop: loop, maxConnectionsPerHost: max(1, perHost / workers), maxCachedConnections: max(16, total / workers))
+        let caps = runtime.connectionCaps(workers: workers)
+        client = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
         let limits = runtime.configuration.limits
         server = try HTTPServer(
             loop: loop, host: host, port: port, reusePort: true,
@@ -387,9 +385,12 @@ final class ProxyWorker: HTTPServerDelegate {
     /// New commands use the new configuration; exchanges in flight keep
     /// theirs. Commands parked for an upstream that the new configuration
     /// changed or removed are replayed now (under their own configuration).
+    /// libcurl's connection caps follow the new `max_connections`.
     func apply(runtime: RuntimeConfiguration, shared: SharedState) {
         self.runtime = runtime
         self.shared = shared
+        let caps = runtime.connectionCaps(workers: workers)
+        client.setConnectionLimits(perHost: caps.perHost, cached: caps.cached)
         let kept = Set(shared.guards.map(ObjectIdentifier.init))
         for (key, l) in lanes where !kept.contains(key) {
             let parked = Array(l.parked.values)

@@ -30,6 +30,18 @@ public final class RuntimeConfiguration: Sendable {
     }
 }
 
+extension RuntimeConfiguration {
+    /// libcurl's caps for one worker's connection pool, from the upstreams'
+    /// `max_connections` split across the workers: per host, the largest
+    /// upstream's share; idle connections kept, room for every endpoint's
+    /// share. A reload recomputes them (`UpstreamClient.setConnectionLimits`).
+    func connectionCaps(workers: Int) -> (perHost: Int, cached: Int) {
+        let perHost = upstreams.map(\.maxConnections).max() ?? 256
+        let total = upstreams.reduce(0) { $0 + $1.maxConnections * $1.endpoints.count }
+        return (max(1, perHost / workers), max(16, total / workers))
+    }
+}
+
 /// A class, so an exchange holds its route (and upstream) with one
 /// reference instead of copying every field.
 final class RuntimeRoute: Sendable {

@@ -25,11 +25,20 @@ final class SharedState: @unchecked Sendable {
     /// - Parameter previous: on a reload, the state to carry over: counters,
     ///   metrics, the event bus, workers, and the guard of every upstream whose
     ///   definition did not change (so its breaker, budget and token survive).
+    ///   The parking count is carried over too (commands parked under the old
+    ///   configuration still hold their places), but takes the new
+    ///   `limits.max_parked`: a reload must never keep an old value silently.
     init(runtime: RuntimeConfiguration, logger: Logger, events: EventBus, previous: SharedState? = nil) {
         let metrics = previous?.metrics ?? ProxyMetrics()
         self.metrics = metrics
         self.events = events
-        parked = previous?.parked ?? ParkingCount(limit: runtime.configuration.limits.maxParked)
+        let maxParked = runtime.configuration.limits.maxParked
+        if let carried = previous?.parked {
+            carried.limit = maxParked
+            parked = carried
+        } else {
+            parked = ParkingCount(limit: maxParked)
+        }
         inFlight = previous?.inFlight ?? InFlightCount()
         workers = previous?.workers ?? []
         guards = zip(runtime.upstreams, runtime.configuration.upstreams).map { u, definition in
@@ -64,6 +73,16 @@ final class SharedState: @unchecked Sendable {
     }
 }
 
+extension UpstreamGuard {
+    /// An upstream's definition and resolved policies, compared field by
+    /// field (credentials included, so a rotated secret gets a fresh token)
+    /// and never turned into text.
+    struct Fingerprint: Equatable, Sendable {
+        let definition: Upstream
+        let policies: PolicySettings
+    }
+}
+
 final class InFlightCount: Sendable {
     private let count = Atomic<Int>(0)
     var current: Int { count.load(ordering: .relaxed) }
@@ -78,17 +97,24 @@ final class WorkerHandle: @unchecked Sendable {
 
 
 /// Parked commands in the whole process, bounded by `limits.max_parked`.
+/// The bound can change on a reload; a lower one than the commands parked
+/// now only refuses new ones (nobody parked is turned out).
 final class ParkingCount: Sendable {
-    let limit: Int
+    private let bound: Atomic<Int>
     private let count = Atomic<Int>(0)
 
-    init(limit: Int) { self.limit = limit }
+    init(limit: Int) { bound = Atomic(limit) }
+
+    var limit: Int {
+        get { bound.load(ordering: .relaxed) }
+        set { bound.store(newValue, ordering: .relaxed) }
+    }
 
     var current: Int { count.load(ordering: .relaxed) }
 
     func tryTake() -> Bool {
         let after = count.wrappingAdd(1, ordering: .relaxed).newValue
-        if after > limit {
+        if after > bound.load(ordering: .relaxed) {
             count.wrappingSubtract(1, ordering: .relaxed)
             return false
         }

@@ -7,21 +7,23 @@ import Logging
 import Synchronization
 
 /// One upstream's credentials, shared by every worker: the token state
-/// machine behind a lock, and what a refresh needs. Secrets stay in here;
-/// nothing in this type logs a token or a secret.
+/// machine behind a lock, and what a refresh needs. Every credential here
+/// (configured, rotated or obtained) is a `Secret`; it is revealed only to
+/// build the token request's body and the injected header.
 final class TokenSource: Sendable {
     let settings: AuthSettings
     let upstreamName: String
     private let state: Mutex<TokenStateMachine>
     /// oauth2_refresh_token: the current refresh token (rotated by the server).
-    private let refreshToken: Mutex<String?>
+    private let refreshToken: Mutex<Secret?>
 
     init(settings: AuthSettings, upstreamName: String) {
         self.settings = settings
         self.upstreamName = upstreamName
         var initial: Token?
         if settings.kind == .static, let value = settings.value {
-            initial = Token(headerValue: settings.scheme.map { "\($0) \(value)" } ?? value, expiresAt: nil, generation: 1)
+            let header = settings.scheme.map { Secret("\($0) \(value.reveal)") } ?? value
+            initial = Token(credential: header, expiresAt: nil, generation: 1)
         }
         state = Mutex(TokenStateMachine(refreshAhead: settings.refreshAhead, initial: initial))
         refreshToken = Mutex(settings.refreshToken)
@@ -31,38 +33,48 @@ final class TokenSource: Sendable {
     var refreshOn: [Int] { settings.refreshOn }
 
     func use(at now: Instant) -> TokenStateMachine.Use { state.withLock { $0.use(at: now) } }
-    func refused(generation: Int) -> TokenStateMachine.Refusal { state.withLock { $0.refused(generation: generation) } }
+    /// The upstream refused the credential of `generation`. A static
+    /// credential cannot be refreshed: it stays in use for later requests
+    /// (the upstream may take it again), and the refused request waits for
+    /// a refresh that fails at once (`TokenRefresh`), so it gets
+    /// AUTH_FAILED instead of waiting out `park_for`.
+    func refused(generation: Int) -> TokenStateMachine.Refusal {
+        if settings.kind == .static { return .wait(start: true) }
+        return state.withLock { $0.refused(generation: generation) }
+    }
     func succeeded(_ response: TokenResponse, at now: Instant) {
         let scheme = settings.scheme ?? (response.tokenType.map { $0.lowercased() == "bearer" ? "Bearer" : $0 } ?? "Bearer")
         if let rotated = response.refreshToken { refreshToken.withLock { $0 = rotated } }
-        state.withLock {
-            _ = $0.succeeded(headerValue: "\(scheme) \(response.accessToken)", expiresIn: response.expiresIn, at: now)
-        }
+        let credential = Secret("\(scheme) \(response.accessToken.reveal)")
+        state.withLock { _ = $0.succeeded(credential: credential, expiresIn: response.expiresIn, at: now) }
     }
     func failed() { state.withLock { $0.failed() } }
     func expiresIn(at now: Instant) -> Duration? { state.withLock { $0.expiresIn(at: now) } }
 
-    /// The token request for this kind: where, and the body.
-    func tokenRequest() -> (url: String, contentType: String, body: String)? {
+    /// The token request for this kind: where, and the body (a secret: it
+    /// carries the client secret, refresh token or password).
+    func tokenRequest() -> (url: String, contentType: String, body: Secret)? {
         let s = settings
         switch s.kind {
         case .none, .static:
             return nil
         case .oauth2ClientCredentials:
             var fields = [
-                ("grant_type", "client_credentials"), ("client_id", s.clientID ?? ""), ("client_secret", s.clientSecret ?? ""),
+                ("grant_type", "client_credentials"), ("client_id", s.clientID ?? ""),
+                ("client_secret", s.clientSecret?.reveal ?? ""),
             ]
             if let scope = s.scope { fields.append(("scope", scope)) }
             if let audience = s.audience { fields.append(("audience", audience)) }
-            return (s.tokenURL ?? "", "application/x-www-form-urlencoded", FormEncoding.encode(fields))
+            return (s.tokenURL ?? "", "application/x-www-form-urlencoded", Secret(FormEncoding.encode(fields)))
         case .oauth2RefreshToken:
-            var fields = [("grant_type", "refresh_token"), ("refresh_token", refreshToken.withLock { $0 } ?? "")]
+            let current = refreshToken.withLock { $0 }
+            var fields = [("grant_type", "refresh_token"), ("refresh_token", current?.reveal ?? "")]
             if let id = s.clientID { fields.append(("client_id", id)) }
-            if let secret = s.clientSecret { fields.append(("client_secret", secret)) }
+            if let secret = s.clientSecret { fields.append(("client_secret", secret.reveal)) }
             if let scope = s.scope { fields.append(("scope", scope)) }
-            return (s.tokenURL ?? "", "application/x-www-form-urlencoded", FormEncoding.encode(fields))
+            return (s.tokenURL ?? "", "application/x-www-form-urlencoded", Secret(FormEncoding.encode(fields)))
         case .login:
-            return (s.loginURL ?? "", s.loginContentType ?? "application/json", s.loginBody ?? "{}")
+            return (s.loginURL ?? "", s.loginContentType ?? "application/json", s.loginBody ?? Secret("{}"))
         }
     }
 
@@ -113,7 +125,9 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
         tries += 1
         status = 0
         body.removeAll()
-        guard let request = source.tokenRequest() else { return finish(nil) }
+        guard let request = source.tokenRequest() else {
+            return finish("the upstream refused the static credential (auth.kind static cannot be refreshed)")
+        }
         let endpoint = Endpoint(request.url)
         transfer = worker.client.start(
             UpstreamRequest(
@@ -123,7 +137,7 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
                     HTTPField(name: "Accept", value: "application/json"),
                     HTTPField(name: "User-Agent", value: "happypath"),
                 ]),
-                body: RequestBody(Array(request.body.utf8)), sendsBody: true, connectTimeout: .seconds(2),
+                body: RequestBody(Array(request.body.reveal.utf8)), sendsBody: true, connectTimeout: .seconds(2),
                 idleTimeout: .seconds(5)),
             handler: self)
         arm(.timeout, after: .seconds(5))

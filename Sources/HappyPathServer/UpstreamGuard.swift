@@ -23,7 +23,7 @@ final class UpstreamGuard: Sendable {
     let tokens: TokenSource?
     /// What this guard was built from: a reload keeps the guard (breaker,
     /// budget, token) when an upstream's definition did not change.
-    let fingerprint: String
+    let fingerprint: Fingerprint
     private let parkedCounts = Mutex<[String: Int]>([:])
     private let endpoints: Mutex<[EndpointHealth]>
     private let endpointCount: Int
@@ -44,7 +44,7 @@ final class UpstreamGuard: Sendable {
         let endpointCount = upstream.endpoints.count
         let breaker = upstream.breakerConfiguration
         tokens = definition.auth.kind == .none ? nil : TokenSource(settings: definition.auth, upstreamName: name)
-        fingerprint = "\(definition)|\(upstream.policies)"
+        fingerprint = Fingerprint(definition: definition, policies: upstream.policies)
         self.name = name
         self.metrics = metrics
         self.events = events

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import HappyPathConfig
+import HappyPathDemo
 import HappyPathIO
 import HappyPathServer
 import Logging
@@ -96,8 +97,11 @@ struct Serve: ParsableCommand {
         fflush(nil)
         waitForTermination(
             onStop: {
-                logger.info("signal received: draining", metadata: ["drain_timeout": "\(configuration.drainTimeout.configText)"])
-                server.drain(timeout: configuration.drainTimeout)
+                // The configuration in force now, not the one at start: a
+                // reload may have changed drain_timeout (same thread as SIGHUP).
+                let timeout = server.runtime.configuration.drainTimeout
+                logger.info("signal received: draining", metadata: ["drain_timeout": "\(timeout.configText)"])
+                server.drain(timeout: timeout)
             },
             onHangUp: {
                 // Validate the whole file; on any error keep serving the old configuration.

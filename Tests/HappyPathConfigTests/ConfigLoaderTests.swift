@@ -21,6 +21,30 @@ let minimal = """
     """
 
 @Suite struct ConfigLoaderTests {
+    /// Every credential key is read as a `Secret`: printing the whole
+    /// configuration shows none of them, yet each is there to reveal.
+    @Test func credentialsArePrintedAsStars() throws {
+        let env = ["CS": "cs-value-1f", "RT": "rt-value-2e", "PW": "pw-value-3d", "KEY": "key-value-4c"]
+        let c = try ConfigLoader.parse(
+            """
+            upstreams:
+              cc: { endpoints: [http://a], auth: { kind: oauth2_client_credentials, token_url: http://a/t, client_id: id, client_secret: "${CS}" } }
+              rt: { endpoints: [http://b], auth: { kind: oauth2_refresh_token, token_url: http://b/t, refresh_token: "${RT}" } }
+              lg: { endpoints: [http://c], auth: { kind: login, login_url: http://c/l, login_body: '{"pw":"${PW}"}', token_pointer: /t } }
+              st: { endpoints: [http://d], auth: { kind: static, value: "${KEY}" } }
+            routes: [ { match: { path_prefix: / }, upstream: cc } ]
+            """, file: "f.yaml", environment: env)
+        var dumped = ""
+        dump(c, to: &dumped)
+        for text in ["\(c)", String(reflecting: c), dumped, "\(c.upstreams)"] {
+            for secret in env.values { #expect(!text.contains(secret)) }
+        }
+        #expect(c.upstreams[0].auth.clientSecret?.reveal == "cs-value-1f")
+        #expect(c.upstreams[1].auth.refreshToken?.reveal == "rt-value-2e")
+        #expect(c.upstreams[2].auth.loginBody?.reveal == #"{"pw":"pw-value-3d"}"#)
+        #expect(c.upstreams[3].auth.value?.reveal == "key-value-4c")
+    }
+
     @Test func minimalConfigGetsTheDocumentedDefaults() throws {
         let c = try ConfigLoader.parse(minimal, file: "f.yaml")
         #expect(c.listen == ListenAddress(host: "0.0.0.0", port: 8080))

@@ -148,3 +148,36 @@ import Testing
         #expect(auth.tokenCalls == 2)  // first fetch, one refresh, then no loop
     }
 }
+
+@Suite("auth: static credentials") struct StaticCredentialTests {
+    /// A static credential cannot be refreshed: a refusal is answered
+    /// AUTH_FAILED at once, and the credential stays in use for the next
+    /// request (the upstream may accept it again).
+    @Test func aRefusedStaticCredentialFailsThatRequestOnly() throws {
+        let auth = try AuthTestServer()
+        defer { auth.stop() }
+        auth.state.withLock {
+            $0.valid = "fixed-key"
+            $0.refuseEverything = true
+        }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { timeout: 5s, reachability: { park_for: 3s } }
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:\(auth.port)]
+                auth: { kind: static, value: "${KEY}", scheme: Bearer }
+            routes: [ { match: { path_prefix: / }, upstream: api } ]
+            """, environment: ["KEY": "fixed-key"])
+        let started = Date()
+        let refused = try HTTP.request(port: h.port, "/data")
+        #expect(refused.status == 401)
+        #expect(refused.json["code"] as? String == "AUTH_FAILED")
+        #expect(Date().timeIntervalSince(started) < 2, "waited for a refresh that cannot happen")
+        auth.state.withLock { $0.refuseEverything = false }
+        #expect(try HTTP.request(port: h.port, "/data").status == 200)
+        #expect(auth.tokenCalls == 0)
+    }
+}

@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathDemo
 import HappyPathServer
 import Testing
 

@@ -7,7 +7,10 @@ import Testing
         let r = try TokenResponse.oauth2(
             Array(#"{"access_token":"abc","token_type":"Bearer","expires_in":3600,"refresh_token":"r2"}"#.utf8)
         ).get()
-        #expect(r == TokenResponse(accessToken: "abc", tokenType: "Bearer", expiresIn: .seconds(3600), refreshToken: "r2"))
+        #expect(
+            r
+                == TokenResponse(
+                    accessToken: Secret("abc"), tokenType: "Bearer", expiresIn: .seconds(3600), refreshToken: Secret("r2")))
     }
 
     @Test func oauth2WithoutTokenOrNotJSON() {
@@ -32,7 +35,7 @@ import Testing
     @Test func loginAnswerWithPointers() throws {
         let body = Array(#"{"data":{"token":"t-1","ttl":120}}"#.utf8)
         let r = try TokenResponse.login(body, tokenPointer: "/data/token", expiresInPointer: "/data/ttl").get()
-        #expect(r.accessToken == "t-1")
+        #expect(r.accessToken.reveal == "t-1")
         #expect(r.expiresIn == .seconds(120))
         #expect(
             TokenResponse.login(body, tokenPointer: "/data/nope", expiresInPointer: nil)
@@ -54,7 +57,7 @@ import Testing
         let second = m.use(at: clock.now())
         #expect(first == .wait(start: true))
         #expect(second == .wait(start: false))  // single flight
-        let token = m.succeeded(headerValue: "Bearer a", expiresIn: .seconds(100), at: clock.now())
+        let token = m.succeeded(credential: Secret("Bearer a"), expiresIn: .seconds(100), at: clock.now())
         let third = m.use(at: clock.now())
         #expect(third == .use(token))
     }
@@ -63,7 +66,7 @@ import Testing
         let clock = ManualClock()
         var m = TokenStateMachine(refreshAhead: .seconds(30))
         _ = m.use(at: clock.now())
-        let token = m.succeeded(headerValue: "Bearer a", expiresIn: .seconds(100), at: clock.now())
+        let token = m.succeeded(credential: Secret("Bearer a"), expiresIn: .seconds(100), at: clock.now())
         clock.advance(by: .seconds(71))
         let a = m.use(at: clock.now())
         let b = m.use(at: clock.now())
@@ -78,12 +81,12 @@ import Testing
         let clock = ManualClock()
         var m = TokenStateMachine(refreshAhead: .zero)
         _ = m.use(at: clock.now())
-        let t1 = m.succeeded(headerValue: "Bearer 1", expiresIn: nil, at: clock.now())
+        let t1 = m.succeeded(credential: Secret("Bearer 1"), expiresIn: nil, at: clock.now())
         let r1 = m.refused(generation: t1.generation)
         #expect(r1 == .wait(start: true))
         let r1b = m.refused(generation: t1.generation)
         #expect(r1b == .wait(start: false))
-        let t2 = m.succeeded(headerValue: "Bearer 2", expiresIn: nil, at: clock.now())
+        let t2 = m.succeeded(credential: Secret("Bearer 2"), expiresIn: nil, at: clock.now())
         #expect(t2.generation == t1.generation + 1)
         let late = m.refused(generation: t1.generation)
         #expect(late == .retryWith(t2))
@@ -102,7 +105,7 @@ import Testing
         let clock = ManualClock()
         var m = TokenStateMachine(refreshAhead: .seconds(10))
         _ = m.use(at: clock.now())
-        m.succeeded(headerValue: "x", expiresIn: .seconds(60), at: clock.now())
+        m.succeeded(credential: Secret("x"), expiresIn: .seconds(60), at: clock.now())
         clock.advance(by: .seconds(15))
         #expect(m.expiresIn(at: clock.now()) == .seconds(45))
     }

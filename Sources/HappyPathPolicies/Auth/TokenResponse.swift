@@ -1,31 +1,36 @@
 import Foundation
 import HappyPathCore
 
-/// A credential as the proxy injects it.
+/// A credential as the proxy injects it. Printing one shows `***` for the
+/// credential itself.
 public struct Token: Sendable, Equatable {
-    /// The full header value, scheme included (`Bearer abc`). Never logged.
-    public var headerValue: String
+    /// The full header value, scheme included (`Bearer abc`).
+    public var credential: Secret
     /// nil: does not expire (static credentials, or no `expires_in`).
     public var expiresAt: Instant?
     /// Counts refreshes, so a try can tell whether a fresher token exists.
     public var generation: Int
 
-    public init(headerValue: String, expiresAt: Instant?, generation: Int) {
-        self.headerValue = headerValue
+    public init(credential: Secret, expiresAt: Instant?, generation: Int) {
+        self.credential = credential
         self.expiresAt = expiresAt
         self.generation = generation
     }
+
+    /// The credential revealed, for the one place it is sent: the header the
+    /// proxy injects into a try.
+    public var headerValue: String { credential.reveal }
 }
 
 /// What a token endpoint said, parsed. Pure: tests feed it bytes.
 public struct TokenResponse: Sendable, Equatable {
-    public var accessToken: String
+    public var accessToken: Secret
     public var tokenType: String?
     public var expiresIn: Duration?
     /// A rotated refresh token (oauth2_refresh_token), if the server sent one.
-    public var refreshToken: String?
+    public var refreshToken: Secret?
 
-    public init(accessToken: String, tokenType: String?, expiresIn: Duration?, refreshToken: String?) {
+    public init(accessToken: Secret, tokenType: String?, expiresIn: Duration?, refreshToken: Secret?) {
         self.accessToken = accessToken
         self.tokenType = tokenType
         self.expiresIn = expiresIn
@@ -55,8 +60,8 @@ public struct TokenResponse: Sendable, Equatable {
         guard usable(token) else { return .failure(.unusable) }
         return .success(
             TokenResponse(
-                accessToken: token, tokenType: object["token_type"] as? String,
-                expiresIn: seconds(object["expires_in"]), refreshToken: object["refresh_token"] as? String))
+                accessToken: Secret(token), tokenType: object["token_type"] as? String,
+                expiresIn: seconds(object["expires_in"]), refreshToken: (object["refresh_token"] as? String).map(Secret.init)))
     }
 
     /// A login answer: the token at `tokenPointer`, its lifetime (seconds) at `expiresInPointer`.
@@ -69,7 +74,7 @@ public struct TokenResponse: Sendable, Equatable {
         }
         guard usable(token) else { return .failure(.unusable) }
         let lifetime = expiresInPointer.flatMap { seconds(JSONPointer.resolve($0, in: object)) }
-        return .success(TokenResponse(accessToken: token, tokenType: nil, expiresIn: lifetime, refreshToken: nil))
+        return .success(TokenResponse(accessToken: Secret(token), tokenType: nil, expiresIn: lifetime, refreshToken: nil))
     }
 
     /// A token goes into a header value verbatim: visible ASCII only, so it

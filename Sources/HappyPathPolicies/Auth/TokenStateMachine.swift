@@ -59,10 +59,10 @@ public struct TokenStateMachine: Sendable {
 
     /// The refresh succeeded: the new token, one generation on.
     @discardableResult
-    public mutating func succeeded(headerValue: String, expiresIn: Duration?, at now: Instant) -> Token {
+    public mutating func succeeded(credential: Secret, expiresIn: Duration?, at now: Instant) -> Token {
         refreshing = false
         generation += 1
-        let t = Token(headerValue: headerValue, expiresAt: expiresIn.map { now + $0 }, generation: generation)
+        let t = Token(credential: credential, expiresAt: expiresIn.map { now + $0 }, generation: generation)
         token = t
         return t
     }

@@ -16,6 +16,8 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
         var refuseEverything = false
         /// The next this many token calls answer 503.
         var failNext = 0
+        /// Issued tokens are this followed by a count.
+        var tokenPrefix = "tok-"
     }
 
     private let loop = EventLoop()
@@ -55,7 +57,7 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
                 }
                 guard s.tokenStatus == 200 else { return (s.tokenStatus, nil) }
                 s.issued += 1
-                s.valid = "tok-\(s.issued)"
+                s.valid = "\(s.tokenPrefix)\(s.issued)"
                 return (200, s.valid)
             }
             if let token {

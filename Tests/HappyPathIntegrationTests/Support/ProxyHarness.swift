@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathConfig
+import HappyPathDemo
 import HappyPathServer
 import Logging
 

@@ -32,7 +32,7 @@ final class TestConnection {
     let fd: Int32
     private var buffer: [UInt8] = []
 
-    init(port: Int, timeout: Double = 10) throws {
+    init(port: Int, timeout: Double = 10, host: String = "127.0.0.1") throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw TestError("socket: \(errno)") }
         var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
@@ -41,7 +41,7 @@ final class TestConnection {
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_addr.s_addr = inet_addr(host)
         let rc = withUnsafePointer(to: &addr) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
@@ -148,17 +148,18 @@ final class TestConnection {
 
 enum HTTP {
     static func request(
-        port: Int, _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 10
+        port: Int, _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 10,
+        host: String = "127.0.0.1"
     ) throws -> TestResponse {
-        try request(port: port, "GET", target, headers: headers, body: body, timeout: timeout)
+        try request(port: port, "GET", target, headers: headers, body: body, timeout: timeout, host: host)
     }
 
     /// One request on a fresh connection.
     static func request(
         port: Int, _ method: String, _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
-        timeout: Double = 10
+        timeout: Double = 10, host: String = "127.0.0.1"
     ) throws -> TestResponse {
-        let connection = try TestConnection(port: port, timeout: timeout)
+        let connection = try TestConnection(port: port, timeout: timeout, host: host)
         var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         if let body { head += "Content-Length: \(body.count)\r\n" }
@@ -219,4 +220,31 @@ func startServe(config path: String, stdout: Any = FileHandle.nullDevice) throws
     process.standardError = FileHandle.nullDevice
     try process.run()
     return process
+}
+
+/// Polls `condition` until it holds or `seconds` pass: tests wait for what
+/// they need, never for a fixed time. True if it held.
+func eventually(_ seconds: Double = 5, _ condition: () throws -> Bool) rethrows -> Bool {
+    let until = Date().addingTimeInterval(seconds)
+    while Date() < until {
+        if try condition() { return true }
+        Thread.sleep(forTimeInterval: 0.01)
+    }
+    return try condition()
+}
+
+/// An IPv4 address of this machine that is not loopback (nil if it has
+/// none): a client connecting to it is "remote" to a server on this machine.
+func nonLoopbackIPv4() -> String? {
+    var list: UnsafeMutablePointer<ifaddrs>?
+    guard getifaddrs(&list) == 0 else { return nil }
+    defer { freeifaddrs(list) }
+    var next = list
+    while let entry = next {
+        defer { next = entry.pointee.ifa_next }
+        guard let sa = entry.pointee.ifa_addr, sa.pointee.sa_family == sa_family_t(AF_INET) else { continue }
+        let address = sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { String(cString: inet_ntoa($0.pointee.sin_addr)) }
+        if !address.hasPrefix("127.") { return address }
+    }
+    return nil
 }

@@ -8,6 +8,7 @@
 import CHeapProbe
 import Foundation
 import HappyPathConfig
+import HappyPathDemo
 import HappyPathServer
 import Logging
 

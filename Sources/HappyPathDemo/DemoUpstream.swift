@@ -3,8 +3,15 @@ import HappyPathCore
 import HappyPathIO
 import Synchronization
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// `happypath demo-upstream`: a small, deliberately unreliable service to try
-/// the proxy against and to load-test it. Runs on its own event loop.
+/// the proxy against and to load-test it. Runs on its own event loop. Not
+/// part of the proxy: the executable and the integration tests use it.
+/// Its misbehaviour below HTTP (`/drop`, `/garbage`) is its own, on a
+/// socket taken over from the HTTP server.
 public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     public static let endpoints: [(path: String, what: String)] = [
         ("/", "this index"),
@@ -122,9 +129,9 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
                 request.reply(status: 200, headers: Self.json, body: "{\"ok\":true,\"delayed_ms\":\(ms)}\n")
             }
         case "/drop":
-            request.dropConnection()
+            Self.hangUp(request, saying: nil)
         case "/garbage":
-            request.sendRawAndDrop(Array("this is not HTTP at all\r\n\r\n".utf8))
+            Self.hangUp(request, saying: "this is not HTTP at all\r\n\r\n")
         case "/echo":
             echo(request)
         case "/echo/raw":
@@ -149,6 +156,19 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
                     status: 404, headers: Self.json, body: "{\"error\":\"no such demo endpoint\",\"path\":\(JSON.quote(path))}\n")
             }
         }
+    }
+
+    /// Ends the connection without an HTTP answer: after writing `bytes`
+    /// that are not HTTP, or (nil) nothing at all, so the client sees the
+    /// connection end before any response.
+    private static func hangUp(_ request: HTTPRequest, saying bytes: String?) {
+        guard let socket = request.takeOverConnection() else { return }
+        if var bytes {
+            // A few bytes into a fresh socket's empty send buffer: one write takes them.
+            _ = bytes.withUTF8 { Glibc.write(socket, $0.baseAddress, $0.count) }
+        }
+        shutdown(socket, Int32(SHUT_RDWR))
+        Glibc.close(socket)
     }
 
     private func respond(_ request: HTTPRequest, status: Int) {

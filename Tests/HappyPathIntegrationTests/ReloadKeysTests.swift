@@ -1,0 +1,158 @@
+import Foundation
+import HappyPathConfig
+import HappyPathDemo
+import Testing
+
+@testable import HappyPathServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A reload never pretends: every key either takes effect on SIGHUP or the
+/// reload is refused with a message naming the key.
+@Suite("reload keys") struct ReloadKeysTests {
+    /// One unreachable upstream whose requests park for 300 ms at most.
+    func unreachable(maxParked: Int, clientTimeout: String = "5s", port: Int) -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        limits: { max_parked: \(maxParked), client_timeout: \(clientTimeout) }
+        defaults: { reachability: { park_for: 300ms } }
+        upstreams: { u: { endpoints: [http://127.0.0.1:\(port)], connect_timeout: 200ms } }
+        routes: [ { match: { path_prefix: / }, upstream: u } ]
+        """
+    }
+
+    func maxParked(_ h: ProxyHarness) throws -> Int? {
+        try HTTP.request(port: h.adminPort, "/admin/state").json["max_parked"] as? Int
+    }
+
+    @Test func aChangedMaxParkedTakesEffect() throws {
+        let dead = closedPort()
+        let h = try ProxyHarness(unreachable(maxParked: 0, port: dead))
+        // No room to park: the request is refused at once.
+        #expect(try HTTP.request(port: h.port, "/x").json["code"] as? String == "OVERLOADED")
+
+        let next = try ConfigLoader.parse(unreachable(maxParked: 5, port: dead), file: "test.yaml")
+        #expect(h.proxy.reload(next).isEmpty)
+        #expect(try maxParked(h) == 5)
+        // Room now: it parks, waits out park_for, and gets the parking reason's error.
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")
+    }
+
+    @Test func aRestartOnlyKeyRefusesTheWholeReloadByName() throws {
+        let dead = closedPort()
+        let h = try ProxyHarness(unreachable(maxParked: 0, port: dead))
+        let next = try ConfigLoader.parse(
+            unreachable(maxParked: 5, clientTimeout: "9s", port: dead), file: "test.yaml")
+        #expect(h.proxy.reload(next) == ["limits.client_timeout cannot change on reload (restart to apply)"])
+        // Nothing of the refused file applies, not even the keys that could.
+        #expect(try maxParked(h) == 0)
+        #expect(try HTTP.request(port: h.port, "/x").json["code"] as? String == "OVERLOADED")
+    }
+
+    @Test func everyRestartOnlyKeyIsNamedOnItsOwn() throws {
+        let old = try ConfigLoader.parse(unreachable(maxParked: 0, port: 1), file: "a.yaml")
+        var new = old
+        new.listen.port = 1
+        new.admin.listen.port = 2
+        new.workers = 3
+        new.limits.maxRequestBody += 1
+        new.limits.maxHeaderBytes += 1
+        new.limits.clientTimeout += .seconds(1)
+        new.limits.maxParked += 1
+        new.admin.allowRemote.toggle()
+        new.drainTimeout += .seconds(1)
+        let keys = RestartOnlyKeys.changes(from: old, to: new, cores: 3).map {
+            String($0.prefix { $0 != " " })
+        }
+        #expect(
+            keys == [
+                "listen", "admin.listen", "limits.max_request_body", "limits.max_header_bytes",
+                "limits.client_timeout",
+            ])  // workers: 3 is what `auto` means on 3 cores, so no change
+        new.workers = 4
+        #expect(
+            RestartOnlyKeys.changes(from: old, to: new, cores: 3).contains("workers cannot change on reload (restart to apply)"))
+    }
+
+    @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))
+    func allowRemoteFollowsTheReload() throws {
+        let remote = nonLoopbackIPv4()!
+        func yaml(_ allow: Bool) -> String {
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 0.0.0.0:0, allow_remote: \(allow) }
+            upstreams: { u: { endpoints: [http://127.0.0.1:1] } }
+            routes: [ { match: { path_prefix: / }, upstream: u } ]
+            """
+        }
+        let h = try ProxyHarness(yaml(false))
+        func status() -> Int? { try? HTTP.request(port: h.adminPort, "/healthz", timeout: 2, host: remote).status }
+        #expect(status() == 403)
+        #expect(h.proxy.reload(try ConfigLoader.parse(yaml(true), file: "test.yaml")).isEmpty)
+        #expect(eventually { status() == 200 })
+        #expect(h.proxy.reload(try ConfigLoader.parse(yaml(false), file: "test.yaml")).isEmpty)
+        #expect(eventually { status() == 403 })
+    }
+
+    /// Through the real binary: a refused SIGHUP logs the key's name, and a
+    /// drain_timeout changed by SIGHUP is the one SIGTERM waits for.
+    @Test func sighupAppliesDrainTimeoutAndLogsARefusedKey() throws {
+        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
+        demo.start()
+        defer { demo.stop() }
+        let port = closedPort()
+        let admin = closedPort()
+        let dir = FileManager.default.temporaryDirectory
+        let file = dir.appendingPathComponent("hp-\(UUID()).yaml")
+        let log = dir.appendingPathComponent("hp-\(UUID()).log")
+        defer {
+            try? FileManager.default.removeItem(at: file)
+            try? FileManager.default.removeItem(at: log)
+        }
+        func write(drain: String, clientTimeout: String = "30s") throws {
+            try """
+            listen: 127.0.0.1:\(port)
+            admin: { listen: 127.0.0.1:\(admin) }
+            drain_timeout: \(drain)
+            limits: { client_timeout: \(clientTimeout) }
+            upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
+            routes: [ { match: { path_prefix: / }, upstream: demo } ]
+            """.write(to: file, atomically: true, encoding: .utf8)
+        }
+        func logText() -> String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
+        // Started with no drain time at all: SIGTERM would cut a slow request.
+        try write(drain: "0s")
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
+        let logHandle = try FileHandle(forWritingTo: log)
+        defer { try? logHandle.close() }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: happypathBinary)
+        process.arguments = ["serve", "--config", file.path, "--log-level", "info"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = logHandle
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+        #expect(eventually { (try? HTTP.request(port: admin, "/readyz", timeout: 2).status) == 200 })
+
+        try write(drain: "5s", clientTimeout: "9s")
+        kill(process.processIdentifier, SIGHUP)
+        #expect(eventually { logText().contains("limits.client_timeout cannot change on reload (restart to apply)") })
+
+        try write(drain: "5s")
+        kill(process.processIdentifier, SIGHUP)
+        #expect(eventually { logText().contains("configuration reloaded") })
+
+        let client = try TestConnection(port: port)
+        try client.send("GET /slow?ms=800 HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(eventually { demo.hits.load(ordering: .relaxed) == 1 })
+        kill(process.processIdentifier, SIGTERM)
+        let r = try client.readResponse()
+        #expect(r.status == 200)  // waited for: the reloaded drain_timeout is 5s
+        #expect(eventually { !process.isRunning })
+        if !process.isRunning { #expect(process.terminationStatus == 0) }
+    }
+}
