@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include <sys/socket.h>
+#include <malloc.h>
 #include "CShims.h"
 
 CURLcode hp_easy_set_long(CURL *easy, CURLoption option, long value) {
@@ -37,6 +38,10 @@ CURLMcode hp_multi_set_timer_cb(CURLM *multi, curl_multi_timer_callback cb) {
     return curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, cb);
 }
 CURLcode hp_msg_result(CURLMsg *msg) { return msg->data.result; }
+
+void hp_malloc_map_large_blocks(size_t bytes) {
+    mallopt(M_MMAP_THRESHOLD, (int)bytes);
+}
 
 int hp_accept(int fd, struct sockaddr *addr, socklen_t *len) {
     return accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC);

@@ -266,7 +266,8 @@ final class Reader {
         }
         if let limits = f["limits"]?.value {
             let lf = fields(
-                limits, "limits", known: ["max_request_body", "max_header_bytes", "client_timeout", "max_parked"])
+                limits, "limits",
+                known: ["max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes"])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
                 if v < 1024 {
@@ -277,6 +278,9 @@ final class Reader {
             }
             if let v = duration(lf["client_timeout"]?.value, "limits.client_timeout") { config.limits.clientTimeout = v }
             if let v = int(lf["max_parked"]?.value, "limits.max_parked", min: 0) { config.limits.maxParked = v }
+            if let v = size(lf["max_buffered_bytes"]?.value, "limits.max_buffered_bytes") {
+                config.limits.maxBufferedBytes = v
+            }
         }
         if let d = duration(f["drain_timeout"]?.value, "drain_timeout", allowZero: true) { config.drainTimeout = d }
         if let defaults = f["defaults"] {

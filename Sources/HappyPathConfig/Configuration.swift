@@ -40,6 +40,10 @@ public struct Limits: Sendable {
     public var clientTimeout: Duration = .seconds(30)
     /// Parked commands in the whole process.
     public var maxParked: Int = 10_000
+    /// Request bodies held in memory by the whole process (each body is
+    /// kept whole for retries and replays); a body that does not fit is
+    /// answered 503 OVERLOADED before it is read.
+    public var maxBufferedBytes: Int = 256 * 1024 * 1024
 }
 
 /// Equatable so a reload can tell an unchanged upstream (and keep its

@@ -4,12 +4,25 @@
 public final class RequestBody: @unchecked Sendable {
     public let count: Int
     public let baseAddress: UnsafeMutableRawPointer?
+    /// Where this body's bytes are counted, given back when it is freed.
+    private let budget: BodyBudget?
 
     public static let empty = RequestBody(count: 0)
 
     /// Allocates `count` bytes for the caller to fill before sharing the body.
     public init(count: Int) {
         self.count = count
+        budget = nil
+        baseAddress = count > 0 ? UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16) : nil
+    }
+
+    /// Allocates `count` bytes counted in `budget`; nil if they do not fit.
+    /// `reserved`: bytes the caller already took from the budget for this body.
+    public init?(count: Int, budget: BodyBudget, reserved: Int = 0) {
+        if count > reserved, !budget.reserve(count - reserved) { return nil }
+        if reserved > count { budget.release(reserved - count) }
+        self.count = count
+        self.budget = budget
         baseAddress = count > 0 ? UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16) : nil
     }
 
@@ -23,7 +36,10 @@ public final class RequestBody: @unchecked Sendable {
         return Array(UnsafeRawBufferPointer(start: baseAddress, count: count))
     }
 
-    deinit { baseAddress?.deallocate() }
+    deinit {
+        baseAddress?.deallocate()
+        budget?.release(count)
+    }
 }
 
 /// One client request as an immutable, re-submittable snapshot: everything a

@@ -1,5 +1,6 @@
 internal import CCurl
 internal import CLibevent
+internal import CShims
 import HappyPathCore
 import Synchronization
 
@@ -33,6 +34,9 @@ public final class EventLoop: @unchecked Sendable {
     private static let librariesInitialized: Bool = {
         evthread_use_pthreads()
         curl_global_init(Int(CURL_GLOBAL_ALL))
+        // Request bodies of 128 KiB and more get their own mappings, so the
+        // memory of a burst of large uploads goes back to the system.
+        hp_malloc_map_large_blocks(128 * 1024)
         signal(SIGPIPE, SIG_IGN)
         // Many connections in and out: raise the soft descriptor limit to the hard one.
         var limit = rlimit()

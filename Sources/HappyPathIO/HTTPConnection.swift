@@ -57,6 +57,10 @@ final class HTTPConnection {
     private var bodyFilled = 0
     private var chunkedDecoder: ChunkedDecoder?
     private var chunkedBody: ByteBuffer?
+    /// Bytes of the chunked body being decoded, taken from the body budget.
+    private var chunkedReserved = 0
+    /// The chunked body outgrew the budget: refused once decoding returns.
+    private var chunkedOverBudget = false
 
     /// Bytes accepted for the client and not yet written (from `outputSent`).
     private var output: ByteBuffer
@@ -232,8 +236,17 @@ final class HTTPConnection {
             dispatch()
         case let .contentLength(n):
             let buffered = min(n, input.count - h.headLength)
+            // The whole body is kept (for retries and replays): it must fit
+            // the process's budget, checked before the client is invited to send it.
+            let budgeted: RequestBody?
+            if let budget = server.limits.bodyBudget {
+                budgeted = RequestBody(count: n, budget: budget)
+                if budgeted == nil { return refuse(.bodyOverBudget) }
+            } else {
+                budgeted = nil
+            }
             if buffered == 0, h.expectsContinue, !inviteBody(request) { return }
-            let storage = RequestBody(count: n)
+            let storage = budgeted ?? RequestBody(count: n)
             if buffered > 0 { storage.baseAddress!.copyMemory(from: input.base + h.headLength, byteCount: buffered) }
             body = storage
             bodyFilled = buffered
@@ -249,6 +262,7 @@ final class HTTPConnection {
             chunkedDecoder = ChunkedDecoder(limits: server.requestLimits)
             if chunkedBody == nil { chunkedBody = ByteBuffer(capacity: 4096) }
             chunkedBody!.count = 0
+            releaseChunkedReservation()
             phase = .body
             arm(.body)
         }
@@ -272,7 +286,18 @@ final class HTTPConnection {
     private func decodeChunked() {
         let start = head!.headLength
         let pending = UnsafeRawBufferPointer(rebasing: input.bytes[start...])
-        let step = chunkedDecoder!.decode(pending) { data in chunkedBody!.append(data) }
+        let budget = server.limits.bodyBudget
+        let step = chunkedDecoder!.decode(pending) { data in
+            if let budget {
+                guard !chunkedOverBudget, budget.reserve(data.count) else {
+                    chunkedOverBudget = true
+                    return
+                }
+                chunkedReserved += data.count
+            }
+            chunkedBody!.append(data)
+        }
+        if chunkedOverBudget { return refuse(.bodyOverBudget) }
         switch step {
         case let .needMore(consumed):
             // Keep the head (its fields point into it); drop the decoded bytes.
@@ -280,7 +305,14 @@ final class HTTPConnection {
         case let .done(consumed):
             input.remove(start..<(start + consumed))
             let decoded = chunkedBody!
-            let storage = RequestBody(count: decoded.count)
+            let storage: RequestBody
+            if let budget {
+                // The body takes over the bytes reserved while decoding.
+                storage = RequestBody(count: decoded.count, budget: budget, reserved: chunkedReserved)!
+                chunkedReserved = 0
+            } else {
+                storage = RequestBody(count: decoded.count)
+            }
             if decoded.count > 0 { storage.baseAddress!.copyMemory(from: decoded.base, byteCount: decoded.count) }
             body = storage
             bodyFilled = decoded.count
@@ -309,9 +341,17 @@ final class HTTPConnection {
 
     /// A request the edge will not serve: the delegate answers it, then the
     /// connection closes.
+    /// Gives back what a chunked body being decoded took from the budget.
+    private func releaseChunkedReservation() {
+        server.limits.bodyBudget?.release(chunkedReserved)
+        chunkedReserved = 0
+        chunkedOverBudget = false
+    }
+
     private func refuse(_ reason: HTTP1Refusal) {
         closeAfterResponse = true
         chunkedDecoder = nil
+        releaseChunkedReservation()
         body = nil
         let request = current ?? HTTPRequest(connection: self)
         if current == nil {
@@ -412,6 +452,7 @@ final class HTTPConnection {
     /// socket, which is the caller's to close or keep.
     private func forget() -> Int32 {
         phase = .closed
+        releaseChunkedReservation()
         if let readEvent { event_free(readEvent) }
         if let writeEvent { event_free(writeEvent) }
         if let timerEvent { event_free(timerEvent) }

@@ -16,12 +16,18 @@ public struct HTTPServerLimits: Sendable {
     public var timeout: Duration
     /// Header fields in a head (and in a chunked body's trailers).
     public var maxFields: Int
+    /// Request bodies held by the whole process (nil: no budget). A body
+    /// that does not fit is refused `.bodyOverBudget` before it is read.
+    public var bodyBudget: BodyBudget?
 
-    public init(maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100) {
+    public init(
+        maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil
+    ) {
         self.maxHeaderBytes = maxHeaderBytes
         self.maxBodyBytes = maxBodyBytes
         self.timeout = timeout
         self.maxFields = maxFields
+        self.bodyBudget = bodyBudget
     }
 
     var request: RequestLimits {

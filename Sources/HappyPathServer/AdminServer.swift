@@ -65,7 +65,7 @@ final class AdminServer: HTTPServerDelegate {
         case "/metrics":
             request.reply(
                 status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
-                body: shared.metrics.exposition())
+                body: shared.metrics.exposition(bodies: shared.bodies))
         case "/admin/state":
             request.reply(status: 200, headers: Self.json, body: state())
         case "/admin/events":
@@ -123,6 +123,7 @@ final class AdminServer: HTTPServerDelegate {
         return """
             {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.current),\
             "parked":\(shared.parked.current),"max_parked":\(shared.parked.limit),\
+            "buffered_bytes":\(shared.bodies.current),"max_buffered_bytes":\(shared.bodies.limit),\
             "config":{"source":\(JSON.quote(config.source)),"loaded_at":\(JSON.quote(loaded))},\
             "upstreams":[\(upstreams.joined(separator: ","))]}
 

@@ -50,6 +50,11 @@ enum ProblemResponder {
             detail += " (limits.client_timeout: \(limits.timeout.configText))"
         case 501: code = .notImplemented
         case 505: code = .versionNotSupported
+        case 503:
+            // limits.max_buffered_bytes: the only edge refusal that is the proxy's state, not the request.
+            var p = Problem(.overloaded, requestID: requestID, detail: detail)
+            p.retryAfterSeconds = 1
+            return p
         default: code = .badRequest
         }
         return Problem(code, requestID: requestID, detail: detail)

@@ -35,7 +35,13 @@ final class ProxyMetrics: Sendable {
     }
 
     /// Prometheus text exposition format.
-    func exposition() -> String { registry.emitToString() }
+    /// The text format; gauges that are read rather than kept (the body
+    /// budget) are set just before.
+    func exposition(bodies: BodyBudget) -> String {
+        gauge("happypath_buffered_body_bytes", []).record(bodies.current)
+        gauge("happypath_buffered_body_bytes_limit", []).record(bodies.limit)
+        return registry.emitToString()
+    }
 
     // MARK: - Series of PRODUCT.md section 6
 

@@ -88,7 +88,8 @@ final class ProxyWorker: HTTPServerDelegate {
         server = try HTTPServer(
             loop: loop, host: host, port: port, reusePort: true,
             limits: HTTPServerLimits(
-                maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout),
+                maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
+                bodyBudget: shared.bodies),
             delegate: self)
     }
 

@@ -16,6 +16,8 @@ final class SharedState: @unchecked Sendable {
     let events: EventBus
     /// Exchanges in flight in the whole process (drain waits for zero).
     let inFlight: InFlightCount
+    /// Request bodies held in memory (`limits.max_buffered_bytes`).
+    let bodies: BodyBudget
     let loadedAt = Date()
     /// Set before any loop runs (and carried over by a reload); then
     /// read-only until the server stops and calls `forgetWorkers()`: each
@@ -40,6 +42,9 @@ final class SharedState: @unchecked Sendable {
             parked = ParkingCount(limit: maxParked)
         }
         inFlight = previous?.inFlight ?? InFlightCount()
+        // The same for the body budget: bodies held now stay counted.
+        bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
+        bodies.limit = runtime.configuration.limits.maxBufferedBytes
         workers = previous?.workers ?? []
         guards = zip(runtime.upstreams, runtime.configuration.upstreams).map { u, definition in
             let fresh = UpstreamGuard(upstream: u, definition: definition, logger: logger, metrics: metrics, events: events)

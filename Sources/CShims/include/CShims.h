@@ -29,4 +29,11 @@ CURLcode hp_msg_result(CURLMsg *msg);
 // module does not show): one call instead of accept + two fcntl.
 int hp_accept(int fd, struct sockaddr *addr, socklen_t *len);
 
+// MARK: - memory
+// Allocations of `bytes` or more get their own mappings, returned to the
+// system when freed. Setting it also turns off glibc's dynamic threshold,
+// which after the first large free would serve later large blocks (request
+// bodies) from the heap, where freed memory stays with the process.
+void hp_malloc_map_large_blocks(size_t bytes);
+
 #endif

@@ -54,6 +54,9 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
     // MARK: Time
     case headTimeout = "head_timeout"
     case bodyTimeout = "body_timeout"
+    /// Not a protocol rule: the process holds as many request bodies as
+    /// `limits.max_buffered_bytes` allows (503 OVERLOADED, retryable).
+    case bodyOverBudget = "body_over_budget"
 
     /// The status the client is answered with.
     public var status: Int {
@@ -64,6 +67,7 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
         case .unsupportedTransferCoding: 501
         case .unsupportedVersion: 505
         case .headTimeout, .bodyTimeout: 408
+        case .bodyOverBudget: 503
         default: 400
         }
     }
@@ -109,6 +113,8 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
         case .badTrailer: "A trailer field line is malformed."
         case .headTimeout: "The request head did not arrive in full within the client timeout."
         case .bodyTimeout: "The request body stalled for longer than the client timeout."
+        case .bodyOverBudget:
+            "The proxy holds as many request bodies in memory as its budget allows (limits.max_buffered_bytes); try again shortly."
         }
     }
 }
