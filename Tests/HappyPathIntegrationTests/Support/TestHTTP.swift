@@ -252,22 +252,3 @@ final class RefusingPort: @unchecked Sendable {
 /// The `happypath` binary that `swift build --build-tests` put beside the test runner.
 let happypathBinary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
     .appendingPathComponent("happypath").path
-
-/// A port on loopback that refuses connections (bound, then closed).
-func closedPort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    let port = bindLoopback(fd)
-    Glibc.close(fd)
-    return port
-}
-
-/// `happypath serve --config PATH` as a real process (stderr dropped).
-func startServe(config path: String, stdout: Any = FileHandle.nullDevice) throws -> Process {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: happypathBinary)
-    process.arguments = ["serve", "--config", path, "--log-level", "error"]
-    process.standardOutput = stdout
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    return process
-}
