@@ -34,13 +34,11 @@ import Testing
         return Int(total)
     }
 
-    func waitFor(_ seconds: Double = 5, _ condition: () throws -> Bool) rethrows -> Bool {
-        let until = Date().addingTimeInterval(seconds)
-        while Date() < until {
-            if try condition() { return true }
-            Thread.sleep(forTimeInterval: 0.01)
-        }
-        return try condition()
+    func waitFor(
+        _ what: String = "the access-log lines", sourceLocation: SourceLocation = #_sourceLocation,
+        _ condition: () throws -> Bool
+    ) -> Bool {
+        waitUntil(what, sourceLocation: sourceLocation, condition)
     }
 
     @Test func everyLineIsJSONWithTheFields() throws {
@@ -51,9 +49,10 @@ import Testing
         let capture = Capture()
         let h = try ProxyHarness(
             logger: logger, accessLog: AccessLogSettings(level: .info, format: .json, sink: capture.sink))
-        _ = try HTTP.request(port: h.port, "/ok", headers: [("X-Request-Id", "log-test-1")])
+        let okResponse = try HTTP.request(port: h.port, "/ok", headers: [("X-Request-Id", "log-test-1")])
         _ = try HTTP.request(port: h.port, "/nothing-here-\(UUID())")
         _ = try HTTP.request(port: h.port, "/status/404")
+        // Waits for the third line; that there are exactly three is checked next.
         #expect(waitFor { capture.lines.count >= 3 })
         let access = capture.lines.map { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
         #expect(access.count == 3)
@@ -71,6 +70,7 @@ import Testing
         #expect(ok?["status"] as? Int == 200)
         #expect(ok?["method"] as? String == "GET")
         #expect((ok?["bytes"] as? Int ?? 0) > 0)
+        #expect(ok?["bytes"] as? Int == okResponse.body.count)  // the body bytes the client got
         #expect(access.contains { $0?["code"] as? String == "NOT_FOUND" && $0?["status"] as? Int == 404 })
         h.stop()
         let others = other.withLock { $0 }
@@ -95,10 +95,12 @@ import Testing
         let h = try ProxyHarness(
             accessLog: AccessLogSettings(level: .info, format: .json, sink: capture.sink, flushInterval: .seconds(3600)))
         for i in 0..<20 { _ = try HTTP.request(port: h.port, "/ok", headers: [("X-Request-Id", "batch-\(i)")]) }
-        #expect(try waitFor { try finishedRequests(adminPort: h.adminPort) == 20 })
+        #expect(waitFor { try finishedRequests(adminPort: h.adminPort) == 20 })
         #expect(capture.writes == 0, "nothing is written before the batch is due")
         h.stop()
-        #expect(capture.writes <= 2, "one write per worker at stop")
+        // Not exact: the kernel spreads the 20 connections over the two
+        // workers (SO_REUSEPORT), so one or both of them hold lines at stop.
+        #expect((1...2).contains(capture.writes), "one write per worker at stop")
         let ids = Set(capture.lines.compactMap { line in
             (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["request_id"] as? String
         })
@@ -168,32 +170,18 @@ import Testing
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
-        let port = closedPort()
-        let admin = closedPort()
-        let dir = FileManager.default.temporaryDirectory
-        let config = dir.appendingPathComponent("hp-\(UUID()).yaml")
-        let log = dir.appendingPathComponent("hp-\(UUID()).log")
-        defer {
-            try? FileManager.default.removeItem(at: config)
-            try? FileManager.default.removeItem(at: log)
-        }
-        try """
-        listen: 127.0.0.1:\(port)
-        admin: { listen: 127.0.0.1:\(admin) }
-        workers: 2
-        upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
-        routes: [ { match: { path_prefix: / }, upstream: demo } ]
-        """.write(to: config, atomically: true, encoding: .utf8)
-        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-        let logHandle = try FileHandle(forWritingTo: log)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: happypathBinary)
-        process.arguments = ["serve", "--config", config.path, "--log-level", "info"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = logHandle
-        try process.run()
-        defer { if process.isRunning { process.terminate() } }
-        #expect(waitFor { (try? HTTP.request(port: admin, "/readyz").status) == 200 })
+        let serve = try ServeProcess(
+            config: """
+                listen: 127.0.0.1:0
+                admin: { listen: 127.0.0.1:0 }
+                workers: 2
+                upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
+                routes: [ { match: { path_prefix: / }, upstream: demo } ]
+                """, logLevel: "info")
+        let port = try #require(serve.listeningPort())
+        let admin = try #require(serve.adminPort())
+        #expect(waitFor("/readyz") { (try? HTTP.request(port: admin, "/readyz").status) == 200 })
+        serve.waitForSignalHandlers()
 
         let count = 400
         let clients = try (0..<4).map { _ in try TestConnection(port: port) }
@@ -202,10 +190,9 @@ import Testing
             try client.send("GET /ok HTTP/1.1\r\nHost: x\r\nX-Request-Id: sigterm-\(i)\r\n\r\n")
             #expect(try client.readResponse().status == 200)
         }
-        kill(process.processIdentifier, SIGTERM)
-        #expect(waitFor(10) { !process.isRunning })
-        try logHandle.close()
-        let lines = try String(contentsOf: log, encoding: .utf8).split(separator: "\n")
+        serve.signal(SIGTERM)
+        #expect(serve.waitForExit())
+        let lines = serve.errors.split(separator: "\n")
         let ids = lines.compactMap { line -> String? in
             guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
                 object["msg"] as? String == "request"

@@ -68,7 +68,12 @@ import Testing
     @Test func failingTokenEndpointGivesEveryWaitingClientAuthFailed() throws {
         let auth = try AuthTestServer()
         defer { auth.stop() }
-        auth.state.withLock { $0.tokenStatus = 400 }
+        // The token call is held until every client waits for it: then all
+        // ten share the one refresh, whatever the timing.
+        auth.state.withLock {
+            $0.tokenStatus = 400
+            $0.holdTokens = true
+        }
         let log = CapturedLog()
         let h = try harness(auth, log: log)
         let clients = try (0..<10).map { _ -> TestConnection in
@@ -76,13 +81,19 @@ import Testing
             try c.send("GET /data HTTP/1.1\r\nHost: x\r\n\r\n")
             return c
         }
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("ten requests waiting for the token") {
+            let parked = try admin.upstream("api")["parked"] as? [String: Any]
+            return parked?["auth"] as? Int == 10 && auth.tokenCalls > 0
+        }
+        auth.releaseTokenCalls()
         for c in clients {
             let r = try c.readResponse()
             #expect(r.status == 401)
             #expect(r.json["code"] as? String == "AUTH_FAILED")
             #expect(!r.text.contains(Self.secret))
         }
-        #expect(auth.tokenCalls >= 1)
+        #expect(auth.tokenCalls == 1)  // one refresh for all ten; a 4xx is not retried
         #expect(log.text.contains("token refresh failed"))
         #expect(!log.text.contains(Self.secret))
     }

@@ -154,13 +154,17 @@ import Testing
         let h = try ProxyHarness(Self.timeoutYAML, workers: 1)
         let c = try TestConnection(port: h.port)
         let head = Array(("GET /ok HTTP/1.1\r\nHost: x\r\nX-Pad: " + String(repeating: "a", count: 20) + "\r\n\r\n").utf8)
-        // One byte every 300 ms (never idle for the timeout), until the proxy answers.
+        // One byte every 300 ms (never idle for the timeout), until the proxy
+        // answers: the pacing is what the test is about, not an ordering wait.
         var sent = 0
         while sent < head.count {
             try c.send([head[sent]])
             sent += 1
             if Edge.readable(c, ms: 300) { break }
         }
+        // Not exact, it depends on timers and scheduling: about 4 bytes
+        // (1 s at one byte per 300 ms). What is certain is that the answer
+        // came before the head was whole (that would take 15 s).
         #expect(sent < head.count)
         let r = try c.readResponse()
         #expect(r.status == 408)
@@ -216,6 +220,8 @@ import Testing
             tokens.insert("x-f\(k)", at: k * 400)
         }
         head += "X-Keep: yes\r\nConnection: " + tokens.joined(separator: ",") + "\r\n\r\n"
+        // The test's own input, not the proxy's behaviour: a range states the
+        // requirement (large enough to be expensive, under the 64 KiB limit).
         #expect(head.utf8.count > 60_000)
         #expect(head.utf8.count < 64 * 1024)
         let c = try TestConnection(port: h.port)

@@ -13,15 +13,7 @@ import Testing
 
 /// Metrics, admin state, live events, access log, drain.
 @Suite("operations") struct OperationsTests {
-    /// `name{labels} value` lines of a Prometheus text exposition, by series.
-    func samples(_ text: String) -> [String: Double] {
-        var out: [String: Double] = [:]
-        for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-            out[String(line[..<space])] = value
-        }
-        return out
-    }
+    func samples(_ text: String) -> [String: Double] { metricSamples(text) }
 
     @Test func metricsParseAndMove() throws {
         let (h, _) = try ProxyHarness.scripted(
@@ -38,10 +30,10 @@ import Testing
         _ = try HTTP.request(port: h.port, "/c")  // 500: second, breaker opens
         // A request is counted just after its answer is written: wait for the third.
         var text = ""
-        let until = Date().addingTimeInterval(5)
-        repeat {
+        waitUntil("the third request in /metrics") {
             text = try HTTP.request(port: h.adminPort, "/metrics").text
-        } while samples(text)["happypath_request_duration_seconds_count{route=\"/\"}"] != 3 && Date() < until
+            return samples(text)["happypath_request_duration_seconds_count{route=\"/\"}"] == 3
+        }
         let s = samples(text)
         #expect(s["happypath_requests_total{route=\"/\",code=\"OK\"}"] == 1)
         #expect(s["happypath_requests_total{route=\"/\",code=\"UPSTREAM_UNAVAILABLE\"}"] == 2)
@@ -86,16 +78,22 @@ import Testing
         let h = try oneFailureOpensTheBreaker(up)
         let events = try TestConnection(port: h.adminPort, timeout: 5)
         try events.send("GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.1)
-        _ = try HTTP.request(port: h.port, "/x")
         var received = ""
         var chunk = [UInt8](repeating: 0, count: 4096)
-        let deadline = Date().addingTimeInterval(3)
-        while !received.contains("event: breaker_opened"), Date() < deadline {
-            let n = recv(events.fd, &chunk, chunk.count, 0)
-            if n <= 0 { break }
-            received += String(decoding: chunk[0..<n], as: UTF8.self)
+        /// Reads the stream until it contains `text` (or ends, or stays
+        /// silent for the connection's 5 s receive timeout).
+        func read(until text: String) {
+            while !received.contains(text) {
+                let n = recv(events.fd, &chunk, chunk.count, 0)
+                if n <= 0 { return }
+                received += String(decoding: chunk[0..<n], as: UTF8.self)
+            }
         }
+        // The stream's opening comment comes once the subscription is in place.
+        read(until: ": happypath events")
+        #expect(received.contains(": happypath events"))
+        _ = try HTTP.request(port: h.port, "/x")
+        read(until: "event: breaker_opened")
         #expect(received.contains("text/event-stream"))
         #expect(received.contains("event: breaker_opened"))
         #expect(received.contains("\"upstream\":\"u\""))
@@ -109,9 +107,10 @@ import Testing
             upstreams: { demo: { endpoints: [{{DEMO}}] } }
             routes: [ { match: { path_prefix: / }, upstream: demo } ]
             """)
+        let admin = AdminProbe(port: h.adminPort)
         let client = try TestConnection(port: h.port)
         try client.send("GET /slow?ms=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.2)
+        waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
         let drained = Mutex(false)
         let proxy = h.proxy
         let t = Thread {
@@ -119,15 +118,16 @@ import Testing
             drained.withLock { $0 = true }
         }
         t.start()
-        Thread.sleep(forTimeInterval: 0.2)
+        waitUntil("/readyz to turn 503") { try HTTP.request(port: h.adminPort, "/readyz").status == 503 }
         let readyz = try HTTP.request(port: h.adminPort, "/readyz")
         #expect(readyz.status == 503)
+        // ...while the response is still in flight.
+        #expect(try admin.inFlight() == 1)
+        #expect(!Edge.readable(client, ms: 0))
         let r = try client.readResponse()
         #expect(r.status == 200)
         #expect(r.json["delayed_ms"] as? Int == 1000)
-        let deadline = Date().addingTimeInterval(3)
-        while !drained.withLock({ $0 }), Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
-        #expect(drained.withLock { $0 })
+        #expect(waitUntil("drain() to return") { drained.withLock { $0 } })
     }
 
     @Test func sigtermDuringAnUpstreamCallDeliversItAndExitsZero() throws {
@@ -137,36 +137,26 @@ import Testing
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
-        let port = closedPort()
-        let admin = closedPort()
-        let config = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
-        try """
-        listen: 127.0.0.1:\(port)
-        admin: { listen: 127.0.0.1:\(admin) }
-        upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
-        routes: [ { match: { path_prefix: / }, upstream: demo } ]
-        """.write(to: config, atomically: true, encoding: .utf8)
-        let out = Pipe()
-        let process = try startServe(config: config.path, stdout: out)
-        defer { if process.isRunning { process.terminate() } }
-        // Wait for "listening on" (bounded: the read happens on another thread).
-        let firstLine = Mutex("")
-        Thread {
-            let d = out.fileHandleForReading.availableData; firstLine.withLock { $0 = String(decoding: d, as: UTF8.self) }
-        }.start()
-        let until = Date().addingTimeInterval(5)
-        while firstLine.withLock({ $0.isEmpty }), Date() < until { Thread.sleep(forTimeInterval: 0.02) }
-        #expect(firstLine.withLock { $0 }.contains("listening on http://127.0.0.1:\(port)"))
+        let serve = try ServeProcess(
+            config: """
+                listen: 127.0.0.1:0
+                admin: { listen: 127.0.0.1:0 }
+                upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
+                routes: [ { match: { path_prefix: / }, upstream: demo } ]
+                """)
+        // The first line says where it listens: "listening on http://127.0.0.1:PORT".
+        let port = try #require(serve.listeningPort())
+        #expect(serve.output.hasPrefix("listening on http://127.0.0.1:\(port)\n"))
+        serve.waitForSignalHandlers()
         let client = try TestConnection(port: port)
         try client.send("GET /slow?ms=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.2)
-        kill(process.processIdentifier, SIGTERM)
+        waitUntil("the request at the upstream") { demo.hits.load(ordering: .relaxed) == 1 }
+        serve.signal(SIGTERM)
         let r = try client.readResponse()
         #expect(r.status == 200)
-        let exitBy = Date().addingTimeInterval(5)
-        while process.isRunning, Date() < exitBy { Thread.sleep(forTimeInterval: 0.02) }
-        #expect(!process.isRunning)
-        if !process.isRunning { #expect(process.terminationStatus == 0) }
+        #expect(serve.waitForExit())
+        #expect(!serve.process.isRunning)
+        if !serve.process.isRunning { #expect(serve.process.terminationStatus == 0) }
     }
 }
 
@@ -181,7 +171,10 @@ import Testing
             upstreams:
               u: { endpoints: [http://127.0.0.1:\(up.port)] }
             """
-        let h = try ProxyHarness(base + "\nroutes: [ { match: { path_prefix: /old }, upstream: u } ]")
+        // One worker: a reload reaches each worker's loop in its own time,
+        // and the first request that sees the new routes on the only worker
+        // tells that the reload has taken effect everywhere.
+        let h = try ProxyHarness(base + "\nroutes: [ { match: { path_prefix: /old }, upstream: u } ]", workers: 1)
         _ = try HTTP.request(port: h.port, "/old")  // opens the breaker
         #expect(try HTTP.request(port: h.port, "/new").json["code"] as? String == "NO_ROUTE")
         var next = try ConfigLoader.parse(
@@ -191,9 +184,17 @@ import Testing
         #expect(h.proxy.reload(next) == ["listen cannot change on reload (restart to apply)"])
         #expect(try HTTP.request(port: h.port, "/new").json["code"] as? String == "NO_ROUTE")
         #expect(h.proxy.reload(withPorts(next, like: h.proxy.runtime.configuration)).isEmpty)
-        Thread.sleep(forTimeInterval: 0.1)
-        let r = try HTTP.request(port: h.port, "/new")
+        // The first answer that is not NO_ROUTE is the one checked.
+        var routed: TestResponse?
+        waitUntil("the worker to take the new routes") {
+            let r = try HTTP.request(port: h.port, "/new")
+            if r.json["code"] as? String == "NO_ROUTE" { return false }
+            routed = r
+            return true
+        }
+        let r = try #require(routed)
         #expect(r.json["code"] as? String == "CIRCUIT_OPEN")  // routed now, and the breaker is still open
+        #expect(up.appRequests.count == 1)  // only the /old that opened it
         #expect(try HTTP.request(port: h.port, "/old").json["code"] as? String == "NO_ROUTE")
     }
 
@@ -208,35 +209,38 @@ import Testing
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
-        let port = closedPort()
-        let adminPort = closedPort()
-        let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
-        func write(_ routes: String) throws {
-            try """
-            listen: 127.0.0.1:\(port)
-            admin: { listen: 127.0.0.1:\(adminPort) }
+        // One worker: the first request that sees a new route on it tells
+        // that the reload took effect (with more, each applies it on its own loop).
+        func config(_ routes: String) -> String {
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            workers: 1
             upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
             routes: \(routes)
-            """.write(to: file, atomically: true, encoding: .utf8)
+            """
         }
-        try write("[ { match: { path_prefix: /ok }, upstream: demo } ]")
-        let process = try startServe(config: file.path)
-        defer { if process.isRunning { process.terminate() } }
+        let serve = try ServeProcess(config: config("[ { match: { path_prefix: /ok }, upstream: demo } ]"))
+        let port = try #require(serve.listeningPort())
+        serve.waitForSignalHandlers()
         func get(_ path: String) -> Int? { try? HTTP.request(port: port, path, timeout: 2).status }
-        let until = Date().addingTimeInterval(5)
-        while get("/ok") != 200, Date() < until { Thread.sleep(forTimeInterval: 0.05) }
         #expect(get("/ok") == 200)
         // Broken: unknown key. The old routes keep working.
-        try write("[ { match: { path_prefix: /echo }, upstream: demo, bogus: 1 } ]")
-        kill(process.processIdentifier, SIGHUP)
-        Thread.sleep(forTimeInterval: 0.3)
-        #expect(process.isRunning)
+        try serve.rewriteConfig(config("[ { match: { path_prefix: /echo }, upstream: demo, bogus: 1 } ]"))
+        serve.signal(SIGHUP)
+        waitUntil("the reload to be refused") { serve.errors.contains("configuration reload refused") }
+        #expect(serve.process.isRunning)
         #expect(get("/ok") == 200)
         #expect(get("/echo") == 404)
         // Good: the new route takes effect.
-        try write("[ { match: { path_prefix: /echo }, upstream: demo } ]")
-        kill(process.processIdentifier, SIGHUP)
-        Thread.sleep(forTimeInterval: 0.3)
+        try serve.rewriteConfig(config("[ { match: { path_prefix: /echo }, upstream: demo } ]"))
+        serve.signal(SIGHUP)
+        var first: Int?
+        waitUntil("the new routes") {
+            first = get("/echo")
+            return first != 404
+        }
+        #expect(first == 200)
         #expect(get("/echo") == 200)
         #expect(get("/ok") == 404)
     }

@@ -1,6 +1,10 @@
 import Foundation
 import Testing
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Transparent proxying: methods, statuses, bodies, headers, streaming.
 @Suite("pass-through") struct ProxyPassThroughTests {
     @Test(arguments: ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"])
@@ -73,18 +77,97 @@ import Testing
         #expect(r.body == expected)
     }
 
+    /// A client that reads slowly gets every byte, in order, and the proxy
+    /// holds no more than its back-pressure mark for it (Exchange.highWater,
+    /// 1 MiB): above it, the proxy stops reading from the upstream, whose
+    /// writes then block once the socket buffers between them are full.
+    ///
+    /// The client reads nothing until the upstream has stalled, then 2 MiB,
+    /// waits for the next stall, and so on; at each stall the test measures
+    /// what the proxy holds. The upstream counts the body bytes the kernel
+    /// took from it, the client counts what it read, and /proc/net/tcp
+    /// gives what sits in the kernel queues of the four sockets in between
+    /// (upstream → proxy → client). With the upstream blocked and nothing
+    /// moving, written − read − queued is exactly what the proxy keeps in its
+    /// own memory; without back-pressure it would be most of the body. The
+    /// proxy's RSS would be a blurred measure: tests run in parallel in this
+    /// process, and freed memory is not always given back.
     @Test func slowReaderGetsTheWholeResponse() throws {
-        // The client does not read for a while: far more than fits in socket
-        // buffers waits upstream (the proxy pauses the transfer instead of
-        // buffering it), and every byte still arrives, in order.
-        let h = try ProxyHarness()
-        let c = try TestConnection(port: h.port)
-        let n = 32 * 1024 * 1024
-        try c.send("GET /bytes?n=\(n) HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.5)
-        let r = try c.readResponse()
-        #expect(r.body.count == n)
-        #expect(r.body.prefix(502) == ArraySlice((0..<502).map { UInt8($0 % 251) }))
+        let highWater = 1 << 20  // Exchange.highWater
+        // Above the mark: the chunk libcurl hands over as the mark is
+        // crossed, the one it keeps while paused, its receive buffer (64 KiB
+        // each), and room to spare.
+        let slack = 256 << 10
+        let step = 2 << 20
+        let rounds = 4
+        // The test pins its own two sockets' buffers; the kernel grows the
+        // proxy's two up to the tcp_rmem and tcp_wmem maximums. The body must
+        // be larger than all of that, or the upstream would never block.
+        let kernelMax = Self.sysctlMax("tcp_rmem") + Self.sysctlMax("tcp_wmem")
+        let length = max(64 << 20, kernelMax + highWater + rounds * step + (8 << 20))
+        let up = BulkUpstream(length: length).started()
+        defer { up.stop() }
+        let h = try ProxyHarness(ProxyHarness.single(upstream: up.url), workers: 1)
+        let c = try TestConnection(port: h.port, receiveBuffer: 64 * 1024)
+        try c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        let head = try Edge.readRawHead(c)
+        #expect(head.hasPrefix("HTTP/1.1 200 "))
+        #expect(Edge.values(head, "Content-Length") == [String(length)])
+
+        var received = 0
+        var intact = true
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        func read(_ count: Int) throws {
+            var left = count
+            while left > 0 {
+                let n = buffer.withUnsafeMutableBytes { recv(c.fd, $0.baseAddress, min($0.count, left), 0) }
+                guard n > 0 else { throw TestError("the body ended after \(received) of \(length) bytes (errno \(errno))") }
+                if intact {
+                    intact = buffer.withUnsafeBytes { BulkUpstream.matches(UnsafeRawBufferPointer(rebasing: $0[0..<n]), at: received) }
+                }
+                received += n
+                left -= n
+            }
+        }
+
+        let clientPort = localPort(c.fd)
+        for round in 0..<rounds {
+            // Stalled: the upstream waits for room, and its count and the
+            // kernel queues stay the same over three polls in a row.
+            var last: (written: Int, queued: Int)?
+            var same = 0
+            let stalled = waitUntil("the upstream to stall behind the client (round \(round))") {
+                let proxyPort = up.proxyPort.load(ordering: .relaxed)
+                let written = up.written.load(ordering: .acquiring)
+                guard up.blocked.load(ordering: .acquiring), proxyPort > 0,
+                    let queued = KernelTCPQueues.queued([(clientPort, h.port), (proxyPort, up.port)]),
+                    up.blocked.load(ordering: .acquiring), up.written.load(ordering: .acquiring) == written
+                else {
+                    same = 0
+                    return false
+                }
+                if let last, last == (written, queued) { same += 1 } else { same = 0 }
+                last = (written, queued)
+                return same >= 2
+            }
+            guard stalled, let (written, queued) = last else { return }
+            let held = written - received - queued
+            #expect(written < length, "round \(round): the upstream wrote the whole body to a client that read \(received)")
+            #expect(
+                held <= highWater + slack,
+                "round \(round): the upstream wrote \(written), the client read \(received), the kernel holds \(queued): the proxy holds \(held)"
+            )
+            try read(step)
+        }
+        try read(length - received)
+        #expect(received == length)
+        #expect(intact, "the body arrived altered")
+    }
+
+    /// The maximum (third) value of /proc/sys/net/ipv4/NAME.
+    static func sysctlMax(_ name: String) -> Int {
+        let text = readSmallFile("/proc/sys/net/ipv4/\(name)") ?? ""
+        return Int(text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).last ?? "") ?? (32 << 20)
     }
 
     @Test func prefixIsStrippedAndQueryKept() throws {

@@ -29,8 +29,9 @@ import Testing
     }
 
     @Test func aChangedMaxParkedTakesEffect() throws {
-        let dead = closedPort()
-        let h = try ProxyHarness(unreachable(maxParked: 0, port: dead))
+        let down = RefusingPort()
+        let dead = down.port
+        let h = try ProxyHarness(unreachable(maxParked: 0, port: dead), holding: [down])
         // No room to park: the request is refused at once.
         #expect(try HTTP.request(port: h.port, "/x").json["code"] as? String == "OVERLOADED")
 
@@ -43,8 +44,9 @@ import Testing
     }
 
     @Test func aRestartOnlyKeyRefusesTheWholeReloadByName() throws {
-        let dead = closedPort()
-        let h = try ProxyHarness(unreachable(maxParked: 0, port: dead))
+        let down = RefusingPort()
+        let dead = down.port
+        let h = try ProxyHarness(unreachable(maxParked: 0, port: dead), holding: [down])
         let next = try ConfigLoader.parse(
             unreachable(maxParked: 5, clientTimeout: "9s", port: dead), file: "test.yaml")
         #expect(h.proxy.reload(next) == ["limits.client_timeout cannot change on reload (restart to apply)"])
@@ -104,55 +106,40 @@ import Testing
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
-        let port = closedPort()
-        let admin = closedPort()
-        let dir = FileManager.default.temporaryDirectory
-        let file = dir.appendingPathComponent("hp-\(UUID()).yaml")
-        let log = dir.appendingPathComponent("hp-\(UUID()).log")
-        defer {
-            try? FileManager.default.removeItem(at: file)
-            try? FileManager.default.removeItem(at: log)
-        }
-        func write(drain: String, clientTimeout: String = "30s") throws {
-            try """
-            listen: 127.0.0.1:\(port)
-            admin: { listen: 127.0.0.1:\(admin) }
+        // Port 0 for both listeners: the process binds its own and prints
+        // them; a reload that keeps `:0` changes neither.
+        func yaml(drain: String, clientTimeout: String = "30s") -> String {
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
             drain_timeout: \(drain)
             limits: { client_timeout: \(clientTimeout) }
             upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
             routes: [ { match: { path_prefix: / }, upstream: demo } ]
-            """.write(to: file, atomically: true, encoding: .utf8)
+            """
         }
-        func logText() -> String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
         // Started with no drain time at all: SIGTERM would cut a slow request.
-        try write(drain: "0s")
-        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-        let logHandle = try FileHandle(forWritingTo: log)
-        defer { try? logHandle.close() }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: happypathBinary)
-        process.arguments = ["serve", "--config", file.path, "--log-level", "info"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = logHandle
-        try process.run()
-        defer { if process.isRunning { process.terminate() } }
-        #expect(eventually { (try? HTTP.request(port: admin, "/readyz", timeout: 2).status) == 200 })
+        let serve = try ServeProcess(config: yaml(drain: "0s"), logLevel: "info")
+        let port = try #require(serve.listeningPort())
+        #expect(serve.adminPort() != nil)
+        serve.waitForSignalHandlers()
 
-        try write(drain: "5s", clientTimeout: "9s")
-        kill(process.processIdentifier, SIGHUP)
-        #expect(eventually { logText().contains("limits.client_timeout cannot change on reload (restart to apply)") })
+        try serve.rewriteConfig(yaml(drain: "5s", clientTimeout: "9s"))
+        serve.signal(SIGHUP)
+        waitUntil("the refused key in the log") {
+            serve.errors.contains("limits.client_timeout cannot change on reload (restart to apply)")
+        }
 
-        try write(drain: "5s")
-        kill(process.processIdentifier, SIGHUP)
-        #expect(eventually { logText().contains("configuration reloaded") })
+        try serve.rewriteConfig(yaml(drain: "5s"))
+        serve.signal(SIGHUP)
+        waitUntil("'configuration reloaded' in the log") { serve.errors.contains("configuration reloaded") }
 
         let client = try TestConnection(port: port)
         try client.send("GET /slow?ms=800 HTTP/1.1\r\nHost: x\r\n\r\n")
-        #expect(eventually { demo.hits.load(ordering: .relaxed) == 1 })
-        kill(process.processIdentifier, SIGTERM)
+        waitUntil("the slow request at the upstream") { demo.hits.load(ordering: .relaxed) == 1 }
+        serve.signal(SIGTERM)
         let r = try client.readResponse()
         #expect(r.status == 200)  // waited for: the reloaded drain_timeout is 5s
-        #expect(eventually { !process.isRunning })
-        if !process.isRunning { #expect(process.terminationStatus == 0) }
+        if serve.waitForExit() { #expect(serve.process.terminationStatus == 0) }
     }
 }

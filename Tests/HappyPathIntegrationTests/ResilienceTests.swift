@@ -64,27 +64,37 @@ import Testing
         let (h, _) = try ProxyHarness.scripted(
             ["DELAY:1500\n" + http(200, "slow"), http(200, "fast")],
             defaults: "{ retry: { per_try_timeout: 200ms }, reachability: { park_for: 0s } }")
-        let started = Date()
+        let started = ContinuousClock.now
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)
         #expect(r.text == "fast")
-        #expect(Date().timeIntervalSince(started) < 1.4, "the 1.5s first try must have been cut")
+        // A bound on time, so not exact: uncut, the first try alone takes
+        // 1.5 s; cut, about 0.2 s plus the second try. 1.4 leaves a loaded
+        // machine room without letting an uncut try pass.
+        #expect(seconds(since: started) < 1.4, "the 1.5s first try must have been cut")
     }
 
     @Test func retryAfterDelaysTheNextTry() throws {
         let (h, _) = try ProxyHarness.scripted([http(503, headers: ["Retry-After: 1"]), http(200, "ok")])
-        let started = Date()
+        let started = ContinuousClock.now
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status == 200)
-        #expect(Date().timeIntervalSince(started) >= 0.95)
+        // A bound on time: Retry-After: 1 holds the second try back 1 s, less
+        // 50 ms of slack (libevent arms a timer from its loop's cached time,
+        // which may lag a little); nothing bounds it from above but the
+        // machine's load.
+        #expect(seconds(since: started) >= 0.95)
     }
 
     @Test func deadlineGivesUpstreamTimeoutOnTime() throws {
         let (h, _) = try ProxyHarness.scripted(["DELAY:3000\n" + http(200)], routeTimeout: "400ms")
-        let started = Date()
+        let started = ContinuousClock.now
         let r = try HTTP.request(port: h.port, "/x")
-        let elapsed = Date().timeIntervalSince(started)
+        let elapsed = seconds(since: started)
         #expect(r.json["code"] as? String == "UPSTREAM_TIMEOUT")
+        // Bounds on time around the 400 ms deadline: not before it (less
+        // 50 ms of slack: libevent arms a timer from its loop's cached time),
+        // and long before the 3 s answer (with room for a loaded machine).
         #expect(elapsed >= 0.35)
         #expect(elapsed < 1.5)
     }
@@ -104,7 +114,12 @@ import Testing
             #expect(r.header("Retry-After") == "1")
         }
         #expect(up.appRequests.count == before)
-        Thread.sleep(forTimeInterval: 1.1)
+        // open_for (1 s) is over by the proxy's own clock.
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("open_for to run out") {
+            let breaker = try admin.upstream("u")["circuit_breaker"] as? [String: Any]
+            return breaker?["state"] as? String == "open" && (breaker?["open_for_s"] as? Double).map { $0 <= 0 } == true
+        }
         _ = try HTTP.request(port: h.port, "/x")  // the half-open probe
         #expect(up.appRequests.count == before + 1)
     }
@@ -125,7 +140,8 @@ import Testing
     }
 
     @Test func parkedRequestsAreReplayedWhenTheUpstreamComesUp() throws {
-        let port = closedPort()
+        let late = RefusingPort()
+        let port = late.port
         let h = try ProxyHarness(
             """
             listen: 127.0.0.1:0
@@ -144,27 +160,35 @@ import Testing
             try c.send("GET /echo?i=\(i) HTTP/1.1\r\nHost: x\r\n\r\n")
             return c
         }
-        Thread.sleep(forTimeInterval: 1.5)
-        let demo = try DemoUpstream(host: "127.0.0.1", port: port)
-        demo.start()
-        defer { demo.stop() }
+        waitUntil("all ten requests parked") { try AdminProbe(port: h.adminPort).parked() == 10 }
+        // The upstream comes up on the very port that refused until now; it
+        // echoes each request's target, as the demo's /echo does.
+        let up = ScriptedUpstream(comingUpOn: late) { head in
+            let target = head.split(separator: " ").dropFirst().first.map(String.init) ?? ""
+            return http(200, #"{"target":"\#(target)"}"#, headers: ["Content-Type: application/json"])
+        }.started()
+        h.scripted.append(up)
         var ok = 0
         for (i, c) in clients.enumerated() {
             let r = try c.readResponse()
             if r.status == 200, r.json["target"] as? String == "/echo?i=\(i)" { ok += 1 }
         }
         #expect(ok == 10)
-        #expect(demo.hits.load(ordering: .relaxed) == 10)
+        #expect(up.appRequests.count == 10)
     }
 
     @Test func pastParkForTheClientGetsUpstreamUnreachable() throws {
+        let down = RefusingPort()
         let h = try ProxyHarness(
-            ProxyHarness.single(upstream: "http://127.0.0.1:\(closedPort())", defaults: "{ reachability: { park_for: 300ms } }"))
-        let started = Date()
+            ProxyHarness.single(upstream: down.url, defaults: "{ reachability: { park_for: 300ms } }"), holding: [down])
+        let started = ContinuousClock.now
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")
         #expect(r.status == 503)
-        #expect(Date().timeIntervalSince(started) >= 0.25)
+        // A bound on time: parked for the 300 ms of park_for before the
+        // answer (less 50 ms of slack: libevent arms a timer from its loop's
+        // cached time).
+        #expect(seconds(since: started) >= 0.25)
     }
 
     @Test func oneInFourFailingStillAllSucceed() throws {
@@ -193,9 +217,13 @@ import Testing
                 """)
         for _ in 0..<40 { _ = try HTTP.request(port: h.port, "/x") }
         let hits = up.appRequests.count
-        // 40 first tries and at most 10% of them as retries (the budget), not 40 × 3.
-        #expect(hits >= 40)
-        #expect(hits <= 44)
+        // 40 first tries and 10% of them as retries (the budget), not 40 × 3.
+        // One at a time, the budget (retries + 1 <= 0.1 × requests in its
+        // 10 s window) allows a retry at the 10th, 20th, 30th and 40th
+        // request, and never a second one for the same request: 44 exactly
+        // (the 40 requests take well under the window).
+        #expect(hits == 44)
+        #expect(try AdminProbe(port: h.adminPort).metric("happypath_retries_total{upstream=\"u\"}") == 4)
     }
 }
 
@@ -208,10 +236,12 @@ import Testing
             upstreams: { demo: { endpoints: [{{DEMO}}], max_connections: 1 } }
             routes: [ { match: { path_prefix: / }, upstream: demo } ]
             """, workers: 1)
+        let admin = AdminProbe(port: h.adminPort)
         let clients = try (0..<3).map { _ in try TestConnection(port: h.port) }
-        for c in clients {
+        for (i, c) in clients.enumerated() {
             try c.send("GET /slow?ms=400 HTTP/1.1\r\nHost: x\r\n\r\n")
-            Thread.sleep(forTimeInterval: 0.05)
+            // In this order: the first in flight, the second queued behind it.
+            if i < 2 { waitUntil("request \(i + 1) in the proxy") { try admin.inFlight() == i + 1 } }
         }
         let statuses = try clients.map { try $0.readResponse() }
         #expect(statuses[0].status == 200)  // in flight
@@ -243,29 +273,33 @@ import Testing
         for _ in 0..<40 where try HTTP.request(port: h.port, "/x").text == "good" { ok += 1 }
         #expect(ok == 40)
         // Without ejection about half of the 40 first tries would go to the bad endpoint.
-        #expect(bad.appRequests.count <= 6)
-        #expect(bad.appRequests.count >= 5)
+        // One worker, so round robin is exact: requests 1, 3, 5, 7 and 9 try
+        // the bad endpoint first (and its retry the good one); its fifth
+        // failure in a row ejects it for 10 s, longer than the test.
+        #expect(bad.appRequests.count == 5)
     }
 }
 
 @Suite("parking lot") struct ParkingLotTests {
     func harness() throws -> ProxyHarness {
-        try ProxyHarness(
+        let down = RefusingPort()
+        return try ProxyHarness(
             """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
             limits: { max_parked: 1 }
             defaults: { reachability: { park_for: 600ms } }
-            upstreams: { down: { endpoints: [http://127.0.0.1:\(closedPort())] } }
+            upstreams: { down: { endpoints: [\(down.url)] } }
             routes: [ { match: { path_prefix: / }, upstream: down } ]
-            """, workers: 1)
+            """, workers: 1, holding: [down])
     }
 
     @Test func overMaxParkedTheClientGetsOverloaded() throws {
         let h = try harness()
+        let admin = AdminProbe(port: h.adminPort)
         let first = try TestConnection(port: h.port)
         try first.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.15)
+        waitUntil("the first request parked") { try admin.parked() == 1 }
         let second = try HTTP.request(port: h.port, "/b")
         #expect(second.json["code"] as? String == "OVERLOADED")
         #expect(try first.readResponse().json["code"] as? String == "UPSTREAM_UNREACHABLE")
@@ -273,12 +307,19 @@ import Testing
 
     @Test func aClientThatHangsUpLeavesTheLot() throws {
         let h = try harness()
+        let admin = AdminProbe(port: h.adminPort)
         do {
             let gone = try TestConnection(port: h.port)
             try gone.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
-            Thread.sleep(forTimeInterval: 0.15)
+            waitUntil("the request parked") { try admin.parked() == 1 }
         }  // closed while parked
-        Thread.sleep(forTimeInterval: 0.1)
+        // It leaves the lot as a client that went away (not as one whose
+        // park_for ran out, which would free the place too).
+        waitUntil("the hung-up request to finish") {
+            try admin.metric(#"happypath_requests_total{route="/",code="CLIENT_CLOSED"}"#) == 1
+        }
+        #expect(try admin.parked() == 0)
+        #expect(try admin.metric(#"happypath_requests_total{route="/",code="UPSTREAM_UNREACHABLE"}"#) == 0)
         // Its place is free again: this one is parked (and times out), not refused.
         let r = try HTTP.request(port: h.port, "/b")
         #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")

@@ -18,10 +18,15 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
         var failNext = 0
         /// Issued tokens are this followed by a count.
         var tokenPrefix = "tok-"
+        /// Token calls arrive (and are counted) but wait for
+        /// `releaseTokenCalls()` before they are answered.
+        var holdTokens = false
     }
 
     private let loop = EventLoop()
     private var server: HTTPServer!
+    /// Token calls held unanswered (loop thread only).
+    private var heldTokenCalls: [HTTPRequest] = []
     let state = Mutex(State())
     var port: Int { server.port }
 
@@ -43,29 +48,47 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
     var tokenCalls: Int { state.withLock { $0.tokenBodies.count } }
     func invalidate() { state.withLock { $0.valid = nil } }
 
+    /// Answers the token calls held so far (as the state says now) and stops holding them.
+    func releaseTokenCalls() {
+        state.withLock { $0.holdTokens = false }
+        loop.execute { [self] in
+            let waiting = heldTokenCalls
+            heldTokenCalls = []
+            for request in waiting { answerToken(request) }
+        }
+    }
+
+    private func answerToken(_ request: HTTPRequest) {
+        let json = [HTTPField(name: "Content-Type", value: "application/json")]
+        let (status, token) = state.withLock { s -> (Int, String?) in
+            if s.failNext > 0 {
+                s.failNext -= 1
+                return (503, nil)
+            }
+            guard s.tokenStatus == 200 else { return (s.tokenStatus, nil) }
+            s.issued += 1
+            s.valid = "\(s.tokenPrefix)\(s.issued)"
+            return (200, s.valid)
+        }
+        if let token {
+            request.reply(
+                status: 200, headers: json, body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":3600}"#)
+        } else {
+            request.reply(status: status, headers: json, body: #"{"error":"unavailable"}"#)
+        }
+    }
+
     func serve(_ request: HTTPRequest) {
         let path = Router.split(target: request.target).path
         let body = request.takeBody()
         let json = [HTTPField(name: "Content-Type", value: "application/json")]
         switch path {
         case "/token":
-            let (status, token) = state.withLock { s -> (Int, String?) in
+            let hold = state.withLock { s -> Bool in
                 s.tokenBodies.append(String(decoding: body.bytes, as: UTF8.self))
-                if s.failNext > 0 {
-                    s.failNext -= 1
-                    return (503, nil)
-                }
-                guard s.tokenStatus == 200 else { return (s.tokenStatus, nil) }
-                s.issued += 1
-                s.valid = "\(s.tokenPrefix)\(s.issued)"
-                return (200, s.valid)
+                return s.holdTokens
             }
-            if let token {
-                request.reply(
-                    status: 200, headers: json, body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":3600}"#)
-            } else {
-                request.reply(status: status, headers: json, body: #"{"error":"unavailable"}"#)
-            }
+            if hold { heldTokenCalls.append(request) } else { answerToken(request) }
         case "/healthz":
             request.reply(status: 200)
         default:

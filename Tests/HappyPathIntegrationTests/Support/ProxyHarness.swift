@@ -12,10 +12,13 @@ final class ProxyHarness {
     var adminPort: Int { proxy.adminPort }
 
     /// `yaml` may use `{{DEMO}}` for the demo upstream's base URL.
+    /// - Parameter holding: kept until the proxy has stopped (a
+    ///   `RefusingPort` the config names must not be freed before).
     init(
         _ yaml: String = ProxyHarness.defaultYAML, workers: Int = 2, logger: Logger = Logger.happypath(level: .critical),
-        environment: [String: String] = [:], accessLog: AccessLogSettings? = nil
+        environment: [String: String] = [:], accessLog: AccessLogSettings? = nil, holding: [AnyObject] = []
     ) throws {
+        held = holding
         demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         let text = yaml.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)")
@@ -26,12 +29,15 @@ final class ProxyHarness {
 
     /// Scripted upstreams this harness stops with itself.
     var scripted: [ScriptedUpstream] = []
+    /// Released when the proxy has stopped.
+    private var held: [AnyObject]
 
     func stop() {
         proxy.stop()
         demo.stop()
         for upstream in scripted { upstream.stop() }
         scripted.removeAll()
+        held.removeAll()
     }
 
     /// The proxy (`single` config) in front of a scripted upstream serving

@@ -14,6 +14,8 @@ final class ScriptedUpstream: @unchecked Sendable {
     /// Served in order, one per request; the last one repeats. A response
     /// may start with "DELAY:<ms>\n" (wait first) or be "DROP" (close without answering).
     private let responses: [String]
+    /// When set, computes each answer from the request head instead.
+    private let answer: (@Sendable (String) -> String)?
     /// Every request received: head and body.
     let requests = Mutex<[(head: String, body: [UInt8])]>([])
 
@@ -21,11 +23,24 @@ final class ScriptedUpstream: @unchecked Sendable {
 
     init(responses: [String]) {
         self.responses = responses
+        answer = nil
         let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         self.listenFD = listenFD
         var one: Int32 = 1
         setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
         port = bindLoopback(listenFD)
+        listen(listenFD, 256)
+    }
+
+    /// An upstream that comes up on `reserved`, a port that refused
+    /// connections until now (the very socket starts listening, so the port
+    /// is never free in between), and answers each request (health checks
+    /// aside) with `answer(head)`.
+    init(comingUpOn reserved: RefusingPort, answer: @escaping @Sendable (String) -> String) {
+        responses = []
+        self.answer = answer
+        port = reserved.port
+        listenFD = reserved.takeSocket()
         listen(listenFD, 256)
     }
 
@@ -87,9 +102,12 @@ final class ScriptedUpstream: @unchecked Sendable {
         }
         var response =
             index < 0
-            ? "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" : responses[min(index, responses.count - 1)]
+            ? "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            : answer?(head) ?? responses[min(index, responses.count - 1)]
         if response.hasPrefix("DELAY:"), let nl = response.firstIndex(of: "\n") {
             let ms = Int(response[response.index(response.startIndex, offsetBy: 6)..<nl]) ?? 0
+            // Not an ordering sleep: a slow upstream is what the test is
+            // about (per-try timeouts, route deadlines).
             Thread.sleep(forTimeInterval: Double(ms) / 1000)
             response = String(response[response.index(after: nl)...])
         }

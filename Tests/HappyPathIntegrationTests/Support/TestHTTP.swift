@@ -32,12 +32,18 @@ final class TestConnection {
     let fd: Int32
     private var buffer: [UInt8] = []
 
-    init(port: Int, timeout: Double = 10, host: String = "127.0.0.1") throws {
+    /// - Parameter receiveBuffer: pins the socket's receive buffer (set
+    ///   before connecting, so the window is sized for it), for tests that
+    ///   count what the kernel holds for a client that does not read.
+    init(port: Int, timeout: Double = 10, host: String = "127.0.0.1", receiveBuffer: Int32? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw TestError("socket: \(errno)") }
         var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        if var size = receiveBuffer {
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_port = in_port_t(UInt16(port).bigEndian)
@@ -184,43 +190,69 @@ func randomBytes(_ n: Int) -> [UInt8] {
     return (0..<n).map { _ in UInt8.random(in: 0...255, using: &g) }
 }
 
-/// Binds `fd` to an ephemeral loopback port and returns the port.
+/// Binds `fd` to an ephemeral loopback port and returns the port (0 if the bind failed).
 func bindLoopback(_ fd: Int32) -> Int {
     var addr = sockaddr_in()
     addr.sin_family = sa_family_t(AF_INET)
     addr.sin_addr.s_addr = inet_addr("127.0.0.1")
     var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    withUnsafeMutablePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-            _ = bind(fd, $0, len)
-            _ = getsockname(fd, $0, &len)
-        }
+    let bound = withUnsafeMutablePointer(to: &addr) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
     }
+    return bound ? Int(UInt16(bigEndian: addr.sin_port)) : 0
+}
+
+/// The local port of a connected or bound socket.
+func localPort(_ fd: Int32) -> Int {
+    var addr = sockaddr_in()
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
     return Int(UInt16(bigEndian: addr.sin_port))
 }
 
-/// A port on loopback that refuses connections (bound, then closed).
-func closedPort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    let port = bindLoopback(fd)
-    Glibc.close(fd)
-    return port
+/// The remote port of a connected socket.
+func peerPort(_ fd: Int32) -> Int {
+    var addr = sockaddr_in()
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &len) } }
+    return Int(UInt16(bigEndian: addr.sin_port))
+}
+
+/// A loopback port that refuses connections for as long as this object
+/// lives: a TCP socket bound to it that never listens (on Linux, connect()
+/// to a port bound but not listening gets ECONNREFUSED). SO_REUSEADDR
+/// stays off, so no other socket can bind the port meanwhile, not even one
+/// with SO_REUSEADDR, and ephemeral binds (port 0) skip it. A port that is
+/// bound, closed and remembered instead may be taken by another test
+/// before this one uses it. Keep the object until the test ends (for
+/// instance in `ProxyHarness(holding:)`): its deinit frees the port.
+final class RefusingPort: @unchecked Sendable {
+    let port: Int
+    private var fd: Int32
+
+    init() {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        precondition(fd >= 0, "socket: errno \(errno)")
+        port = bindLoopback(fd)
+        precondition(port > 0, "bind: errno \(errno)")
+    }
+
+    var url: String { "http://127.0.0.1:\(port)" }
+
+    /// Hands the bound socket to a server that will listen on it: the port
+    /// stays reserved throughout, and this object no longer closes it.
+    func takeSocket() -> Int32 {
+        precondition(fd >= 0, "the socket was handed over already")
+        defer { fd = -1 }
+        return fd
+    }
+
+    deinit { if fd >= 0 { Glibc.close(fd) } }
 }
 
 /// The `happypath` binary that `swift build --build-tests` put beside the test runner.
 let happypathBinary = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
     .appendingPathComponent("happypath").path
-
-/// `happypath serve --config PATH` as a real process (stderr dropped).
-func startServe(config path: String, stdout: Any = FileHandle.nullDevice) throws -> Process {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: happypathBinary)
-    process.arguments = ["serve", "--config", path, "--log-level", "error"]
-    process.standardOutput = stdout
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    return process
-}
 
 /// Polls `condition` until it holds or `seconds` pass: tests wait for what
 /// they need, never for a fixed time. True if it held.
