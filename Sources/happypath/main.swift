@@ -38,8 +38,12 @@ func loadConfiguration(_ path: String?) -> Configuration {
     }
 }
 
-/// Blocks the main thread on a loop that turns SIGINT/SIGTERM into `onStop`.
-func waitForTermination(onStop: @escaping () -> Void, onHangUp: @escaping () -> Void) -> Never {
+/// Blocks the main thread on a loop that turns SIGINT/SIGTERM into `onStop`
+/// and SIGHUP into `onHangUp`. `onReady` runs once the signals are caught,
+/// so whatever it announces (the listening line) is safe to signal.
+func waitForTermination(
+    onReady: () -> Void, onStop: @escaping () -> Void, onHangUp: @escaping () -> Void
+) -> Never {
     let loop = EventLoop()
     var watchers: [SignalWatcher] = []
     for signo in [SIGINT, SIGTERM] {
@@ -50,6 +54,7 @@ func waitForTermination(onStop: @escaping () -> Void, onHangUp: @escaping () -> 
             })
     }
     watchers.append(SignalWatcher(loop: loop, signal: SIGHUP, handler: onHangUp))
+    onReady()
     loop.run()
     withExtendedLifetime(watchers) {}
     Foundation.exit(0)
@@ -93,9 +98,11 @@ struct Serve: ParsableCommand {
             FileHandle.standardError.write(Data("happypath: \(error)\n".utf8))
             Foundation.exit(Exit.cannotBind)
         }
-        print("listening on http://\(configuration.listen.host):\(server.port)")
-        fflush(nil)
         waitForTermination(
+            onReady: {
+                print("listening on http://\(configuration.listen.host):\(server.port)")
+                fflush(nil)
+            },
             onStop: {
                 // The configuration in force now, not the one at start: a
                 // reload may have changed drain_timeout (same thread as SIGHUP).
@@ -160,10 +167,12 @@ struct DemoUpstreamCommand: ParsableCommand {
             Foundation.exit(Exit.cannotBind)
         }
         demo.start()
-        print("listening on http://\(address.host):\(demo.port)")
-        for endpoint in DemoUpstream.endpoints { print("  \(endpoint.path)  \(endpoint.what)") }
-        fflush(nil)
-        waitForTermination(onStop: { demo.stop() }, onHangUp: {})
+        waitForTermination(
+            onReady: {
+                print("listening on http://\(address.host):\(demo.port)")
+                for endpoint in DemoUpstream.endpoints { print("  \(endpoint.path)  \(endpoint.what)") }
+                fflush(nil)
+            }, onStop: { demo.stop() }, onHangUp: {})
     }
 }
 

@@ -93,9 +93,8 @@ final class ServeProcess {
     }
 
     /// The process catches SIGHUP, SIGINT and SIGTERM (`SigCgt` in
-    /// /proc/PID/status). It installs those handlers just after printing
-    /// `listening on`; a signal sent before would take the default action
-    /// and end it.
+    /// /proc/PID/status). It installs them before it prints `listening
+    /// on`, so after `listeningPort()` this holds at once; kept as a check.
     @discardableResult
     func waitForSignalHandlers(sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
         let wanted: UInt64 = (1 << UInt64(SIGHUP - 1)) | (1 << UInt64(SIGINT - 1)) | (1 << UInt64(SIGTERM - 1))
