@@ -76,11 +76,11 @@ public struct MonotonicClock: Clock {
 }
 
 public final class ManualClock: Clock {
-    private let current: Mutex<(Instant, wall: Int64)>
+    private let current: Locked<(Instant, wall: Int64)>
 
     /// - Parameter wallSeconds: the wall clock at `start`; it moves with `advance`.
     public init(start: Instant = Instant(nanoseconds: 1_000_000_000), wallSeconds: Int64 = 1_700_000_000) {
-        current = Mutex((start, wallSeconds * 1_000_000_000))
+        current = Locked((start, wallSeconds * 1_000_000_000))
     }
 
     public func now() -> Instant { current.withLock { $0.0 } }

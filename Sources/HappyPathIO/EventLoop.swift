@@ -20,7 +20,7 @@ import Synchronization
 public final class EventLoop: @unchecked Sendable {
     let base: OpaquePointer
     private var wakeEvent: OpaquePointer?
-    private let inbox = Mutex<[@Sendable () -> Void]>([])
+    private let inbox = Locked<[@Sendable () -> Void]>([])
     private var thread: pthread_t?
     /// Idle `LoopEvent`s, reused so the hot path allocates no timers.
     fileprivate var eventPool: [LoopEvent] = []

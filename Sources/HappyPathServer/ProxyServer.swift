@@ -24,7 +24,7 @@ public final class ProxyServer: @unchecked Sendable {
     private var healthChecker: HealthChecker?
     private var shared: SharedState?
     private let ready = ReadyFlag()
-    private let stopped = Mutex(false)
+    private let stopped = Locked(false)
     public private(set) var port = 0
     public private(set) var adminPort = 0
 

@@ -13,9 +13,9 @@ import Synchronization
 final class TokenSource: Sendable {
     let settings: AuthSettings
     let upstreamName: String
-    private let state: Mutex<TokenStateMachine>
+    private let state: Locked<TokenStateMachine>
     /// oauth2_refresh_token: the current refresh token (rotated by the server).
-    private let refreshToken: Mutex<Secret?>
+    private let refreshToken: Locked<Secret?>
 
     init(settings: AuthSettings, upstreamName: String) {
         self.settings = settings
@@ -25,8 +25,8 @@ final class TokenSource: Sendable {
             let header = settings.scheme.map { Secret("\($0) \(value.reveal)") } ?? value
             initial = Token(credential: header, expiresAt: nil, generation: 1)
         }
-        state = Mutex(TokenStateMachine(refreshAhead: settings.refreshAhead, initial: initial))
-        refreshToken = Mutex(settings.refreshToken)
+        state = Locked(TokenStateMachine(refreshAhead: settings.refreshAhead, initial: initial))
+        refreshToken = Locked(settings.refreshToken)
     }
 
     var header: String { settings.header }

@@ -9,8 +9,8 @@ import Synchronization
 /// hot path takes each lock once per try.
 final class UpstreamGuard: Sendable {
     let name: String
-    private let breaker: Mutex<CircuitBreakerStateMachine>
-    private let budget: Mutex<RetryBudget>
+    private let breaker: Locked<CircuitBreakerStateMachine>
+    private let budget: Locked<RetryBudget>
     /// The health checker's verdict; starts reachable.
     let reachable = Atomic<Bool>(true)
     /// A worker saw a connect failure: the next successful health check
@@ -24,8 +24,8 @@ final class UpstreamGuard: Sendable {
     /// What this guard was built from: a reload keeps the guard (breaker,
     /// budget, token) when an upstream's definition did not change.
     let fingerprint: Fingerprint
-    private let parkedCounts = Mutex<[String: Int]>([:])
-    private let endpoints: Mutex<[EndpointHealth]>
+    private let parkedCounts = Locked<[String: Int]>([:])
+    private let endpoints: Locked<[EndpointHealth]>
     private let endpointCount: Int
 
     /// Outlier ejection (Envoy's consecutive-5xx rule): an endpoint with this
@@ -48,10 +48,10 @@ final class UpstreamGuard: Sendable {
         self.name = name
         self.metrics = metrics
         self.events = events
-        endpoints = Mutex(Array(repeating: EndpointHealth(), count: endpointCount))
+        endpoints = Locked(Array(repeating: EndpointHealth(), count: endpointCount))
         self.endpointCount = endpointCount
-        self.breaker = Mutex(CircuitBreakerStateMachine(breaker))
-        budget = Mutex(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
+        self.breaker = Locked(CircuitBreakerStateMachine(breaker))
+        budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
     }
 

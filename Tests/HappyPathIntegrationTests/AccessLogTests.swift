@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import HappyPathConfig
 import HappyPathDemo
 import Logging
@@ -16,7 +17,7 @@ import Testing
 @Suite("access log") struct AccessLogTests {
     /// Every batch the proxy wrote, in order.
     final class Capture: Sendable {
-        let batches = Mutex<[String]>([])
+        let batches = Locked<[String]>([])
         var sink: @Sendable (UnsafeRawBufferPointer) -> Void {
             { bytes in self.batches.withLock { $0.append(String(decoding: bytes, as: UTF8.self)) } }
         }
@@ -42,7 +43,7 @@ import Testing
     }
 
     @Test func everyLineIsJSONWithTheFields() throws {
-        let other = Mutex<[String]>([])
+        let other = Locked<[String]>([])
         let logger = Logger(label: "test") { label in
             LineLogHandler(label: label, format: .json, level: .info) { line in other.withLock { $0.append(line) } }
         }

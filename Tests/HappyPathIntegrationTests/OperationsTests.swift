@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import HappyPathConfig
 import HappyPathDemo
 import Logging
@@ -111,7 +112,7 @@ import Testing
         let client = try TestConnection(port: h.port)
         try client.send("GET /slow?ms=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
         waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
-        let drained = Mutex(false)
+        let drained = Locked(false)
         let proxy = h.proxy
         let t = Thread {
             proxy.drain(timeout: .seconds(5))

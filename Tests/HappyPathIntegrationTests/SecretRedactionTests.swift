@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import HappyPathConfig
 import HappyPathServer
 import Synchronization
@@ -49,7 +50,7 @@ import Testing
     /// Reads an SSE stream into `text` on its own thread until stopped.
     final class EventRecorder: @unchecked Sendable {
         let connection: TestConnection
-        let text = Mutex("")
+        let text = Locked("")
         let stopped = Atomic(false)
         let done = DispatchSemaphore(value: 0)
 
@@ -85,7 +86,7 @@ import Testing
             "CLIENT_SECRET": Self.clientSecret, "REFRESH_TOKEN": Self.refreshToken, "PASSWORD": Self.password,
         ]
         let log = CapturedLog()
-        let accessLog = Mutex("")
+        let accessLog = Locked("")
         let h = try ProxyHarness(
             yaml(cc: cc, rt: rt, login: login), workers: 2, logger: log.logger, environment: env,
             accessLog: AccessLogSettings(

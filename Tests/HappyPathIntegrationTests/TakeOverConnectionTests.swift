@@ -16,7 +16,7 @@ import Testing
     final class Switcher: HTTPServerDelegate, @unchecked Sendable {
         let loop = EventLoop()
         var server: HTTPServer!
-        let taken = Mutex<Int32?>(nil)
+        let taken = Locked<Int32?>(nil)
 
         init() throws {
             server = try HTTPServer(

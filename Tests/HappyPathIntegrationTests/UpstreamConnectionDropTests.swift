@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import Synchronization
 import Testing
 
@@ -38,7 +39,7 @@ private final class KeepAliveUpstream: @unchecked Sendable {
     let port: Int
     private let listenFD: Int32
     private let responses: [String]
-    private let state = Mutex<(served: Int, connections: Int)>((0, 0))
+    private let state = Locked<(served: Int, connections: Int)>((0, 0))
 
     init(responses: [String]) {
         self.responses = responses

@@ -27,7 +27,7 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
     private var server: HTTPServer!
     /// Token calls held unanswered (loop thread only).
     private var heldTokenCalls: [HTTPRequest] = []
-    let state = Mutex(State())
+    let state = Locked(State())
     var port: Int { server.port }
 
     init() throws {
@@ -108,7 +108,7 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
 
 /// Collects every log line (message and metadata), to check what never appears in logs.
 final class CapturedLog: @unchecked Sendable {
-    let lines = Mutex<[String]>([])
+    let lines = Locked<[String]>([])
     var text: String { lines.withLock { $0.joined(separator: "\n") } }
 
     var logger: Logger {

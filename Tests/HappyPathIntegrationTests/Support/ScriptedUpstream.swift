@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import Synchronization
 
 #if canImport(Glibc)
@@ -17,7 +18,7 @@ final class ScriptedUpstream: @unchecked Sendable {
     /// When set, computes each answer from the request head instead.
     private let answer: (@Sendable (String) -> String)?
     /// Every request received: head and body.
-    let requests = Mutex<[(head: String, body: [UInt8])]>([])
+    let requests = Locked<[(head: String, body: [UInt8])]>([])
 
     convenience init(response: String) { self.init(responses: [response]) }
 

@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import Synchronization
 import Testing
 
@@ -119,7 +120,7 @@ final class ServeProcess {
 
 /// Everything a stream carries, read on a thread of its own until its end.
 final class StreamCapture: Sendable {
-    private let buffer = Mutex("")
+    private let buffer = Locked("")
     private let done = Atomic<Bool>(false)
 
     var text: String { buffer.withLock { $0 } }
