@@ -37,7 +37,7 @@ final class ProxyMetrics: Sendable {
     /// Prometheus text exposition format.
     func exposition() -> String { registry.emitToString() }
 
-    // MARK: - Series of PRODUCT.md section 6
+    // MARK: - Series (docs/operations.md, "Metrics")
 
     func tokenRefresh(upstream: String, success: Bool) {
         counter("happypath_token_refreshes_total", [("upstream", upstream), ("result", success ? "success" : "failure")])
