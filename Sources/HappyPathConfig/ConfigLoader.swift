@@ -6,7 +6,7 @@ import Yams
 /// as `FILE:LINE:COL: message`. Nothing is silently ignored: unknown keys are
 /// errors, and so is a route that can never match.
 public enum ConfigLoader {
-    /// The default search order of PRODUCT.md section 1.
+    /// Where a config is looked for without `--config`, in order (docs/contract.md, "Commands").
     public static let defaultPaths = ["config/happypath.yaml", "/etc/happypath/happypath.yaml"]
 
     public static func defaultPath() -> String {

@@ -43,8 +43,9 @@ public final class RequestBody: @unchecked Sendable {
 }
 
 /// One client request as an immutable, re-submittable snapshot: everything a
-/// try needs and nothing about the connection it arrived on. A replay is a
-/// copy with `attempt + 1` (the seed pattern's NSOperation copy).
+/// try needs and nothing about the connection it arrived on. A retry or a
+/// replay sends a copy with `attempt + 1`, never the original changed in
+/// place (docs/contract.md, "Request lifecycle").
 public struct Command: Sendable {
     public let requestID: String
     public let method: String

@@ -1,4 +1,4 @@
-/// The error codes of the contract (PRODUCT.md section 4), each with the text
+/// The built-in error codes (the table in docs/errors.md), each with the text
 /// a client sees when no route or upstream mapping overrides it.
 public enum ProblemCode: String, Sendable, CaseIterable {
     case noRoute = "NO_ROUTE"
@@ -116,7 +116,7 @@ extension String {
 }
 
 /// The one error body every failure becomes (RFC 9457 problem+json with the
-/// fields of PRODUCT.md section 4). Rendered in exactly one place: `json()`.
+/// fields listed in docs/contract.md, "Errors"). Rendered in exactly one place: `json()`.
 public struct Problem: Sendable, Equatable {
     public var code: String
     public var type: String

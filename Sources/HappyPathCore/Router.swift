@@ -25,7 +25,7 @@ public struct RouteMatch: Sendable, Equatable {
     }
 }
 
-/// First match wins, in configuration order (PRODUCT.md section 2).
+/// First match wins, in configuration order (docs/contract.md, "Request lifecycle").
 public struct Router: Sendable {
     public let matches: [RouteMatch]
 

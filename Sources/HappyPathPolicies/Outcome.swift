@@ -1,6 +1,6 @@
 import HappyPathCore
 
-/// How one try ended, as the policies see it (PRODUCT.md section 3).
+/// How one try ended, as the policies see it (docs/contract.md, "Request lifecycle").
 public enum Outcome: Sendable, Equatable {
     case success(status: Int)
     /// A status listed in `retry.on` (e.g. 502, 503, 504).

@@ -43,7 +43,7 @@ final class ProxyMetrics: Sendable {
         return registry.emitToString()
     }
 
-    // MARK: - Series of PRODUCT.md section 6
+    // MARK: - Series (docs/operations.md, "Metrics")
 
     func tokenRefresh(upstream: String, success: Bool) {
         counter("happypath_token_refreshes_total", [("upstream", upstream), ("result", success ? "success" : "failure")])

@@ -20,9 +20,11 @@ struct HappyPath: ParsableCommand {
     )
 }
 
-/// Exit codes of PRODUCT.md section 1.
+/// Exit codes (docs/contract.md, "Commands"): 0 after a clean shutdown,
+/// and these.
 enum Exit {
-    static let invalidConfig: Int32 = 1
+    /// An invalid config file, or invalid command-line arguments.
+    static let invalidConfigOrArguments: Int32 = 1
     static let cannotBind: Int32 = 2
 }
 
@@ -34,7 +36,7 @@ func loadConfiguration(_ path: String?) -> Configuration {
         FileHandle.standardError.write(Data((error.description + "\n").utf8))
         FileHandle.standardError.write(
             Data("\(file): \(error.errors.count) problem(s); fix them and run 'happypath check --config \(file)'\n".utf8))
-        Foundation.exit(Exit.invalidConfig)
+        Foundation.exit(Exit.invalidConfigOrArguments)
     }
 }
 
@@ -189,4 +191,14 @@ sigemptyset(&handled)
 for signo in [SIGINT, SIGTERM, SIGHUP] { sigaddset(&handled, signo) }
 pthread_sigmask(SIG_UNBLOCK, &handled, nil)
 
-HappyPath.main()
+// Like `HappyPath.main()`, except that a command line it cannot use exits 1
+// (docs/contract.md, "Commands") instead of ArgumentParser's 64.
+do {
+    var command = try HappyPath.parseAsRoot()
+    try command.run()
+} catch {
+    // --help and --version-style requests arrive as errors that exit 0.
+    if HappyPath.exitCode(for: error) == .success { HappyPath.exit(withError: error) }
+    FileHandle.standardError.write(Data((HappyPath.fullMessage(for: error) + "\n").utf8))
+    Foundation.exit(Exit.invalidConfigOrArguments)
+}

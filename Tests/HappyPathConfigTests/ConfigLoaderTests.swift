@@ -1,3 +1,4 @@
+import Foundation
 import HappyPathConfig
 import HappyPathCore
 import Testing
@@ -21,6 +22,23 @@ let minimal = """
     """
 
 @Suite struct ConfigLoaderTests {
+    /// config/happypath.yaml, which `make run` and the README's walk-through
+    /// use, stays valid, and its failure examples stay on an upstream of
+    /// their own whose breaker their failures cannot open.
+    @Test func theShippedExampleKeepsTheWalkThroughTrue() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let c = try ConfigLoader.load(path: root.appendingPathComponent("config/happypath.yaml").path, environment: [:])
+        func upstream(_ path: String) -> String? { c.router.route(path: path, method: "GET").map { c.routes[$0].upstream } }
+        #expect(upstream("/api/ok") == "demo")
+        #expect(upstream("/api/status/404") == "demo")
+        for path in ["/unstable/slow", "/unstable/flaky", "/unstable/status/503"] { #expect(upstream(path) == "unstable") }
+        // slow (2 timeouts), flaky (at worst 4 failed tries) and 503 (4 tries): 10 failures in a row at most.
+        let threshold = c.upstream(named: "unstable")?.policies.circuitBreaker.consecutiveFailures ?? 5
+        #expect(threshold > 10)
+        #expect(c.resolvedPolicies(forRoute: 1).retry.attempts == 4)
+    }
+
     /// Every credential key is read as a `Secret`: printing the whole
     /// configuration shows none of them, yet each is there to reveal.
     @Test func credentialsArePrintedAsStars() throws {

@@ -1,7 +1,7 @@
 import HappyPathCore
 
 extension RetryPolicy {
-    /// Every field's default is the contract's (PRODUCT.md section 2).
+    /// Every field's default is the documented one (docs/retry.md, docs/configuration.md).
     public struct Configuration: Sendable, Equatable {
         /// Tries in total, the first included. Default 3.
         public var attempts: Int = 3

@@ -1,0 +1,89 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The exit codes of docs/contract.md ("Commands"), on the real binary:
+/// 0 success, 1 an invalid config or invalid arguments, 2 a port that
+/// cannot be bound.
+@Suite struct CommandLineTests {
+    /// Runs `happypath ARGS` to its end; its exit status and what it printed.
+    func run(_ arguments: [String], timeout: Double = 10) throws -> (status: Int32, out: String, err: String) {
+        let dir = FileManager.default.temporaryDirectory
+        let outFile = dir.appendingPathComponent("hp-out-\(UUID())")
+        let errFile = dir.appendingPathComponent("hp-err-\(UUID())")
+        defer {
+            try? FileManager.default.removeItem(at: outFile)
+            try? FileManager.default.removeItem(at: errFile)
+        }
+        for file in [outFile, errFile] { _ = FileManager.default.createFile(atPath: file.path, contents: nil) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: happypathBinary)
+        process.arguments = arguments
+        process.standardOutput = try FileHandle(forWritingTo: outFile)
+        process.standardError = try FileHandle(forWritingTo: errFile)
+        try process.run()
+        if !eventually(timeout, { !process.isRunning }) {
+            process.terminate()
+            throw TestError("happypath \(arguments.joined(separator: " ")) did not end")
+        }
+        return (
+            process.terminationStatus, (try? String(contentsOf: outFile, encoding: .utf8)) ?? "",
+            (try? String(contentsOf: errFile, encoding: .utf8)) ?? ""
+        )
+    }
+
+    func config(_ text: String) throws -> String {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
+        try text.write(to: file, atomically: true, encoding: .utf8)
+        return file.path
+    }
+
+    static let valid = """
+        listen: 127.0.0.1:0
+        upstreams: { u: { endpoints: [http://127.0.0.1:9] } }
+        routes: [ { match: { path_prefix: / }, upstream: u } ]
+        """
+
+    @Test func versionAndAValidCheckExitZero() throws {
+        let version = try run(["version"])
+        #expect(version.status == 0)
+        #expect(version.out.hasPrefix("happypath "))
+        let check = try run(["check", "--config", try config(Self.valid)])
+        #expect(check.status == 0)
+        #expect(check.out.contains("OK (1 upstream(s), 1 route(s)"))
+    }
+
+    @Test func anInvalidConfigExitsOneWithEveryProblemPositioned() throws {
+        let path = try config(Self.valid + "\nbogus: 1\nworkers: many\n")
+        for command in ["check", "serve"] {
+            let r = try run([command, "--config", path])
+            #expect(r.status == 1, "\(command)")
+            #expect(r.err.contains("\(path):4:1: unknown key 'bogus'"), "\(command)")
+            #expect(r.err.contains("\(path):5:10: workers must be a whole number"), "\(command)")
+        }
+    }
+
+    @Test(arguments: [
+        ["serve", "--workers", "0"], ["serve", "--no-such-option"], ["serve", "--log-level", "loud"],
+        ["no-such-command"], ["demo-upstream", "--listen", "nowhere"],
+    ])
+    func invalidArgumentsExitOne(arguments: [String]) throws {
+        let r = try run(arguments)
+        #expect(r.status == 1)
+        #expect(r.err.contains("Error:"))
+    }
+
+    @Test func aPortInUseExitsTwo() throws {
+        let busy = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(busy) }
+        let port = bindLoopback(busy)
+        #expect(listen(busy, 1) == 0)
+        let serve = try run(["serve", "--config", try config(Self.valid), "--listen", "127.0.0.1:\(port)"])
+        #expect(serve.status == 2)
+        let demo = try run(["demo-upstream", "--listen", "127.0.0.1:\(port)"])
+        #expect(demo.status == 2)
+    }
+}
