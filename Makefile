@@ -12,7 +12,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience deploy-check image-local loadtest loadtest-short soak soak-short clean fuzz
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience deploy-check image-local loadtest loadtest-short soak soak-short sanitize sanitize-thread sanitize-address clean fuzz
 
 all: build
 
@@ -92,6 +92,29 @@ soak: test-deps release
 
 soak-short: test-deps build
 	SOAK_S=60 TOKEN_TTL=20 HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/soak/run.sh
+
+# The whole test suite under ThreadSanitizer, then under AddressSanitizer
+# (LeakSanitizer included), each in a build folder of its own. Every
+# process reports to $(SANITIZER_LOGS) (the test runner and each proxy a
+# test starts); any report there fails the run. Narrow it with
+# SANITIZE_FILTER="--filter Resilience".
+SANITIZER_LOGS ?= /tmp/happypath-sanitizers
+SANITIZE_FILTER ?=
+sanitize: sanitize-thread sanitize-address
+
+sanitize-thread: deps
+	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
+	@rm -rf $(SANITIZER_LOGS)/thread && mkdir -p $(SANITIZER_LOGS)/thread
+	TSAN_OPTIONS="log_path=$(SANITIZER_LOGS)/thread/report second_deadlock_stack=1" \
+	  $(SWIFT) test --skip-build --disable-xctest --sanitize=thread --scratch-path .build-tsan $(SANITIZE_FILTER)
+	@deploy/sanitizer-reports.sh $(SANITIZER_LOGS)/thread ThreadSanitizer
+
+sanitize-address: deps
+	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
+	@rm -rf $(SANITIZER_LOGS)/address && mkdir -p $(SANITIZER_LOGS)/address
+	ASAN_OPTIONS="log_path=$(SANITIZER_LOGS)/address/report detect_leaks=1" \
+	  $(SWIFT) test --skip-build --disable-xctest --sanitize=address --scratch-path .build-asan $(SANITIZE_FILTER)
+	@deploy/sanitizer-reports.sh $(SANITIZER_LOGS)/address AddressSanitizer
 
 check: build
 	$$($(SWIFT) build --show-bin-path)/happypath check --config $(CONFIG)

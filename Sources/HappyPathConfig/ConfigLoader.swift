@@ -556,6 +556,13 @@ final class Reader {
             for key in m.keys where key.string == "circuit_breaker" || key.string == "health_check" {
                 error(key, "\(path).\(key.string!) belongs to the upstream (or defaults), not to a route")
             }
+            // So does the retry budget: it counts the upstream's requests.
+            for (key, value) in m where key.string == "retry" {
+                guard case let .mapping(retry) = value else { continue }
+                for inner in retry.keys where inner.string == "budget" {
+                    error(inner, "\(path).retry.budget belongs to the upstream (or defaults), not to a route")
+                }
+            }
         }
         let f = fields(
             node, path,

@@ -246,7 +246,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
         var credentials: HTTPField?
-        if let authToken, let tokens { credentials = HTTPField(name: tokens.header, value: authToken.headerValue) }
+        // The one place a credential is revealed: the header injected into the try.
+        if let authToken, let tokens { credentials = HTTPField(name: tokens.header, value: authToken.credential.reveal) }
         transfer = worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,

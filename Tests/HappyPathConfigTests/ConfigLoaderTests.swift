@@ -229,6 +229,19 @@ let minimal = """
         #expect(e.first?.message == "routes[0].circuit_breaker belongs to the upstream (or defaults), not to a route")
     }
 
+    /// A route's own budget would be silently ignored: the budget counts the upstream's requests.
+    @Test func retryBudgetOnARouteIsAnError() {
+        let e = errors(
+            """
+            upstreams: { api: { endpoints: [http://127.0.0.1:9000] } }
+            routes:
+              - { match: { path_prefix: / }, upstream: api, retry: { attempts: 2, budget: { ratio: 0.5 } } }
+            """)
+        #expect(e.count == 1)
+        #expect(e.first?.message == "routes[0].retry.budget belongs to the upstream (or defaults), not to a route")
+        #expect(e.first?.line == 3)
+    }
+
     @Test func duplicateKeyIsAnError() {
         let e = errors("workers: 2\nworkers: 3\n" + minimal)
         #expect(e.count == 1)

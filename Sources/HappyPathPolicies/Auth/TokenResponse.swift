@@ -17,9 +17,6 @@ public struct Token: Sendable, Equatable {
         self.generation = generation
     }
 
-    /// The credential revealed, for the one place it is sent: the header the
-    /// proxy injects into a try.
-    public var headerValue: String { credential.reveal }
 }
 
 /// What a token endpoint said, parsed. Pure: tests feed it bytes.
