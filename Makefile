@@ -54,9 +54,9 @@ run: release
 	$$bin serve --config $(CONFIG) --log-format text
 
 # Every test: unit and loopback integration tests, the Kubernetes manifests,
-# each load-test scenario in its short form (about 10 s each) and a
-# one-minute soak.
-test: deploy-check loadtest-short soak-short unit-test
+# each load-test scenario in its short form (about 10 s each), a one-minute
+# soak, and the whole suite again under ThreadSanitizer and AddressSanitizer.
+test: deploy-check loadtest-short soak-short unit-test sanitize
 
 unit-test: deps
 	$(SWIFT) build --build-tests
@@ -113,6 +113,7 @@ sanitize-address: deps
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
 	@rm -rf $(SANITIZER_LOGS)/address && mkdir -p $(SANITIZER_LOGS)/address
 	ASAN_OPTIONS="log_path=$(SANITIZER_LOGS)/address/report detect_leaks=1" \
+	LSAN_OPTIONS="suppressions=$(CURDIR)/deploy/lsan-suppressions.txt print_suppressions=0" \
 	  $(SWIFT) test --skip-build --disable-xctest --sanitize=address --scratch-path .build-asan $(SANITIZE_FILTER)
 	@deploy/sanitizer-reports.sh $(SANITIZER_LOGS)/address AddressSanitizer
 

@@ -31,7 +31,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         ("/private/...", "like the paths above, but needs a valid token from /_demo/token (else 401)"),
     ]
 
-    private let loop: EventLoop
+    fileprivate let loop: EventLoop
     private var server: HTTPServer!
     private var random = IdentifierGenerator()
     /// Loop thread only: an outage window, and the tokens issued with their expiry.
@@ -54,12 +54,22 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
 
     public func start() { loop.start(name: "demo-upstream") }
 
+    private var stopped = false
+    /// Streamed bodies in progress, owned here until they end.
+    fileprivate var streamers: [ObjectIdentifier: BodyStreamer] = [:]
+
+    /// Stops serving: bodies still streaming are cut, every connection
+    /// closed, the loop ended and closed (nothing it ran is kept alive).
     public func stop() {
+        guard !stopped else { return }
+        stopped = true
         loop.execute { [self] in
+            for streamer in Array(streamers.values) { streamer.cut() }
             server.close()
             loop.stop()
         }
         loop.join()
+        loop.close()
     }
 
     /// Runs on the calling thread until the process ends.
@@ -203,7 +213,9 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         for field in headers { request.addResponseHeader(field.name, field.value) }
         request.startReply(status: 200, contentLength: count)
         if request.method == "HEAD" { return request.endReply() }
-        BodyStreamer(loop: loop, request: request, count: count, fill: fill).next()
+        let streamer = BodyStreamer(demo: self, request: request, count: count, fill: fill)
+        streamers[ObjectIdentifier(streamer)] = streamer
+        streamer.next()
     }
 
     /// FNV-1a, 64 bit: a cheap fingerprint for comparing bodies in tests.
@@ -227,35 +239,47 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     }
 }
 
-/// Writes one streamed demo body piece by piece. Retains itself while the
-/// stream runs (the request's observer pointer is unowned).
+/// Writes one streamed demo body piece by piece. The demo owns it (its
+/// `streamers`) until the body is written, the client leaves or the demo stops.
 private final class BodyStreamer: HTTPRequestObserver, LoopEventTarget {
     static let chunk = 64 * 1024
-    let loop: EventLoop
+    unowned let demo: DemoUpstream
     let request: HTTPRequest
     let count: Int
     let fill: (Int, Int, UnsafeMutableRawPointer) -> Void
     let scratch = UnsafeMutableRawPointer.allocate(byteCount: BodyStreamer.chunk, alignment: 16)
     var offset = 0
-    var keepAlive: BodyStreamer?
+    var done = false
     var cleanup: LoopEvent?
 
-    init(loop: EventLoop, request: HTTPRequest, count: Int, fill: @escaping (Int, Int, UnsafeMutableRawPointer) -> Void) {
-        self.loop = loop
+    init(demo: DemoUpstream, request: HTTPRequest, count: Int, fill: @escaping (Int, Int, UnsafeMutableRawPointer) -> Void) {
+        self.demo = demo
         self.request = request
         self.count = count
         self.fill = fill
-        keepAlive = self
         request.observer = self
     }
 
     deinit { scratch.deallocate() }
 
+    /// Ends it, on the demo's loop.
+    func cut() {
+        cleanup?.recycle()
+        cleanup = nil
+        request.abort()
+        end()
+    }
+
+    private func end() {
+        done = true
+        demo.streamers[ObjectIdentifier(self)] = nil
+    }
+
     func next() {
-        guard keepAlive != nil else { return }
+        guard !done else { return }
         guard offset < count else {
             request.endReply()
-            keepAlive = nil
+            end()
             return
         }
         let n = min(Self.chunk, count - offset)
@@ -267,15 +291,11 @@ private final class BodyStreamer: HTTPRequestObserver, LoopEventTarget {
     func requestOutputDrained(_ request: HTTPRequest) { next() }
 
     func requestClientClosed(_ request: HTTPRequest) {
-        let event = loop.takeEvent(target: self)
+        guard cleanup == nil else { return }
+        let event = demo.loop.takeEvent(target: self)
         cleanup = event
         event.arm(after: .zero)
     }
 
-    func loopEventFired(_ event: LoopEvent) {
-        event.recycle()
-        cleanup = nil
-        request.abort()
-        keepAlive = nil
-    }
+    func loopEventFired(_ event: LoopEvent) { cut() }
 }

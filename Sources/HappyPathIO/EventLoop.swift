@@ -24,6 +24,8 @@ public final class EventLoop: @unchecked Sendable {
     private var thread: pthread_t?
     /// Idle `LoopEvent`s, reused so the hot path allocates no timers.
     fileprivate var eventPool: [LoopEvent] = []
+    /// `LoopTimer`s armed and not yet fired: the loop owns them until then.
+    fileprivate var armedTimers: [ObjectIdentifier: LoopTimer] = [:]
 
     /// Process-wide setup, once, before any loop or thread exists: libevent
     /// locking (for `event_active` across threads), curl's globals, SIGPIPE.
@@ -63,14 +65,20 @@ public final class EventLoop: @unchecked Sendable {
     deinit {
         // Nothing that holds an event on the base is left (each holds `self`).
         eventPool.removeAll()
+        armedTimers.removeAll()
         if let wakeEvent { event_free(wakeEvent) }
         event_base_free(base)
     }
 
-    /// After `stop()` and `join()`: drops the idle pooled timers (they hold
-    /// the loop), so the loop is freed once its last user lets go.
+    /// After `stop()` and `join()`: drops the idle pooled timers and cancels
+    /// the armed `LoopTimer`s (both hold the loop, and a timer holds what its
+    /// body captured), so the loop is freed once its last user lets go.
     public func close() {
         eventPool.removeAll()
+        for timer in Array(armedTimers.values) { timer.cancel() }
+        // Work handed over after the loop stopped never runs: drop it (it
+        // may capture the loop's owner).
+        inbox.withLock { $0.removeAll() }
     }
 
     /// Runs `task` on the loop's thread, soon. Safe from any thread.
@@ -139,14 +147,14 @@ private func eventLoopWakeCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPo
     Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().drainInbox()
 }
 
-/// A one-shot timer on a loop. While armed, the timer retains itself (the C
+/// A one-shot timer on a loop. While armed, its loop owns it (the C
 /// callback holds an unretained pointer), so dropping the handle is safe;
-/// firing or `cancel()` releases that reference.
+/// firing, `cancel()` or the loop's `close()` ends that.
 public final class LoopTimer {
     private let loop: EventLoop
     private var event: OpaquePointer?
     private var body: (() -> Void)?
-    private var selfReference: Unmanaged<LoopTimer>?
+    private var armed = false
 
     init(loop: EventLoop, body: @escaping () -> Void) {
         self.loop = loop
@@ -155,9 +163,9 @@ public final class LoopTimer {
     }
 
     fileprivate func arm(_ delay: Duration) {
-        let retained = Unmanaged.passRetained(self)
-        selfReference = retained
-        event_assign(event, event_get_base(event), -1, 0, loopTimerCallback, retained.toOpaque())
+        loop.armedTimers[ObjectIdentifier(self)] = self
+        armed = true
+        event_assign(event, event_get_base(event), -1, 0, loopTimerCallback, Unmanaged.passUnretained(self).toOpaque())
         var tv = timeval(delay)
         event_add(event, &tv)
     }
@@ -165,18 +173,19 @@ public final class LoopTimer {
     fileprivate func fire() {
         let body = self.body
         self.body = nil
-        let reference = selfReference
-        selfReference = nil
-        body?()
-        reference?.release()
+        armed = false
+        withExtendedLifetime(self) {
+            loop.armedTimers[ObjectIdentifier(self)] = nil
+            body?()
+        }
     }
 
     public func cancel() {
-        guard let reference = selfReference else { return }
+        guard armed else { return }
+        armed = false
         event_del(event)
         body = nil
-        selfReference = nil
-        reference.release()
+        loop.armedTimers[ObjectIdentifier(self)] = nil
     }
 
     deinit { if let event { event_free(event) } }

@@ -27,7 +27,8 @@ import Testing
         #expect(report["last_statuses"] as? [Int] == [200, 200, 503, 404, 503, 200, 200, 200])
         // Each life opens ~12 descriptors (listeners, epoll, wake-ups, upstream
         // connections) and allocates tens of KiB: all of it must be given back.
-        #expect(number("fds_after") == number("fds_before"))
+        // (Fewer is fine: a sanitizer's runtime may close what it opened lazily.)
+        #expect(number("fds_after") <= number("fds_before"), "\(report)")
         // The heap may settle (allocator and library caches fill up once),
         // but 100 lives that each kept their workers would hold megabytes.
         #expect(number("heap_after") - number("heap_before") < 64 * 1024, "\(report)")

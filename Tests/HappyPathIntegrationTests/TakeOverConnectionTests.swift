@@ -41,6 +41,7 @@ import Testing
                 loop.stop()
             }
             loop.join()
+            loop.close()
         }
     }
 

@@ -43,6 +43,7 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
             loop.stop()
         }
         loop.join()
+        loop.close()
     }
 
     var tokenCalls: Int { state.withLock { $0.tokenBodies.count } }
