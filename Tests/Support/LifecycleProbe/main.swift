@@ -93,11 +93,33 @@ func cycle() -> [Int] {
     return statuses
 }
 
+/// Descriptors once the demo upstream has closed its side of the proxy's
+/// last connections (it sees their end a moment after the proxy stops):
+/// waits up to 5 s for the count to come down to `target`.
+func settledDescriptors(atMost target: Int) -> Int {
+    for _ in 0..<250 {
+        let n = openDescriptors()
+        if n <= target { return n }
+        usleep(20_000)
+    }
+    return openDescriptors()
+}
+
 for _ in 0..<3 { _ = cycle() }  // warm-up: lazily made globals, libcurl's caches, malloc's arenas
-let before = (fds: openDescriptors(), heap: heapInUse(), rss: residentKiB())
+// Between lives the process holds its own descriptors and the demo's
+// listener; the count is taken once it stops falling (200 ms unchanged).
+var baseline = openDescriptors()
+var unchanged = 0
+while unchanged < 10 {
+    usleep(20_000)
+    let n = openDescriptors()
+    unchanged = n == baseline ? unchanged + 1 : 0
+    baseline = n
+}
+let before = (fds: baseline, heap: heapInUse(), rss: residentKiB())
 var statuses: [Int] = []
 for _ in 0..<cycles { statuses = cycle() }
-let after = (fds: openDescriptors(), heap: heapInUse(), rss: residentKiB())
+let after = (fds: settledDescriptors(atMost: before.fds), heap: heapInUse(), rss: residentKiB())
 demo.stop()
 print(
     """
