@@ -8,7 +8,7 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 
 # Debian packages: build/run needs the first list, the load-test scenarios and
 # the manifest check the second, the side-by-side benchmark the third.
-RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev pkg-config
+RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libsqlite3-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 

@@ -37,6 +37,11 @@ let package = Package(
             providers: [.apt(["libcurl4-openssl-dev"])]
         ),
         .target(name: "CShims", dependencies: ["CLibevent", "CCurl"]),
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
 
         // MARK: - Pure Swift
         .target(name: "HappyPathCore", swiftSettings: hotPath),
@@ -52,11 +57,15 @@ let package = Package(
         .target(
             name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims"], swiftSettings: hotPath),
 
+        // The deliver-later store: SQLite (WAL, group commit on a writer
+        // thread). With HappyPathIO, the only Swift code that imports C.
+        .target(name: "HappyPathStore", dependencies: ["HappyPathCore", "CSQLite"], swiftSettings: hotPath),
+
         // MARK: - Composition and executable
         .target(
             name: "HappyPathServer",
             dependencies: [
-                "HappyPathCore", "HappyPathConfig", "HappyPathIO", "HappyPathPolicies",
+                "HappyPathCore", "HappyPathConfig", "HappyPathIO", "HappyPathPolicies", "HappyPathStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -69,7 +78,7 @@ let package = Package(
         .executableTarget(
             name: "happypath",
             dependencies: [
-                "HappyPathServer", "HappyPathConfig", "HappyPathDemo",
+                "HappyPathServer", "HappyPathConfig", "HappyPathDemo", "HappyPathStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: hotPath
@@ -121,6 +130,7 @@ let package = Package(
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
+        .testTarget(name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore"]),
         .testTarget(
             name: "HappyPathHTTPOracleTests",
             dependencies: [
@@ -132,7 +142,7 @@ let package = Package(
         .testTarget(
             name: "HappyPathIntegrationTests",
             dependencies: [
-                "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo",
+                "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo", "HappyPathStore",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -42,6 +42,30 @@ public enum ConfigLoader {
         return config
     }
 
+    /// What `happypath check` adds to the file's own validity: a store
+    /// (needed when a route delivers later) whose directory this process
+    /// cannot write is reported before `serve` would fail on it.
+    public static func storageProblems(_ config: Configuration) -> [ConfigError] {
+        guard config.usesStore else { return [] }
+        let path = config.storage.path
+        let directory = (path as NSString).deletingLastPathComponent.isEmpty
+            ? "." : (path as NSString).deletingLastPathComponent
+        var isDirectory: ObjCBool = false
+        let problem: String?
+        if !FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) || !isDirectory.boolValue {
+            problem = "storage.path: the directory \(directory) does not exist; create it (mkdir -p \(directory)) or set storage.path"
+        } else if access(directory, W_OK | X_OK) != 0 {
+            problem = "storage.path: the directory \(directory) is not writable by this user (uid \(getuid())); the store needs to create its file and journal there"
+        } else if FileManager.default.fileExists(atPath: path), access(path, R_OK | W_OK) != 0 {
+            problem = "storage.path: \(path) exists but is not readable and writable by this user (uid \(getuid()))"
+        } else {
+            problem = nil
+        }
+        return problem.map {
+            [ConfigError(file: config.source, line: config.storage.pathLine, column: config.storage.pathColumn, message: $0)]
+        } ?? []
+    }
+
     static func yamlError(_ error: YamlError, file: String) -> ConfigError {
         switch error {
         case let .scanner(_, problem, mark, _), let .parser(_, problem, mark, _), let .composer(_, problem, mark, _):
@@ -254,7 +278,8 @@ final class Reader {
             return config
         }
         let f = fields(
-            root, "", known: ["listen", "workers", "admin", "limits", "drain_timeout", "defaults", "upstreams", "routes"])
+            root, "",
+            known: ["listen", "workers", "admin", "limits", "drain_timeout", "defaults", "upstreams", "routes", "storage"])
         if let a = address(f["listen"]?.value, "listen") { config.listen = a }
         if let w = f["workers"]?.value {
             if text(w, "workers") != "auto" { config.workers = int(w, "workers", min: 1, max: 256) }
@@ -283,6 +308,7 @@ final class Reader {
             }
         }
         if let d = duration(f["drain_timeout"]?.value, "drain_timeout", allowZero: true) { config.drainTimeout = d }
+        if let storage = f["storage"]?.value { config.storage = self.storage(storage) }
         if let defaults = f["defaults"] {
             config.defaults = policies(fields(defaults.value, "defaults", known: Self.policyKeys), "defaults")
         }
@@ -305,7 +331,63 @@ final class Reader {
         } else {
             error(root, "missing 'routes': add at least one route such as '- match: { path_prefix: / }'")
         }
+        for (i, r) in config.routes.enumerated() where r.match.pathPrefix.hasPrefix(config.storage.statusPath + "/") {
+            error(
+                f["routes"]?.value,
+                "routes[\(i)] (path_prefix \(r.match.pathPrefix)) is inside storage.status_path \(config.storage.statusPath), which the proxy answers itself"
+            )
+        }
         return config
+    }
+
+    func storage(_ node: Node) -> StorageConfiguration {
+        var s = StorageConfiguration()
+        let f = fields(node, "storage", known: ["path", "sync", "max_bytes", "retention", "status_path"])
+        if let p = string(f["path"]?.value, "storage.path") {
+            if p.isEmpty || p.hasSuffix("/") {
+                error(f["path"]?.value, "storage.path must name a file, such as /var/lib/happypath/deliveries.db")
+            } else {
+                s.path = p
+                if let mark = f["path"]?.value.mark {
+                    s.pathLine = mark.line
+                    s.pathColumn = mark.column
+                }
+            }
+        }
+        if let v = choice(f["sync"]?.value, "storage.sync", StorageSync.self) { s.sync = v }
+        if let v = size(f["max_bytes"]?.value, "storage.max_bytes") {
+            if v < 1 << 20 {
+                error(f["max_bytes"]?.value, "storage.max_bytes must be at least 1MiB")
+            } else {
+                s.maxBytes = v
+            }
+        }
+        if let v = duration(f["retention"]?.value, "storage.retention") { s.retention = v }
+        if let p = string(f["status_path"]?.value, "storage.status_path") {
+            if !p.hasPrefix("/") || p.hasSuffix("/") || p.count < 2 || p.contains("?") {
+                error(f["status_path"]?.value, "storage.status_path must be a path such as /_happypath/deliveries (no trailing /)")
+            } else {
+                s.statusPath = p
+            }
+        }
+        return s
+    }
+
+    func delivery(_ node: Node, _ path: String) -> DeliverySettings {
+        var d = DeliverySettings()
+        let f = fields(node, path, known: ["mode", "max_age", "max_attempts", "backoff"])
+        if let m = choice(f["mode"]?.value, "\(path).mode", DeliveryMode.self) { d.mode = m }
+        if let v = duration(f["max_age"]?.value, "\(path).max_age") { d.maxAge = v }
+        if let v = int(f["max_attempts"]?.value, "\(path).max_attempts", min: 1, max: 1_000_000) { d.maxAttempts = v }
+        if let b = f["backoff"]?.value {
+            let bf = fields(b, "\(path).backoff", known: ["base", "max"])
+            if let v = duration(bf["base"]?.value, "\(path).backoff.base") { d.backoffBase = v }
+            if let v = duration(bf["max"]?.value, "\(path).backoff.max") { d.backoffMax = v }
+            if d.backoffMax < d.backoffBase {
+                error(b, "\(path).backoff.max (\(d.backoffMax.configText)) is below backoff.base (\(d.backoffBase.configText))")
+            }
+        }
+        return d
     }
 
     private func mappingKeys(_ node: Node) -> [String] {
@@ -566,7 +648,7 @@ final class Reader {
         }
         let f = fields(
             node, path,
-            known: ["match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability"]
+            known: ["match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery"]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
         if let m = f["match"]?.value {
@@ -600,6 +682,7 @@ final class Reader {
         }
         r.policies = policies(f, path)
         if let e = f["errors"]?.value { r.errors = errorMappings(e, "\(path).errors") }
+        if let d = f["delivery"]?.value { r.delivery = delivery(d, "\(path).delivery") }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,

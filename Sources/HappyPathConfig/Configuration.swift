@@ -19,6 +19,11 @@ public struct Configuration: Sendable {
     public var upstreams: [Upstream]
     /// In file order: first match wins.
     public var routes: [Route]
+    /// The deliver-later store, opened only if a route has `delivery.mode: later`.
+    public var storage = StorageConfiguration()
+
+    /// Some route stores its requests for later delivery (the store is needed).
+    public var usesStore: Bool { routes.contains { $0.delivery.mode == .later } }
 
     public func upstream(named name: String) -> Upstream? { upstreams.first { $0.name == name } }
 
@@ -64,6 +69,52 @@ public struct Route: Sendable {
     public var stripPrefix: String?
     public var policies: PolicySettings = PolicySettings()
     public var errors: [ErrorMapping] = []
+    public var delivery = DeliverySettings()
+}
+
+/// `mode: now` answers with the upstream's response (the default); `later`
+/// stores the request, answers 202, and delivers it in the background.
+public enum DeliveryMode: String, Sendable, CaseIterable { case now, later }
+
+/// A route's `delivery` block (docs/deliver-later.md).
+public struct DeliverySettings: Sendable, Equatable {
+    public var mode = DeliveryMode.now
+    /// Undelivered this long after it was accepted: dead.
+    public var maxAge: Duration = .seconds(24 * 3600)
+    /// Delivery rounds (each with the route's own retries) before it is dead.
+    public var maxAttempts = 50
+    /// Between rounds: exponential from `backoffBase`, capped at `backoffMax`, full jitter.
+    public var backoffBase: Duration = .seconds(1)
+    public var backoffMax: Duration = .seconds(600)
+
+    public init() {}
+}
+
+/// `storage.sync`: SQLite's `synchronous` in WAL mode.
+public enum StorageSync: String, Sendable, CaseIterable {
+    /// fsync at every commit: an acknowledged request survives a power loss.
+    case full
+    /// Survives a crash of the process; a power loss may lose the last commits.
+    case normal
+}
+
+/// The top-level `storage` block: where deliver-later requests are kept.
+public struct StorageConfiguration: Sendable, Equatable {
+    public static let defaultPath = "/var/lib/happypath/deliveries.db"
+
+    public var path = Self.defaultPath
+    public var sync = StorageSync.full
+    /// Bytes of requests not yet delivered (and of delivered rows kept) the store may hold.
+    public var maxBytes = 1 << 30
+    /// Delivered and dead deliveries are kept this long, then purged.
+    public var retention: Duration = .seconds(24 * 3600)
+    /// `GET {status_path}/{id}` on the proxy's listener answers a delivery's status.
+    public var statusPath = "/_happypath/deliveries"
+    /// Where `path` is written in the file (1, 1 when it is the default), for messages.
+    public var pathLine = 1
+    public var pathColumn = 1
+
+    public init() {}
 }
 
 // MARK: - Policy settings (every field optional: nil = inherit)

@@ -59,10 +59,19 @@ public protocol Clock: Sendable {
     /// The wall clock, in seconds since 1970: only for dates that come from
     /// outside (an upstream's `Retry-After: <HTTP-date>`).
     func wallSeconds() -> Int64
+    /// The wall clock in milliseconds since 1970: for times that outlive
+    /// the process (a stored delivery's age and next attempt).
+    func wallMilliseconds() -> Int64
 }
 
 extension Clock {
     public func wallSeconds() -> Int64 { Int64(time(nil)) }
+
+    public func wallMilliseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
 }
 
 public struct MonotonicClock: Clock {
@@ -86,6 +95,8 @@ public final class ManualClock: Clock {
     public func now() -> Instant { current.withLock { $0.0 } }
 
     public func wallSeconds() -> Int64 { current.withLock { $0.wall / 1_000_000_000 } }
+
+    public func wallMilliseconds() -> Int64 { current.withLock { $0.wall / 1_000_000 } }
 
     public func advance(by duration: Duration) {
         current.withLock {

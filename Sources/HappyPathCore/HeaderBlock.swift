@@ -152,3 +152,45 @@ public final class HeaderBlock: @unchecked Sendable {
         return out
     }
 }
+
+extension HeaderBlock {
+    /// The fields as `Name: value\r\n` lines: how a stored delivery keeps them.
+    public var lines: [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(byteCount)
+        forEach { n, v, _ in
+            out.append(contentsOf: n)
+            out.append(UInt8(ascii: ":"))
+            out.append(UInt8(ascii: " "))
+            out.append(contentsOf: v)
+            out.append(UInt8(ascii: "\r"))
+            out.append(UInt8(ascii: "\n"))
+        }
+        return out
+    }
+
+    /// The block for `lines` (as `lines` writes them); a line without `: ` is skipped.
+    public convenience init(lines: [UInt8]) {
+        self.init(capacity: lines.count + 64)
+        lines.withUnsafeBytes { all in
+            var start = 0
+            var i = 0
+            while i + 1 < all.count {
+                if all[i] == UInt8(ascii: "\r"), all[i + 1] == UInt8(ascii: "\n") {
+                    let line = UnsafeRawBufferPointer(rebasing: all[start..<i])
+                    if let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 {
+                        var valueStart = colon + 1
+                        if valueStart < line.count, line[valueStart] == UInt8(ascii: " ") { valueStart += 1 }
+                        append(
+                            name: UnsafeRawBufferPointer(rebasing: line[..<colon]),
+                            value: UnsafeRawBufferPointer(rebasing: line[valueStart...]))
+                    }
+                    i += 2
+                    start = i
+                } else {
+                    i += 1
+                }
+            }
+        }
+    }
+}

@@ -2,6 +2,7 @@ import Foundation
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
+import HappyPathStore
 import Synchronization
 
 /// The admin listener, on its own loop so a busy proxy worker never delays a
@@ -15,6 +16,7 @@ final class AdminServer: HTTPServerDelegate {
     private var runtime: RuntimeConfiguration
     private let clock: Clock
     private(set) var server: HTTPServer!
+    private let adminLoop: EventLoop
     private var ids = IdentifierGenerator()
 
     init(
@@ -22,6 +24,7 @@ final class AdminServer: HTTPServerDelegate {
         clock: Clock
     ) throws(SocketError) {
         self.ready = ready
+        adminLoop = loop
         self.shared = shared
         self.runtime = runtime
         self.clock = clock
@@ -48,12 +51,14 @@ final class AdminServer: HTTPServerDelegate {
                     detail: "The admin listener answers loopback clients only (admin.allow_remote)."))
             return
         }
+        let (path, query) = Router.split(target: request.target)
+        if path.hasPrefix("/admin/deliveries") { return deliveriesAPI(request, path: path, query: query) }
         guard request.method == "GET" || request.method == "HEAD" else {
             ProblemResponder.respond(
                 request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
             return
         }
-        switch Router.split(target: request.target).path {
+        switch path {
         case "/healthz":
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
         case "/readyz":
@@ -65,7 +70,10 @@ final class AdminServer: HTTPServerDelegate {
         case "/metrics":
             request.reply(
                 status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
-                body: shared.metrics.exposition(bodies: shared.bodies))
+                body: { () -> String in
+                    shared.deliveries?.recordGauges(into: shared.metrics)
+                    return shared.metrics.exposition(bodies: shared.bodies)
+                }())
         case "/admin/state":
             request.reply(status: 200, headers: Self.json, body: state())
         case "/admin/events":
@@ -75,13 +83,139 @@ final class AdminServer: HTTPServerDelegate {
                 request,
                 Problem(
                     .noRoute, requestID: ids.requestID(),
-                    detail: "The admin listener serves /healthz, /readyz, /metrics, /admin/state and /admin/events."))
+                    detail: "The admin listener serves /healthz, /readyz, /metrics, /admin/state, /admin/events and /admin/deliveries."))
         }
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         ProblemResponder.respond(
             request, ProblemResponder.problem(for: reason, requestID: ids.requestID(), limits: server.limits))
+    }
+
+    // MARK: - Deliveries
+
+    /// `GET /admin/deliveries[?state=&upstream=&limit=&after=]`, `GET
+    /// /admin/deliveries/{id}`, `POST /admin/deliveries/{id}/replay`, `POST
+    /// /admin/deliveries/purge` (docs/deliver-later.md).
+    private func deliveriesAPI(_ request: HTTPRequest, path: String, query: String?) {
+        let requestID = ids.requestID()
+        guard let deliveries = shared.deliveries else {
+            return ProblemResponder.answer(
+                request, Problem(.notFound, requestID: requestID, detail: "No route delivers later (delivery.mode: later)."))
+        }
+        let parts = path.split(separator: "/", omittingEmptySubsequences: true).map(String.init)
+        let isGet = request.method == "GET" || request.method == "HEAD"
+        let isPost = request.method == "POST"
+        func wrongMethod(_ allowed: String) {
+            ProblemResponder.respond(
+                request, Problem(.badRequest, requestID: requestID, detail: "\(path) takes \(allowed)."))
+        }
+        let box = AdminRequestBox(request)
+        switch parts.count {
+        case 2:
+            guard isGet else { return wrongMethod("GET") }
+            var state: DeliveryState?
+            var upstream: String?
+            var after: Int64?
+            var limit = 100
+            for (key, value) in Self.queryItems(query) {
+                switch key {
+                case "state":
+                    guard let s = DeliveryState(name: value) else {
+                        return ProblemResponder.answer(
+                            request,
+                            Problem(
+                                .badRequest, requestID: requestID,
+                                detail: "state must be one of queued, in_flight, delivered, dead; got '\(value)'."))
+                    }
+                    state = s
+                case "upstream": upstream = value
+                case "after":
+                    guard let v = Int64(value) else {
+                        return ProblemResponder.answer(
+                            request, Problem(.badRequest, requestID: requestID, detail: "after must be the 'next' of a page."))
+                    }
+                    after = v
+                case "limit":
+                    guard let v = Int(value), (1...1000).contains(v) else {
+                        return ProblemResponder.answer(
+                            request, Problem(.badRequest, requestID: requestID, detail: "limit must be 1 to 1000."))
+                    }
+                    limit = v
+                default:
+                    return ProblemResponder.answer(
+                        request,
+                        Problem(
+                            .badRequest, requestID: requestID,
+                            detail: "Unknown parameter '\(key)' (state, upstream, limit, after)."))
+                }
+            }
+            let records = deliveries.store.list(state: state, upstream: upstream, after: after, limit: limit)
+            let next = records.count == limit ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
+            request.reply(
+                status: 200, headers: Self.json,
+                body: "{\"deliveries\":[\(records.map(Deliveries.json).joined(separator: ","))],\"next\":\(next)}\n")
+        case 3 where parts[2] == "purge":
+            guard isPost else { return wrongMethod("POST") }
+            let loop = adminLoop
+            deliveries.purge { count in
+                loop.execute { box.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
+            }
+        case 3:
+            guard isGet else { return wrongMethod("GET") }
+            guard let record = deliveries.store.record(id: parts[2]) else {
+                return ProblemResponder.answer(
+                    request, Problem(.notFound, requestID: requestID, detail: "No delivery \(parts[2]) (or it was purged)."))
+            }
+            request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
+        case 4 where parts[3] == "replay":
+            guard isPost else { return wrongMethod("POST") }
+            let id = parts[2]
+            guard let record = deliveries.store.record(id: id) else {
+                return ProblemResponder.answer(
+                    request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+            }
+            // A new max_age from now: the route's, if the route still delivers later.
+            let (routePath, _) = Router.split(target: record.target)
+            let maxAge = runtime.router.route(path: routePath, method: record.method).map {
+                runtime.routes[$0].delivery.maxAge
+            } ?? DeliverySettings().maxAge
+            let loop = adminLoop
+            deliveries.replay(id: id, maxAge: maxAge) { result in
+                loop.execute {
+                    let request = box.request
+                    switch result {
+                    case .replayed:
+                        let body = deliveries.store.record(id: id).map(Deliveries.json) ?? "{}"
+                        request.reply(status: 200, headers: Self.json, body: body + "\n")
+                    case let .notDead(state):
+                        var conflict = Problem(
+                            .clientError, requestID: requestID,
+                            detail: "Only a dead delivery can be replayed; \(id) is \(state.name).")
+                        conflict.status = 409
+                        ProblemResponder.respond(request, conflict)
+                    case .unknown:
+                        ProblemResponder.respond(
+                            request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+                    }
+                }
+            }
+        default:
+            ProblemResponder.respond(
+                request, Problem(.noRoute, requestID: requestID, detail: "No admin resource at \(path)."))
+        }
+    }
+
+    /// `a=1&b=two` as pairs, percent-decoded.
+    static func queryItems(_ query: String?) -> [(String, String)] {
+        guard let query, !query.isEmpty else { return [] }
+        return query.split(separator: "&").map { item in
+            let pair = item.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            func decode(_ s: Substring) -> String {
+                String(s).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String(s)
+            }
+            return (decode(pair[0]), pair.count > 1 ? decode(pair[1]) : "")
+        }
     }
 
     static func isLoopback(_ address: String) -> Bool {
@@ -124,6 +258,7 @@ final class AdminServer: HTTPServerDelegate {
             {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.current),\
             "parked":\(shared.parked.current),"max_parked":\(shared.parked.limit),\
             "buffered_bytes":\(shared.bodies.current),"max_buffered_bytes":\(shared.bodies.limit),\
+            "deliveries":\(shared.deliveries?.stateJSON() ?? "null"),\
             "config":{"source":\(JSON.quote(config.source)),"loaded_at":\(JSON.quote(loaded))},\
             "upstreams":[\(upstreams.joined(separator: ","))]}
 
@@ -134,4 +269,10 @@ final class AdminServer: HTTPServerDelegate {
 /// Atomic<Bool> is not copyable; the admin server and the proxy share one through this box.
 final class ReadyFlag: Sendable {
     let value = Atomic<Bool>(false)
+}
+
+/// A request answered later on the admin loop (after a store write).
+private final class AdminRequestBox: @unchecked Sendable {
+    let request: HTTPRequest
+    init(_ request: HTTPRequest) { self.request = request }
 }

@@ -1,6 +1,7 @@
 import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies
+import HappyPathStore
 import Logging
 
 /// One client request from arrival to answer: the driver of its
@@ -15,7 +16,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// The worker owns every exchange until `finished` (its `active`), and
     /// abandons those left at shutdown.
     let worker: ProxyWorker
-    let request: HTTPRequest
+    /// The client's connection, or a `DeliverySink` for a delivery round.
+    let request: any ExchangeClient
+    /// The stored request this round delivers (nil: a client waits on `request`).
+    let delivery: ClaimedDelivery?
     let route: RuntimeRoute
     let upstream: RuntimeUpstream
     let guardian: UpstreamGuard
@@ -45,14 +49,19 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// For the access log and metrics.
     private(set) var finalStatus = 0
     private(set) var finalCode = "OK"
+    /// The problem answered, if the request failed.
+    private(set) var problem: Problem?
+    /// The upstream's own status, when the problem answered is its answer.
+    private(set) var upstreamAnswered: Int?
     var bytesOut: Int { relay.bytesOut }
 
     init(
-        worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, upstream: RuntimeUpstream,
-        guardian: UpstreamGuard, command: Command
+        worker: ProxyWorker, request: any ExchangeClient, route: RuntimeRoute, upstream: RuntimeUpstream,
+        guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil
     ) {
         self.worker = worker
         self.request = request
+        self.delivery = delivery
         self.route = route
         self.upstream = upstream
         self.guardian = guardian
@@ -153,6 +162,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             timer?.disarm()
         case let .answer(failure, abandonProbe):
             if abandonProbe { self.abandonProbe() }
+            if case let .upstreamAnswer(status) = failure { upstreamAnswered = status }
             releaseAll()
             let problem = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route).build(
                 failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
@@ -161,6 +171,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
             finalStatus = problem.status
             finalCode = problem.code
+            self.problem = problem
             relay.answered(bytes: ProblemResponder.respond(request, problem))
             end()
         case let .finish(ending, abandonProbe):

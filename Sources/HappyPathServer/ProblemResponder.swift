@@ -5,7 +5,7 @@ import HappyPathIO
 enum ProblemResponder {
     /// Returns the body's size in bytes.
     @discardableResult
-    static func respond(_ request: HTTPRequest, _ problem: Problem) -> Int {
+    static func respond<C: ExchangeClient>(_ request: C, _ problem: Problem) -> Int {
         request.clearResponseHeaders()
         // A client that asks for JSON but not problem+json gets the same body
         // labelled application/json, so plain JSON decoders accept it.
@@ -27,6 +27,11 @@ enum ProblemResponder {
         let body = problem.json()
         request.reply(status: problem.status, headers: headers, body: body)
         return body.utf8.count
+    }
+
+    /// `respond`, for a caller that has no use for the size.
+    static func answer<C: ExchangeClient>(_ request: C, _ problem: Problem) {
+        respond(request, problem)
     }
 
     /// The problem for a request the HTTP/1.1 edge refused before routing.

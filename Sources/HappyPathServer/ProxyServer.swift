@@ -2,6 +2,7 @@ import Foundation
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
+import HappyPathStore
 import Logging
 import Synchronization
 
@@ -23,6 +24,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var admin: AdminServer?
     private var healthChecker: HealthChecker?
     private var shared: SharedState?
+    /// The deliver-later store and dispatcher, if a route delivers later.
+    private var deliveries: Deliveries?
     private let ready = ReadyFlag()
     private let stopped = Locked(false)
     public private(set) var port = 0
@@ -44,14 +47,28 @@ public final class ProxyServer: @unchecked Sendable {
 
     static var coreCount: Int { max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) }
 
-    /// Binds every listener and starts the loops. Throws if a port cannot be bound.
-    public func start() throws(SocketError) {
+    /// Opens the delivery store (if a route delivers later), binds every
+    /// listener and starts the loops. Throws a `SocketError` if a port
+    /// cannot be bound, a `StoreError` if the store cannot be opened.
+    public func start() throws {
         EventLoop.initializeLibraries()
         let config = runtime.configuration
         let adminLoop = EventLoop()
         self.adminLoop = adminLoop
         let shared = SharedState(runtime: runtime, logger: logger, events: EventBus(loop: adminLoop))
         self.shared = shared
+        if config.usesStore {
+            let writes = shared.metrics.timer("happypath_delivery_store_write_seconds", [])
+            let store = try DeliveryStore(
+                settings: StoreSettings(
+                    path: config.storage.path, sync: config.storage.sync == .full ? .full : .normal,
+                    maxBytes: config.storage.maxBytes, retention: config.storage.retention),
+                clock: clock, onWrite: { writes.recordNanoseconds(Int64($0 * 1e9)) })
+            let deliveries = Deliveries(
+                store: store, settings: config.storage, loop: adminLoop, shared: shared, clock: clock, logger: logger)
+            self.deliveries = deliveries
+            shared.deliveries = deliveries
+        }
         var bindPort = config.listen.port
         for i in 0..<workerCount {
             let loop = EventLoop()
@@ -60,6 +77,8 @@ public final class ProxyServer: @unchecked Sendable {
                 loop: loop, runtime: runtime, shared: shared, host: config.listen.host, port: bindPort,
                 workers: workerCount, clock: clock, logger: logger, accessLog: accessLog)
             shared.register(worker)
+            worker.deliveries = deliveries
+            deliveries?.register(worker)
             if i == 0 { bindPort = worker.port }
             loops.append(loop)
             workers.append(worker)
@@ -74,6 +93,10 @@ public final class ProxyServer: @unchecked Sendable {
         for (i, loop) in loops.enumerated() { loop.start(name: "worker-\(i)") }
         let checkerBox = CheckerBox(checker)
         adminLoop.execute { checkerBox.checker.start() }
+        if let deliveries {
+            let box = DeliveriesBox(deliveries)
+            adminLoop.execute { box.deliveries.start() }
+        }
         adminLoop.start(name: "admin")
         ready.value.store(true, ordering: .releasing)
         logger.info(
@@ -102,6 +125,7 @@ public final class ProxyServer: @unchecked Sendable {
         }
         let newRuntime = RuntimeConfiguration(configuration)
         let newShared = SharedState(runtime: newRuntime, logger: logger, events: shared.events, previous: shared)
+        deliveries?.update(shared: newShared)
         for (loop, worker) in zip(loops, workers) {
             let handle = WorkerHandle(worker)
             let box = ReloadBox(newRuntime, newShared)
@@ -165,6 +189,12 @@ public final class ProxyServer: @unchecked Sendable {
         }
         guard !already else { return }
         ready.value.store(false, ordering: .releasing)
+        // No new delivery rounds; those running are dropped with the workers
+        // and queued again when the store closes, after the loops end.
+        if let deliveries, let adminLoop {
+            let box = DeliveriesBox(deliveries)
+            adminLoop.execute { box.deliveries.stop() }
+        }
         for (loop, worker) in zip(loops, workers) {
             let box = WorkerHandle(worker)
             loop.execute {
@@ -183,6 +213,8 @@ public final class ProxyServer: @unchecked Sendable {
             }
             adminLoop.join()
         }
+        deliveries?.close()
+        deliveries = nil
         // Every loop has stopped. What holds an event on a loop's base goes
         // first (workers with their listeners, libcurl clients and requests;
         // the admin side), then each loop's idle timers; the bases are freed

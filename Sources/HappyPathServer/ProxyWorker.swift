@@ -2,6 +2,7 @@ import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies
+import HappyPathStore
 import Logging
 import Synchronization
 
@@ -40,6 +41,9 @@ final class ProxyWorker: HTTPServerDelegate {
     /// EMFILE pauses since the last log line about them.
     private var acceptPauses = 0
     private var lastAcceptPauseLog: Instant?
+
+    /// The deliver-later store and dispatcher (nil: no route delivers later).
+    var deliveries: Deliveries?
 
     /// Token refreshes running on this worker, owned here until they report.
     private var refreshes: [ObjectIdentifier: TokenRefresh] = [:]
@@ -106,10 +110,24 @@ final class ProxyWorker: HTTPServerDelegate {
                 status: 200, headers: [HTTPField(name: "Allow", value: "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")])
         }
         let (path, query) = Router.split(target: target)
+        if let deliveries, path.hasPrefix(deliveries.statusPrefix) {
+            let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+            return deliveries.status(request, path: path, requestID: id)
+        }
         guard let routeIndex = runtime.router.route(path: path, method: method) else {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
+        if route.delivery.mode == .later {
+            let command = makeCommand(request, method: method, path: path, query: query, route: route)
+            guard let deliveries else {
+                // A reload cannot add a later route without the store (RestartOnlyKeys); kept safe anyway.
+                return ProblemResponder.answer(
+                    request,
+                    Problem(.overloaded, requestID: command.requestID, detail: "The delivery store is not open; restart the proxy."))
+            }
+            return deliveries.accept(request, command: command, route: route, worker: self)
+        }
         let exchange = Exchange(
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex],
@@ -402,11 +420,51 @@ final class ProxyWorker: HTTPServerDelegate {
         }
     }
 
+    // MARK: - Deliver later
+
+    /// One delivery round of a stored request, run as an exchange whose
+    /// answer goes to the store. Routed again: the configuration may have
+    /// changed since it was stored.
+    func deliver(_ delivery: ClaimedDelivery) {
+        guard let deliveries else { return }
+        let (path, query) = Router.split(target: delivery.target)
+        guard !stopping, let routeIndex = runtime.router.route(path: path, method: delivery.method) else {
+            if stopping {
+                return deliveries.roundFailed(delivery, .postpone(at: clock.wallMilliseconds()))
+            }
+            let problem = Problem(
+                .noRoute, requestID: delivery.requestID,
+                detail: "No route matches \(delivery.method) \(path) any more; the delivery cannot be sent.")
+            return deliveries.roundFailed(delivery, .dead(status: nil, problem: problem.json()))
+        }
+        let route = runtime.routes[routeIndex]
+        let upstream = runtime.upstreams[route.upstreamIndex]
+        let command = Command(
+            requestID: delivery.requestID, method: delivery.method,
+            target: Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix),
+            headers: HeaderBlock(lines: delivery.headers), body: delivery.body, routeIndex: route.index,
+            upstream: upstream.name, deadline: clock.now() + route.timeout)
+        let exchange = Exchange(
+            worker: self, request: DeliverySink(), route: route, upstream: upstream,
+            guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery)
+        active[ObjectIdentifier(exchange)] = exchange
+        exchange.start()
+    }
+
     func finished(_ exchange: Exchange) {
         guard active.removeValue(forKey: ObjectIdentifier(exchange)) != nil else { return }
-        shared.inFlight.add(-1)
         let duration = clock.now() - exchange.startedAt
+        if let delivery = exchange.delivery {
+            deliveries?.roundEnded(exchange, delivery: delivery, random: Double(ids.next() % 1_000_000) / 1_000_000)
+            logAccess(exchange, duration: duration)
+            return
+        }
+        shared.inFlight.add(-1)
         metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
+        logAccess(exchange, duration: duration)
+    }
+
+    private func logAccess(_ exchange: Exchange, duration: Duration) {
         // The access log: one line per client request (info level).
         if accessLog.enabled {
             let command = exchange.command
@@ -438,7 +496,7 @@ final class ProxyWorker: HTTPServerDelegate {
             for exchange in Array(l.parked.values) { unpark(exchange) }
         }
         for exchange in active.values { exchange.abandon() }
-        shared.inFlight.add(-active.count)
+        shared.inFlight.add(-active.values.filter { $0.delivery == nil }.count)
         active.removeAll()
         for refresh in refreshes.values { refresh.abandon() }
         refreshes.removeAll()

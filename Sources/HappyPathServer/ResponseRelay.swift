@@ -50,7 +50,7 @@ struct ResponseRelay {
     }
 
     /// The status line arrived: `hold` for answers the exchange must look at first.
-    mutating func begin(status: Int, hold: Bool, to request: HTTPRequest) {
+    mutating func begin<C: ExchangeClient>(status: Int, hold: Bool, to request: C) {
         self.status = status
         if hold {
             mode = .holding
@@ -62,7 +62,7 @@ struct ResponseRelay {
         }
     }
 
-    mutating func header(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, to request: HTTPRequest) {
+    mutating func header<C: ExchangeClient>(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, to request: C) {
         // Content-Length and Transfer-Encoding are the proxy's to write, and
         // a malformed field fails the head (reported when it is complete).
         guard framing.add(name: name, value: value) else { return }
@@ -99,7 +99,7 @@ struct ResponseRelay {
     }
 
     /// The head is complete: refuse it, keep holding, or send it to the client.
-    mutating func headComplete(to request: HTTPRequest, requestID: String, attempt: Int) -> HeadVerdict {
+    mutating func headComplete<C: ExchangeClient>(to request: C, requestID: String, attempt: Int) -> HeadVerdict {
         let length: Int?
         switch framing.verdict() {
         case let .failure(error): return .refused(error.message)
@@ -118,7 +118,7 @@ struct ResponseRelay {
 
     /// Body bytes: kept (holding) or sent (streaming). False: the client is
     /// slow; pause the upstream until `drained()`.
-    mutating func body(_ bytes: UnsafeRawBufferPointer, to request: HTTPRequest) -> Bool {
+    mutating func body<C: ExchangeClient>(_ bytes: UnsafeRawBufferPointer, to request: C) -> Bool {
         switch mode {
         case .holding:
             let room = ErrorMapper.maxBody - heldBody.count
@@ -134,7 +134,7 @@ struct ResponseRelay {
                 waitingForDrain = true
                 request.send(bytes, notifyWhenDrained: true)
             } else {
-                request.send(bytes)
+                request.send(bytes, notifyWhenDrained: false)
             }
             return true
         }

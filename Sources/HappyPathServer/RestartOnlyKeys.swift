@@ -18,6 +18,19 @@ enum RestartOnlyKeys {
         if new.limits.maxRequestBody != old.limits.maxRequestBody { keys.append("limits.max_request_body") }
         if new.limits.maxHeaderBytes != old.limits.maxHeaderBytes { keys.append("limits.max_header_bytes") }
         if new.limits.clientTimeout != old.limits.clientTimeout { keys.append("limits.client_timeout") }
-        return keys.map { "\($0) cannot change on reload (restart to apply)" }
+        if old.usesStore || new.usesStore {
+            // The store is opened once, at start, and only if a route needs it.
+            if new.storage.path != old.storage.path { keys.append("storage.path") }
+            if new.storage.sync != old.storage.sync { keys.append("storage.sync") }
+            if new.storage.maxBytes != old.storage.maxBytes { keys.append("storage.max_bytes") }
+            if new.storage.retention != old.storage.retention { keys.append("storage.retention") }
+            if new.storage.statusPath != old.storage.statusPath { keys.append("storage.status_path") }
+        }
+        var messages = keys.map { "\($0) cannot change on reload (restart to apply)" }
+        if new.usesStore, !old.usesStore {
+            messages.append(
+                "delivery.mode: later needs the store, which opens at start only if a route uses it (restart to apply)")
+        }
+        return messages
     }
 }

@@ -25,7 +25,8 @@ public final class RuntimeConfiguration: Sendable {
                 index: i, label: shared ? "\(prefix)#\(i)" : prefix,
                 upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(resolved: policies.retry)),
-                parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors)
+                parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors,
+                delivery: route.delivery)
         }
     }
 }
@@ -58,11 +59,14 @@ final class RuntimeRoute: Sendable {
     let parkFor: Duration
     /// Error mappings: the route's, then its upstream's.
     let errors: [ErrorMapping]
+    /// `now`, or `later`: stored, answered 202, delivered in the background.
+    let delivery: DeliverySettings
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
-        parkFor: Duration, errors: [ErrorMapping]
+        parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings()
     ) {
+        self.delivery = delivery
         self.index = index
         self.label = label
         self.upstreamIndex = upstreamIndex

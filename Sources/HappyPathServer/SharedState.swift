@@ -19,6 +19,9 @@ final class SharedState: @unchecked Sendable {
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
     let loadedAt = Date()
+    /// The deliver-later dispatcher (nil: no route delivers later). Set
+    /// before any loop runs and carried over by a reload.
+    var deliveries: Deliveries?
     /// Set before any loop runs (and carried over by a reload); then
     /// read-only until the server stops and calls `forgetWorkers()`: each
     /// worker holds the shared state, so this list keeps both alive until then.
@@ -46,6 +49,7 @@ final class SharedState: @unchecked Sendable {
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes
         workers = previous?.workers ?? []
+        deliveries = previous?.deliveries
         guards = zip(runtime.upstreams, runtime.configuration.upstreams).map { u, definition in
             let fresh = UpstreamGuard(upstream: u, definition: definition, logger: logger, metrics: metrics, events: events)
             if let old = previous?.guards.first(where: { $0.name == u.name && $0.fingerprint == fresh.fingerprint }) {
@@ -60,10 +64,14 @@ final class SharedState: @unchecked Sendable {
     func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
 
     /// The server stopped (every loop has ended): let go of the workers.
-    func forgetWorkers() { workers.removeAll() }
+    func forgetWorkers() {
+        workers.removeAll()
+        deliveries = nil
+    }
 
     /// Every worker replays its parked commands for this upstream, on its own loop.
     func recovered(_ guardian: UpstreamGuard) {
+        deliveries?.recovered(upstream: guardian.name)
         for (loop, handle) in workers {
             loop.execute { handle.worker.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
         }

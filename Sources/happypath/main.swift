@@ -4,6 +4,7 @@ import HappyPathConfig
 import HappyPathDemo
 import HappyPathIO
 import HappyPathServer
+import HappyPathStore
 import Logging
 
 #if canImport(Glibc)
@@ -95,6 +96,13 @@ struct Serve: ParsableCommand {
             accessLog: AccessLogSettings(level: level, format: format))
         do {
             try server.start()
+        } catch let error as StoreError {
+            logger.critical("cannot open the delivery store", metadata: ["error": "\(error)"])
+            FileHandle.standardError.write(
+                Data(
+                    "happypath: cannot open the delivery store: \(error) (check storage.path: its directory must exist and be writable; run 'happypath check')\n"
+                        .utf8))
+            Foundation.exit(Exit.invalidConfigOrArguments)
         } catch {
             logger.critical("cannot start", metadata: ["error": "\(error)"])
             FileHandle.standardError.write(Data("happypath: \(error)\n".utf8))
@@ -146,6 +154,11 @@ struct Check: ParsableCommand {
     func run() throws {
         let file = config ?? ConfigLoader.defaultPath()
         let configuration = loadConfiguration(file)
+        let storage = ConfigLoader.storageProblems(configuration)
+        if !storage.isEmpty {
+            for problem in storage { FileHandle.standardError.write(Data((problem.description + "\n").utf8)) }
+            Foundation.exit(Exit.invalidConfigOrArguments)
+        }
         print(
             "\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.routes.count) route(s), listen \(configuration.listen))"
         )

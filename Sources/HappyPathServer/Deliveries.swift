@@ -1,0 +1,415 @@
+import Foundation
+import HappyPathConfig
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+import HappyPathStore
+import Logging
+import Synchronization
+
+/// Deliver later (docs/deliver-later.md): requests on a `delivery.mode:
+/// later` route are stored in the `DeliveryStore` and answered 202; the
+/// dispatcher takes due deliveries from the store and hands each to a worker,
+/// which runs it as an ordinary exchange (retries, budget, breaker,
+/// parking, credentials) whose answer goes to a `DeliverySink`; the round's
+/// end goes back to the store as delivered, queued again, or dead.
+///
+/// Threads: `accept` and `roundEnded` run on worker loops, the dispatcher's
+/// tick on the admin loop, store replies on the store's writer thread; what
+/// they share is atomic or locked.
+final class Deliveries: @unchecked Sendable {
+    /// Delivery rounds running at once in the whole process.
+    static let maxInFlight = 64
+    /// How often the dispatcher looks for due deliveries (it is also woken
+    /// when a round ends, a request is stored, or an upstream recovers).
+    static let tick: Duration = .milliseconds(100)
+    static let purgeEvery: Duration = .seconds(600)
+
+    let store: DeliveryStore
+    let settings: StorageConfiguration
+    /// `status_path` and a slash: requests under it are status requests.
+    let statusPrefix: String
+    private let clock: Clock
+    private let logger: Logger
+    private let loop: EventLoop
+    private let state: Locked<(shared: SharedState, workers: [(loop: EventLoop, worker: WorkerHandle)])>
+    private let inFlight = Atomic<Int>(0)
+    private let claiming = Atomic<Bool>(false)
+    private let nextWorker = Atomic<Int>(0)
+    private let stopped = Atomic<Bool>(false)
+    private var ticker: LoopTimer?
+    private var purger: LoopTimer?
+    private var lastPurge: Instant
+
+    init(store: DeliveryStore, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
+        logger: Logger)
+    {
+        self.store = store
+        self.settings = settings
+        statusPrefix = settings.statusPath + "/"
+        self.loop = loop
+        self.clock = clock
+        self.logger = logger
+        state = Locked((shared, []))
+        lastPurge = clock.now()
+    }
+
+    var metrics: ProxyMetrics { state.withLock { $0.shared.metrics } }
+    var events: EventBus { state.withLock { $0.shared.events } }
+
+    /// The workers that run delivery rounds; called once before the loops start.
+    func register(_ worker: ProxyWorker) {
+        state.withLock { $0.workers.append((worker.loop, WorkerHandle(worker))) }
+    }
+
+    /// A reload: skip decisions read the new upstream guards.
+    func update(shared: SharedState) { state.withLock { $0.shared = shared } }
+
+    // MARK: - Dispatcher (admin loop)
+
+    /// On the admin loop: the periodic tick and the hourly purge.
+    func start() {
+        store.start()
+        if store.recovered > 0 {
+            logger.warning(
+                "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
+                metadata: ["count": "\(store.recovered)", "store": "\(settings.path)"])
+            events.publish("deliveries_recovered", [("count", String(store.recovered))])
+        }
+        scheduleTick()
+    }
+
+    private func scheduleTick() {
+        ticker = loop.schedule(after: Self.tick) { [self] in
+            dispatch()
+            if clock.now() - lastPurge >= Self.purgeEvery {
+                lastPurge = clock.now()
+                purge { _ in }
+            }
+            if !stopped.load(ordering: .relaxed) { scheduleTick() }
+        }
+    }
+
+    /// No new rounds; the store is closed by `close` once the workers stopped.
+    func stop() {
+        stopped.store(true, ordering: .relaxed)
+        ticker?.cancel()
+        ticker = nil
+    }
+
+    /// Commits what is left (round ends included) and closes the store.
+    func close() {
+        store.close()
+        state.withLock { $0.workers.removeAll() }
+    }
+
+    /// Wakes the dispatcher from any thread.
+    func kick() {
+        guard !stopped.load(ordering: .relaxed) else { return }
+        let box = DeliveriesBox(self)
+        loop.execute { box.deliveries.dispatch() }
+    }
+
+    /// Takes due deliveries (up to the free rounds) and hands them to the workers.
+    private func dispatch() {
+        guard !stopped.load(ordering: .relaxed) else { return }
+        let room = Self.maxInFlight - inFlight.load(ordering: .relaxed)
+        guard room > 0, !claiming.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let now = clock.now()
+        // An upstream known down or with its circuit open gets no rounds: they
+        // would only park or fail, and count against max_attempts. They are
+        // woken when it recovers (`recovered`).
+        let skipping = state.withLock { s in
+            s.shared.guards.filter { g in
+                if !g.reachable.load(ordering: .relaxed) { return true }
+                if case let .open(until) = g.breakerState, until > now { return true }
+                return false
+            }.map(\.name)
+        }
+        let box = DeliveriesBox(self)
+        store.claim(limit: room, skipping: skipping) { claimed, expired in
+            box.deliveries.claimed(claimed, expired: expired, room: room)
+        }
+    }
+
+    /// On the store's writer thread.
+    private func claimed(_ claimed: [ClaimedDelivery], expired: [(id: String, upstream: String)], room: Int) {
+        for e in expired {
+            metrics.counter("happypath_deliveries_total", [("upstream", e.upstream), ("outcome", "dead")]).increment()
+            events.publish("delivery_dead", [("id", e.id), ("upstream", e.upstream), ("reason", "max_age")])
+        }
+        inFlight.wrappingAdd(claimed.count, ordering: .relaxed)
+        claiming.store(false, ordering: .releasing)
+        let workers = state.withLock { $0.workers }
+        guard !workers.isEmpty else { return }
+        for delivery in claimed {
+            let i = nextWorker.wrappingAdd(1, ordering: .relaxed).oldValue % workers.count
+            let handle = workers[i].worker
+            let item = ClaimBox(delivery)
+            workers[i].loop.execute { handle.worker.deliver(item.delivery) }
+        }
+        // A full page: more may be due now.
+        if claimed.count == room { kick() }
+    }
+
+    /// An upstream recovered: its queued deliveries are due now.
+    func recovered(upstream: String) {
+        store.wake(upstream: upstream)
+        kick()
+    }
+
+    // MARK: - A round ended (worker loop)
+
+    /// The round's result to the store: delivered, queued again after a
+    /// backoff, or dead with its problem.
+    func roundEnded(_ exchange: Exchange, delivery: ClaimedDelivery, random: Double) {
+        let now = clock.wallMilliseconds()
+        let route = exchange.route
+        let status = exchange.finalStatus
+        let answered = exchange.problem == nil || exchange.upstreamAnswered != nil
+        let decision = DeliveryPolicy.decide(
+            status: status, answeredByUpstream: answered, attempts: delivery.attempts,
+            limits: .init(
+                maxAttempts: delivery.maxAttempts, expiresAt: delivery.expiresAt,
+                backoffBase: route.delivery.backoffBase, backoffMax: route.delivery.backoffMax),
+            now: now, random: random)
+        let problem = exchange.problem?.json() ?? "{}"
+        let upstreamStatus = answered ? status : nil
+        let outcome: DeliveryOutcome
+        switch decision {
+        case .delivered:
+            outcome = .delivered(status: status)
+        case let .retry(at):
+            outcome = .retry(at: at, status: upstreamStatus, problem: problem)
+        case let .dead(reason):
+            outcome = .dead(status: upstreamStatus, problem: problem)
+            logger.warning(
+                "delivery dead",
+                metadata: [
+                    "id": "\(delivery.id)", "request_id": "\(delivery.requestID)", "upstream": "\(delivery.upstream)",
+                    "reason": "\(reason.rawValue)", "code": "\(exchange.finalCode)", "attempts": "\(delivery.attempts)",
+                ])
+            events.publish(
+                "delivery_dead",
+                [("id", delivery.id), ("upstream", delivery.upstream), ("reason", reason.rawValue), ("code", exchange.finalCode)])
+        }
+        finish(delivery, outcome, label: decision == .delivered ? "delivered" : (outcome.isDead ? "dead" : nil))
+    }
+
+    /// A round that could not start (no route for it any more, or no room).
+    func roundFailed(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome) {
+        finish(delivery, outcome, label: outcome.isDead ? "dead" : nil)
+    }
+
+    private func finish(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome, label: String?) {
+        if let label {
+            metrics.counter("happypath_deliveries_total", [("upstream", delivery.upstream), ("outcome", label)]).increment()
+        }
+        let box = DeliveriesBox(self)
+        store.finish(id: delivery.id, outcome) {
+            box.deliveries.inFlight.wrappingSubtract(1, ordering: .relaxed)
+            box.deliveries.kick()
+        }
+    }
+
+    // MARK: - Accepting (worker loop)
+
+    /// Stores the request, then answers 202 (or 503 OVERLOADED if it could not be stored).
+    func accept(_ request: HTTPRequest, command: Command, route: RuntimeRoute, worker: ProxyWorker) {
+        let id = Self.newID()
+        let clientKey = command.headers.value(for: "idempotency-key")
+        var headers = command.headers.lines
+        if clientKey == nil { headers.append(contentsOf: Array("Idempotency-Key: \(id)\r\n".utf8)) }
+        let upstream = command.upstream
+        let delivery = NewDelivery(
+            id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey,
+            requestID: command.requestID, method: command.method, target: request.target, headers: headers,
+            body: command.body, maxAttempts: route.delivery.maxAttempts,
+            expiresAt: clock.wallMilliseconds() + route.delivery.maxAge.nanoseconds / 1_000_000)
+        let box = AcceptBox(request, worker, self, command.requestID, upstream)
+        worker.shared.inFlight.add(1)
+        store.submit(delivery) { result in
+            box.worker.loop.execute { box.deliveries.stored(result, box) }
+        }
+    }
+
+    /// On the worker's loop, after the commit.
+    private func stored(_ result: SubmitResult, _ box: AcceptBox) {
+        let request = box.request
+        box.worker.shared.inFlight.add(-1)
+        switch result {
+        case let .stored(id):
+            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "accepted")]).increment()
+            accepted(request, id: id, state: .queued, requestID: box.requestID)
+            kick()
+        case let .existing(id, state):
+            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "duplicate")])
+                .increment()
+            accepted(request, id: id, state: state, requestID: box.requestID)
+        case let .full(held, max):
+            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "refused")]).increment()
+            events.publish("delivery_store_full", [("held_bytes", String(held)), ("max_bytes", String(max))])
+            var p = Problem(
+                .overloaded, requestID: box.requestID,
+                detail: "The delivery store is full (storage.max_bytes, \(max) bytes); the request was not stored.")
+            p.retryAfterSeconds = 5
+            ProblemResponder.respond(request, p)
+        case let .failed(message):
+            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "refused")]).increment()
+            logger.error(
+                "delivery store write failed", metadata: ["error": "\(message)", "store": "\(settings.path)"])
+            var p = Problem(
+                .overloaded, requestID: box.requestID,
+                detail: "The request could not be stored (the delivery store failed to write); it was not accepted.")
+            p.retryAfterSeconds = 5
+            ProblemResponder.respond(request, p)
+        }
+    }
+
+    private func accepted(_ request: HTTPRequest, id: String, state: DeliveryState, requestID: String) {
+        let url = settings.statusPath + "/" + id
+        request.reply(
+            status: 202,
+            headers: [
+                HTTPField(name: "Content-Type", value: "application/json"),
+                HTTPField(name: "Location", value: url),
+                HTTPField(name: "X-Request-Id", value: requestID),
+            ],
+            body: "{\"id\":\(JSON.quote(id)),\"state\":\(JSON.quote(state.name)),\"status_url\":\(JSON.quote(url))}\n")
+    }
+
+    /// `dlv_` and 32 hex digits from the system's random source: a status
+    /// URL cannot be guessed from another.
+    static func newID() -> String {
+        var g = SystemRandomNumberGenerator()
+        let (a, b) = (g.next() as UInt64, g.next() as UInt64)
+        return "dlv_" + IdentifierGenerator.hex16(a) + IdentifierGenerator.hex16(b)
+    }
+
+    // MARK: - Status (worker loop: the proxy's listener; admin loop)
+
+    /// `GET {status_path}/{id}` on the proxy's listener.
+    func status(_ request: HTTPRequest, path: String, requestID: String) {
+        guard request.method == "GET" || request.method == "HEAD" else {
+            return ProblemResponder.answer(
+                request, Problem(.badRequest, requestID: requestID, detail: "A delivery's status is read with GET."))
+        }
+        let id = String(path.dropFirst(settings.statusPath.count + 1))
+        guard let record = store.record(id: id) else {
+            return ProblemResponder.answer(
+                request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+        }
+        request.reply(
+            status: 200,
+            headers: [HTTPField(name: "Content-Type", value: "application/json"), HTTPField(name: "Cache-Control", value: "no-store")],
+            body: Self.json(record) + "\n")
+    }
+
+    static func json(_ r: DeliveryRecord) -> String {
+        func time(_ ms: Int64) -> String {
+            JSON.quote(Date(timeIntervalSince1970: Double(ms) / 1000).formatted(.iso8601))
+        }
+        var out =
+            "{\"id\":\(JSON.quote(r.id)),\"state\":\(JSON.quote(r.state.name)),\"attempts\":\(r.attempts),"
+            + "\"max_attempts\":\(r.maxAttempts),\"upstream\":\(JSON.quote(r.upstream)),"
+            + "\"request_id\":\(JSON.quote(r.requestID)),\"method\":\(JSON.quote(r.method)),"
+            + "\"target\":\(JSON.quote(r.target)),\"created_at\":\(time(r.createdAt)),\"updated_at\":\(time(r.updatedAt))"
+        if r.state == .queued, r.attempts > 0 { out += ",\"next_attempt_at\":\(time(r.nextAttemptAt))" }
+        if let s = r.lastStatus { out += ",\"status\":\(s)" }
+        if r.state == .dead, let p = r.lastProblem { out += ",\"error\":\(p)" }
+        return out + "}"
+    }
+
+    // MARK: - Admin
+
+    func purge(reply: @escaping @Sendable (Int) -> Void) {
+        let box = DeliveriesBox(self)
+        store.purge { count in
+            if count > 0 {
+                box.deliveries.logger.info("deliveries purged", metadata: ["count": "\(count)"])
+                box.deliveries.events.publish("deliveries_purged", [("count", String(count))])
+            }
+            reply(count)
+        }
+    }
+
+    func replay(id: String, maxAge: Duration, reply: @escaping @Sendable (ReplayResult) -> Void) {
+        let box = DeliveriesBox(self)
+        store.replay(id: id, expiresAt: clock.wallMilliseconds() + maxAge.nanoseconds / 1_000_000) { result in
+            if case .replayed = result {
+                box.deliveries.events.publish("delivery_replayed", [("id", id)])
+                box.deliveries.kick()
+            }
+            reply(result)
+        }
+    }
+
+    /// Gauges read when `/metrics` is scraped.
+    func recordGauges(into metrics: ProxyMetrics) {
+        let stats = store.stats()
+        let now = clock.wallMilliseconds()
+        for (upstream, pending) in stats.pending {
+            metrics.gauge("happypath_deliveries_queued", [("upstream", upstream)]).record(pending.count)
+            metrics.gauge("happypath_delivery_oldest_queued_seconds", [("upstream", upstream)])
+                .record(Double(max(0, now - pending.oldest)) / 1000)
+        }
+        // Upstreams whose queue emptied since the last scrape read zero.
+        for g in state.withLock({ $0.shared.guards }) where stats.pending[g.name] == nil {
+            metrics.gauge("happypath_deliveries_queued", [("upstream", g.name)]).record(0)
+            metrics.gauge("happypath_delivery_oldest_queued_seconds", [("upstream", g.name)]).record(0)
+        }
+        metrics.gauge("happypath_delivery_store_bytes", []).record(stats.heldBytes)
+        metrics.gauge("happypath_delivery_store_max_bytes", []).record(stats.maxBytes)
+    }
+
+    /// For `/admin/state`.
+    func stateJSON() -> String {
+        let stats = store.stats()
+        let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(stats.byState[$0] ?? 0)" }
+        return "{\(counts.joined(separator: ",")),\"held_bytes\":\(stats.heldBytes),\"max_bytes\":\(stats.maxBytes),"
+            + "\"rounds_in_flight\":\(inFlight.load(ordering: .relaxed)),\"store\":\(JSON.quote(settings.path))}"
+    }
+}
+
+extension DeliveryOutcome {
+    var isDead: Bool {
+        if case .dead = self { return true }
+        return false
+    }
+}
+
+extension IdentifierGenerator {
+    static func hex16(_ value: UInt64) -> String {
+        String(unsafeUninitializedCapacity: 16) { buffer in
+            let digits: StaticString = "0123456789abcdef"
+            for i in 0..<16 { buffer[i] = digits.utf8Start[Int((value >> UInt64(60 - 4 * i)) & 0xF)] }
+            return 16
+        }
+    }
+}
+
+final class DeliveriesBox: @unchecked Sendable {
+    let deliveries: Deliveries
+    init(_ deliveries: Deliveries) { self.deliveries = deliveries }
+}
+
+private final class ClaimBox: @unchecked Sendable {
+    let delivery: ClaimedDelivery
+    init(_ delivery: ClaimedDelivery) { self.delivery = delivery }
+}
+
+/// A request waiting for its commit, handed back to its own loop.
+private final class AcceptBox: @unchecked Sendable {
+    let request: HTTPRequest
+    let worker: ProxyWorker
+    let deliveries: Deliveries
+    let requestID: String
+    let upstream: String
+    init(_ request: HTTPRequest, _ worker: ProxyWorker, _ deliveries: Deliveries, _ requestID: String, _ upstream: String) {
+        self.request = request
+        self.worker = worker
+        self.deliveries = deliveries
+        self.requestID = requestID
+        self.upstream = upstream
+    }
+}

@@ -1,0 +1,41 @@
+import HappyPathCore
+import HappyPathIO
+
+/// Where an exchange's answer goes: the client's connection (`HTTPRequest`)
+/// for a request answered now, or a `DeliverySink` for a stored request
+/// delivered later, which nobody waits for on a connection.
+protocol ExchangeClient: AnyObject {
+    var observer: HTTPRequestObserver? { get set }
+    func header(_ name: String) -> String?
+    func clearResponseHeaders()
+    func addResponseHeader(_ name: String, _ value: String)
+    func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
+    func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer)
+    func startReply(status: Int, contentLength: Int?)
+    func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool)
+    /// Bytes written but not yet taken by the client (back-pressure).
+    var pendingOutput: Int { get }
+    func endReply()
+    func abort()
+    func reply(status: Int, headers: [HTTPField], body: String?)
+}
+
+extension HTTPRequest: ExchangeClient {}
+
+/// The answer of a delivery round goes nowhere: the exchange's own record
+/// (its final status and problem) is what the store keeps. Never pushes back.
+final class DeliverySink: ExchangeClient {
+    var observer: HTTPRequestObserver?
+    /// The stored request's `Accept`, for the problem's content type (unused: nobody reads it).
+    func header(_ name: String) -> String? { nil }
+    func clearResponseHeaders() {}
+    func addResponseHeader(_ name: String, _ value: String) {}
+    func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
+    func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {}
+    func startReply(status: Int, contentLength: Int?) {}
+    func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool) {}
+    var pendingOutput: Int { 0 }
+    func endReply() {}
+    func abort() {}
+    func reply(status: Int, headers: [HTTPField], body: String?) {}
+}

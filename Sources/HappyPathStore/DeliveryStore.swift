@@ -1,0 +1,817 @@
+import CSQLite
+import HappyPathCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Where a stored delivery is in its life.
+public enum DeliveryState: Int, Sendable, CaseIterable {
+    case queued = 0
+    case inFlight = 1
+    case delivered = 2
+    case dead = 3
+
+    public var name: String {
+        switch self {
+        case .queued: "queued"
+        case .inFlight: "in_flight"
+        case .delivered: "delivered"
+        case .dead: "dead"
+        }
+    }
+
+    public init?(name: String) {
+        guard let s = Self.allCases.first(where: { $0.name == name }) else { return nil }
+        self = s
+    }
+}
+
+/// A request to store: everything needed to send it later, as it will go upstream.
+public struct NewDelivery: Sendable {
+    public var id: String
+    public var upstream: String
+    /// The route's label when it was accepted (for listings; delivery routes again).
+    public var route: String
+    public var idempotencyKey: String?
+    public var requestID: String
+    public var method: String
+    /// The client's path and query, routed again at delivery.
+    public var target: String
+    /// `name: value\r\n` lines, as forwarded (see `DeliveryHeaders`).
+    public var headers: [UInt8]
+    public var body: RequestBody
+    public var maxAttempts: Int
+    /// Wall clock, milliseconds since 1970.
+    public var expiresAt: Int64
+
+    public init(
+        id: String, upstream: String, route: String, idempotencyKey: String?, requestID: String, method: String,
+        target: String, headers: [UInt8], body: RequestBody, maxAttempts: Int, expiresAt: Int64
+    ) {
+        self.id = id
+        self.upstream = upstream
+        self.route = route
+        self.idempotencyKey = idempotencyKey
+        self.requestID = requestID
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.maxAttempts = maxAttempts
+        self.expiresAt = expiresAt
+    }
+
+    /// What it counts against `storage.max_bytes`.
+    var payloadBytes: Int { headers.count + body.count + target.utf8.count + method.utf8.count }
+}
+
+/// A delivery taken for one round: it is `in_flight` in the store until `finish`.
+public struct ClaimedDelivery: Sendable {
+    public let id: String
+    public let upstream: String
+    public let requestID: String
+    public let method: String
+    public let target: String
+    public let headers: [UInt8]
+    public let body: RequestBody
+    /// Rounds started, this one included.
+    public let attempts: Int
+    public let maxAttempts: Int
+    public let expiresAt: Int64
+}
+
+/// A delivery as the status URL and the admin API show it.
+public struct DeliveryRecord: Sendable, Equatable {
+    public let cursor: Int64
+    public let id: String
+    public let state: DeliveryState
+    public let attempts: Int
+    public let maxAttempts: Int
+    public let upstream: String
+    public let route: String
+    public let requestID: String
+    public let method: String
+    public let target: String
+    public let createdAt: Int64
+    public let updatedAt: Int64
+    public let nextAttemptAt: Int64
+    public let expiresAt: Int64
+    /// The upstream's status in the last round (nil: none answered).
+    public let lastStatus: Int?
+    /// The last round's problem, as problem+json (kept once dead).
+    public let lastProblem: String?
+}
+
+public enum SubmitResult: Sendable {
+    /// Stored durably (the commit is on disk, per `storage.sync`).
+    case stored(id: String)
+    /// The same `Idempotency-Key` for the same upstream is already stored.
+    case existing(id: String, state: DeliveryState)
+    /// `storage.max_bytes` reached: nothing was stored.
+    case full(heldBytes: Int, maxBytes: Int)
+    /// The write failed: nothing was stored.
+    case failed(String)
+}
+
+/// How one delivery round ended.
+public enum DeliveryOutcome: Sendable {
+    case delivered(status: Int)
+    /// Queued again for `at` (wall ms), with what went wrong.
+    case retry(at: Int64, status: Int?, problem: String)
+    case dead(status: Int?, problem: String)
+    /// Not tried (no room to run it now): queued again, the round not counted.
+    case postpone(at: Int64)
+}
+
+public enum ReplayResult: Sendable {
+    case replayed
+    case notDead(DeliveryState)
+    case unknown
+}
+
+public enum SyncMode: String, Sendable, CaseIterable {
+    /// fsync at every commit: an acknowledged request survives a power loss.
+    case full
+    /// WAL's NORMAL: survives a process crash; a power loss may lose the last commits.
+    case normal
+}
+
+public struct StoreSettings: Sendable {
+    public var path: String
+    public var sync: SyncMode
+    public var maxBytes: Int
+    /// Delivered and dead deliveries are kept this long (status, Idempotency-Key).
+    public var retention: Duration
+
+    public init(path: String, sync: SyncMode, maxBytes: Int, retention: Duration) {
+        self.path = path
+        self.sync = sync
+        self.maxBytes = maxBytes
+        self.retention = retention
+    }
+}
+
+/// Counts for `/admin/state` and `/metrics`.
+public struct StoreStats: Sendable {
+    public var byState: [DeliveryState: Int] = [:]
+    /// Per upstream: deliveries not yet delivered or dead, and the oldest one's creation (wall ms).
+    public var pending: [String: (count: Int, oldest: Int64)] = [:]
+    public var heldBytes = 0
+    public var maxBytes = 0
+}
+
+/// The durable store of deliver-later requests: one SQLite file in WAL mode.
+///
+/// Every write goes through one writer thread, which takes whatever is
+/// waiting (after lingering up to a millisecond for more) and commits it in
+/// one transaction: many requests share one fsync (group commit). Replies
+/// run on the writer thread after the commit; callers hop back to their own
+/// loop. Reads (status, listings, counts) use a second, read-only connection,
+/// which WAL lets run beside the writer.
+///
+/// Payload bytes (headers, body, target) of deliveries not yet delivered
+/// count against `maxBytes`, and a delivered one's leftover row counts
+/// `deliveredRowBytes`; a request that does not fit is refused, and nothing
+/// stored is ever dropped to make room.
+public final class DeliveryStore: @unchecked Sendable {
+    public static let lingerNanoseconds: Int64 = 1_000_000
+    public static let maxBatch = 256
+    /// What a delivered delivery's row (id, key, times, status) is counted as.
+    static let deliveredRowBytes = 256
+
+    public let settings: StoreSettings
+    private let clock: Clock
+    /// Called on the writer thread with each stored request's write latency (seconds).
+    private let onWrite: @Sendable (Double) -> Void
+
+    private let queue = WriterQueue()
+    private var thread: pthread_t?
+    /// Writer-thread state: the connection and its statements.
+    private var writer: Writer?
+    private let reader: Locked<Reader>
+    /// Payload bytes held, kept by the writer, read by anyone.
+    private let held: Locked<Int>
+    /// Rows put back from `in_flight` to `queued` when the store opened.
+    public let recovered: Int
+
+    public init(settings: StoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void = { _ in })
+        throws(StoreError)
+    {
+        self.settings = settings
+        self.clock = clock
+        self.onWrite = onWrite
+        let writer = try Writer(settings: settings)
+        self.writer = writer
+        recovered = try writer.recover(now: clock.wallMilliseconds())
+        held = Locked(try writer.heldBytes())
+        reader = Locked(try Reader(path: settings.path))
+    }
+
+    deinit { close() }
+
+    /// Starts the writer thread.
+    public func start() {
+        guard thread == nil else { return }
+        let box = Unmanaged.passRetained(self)
+        var t = pthread_t()
+        let rc = pthread_create(
+            &t, nil,
+            { raw in
+                let store = Unmanaged<DeliveryStore>.fromOpaque(raw!).takeRetainedValue()
+                store.runWriter()
+                return nil
+            }, box.toOpaque())
+        precondition(rc == 0, "cannot start the store's writer thread")
+        thread = t
+    }
+
+    /// Commits what is waiting, puts rounds in flight back to `queued`, and
+    /// ends the writer thread. Safe to call more than once.
+    public func close() {
+        if let thread {
+            queue.stop()
+            pthread_join(thread, nil)
+            self.thread = nil
+        }
+        if let writer {
+            _ = try? writer.recover(now: clock.wallMilliseconds())
+            try? writer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.writer = nil
+        }
+    }
+
+    public var heldBytes: Int { held.withLock { $0 } }
+
+    // MARK: - Writes (group-committed on the writer thread)
+
+    public func submit(_ delivery: NewDelivery, reply: @escaping @Sendable (SubmitResult) -> Void) {
+        queue.push(.submit(delivery, enqueued: clock.now(), reply: reply))
+    }
+
+    /// Takes up to `limit` queued deliveries that are due (`next_attempt_at`
+    /// passed), leaving those of `skipping` upstreams; first marks dead the
+    /// queued ones past their `max_age`. The reply gets both.
+    public func claim(
+        limit: Int, skipping: [String],
+        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ expired: [(id: String, upstream: String)]) -> Void
+    ) {
+        queue.push(.claim(limit: limit, skipping: skipping, reply: reply))
+    }
+
+    public func finish(id: String, _ outcome: DeliveryOutcome, reply: (@Sendable () -> Void)? = nil) {
+        queue.push(.finish(id: id, outcome: outcome, reply: reply))
+    }
+
+    /// A dead delivery goes back to `queued` with its rounds counted from zero and a new `max_age`.
+    public func replay(id: String, expiresAt: Int64, reply: @escaping @Sendable (ReplayResult) -> Void) {
+        queue.push(.replay(id: id, expiresAt: expiresAt, reply: reply))
+    }
+
+    /// Deletes delivered and dead deliveries last changed before `retention` ago.
+    public func purge(reply: @escaping @Sendable (Int) -> Void) {
+        queue.push(.purge(reply: reply))
+    }
+
+    /// Queued deliveries of `upstream` become due now (it recovered).
+    public func wake(upstream: String) {
+        queue.push(.wake(upstream: upstream))
+    }
+
+    // MARK: - Reads (the read-only connection)
+
+    public func record(id: String) -> DeliveryRecord? {
+        reader.withLock { try? $0.record(id: id) } ?? nil
+    }
+
+    /// Newest first; `after` is the `cursor` of the last record of the previous page.
+    public func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) -> [DeliveryRecord] {
+        reader.withLock { (try? $0.list(state: state, upstream: upstream, after: after, limit: limit)) ?? [] }
+    }
+
+    public func stats() -> StoreStats {
+        var stats = reader.withLock { (try? $0.stats()) ?? StoreStats() }
+        stats.heldBytes = heldBytes
+        stats.maxBytes = settings.maxBytes
+        return stats
+    }
+
+    // MARK: - The writer thread
+
+    private func runWriter() {
+        while let batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch) {
+            commit(batch)
+        }
+    }
+
+    private func commit(_ batch: [WriterQueue.Op]) {
+        guard let writer else { return }
+        let now = clock.wallMilliseconds()
+        let heldBefore = heldBytes
+        var heldNow = heldBefore
+        var replies: [() -> Void] = []
+        do {
+            try writer.begin.run()
+            for op in batch {
+                if let reply = try writer.apply(op, now: now, retention: settings.retention, maxBytes: settings.maxBytes,
+                    held: &heldNow)
+                {
+                    replies.append(reply)
+                }
+            }
+            try writer.commit.run()
+        } catch {
+            try? writer.rollback.run()
+            heldNow = heldBefore
+            replies = []
+            // Nothing new was stored: every submit in the batch is refused;
+            // the rest (finishes, claims, replays) is tried again on its own.
+            var rest: [WriterQueue.Op] = []
+            for op in batch {
+                if case let .submit(_, _, reply) = op {
+                    replies.append { reply(error.isFull ? .full(heldBytes: heldBefore, maxBytes: self.settings.maxBytes) : .failed(error.message)) }
+                } else {
+                    rest.append(op)
+                }
+            }
+            if !rest.isEmpty {
+                do {
+                    try writer.begin.run()
+                    for op in rest {
+                        if let reply = try writer.apply(op, now: now, retention: settings.retention,
+                            maxBytes: settings.maxBytes, held: &heldNow)
+                        {
+                            replies.append(reply)
+                        }
+                    }
+                    try writer.commit.run()
+                } catch {
+                    try? writer.rollback.run()
+                    heldNow = heldBefore
+                    for op in rest { replies.append(Self.failedReply(op)) }
+                }
+            }
+        }
+        held.withLock { $0 = heldNow }
+        let committed = clock.now()
+        for op in batch {
+            if case let .submit(_, enqueued, _) = op {
+                onWrite(Double((committed - enqueued).nanoseconds) / 1e9)
+            }
+        }
+        for reply in replies { reply() }
+    }
+
+    private static func failedReply(_ op: WriterQueue.Op) -> () -> Void {
+        switch op {
+        case let .submit(_, _, reply): { reply(.failed("the store could not write")) }
+        case let .claim(_, _, reply): { reply([], []) }
+        case let .finish(_, _, reply): { reply?() }
+        case let .replay(_, _, reply): { reply(.unknown) }
+        case let .purge(reply): { reply(0) }
+        case .wake: {}
+        }
+    }
+}
+
+extension Error {
+    fileprivate var isFull: Bool { (self as? StoreError)?.isFull ?? false }
+    fileprivate var message: String { (self as? StoreError)?.message ?? "\(self)" }
+}
+
+// MARK: - The writer's inbox
+
+/// Operations waiting for the writer thread, behind a pthread mutex and condition.
+final class WriterQueue: @unchecked Sendable {
+    enum Op {
+        case submit(NewDelivery, enqueued: Instant, reply: @Sendable (SubmitResult) -> Void)
+        case claim(
+            limit: Int, skipping: [String],
+            reply: @Sendable ([ClaimedDelivery], [(id: String, upstream: String)]) -> Void)
+        case finish(id: String, outcome: DeliveryOutcome, reply: (@Sendable () -> Void)?)
+        case replay(id: String, expiresAt: Int64, reply: @Sendable (ReplayResult) -> Void)
+        case purge(reply: @Sendable (Int) -> Void)
+        case wake(upstream: String)
+    }
+
+    private var mutex = pthread_mutex_t()
+    private var condition = pthread_cond_t()
+    private var ops: [Op] = []
+    private var stopping = false
+
+    init() {
+        pthread_mutex_init(&mutex, nil)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(&condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(&condition)
+        pthread_mutex_destroy(&mutex)
+    }
+
+    func push(_ op: Op) {
+        pthread_mutex_lock(&mutex)
+        ops.append(op)
+        let wake = ops.count == 1 || ops.count >= DeliveryStore.maxBatch
+        pthread_mutex_unlock(&mutex)
+        if wake { pthread_cond_signal(&condition) }
+    }
+
+    func stop() {
+        pthread_mutex_lock(&mutex)
+        stopping = true
+        pthread_mutex_unlock(&mutex)
+        pthread_cond_signal(&condition)
+    }
+
+    /// Waits for work, then lingers up to `linger` for more (unless `max`
+    /// are waiting or the queue is stopping). Nil once stopped and empty.
+    func take(linger: Int64, max: Int) -> [Op]? {
+        pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
+        while ops.isEmpty {
+            if stopping { return nil }
+            pthread_cond_wait(&condition, &mutex)
+        }
+        if !stopping, ops.count < max {
+            var ts = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &ts)
+            let end = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec) + linger
+            var deadline = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
+            while !stopping, ops.count < max {
+                if pthread_cond_timedwait(&condition, &mutex, &deadline) == ETIMEDOUT { break }
+            }
+        }
+        let n = Swift.min(ops.count, max)
+        let batch = Array(ops.prefix(n))
+        ops.removeFirst(n)
+        return batch
+    }
+}
+
+// MARK: - Schema and statements
+
+enum Schema {
+    static let version = 1
+
+    static let create = """
+        CREATE TABLE IF NOT EXISTS delivery (
+          seq INTEGER PRIMARY KEY,
+          id TEXT NOT NULL UNIQUE,
+          upstream TEXT NOT NULL,
+          route TEXT NOT NULL,
+          idem_key TEXT,
+          request_id TEXT NOT NULL,
+          method TEXT NOT NULL,
+          target TEXT NOT NULL,
+          headers BLOB,
+          body BLOB,
+          payload_bytes INTEGER NOT NULL,
+          state INTEGER NOT NULL DEFAULT 0,
+          attempts INTEGER NOT NULL DEFAULT 0,
+          max_attempts INTEGER NOT NULL,
+          next_attempt_at INTEGER NOT NULL,
+          expires_at INTEGER NOT NULL,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL,
+          last_status INTEGER,
+          last_problem TEXT
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem ON delivery(upstream, idem_key) WHERE idem_key IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS delivery_due ON delivery(next_attempt_at) WHERE state = 0;
+        CREATE INDEX IF NOT EXISTS delivery_done ON delivery(updated_at) WHERE state >= 2;
+        CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
+        """
+
+    static let recordColumns = """
+        seq, id, state, attempts, max_attempts, upstream, route, request_id, method, target, created_at, updated_at,
+        next_attempt_at, expires_at, last_status, last_problem
+        """
+
+    static func record(_ s: Statement) -> DeliveryRecord {
+        DeliveryRecord(
+            cursor: s.int64(0), id: s.string(1) ?? "", state: DeliveryState(rawValue: s.int(2)) ?? .queued,
+            attempts: s.int(3), maxAttempts: s.int(4), upstream: s.string(5) ?? "", route: s.string(6) ?? "",
+            requestID: s.string(7) ?? "", method: s.string(8) ?? "", target: s.string(9) ?? "", createdAt: s.int64(10),
+            updatedAt: s.int64(11), nextAttemptAt: s.int64(12), expiresAt: s.int64(13),
+            lastStatus: s.isNull(14) ? nil : s.int(14), lastProblem: s.string(15))
+    }
+}
+
+/// The writer thread's connection and its prepared statements.
+final class Writer {
+    let connection: SQLiteConnection
+    let begin, commit, rollback: Statement
+    let insert, findByKey, expire, claim, delivered, requeue, dead, postpone, replay, purge, wake: Statement
+
+    init(settings: StoreSettings) throws(StoreError) {
+        let c = try SQLiteConnection(path: settings.path, readOnly: false)
+        connection = c
+        try c.execute("PRAGMA journal_mode = WAL")
+        try c.execute("PRAGMA synchronous = \(settings.sync == .full ? "FULL" : "NORMAL")")
+        // The WAL file shrinks back to this after a checkpoint.
+        try c.execute("PRAGMA journal_size_limit = 8388608")
+        try c.execute("PRAGMA secure_delete = OFF")
+        let version = try c.integer("PRAGMA user_version")
+        if version > Int64(Schema.version) {
+            throw StoreError(
+                SQLITE_ERROR,
+                "\(settings.path) was written by a newer happypath (schema \(version), this one knows \(Schema.version))")
+        }
+        try c.execute("BEGIN IMMEDIATE; \(Schema.create) PRAGMA user_version = \(Schema.version); COMMIT")
+        // A backstop below the disk: SQLite itself refuses to grow past about
+        // twice max_bytes (the store refuses new requests at max_bytes).
+        let pageSize = try c.integer("PRAGMA page_size")
+        let pages = (Int64(settings.maxBytes) * 2 + 64 << 20) / max(512, pageSize)
+        try c.execute("PRAGMA max_page_count = \(pages)")
+
+        begin = try c.prepare("BEGIN IMMEDIATE")
+        commit = try c.prepare("COMMIT")
+        rollback = try c.prepare("ROLLBACK")
+        insert = try c.prepare(
+            """
+            INSERT INTO delivery (id, upstream, route, idem_key, request_id, method, target, headers, body,
+              payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?12, ?12)
+            ON CONFLICT DO NOTHING
+            """)
+        findByKey = try c.prepare("SELECT id, state FROM delivery WHERE upstream = ?1 AND idem_key = ?2")
+        expire = try c.prepare(
+            """
+            UPDATE delivery SET state = 3, updated_at = ?1, last_problem = CASE
+                WHEN last_problem IS NULL THEN json_set(?2, '$.request_id', request_id)
+                ELSE json_set(last_problem, '$.detail', ?3 || coalesce(json_extract(last_problem, '$.detail'), '')) END
+            WHERE state = 0 AND expires_at <= ?1 RETURNING id, upstream
+            """)
+        claim = try c.prepare(
+            """
+            UPDATE delivery SET state = 1, attempts = attempts + 1, updated_at = ?1
+            WHERE seq IN (SELECT seq FROM delivery WHERE state = 0 AND next_attempt_at <= ?1
+                          AND upstream NOT IN (SELECT value FROM json_each(?2))
+                          ORDER BY next_attempt_at LIMIT ?3)
+            RETURNING id, upstream, request_id, method, target, headers, body, attempts, max_attempts, expires_at
+            """)
+        delivered = try c.prepare(
+            """
+            UPDATE delivery SET state = 2, updated_at = ?2, last_status = ?3, last_problem = NULL,
+              headers = NULL, body = NULL, payload_bytes = \(DeliveryStore.deliveredRowBytes)
+            WHERE id = ?1 AND state = 1 RETURNING payload_bytes
+            """)
+        requeue = try c.prepare(
+            """
+            UPDATE delivery SET state = 0, updated_at = ?2, next_attempt_at = ?3, last_status = ?4, last_problem = ?5
+            WHERE id = ?1 AND state = 1
+            """)
+        dead = try c.prepare(
+            "UPDATE delivery SET state = 3, updated_at = ?2, last_status = ?3, last_problem = ?4 WHERE id = ?1 AND state = 1")
+        postpone = try c.prepare(
+            """
+            UPDATE delivery SET state = 0, attempts = attempts - 1, updated_at = ?2, next_attempt_at = ?3
+            WHERE id = ?1 AND state = 1
+            """)
+        replay = try c.prepare(
+            """
+            UPDATE delivery SET state = 0, attempts = 0, updated_at = ?2, next_attempt_at = ?2, expires_at = ?3
+            WHERE id = ?1 AND state = 3
+            """)
+        purge = try c.prepare(
+            "DELETE FROM delivery WHERE state >= 2 AND updated_at < ?1 RETURNING payload_bytes")
+        wake = try c.prepare("UPDATE delivery SET next_attempt_at = 0 WHERE state = 0 AND upstream = ?1")
+    }
+
+    /// Rounds that were in flight when the process ended go back to `queued`.
+    func recover(now: Int64) throws(StoreError) -> Int {
+        try connection.execute("UPDATE delivery SET state = 0, next_attempt_at = \(now) WHERE state = 1")
+        return connection.changes
+    }
+
+    func heldBytes() throws(StoreError) -> Int {
+        Int(try connection.integer("SELECT coalesce(sum(payload_bytes), 0) FROM delivery"))
+    }
+
+    /// One operation inside the open transaction; its reply, to run after the commit.
+    func apply(_ op: WriterQueue.Op, now: Int64, retention: Duration, maxBytes: Int, held: inout Int)
+        throws(StoreError) -> (() -> Void)?
+    {
+        switch op {
+        case let .submit(d, _, reply):
+            if let key = d.idempotencyKey, let existing = try existing(upstream: d.upstream, key: key) {
+                return { reply(.existing(id: existing.0, state: existing.1)) }
+            }
+            let bytes = d.payloadBytes
+            if held + bytes > maxBytes {
+                let before = held
+                return { reply(.full(heldBytes: before, maxBytes: maxBytes)) }
+            }
+            let s = insert
+            s.bind(1, d.id)
+            s.bind(2, d.upstream)
+            s.bind(3, d.route)
+            s.bind(4, d.idempotencyKey)
+            s.bind(5, d.requestID)
+            s.bind(6, d.method)
+            s.bind(7, d.target)
+            d.headers.withUnsafeBytes { s.bind(8, bytes: $0) }
+            s.bind(9, bytes: UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
+            s.bind(10, bytes)
+            s.bind(11, d.maxAttempts)
+            s.bind(12, now)
+            s.bind(13, d.expiresAt)
+            try s.run()
+            if connection.changes == 0, let key = d.idempotencyKey,
+                let existing = try existing(upstream: d.upstream, key: key)
+            {
+                return { reply(.existing(id: existing.0, state: existing.1)) }
+            }
+            held += bytes
+            let id = d.id
+            return { reply(.stored(id: id)) }
+
+        case let .claim(limit, skipping, reply):
+            var expired: [(id: String, upstream: String)] = []
+            do {
+                let s = expire
+                defer { s.reset() }
+                s.bind(1, now)
+                s.bind(2, DeliveryProblems.expiredUnsent)
+                s.bind(3, DeliveryProblems.expiredPrefix)
+                while try s.step() { expired.append((s.string(0) ?? "", s.string(1) ?? "")) }
+            }
+            var claimed: [ClaimedDelivery] = []
+            let s = claim
+            defer { s.reset() }
+            s.bind(1, now)
+            s.bind(2, "[" + skipping.map(JSON.quote).joined(separator: ",") + "]")
+            s.bind(3, limit)
+            while try s.step() {
+                let body = s.bytes(6)
+                claimed.append(
+                    ClaimedDelivery(
+                        id: s.string(0) ?? "", upstream: s.string(1) ?? "", requestID: s.string(2) ?? "",
+                        method: s.string(3) ?? "GET", target: s.string(4) ?? "/", headers: s.bytes(5),
+                        body: body.isEmpty ? .empty : RequestBody(body), attempts: s.int(7), maxAttempts: s.int(8),
+                        expiresAt: s.int64(9)))
+            }
+            return { reply(claimed, expired) }
+
+        case let .finish(id, outcome, reply):
+            switch outcome {
+            case let .delivered(status):
+                // The row keeps its id, key and times (status URL, Idempotency-Key) but not the request.
+                let before = try payloadBytes(id: id)
+                let s = delivered
+                defer { s.reset() }
+                s.bind(1, id)
+                s.bind(2, now)
+                s.bind(3, status)
+                if try s.step(), let before { held += DeliveryStore.deliveredRowBytes - before }
+            case let .retry(at, status, problem):
+                let s = requeue
+                s.bind(1, id)
+                s.bind(2, now)
+                s.bind(3, at)
+                if let status { s.bind(4, status) } else { s.bind(4, nil as String?) }
+                s.bind(5, problem)
+                try s.run()
+            case let .dead(status, problem):
+                let s = dead
+                s.bind(1, id)
+                s.bind(2, now)
+                if let status { s.bind(3, status) } else { s.bind(3, nil as String?) }
+                s.bind(4, problem)
+                try s.run()
+            case let .postpone(at):
+                let s = postpone
+                s.bind(1, id)
+                s.bind(2, now)
+                s.bind(3, at)
+                try s.run()
+            }
+            return reply.map { r in { r() } }
+
+        case let .replay(id, expiresAt, reply):
+            let s = replay
+            s.bind(1, id)
+            s.bind(2, now)
+            s.bind(3, expiresAt)
+            try s.run()
+            if connection.changes > 0 { return { reply(.replayed) } }
+            let state = try self.state(id: id)
+            return { reply(state.map(ReplayResult.notDead) ?? .unknown) }
+
+        case let .purge(reply):
+            let s = purge
+            defer { s.reset() }
+            s.bind(1, now - retention.nanoseconds / 1_000_000)
+            var count = 0
+            while try s.step() {
+                held -= s.int(0)
+                count += 1
+            }
+            return { reply(count) }
+
+        case let .wake(upstream):
+            let s = wake
+            s.bind(1, upstream)
+            try s.run()
+            return nil
+        }
+    }
+
+    private func existing(upstream: String, key: String) throws(StoreError) -> (String, DeliveryState)? {
+        let s = findByKey
+        defer { s.reset() }
+        s.bind(1, upstream)
+        s.bind(2, key)
+        guard try s.step() else { return nil }
+        return (s.string(0) ?? "", DeliveryState(rawValue: s.int(1)) ?? .queued)
+    }
+
+    private lazy var payloadStatement = try? connection.prepare("SELECT payload_bytes FROM delivery WHERE id = ?1 AND state = 1")
+    private lazy var stateStatement = try? connection.prepare("SELECT state FROM delivery WHERE id = ?1")
+
+    private func payloadBytes(id: String) throws(StoreError) -> Int? {
+        guard let s = payloadStatement else { return nil }
+        defer { s.reset() }
+        s.bind(1, id)
+        return try s.step() ? s.int(0) : nil
+    }
+
+    private func state(id: String) throws(StoreError) -> DeliveryState? {
+        guard let s = stateStatement else { return nil }
+        defer { s.reset() }
+        s.bind(1, id)
+        return try s.step() ? DeliveryState(rawValue: s.int(0)) : nil
+    }
+}
+
+/// The read-only connection (status URL, admin API, metrics).
+final class Reader {
+    let connection: SQLiteConnection
+    let byID: Statement
+    let counts: Statement
+    let pending: Statement
+
+    init(path: String) throws(StoreError) {
+        connection = try SQLiteConnection(path: path, readOnly: true)
+        byID = try connection.prepare("SELECT \(Schema.recordColumns) FROM delivery WHERE id = ?1")
+        counts = try connection.prepare("SELECT state, count(*) FROM delivery GROUP BY state")
+        pending = try connection.prepare(
+            "SELECT upstream, count(*), min(created_at) FROM delivery WHERE state < 2 GROUP BY upstream")
+    }
+
+    func record(id: String) throws(StoreError) -> DeliveryRecord? {
+        let s = byID
+        defer { s.reset() }
+        s.bind(1, id)
+        return try s.step() ? Schema.record(s) : nil
+    }
+
+    func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) throws(StoreError) -> [DeliveryRecord] {
+        var conditions: [String] = []
+        if state != nil { conditions.append("state = ?1") }
+        if upstream != nil { conditions.append("upstream = ?2") }
+        if after != nil { conditions.append("seq < ?3") }
+        let filter = conditions.isEmpty ? "" : "WHERE " + conditions.joined(separator: " AND ")
+        let s = try connection.prepare(
+            "SELECT \(Schema.recordColumns) FROM delivery \(filter) ORDER BY seq DESC LIMIT ?4")
+        if let state { s.bind(1, state.rawValue) }
+        if let upstream { s.bind(2, upstream) }
+        if let after { s.bind(3, after) }
+        s.bind(4, limit)
+        var out: [DeliveryRecord] = []
+        while try s.step() { out.append(Schema.record(s)) }
+        return out
+    }
+
+    func stats() throws(StoreError) -> StoreStats {
+        var stats = StoreStats()
+        do {
+            let s = counts
+            defer { s.reset() }
+            while try s.step() {
+                if let state = DeliveryState(rawValue: s.int(0)) { stats.byState[state] = s.int(1) }
+            }
+        }
+        let s = pending
+        defer { s.reset() }
+        while try s.step() { stats.pending[s.string(0) ?? ""] = (s.int(1), s.int64(2)) }
+        return stats
+    }
+}
+
+/// Problems the store itself writes: a delivery past its `max_age`.
+enum DeliveryProblems {
+    /// No round ever ended (its upstream stayed unreachable or its circuit open).
+    static let expiredUnsent = Problem(
+        .upstreamUnreachable, requestID: "",
+        detail: "Not delivered within its delivery.max_age: no delivery round was started "
+            + "(the upstream stayed unreachable or its circuit breaker open)."
+    ).json()
+    /// Put before the last round's own detail.
+    static let expiredPrefix = "Not delivered within its delivery.max_age. The last round: "
+}

@@ -1,0 +1,131 @@
+import CSQLite
+
+/// What went wrong in SQLite, with its own message (which names the file,
+/// the table or the constraint).
+public struct StoreError: Error, CustomStringConvertible, Sendable {
+    public let code: Int32
+    public let message: String
+    public var description: String { message }
+
+    init(_ code: Int32, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    /// The database or disk is full (SQLITE_FULL): the store's `max_bytes` backstop.
+    public var isFull: Bool { code & 0xFF == SQLITE_FULL }
+}
+
+/// One SQLite connection, used by one thread at a time (opened with
+/// SQLITE_OPEN_NOMUTEX; the store gives each thread its own). A thin layer:
+/// statements are prepared once and reused, values bound by position.
+final class SQLiteConnection {
+    let handle: OpaquePointer
+
+    init(path: String, readOnly: Bool) throws(StoreError) {
+        var db: OpaquePointer?
+        let flags =
+            (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            sqlite3_close_v2(db)
+            throw StoreError(rc, "cannot open \(path): \(message)")
+        }
+        handle = db
+        sqlite3_extended_result_codes(db, 1)
+        // A reader may meet a checkpoint in progress; wait rather than fail.
+        sqlite3_busy_timeout(db, 5000)
+    }
+
+    deinit { sqlite3_close_v2(handle) }
+
+    var errorMessage: String { String(cString: sqlite3_errmsg(handle)) }
+
+    func execute(_ sql: String) throws(StoreError) {
+        var error: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(handle, sql, nil, nil, &error)
+        if rc != SQLITE_OK {
+            let message = error.map { String(cString: $0) } ?? errorMessage
+            sqlite3_free(error)
+            throw StoreError(rc, message)
+        }
+    }
+
+    func prepare(_ sql: String) throws(StoreError) -> Statement {
+        var statement: OpaquePointer?
+        let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard rc == SQLITE_OK, let statement else { throw StoreError(rc, "\(errorMessage) in: \(sql)") }
+        return Statement(statement, connection: self)
+    }
+
+    /// The first column of the first row of `sql`, as an integer.
+    func integer(_ sql: String) throws(StoreError) -> Int64 {
+        let s = try prepare(sql)
+        guard try s.step() else { return 0 }
+        return s.int64(0)
+    }
+
+    var changes: Int { Int(sqlite3_changes(handle)) }
+}
+
+/// A prepared statement, reset after each use.
+final class Statement {
+    let handle: OpaquePointer
+    unowned let connection: SQLiteConnection
+
+    init(_ handle: OpaquePointer, connection: SQLiteConnection) {
+        self.handle = handle
+        self.connection = connection
+    }
+
+    deinit { sqlite3_finalize(handle) }
+
+    func reset() {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+    }
+
+    func bind(_ index: Int32, _ value: Int64) { sqlite3_bind_int64(handle, index, value) }
+    func bind(_ index: Int32, _ value: Int) { sqlite3_bind_int64(handle, index, Int64(value)) }
+    func bind(_ index: Int32, _ value: Double) { sqlite3_bind_double(handle, index, value) }
+    func bind(_ index: Int32, _ value: String?) {
+        guard let value else { sqlite3_bind_null(handle, index); return }
+        sqlite3_bind_text(handle, index, value, -1, csqlite_transient())
+    }
+    /// The bytes are copied by SQLite (they need not outlive the call).
+    func bind(_ index: Int32, bytes: UnsafeRawBufferPointer) {
+        sqlite3_bind_blob64(handle, index, bytes.baseAddress ?? UnsafeRawPointer(bitPattern: 1), UInt64(bytes.count),
+            csqlite_transient())
+    }
+
+    /// True while there is a row; false when done.
+    func step() throws(StoreError) -> Bool {
+        let rc = sqlite3_step(handle)
+        switch rc {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        default: throw StoreError(rc, connection.errorMessage)
+        }
+    }
+
+    /// Runs a statement that returns no rows, then resets it.
+    func run() throws(StoreError) {
+        defer { reset() }
+        while try step() {}
+    }
+
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
+    func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(handle, column) }
+    func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(handle, column)) }
+    func double(_ column: Int32) -> Double { sqlite3_column_double(handle, column) }
+    func string(_ column: Int32) -> String? {
+        guard let text = sqlite3_column_text(handle, column) else { return nil }
+        return String(cString: text)
+    }
+    func bytes(_ column: Int32) -> [UInt8] {
+        let count = Int(sqlite3_column_bytes(handle, column))
+        guard count > 0, let blob = sqlite3_column_blob(handle, column) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: blob, count: count))
+    }
+}

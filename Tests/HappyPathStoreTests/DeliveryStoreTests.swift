@@ -1,0 +1,256 @@
+import Foundation
+import HappyPathCore
+import Testing
+
+@testable import HappyPathStore
+
+/// The store on a real SQLite file in a fresh directory, on a manual clock.
+@Suite("Delivery store")
+struct DeliveryStoreTests {
+    final class Fixture {
+        let directory: String
+        let clock = ManualClock()
+        var path: String { directory + "/deliveries.db" }
+
+        init() {
+            directory = NSTemporaryDirectory() + "happypath-store-" + UUID().uuidString
+            try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        }
+
+        deinit { try? FileManager.default.removeItem(atPath: directory) }
+
+        func open(maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600)) throws -> DeliveryStore {
+            let store = try DeliveryStore(
+                settings: StoreSettings(path: path, sync: .full, maxBytes: maxBytes, retention: retention), clock: clock)
+            store.start()
+            return store
+        }
+
+        func delivery(_ id: String, key: String? = nil, body: String = "{\"n\":1}", upstream: String = "hooks")
+            -> NewDelivery
+        {
+            NewDelivery(
+                id: id, upstream: upstream, route: "/hooks", idempotencyKey: key, requestID: "req-\(id)", method: "POST",
+                target: "/hooks/x?y=1", headers: Array("content-type: application/json\r\n".utf8),
+                body: RequestBody(Array(body.utf8)), maxAttempts: 5,
+                expiresAt: clock.wallMilliseconds() + 3_600_000)
+        }
+    }
+
+    /// Waits for one reply of an asynchronous store call.
+    static func wait<T: Sendable>(_ call: (@escaping @Sendable (T) -> Void) -> Void) -> T {
+        let result = Locked<T?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        call { value in
+            result.withLock { $0 = value }
+            done.signal()
+        }
+        done.wait()
+        return result.withLock { $0! }
+    }
+
+    static func submit(_ store: DeliveryStore, _ d: NewDelivery) -> SubmitResult {
+        wait { store.submit(d, reply: $0) }
+    }
+
+    static func claim(_ store: DeliveryStore, limit: Int = 100, skipping: [String] = []) -> [ClaimedDelivery] {
+        let (claimed, _) = wait { reply in store.claim(limit: limit, skipping: skipping) { reply(($0, $1)) } }
+        return claimed
+    }
+
+    static func finish(_ store: DeliveryStore, _ id: String, _ outcome: DeliveryOutcome) {
+        let _: Bool = wait { reply in store.finish(id: id, outcome) { reply(true) } }
+    }
+
+    @Test func storedRequestComesBackWhole() throws {
+        let f = Fixture()
+        let store = try f.open()
+        guard case .stored("d1") = Self.submit(store, f.delivery("d1", body: "hello")) else {
+            Issue.record("not stored")
+            return
+        }
+        #expect(store.record(id: "d1")?.state == .queued)
+        let claimed = Self.claim(store)
+        #expect(claimed.count == 1)
+        let c = try #require(claimed.first)
+        #expect(c.method == "POST" && c.target == "/hooks/x?y=1" && c.requestID == "req-d1" && c.attempts == 1)
+        #expect(c.body.bytes == Array("hello".utf8))
+        #expect(c.headers == Array("content-type: application/json\r\n".utf8))
+        #expect(store.record(id: "d1")?.state == .inFlight)
+        #expect(Self.claim(store).isEmpty, "a delivery in flight is not claimed twice")
+        Self.finish(store, "d1", .delivered(status: 204))
+        let record = try #require(store.record(id: "d1"))
+        #expect(record.state == .delivered && record.lastStatus == 204 && record.attempts == 1)
+        store.close()
+    }
+
+    @Test func sameIdempotencyKeyGivesTheSameDelivery() throws {
+        let f = Fixture()
+        let store = try f.open()
+        guard case .stored("a") = Self.submit(store, f.delivery("a", key: "k1")) else {
+            Issue.record("not stored")
+            return
+        }
+        guard case .existing("a", .queued) = Self.submit(store, f.delivery("b", key: "k1")) else {
+            Issue.record("a second delivery was stored for the same key")
+            return
+        }
+        // Another upstream's key space is its own.
+        guard case .stored("c") = Self.submit(store, f.delivery("c", key: "k1", upstream: "other")) else {
+            Issue.record("not stored")
+            return
+        }
+        #expect(store.record(id: "b") == nil)
+        #expect(store.stats().byState[.queued] == 2)
+    }
+
+    @Test func sameKeyInOneBatchIsStoredOnce() throws {
+        let f = Fixture()
+        let store = try f.open()
+        let results = Locked<[SubmitResult]>([])
+        let done = DispatchSemaphore(value: 0)
+        for i in 0..<20 {
+            store.submit(f.delivery("x\(i)", key: "same")) { r in
+                results.withLock { $0.append(r) }
+                done.signal()
+            }
+        }
+        for _ in 0..<20 { done.wait() }
+        let stored = results.withLock { $0.filter { if case .stored = $0 { true } else { false } } }
+        #expect(stored.count == 1)
+        #expect(store.stats().byState[.queued] == 1)
+    }
+
+    @Test func fullStoreRefusesAndKeepsWhatItHas() throws {
+        let f = Fixture()
+        let store = try f.open(maxBytes: 4096)
+        let big = String(repeating: "x", count: 1500)
+        var stored = 0
+        var full = 0
+        for i in 0..<5 {
+            switch Self.submit(store, f.delivery("f\(i)", body: big)) {
+            case .stored: stored += 1
+            case .full: full += 1
+            default: Issue.record("unexpected result")
+            }
+        }
+        #expect(stored == 2 && full == 3)
+        #expect(store.heldBytes <= 4096)
+        // Delivering one makes room for another.
+        let claimed = Self.claim(store, limit: 1)
+        Self.finish(store, claimed[0].id, .delivered(status: 200))
+        guard case .stored = Self.submit(store, f.delivery("g", body: big)) else {
+            Issue.record("room was not given back")
+            return
+        }
+        #expect(store.stats().byState[.queued] == 2)
+    }
+
+    @Test func retryWaitsForItsTimeAndDeadKeepsTheProblem() throws {
+        let f = Fixture()
+        let store = try f.open()
+        _ = Self.submit(store, f.delivery("r"))
+        let first = Self.claim(store)
+        #expect(first.count == 1)
+        let at = f.clock.wallMilliseconds() + 5000
+        Self.finish(store, "r", .retry(at: at, status: 503, problem: "{\"code\":\"UPSTREAM_UNAVAILABLE\"}"))
+        #expect(Self.claim(store).isEmpty, "not due yet")
+        f.clock.advance(by: .seconds(5))
+        let second = Self.claim(store)
+        #expect(second.first?.attempts == 2)
+        Self.finish(store, "r", .dead(status: 422, problem: "{\"code\":\"CLIENT_ERROR\"}"))
+        let record = try #require(store.record(id: "r"))
+        #expect(record.state == .dead && record.lastStatus == 422 && record.lastProblem == "{\"code\":\"CLIENT_ERROR\"}")
+        // Replayed: queued again, rounds from zero.
+        let replayed: ReplayResult = Self.wait { store.replay(id: "r", expiresAt: at + 3_600_000, reply: $0) }
+        guard case .replayed = replayed else {
+            Issue.record("not replayed")
+            return
+        }
+        #expect(store.record(id: "r")?.state == .queued && store.record(id: "r")?.attempts == 0)
+        let again: ReplayResult = Self.wait { store.replay(id: "r", expiresAt: at, reply: $0) }
+        guard case .notDead(.queued) = again else {
+            Issue.record("a queued delivery was replayed")
+            return
+        }
+    }
+
+    @Test func pastMaxAgeIsDeadWithAProblem() throws {
+        let f = Fixture()
+        let store = try f.open()
+        var d = f.delivery("old")
+        d.expiresAt = f.clock.wallMilliseconds() + 1000
+        _ = Self.submit(store, d)
+        f.clock.advance(by: .seconds(2))
+        let (claimed, expired) = Self.wait { reply in store.claim(limit: 10, skipping: []) { reply(($0, $1)) } }
+        #expect(claimed.isEmpty)
+        #expect(expired.map(\.id) == ["old"])
+        let record = try #require(store.record(id: "old"))
+        #expect(record.state == .dead)
+        let problem = try #require(record.lastProblem)
+        #expect(problem.contains("\"request_id\":\"req-old\"") && problem.contains("UPSTREAM_UNREACHABLE"))
+    }
+
+    @Test func skippedUpstreamsAreNotClaimedAndWakeMakesThemDue() throws {
+        let f = Fixture()
+        let store = try f.open()
+        _ = Self.submit(store, f.delivery("h1"))
+        _ = Self.submit(store, f.delivery("o1", upstream: "other"))
+        #expect(Self.claim(store, skipping: ["hooks"]).map(\.id) == ["o1"])
+        #expect(Self.claim(store, skipping: ["hooks"]).isEmpty)
+        let h = Self.claim(store)
+        Self.finish(store, "h1", .retry(at: f.clock.wallMilliseconds() + 600_000, status: nil, problem: "{}"))
+        #expect(h.count == 1)
+        #expect(Self.claim(store).isEmpty)
+        store.wake(upstream: "hooks")
+        #expect(Self.claim(store).map(\.id) == ["h1"])
+    }
+
+    @Test func reopeningPutsRoundsInFlightBackAndKeepsEverything() throws {
+        let f = Fixture()
+        var store: DeliveryStore? = try f.open()
+        for i in 0..<10 { _ = Self.submit(store!, f.delivery("p\(i)")) }
+        #expect(Self.claim(store!, limit: 4).count == 4)
+        // No close: the process "ends" with four rounds in flight.
+        store = nil
+        let reopened = try f.open()
+        #expect(reopened.recovered == 4 || reopened.recovered == 0)
+        #expect(reopened.stats().byState[.queued] == 10)
+        #expect(Self.claim(reopened).count == 10)
+    }
+
+    @Test func purgeDropsOnlyFinishedPastRetention() throws {
+        let f = Fixture()
+        let store = try f.open(retention: .seconds(60))
+        _ = Self.submit(store, f.delivery("done"))
+        _ = Self.submit(store, f.delivery("waiting"))
+        let claimed = Self.claim(store, limit: 1)
+        Self.finish(store, claimed[0].id, .delivered(status: 200))
+        f.clock.advance(by: .seconds(61))
+        let purged: Int = Self.wait { store.purge(reply: $0) }
+        #expect(purged == 1)
+        #expect(store.record(id: claimed[0].id) == nil)
+        #expect(store.stats().byState[.queued] == 1)
+    }
+
+    @Test func listsPageNewestFirstAndFilter() throws {
+        let f = Fixture()
+        let store = try f.open()
+        for i in 0..<5 { _ = Self.submit(store, f.delivery("l\(i)", upstream: i % 2 == 0 ? "hooks" : "other")) }
+        let page1 = store.list(state: nil, upstream: nil, after: nil, limit: 2)
+        #expect(page1.map(\.id) == ["l4", "l3"])
+        let page2 = store.list(state: nil, upstream: nil, after: page1.last?.cursor, limit: 2)
+        #expect(page2.map(\.id) == ["l2", "l1"])
+        #expect(store.list(state: .queued, upstream: "other", after: nil, limit: 10).map(\.id) == ["l3", "l1"])
+        #expect(store.list(state: .dead, upstream: nil, after: nil, limit: 10).isEmpty)
+    }
+
+    @Test func unwritableDirectoryIsAClearError() {
+        #expect(throws: StoreError.self) {
+            _ = try DeliveryStore(
+                settings: StoreSettings(
+                    path: "/proc/happypath-cannot-write-here/d.db", sync: .full, maxBytes: 1 << 20,
+                    retention: .seconds(60)), clock: ManualClock())
+        }
+    }
+}
