@@ -1,28 +1,198 @@
 #!/usr/bin/env bash
 # Validates every manifest in deploy/k8s offline against the Kubernetes JSON
 # schemas (kubernetes-validate --strict: unknown fields are errors), lints the
-# YAML, and checks the ConfigMap's embedded config with `happypath check`.
+# YAML, checks what the schemas cannot see (where the delivery store lives and
+# that the objects point at one another), and checks the ConfigMap's embedded
+# config with `happypath check`.
 # Usage: deploy/check-manifests.sh [path/to/happypath]
+# K8S_DIR=other/dir checks another set of manifests (the same checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${K8S_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/happypath-k8s-venv}
 K8S_VERSION=${K8S_VERSION:-1.30}
+K8S_DIR=${K8S_DIR:-deploy/k8s}
 if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
   echo "installing kubernetes-validate and yamllint into $VENV (once)"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q kubernetes-validate yamllint
 fi
-manifests=(deploy/k8s/*.yaml)
+manifests=("$K8S_DIR"/*.yaml)
 "$VENV/bin/yamllint" -d '{extends: default, rules: {line-length: {max: 160}}}' "${manifests[@]}"
 "$VENV/bin/kubernetes-validate" --strict -k "$K8S_VERSION" "${manifests[@]}"
+
+# The delivery store (deliver later): a request that got 202 is in a SQLite
+# file at storage.path, so that file must be on a writable volume of its own
+# that outlives the pod. The schemas accept any mount; these checks do not.
+"$VENV/bin/python" - "$K8S_DIR" <<'PY'
+import glob, os, posixpath, re, sys, yaml
+
+DEFAULT_STORE = "/var/lib/happypath/deliveries.db"   # storage.path when the config has none
+k8s_dir = sys.argv[1]
+errors = []
+def fail(msg): errors.append(msg)
+
+docs = []
+for f in sorted(glob.glob(os.path.join(k8s_dir, "*.yaml"))):
+    for d in yaml.safe_load_all(open(f)):
+        if d:
+            docs.append((f, d))
+def objects(kind): return [(f, d) for f, d in docs if d.get("kind") == kind]
+def named(kind, name): return [d for f, d in objects(kind) if d["metadata"]["name"] == name]
+def matches(selector, labels):   # matchLabels only; this project uses no expressions
+    want = selector.get("matchLabels", selector)
+    return bool(want) and all(labels.get(k) == v for k, v in want.items())
+
+def store_path(config_text, where):
+    """storage.path of a happypath config, ${VAR:-default} taken as its default; None if unusable."""
+    cfg = yaml.safe_load(config_text) or {}
+    path = str(((cfg.get("storage") or {}).get("path")) or DEFAULT_STORE)
+    path = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", path)
+    if "${" in path:
+        return fail(f"{where}: storage.path {path!r} depends on the environment; give it a default (${{VAR:-/path}})")
+    if not path.startswith("/"):
+        return fail(f"{where}: storage.path {path!r} is relative; the process's directory is / (read-only)")
+    return posixpath.normpath(path)
+
+def mount_of(mounts, path):
+    """The mount that holds path: the longest mountPath that is path or a parent of it."""
+    best = None
+    for m in mounts:
+        mp = posixpath.normpath(m["mountPath"])
+        if (path == mp or path.startswith(mp.rstrip("/") + "/")) and (best is None or len(mp) > len(posixpath.normpath(best["mountPath"]))):
+            best = m
+    return best
+
+# The proxy's workload: the one whose pods run the happypath image.
+workloads = [(f, d) for f, d in docs if d.get("kind") in ("StatefulSet", "Deployment")
+             and any("happypath" in c.get("image", "") for c in d["spec"]["template"]["spec"]["containers"])]
+if len(workloads) != 1:
+    fail(f"expected one workload running the happypath image, found {len(workloads)}")
+    workloads = []
+for wf, w in workloads:
+    wname, spec = f"{w['kind']}/{w['metadata']['name']}", w["spec"]
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"].get("labels", {})
+    c = next(c for c in pod["containers"] if "happypath" in c.get("image", ""))
+    mounts = c.get("volumeMounts", [])
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    claims = {t["metadata"]["name"]: t for t in spec.get("volumeClaimTemplates", [])}
+
+    # Durable state per replica: only a StatefulSet gives each pod its own volume back.
+    if w["kind"] != "StatefulSet":
+        fail(f"{wf}: {wname} holds a delivery store per pod; it must be a StatefulSet with volumeClaimTemplates")
+
+    # The config the pod reads is the ConfigMap checked here.
+    args = c.get("args", [])
+    config_file = args[args.index("--config") + 1] if "--config" in args else "/etc/happypath/happypath.yaml"
+    cm_mount = mount_of(mounts, config_file)
+    cm_name = (volumes.get(cm_mount["name"], {}).get("configMap") or {}).get("name") if cm_mount else None
+    cms = named("ConfigMap", cm_name) if cm_name else []
+    if not cms:
+        fail(f"{wf}: --config {config_file} is not on a ConfigMap volume of these manifests")
+        continue
+    key = posixpath.relpath(config_file, cm_mount["mountPath"])
+    if key not in cms[0].get("data", {}):
+        fail(f"{wf}: ConfigMap {cm_name} has no key {key!r} for --config {config_file}")
+        continue
+    store = store_path(cms[0]["data"][key], f"ConfigMap {cm_name} {key}")
+    if store is None:
+        continue
+    store_dir = posixpath.dirname(store)
+
+    # The store's directory is its own mount: writable, persistent, per replica.
+    m = mount_of(mounts, store)
+    if m is None or posixpath.normpath(m["mountPath"]) != store_dir:
+        fail(f"{wf}: no volume mounted at {store_dir}, the directory of storage.path {store}"
+             + (f" (it is under {m['mountPath']}, volume {m['name']})" if m else ""))
+    else:
+        if m.get("readOnly"):
+            fail(f"{wf}: the store mount {store_dir} is readOnly; SQLite writes the file, its -wal and -shm there")
+        if m.get("subPath") or m.get("subPathExpr"):
+            fail(f"{wf}: the store mount {store_dir} uses a subPath; mount the whole volume")
+        claim = claims.get(m["name"])
+        if claim is None:
+            kind = next(iter(set(volumes.get(m["name"], {})) - {"name"}), "nothing")
+            fail(f"{wf}: the store mount {store_dir} is volume {m['name']!r} ({kind}), not one of the volumeClaimTemplates:"
+                 " what got 202 would not survive the pod")
+        else:
+            modes = claim["spec"].get("accessModes", [])
+            if not set(modes) <= {"ReadWriteOnce", "ReadWriteOncePod"} or not modes:
+                fail(f"{wf}: volumeClaimTemplate {m['name']} has accessModes {modes}; one writer per store: ReadWriteOnce")
+            if not claim["spec"].get("resources", {}).get("requests", {}).get("storage"):
+                fail(f"{wf}: volumeClaimTemplate {m['name']} requests no storage size")
+    for other in mounts:   # nothing mounted inside the store directory would hide the file
+        mp = posixpath.normpath(other["mountPath"])
+        if mp != store_dir and mp.startswith(store_dir.rstrip("/") + "/"):
+            fail(f"{wf}: {other['mountPath']} is mounted inside the store directory {store_dir}")
+
+    # Writable by the proxy's user: the volume's group is fsGroup.
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+    group = csc.get("runAsGroup", psc.get("runAsGroup"))
+    if psc.get("fsGroup") is None:
+        fail(f"{wf}: no securityContext.fsGroup; the store volume would not be writable by a non-root user")
+    elif group is not None and psc["fsGroup"] != group:
+        fail(f"{wf}: fsGroup {psc['fsGroup']} is not the process's group {group}")
+    # SQLite's temporary files go to /tmp: it must be writable when the root is not.
+    if csc.get("readOnlyRootFilesystem"):
+        t = mount_of(mounts, "/tmp")
+        if t is None or t.get("readOnly"):
+            fail(f"{wf}: readOnlyRootFilesystem and no writable volume at /tmp (SQLite's temporary files)")
+
+    # The objects that point at the workload find it.
+    if w["kind"] == "StatefulSet":
+        svcs = named("Service", spec.get("serviceName", ""))
+        if not svcs:
+            fail(f"{wf}: serviceName {spec.get('serviceName')!r} is not a Service of these manifests")
+        elif svcs[0]["spec"].get("clusterIP") != "None" or not matches(svcs[0]["spec"].get("selector", {}), labels):
+            fail(f"{wf}: Service {spec['serviceName']} must be headless (clusterIP: None) and select the pods")
+    if not any(matches(s["spec"].get("selector", {}), labels) and s["spec"].get("clusterIP") != "None"
+               for _, s in objects("Service")):
+        fail(f"{wf}: no Service with a virtual IP selects the pods (the one clients use)")
+    for hf, h in objects("HorizontalPodAutoscaler"):
+        ref = h["spec"]["scaleTargetRef"]
+        if (ref.get("kind"), ref.get("name")) != (w["kind"], w["metadata"]["name"]):
+            fail(f"{hf}: HorizontalPodAutoscaler targets {ref.get('kind')}/{ref.get('name')}, not {wname}")
+    for pf, p in objects("PodDisruptionBudget"):
+        if not matches(p["spec"].get("selector", {}), labels):
+            fail(f"{pf}: PodDisruptionBudget {p['metadata']['name']} does not select the pods of {wname}")
+    if not errors:
+        size = claims[m["name"]]["spec"]["resources"]["requests"]["storage"]
+        print(f"store: {store} on {wname} volume {m['name']} ({'/'.join(claims[m['name']]['spec']['accessModes'])}, {size},"
+              f" one per replica), writable by fsGroup {psc['fsGroup']}")
+
+# The compose files that run the proxy keep the store on a named volume too.
+if k8s_dir == "deploy/k8s":
+    for cf in sorted(glob.glob("deploy/compose*.yaml")):
+        compose = yaml.safe_load(open(cf)) or {}
+        for sname, svc in (compose.get("services") or {}).items():
+            if "happypath" not in str(svc.get("image", "")) or "demo-upstream" in (svc.get("command") or []):
+                continue
+            binds = [v.split(":") for v in svc.get("volumes", []) if isinstance(v, str)]
+            cfg_src = next((b[0] for b in binds if len(b) > 1 and b[1] == "/etc/happypath/happypath.yaml"), None)
+            text = open(posixpath.join("deploy", cfg_src)).read() if cfg_src else ""
+            store = store_path(text, f"{cf} {sname}")
+            if store is None:
+                continue
+            store_dir = posixpath.dirname(store)
+            named_vols = compose.get("volumes") or {}
+            if not any(len(b) > 1 and b[1] == store_dir and b[0] in named_vols and not b[2:3] == ["ro"] for b in binds):
+                fail(f"{cf}: service {sname} has no writable named volume at {store_dir} (storage.path's directory)")
+            else:
+                print(f"store: {cf} service {sname} keeps {store_dir} on a named volume")
+
+for e in errors:
+    print(f"deploy-check: {e}", file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+
 # The config inside the ConfigMap must pass the proxy's own check.
 bin=${1:-}
 if [ -n "$bin" ] && [ -x "$bin" ]; then
   cfg=$(mktemp /tmp/happypath-configmap.XXXXXX.yaml)
   trap 'rm -f "$cfg"' EXIT
-  "$VENV/bin/python" - "$cfg" <<'PY'
+  "$VENV/bin/python" - "$cfg" "$K8S_DIR" <<'PY'
 import sys, yaml
-doc = yaml.safe_load(open("deploy/k8s/configmap.yaml"))
+doc = yaml.safe_load(open(sys.argv[2] + "/configmap.yaml"))
 open(sys.argv[1], "w").write(doc["data"]["happypath.yaml"])
 PY
   API_CLIENT_ID=check API_CLIENT_SECRET=check "$bin" check --config "$cfg"

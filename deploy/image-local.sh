@@ -52,6 +52,13 @@ for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:19502/healthz && b
 curl -fsS -i http://127.0.0.1:19501/ok
 echo
 $P exec "$CID" id
+# The delivery store's directory (a VOLUME) is writable by the runtime user,
+# and every library the binary links (libsqlite3 among them) is in the image.
+$P exec "$CID" sh -c 'touch /var/lib/happypath/.probe && rm /var/lib/happypath/.probe'
+echo "store: /var/lib/happypath writable by uid $($P exec "$CID" id -u)"
+if $P exec "$CID" ldd /usr/local/bin/happypath | grep 'not found'; then
+  echo "FAIL: libraries missing from the image" >&2; exit 1
+fi
 $P stop -t 10 "$CID" >/dev/null
 echo "exit code after SIGTERM: $($P inspect "$CID" --format '{{.State.ExitCode}}')"
 echo "OK: localhost/happypath:latest built from deploy/Dockerfile's runtime stage and served a request"
