@@ -19,6 +19,12 @@ final class ProxyMetrics: Sendable {
             .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),
             .microseconds(2_500_000), .seconds(5), .seconds(10), .seconds(30),
         ]
+        // The store's commits take milliseconds: finer buckets there.
+        factory.durationHistogramBuckets["happypath_delivery_store_write_seconds"] = [
+            .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(3),
+            .milliseconds(5), .microseconds(7500), .milliseconds(10), .milliseconds(15), .milliseconds(25),
+            .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
+        ]
         self.factory = factory
     }
 

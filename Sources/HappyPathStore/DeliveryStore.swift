@@ -516,6 +516,8 @@ final class Writer {
         // The WAL file shrinks back to this after a checkpoint.
         try c.execute("PRAGMA journal_size_limit = 8388608")
         try c.execute("PRAGMA secure_delete = OFF")
+        // Sorts and temporary indexes in memory: no temporary files (a read-only root in a container).
+        try c.execute("PRAGMA temp_store = MEMORY")
         let version = try c.integer("PRAGMA user_version")
         if version > Int64(Schema.version) {
             throw StoreError(
