@@ -4,6 +4,9 @@
 SHELL := /bin/bash
 SWIFT ?= swift
 CONFIG ?= config/happypath.yaml
+# Where `make run` and `make check` keep deliver-later requests (config/happypath.yaml
+# reads it from HAPPYPATH_STORE; without it, /var/lib/happypath/deliveries.db).
+export HAPPYPATH_STORE ?= /tmp/happypath-run/deliveries.db
 DEMO_LISTEN ?= 127.0.0.1:9000
 
 # Debian packages: build/run needs the first list, the load-test scenarios and

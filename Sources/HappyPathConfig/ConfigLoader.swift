@@ -50,12 +50,21 @@ public enum ConfigLoader {
         let path = config.storage.path
         let directory = (path as NSString).deletingLastPathComponent.isEmpty
             ? "." : (path as NSString).deletingLastPathComponent
-        var isDirectory: ObjCBool = false
+        // The nearest directory that exists: the store makes the rest.
+        var existing = directory
+        while !FileManager.default.fileExists(atPath: existing), existing != "/", existing != "." {
+            existing = (existing as NSString).deletingLastPathComponent
+            if existing.isEmpty { existing = "." }
+        }
         let problem: String?
-        if !FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) || !isDirectory.boolValue {
-            problem = "storage.path: the directory \(directory) does not exist; create it (mkdir -p \(directory)) or set storage.path"
-        } else if access(directory, W_OK | X_OK) != 0 {
-            problem = "storage.path: the directory \(directory) is not writable by this user (uid \(getuid())); the store needs to create its file and journal there"
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: existing, isDirectory: &isDirectory), !isDirectory.boolValue {
+            problem = "storage.path: \(existing) is a file, not a directory; set storage.path to a file in a directory"
+        } else if access(existing, W_OK | X_OK) != 0 {
+            problem =
+                existing == directory
+                ? "storage.path: the directory \(directory) is not writable by this user (uid \(getuid())); the store needs to create its file and journal there"
+                : "storage.path: the directory \(directory) does not exist and cannot be created here: \(existing) is not writable by this user (uid \(getuid())); create it, or set storage.path"
         } else if FileManager.default.fileExists(atPath: path), access(path, R_OK | W_OK) != 0 {
             problem = "storage.path: \(path) exists but is not readable and writable by this user (uid \(getuid()))"
         } else {

@@ -201,6 +201,7 @@ public final class DeliveryStore: @unchecked Sendable {
         self.settings = settings
         self.clock = clock
         self.onWrite = onWrite
+        try Self.createDirectory(containing: settings.path)
         let writer = try Writer(settings: settings)
         self.writer = writer
         recovered = try writer.recover(now: clock.wallMilliseconds())
@@ -209,6 +210,19 @@ public final class DeliveryStore: @unchecked Sendable {
     }
 
     deinit { close() }
+
+    /// The store's directory, made (0750, with its parents) if it is missing.
+    static func createDirectory(containing path: String) throws(StoreError) {
+        guard let slash = path.lastIndex(of: "/"), slash != path.startIndex else { return }
+        let directory = String(path[..<slash])
+        var made = directory.hasPrefix("/") ? "" : "."
+        for part in directory.split(separator: "/") {
+            made += "/" + part
+            if mkdir(made, 0o750) != 0, errno != EEXIST {
+                throw StoreError(SQLITE_CANTOPEN, "cannot create the directory \(made): \(String(cString: strerror(errno)))")
+            }
+        }
+    }
 
     /// Starts the writer thread.
     public func start() {
