@@ -52,6 +52,11 @@ final class Deliveries: @unchecked Sendable {
         self.logger = logger
         state = Locked((shared, []))
         lastPurge = clock.now()
+        if store.recovered > 0 {
+            logger.warning(
+                "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
+                metadata: ["count": "\(store.recovered)", "store": "\(settings.path)"])
+        }
     }
 
     var metrics: ProxyMetrics { state.withLock { $0.shared.metrics } }
@@ -70,12 +75,7 @@ final class Deliveries: @unchecked Sendable {
     /// On the admin loop: the periodic tick and the hourly purge.
     func start() {
         store.start()
-        if store.recovered > 0 {
-            logger.warning(
-                "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
-                metadata: ["count": "\(store.recovered)", "store": "\(settings.path)"])
-            events.publish("deliveries_recovered", [("count", String(store.recovered))])
-        }
+        if store.recovered > 0 { events.publish("deliveries_recovered", [("count", String(store.recovered))]) }
         scheduleTick()
     }
 

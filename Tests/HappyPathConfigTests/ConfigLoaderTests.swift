@@ -282,3 +282,86 @@ let minimal = """
         #expect(EnvironmentSubstitution.apply("${Y", environment: [:]) == .failure(.malformed))
     }
 }
+
+@Suite("Deliver-later configuration")
+struct DeliverLaterConfigTests {
+    static let base = """
+        upstreams:
+          hooks: { endpoints: [http://127.0.0.1:9000] }
+        routes:
+
+        """
+
+    func parse(_ yaml: String) throws -> Configuration { try ConfigLoader.parse(yaml, file: "t.yaml") }
+
+    func errors(_ yaml: String) -> [String] {
+        do {
+            _ = try parse(yaml)
+            return []
+        } catch {
+            return (error as? ConfigErrors)?.errors.map(\.description) ?? ["\(error)"]
+        }
+    }
+
+    @Test func defaultsWhenOnlyTheModeIsSet() throws {
+        let c = try parse(Self.base + "  - { match: { path_prefix: /hooks }, upstream: hooks, delivery: { mode: later } }")
+        #expect(c.usesStore)
+        let d = c.routes[0].delivery
+        #expect(d.mode == .later && d.maxAge == .seconds(86400) && d.maxAttempts == 50)
+        #expect(d.backoffBase == .seconds(1) && d.backoffMax == .seconds(600))
+        #expect(c.storage.path == "/var/lib/happypath/deliveries.db" && c.storage.sync == .full)
+        #expect(c.storage.maxBytes == 1 << 30 && c.storage.retention == .seconds(86400))
+        #expect(c.storage.statusPath == "/_happypath/deliveries")
+    }
+
+    @Test func everyKeyIsRead() throws {
+        let c = try parse(
+            """
+            storage: { path: /tmp/x/d.db, sync: normal, max_bytes: 64MiB, retention: 2h, status_path: /status }
+            """ + "\n" + Self.base
+                + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later, max_age: 1h, max_attempts: 7, backoff: { base: 2s, max: 30s } } }"
+        )
+        #expect(c.storage.path == "/tmp/x/d.db" && c.storage.sync == .normal && c.storage.maxBytes == 64 << 20)
+        #expect(c.storage.retention == .seconds(7200) && c.storage.statusPath == "/status")
+        #expect(c.storage.pathLine == 1 && c.storage.pathColumn == 18)
+        let d = c.routes[0].delivery
+        #expect(d.maxAge == .seconds(3600) && d.maxAttempts == 7 && d.backoffBase == .seconds(2) && d.backoffMax == .seconds(30))
+    }
+
+    @Test func modeNowNeedsNoStore() throws {
+        let c = try parse(Self.base + "  - { match: { path_prefix: / }, upstream: hooks }")
+        #expect(!c.usesStore)
+        #expect(ConfigLoader.storageProblems(c).isEmpty)
+    }
+
+    @Test func badValuesAreNamed() {
+        let e = errors(
+            """
+            storage: { sync: sometimes, max_bytes: 1KiB, status_path: nope/ }
+            """ + "\n" + Self.base
+                + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: soon, max_attempts: 0, backoff: { base: 10s, max: 1s } } }"
+        )
+        let text = e.joined(separator: "\n")
+        #expect(text.contains("storage.sync must be one of full, normal"))
+        #expect(text.contains("storage.max_bytes must be at least 1MiB"))
+        #expect(text.contains("storage.status_path must be a path"))
+        #expect(text.contains("routes[0].delivery.mode must be one of now, later"))
+        #expect(text.contains("routes[0].delivery.max_attempts"))
+        #expect(text.contains("backoff.max (1s) is below backoff.base (10s)"))
+        #expect(e.allSatisfy { $0.hasPrefix("t.yaml:") })
+    }
+
+    @Test func aRouteInsideTheStatusPathIsRefused() {
+        let e = errors(Self.base + "  - { match: { path_prefix: /_happypath/deliveries/x }, upstream: hooks }")
+        #expect(e.contains { $0.contains("inside storage.status_path") })
+    }
+
+    @Test func aStoreDirectoryThatCannotBeMadeIsReported() throws {
+        let c = try parse(
+            "storage: { path: /etc/hostname/sub/d.db }\n" + Self.base
+                + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later } }")
+        let problems = ConfigLoader.storageProblems(c)
+        #expect(problems.count == 1)
+        #expect(problems.first?.description.hasPrefix("t.yaml:1:18: storage.path: /etc/hostname is a file") == true)
+    }
+}

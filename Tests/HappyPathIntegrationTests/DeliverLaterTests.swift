@@ -1,0 +1,288 @@
+import Foundation
+import HappyPathCore
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Deliver later, end to end: the real proxy with its SQLite store in a
+/// fresh directory, real upstreams on loopback (one that is down until the
+/// test brings it up), real sockets. Waits are on conditions (what the
+/// upstream received, what the status URL says), never on time.
+@Suite("Deliver later", .serialized)
+struct DeliverLaterTests {
+    static let ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+    final class StoreDirectory {
+        let path = NSTemporaryDirectory() + "happypath-dl-" + UUID().uuidString
+        var file: String { path + "/deliveries.db" }
+        deinit { try? FileManager.default.removeItem(atPath: path) }
+    }
+
+    static func yaml(
+        upstream: String, store: StoreDirectory, storage: String = "", delivery: String = "",
+        upstreamExtra: String = "health_check: { interval: 100ms, timeout: 100ms, unhealthy_after: 1 }"
+    ) -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        storage: { path: \(store.file) \(storage) }
+        defaults: { reachability: { park_for: 200ms } }
+        upstreams:
+          hooks:
+            endpoints: [\(upstream)]
+            connect_timeout: 200ms
+            \(upstreamExtra)
+        routes:
+          - match: { path_prefix: /hooks/ }
+            upstream: hooks
+            strip_prefix: /hooks
+            timeout: 2s
+            delivery: { mode: later, backoff: { base: 50ms, max: 200ms } \(delivery) }
+          - match: { path_prefix: / }
+            upstream: hooks
+        """
+    }
+
+    static func json(_ response: TestResponse) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(response.body))) as? [String: Any] ?? [:]
+    }
+
+    static func status(_ h: ProxyHarness, _ id: String) throws -> [String: Any] {
+        json(try HTTP.request(port: h.port, "/_happypath/deliveries/\(id)"))
+    }
+
+    /// The fields of a recorded request head, lower-cased names.
+    static func fields(_ head: String) -> [String: String] {
+        var out: [String: String] = [:]
+        for line in head.components(separatedBy: "\r\n").dropFirst() {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            out[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        }
+        return out
+    }
+
+    @Test func storedThenDeliveredWithItsRequestIDAndAKey() throws {
+        let store = StoreDirectory()
+        let upstream = ScriptedUpstream(responses: [Self.ok]).started()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(upstream.port)", store: store))
+        h.scripted.append(upstream)
+        let body = Array("{\"order\":42}".utf8)
+        let r = try HTTP.request(
+            port: h.port, "POST", "/hooks/orders?src=app",
+            headers: [("X-Request-Id", "req-42"), ("Content-Type", "application/json")], body: body)
+        #expect(r.status == 202)
+        let accepted = Self.json(r)
+        let id = try #require(accepted["id"] as? String)
+        #expect(id.hasPrefix("dlv_") && id.count == 36)
+        #expect(accepted["state"] as? String == "queued")
+        #expect(r.header("Location") == "/_happypath/deliveries/\(id)")
+        #expect(accepted["status_url"] as? String == "/_happypath/deliveries/\(id)")
+        #expect(r.header("X-Request-Id") == "req-42")
+
+        guard waitUntil("the upstream receives the request", { upstream.appRequests.count == 1 }) else { return }
+        let sent = upstream.appRequests[0]
+        #expect(sent.head.hasPrefix("POST /orders?src=app HTTP/1.1"))
+        let f = Self.fields(sent.head)
+        #expect(f["idempotency-key"] == id)
+        #expect(f["x-request-id"] == "req-42")
+        #expect(f["content-type"] == "application/json")
+        #expect(sent.body == body)
+        guard waitUntil("the status says delivered", { try Self.status(h, id)["state"] as? String == "delivered" })
+        else { return }
+        let s = try Self.status(h, id)
+        #expect(s["attempts"] as? Int == 1 && s["status"] as? Int == 200 && s["request_id"] as? String == "req-42")
+    }
+
+    @Test func theClientsIdempotencyKeyIsKeptAndASecondSendIsTheSameDelivery() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
+        let first = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay", headers: [("Idempotency-Key", "pay-7")], body: Array("a".utf8))
+        let second = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay", headers: [("Idempotency-Key", "pay-7")], body: Array("a".utf8))
+        #expect(first.status == 202 && second.status == 202)
+        let id = try #require(Self.json(first)["id"] as? String)
+        #expect(Self.json(second)["id"] as? String == id)
+        let upstream = ScriptedUpstream(comingUpOn: port) { _ in Self.ok }.started()
+        h.scripted.append(upstream)
+        guard waitUntil("delivered", { try Self.status(h, id)["state"] as? String == "delivered" }) else { return }
+        #expect(upstream.appRequests.count == 1)
+        #expect(Self.fields(upstream.appRequests[0].head)["idempotency-key"] == "pay-7")
+        let metrics = try AdminProbe(port: h.adminPort).metrics()
+        #expect(metrics["happypath_deliveries_total{upstream=\"hooks\",outcome=\"duplicate\"}"] == 1)
+        #expect(metrics["happypath_deliveries_total{upstream=\"hooks\",outcome=\"accepted\"}"] == 1)
+    }
+
+    @Test func queuedWhileTheUpstreamIsDownThenEveryOneArrivesOnce() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
+        let admin = AdminProbe(port: h.adminPort)
+        guard waitUntil("the health check marks the upstream down", { try admin.upstream("hooks")["reachable"] as? Bool == false })
+        else { return }
+        var ids: [String] = []
+        for i in 0..<30 {
+            let r = try HTTP.request(port: h.port, "POST", "/hooks/e", body: Array("event \(i)".utf8))
+            #expect(r.status == 202)
+            if let id = Self.json(r)["id"] as? String { ids.append(id) }
+        }
+        #expect(ids.count == 30)
+        // Down: nothing was tried, nothing counted against max_attempts.
+        let queued = try admin.state()["deliveries"] as? [String: Any]
+        #expect(queued?["queued"] as? Int == 30)
+        #expect(try Self.status(h, ids[0])["attempts"] as? Int == 0)
+        #expect(try admin.metric("happypath_deliveries_queued{upstream=\"hooks\"}") == 30)
+
+        let upstream = ScriptedUpstream(comingUpOn: port) { _ in Self.ok }.started()
+        h.scripted.append(upstream)
+        guard waitUntil("all 30 delivered", { (try admin.state()["deliveries"] as? [String: Any])?["delivered"] as? Int == 30 })
+        else { return }
+        let keys = upstream.appRequests.compactMap { Self.fields($0.head)["idempotency-key"] }
+        #expect(keys.count == 30 && Set(keys) == Set(ids))
+        let bodies = Set(upstream.appRequests.map { String(decoding: $0.body, as: UTF8.self) })
+        #expect(bodies == Set((0..<30).map { "event \($0)" }))
+    }
+
+    @Test func aRefusalFromTheUpstreamIsDeadWithItsProblemAndCanBeReplayed() throws {
+        let store = StoreDirectory()
+        let refusal =
+            "HTTP/1.1 422 Unprocessable Content\r\nContent-Type: application/json\r\nContent-Length: 24\r\n\r\n{\"error\":\"bad order id\"}"
+        let upstream = ScriptedUpstream(responses: [refusal, Self.ok]).started()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(upstream.port)", store: store))
+        h.scripted.append(upstream)
+        let r = try HTTP.request(port: h.port, "POST", "/hooks/orders", body: Array("x".utf8))
+        let id = try #require(Self.json(r)["id"] as? String)
+        guard waitUntil("dead", { try Self.status(h, id)["state"] as? String == "dead" }) else { return }
+        let dead = try Self.status(h, id)
+        #expect(dead["status"] as? Int == 422 && dead["attempts"] as? Int == 1)
+        let error = try #require(dead["error"] as? [String: Any])
+        #expect(error["status"] as? Int == 422 && error["code"] as? String == "CLIENT_ERROR")
+        #expect(error["request_id"] as? String == dead["request_id"] as? String)
+        #expect(upstream.appRequests.count == 1, "a 4xx answer is not tried again")
+
+        let admin = AdminProbe(port: h.adminPort)
+        let list = Self.json(try HTTP.request(port: h.adminPort, "/admin/deliveries?state=dead&upstream=hooks"))
+        #expect((list["deliveries"] as? [[String: Any]])?.compactMap { $0["id"] as? String } == [id])
+        // Replayed by the operator: the upstream now takes it.
+        let replay = try HTTP.request(port: h.adminPort, "POST", "/admin/deliveries/\(id)/replay")
+        #expect(replay.status == 200)
+        guard waitUntil("delivered after the replay", { try Self.status(h, id)["state"] as? String == "delivered" })
+        else { return }
+        #expect(upstream.appRequests.count == 2)
+        let again = try HTTP.request(port: h.adminPort, "POST", "/admin/deliveries/\(id)/replay")
+        #expect(again.status == 409)
+        #expect(try admin.metric("happypath_deliveries_total{upstream=\"hooks\",outcome=\"dead\"}") == 1)
+    }
+
+    @Test func aFullStoreAnswersOverloadedAndKeepsWhatItHolds() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(
+            Self.yaml(upstream: port.url, store: store, storage: ", max_bytes: 1MiB"), holding: [port])
+        let body = [UInt8](repeating: UInt8(ascii: "z"), count: 300 * 1024)
+        var statuses: [Int] = []
+        var last: TestResponse?
+        for _ in 0..<4 {
+            let r = try HTTP.request(port: h.port, "POST", "/hooks/big", body: body)
+            statuses.append(r.status)
+            last = r
+        }
+        #expect(statuses == [202, 202, 202, 503])
+        let refused = try #require(last)
+        #expect(Self.json(refused)["code"] as? String == "OVERLOADED")
+        #expect(refused.header("Retry-After") == "5")
+        let upstream = ScriptedUpstream(comingUpOn: port) { _ in Self.ok }.started()
+        h.scripted.append(upstream)
+        let admin = AdminProbe(port: h.adminPort)
+        guard waitUntil("the three stored are delivered", { (try admin.state()["deliveries"] as? [String: Any])?["delivered"] as? Int == 3 })
+        else { return }
+        #expect(upstream.appRequests.count == 3, "the refused one was never stored, so never sent")
+    }
+
+    @Test func unknownDeliveriesAndWrongMethodsAreClearErrors() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
+        let missing = try HTTP.request(port: h.port, "/_happypath/deliveries/dlv_nope")
+        #expect(missing.status == 404 && Self.json(missing)["code"] as? String == "NOT_FOUND")
+        let post = try HTTP.request(port: h.port, "POST", "/_happypath/deliveries/dlv_nope", body: [])
+        #expect(post.status == 400)
+        let badFilter = try HTTP.request(port: h.adminPort, "/admin/deliveries?state=lost")
+        #expect(badFilter.status == 400)
+        let purge = try HTTP.request(port: h.adminPort, "POST", "/admin/deliveries/purge")
+        #expect(purge.status == 200 && Self.json(purge)["purged"] as? Int == 0)
+    }
+
+    /// Nothing lost across `kill -9`: the proxy as a process, killed twice
+    /// while delivering, restarted on the same store each time.
+    @Test func nothingAcceptedIsLostWhenTheProxyIsKilledTwice() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let config = Self.yaml(upstream: port.url, store: store, delivery: ", max_attempts: 1000")
+        var proxy = try ServeProcess(config: config, logLevel: "info")
+        guard let firstPort = proxy.listeningPort() else { return }
+        let total = 600
+        let accepted = Locked<[String]>([])
+        let refused = Locked(0)
+        DispatchQueue.concurrentPerform(iterations: 8) { worker in
+            for i in stride(from: worker, to: total, by: 8) {
+                guard let r = try? HTTP.request(port: firstPort, "POST", "/hooks/n", body: Array("n=\(i)".utf8)) else {
+                    refused.withLock { $0 += 1 }
+                    continue
+                }
+                if r.status == 202, let id = Self.json(r)["id"] as? String {
+                    accepted.withLock { $0.append(id) }
+                } else {
+                    refused.withLock { $0 += 1 }
+                }
+            }
+        }
+        let ids = Set(accepted.withLock { $0 })
+        #expect(ids.count == total && refused.withLock { $0 } == 0)
+
+        // A slow upstream, so rounds are in flight when the proxy is killed.
+        let upstream = ScriptedUpstream(comingUpOn: port) { _ in "DELAY:5\n" + Self.ok }.started()
+        defer { upstream.stop() }
+        func keys() -> [String] { upstream.appRequests.compactMap { Self.fields($0.head)["idempotency-key"] } }
+        var recovered = 0
+        for fraction in [0.2, 0.6] {
+            guard waitUntil("\(Int(fraction * 100))% delivered", timeout: 60, { Double(Set(keys()).count) >= fraction * Double(total) })
+            else { return }
+            kill(proxy.pid, SIGKILL)
+            _ = proxy.waitForExit()
+            proxy = try ServeProcess(config: config, logLevel: "info")
+            guard proxy.listeningPort() != nil else { return }
+            // Logged before the proxy says it listens: the rounds in flight at the kill.
+            for line in proxy.errors.split(separator: "\n") where line.contains("queued again") {
+                let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
+                recovered += (object?["count"] as? Int) ?? Int(object?["count"] as? String ?? "") ?? 0
+            }
+        }
+        guard let adminPort = proxy.adminPort() else { return }
+        let admin = AdminProbe(port: adminPort)
+        guard
+            waitUntil("every accepted request delivered", timeout: 120, {
+                let d = try admin.state()["deliveries"] as? [String: Any]
+                return d?["delivered"] as? Int == total && d?["queued"] as? Int == 0 && d?["in_flight"] as? Int == 0
+            })
+        else { return }
+        let received = keys()
+        #expect(Set(received) == ids, "every request that got 202 arrived")
+        let duplicates = received.count - Set(received).count
+        // Only rounds in flight at a kill may arrive twice.
+        #expect(duplicates <= recovered && recovered <= 2 * 64, "duplicates \(duplicates), recovered \(recovered)")
+        #expect(recovered > 0, "the kills found rounds in flight (the upstream answers slowly)")
+        // A duplicate carries the same key and the same request id.
+        var requestIDs: [String: Set<String>] = [:]
+        for r in upstream.appRequests {
+            let f = Self.fields(r.head)
+            if let key = f["idempotency-key"], let rid = f["x-request-id"] { requestIDs[key, default: []].insert(rid) }
+        }
+        #expect(requestIDs.values.allSatisfy { $0.count == 1 })
+        proxy.signal(SIGTERM)
+        #expect(proxy.waitForExit())
+    }
+}
