@@ -71,12 +71,14 @@ let template = """
             recovery_suggestion: @54@
             recovery_options: [@55@]
             retryable: @56@
+    storage: { path: @63@, sync: @64@, max_bytes: @65@, retention: @66@, status_path: @67@ }
     routes:
       - match: { path_prefix: @57@, methods: [@58@] }
         upstream: @59@
         strip_prefix: @60@
         timeout: @61@
         retry: { attempts: @62@ }
+        delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ } }
     """
 
 let valid = [
@@ -86,6 +88,7 @@ let valid = [
     "https://auth.example.com/token", "id", "secret", "read", "api", "Authorization", "Bearer", "30s", "401",
     "/access_token", "/expires_in", "409", "/error/code", "busy", "CONFLICT_TRY_AGAIN", "Busy", "Try later", "Wait",
     "retry", "true", "/api/", "GET", "api", "/api", "5s", "4",
+    "/var/lib/happypath/deliveries.db", "full", "1GiB", "24h", "/_happypath/deliveries", "later", "24h", "50", "1s", "10m",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {
