@@ -90,6 +90,9 @@ final class Deliveries: @unchecked Sendable {
         }
     }
 
+    /// Delivery rounds started and not yet recorded in the store.
+    var roundsInFlight: Int { inFlight.load(ordering: .relaxed) }
+
     /// No new rounds; the store is closed by `close` once the workers stopped.
     func stop() {
         stopped.store(true, ordering: .relaxed)

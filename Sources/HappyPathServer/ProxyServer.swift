@@ -163,19 +163,28 @@ public final class ProxyServer: @unchecked Sendable {
             let handle = WorkerHandle(worker)
             loop.execute { handle.worker.stopAccepting() }
         }
+        // Delivery rounds: none start from now on; those running may finish
+        // (a round cut short is queued again, and may then arrive twice).
+        if let deliveries, let adminLoop {
+            let box = DeliveriesBox(deliveries)
+            adminLoop.execute { box.deliveries.stop() }
+        }
+        let rounds = { self.deliveries?.roundsInFlight ?? 0 }
         let deadline = clock.now() + timeout
-        while shared.inFlight.current > 0, clock.now() < deadline {
+        while shared.inFlight.current > 0 || rounds() > 0, clock.now() < deadline {
             usleep(20_000)
         }
         let left = shared.inFlight.current
-        if left > 0 {
-            logger.warning("drain timeout: answering what is left", metadata: ["in_flight": "\(left)"])
+        if left > 0 || rounds() > 0 {
+            logger.warning(
+                "drain timeout: answering what is left",
+                metadata: ["in_flight": "\(left)", "delivery_rounds": "\(rounds())"])
             for (loop, worker) in zip(loops, workers) {
                 let handle = WorkerHandle(worker)
                 loop.execute { handle.worker.answerEverything() }
             }
             let grace = clock.now() + .seconds(1)
-            while shared.inFlight.current > 0, clock.now() < grace { usleep(20_000) }
+            while shared.inFlight.current > 0 || rounds() > 0, clock.now() < grace { usleep(20_000) }
         }
         stop()
     }

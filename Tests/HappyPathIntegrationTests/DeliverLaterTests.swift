@@ -285,4 +285,38 @@ struct DeliverLaterTests {
         proxy.signal(SIGTERM)
         #expect(proxy.waitForExit())
     }
+
+    /// SIGTERM while rounds are running: they finish (no new ones start),
+    /// the process exits 0, and after a restart the rest is delivered with
+    /// nothing sent twice.
+    @Test func sigtermLetsRunningRoundsFinishAndLosesNothing() throws {
+        let store = StoreDirectory()
+        let upstream = ScriptedUpstream(responses: ["DELAY:300\n" + Self.ok]).started()
+        defer { upstream.stop() }
+        let config = Self.yaml(upstream: "http://127.0.0.1:\(upstream.port)", store: store)
+        var proxy = try ServeProcess(config: config, logLevel: "info")
+        guard let port = proxy.listeningPort() else { return }
+        var ids: [String] = []
+        for i in 0..<5 {
+            let r = try HTTP.request(port: port, "POST", "/hooks/t", body: Array("t\(i)".utf8))
+            if let id = Self.json(r)["id"] as? String { ids.append(id) }
+        }
+        #expect(ids.count == 5)
+        guard waitUntil("a round reaches the upstream", { upstream.appRequests.count >= 1 }) else { return }
+        proxy.signal(SIGTERM)
+        #expect(proxy.waitForExit(timeout: 15))
+        #expect(proxy.process.terminationStatus == 0)
+        proxy = try ServeProcess(config: config, logLevel: "info")
+        guard proxy.listeningPort() != nil, let adminPort = proxy.adminPort() else { return }
+        #expect(!proxy.errors.contains("queued again"), "no round was cut short")
+        guard
+            waitUntil("all five delivered", timeout: 30, {
+                (try AdminProbe(port: adminPort).state()["deliveries"] as? [String: Any])?["delivered"] as? Int == 5
+            })
+        else { return }
+        let keys = upstream.appRequests.compactMap { Self.fields($0.head)["idempotency-key"] }
+        #expect(keys.count == 5 && Set(keys) == Set(ids), "each arrived once")
+        proxy.signal(SIGTERM)
+        #expect(proxy.waitForExit())
+    }
 }

@@ -80,6 +80,29 @@ import Testing
             RestartOnlyKeys.changes(from: old, to: new, cores: 3).contains("workers cannot change on reload (restart to apply)"))
     }
 
+    @Test func theStoreIsOpenedOnceSoItsKeysNeedARestart() throws {
+        let old = try ConfigLoader.parse(unreachable(maxParked: 0, port: 1), file: "a.yaml")
+        // No route delivers later: the storage block may change freely.
+        var quiet = old
+        quiet.storage.path = "/elsewhere/d.db"
+        #expect(RestartOnlyKeys.changes(from: old, to: quiet, cores: 3).isEmpty)
+        // A later route without a store open at start: refused, saying why.
+        var later = old
+        later.routes[0].delivery.mode = .later
+        let added = RestartOnlyKeys.changes(from: old, to: later, cores: 3)
+        #expect(added.count == 1 && added[0].contains("delivery.mode: later needs the store"))
+        // With the store open, every storage key is named on its own.
+        var changed = later
+        changed.storage.path = "/elsewhere/d.db"
+        changed.storage.sync = .normal
+        changed.storage.maxBytes += 1
+        changed.storage.retention += .seconds(1)
+        changed.storage.statusPath = "/s"
+        changed.routes[0].delivery.maxAttempts = 3  // a route's delivery settings apply on reload
+        let keys = RestartOnlyKeys.changes(from: later, to: changed, cores: 3).map { String($0.prefix { $0 != " " }) }
+        #expect(keys == ["storage.path", "storage.sync", "storage.max_bytes", "storage.retention", "storage.status_path"])
+    }
+
     @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))
     func allowRemoteFollowsTheReload() throws {
         let remote = nonLoopbackIPv4()!
