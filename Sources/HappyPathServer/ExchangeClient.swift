@@ -25,7 +25,12 @@ extension HTTPRequest: ExchangeClient {}
 /// The answer of a delivery round goes nowhere: the exchange's own record
 /// (its final status and problem) is what the store keeps. Never pushes back.
 final class DeliverySink: ExchangeClient {
-    var observer: HTTPRequestObserver?
+    /// Never kept: nothing here is ever reported (no client to lose, no
+    /// output to drain), and keeping the exchange would make a cycle with it.
+    var observer: HTTPRequestObserver? {
+        get { nil }
+        set {}
+    }
     /// The stored request's `Accept`, for the problem's content type (unused: nobody reads it).
     func header(_ name: String) -> String? { nil }
     func clearResponseHeaders() {}
