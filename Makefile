@@ -139,10 +139,11 @@ check: build
 #  bench-counts: instructions (callgrind) and system calls (perf trace) per
 #    request, happypath beside nginx. Needs root (uprobes).
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
+#  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-counts bench-resilience
+bench: bench-peers bench-counts bench-resilience bench-deliver-later
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
@@ -154,6 +155,12 @@ bench-counts: bench-deps release
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release
 	env $(BENCH_ENV) deploy/bench/resilience.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+
+# Deliver later, the accept path: requests/s a later route stores and answers 202
+# (sync: full, then normal), upstream down (accept only), then up (accept and
+# deliver); wrk -c64 and -c256; store write p99 from /metrics; fsyncs (perf). Bar: 5,000/s.
+bench-deliver-later: bench-deps release
+	env $(BENCH_ENV) deploy/bench/deliver-later.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 clean:
 	rm -rf .build
