@@ -6,12 +6,17 @@ count: a fresh store, the proxy (default workers, log level warning) with one
 `delivery: { mode: later }` route, `wrk -t1` POSTing a 200-byte JSON body
 (deliver-later.lua) for a 2 s warm-up and then DURATION.
 
-- upstream **down**: nothing listens on the upstream's port. Health checks
-  (every 250 ms) mark it unreachable within the warm-up and its breaker is
-  open, so the dispatcher starts no rounds: only the accept path runs
-  (parse, store with group commit, 202).
-- upstream **up**: the built-in demo upstream; accepting and delivering run
-  together (each delivery is one more store write and one upstream request).
+- upstream **down**: nothing listens on the upstream's port; the cell starts
+  once the health checks (every 250 ms) have marked it unreachable, so no
+  delivery round is ever started: only the accept path runs (parse, store
+  with group commit, 202) -- and, on the store's writer thread, the
+  dispatcher's claims, which find nothing to take (see the backlog below).
+- upstream **stuck**: the demo upstream, healthy, but every round waits 60 s
+  (`/slow`, one try, timeout 90 s): the 64 rounds the dispatcher allows are
+  in flight after the warm-up and it claims nothing more. The accept path
+  alone, without the dispatcher's claims.
+- upstream **up**: the demo upstream; accepting and delivering run together
+  (each delivery is a claim, an upstream request and a finish in the store).
 
 Per cell: requests/s and client p50/p99 (wrk), the store's write latency
 (enqueue -> durable commit) p50/p99 from the histogram
@@ -20,7 +25,13 @@ of the bucket the quantile falls in), fsync/fdatasync calls of the proxy
 (`perf stat` on the syscall tracepoints, if perf can attach), deliveries
 completed during the run and the backlog left, and CPU in cores of the proxy
 (and its busiest threads), wrk, the demo upstream and everything else on the
-machine (from /proc, like pidstat). The bar: >= BAR requests/s on every
+machine (from /proc, like pidstat).
+
+Then the backlog (BACKLOG, default 50,000; 0 skips it): upstream down, sync
+full, wrk -c64 in WINDOW (5 s) windows on one store until BACKLOG requests
+are queued, each window's requests/s and the store writer thread's CPU; the
+proxy's CPU while idle with that backlog; then the demo upstream starts and
+deliveries/s are sampled every 5 s while it drains (DRAIN_LIMIT, 120 s). The bar: >= BAR requests/s on every
 sync: full row (printed PASS/FAIL; STRICT=1 exits 1 on FAIL). Standard library only."""
 import json, os, re, shutil, signal, subprocess, sys, time, urllib.request
 
@@ -29,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DURATION = os.environ.get("DURATION", "10s")
 CONNS = [int(c) for c in os.environ.get("CONNS", "64 256").split()]
 SYNCS = os.environ.get("SYNCS", "full normal").split()
-UPSTREAMS = os.environ.get("UPSTREAMS", "down up").split()
+UPSTREAMS = os.environ.get("UPSTREAMS", "down stuck up").split()
 BAR = float(os.environ.get("BAR", "5000"))
 WARMUP = os.environ.get("WARMUP", "2s")
 base = int(os.environ.get("PORT_BASE", "19620"))
@@ -63,6 +74,16 @@ def wait_ok(port, path, timeout=10):
         time.sleep(0.05)
     stop_all()
     sys.exit(f"bench deliver-later: no answer from :{port}{path} (logs in {OUT})")
+
+
+def wait_for_state(check, what, timeout=10):
+    end = time.time() + timeout
+    while time.time() < end:
+        if check(json.loads(http(ADMIN, "/admin/state", timeout=30)[1])):
+            return
+        time.sleep(0.05)
+    stop_all()
+    sys.exit(f"bench deliver-later: not seen within {timeout} s: {what}")
 
 
 def stop(proc):
@@ -140,8 +161,11 @@ def machine_ticks():
     return v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
 
 
-def config(sync):
-    path = f"{OUT}/deliver-later-{sync}.yaml"
+def config(sync, mode="down"):
+    path = f"{OUT}/deliver-later-{sync}-{mode}.yaml"
+    # stuck: every round waits a minute for the upstream (one try), so the 64 rounds the
+    # dispatcher allows are all in flight and it claims nothing more.
+    stuck = "\n    timeout: 90s\n    retry: { attempts: 1, per_try_timeout: 90s }" if mode == "stuck" else ""
     with open(path, "w") as f:
         f.write(f"""listen: 127.0.0.1:{PX}
 admin: {{ listen: 127.0.0.1:{ADMIN} }}
@@ -155,15 +179,15 @@ upstreams:
 routes:
   - match: {{ path_prefix: /hooks/ }}
     upstream: hooks
-    strip_prefix: /hooks
+    strip_prefix: /hooks{stuck}
     delivery: {{ mode: later, backoff: {{ base: 100ms, max: 1s }} }}
 """)
     return path
 
 
-def wrk(conns, duration, out):
+def wrk(conns, duration, out, path="/hooks/ok"):
     cmd = ["wrk", "-t1", f"-c{conns}", f"-d{duration}", "--timeout", "10s", "-s", f"{HERE}/deliver-later.lua",
-           f"http://127.0.0.1:{PX}/hooks/ok"]
+           f"http://127.0.0.1:{PX}{path}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     with open(out, "w") as f:
         f.write(r.stdout + r.stderr)
@@ -189,15 +213,16 @@ if fstype in ("tmpfs", "ramfs"):
 
 rows = []
 for sync in SYNCS:
-    cfg = config(sync)
     for upstream in UPSTREAMS:
+        cfg = config(sync, upstream)
+        path = "/hooks/slow?ms=60000" if upstream == "stuck" else "/hooks/ok"
         for conns in CONNS:
             name = f"{sync}-{upstream}-c{conns}"
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(STORE + suffix):
                     os.remove(STORE + suffix)
             demo = None
-            if upstream == "up":
+            if upstream in ("up", "stuck"):
                 demo = subprocess.Popen([BIN, "demo-upstream", "--listen", f"127.0.0.1:{UP}"],
                                         stdout=subprocess.DEVNULL, stderr=open(f"{OUT}/{name}.demo.log", "w"))
                 children.append(demo)
@@ -206,7 +231,11 @@ for sync in SYNCS:
                                      stdout=subprocess.DEVNULL, stderr=open(f"{OUT}/{name}.proxy.log", "w"))
             children.append(proxy)
             wait_ok(ADMIN, "/readyz")
-            wrk(conns, WARMUP, f"{OUT}/{name}.warmup.txt")
+            if upstream == "down":  # no round is started once the health checks know it is down
+                wait_for_state(lambda st: not st["upstreams"][0]["reachable"], "the upstream marked unreachable")
+            wrk(conns, WARMUP, f"{OUT}/{name}.warmup.txt", path)
+            if upstream == "stuck":
+                wait_for_state(lambda st: st["deliveries"]["rounds_in_flight"] >= 64, "64 rounds in flight")
 
             m0, t0, th0 = metrics(), time.time(), thread_ticks(proxy.pid)
             p0, d0, all0, self0 = proc_ticks(proxy.pid), proc_ticks(demo.pid) if demo else 0, machine_ticks(), os.times()
@@ -216,10 +245,10 @@ for sync in SYNCS:
                     [perf, "stat", "--per-thread", "-x,", "-o", f"{OUT}/{name}.perf.txt", "-e",
                      "syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync", "-p", str(proxy.pid), "--",
                      "sleep", str(seconds(DURATION))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            w = wrk(conns, DURATION, f"{OUT}/{name}.wrk.txt")
+            w = wrk(conns, DURATION, f"{OUT}/{name}.wrk.txt", path)
             m1, t1, th1 = metrics(), time.time(), thread_ticks(proxy.pid)
             p1, d1, all1, self1 = proc_ticks(proxy.pid), proc_ticks(demo.pid) if demo else 0, machine_ticks(), os.times()
-            state = json.loads(http(ADMIN, "/admin/state")[1])["deliveries"]
+            state = json.loads(http(ADMIN, "/admin/state", timeout=30)[1])["deliveries"]
             fsyncs, syncing = None, {}  # syncing: thread id -> its fsync calls (the store's writer thread)
             if perf_proc:
                 perf_proc.wait()
@@ -254,7 +283,7 @@ for sync in SYNCS:
                 "fsyncs_per_s": fsyncs / wall if fsyncs is not None else None,
                 "per_fsync": w["requests"] / fsyncs if fsyncs else None,
                 "delivered_per_s": (counter(m1, "delivered") - counter(m0, "delivered")) / wall,
-                "backlog": state["queued"] + state["in_flight"],
+                "backlog": state["queued"] + state["in_flight"], "rounds": state["rounds_in_flight"],
                 "cpu_proxy": proxy_cpu / wall, "cpu_wrk": wrk_cpu / wall, "cpu_demo": demo_cpu / wall,
                 "cpu_foreign": foreign / wall,
                 "threads": [(round(c, 2), n) for c, n in threads[:4] if c >= 0.01],
@@ -264,8 +293,73 @@ for sync in SYNCS:
             print(f"   {name}: {r['rps']:.0f} req/s, p99 {r['p99_ms']:.2f} ms, errors {r['errors']}, "
                   f"proxy {r['cpu_proxy']:.2f} cores {r['threads']}", flush=True)
 
+# --- the backlog: does the accept path keep its rate while an outage fills the store? ----------
+BACKLOG = int(os.environ.get("BACKLOG", "50000"))
+WINDOW = os.environ.get("WINDOW", "5s")
+backlog = {"fill": [], "idle": None, "drain": []}
+
+
+def pending():
+    d = json.loads(http(ADMIN, "/admin/state", timeout=30)[1])["deliveries"]
+    return d["queued"] + d["in_flight"]
+
+
+if BACKLOG > 0:
+    print(f"== the backlog: sync full, upstream down, wrk -t1 -c64 in {WINDOW} windows until {BACKLOG:,} are queued; "
+          f"then idle; then the upstream starts and the backlog drains", flush=True)
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(STORE + suffix):
+            os.remove(STORE + suffix)
+    proxy = subprocess.Popen([BIN, "serve", "--config", config("full"), "--log-level", "warning"],
+                             stdout=subprocess.DEVNULL, stderr=open(f"{OUT}/backlog.proxy.log", "w"))
+    children.append(proxy)
+    wait_ok(ADMIN, "/readyz")
+    wait_for_state(lambda st: not st["upstreams"][0]["reachable"], "the upstream marked unreachable")
+    # The store's writer thread is the last one the proxy starts.
+    writer = max(thread_ticks(proxy.pid), key=lambda k: int(k[0]))
+    while True:
+        q = pending()
+        if q >= BACKLOG or len(backlog["fill"]) >= 20:
+            break
+        m0, th0, t0 = metrics(), thread_ticks(proxy.pid), time.time()
+        w = wrk(64, WINDOW, f"{OUT}/backlog-{len(backlog['fill'])}.wrk.txt")
+        m1, th1, t1 = metrics(), thread_ticks(proxy.pid), time.time()
+        (wp99,), _ = write_quantiles(m0, m1, [0.99])
+        backlog["fill"].append({"queued": q, "rps": w["rps"], "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
+                                "errors": w["non_2xx_3xx"] + w["socket_errors"],
+                                "write_p99_ms": wp99 * 1000 if wp99 not in (None, float("inf")) else wp99,
+                                "writer_cpu": (th1.get(writer, 0) - th0.get(writer, 0)) / TICK / (t1 - t0)})
+        f = backlog["fill"][-1]
+        print(f"   {q:>7,} queued: {f['rps']:,.0f} req/s, p99 {f['p99_ms']:.1f} ms, "
+              f"writer thread {f['writer_cpu']:.2f} cores", flush=True)
+    q = pending()
+    th0, p0, t0 = thread_ticks(proxy.pid), proc_ticks(proxy.pid), time.time()
+    time.sleep(5)
+    th1, p1, t1 = thread_ticks(proxy.pid), proc_ticks(proxy.pid), time.time()
+    backlog["idle"] = {"queued": q, "writer_cpu": (th1.get(writer, 0) - th0.get(writer, 0)) / TICK / (t1 - t0),
+                       "proxy_cpu": (p1 - p0) / TICK / (t1 - t0)}
+    print(f"   idle, {q:,} queued, no requests for 5 s: proxy {backlog['idle']['proxy_cpu']:.2f} cores, "
+          f"of which the writer thread {backlog['idle']['writer_cpu']:.2f}", flush=True)
+    demo = subprocess.Popen([BIN, "demo-upstream", "--listen", f"127.0.0.1:{UP}"],
+                            stdout=subprocess.DEVNULL, stderr=open(f"{OUT}/backlog.demo.log", "w"))
+    children.append(demo)
+    wait_ok(UP, "/healthz")
+    end = time.time() + float(os.environ.get("DRAIN_LIMIT", "120"))
+    prev_t, prev_d = time.time(), counter(metrics(), "delivered")
+    while time.time() < end:
+        time.sleep(5)
+        q, m, now = pending(), metrics(), time.time()
+        d = counter(m, "delivered")
+        backlog["drain"].append({"queued": q, "delivered_per_s": (d - prev_d) / (now - prev_t)})
+        print(f"   draining: {backlog['drain'][-1]['delivered_per_s']:,.0f} delivered/s, {q:,} left", flush=True)
+        prev_t, prev_d = now, d
+        if q == 0:
+            break
+    stop(proxy)
+    stop(demo)
+
 stop_all()
-json.dump(rows, open(f"{OUT}/results.json", "w"), indent=1)
+json.dump({"cells": rows, "backlog": backlog}, open(f"{OUT}/results.json", "w"), indent=1)
 
 
 def ms(v):
@@ -295,7 +389,27 @@ for r in rows:
 print()
 print("busiest proxy threads (cores): " + "; ".join(
     f"{r['sync']}-{r['upstream']}-c{r['conns']}: " + ", ".join(f"{n} {c}" for c, n in r["threads"]) for r in rows))
-print(f"upstream down: no delivery rounds run (health checks mark it unreachable in the warm-up), only the accept path.")
+print("upstream down: no delivery round runs (the health checks marked it unreachable before the warm-up); besides the "
+      "accept path, the store's writer thread runs the dispatcher's claims, which find nothing to take.")
+print("upstream stuck: 64 rounds in flight for the whole cell, the dispatcher claims nothing: the accept path alone.")
+print("upstream up: accepting and delivering together.")
+if backlog["fill"]:
+    print()
+    print("| backlog (sync full, upstream down, -c64) | requests/s | p50 ms | p99 ms | store write p99 ms (bucket) "
+          "| writer thread, cores | bar |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for f in backlog["fill"]:
+        ok = f["rps"] >= BAR and f["errors"] == 0
+        if not ok:
+            failed.append(f"backlog {f['queued']:,} queued: {f['rps']:.0f} requests/s")
+        print(f"| {f['queued']:,} queued | {f['rps']:,.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} "
+              f"| {ms(f['write_p99_ms'])} | {f['writer_cpu']:.2f} | {'PASS' if ok else 'FAIL'} |")
+    i = backlog["idle"]
+    print(f"idle with {i['queued']:,} queued and the upstream down: the proxy uses {i['proxy_cpu']:.2f} cores "
+          f"(store writer thread {i['writer_cpu']:.2f}) with no requests at all.")
+    if backlog["drain"]:
+        print("drain once the upstream is up (delivered/s per 5 s, backlog left): " + ", ".join(
+            f"{d['delivered_per_s']:,.0f} ({d['queued']:,})" for d in backlog["drain"]))
 print(f"bar: >= {BAR:,.0f} requests/s and no errors on every sync: full row -> "
       + ("PASS" if not failed else "FAIL (" + "; ".join(failed) + ")"))
 print(f"raw output: {OUT}")
