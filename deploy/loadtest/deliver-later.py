@@ -36,6 +36,8 @@ p.add_argument("--threads", type=int, default=32)
 p.add_argument("--port-base", type=int, default=19610)
 p.add_argument("--drain-timeout", type=float, default=180)
 p.add_argument("--max-bytes", default="", help="storage.max_bytes (e.g. 400KiB): a store that fills, so some are refused")
+p.add_argument("--kill-while-accepting", action="store_true",
+               help="also kill -9 the proxy halfway through accepting: every 202 must still arrive")
 p.add_argument("--kill-at", default="0.2,0.6", help="fractions of accepted requests received upstream")
 args = p.parse_args()
 
@@ -224,9 +226,15 @@ def client():
         headers = {"Content-Type": "application/json", "X-Request-Id": rid}
         if key:
             headers["Idempotency-Key"] = key
+        if conn is None:  # refused: nothing was sent, so the same request is tried again
+            conn = http.client.HTTPConnection("127.0.0.1", PX, timeout=30)
+            for _ in range(1000):
+                try:
+                    conn.connect()
+                    break
+                except ConnectionRefusedError:
+                    time.sleep(0.01)
         try:
-            if conn is None:
-                conn = http.client.HTTPConnection("127.0.0.1", PX, timeout=30)
             conn.request("POST", f"/hooks/event/{n}", body, headers)
             r = conn.getresponse()
             data = r.read()
@@ -249,6 +257,25 @@ t0 = time.time()
 threads = [threading.Thread(target=client) for _ in range(args.threads)]
 for t in threads:
     t.start()
+kills = []
+if args.kill_while_accepting:  # halfway: kill -9, restart; the clients reconnect
+    while sum(1 for r in results if r is not None) < len(items) // 2:
+        time.sleep(0.002)
+    answered = sum(1 for r in results if r is not None)
+    proxy["proc"].send_signal(signal.SIGKILL)
+    proxy["proc"].wait()
+    proxy["stop"].set()
+    in_store = in_flight_in_store()
+    killed_t = time.time()
+    proxy = start_proxy()
+    kills.append({"fraction": None, "received": 0, "answered": answered, "in_flight": in_store.get(1, 0),
+                  "delivered": 0, "stored": sum(in_store.values()), "recovered": proxy["recovered_logged"] or 0,
+                  "logged": proxy["recovered_logged"] is not None, "event": False, "down_s": time.time() - killed_t})
+    print(f"   kill -9 while accepting, after {answered} answers: {sum(in_store.values())} stored, "
+          f"{in_store.get(1, 0)} rounds in flight; restart logged {kills[-1]['recovered']} queued again", flush=True)
+    if kills[-1]["recovered"] != kills[-1]["in_flight"]:
+        broken(f"restart {proxy['n']}: {kills[-1]['in_flight']} rows were in flight in the store, "
+               f"the proxy recovered {kills[-1]['recovered']}")
 for t in threads:
     t.join()
 accept_s = time.time() - t0
@@ -257,8 +284,11 @@ expected = {}  # Idempotency-Key upstream -> {"rids": set, "sha", "path", "id"}
 refused_rids, others, id_of_key, same_id_pairs, pairs = set(), [], {}, 0, 0
 ids = {}
 retry_after = {}  # Retry-After of the 503s -> count
+unanswered = {}  # request id -> (key, sha, path): cut off by the kill while accepting, may or may not be stored
 for (n, key, rid, body), (status, data, retry) in zip(items, results):
-    if status == 202:
+    if status is None and args.kill_while_accepting:
+        unanswered[rid] = (key, hashlib.sha1(body).hexdigest()[:16], f"/hooks/event/{n}")
+    elif status == 202:
         try:
             answer = json.loads(data)
             did = answer["id"]
@@ -290,6 +320,9 @@ for (n, key, rid, body), (status, data, retry) in zip(items, results):
 for e in expected.values():  # a repeated key: both sends got the one id
     if len(e["rids"]) == 2:
         pairs += 1
+for rid, (key, _, _) in unanswered.items():  # the cut-off send of a repeated key may be the one stored
+    if key in expected:
+        expected[key]["rids"].add(rid)
 keyed = sum(1 for i in items if i[1]) // 2
 keyed_refused = sum(1 for i, r in zip(items, results) if i[1] and i[2].endswith("-a") and r[0] == 503)
 accepted = len(expected)
@@ -298,7 +331,8 @@ for rid, status, data in others[:5]:
     broken(f"request {rid}: answered {status} {data!r} (only 202 or 503 OVERLOADED may be)")
 if len(others) > 5:
     broken(f"... and {len(others) - 5} more answers that were neither 202 nor 503 OVERLOADED")
-print(f"   {accepted} accepted, {refused} refused, {len(others)} other answers in {accept_s:.1f} s "
+print(f"   {accepted} accepted, {refused} refused, {len(others)} other answers"
+      f"{f', {len(unanswered)} cut off by the kill' if args.kill_while_accepting else ''} in {accept_s:.1f} s "
       f"({len(items) / accept_s:.0f} requests/s)", flush=True)
 if accepted == 0:
     cleanup()
@@ -306,8 +340,9 @@ if accepted == 0:
 
 s = state()
 held = s["queued"] + s["in_flight"] + s["delivered"] + s["dead"]
-if held != accepted:
-    broken(f"the store holds {held} deliveries, {accepted} were accepted (state: {s})")
+if not accepted <= held <= accepted + len(unanswered):
+    broken(f"the store holds {held} deliveries, {accepted} were accepted"
+           f"{f' and {len(unanswered)} cut off' if unanswered else ''} (state: {s})")
 
 # --- 2. the upstream starts; kill -9 the proxy twice while deliveries flow ------------------
 upstream = subprocess.Popen([sys.executable, f"{HERE}/recording-upstream.py", str(UP), RECORDS],
@@ -339,7 +374,6 @@ sampler = threading.Thread(target=sample, daemon=True)
 sampler.start()
 
 
-kills = []
 for fraction in [float(x) for x in args.kill_at.split(",") if x]:
     target = int(accepted * fraction)
     wait_for(f"{target} arrivals upstream", lambda: received() >= target, timeout=args.drain_timeout, every=0.005)
@@ -391,17 +425,24 @@ if final["queued"] + final["in_flight"] != 0:
     broken(f"not drained after {args.drain_timeout:.0f} s: {final}")
 if final["dead"]:
     broken(f"{final['dead']} deliveries dead")
-if final["delivered"] != accepted:
+if not accepted <= final["delivered"] <= accepted + len(unanswered):
     broken(f"the store says {final['delivered']} delivered, {accepted} were accepted")
 
 # --- 4. what arrived ------------------------------------------------------------------------
 status, text = get(UP, "/_records", timeout=10)
 arrivals = {}  # key -> [(rid, sha, path)]
 unexpected = []
+cut_off_arrived = set()  # keys of requests cut off by the kill that were stored and delivered
 for line in text.decode().splitlines():
     key, rid, sha, path = line.split(" ", 3)
     arrivals.setdefault(key, []).append((rid, sha, path))
-    if key not in expected:
+    if key in expected:
+        continue
+    if rid in unanswered:
+        cut_off_arrived.add(key)
+        if unanswered[rid][1:] != (sha, path):
+            unexpected.append(line + " (differs from what was sent)")
+    else:
         unexpected.append(line)
 refused_arrived = [rid for got in arrivals.values() for (rid, _, _) in got if rid in refused_rids]
 lost = [k for k in expected if k not in arrivals]
@@ -417,8 +458,8 @@ for key, got in arrivals.items():
         if sha != e["sha"] or path != e["path"]:
             mismatched.append(f"{key}: arrived as {path} body {sha}, sent as {e['path']} body {e['sha']}")
 total_arrivals = sum(len(v) for v in arrivals.values())
-dup_keys = sum(1 for k, v in arrivals.items() if k in expected and len(v) > 1)
-extra = sum(len(v) - 1 for k, v in arrivals.items() if k in expected)
+dup_keys = sum(1 for k, v in arrivals.items() if (k in expected or k in cut_off_arrived) and len(v) > 1)
+extra = sum(len(v) - 1 for k, v in arrivals.items() if k in expected or k in cut_off_arrived)
 bound = sum(k["in_flight"] for k in kills)
 
 if lost:
@@ -429,6 +470,9 @@ if refused_arrived:
     broken(f"{len(refused_arrived)} requests answered 503 arrived upstream, e.g. {refused_arrived[:3]}")
 if mismatched:
     broken(f"{len(mismatched)} arrivals differ from what was sent, e.g. {mismatched[:3]}")
+if final["delivered"] != accepted + len(cut_off_arrived):
+    broken(f"the store says {final['delivered']} delivered: {accepted} were accepted and "
+           f"{len(cut_off_arrived)} cut off by the kill arrived")
 if extra > bound:
     broken(f"{extra} extra arrivals, more than the {bound} rounds in flight at the kills")
 
@@ -450,8 +494,13 @@ rows = [
     ("refused (503 OVERLOADED)", f"{refused}" + (" (Retry-After: " + ", ".join(f"{v} x{c}" for v, c in sorted(retry_after.items(), key=str)) + ")" if refused else "")),
     ("any other answer or none", f"{len(others)}"),
 ]
+if args.kill_while_accepting:
+    rows.append(("cut off by the kill while accepting", f"{len(unanswered)} (no answer; {len(cut_off_arrived)} of them "
+                 "had been stored and arrived, which is allowed)"))
 for i, k in enumerate(kills, 1):
-    rows.append((f"kill -9 #{i}", f"at {k['received']} arrivals ({k['fraction']:.0%} target); in flight in the store "
+    when = (f"at {k['received']} arrivals ({k['fraction']:.0%} target)" if k["fraction"] is not None
+            else f"while accepting, after {k['answered']} answers")
+    rows.append((f"kill -9 #{i}", f"{when}; in flight in the store "
                  f"{k['in_flight']}, recovered at restart {k['recovered']}; back up in {k['down_s']:.1f} s"))
 rows += [
     ("delivered, distinct keys", f"{len(expected) - len(lost)} of {accepted}"),
