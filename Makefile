@@ -159,7 +159,7 @@ bench-resilience: bench-deps release
 # Deliver later, the accept path: requests/s a later route stores and answers 202
 # (sync: full, then normal), upstream down (accept only), then up (accept and
 # deliver); wrk -c64 and -c256; store write p99 from /metrics; fsyncs (perf). Bar: 5,000/s.
-bench-deliver-later: bench-deps release
+bench-deliver-later: test-deps release
 	env $(BENCH_ENV) deploy/bench/deliver-later.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 clean:

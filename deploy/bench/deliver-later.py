@@ -336,10 +336,14 @@ if BACKLOG > 0:
     th0, p0, t0 = thread_ticks(proxy.pid), proc_ticks(proxy.pid), time.time()
     time.sleep(5)
     th1, p1, t1 = thread_ticks(proxy.pid), proc_ticks(proxy.pid), time.time()
+    # What a scrape costs with this backlog (the store's counts are read for each).
+    a0 = time.time(); pending(); a1 = time.time(); metrics(); a2 = time.time()
     backlog["idle"] = {"queued": q, "writer_cpu": (th1.get(writer, 0) - th0.get(writer, 0)) / TICK / (t1 - t0),
-                       "proxy_cpu": (p1 - p0) / TICK / (t1 - t0)}
+                       "proxy_cpu": (p1 - p0) / TICK / (t1 - t0), "state_ms": (a1 - a0) * 1000,
+                       "metrics_ms": (a2 - a1) * 1000}
     print(f"   idle, {q:,} queued, no requests for 5 s: proxy {backlog['idle']['proxy_cpu']:.2f} cores, "
-          f"of which the writer thread {backlog['idle']['writer_cpu']:.2f}", flush=True)
+          f"of which the writer thread {backlog['idle']['writer_cpu']:.2f}; GET /admin/state "
+          f"{backlog['idle']['state_ms']:.0f} ms, /metrics {backlog['idle']['metrics_ms']:.0f} ms", flush=True)
     demo = subprocess.Popen([BIN, "demo-upstream", "--listen", f"127.0.0.1:{UP}"],
                             stdout=subprocess.DEVNULL, stderr=open(f"{OUT}/backlog.demo.log", "w"))
     children.append(demo)
@@ -406,7 +410,8 @@ if backlog["fill"]:
               f"| {ms(f['write_p99_ms'])} | {f['writer_cpu']:.2f} | {'PASS' if ok else 'FAIL'} |")
     i = backlog["idle"]
     print(f"idle with {i['queued']:,} queued and the upstream down: the proxy uses {i['proxy_cpu']:.2f} cores "
-          f"(store writer thread {i['writer_cpu']:.2f}) with no requests at all.")
+          f"(store writer thread {i['writer_cpu']:.2f}) with no requests at all; GET /admin/state took "
+          f"{i['state_ms']:.0f} ms and /metrics {i['metrics_ms']:.0f} ms.")
     if backlog["drain"]:
         print("drain once the upstream is up (delivered/s per 5 s, backlog left): " + ", ".join(
             f"{d['delivered_per_s']:,.0f} ({d['queued']:,})" for d in backlog["drain"]))
