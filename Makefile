@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libsqlite3-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience deploy-check image-local loadtest loadtest-short soak soak-short sanitize sanitize-thread sanitize-address clean fuzz
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz
 
 all: build
 
@@ -84,6 +84,14 @@ loadtest-short: test-deps build
 	@for s in $(LOADTEST_SCENARIOS); do \
 	  HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/loadtest/run.sh $$s --short || exit 1; \
 	done
+	HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/loadtest/deliver-later.sh --short
+
+# Deliver later, nothing lost: 10,000 POSTs accepted (202) while the upstream
+# is down, then delivered while the proxy is killed with SIGKILL twice and
+# restarted on the same store; every 202 must arrive, duplicates only from
+# rounds in flight at a kill (deploy/loadtest/deliver-later.sh; --short in loadtest-short).
+loadtest-deliver-later: test-deps release
+	HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/loadtest/deliver-later.sh
 
 # A long run with faults (deploy/soak/run.sh): 25% upstream 503s, a 10 s
 # outage every 2 minutes, a token expiry every minute, a reload every 30 s.
@@ -131,10 +139,11 @@ check: build
 #  bench-counts: instructions (callgrind) and system calls (perf trace) per
 #    request, happypath beside nginx. Needs root (uprobes).
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
+#  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-counts bench-resilience
+bench: bench-peers bench-counts bench-resilience bench-deliver-later
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
@@ -146,6 +155,12 @@ bench-counts: bench-deps release
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release
 	env $(BENCH_ENV) deploy/bench/resilience.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+
+# Deliver later, the accept path: requests/s a later route stores and answers 202
+# (sync: full, then normal), upstream down (accept only), then up (accept and
+# deliver); wrk -c64 and -c256; store write p99 from /metrics; fsyncs (perf). Bar: 5,000/s.
+bench-deliver-later: test-deps release
+	env $(BENCH_ENV) deploy/bench/deliver-later.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 clean:
 	rm -rf .build
