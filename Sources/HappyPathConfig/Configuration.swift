@@ -83,7 +83,8 @@ public struct DeliverySettings: Sendable, Equatable {
     public var maxAge: Duration = .seconds(24 * 3600)
     /// Delivery rounds (each with the route's own retries) before it is dead.
     public var maxAttempts = 50
-    /// Between rounds: exponential from `backoffBase`, capped at `backoffMax`, full jitter.
+    /// Between rounds: exponential from `backoffBase`, capped at `backoffMax`,
+    /// each wait drawn between half the step and the whole step.
     public var backoffBase: Duration = .seconds(1)
     public var backoffMax: Duration = .seconds(600)
 

@@ -52,7 +52,9 @@ final class AdminServer: HTTPServerDelegate {
             return
         }
         let (path, query) = Router.split(target: request.target)
-        if path.hasPrefix("/admin/deliveries") { return deliveriesAPI(request, path: path, query: query) }
+        if path == "/admin/deliveries" || path.hasPrefix("/admin/deliveries/") {
+            return deliveriesAPI(request, path: path, query: query)
+        }
         guard request.method == "GET" || request.method == "HEAD" else {
             ProblemResponder.respond(
                 request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))

@@ -72,7 +72,7 @@ final class Deliveries: @unchecked Sendable {
 
     // MARK: - Dispatcher (admin loop)
 
-    /// On the admin loop: the periodic tick and the hourly purge.
+    /// On the admin loop: the periodic tick and the purge every `purgeEvery`.
     func start() {
         store.start()
         if store.recovered > 0 { events.publish("deliveries_recovered", [("count", String(store.recovered))]) }
@@ -143,6 +143,11 @@ final class Deliveries: @unchecked Sendable {
         }
         inFlight.wrappingAdd(claimed.count, ordering: .relaxed)
         claiming.store(false, ordering: .releasing)
+        if stopped.load(ordering: .relaxed) {
+            // Claimed as the proxy began to stop: back to the queue, unsent.
+            for delivery in claimed { roundFailed(delivery, .postpone(at: clock.wallMilliseconds())) }
+            return
+        }
         let workers = state.withLock { $0.workers }
         guard !workers.isEmpty else { return }
         for delivery in claimed {
@@ -171,13 +176,14 @@ final class Deliveries: @unchecked Sendable {
         let status = exchange.finalStatus
         let answered = exchange.problem == nil || exchange.upstreamAnswered != nil
         let decision = DeliveryPolicy.decide(
-            status: status, answeredByUpstream: answered, attempts: delivery.attempts,
+            status: exchange.upstreamAnswered ?? status, answeredByUpstream: answered, attempts: delivery.attempts,
             limits: .init(
                 maxAttempts: delivery.maxAttempts, expiresAt: delivery.expiresAt,
                 backoffBase: route.delivery.backoffBase, backoffMax: route.delivery.backoffMax),
             now: now, random: random)
         let problem = exchange.problem?.json() ?? "{}"
-        let upstreamStatus = answered ? status : nil
+        // The upstream's own status (a 500 stays 500, not the problem's 503).
+        let upstreamStatus = exchange.upstreamAnswered ?? (exchange.problem == nil ? status : nil)
         let outcome: DeliveryOutcome
         switch decision {
         case .delivered:

@@ -38,7 +38,7 @@ public struct NewDelivery: Sendable {
     public var method: String
     /// The client's path and query, routed again at delivery.
     public var target: String
-    /// `name: value\r\n` lines, as forwarded (see `DeliveryHeaders`).
+    /// `name: value\r\n` lines, as forwarded (see `HeaderBlock.lines`).
     public var headers: [UInt8]
     public var body: RequestBody
     public var maxAttempts: Int
@@ -202,6 +202,13 @@ public final class DeliveryStore: @unchecked Sendable {
         self.clock = clock
         self.onWrite = onWrite
         try Self.createDirectory(containing: settings.path)
+        // The file holds clients' headers (credentials among them): readable
+        // by this user only. SQLite gives its -wal and -shm files the same mode.
+        let fd = open(settings.path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        if fd >= 0 {
+            fchmod(fd, 0o600)
+            Glibc.close(fd)
+        }
         let writer = try Writer(settings: settings)
         self.writer = writer
         recovered = try writer.recover(now: clock.wallMilliseconds())
@@ -596,7 +603,7 @@ final class Writer {
             """)
         purge = try c.prepare(
             "DELETE FROM delivery WHERE state >= 2 AND updated_at < ?1 RETURNING payload_bytes")
-        wake = try c.prepare("UPDATE delivery SET next_attempt_at = 0 WHERE state = 0 AND upstream = ?1")
+        wake = try c.prepare("UPDATE delivery SET next_attempt_at = ?2 WHERE state = 0 AND upstream = ?1 AND next_attempt_at > ?2")
     }
 
     /// Rounds that were in flight when the process ended go back to `queued`.
@@ -733,6 +740,7 @@ final class Writer {
         case let .wake(upstream):
             let s = wake
             s.bind(1, upstream)
+            s.bind(2, now)
             try s.run()
             return nil
         }
