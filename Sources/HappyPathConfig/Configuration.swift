@@ -91,14 +91,6 @@ public struct DeliverySettings: Sendable, Equatable {
     public init() {}
 }
 
-/// `storage.sync`: SQLite's `synchronous` in WAL mode.
-public enum StorageSync: String, Sendable, CaseIterable {
-    /// fsync at every commit: an acknowledged request survives a power loss.
-    case full
-    /// Survives a crash of the process; a power loss may lose the last commits.
-    case normal
-}
-
 /// The top-level `storage` block: where deliver-later requests are kept.
 public struct StorageConfiguration: Sendable, Equatable {
     public static let defaultPath = "/var/lib/happypath/deliveries.db"

@@ -54,7 +54,8 @@ public struct IdentifierGenerator {
         }
     }
 
-    static func hex(_ value: UInt64) -> String {
+    /// 16 lower-case hex digits.
+    public static func hex(_ value: UInt64) -> String {
         String(unsafeUninitializedCapacity: 16) { buffer in
             writeHex(value, into: buffer)
             return 16

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import HappyPathConfig
 import HappyPathCore
@@ -94,16 +95,35 @@ final class Deliveries: @unchecked Sendable {
     var roundsInFlight: Int { inFlight.load(ordering: .relaxed) }
 
     /// No new rounds; the store is closed by `close` once the workers stopped.
+    /// From any thread: no claim starts after this returns; the tick is
+    /// cancelled on its own loop.
     func stop() {
         stopped.store(true, ordering: .relaxed)
-        ticker?.cancel()
-        ticker = nil
+        let box = DeliveriesBox(self)
+        loop.execute {
+            box.deliveries.ticker?.cancel()
+            box.deliveries.ticker = nil
+        }
     }
 
     /// Commits what is left (round ends included) and closes the store.
     func close() {
         store.close()
         state.withLock { $0.workers.removeAll() }
+    }
+
+    /// `happypath_deliveries_total`, its handles made once per label pair
+    /// (an accept costs a lookup, not a registry search).
+    private let counters = Locked<[String: [String: CoreMetrics.Counter]]>([:])
+
+    private func count(upstream: String, outcome: String) {
+        let counter = counters.withLock { table -> CoreMetrics.Counter in
+            if let c = table[upstream]?[outcome] { return c }
+            let c = metrics.counter("happypath_deliveries_total", [("upstream", upstream), ("outcome", outcome)])
+            table[upstream, default: [:]][outcome] = c
+            return c
+        }
+        counter.increment()
     }
 
     /// Wakes the dispatcher from any thread.
@@ -138,7 +158,7 @@ final class Deliveries: @unchecked Sendable {
     /// On the store's writer thread.
     private func claimed(_ claimed: [ClaimedDelivery], expired: [(id: String, upstream: String)], room: Int) {
         for e in expired {
-            metrics.counter("happypath_deliveries_total", [("upstream", e.upstream), ("outcome", "dead")]).increment()
+            count(upstream: e.upstream, outcome: "dead")
             events.publish("delivery_dead", [("id", e.id), ("upstream", e.upstream), ("reason", "max_age")])
         }
         inFlight.wrappingAdd(claimed.count, ordering: .relaxed)
@@ -202,18 +222,14 @@ final class Deliveries: @unchecked Sendable {
                 "delivery_dead",
                 [("id", delivery.id), ("upstream", delivery.upstream), ("reason", reason.rawValue), ("code", exchange.finalCode)])
         }
-        finish(delivery, outcome, label: decision == .delivered ? "delivered" : (outcome.isDead ? "dead" : nil))
+        finish(delivery, outcome)
     }
 
     /// A round that could not start (no route for it any more, or no room).
-    func roundFailed(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome) {
-        finish(delivery, outcome, label: outcome.isDead ? "dead" : nil)
-    }
+    func roundFailed(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome) { finish(delivery, outcome) }
 
-    private func finish(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome, label: String?) {
-        if let label {
-            metrics.counter("happypath_deliveries_total", [("upstream", delivery.upstream), ("outcome", label)]).increment()
-        }
+    private func finish(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome) {
+        if let label = outcome.metricLabel { count(upstream: delivery.upstream, outcome: label) }
         let box = DeliveriesBox(self)
         store.finish(id: delivery.id, outcome) {
             box.deliveries.inFlight.wrappingSubtract(1, ordering: .relaxed)
@@ -248,15 +264,14 @@ final class Deliveries: @unchecked Sendable {
         box.worker.shared.inFlight.add(-1)
         switch result {
         case let .stored(id):
-            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "accepted")]).increment()
+            count(upstream: box.upstream, outcome: "accepted")
             accepted(request, id: id, state: .queued, requestID: box.requestID)
             kick()
         case let .existing(id, state):
-            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "duplicate")])
-                .increment()
+            count(upstream: box.upstream, outcome: "duplicate")
             accepted(request, id: id, state: state, requestID: box.requestID)
         case let .full(held, max):
-            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "refused")]).increment()
+            count(upstream: box.upstream, outcome: "refused")
             events.publish("delivery_store_full", [("held_bytes", String(held)), ("max_bytes", String(max))])
             var p = Problem(
                 .overloaded, requestID: box.requestID,
@@ -264,7 +279,7 @@ final class Deliveries: @unchecked Sendable {
             p.retryAfterSeconds = 5
             ProblemResponder.respond(request, p)
         case let .failed(message):
-            metrics.counter("happypath_deliveries_total", [("upstream", box.upstream), ("outcome", "refused")]).increment()
+            count(upstream: box.upstream, outcome: "refused")
             logger.error(
                 "delivery store write failed", metadata: ["error": "\(message)", "store": "\(settings.path)"])
             var p = Problem(
@@ -292,7 +307,7 @@ final class Deliveries: @unchecked Sendable {
     static func newID() -> String {
         var g = SystemRandomNumberGenerator()
         let (a, b) = (g.next() as UInt64, g.next() as UInt64)
-        return "dlv_" + IdentifierGenerator.hex16(a) + IdentifierGenerator.hex16(b)
+        return "dlv_" + IdentifierGenerator.hex(a) + IdentifierGenerator.hex(b)
     }
 
     // MARK: - Status (worker loop: the proxy's listener; admin loop)
@@ -381,18 +396,13 @@ final class Deliveries: @unchecked Sendable {
 }
 
 extension DeliveryOutcome {
-    var isDead: Bool {
-        if case .dead = self { return true }
-        return false
-    }
-}
-
-extension IdentifierGenerator {
-    static func hex16(_ value: UInt64) -> String {
-        String(unsafeUninitializedCapacity: 16) { buffer in
-            let digits: StaticString = "0123456789abcdef"
-            for i in 0..<16 { buffer[i] = digits.utf8Start[Int((value >> UInt64(60 - 4 * i)) & 0xF)] }
-            return 16
+    /// The `outcome` of `happypath_deliveries_total` a round's end counts
+    /// as (nil: queued again, counted when it ends for good).
+    var metricLabel: String? {
+        switch self {
+        case .delivered: "delivered"
+        case .dead: "dead"
+        case .retry, .postpone: nil
         }
     }
 }

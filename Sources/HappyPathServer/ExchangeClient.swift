@@ -31,7 +31,7 @@ final class DeliverySink: ExchangeClient {
         get { nil }
         set {}
     }
-    /// The stored request's `Accept`, for the problem's content type (unused: nobody reads it).
+    /// No client headers: the problem's content type is nobody's concern here.
     func header(_ name: String) -> String? { nil }
     func clearResponseHeaders() {}
     func addResponseHeader(_ name: String, _ value: String) {}

@@ -61,7 +61,7 @@ public final class ProxyServer: @unchecked Sendable {
             let writes = shared.metrics.timer("happypath_delivery_store_write_seconds", [])
             let store = try DeliveryStore(
                 settings: StoreSettings(
-                    path: config.storage.path, sync: config.storage.sync == .full ? .full : .normal,
+                    path: config.storage.path, sync: config.storage.sync,
                     maxBytes: config.storage.maxBytes, retention: config.storage.retention),
                 clock: clock, onWrite: { writes.recordNanoseconds(Int64($0 * 1e9)) })
             let deliveries = Deliveries(
@@ -165,10 +165,7 @@ public final class ProxyServer: @unchecked Sendable {
         }
         // Delivery rounds: none start from now on; those running may finish
         // (a round cut short is queued again, and may then arrive twice).
-        if let deliveries, let adminLoop {
-            let box = DeliveriesBox(deliveries)
-            adminLoop.execute { box.deliveries.stop() }
-        }
+        deliveries?.stop()
         let rounds = { self.deliveries?.roundsInFlight ?? 0 }
         let deadline = clock.now() + timeout
         while shared.inFlight.current > 0 || rounds() > 0, clock.now() < deadline {
@@ -200,10 +197,7 @@ public final class ProxyServer: @unchecked Sendable {
         ready.value.store(false, ordering: .releasing)
         // No new delivery rounds; those running are dropped with the workers
         // and queued again when the store closes, after the loops end.
-        if let deliveries, let adminLoop {
-            let box = DeliveriesBox(deliveries)
-            adminLoop.execute { box.deliveries.stop() }
-        }
+        deliveries?.stop()
         for (loop, worker) in zip(loops, workers) {
             let box = WorkerHandle(worker)
             loop.execute {

@@ -130,21 +130,14 @@ public enum ReplayResult: Sendable {
     case unknown
 }
 
-public enum SyncMode: String, Sendable, CaseIterable {
-    /// fsync at every commit: an acknowledged request survives a power loss.
-    case full
-    /// WAL's NORMAL: survives a process crash; a power loss may lose the last commits.
-    case normal
-}
-
 public struct StoreSettings: Sendable {
     public var path: String
-    public var sync: SyncMode
+    public var sync: StorageSync
     public var maxBytes: Int
     /// Delivered and dead deliveries are kept this long (status, Idempotency-Key).
     public var retention: Duration
 
-    public init(path: String, sync: SyncMode, maxBytes: Int, retention: Duration) {
+    public init(path: String, sync: StorageSync, maxBytes: Int, retention: Duration) {
         self.path = path
         self.sync = sync
         self.maxBytes = maxBytes
@@ -330,46 +323,30 @@ public final class DeliveryStore: @unchecked Sendable {
         let now = clock.wallMilliseconds()
         let heldBefore = heldBytes
         var heldNow = heldBefore
-        var replies: [() -> Void] = []
+        var replies: [() -> Void]
         do {
-            try writer.begin.run()
-            for op in batch {
-                if let reply = try writer.apply(op, now: now, retention: settings.retention, maxBytes: settings.maxBytes,
-                    held: &heldNow)
-                {
-                    replies.append(reply)
-                }
-            }
-            try writer.commit.run()
+            replies = try transaction(batch, writer: writer, now: now, held: &heldNow)
         } catch {
-            try? writer.rollback.run()
             heldNow = heldBefore
-            replies = []
             // Nothing new was stored: every submit in the batch is refused;
             // the rest (finishes, claims, replays) is tried again on its own.
+            replies = []
             var rest: [WriterQueue.Op] = []
             for op in batch {
-                if case let .submit(_, _, reply) = op {
-                    replies.append { reply(error.isFull ? .full(heldBytes: heldBefore, maxBytes: self.settings.maxBytes) : .failed(error.message)) }
-                } else {
+                guard case let .submit(_, _, reply) = op else {
                     rest.append(op)
+                    continue
                 }
+                let result: SubmitResult =
+                    error.isFull ? .full(heldBytes: heldBefore, maxBytes: settings.maxBytes) : .failed(error.message)
+                replies.append { reply(result) }
             }
             if !rest.isEmpty {
                 do {
-                    try writer.begin.run()
-                    for op in rest {
-                        if let reply = try writer.apply(op, now: now, retention: settings.retention,
-                            maxBytes: settings.maxBytes, held: &heldNow)
-                        {
-                            replies.append(reply)
-                        }
-                    }
-                    try writer.commit.run()
+                    replies += try transaction(rest, writer: writer, now: now, held: &heldNow)
                 } catch {
-                    try? writer.rollback.run()
                     heldNow = heldBefore
-                    for op in rest { replies.append(Self.failedReply(op)) }
+                    replies += rest.map(Self.failedReply)
                 }
             }
         }
@@ -383,6 +360,29 @@ public final class DeliveryStore: @unchecked Sendable {
         for reply in replies { reply() }
     }
 
+    /// `ops` in one transaction; their replies, to run once it is committed.
+    /// Rolled back (and `held` left to the caller) if any of them fails.
+    private func transaction(_ ops: [WriterQueue.Op], writer: Writer, now: Int64, held: inout Int) throws(StoreError)
+        -> [() -> Void]
+    {
+        var replies: [() -> Void] = []
+        do {
+            try writer.begin.run()
+            for op in ops {
+                if let reply = try writer.apply(
+                    op, now: now, retention: settings.retention, maxBytes: settings.maxBytes, held: &held)
+                {
+                    replies.append(reply)
+                }
+            }
+            try writer.commit.run()
+        } catch {
+            try? writer.rollback.run()
+            throw error
+        }
+        return replies
+    }
+
     private static func failedReply(_ op: WriterQueue.Op) -> () -> Void {
         switch op {
         case let .submit(_, _, reply): { reply(.failed("the store could not write")) }
@@ -393,11 +393,6 @@ public final class DeliveryStore: @unchecked Sendable {
         case .wake: {}
         }
     }
-}
-
-extension Error {
-    fileprivate var isFull: Bool { (self as? StoreError)?.isFull ?? false }
-    fileprivate var message: String { (self as? StoreError)?.message ?? "\(self)" }
 }
 
 // MARK: - The writer's inbox
@@ -528,6 +523,7 @@ final class Writer {
     let connection: SQLiteConnection
     let begin, commit, rollback: Statement
     let insert, findByKey, expire, claim, delivered, requeue, dead, postpone, replay, purge, wake: Statement
+    let payloadOfRound, stateOf: Statement
 
     init(settings: StoreSettings) throws(StoreError) {
         let c = try SQLiteConnection(path: settings.path, readOnly: false)
@@ -603,6 +599,8 @@ final class Writer {
             """)
         purge = try c.prepare(
             "DELETE FROM delivery WHERE state >= 2 AND updated_at < ?1 RETURNING payload_bytes")
+        payloadOfRound = try c.prepare("SELECT payload_bytes FROM delivery WHERE id = ?1 AND state = 1")
+        stateOf = try c.prepare("SELECT state FROM delivery WHERE id = ?1")
         wake = try c.prepare("UPDATE delivery SET next_attempt_at = ?2 WHERE state = 0 AND upstream = ?1 AND next_attempt_at > ?2")
     }
 
@@ -697,14 +695,14 @@ final class Writer {
                 s.bind(1, id)
                 s.bind(2, now)
                 s.bind(3, at)
-                if let status { s.bind(4, status) } else { s.bind(4, nil as String?) }
+                s.bind(4, status)
                 s.bind(5, problem)
                 try s.run()
             case let .dead(status, problem):
                 let s = dead
                 s.bind(1, id)
                 s.bind(2, now)
-                if let status { s.bind(3, status) } else { s.bind(3, nil as String?) }
+                s.bind(3, status)
                 s.bind(4, problem)
                 try s.run()
             case let .postpone(at):
@@ -755,18 +753,16 @@ final class Writer {
         return (s.string(0) ?? "", DeliveryState(rawValue: s.int(1)) ?? .queued)
     }
 
-    private lazy var payloadStatement = try? connection.prepare("SELECT payload_bytes FROM delivery WHERE id = ?1 AND state = 1")
-    private lazy var stateStatement = try? connection.prepare("SELECT state FROM delivery WHERE id = ?1")
 
     private func payloadBytes(id: String) throws(StoreError) -> Int? {
-        guard let s = payloadStatement else { return nil }
+        let s = payloadOfRound
         defer { s.reset() }
         s.bind(1, id)
         return try s.step() ? s.int(0) : nil
     }
 
     private func state(id: String) throws(StoreError) -> DeliveryState? {
-        guard let s = stateStatement else { return nil }
+        let s = stateOf
         defer { s.reset() }
         s.bind(1, id)
         return try s.step() ? DeliveryState(rawValue: s.int(0)) : nil
