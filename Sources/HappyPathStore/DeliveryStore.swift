@@ -264,7 +264,8 @@ public final class DeliveryStore: @unchecked Sendable {
     }
 
     /// Takes up to `limit` queued deliveries that are due (`next_attempt_at`
-    /// passed), leaving those of `skipping` upstreams; first marks dead the
+    /// passed), leaving those of `skipping` upstreams (whose rows it never
+    /// reads: each upstream's queue is its own index range); first marks dead the
     /// queued ones past their `max_age`. The reply gets both.
     public func claim(
         limit: Int, skipping: [String],
@@ -498,7 +499,9 @@ enum Schema {
           last_problem TEXT
         );
         CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem ON delivery(upstream, idem_key) WHERE idem_key IS NOT NULL;
-        CREATE INDEX IF NOT EXISTS delivery_due ON delivery(next_attempt_at) WHERE state = 0;
+        DROP INDEX IF EXISTS delivery_due;
+        CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;
+        CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;
         CREATE INDEX IF NOT EXISTS delivery_done ON delivery(updated_at) WHERE state >= 2;
         CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
         """
@@ -524,6 +527,11 @@ final class Writer {
     let begin, commit, rollback: Statement
     let insert, findByKey, expire, claim, delivered, requeue, dead, postpone, replay, purge, wake: Statement
     let payloadOfRound, stateOf: Statement
+    /// Every upstream name a stored delivery was accepted for: the claims
+    /// look at each one's queue (a name that left the configuration
+    /// included: its deliveries are routed again when they are sent).
+    private(set) var upstreams: Set<String> = []
+    private var claimRotation = 0
 
     init(settings: StoreSettings) throws(StoreError) {
         let c = try SQLiteConnection(path: settings.path, readOnly: false)
@@ -566,11 +574,13 @@ final class Writer {
                 ELSE json_set(last_problem, '$.detail', ?3 || coalesce(json_extract(last_problem, '$.detail'), '')) END
             WHERE state = 0 AND expires_at <= ?1 RETURNING id, upstream
             """)
+        // One upstream at a time, through its own index range: the rows of
+        // an upstream being skipped are never read (a long outage's backlog
+        // costs nothing until it recovers).
         claim = try c.prepare(
             """
             UPDATE delivery SET state = 1, attempts = attempts + 1, updated_at = ?1
-            WHERE seq IN (SELECT seq FROM delivery WHERE state = 0 AND next_attempt_at <= ?1
-                          AND upstream NOT IN (SELECT value FROM json_each(?2))
+            WHERE seq IN (SELECT seq FROM delivery WHERE state = 0 AND upstream = ?2 AND next_attempt_at <= ?1
                           ORDER BY next_attempt_at LIMIT ?3)
             RETURNING id, upstream, request_id, method, target, headers, body, attempts, max_attempts, expires_at
             """)
@@ -601,6 +611,8 @@ final class Writer {
             "DELETE FROM delivery WHERE state >= 2 AND updated_at < ?1 RETURNING payload_bytes")
         payloadOfRound = try c.prepare("SELECT payload_bytes FROM delivery WHERE id = ?1 AND state = 1")
         stateOf = try c.prepare("SELECT state FROM delivery WHERE id = ?1")
+        let names = try c.prepare("SELECT DISTINCT upstream FROM delivery")
+        while try names.step() { if let name = names.string(0) { upstreams.insert(name) } }
         wake = try c.prepare("UPDATE delivery SET next_attempt_at = ?2 WHERE state = 0 AND upstream = ?1 AND next_attempt_at > ?2")
     }
 
@@ -649,6 +661,7 @@ final class Writer {
                 return { reply(.existing(id: existing.0, state: existing.1)) }
             }
             held += bytes
+            upstreams.insert(d.upstream)
             let id = d.id
             return { reply(.stored(id: id)) }
 
@@ -663,19 +676,25 @@ final class Writer {
                 while try s.step() { expired.append((s.string(0) ?? "", s.string(1) ?? "")) }
             }
             var claimed: [ClaimedDelivery] = []
-            let s = claim
-            defer { s.reset() }
-            s.bind(1, now)
-            s.bind(2, "[" + skipping.map(JSON.quote).joined(separator: ",") + "]")
-            s.bind(3, limit)
-            while try s.step() {
-                let body = s.bytes(6)
-                claimed.append(
-                    ClaimedDelivery(
-                        id: s.string(0) ?? "", upstream: s.string(1) ?? "", requestID: s.string(2) ?? "",
-                        method: s.string(3) ?? "GET", target: s.string(4) ?? "/", headers: s.bytes(5),
-                        body: body.isEmpty ? .empty : RequestBody(body), attempts: s.int(7), maxAttempts: s.int(8),
-                        expiresAt: s.int64(9)))
+            // Each upstream's turn to go first moves on, so a busy one cannot take every round.
+            let eligible = upstreams.filter { !skipping.contains($0) }.sorted()
+            let first = eligible.isEmpty ? 0 : claimRotation % eligible.count
+            claimRotation &+= 1
+            for upstream in eligible[first...] + eligible[..<first] where claimed.count < limit {
+                let s = claim
+                defer { s.reset() }
+                s.bind(1, now)
+                s.bind(2, upstream)
+                s.bind(3, limit - claimed.count)
+                while try s.step() {
+                    let body = s.bytes(6)
+                    claimed.append(
+                        ClaimedDelivery(
+                            id: s.string(0) ?? "", upstream: s.string(1) ?? "", requestID: s.string(2) ?? "",
+                            method: s.string(3) ?? "GET", target: s.string(4) ?? "/", headers: s.bytes(5),
+                            body: body.isEmpty ? .empty : RequestBody(body), attempts: s.int(7),
+                            maxAttempts: s.int(8), expiresAt: s.int64(9)))
+                }
             }
             return { reply(claimed, expired) }
 
