@@ -13,6 +13,10 @@
    were in flight, which the proxy must put back to queued and log.
 4. When /admin/state shows nothing queued or in flight, what the upstream
    received is compared with what was accepted.
+With --kill-while-accepting the proxy is also killed halfway through step 2
+(requests cut off then may or may not have been stored; every 202 must
+arrive); with --max-bytes the store fills during step 2, so some requests are
+refused (503 OVERLOADED) and must never arrive.
 
 The promises checked (exit 1 if any is broken):
 - every 202 arrived upstream at least once, with its body, path and
