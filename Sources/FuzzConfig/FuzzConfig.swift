@@ -25,6 +25,8 @@ let template = """
       max_header_bytes: @6@
       client_timeout: @7@
       max_parked: @8@
+      encoded_slashes: @73@
+    normalize: { merge_slashes: @74@ }
     defaults:
       timeout: @9@
       retry:
@@ -78,6 +80,7 @@ let template = """
         strip_prefix: @60@
         timeout: @61@
         retry: { attempts: @62@ }
+        allow_trace: @75@
         delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ } }
     """
 
@@ -89,6 +92,7 @@ let valid = [
     "/access_token", "/expires_in", "409", "/error/code", "busy", "CONFLICT_TRY_AGAIN", "Busy", "Try later", "Wait",
     "retry", "true", "/api/", "GET", "api", "/api", "5s", "4",
     "/var/lib/happypath/deliveries.db", "full", "1GiB", "24h", "/_happypath/deliveries", "later", "24h", "50", "1s", "10m",
+    "keep", "false", "false",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {

@@ -288,7 +288,10 @@ final class Reader {
         }
         let f = fields(
             root, "",
-            known: ["listen", "workers", "admin", "limits", "drain_timeout", "defaults", "upstreams", "routes", "storage"])
+            known: [
+                "listen", "workers", "admin", "limits", "normalize", "drain_timeout", "defaults", "upstreams", "routes",
+                "storage",
+            ])
         if let a = address(f["listen"]?.value, "listen") { config.listen = a }
         if let w = f["workers"]?.value {
             if text(w, "workers") != "auto" { config.workers = int(w, "workers", min: 1, max: 256) }
@@ -301,7 +304,10 @@ final class Reader {
         if let limits = f["limits"]?.value {
             let lf = fields(
                 limits, "limits",
-                known: ["max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes"])
+                known: [
+                    "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes",
+                    "encoded_slashes",
+                ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
                 if v < 1024 {
@@ -315,6 +321,13 @@ final class Reader {
             if let v = size(lf["max_buffered_bytes"]?.value, "limits.max_buffered_bytes") {
                 config.limits.maxBufferedBytes = v
             }
+            if let v = choice(lf["encoded_slashes"]?.value, "limits.encoded_slashes", PathNormalization.EncodedSlashes.self) {
+                config.limits.encodedSlashes = v
+            }
+        }
+        if let normalize = f["normalize"]?.value {
+            let nf = fields(normalize, "normalize", known: ["merge_slashes"])
+            if let b = bool(nf["merge_slashes"]?.value, "normalize.merge_slashes") { config.mergeSlashes = b }
         }
         if let d = duration(f["drain_timeout"]?.value, "drain_timeout", allowZero: true) { config.drainTimeout = d }
         if let storage = f["storage"]?.value { config.storage = self.storage(storage) }
@@ -657,7 +670,9 @@ final class Reader {
         }
         let f = fields(
             node, path,
-            known: ["match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery"]
+            known: [
+                "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
+            ]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
         if let m = f["match"]?.value {
@@ -665,6 +680,18 @@ final class Reader {
             if let p = string(mf["path_prefix"]?.value, "\(path).match.path_prefix") {
                 if p.hasPrefix("/") {
                     match.pathPrefix = p
+                    // Routes match the normalized path, so a prefix that is
+                    // not normalized could never match anything.
+                    switch PathNormalizer.normalize(p) {
+                    case let .success(normal) where normal != p:
+                        error(
+                            mf["path_prefix"]?.value,
+                            "\(path).match.path_prefix '\(p)' is matched against normalized paths and would never match; write it as '\(normal)'"
+                        )
+                    case let .failure(refusal):
+                        error(mf["path_prefix"]?.value, "\(path).match.path_prefix '\(p)' is not a valid path: \(refusal.detail)")
+                    default: break
+                    }
                 } else {
                     error(mf["path_prefix"]?.value, "\(path).match.path_prefix must start with /, got '\(p)'")
                 }
@@ -692,6 +719,7 @@ final class Reader {
         r.policies = policies(f, path)
         if let e = f["errors"]?.value { r.errors = errorMappings(e, "\(path).errors") }
         if let d = f["delivery"]?.value { r.delivery = delivery(d, "\(path).delivery") }
+        if let b = bool(f["allow_trace"]?.value, "\(path).allow_trace") { r.allowTrace = b }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,

@@ -21,6 +21,14 @@ public struct Configuration: Sendable {
     public var routes: [Route]
     /// The deliver-later store, opened only if a route has `delivery.mode: later`.
     public var storage = StorageConfiguration()
+    /// `normalize.merge_slashes`: `//` in a request path collapses to `/`
+    /// before routing (default false). Dot-segments are always removed.
+    public var mergeSlashes = false
+
+    /// How the edge normalizes request paths (docs/http1.md, "Paths").
+    public var pathNormalization: PathNormalization {
+        PathNormalization(mergeSlashes: mergeSlashes, encodedSlashes: limits.encodedSlashes)
+    }
 
     /// Some route stores its requests for later delivery (the store is needed).
     public var usesStore: Bool { routes.contains { $0.delivery.mode == .later } }
@@ -49,6 +57,9 @@ public struct Limits: Sendable {
     /// kept whole for retries and replays); a body that does not fit is
     /// answered 503 OVERLOADED before it is read.
     public var maxBufferedBytes: Int = 256 * 1024 * 1024
+    /// `%2F`, `%5C` and `\` in a path: kept as they came (never decoded)
+    /// or refused with 400.
+    public var encodedSlashes: PathNormalization.EncodedSlashes = .keep
 }
 
 /// Equatable so a reload can tell an unchanged upstream (and keep its
@@ -70,6 +81,9 @@ public struct Route: Sendable {
     public var policies: PolicySettings = PolicySettings()
     public var errors: [ErrorMapping] = []
     public var delivery = DeliverySettings()
+    /// TRACE is answered 405 unless the route allows it (`allow_trace`):
+    /// an upstream echoing the request would reflect credentials and cookies.
+    public var allowTrace = false
 }
 
 /// `mode: now` answers with the upstream's response (the default); `later`

@@ -20,6 +20,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     case requestTimeout = "REQUEST_TIMEOUT"
     case notImplemented = "NOT_IMPLEMENTED"
     case versionNotSupported = "VERSION_NOT_SUPPORTED"
+    case methodNotAllowed = "METHOD_NOT_ALLOWED"
 
     public var status: Int {
         switch self {
@@ -38,6 +39,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .requestTimeout: 408
         case .notImplemented: 501
         case .versionNotSupported: 505
+        case .methodNotAllowed: 405
         }
     }
 
@@ -79,6 +81,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .requestTimeout: "The request did not arrive in time"
         case .notImplemented: "The request uses a feature the gateway does not support"
         case .versionNotSupported: "The HTTP version is not supported"
+        case .methodNotAllowed: "The method is not allowed here"
         }
     }
 
@@ -103,6 +106,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .requestTimeout: "Send the whole request without pausing, then try again."
         case .notImplemented: "Send the body with Content-Length or plain chunked encoding."
         case .versionNotSupported: "Use HTTP/1.1."
+        case .methodNotAllowed: "Use one of the methods in the Allow header."
         }
     }
 

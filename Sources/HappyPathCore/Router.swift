@@ -37,16 +37,23 @@ public struct Router: Sendable {
     }
 
     /// The target sent upstream: the path with `stripPrefix` removed (keeping a
-    /// leading slash), and the query unchanged.
-    public static func upstreamTarget(path: String, query: String?, stripPrefix: String?) -> String {
+    /// leading slash), and the query unchanged. Nil when removing the prefix
+    /// would leave a dot-segment (`strip_prefix: /pub` and `/pub../x`): the
+    /// path was normalized before the prefix came off, so only a prefix that
+    /// ends inside a segment can do that, and such a request is refused
+    /// rather than sent as `/../x`.
+    public static func upstreamTarget(path: String, query: String?, stripPrefix: String?) -> String? {
         var outPath = Substring(path)
+        var added = ""
         if let stripPrefix, !stripPrefix.isEmpty, outPath.hasPrefix(stripPrefix) {
             outPath = outPath.dropFirst(stripPrefix.count)
             if !outPath.hasPrefix("/") {
-                return "/" + outPath + (query.map { "?" + $0 } ?? "")
+                let firstSegment = outPath.prefix { $0 != "/" }
+                if PathNormalizer.isDotSegment(firstSegment) { return nil }
+                added = "/"
             }
         }
-        return String(outPath) + (query.map { "?" + $0 } ?? "")
+        return added + outPath + (query.map { "?" + $0 } ?? "")
     }
 
     /// Splits an origin-form request target into path and query.

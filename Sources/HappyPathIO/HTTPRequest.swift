@@ -44,12 +44,23 @@ public final class HTTPRequest {
     }
 
     /// Path and query, in origin form: an absolute-form target's authority
-    /// is dropped (it is never used for routing); `*` for `OPTIONS *`.
+    /// is dropped (it is never used for routing); `*` for `OPTIONS *`. The
+    /// path is the normalized one (no dot-segments, unreserved characters
+    /// decoded: docs/http1.md, "Paths"), which routes match and upstreams receive.
     public var target: String {
         if let cachedTarget { return cachedTarget }
         guard let head, let c = live else { return "/" }
         let raw = UnsafeRawBufferPointer(rebasing: c.input.bytes[head.pathAndQuery])
-        var t = String(decoding: raw, as: UTF8.self)
+        var t: String
+        if let path = head.normalizedPath {
+            // The parser normalized the path (PathNormalizer); the query stays as it came.
+            t = path
+            if let q = raw.firstIndex(of: UInt8(ascii: "?")) {
+                t += String(decoding: UnsafeRawBufferPointer(rebasing: raw[q...]), as: UTF8.self)
+            }
+        } else {
+            t = String(decoding: raw, as: UTF8.self)
+        }
         if head.form == .absolute, raw.first != UInt8(ascii: "/") { t = "/" + t }
         cachedTarget = t
         return t

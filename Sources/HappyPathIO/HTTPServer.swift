@@ -19,19 +19,23 @@ public struct HTTPServerLimits: Sendable {
     /// Request bodies held by the whole process (nil: no budget). A body
     /// that does not fit is refused `.bodyOverBudget` before it is read.
     public var bodyBudget: BodyBudget?
+    /// How request paths are normalized (normalize.merge_slashes, limits.encoded_slashes).
+    public var path: PathNormalization
 
     public init(
-        maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil
+        maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,
+        path: PathNormalization = PathNormalization()
     ) {
         self.maxHeaderBytes = maxHeaderBytes
         self.maxBodyBytes = maxBodyBytes
         self.timeout = timeout
         self.maxFields = maxFields
         self.bodyBudget = bodyBudget
+        self.path = path
     }
 
     var request: RequestLimits {
-        RequestLimits(maxHeadBytes: maxHeaderBytes, maxFields: maxFields, maxBodyBytes: maxBodyBytes)
+        RequestLimits(maxHeadBytes: maxHeaderBytes, maxFields: maxFields, maxBodyBytes: maxBodyBytes, path: path)
     }
 }
 

@@ -5,7 +5,7 @@ import HappyPathIO
 enum ProblemResponder {
     /// Returns the body's size in bytes.
     @discardableResult
-    static func respond<C: ExchangeClient>(_ request: C, _ problem: Problem) -> Int {
+    static func respond<C: ExchangeClient>(_ request: C, _ problem: Problem, extraHeaders: [HTTPField] = []) -> Int {
         request.clearResponseHeaders()
         // A client that asks for JSON but not problem+json gets the same body
         // labelled application/json, so plain JSON decoders accept it.
@@ -24,6 +24,7 @@ enum ProblemResponder {
         if let retryAfter = problem.retryAfterSeconds {
             headers.append(HTTPField(name: "Retry-After", value: String(retryAfter)))
         }
+        headers += extraHeaders
         let body = problem.json()
         request.reply(status: problem.status, headers: headers, body: body)
         return body.utf8.count

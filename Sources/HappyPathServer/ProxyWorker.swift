@@ -93,7 +93,7 @@ final class ProxyWorker: HTTPServerDelegate {
             loop: loop, host: host, port: port, reusePort: true,
             limits: HTTPServerLimits(
                 maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
-                bodyBudget: shared.bodies),
+                bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization),
             delegate: self)
     }
 
@@ -118,8 +118,14 @@ final class ProxyWorker: HTTPServerDelegate {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
+        if !route.allowTrace, method.utf8.count == 5, method == "TRACE" {
+            return traceRefused(request, route: route)
+        }
+        guard let upstreamTarget = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) else {
+            return prefixLeavesDotSegment(request, path: path, route: route)
+        }
         if route.delivery.mode == .later {
-            let command = makeCommand(request, method: method, path: path, query: query, route: route)
+            let command = makeCommand(request, method: method, target: upstreamTarget, route: route)
             guard let deliveries else {
                 // A reload cannot add a later route without the store (RestartOnlyKeys); kept safe anyway.
                 return ProblemResponder.answer(
@@ -131,7 +137,7 @@ final class ProxyWorker: HTTPServerDelegate {
         let exchange = Exchange(
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex],
-            command: makeCommand(request, method: method, path: path, query: query, route: route))
+            command: makeCommand(request, method: method, target: upstreamTarget, route: route))
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
         exchange.start()
@@ -162,6 +168,31 @@ final class ProxyWorker: HTTPServerDelegate {
         ProblemResponder.respond(request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
     }
 
+    /// TRACE asks the upstream to echo the request back, credentials and
+    /// cookies included (cross-site tracing): answered here, 405, unless the
+    /// route sets `allow_trace`.
+    private func traceRefused(_ request: HTTPRequest, route: RuntimeRoute) {
+        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+        let allowed = route.allowedMethods.filter { $0 != "TRACE" }.joined(separator: ", ")
+        ProblemResponder.respond(
+            request,
+            Problem(
+                .methodNotAllowed, requestID: id,
+                detail: "TRACE is not forwarded on this route; set allow_trace: true on the route to forward it."),
+            extraHeaders: [HTTPField(name: "Allow", value: allowed)])
+    }
+
+    /// `strip_prefix` ends inside a path segment and removing it would send
+    /// the upstream a dot-segment (`/pub../x` → `/../x`).
+    private func prefixLeavesDotSegment(_ request: HTTPRequest, path: String, route: RuntimeRoute) {
+        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+        ProblemResponder.respond(
+            request,
+            Problem(
+                .badRequest, requestID: id,
+                detail: "The path \(path) would reach the upstream with a dot-segment once the route's strip_prefix is removed."))
+    }
+
     /// Out of descriptors: the listener pauses (see HTTPServer). One log
     /// line per interval, however often it happens; every pause is counted.
     func acceptPaused(errno code: Int32, pause: Duration) {
@@ -184,9 +215,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Snapshots the request: headers as they go upstream (hop-by-hop
     /// removed, forwarding headers added) written once into one block, the
     /// body, the deadline.
-    private func makeCommand(_ request: HTTPRequest, method: String, path: String, query: String?, route: RuntimeRoute)
-        -> Command
-    {
+    private func makeCommand(_ request: HTTPRequest, method: String, target: String, route: RuntimeRoute) -> Command {
         // Room for every field (each gains an 8-byte prefix) and the five
         // added ones, so the block is allocated once.
         let headers = HeaderBlock(capacity: request.headBytes * 2 + 384)
@@ -262,9 +291,8 @@ final class ProxyWorker: HTTPServerDelegate {
         }
 
         return Command(
-            requestID: id, method: method,
-            target: Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix),
-            headers: headers, body: request.takeBody(), routeIndex: route.index,
+            requestID: id, method: method, target: target, headers: headers, body: request.takeBody(),
+            routeIndex: route.index,
             upstream: runtime.upstreams[route.upstreamIndex].name, deadline: clock.now() + route.timeout)
     }
 
@@ -439,9 +467,19 @@ final class ProxyWorker: HTTPServerDelegate {
         }
         let route = runtime.routes[routeIndex]
         let upstream = runtime.upstreams[route.upstreamIndex]
+        // Stored targets were normalized at the edge; the check stays for
+        // rows stored before paths were normalized.
+        let normalized = PathNormalizer.normalize(path, runtime.configuration.pathNormalization)
+        guard case let .success(normalPath) = normalized, normalPath == path,
+            let target = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix)
+        else {
+            let problem = Problem(
+                .badRequest, requestID: delivery.requestID,
+                detail: "The stored path \(path) is not a normalized path (dot-segments); the delivery cannot be sent.")
+            return deliveries.roundFailed(delivery, .dead(status: nil, problem: problem.json()))
+        }
         let command = Command(
-            requestID: delivery.requestID, method: delivery.method,
-            target: Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix),
+            requestID: delivery.requestID, method: delivery.method, target: target,
             headers: HeaderBlock(lines: delivery.headers), body: delivery.body, routeIndex: route.index,
             upstream: upstream.name, deadline: clock.now() + route.timeout)
         let exchange = Exchange(

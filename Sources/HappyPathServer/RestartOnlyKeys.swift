@@ -18,6 +18,8 @@ enum RestartOnlyKeys {
         if new.limits.maxRequestBody != old.limits.maxRequestBody { keys.append("limits.max_request_body") }
         if new.limits.maxHeaderBytes != old.limits.maxHeaderBytes { keys.append("limits.max_header_bytes") }
         if new.limits.clientTimeout != old.limits.clientTimeout { keys.append("limits.client_timeout") }
+        if new.limits.encodedSlashes != old.limits.encodedSlashes { keys.append("limits.encoded_slashes") }
+        if new.mergeSlashes != old.mergeSlashes { keys.append("normalize.merge_slashes") }
         if old.usesStore || new.usesStore {
             // The store is opened once, at start, and only if a route needs it.
             if new.storage.path != old.storage.path { keys.append("storage.path") }

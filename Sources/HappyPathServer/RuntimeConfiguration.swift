@@ -26,7 +26,9 @@ public final class RuntimeConfiguration: Sendable {
                 upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(resolved: policies.retry)),
                 parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors,
-                delivery: route.delivery)
+                delivery: route.delivery, allowTrace: route.allowTrace,
+                allowedMethods: route.match.methods.map { Array($0).sorted() }
+                    ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
         }
     }
 }
@@ -61,12 +63,19 @@ final class RuntimeRoute: Sendable {
     let errors: [ErrorMapping]
     /// `now`, or `later`: stored, answered 202, delivered in the background.
     let delivery: DeliverySettings
+    /// TRACE is forwarded (`allow_trace`); else answered 405 by the proxy.
+    let allowTrace: Bool
+    /// For the `Allow` header of that 405: the route's methods.
+    let allowedMethods: [String]
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
-        parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings()
+        parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
+        allowTrace: Bool = false, allowedMethods: [String] = []
     ) {
         self.delivery = delivery
+        self.allowTrace = allowTrace
+        self.allowedMethods = allowedMethods
         self.index = index
         self.label = label
         self.upstreamIndex = upstreamIndex

@@ -365,3 +365,40 @@ struct DeliverLaterConfigTests {
         #expect(problems.first?.description.hasPrefix("t.yaml:1:18: storage.path: /etc/hostname is a file") == true)
     }
 }
+
+// MARK: - Paths and TRACE (issue 18)
+
+@Suite struct EdgeHardeningConfigTests {
+    static let base = """
+        upstreams:
+          u: { endpoints: [http://127.0.0.1:9000] }
+        """
+
+    @Test func pathNormalizationDefaultsKeepSlashesAndDoNotMerge() throws {
+        let c = try ConfigLoader.parse(Self.base + "\nroutes:\n  - { match: { path_prefix: / }, upstream: u }", file: "t.yaml")
+        #expect(c.pathNormalization == PathNormalization(mergeSlashes: false, encodedSlashes: .keep))
+        #expect(c.routes[0].allowTrace == false)
+    }
+
+    @Test func normalizeAndEncodedSlashesAreRead() throws {
+        let c = try ConfigLoader.parse(
+            "normalize: { merge_slashes: true }\nlimits: { encoded_slashes: reject }\n" + Self.base
+                + "\nroutes:\n  - { match: { path_prefix: / }, upstream: u, allow_trace: true }", file: "t.yaml")
+        #expect(c.pathNormalization == PathNormalization(mergeSlashes: true, encodedSlashes: .reject))
+        #expect(c.routes[0].allowTrace)
+    }
+
+    @Test func aBadEncodedSlashesValueNamesTheChoices() {
+        let e = errors("limits: { encoded_slashes: decode }\n" + Self.base + "\nroutes:\n  - { match: { path_prefix: / }, upstream: u }")
+        #expect(e.map(\.description).contains { $0.contains("limits.encoded_slashes must be one of keep, reject, got 'decode'") })
+    }
+
+    /// Routes match normalized paths: a prefix with a dot-segment or an
+    /// encoded unreserved character would never match, so it is an error
+    /// that says how to write it.
+    @Test(arguments: [("/a/../b/", "/b/"), ("/%61pi/", "/api/"), ("/v1/./x", "/v1/x")])
+    func aPrefixThatIsNotNormalizedIsAnError(prefix: String, normal: String) {
+        let e = errors(Self.base + "\nroutes:\n  - { match: { path_prefix: \"\(prefix)\" }, upstream: u }")
+        #expect(e.map(\.description).contains { $0.contains("write it as '\(normal)'") }, "\(e)")
+    }
+}

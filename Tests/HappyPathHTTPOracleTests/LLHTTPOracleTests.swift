@@ -83,7 +83,12 @@ let oracleCases: [OracleCase] = [
     .init("NUL in the target", bytes: Array("GET /a".utf8) + [0] + Array(" HTTP/1.1\r\nHost: a\r\n\r\n".utf8), .refused(.badTarget)),
     .init("control byte in the target", bytes: Array("GET /a".utf8) + [0x01] + Array(" HTTP/1.1\r\nHost: a\r\n\r\n".utf8), .refused(.badTarget)),
     .init("non-ASCII in the target", bytes: Array("GET /caf".utf8) + [0xC3, 0xA9] + Array(" HTTP/1.1\r\nHost: a\r\n\r\n".utf8), .refused(.badTarget)),
-    .init("NUL in the target of an unfinished head", bytes: Array("GET /a".utf8) + [0] + Array(" HTTP/1.1\r\nHost: a\r\n".utf8), .frames(0)),
+    // The request line is judged as soon as it ends, even before the head does.
+    .init("NUL in the target of an unfinished head", bytes: Array("GET /a".utf8) + [0] + Array(" HTTP/1.1\r\nHost: a\r\n".utf8), .refused(.badTarget)),
+    .init("HTTP/0.9 request line with nothing after it", "GET /p\r\n", .refused(.badRequestLine)),
+    .init("a dot-segment path", "GET /a/../b HTTP/1.1\r\nHost: a\r\n\r\n", .frames(1)),
+    .init("a path above the root", "GET /a/../../b HTTP/1.1\r\nHost: a\r\n\r\n", .refused(.pathAboveRoot)),
+    .init("a broken percent-encoding in the path", "GET /a%zz HTTP/1.1\r\nHost: a\r\n\r\n", .refused(.badPercentEncoding)),
     .init("fragment in the target", "GET /a#b HTTP/1.1\r\nHost: a\r\n\r\n", .refused(.badTarget)),
     .init("two spaces after the method", "GET  / HTTP/1.1\r\nHost: a\r\n\r\n", .refused(.badRequestLine)),
     .init("trailing space after the version", "GET / HTTP/1.1 \r\nHost: a\r\n\r\n", .refused(.badRequestLine)),

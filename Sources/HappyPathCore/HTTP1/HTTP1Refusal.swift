@@ -17,6 +17,12 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
     case unsupportedVersion = "unsupported_version"
     case requestLineTooLong = "request_line_too_long"
 
+    // MARK: Path (RFC 3986 sections 2.1, 5.2.4; docs/http1.md "Paths")
+    case badPercentEncoding = "bad_percent_encoding"
+    case pathAboveRoot = "path_above_root"
+    /// `%2F`, `%5C` or `\` in the path with `limits.encoded_slashes: reject`.
+    case encodedSlash = "encoded_slash"
+
     // MARK: Field lines (RFC 9112 section 5)
     case bareLineFeed = "bare_lf"
     case bareCarriageReturn = "bare_cr"
@@ -85,6 +91,10 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
         case .badVersion: "The HTTP version is malformed."
         case .unsupportedVersion: "Only HTTP/1.0 and HTTP/1.1 are served on this listener."
         case .requestLineTooLong: "The request line is longer than this listener accepts."
+        case .badPercentEncoding: "The path has a '%' that is not followed by two hexadecimal digits."
+        case .pathAboveRoot: "The path climbs above the root with '..'; remove the dot-segments."
+        case .encodedSlash:
+            "The path contains an encoded slash or backslash (%2F, %5C or '\\'), which this listener refuses (limits.encoded_slashes)."
         case .bareLineFeed: "A line ends in LF without CR; only CRLF ends a line here."
         case .bareCarriageReturn: "A CR is not followed by LF."
         case .whitespaceBeforeFirstField: "Whitespace between the request line and the first field."

@@ -8,12 +8,18 @@ public struct RequestLimits: Sendable, Equatable {
     public var maxFields: Int
     /// The decoded body (413 above it).
     public var maxBodyBytes: Int
+    /// How the path is normalized before anything routes on it.
+    public var path: PathNormalization
 
-    public init(maxHeadBytes: Int, maxRequestLineBytes: Int? = nil, maxFields: Int = 100, maxBodyBytes: Int) {
+    public init(
+        maxHeadBytes: Int, maxRequestLineBytes: Int? = nil, maxFields: Int = 100, maxBodyBytes: Int,
+        path: PathNormalization = PathNormalization()
+    ) {
         self.maxHeadBytes = maxHeadBytes
         self.maxRequestLineBytes = maxRequestLineBytes ?? min(8 * 1024, maxHeadBytes)
         self.maxFields = maxFields
         self.maxBodyBytes = maxBodyBytes
+        self.path = path
     }
 }
 
@@ -53,6 +59,9 @@ public struct RequestHead: Sendable, Equatable {
     /// Path and query: the whole target in origin form, the part after the
     /// authority in absolute form (possibly empty, meaning "/").
     public var pathAndQuery: Range<Int>
+    /// The path of `pathAndQuery` once normalized (`PathNormalizer`), or nil
+    /// when it was normal already (then it is used as it came).
+    public var normalizedPath: String?
     public var form: TargetForm
     public var version: HTTPVersion
     /// Bytes from the start of the buffer to the end of the empty line.
@@ -116,6 +125,11 @@ public struct RequestHeadScanner: Sendable {
                         lineStart = i + 1
                     } else {
                         if lineLength > limits.maxRequestLineBytes { return .refused(.requestLineTooLong) }
+                        // Checked now: a line without a version (HTTP/0.9)
+                        // would otherwise wait for a head that never ends.
+                        if case let .failure(refusal) = RequestHeadParser.parseRequestLine(buffer, lineStart, i - 1) {
+                            return .refused(refusal)
+                        }
                         requestStart = lineStart
                         requestLineEnd = i + 1
                         lineStart = i + 1
@@ -152,25 +166,14 @@ public enum RequestHeadParser {
         // MARK: Request line
         var lineEnd = requestStart
         while buffer[lineEnd] != 0x0D { lineEnd += 1 }  // the scanner guarantees CRLF
-        var i = requestStart
-        while i < lineEnd, HTTPBytes.isToken(buffer[i]) { i += 1 }
-        guard i > requestStart, i < lineEnd else { return .failure(i == requestStart ? .badMethod : .badRequestLine) }
-        guard buffer[i] == 0x20 else { return .failure(HTTPBytes.isFieldValue(buffer[i]) ? .badMethod : .badRequestLine) }
-        let method = requestStart..<i
-        i += 1
-        let targetStart = i
-        while i < lineEnd, buffer[i] != 0x20 {
-            guard HTTPBytes.isTarget(buffer[i]) else { return .failure(.badTarget) }
-            i += 1
-        }
-        guard i > targetStart, i < lineEnd else { return .failure(.badRequestLine) }
-        let target = targetStart..<i
-        i += 1
+        let method: Range<Int>
+        let target: Range<Int>
         let version: HTTPVersion
-        switch parseVersion(buffer, i, lineEnd) {
-        case let .success(v): version = v
+        switch parseRequestLine(buffer, requestStart, lineEnd) {
+        case let .success(line): (method, target, version) = (line.method, line.target, line.version)
         case let .failure(e): return .failure(e)
         }
+        let targetStart = target.lowerBound
 
         let isConnect = equals(buffer, method, "CONNECT")
         if isConnect { return .failure(.connectMethod) }
@@ -186,6 +189,16 @@ public enum RequestHeadParser {
             case let .success(path):
                 form = .absolute
                 pathAndQuery = path
+            case let .failure(e): return .failure(e)
+            }
+        }
+        // MARK: Path
+        var normalizedPath: String?
+        if form != .asterisk {
+            var pathEnd = pathAndQuery.lowerBound
+            while pathEnd < pathAndQuery.upperBound, buffer[pathEnd] != UInt8(ascii: "?") { pathEnd += 1 }
+            switch PathNormalizer.normalize(buffer, pathAndQuery.lowerBound..<pathEnd, limits.path) {
+            case let .success(path): normalizedPath = path
             case let .failure(e): return .failure(e)
             }
         }
@@ -272,7 +285,8 @@ public enum RequestHeadParser {
 
         return .success(
             RequestHead(
-                method: method, target: target, pathAndQuery: pathAndQuery, form: form, version: version,
+                method: method, target: target, pathAndQuery: pathAndQuery, normalizedPath: normalizedPath, form: form,
+                version: version,
                 headLength: end, host: host, framing: framing,
                 keepAlive: version == .http11 ? !close : (keepAliveToken && !close),
                 expectsContinue: expectsContinue && version == .http11 && framing != .none,
@@ -309,6 +323,32 @@ public enum RequestHeadParser {
 
     /// `HTTP/1.1`, `HTTP/1.0`; other minor versions of 1 are read as 1.1
     /// (RFC 9110 section 2.5); other majors get 505.
+    /// `method SP request-target SP HTTP-version` on `start..<lineEnd` (the
+    /// CR excluded). The scanner calls it as soon as the line ends, so a
+    /// line that is not a request line (an HTTP/0.9 `GET /p` among them) is
+    /// refused at once instead of waiting for a head that never comes.
+    public static func parseRequestLine(_ buffer: UnsafeRawBufferPointer, _ start: Int, _ lineEnd: Int) -> Result<
+        (method: Range<Int>, target: Range<Int>, version: HTTPVersion), HTTP1Refusal
+    > {
+        var i = start
+        while i < lineEnd, HTTPBytes.isToken(buffer[i]) { i += 1 }
+        guard i > start, i < lineEnd else { return .failure(i == start ? .badMethod : .badRequestLine) }
+        guard buffer[i] == 0x20 else { return .failure(HTTPBytes.isFieldValue(buffer[i]) ? .badMethod : .badRequestLine) }
+        let method = start..<i
+        i += 1
+        let targetStart = i
+        while i < lineEnd, buffer[i] != 0x20 {
+            guard HTTPBytes.isTarget(buffer[i]) else { return .failure(.badTarget) }
+            i += 1
+        }
+        guard i > targetStart, i < lineEnd else { return .failure(.badRequestLine) }
+        let target = targetStart..<i
+        switch parseVersion(buffer, i + 1, lineEnd) {
+        case let .success(v): return .success((method, target, v))
+        case let .failure(e): return .failure(e)
+        }
+    }
+
     private static func parseVersion(_ buffer: UnsafeRawBufferPointer, _ start: Int, _ end: Int) -> Result<
         HTTPVersion, HTTP1Refusal
     > {

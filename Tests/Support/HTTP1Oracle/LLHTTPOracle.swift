@@ -122,6 +122,9 @@ public let deliberatelyStricter: [HTTP1Refusal: String] = [
     .badFieldName: "RFC 9110 5.1: a field name is a token",
     .whitespaceBeforeColon: "RFC 9112 5.1: a server MUST reject whitespace between a field name and the colon",
     .whitespaceBeforeFirstField: "RFC 9112 2.2: whitespace before the first field line MUST be rejected (or the line ignored)",
+    .badPercentEncoding: "RFC 9110 4.1 (RFC 3986 2.1): pct-encoded is \"%\" HEXDIG HEXDIG; llhttp does not look inside the target",
+    .pathAboveRoot: "RFC 9110 4.2.3 (RFC 3986 5.2.4): paths are normalized before routing; one that climbs above the root has no normal form and is refused",
+    .encodedSlash: "RFC 9110 4.2.3: an encoded slash is not a separator and is never decoded; an operator may refuse it (limits.encoded_slashes)",
 ]
 
 /// Where llhttp refuses a request that RFC 9110/9112 allow and that the edge
