@@ -270,6 +270,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// A try ended: count it (metrics, breaker, endpoint), then let the machine decide.
     private func tryEnded(_ end: ExchangeStateMachine.TryEnd) {
         let now = worker.clock.now()
+        var end = end
+        if machine.state == .streaming, case let .failed(failure) = end, relay.bytesOut == 0 {
+            // The head was staged, never written (it leaves with the first
+            // body bytes): the client has nothing yet, so it gets a retry or
+            // a problem (502 BAD_GATEWAY once the retry rules give up), never
+            // a silent close.
+            machine.streamFailedBeforeFirstByte()
+            end = .failed(.init(.invalidResponse, "the response broke off after its head (\(failure.message))"))
+        }
         let outcome = machine.outcome(of: end)
         let breakerOpen = report(outcome, at: now)
         if machine.state == .streaming, case let .failed(failure) = end {

@@ -135,4 +135,56 @@ import Testing
         #expect(allowed.status == 200)
         #expect(Self.upstreamLines(upstream) == ["TRACE /base/traced/x HTTP/1.1"])
     }
+
+    // MARK: - A response that breaks before its first body byte
+
+    static let headThenClose = "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-From: first\r\n\r\n"
+    static let badFirstChunk = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nhello\r\n0\r\n\r\n"
+
+    /// The head arrived, then the upstream closed: nothing reached the
+    /// client, so it is a failed try; GET is retried and the second try's
+    /// answer is the client's, with none of the first one's headers.
+    @Test(arguments: [headThenClose, badFirstChunk])
+    func aResponseThatBreaksBeforeItsBodyIsRetried(broken: String) throws {
+        let upstream = ScriptedUpstream(responses: [broken, http(200, "fine")]).started()
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(upstream.port)"))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(r.status == 200)
+        #expect(r.text == "fine")
+        #expect(r.header("X-From") == nil)
+        #expect(r.header("X-Happypath-Attempts") == "2")
+        #expect(upstream.appRequests.count == 2)
+    }
+
+    /// Every try breaks the same way: the client gets the usual problem
+    /// (502 BAD_GATEWAY), not zero bytes and a close, and the connection stays usable.
+    @Test func aResponseThatAlwaysBreaksBeforeItsBodyIsABadGateway() throws {
+        let upstream = ScriptedUpstream(response: Self.headThenClose).started()
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(upstream.port)"))
+        defer { h.stop(); upstream.stop() }
+        let c = try TestConnection(port: h.port)
+        try c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        let r = try c.readResponse()
+        #expect(r.status == 502)
+        #expect(r.json["code"] as? String == "BAD_GATEWAY")
+        #expect(r.json["attempts"] as? Int == 3)
+        #expect((r.json["detail"] as? String)?.contains("broke off after its head") == true, "\(r.text)")
+        #expect(r.header("X-From") == nil)
+        try c.send("GET /again HTTP/1.1\r\nHost: x\r\n\r\n")
+        // The same connection answers again (by now the breaker may be open: 503 CIRCUIT_OPEN).
+        let again = try c.readResponse()
+        #expect(again.header("Content-Type") == "application/problem+json", "\(again.status) \(again.text)")
+    }
+
+    /// A POST without an Idempotency-Key is not sent twice: one try, then the problem.
+    @Test func aBrokenResponseToAPostIsNotRetried() throws {
+        let upstream = ScriptedUpstream(responses: [Self.headThenClose, http(200, "fine")]).started()
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(upstream.port)"))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        #expect(r.status == 502)
+        #expect(r.json["code"] as? String == "BAD_GATEWAY")
+        #expect(upstream.appRequests.count == 1)
+    }
 }

@@ -29,6 +29,8 @@ import Testing
         case slotGranted
         case parkRefused
         case streaming(Int)
+        /// The streaming try failed before its first byte reached the client.
+        case streamUnsent
         case ended(M.TryEnd, breakerOpen: Bool = false)
         /// The budget has no retry left for this end.
         case endedWithoutBudget(M.TryEnd)
@@ -379,6 +381,33 @@ import Testing
                 Step(.ended(failed(.reset)), .finish(.truncated, abandonProbe: false)),
             ]),
         Scenario(
+            "the upstream breaks off before the first byte left: a failed try, retried, then answered",
+            history: ["invalid response"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.streaming(200), .stream, .streaming),
+                Step(.streamUnsent, .none, .trying),
+                Step(.ended(failed(.invalidResponse, "broke off after its head")), .backOff(.milliseconds(50)), .backingOff),
+                Step(.timer, .admit),
+                Step(.admitted(.send(probe: false)), .send(attempt: 2, limit: .seconds(3))),
+                Step(.streaming(200), .stream),
+                Step(.ended(ok()), .finish(.completed, abandonProbe: false), .finished),
+            ]),
+        Scenario(
+            "the upstream breaks off before the first byte left, nothing left to try: BAD_GATEWAY",
+            route: .init(attempts: 1),
+            history: ["invalid response"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.streaming(200), .stream),
+                Step(.streamUnsent, .none, .trying),
+                Step(
+                    .ended(failed(.invalidResponse, "broke off after its head")),
+                    .answer(.badGateway(message: "broke off after its head"), abandonProbe: false), .finished),
+            ]),
+        Scenario(
             "a streaming body outlives the deadline",
             [
                 Step(.start, .admit),
@@ -450,6 +479,9 @@ import Testing
             case .slotGranted: action = machine.slotGranted(at: now)
             case .parkRefused: action = machine.parkRefused()
             case let .streaming(status): action = machine.streamingStarted(status: status)
+            case .streamUnsent:
+                machine.streamFailedBeforeFirstByte()
+                action = .none
             case let .ended(end, open): action = machine.tryEnded(end, breakerOpen: open, at: now, random: 0.5) { true }
             case let .endedWithoutBudget(end): action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5) { false }
             case .timer: action = machine.timerFired(at: now)

@@ -13,6 +13,8 @@ import HappyPathCore
 ///  start ▶ admitting ─▶ trying ─▶ (try ends, held) ─▶ answer problem
 ///            │  ▲   ╲      │
 ///            │  │    queued (no slot yet)  ╲─▶ streaming ─▶ finished
+///            │  │                               │ (fails before its first byte left:
+///            │  │                               ╰──▶ back to trying, a failed try)
 ///            ▼  │
 ///          parked (unreachable, circuit open, waiting for a token) ─▶ expiry: answer problem
 /// ```
@@ -249,6 +251,18 @@ public struct ExchangeStateMachine: Sendable {
         state = .streaming
         streamedStatus = status
         return .stream
+    }
+
+    /// The streaming try failed before any byte of its response reached the
+    /// client (the head waits to leave with the first body bytes): nothing
+    /// is lost yet, so the try is a failed try like any other. The driver
+    /// calls this before reporting the try's end, which then goes through
+    /// the retry rules (and, if they give up, becomes a problem answer)
+    /// instead of cutting the client's connection.
+    public mutating func streamFailedBeforeFirstByte() {
+        guard state == .streaming else { return }
+        state = .trying
+        streamedStatus = 0
     }
 
     /// How the driver reports a try's end to the breaker and metrics (before `tryEnded`).
