@@ -672,6 +672,7 @@ final class Reader {
             node, path,
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
+                "redirects",
             ]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
@@ -720,6 +721,7 @@ final class Reader {
         if let e = f["errors"]?.value { r.errors = errorMappings(e, "\(path).errors") }
         if let d = f["delivery"]?.value { r.delivery = delivery(d, "\(path).delivery") }
         if let b = bool(f["allow_trace"]?.value, "\(path).allow_trace") { r.allowTrace = b }
+        if let m = choice(f["redirects"]?.value, "\(path).redirects", RedirectMode.self) { r.redirects = m }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,

@@ -84,6 +84,18 @@ public struct Route: Sendable {
     /// TRACE is answered 405 unless the route allows it (`allow_trace`):
     /// an upstream echoing the request would reflect credentials and cookies.
     public var allowTrace = false
+    /// What happens to an upstream redirect to its own endpoint.
+    public var redirects: RedirectMode = .rewrite
+}
+
+/// `redirects:` on a route.
+public enum RedirectMode: String, Sendable, CaseIterable {
+    /// `Location`, `Content-Location` and `Refresh` URLs on the endpoint the
+    /// request went to are rewritten to the proxy's origin and the route's
+    /// path (as nginx's `proxy_redirect default`).
+    case rewrite
+    /// Sent as the upstream wrote them.
+    case keep
 }
 
 /// `mode: now` answers with the upstream's response (the default); `later`

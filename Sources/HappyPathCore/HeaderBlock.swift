@@ -1,6 +1,6 @@
 /// The header fields of a request as they go upstream, in one allocation:
-/// each field is stored as `Name: value` followed by a NUL byte, which is
-/// the form libcurl takes, so a try hands libcurl pointers into this block
+/// each field is stored as `Name: value` followed by a NUL byte (`Name;`
+/// for an empty value), which is the form libcurl takes, so a try hands libcurl pointers into this block
 /// instead of copying every field into a list of its own. Each entry is
 /// preceded by the lengths of its name and value (two `UInt32`s), so
 /// walking the fields never scans their bytes.
@@ -69,8 +69,18 @@ public final class HeaderBlock: @unchecked Sendable {
         reserve(name.count + value.count + 3 + Self.prefix)
         putLengths(name.count, value.count)
         put(name)
-        putSeparator()
-        put(value)
+        if value.isEmpty {
+            // libcurl reads `Name:` with nothing after it as "do not send
+            // this header"; `Name;` is how it is told to send an empty value.
+            // The entry keeps its usual length (`Name;` and two NULs), so
+            // walking the block is the same for every field.
+            storage[byteCount] = UInt8(ascii: ";")
+            storage[byteCount + 1] = 0
+            byteCount += 2
+        } else {
+            putSeparator()
+            put(value)
+        }
         endField()
     }
 

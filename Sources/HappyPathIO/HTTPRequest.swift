@@ -187,7 +187,9 @@ public final class HTTPRequest {
     /// bytes (one write). The framing is the proxy's own: `Content-Length`
     /// when the length is known, else chunked (HTTP/1.1) or end-of-connection
     /// (HTTP/1.0). HEAD, 1xx, 204 and 304 answers carry no body.
-    public func startReply(status: Int, contentLength: Int? = nil) {
+    /// - Parameter reason: the upstream's own reason phrase, when it is not
+    ///   the standard one (checked by the caller: field-value bytes only).
+    public func startReply(status: Int, contentLength: Int? = nil, reason: [UInt8]? = nil) {
         guard let c = live else { return }
         let noBody = c.response.isHead || status < 200 || status == 204 || status == 304
         var chunked = false
@@ -204,8 +206,22 @@ public final class HTTPRequest {
         }
         let announced = (status < 200 || status == 204) ? nil : (noBody && !c.response.isHead ? nil : contentLength)
         c.response.composeHead(
-            status: status, contentLength: announced, chunked: chunked, close: closes(c), server: c.server)
+            status: status, contentLength: announced, chunked: chunked, close: closes(c), server: c.server, reason: reason)
         c.response.headPending = true
+    }
+
+    /// Writes an informational answer (`103 Early Hints` and the like) at
+    /// once, ahead of the final one: `fields` are `Name: value\r\n` lines.
+    /// Not to an HTTP/1.0 client (it does not know 1xx), and never once the
+    /// final answer has started.
+    public func sendInformational(status: Int, fields: UnsafeRawBufferPointer) {
+        guard let c = live, c.head?.version == .http11, !c.response.headPending, (102..<200).contains(status) else {
+            return
+        }
+        var line = "HTTP/1.1 \(status) \(reasonPhrase(status))\r\n"
+        line.withUTF8 { first in
+            _ = c.write([UnsafeRawBufferPointer(first), fields, crlf])
+        }
     }
 
     /// Writes body bytes. With `notifyWhenDrained`, the observer hears
@@ -381,12 +397,18 @@ struct ResponseState {
         anyRemoved = removed.contains(true)
     }
 
-    mutating func composeHead(status: Int, contentLength: Int?, chunked: Bool, close: Bool, server: HTTPServer) {
+    mutating func composeHead(
+        status: Int, contentLength: Int?, chunked: Bool, close: Bool, server: HTTPServer, reason: [UInt8]? = nil
+    ) {
         headOut.count = 0
         headOut.append("HTTP/1.1 ")
         headOut.append(decimal: status)
         headOut.append(byte: 0x20)
-        headOut.append(reasonPhrase(status))
+        if let reason {
+            reason.withUnsafeBytes { headOut.append($0) }
+        } else {
+            headOut.append(reasonPhrase(status))
+        }
         headOut.append("\r\n")
         if anyRemoved {
             for (k, e) in entries.enumerated() where !(k < removed.count && removed[k]) {
@@ -412,10 +434,13 @@ struct ResponseState {
     }
 }
 
-private func reasonPhrase(_ status: Int) -> StaticString {
+/// The proxy's own reason phrase for `status` (RFC 9110 section 15).
+public func reasonPhrase(_ status: Int) -> StaticString {
     switch status {
     case 100: "Continue"
     case 101: "Switching Protocols"
+    case 102: "Processing"
+    case 103: "Early Hints"
     case 200: "OK"
     case 201: "Created"
     case 202: "Accepted"

@@ -65,10 +65,17 @@ public enum UpstreamFailure: Error, Sendable, Equatable {
 /// callbacks (so it must not call back into the client except `resume`
 /// later, from a libevent callback).
 public protocol UpstreamResponseHandler: AnyObject {
-    /// The final (non-1xx) status line arrived.
-    func upstreamStatus(_ status: Int)
+    /// The final (non-1xx) status line arrived; `reason` is its reason
+    /// phrase as sent (possibly empty), valid only during the call.
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer)
     /// A header of the final response; the bytes are valid only during the call.
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
+    /// A complete informational (1xx) answer other than 100 and 101, its
+    /// fields as `Name: value\r\n` lines (checked: token names, no control
+    /// bytes, hop-by-hop fields dropped), valid only during the call. At most
+    /// `UpstreamTransfer.maxInformational` per try, each at most
+    /// `maxInformationalBytes`; the rest are dropped.
+    func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer)
     /// The final response's head is complete. A non-nil reason refuses it:
     /// the try ends as `.badResponse(reason)` and its connection is closed,
     /// never reused (its framing cannot be trusted).
@@ -91,6 +98,15 @@ public final class UpstreamTransfer {
     fileprivate unowned let client: UpstreamClient
     fileprivate var inFinalBlock = false
     fileprivate var headersDone = false
+    /// The status of the 1xx block being read, if it is forwarded (0: none).
+    fileprivate var informational = 0
+    /// Its fields so far (allocated only when an upstream sends one).
+    fileprivate var informationalFields: [UInt8] = []
+    /// 1xx answers handed over in this try.
+    fileprivate var informationalCount = 0
+    /// A flood of 1xx answers is bounded: this many per try, each this large.
+    public static let maxInformational = 8
+    public static let maxInformationalBytes = 8 * 1024
     fileprivate var finished = false
     fileprivate var paused = false
     /// Where the client's `inFlight` list holds it (-1: not in flight).
@@ -101,6 +117,25 @@ public final class UpstreamTransfer {
     fileprivate init(handle: EasyHandle, client: UpstreamClient) {
         self.handle = handle
         self.client = client
+    }
+
+    /// One field line of a forwarded 1xx answer: kept if it is a valid,
+    /// end-to-end field; a block that grows too large is not forwarded.
+    fileprivate func addInformationalField(_ line: UnsafeRawBufferPointer) {
+        guard let colon = line.firstIndex(of: 0x3A), colon > 0 else { return informational = 0 }
+        let name = UnsafeRawBufferPointer(rebasing: line[..<colon])
+        var valueStart = colon + 1
+        while valueStart < line.count, line[valueStart] == 0x20 || line[valueStart] == 0x09 { valueStart += 1 }
+        let value = UnsafeRawBufferPointer(rebasing: line[valueStart...])
+        guard name.allSatisfy({ HTTPBytes.isToken($0) }), value.allSatisfy({ HTTPBytes.isFieldValue($0) }) else {
+            return informational = 0
+        }
+        if HopByHop.isHopByHop(name) { return }
+        guard informationalFields.count + line.count + 4 <= Self.maxInformationalBytes else { return informational = 0 }
+        informationalFields.append(contentsOf: name)
+        informationalFields.append(contentsOf: [0x3A, 0x20])
+        informationalFields.append(contentsOf: value)
+        informationalFields.append(contentsOf: [0x0D, 0x0A])
     }
 
     /// Aborts the transfer from inside a header callback (returning a size
@@ -580,6 +615,10 @@ private func upstreamHeaderCallback(
         if transfer.inFinalBlock {
             transfer.headersDone = true
             if let refusal = handler.upstreamHeadersComplete() { return transfer.refuse(refusal) }
+        } else if transfer.informational != 0 {
+            transfer.informationalCount += 1
+            transfer.informationalFields.withUnsafeBytes { handler.upstreamInformational(transfer.informational, fields: $0) }
+            transfer.informational = 0
         }
         return n
     }
@@ -588,10 +627,19 @@ private func upstreamHeaderCallback(
             return transfer.refuse("The upstream's status line is not 'HTTP/1.x' and a status from 100 to 599.")
         }
         transfer.inFinalBlock = status >= 200
-        if transfer.inFinalBlock { handler.upstreamStatus(status) }
+        // 100 Continue is the edge's own to send, 101 never comes unasked.
+        let forward = status >= 102 && status < 200 && transfer.informationalCount < UpstreamTransfer.maxInformational
+        transfer.informational = forward ? status : 0
+        transfer.informationalFields.removeAll(keepingCapacity: true)
+        if transfer.inFinalBlock {
+            handler.upstreamStatus(status, reason: UnsafeRawBufferPointer(rebasing: line[min(13, end)..<end]))
+        }
         return n
     }
-    guard transfer.inFinalBlock else { return n }
+    guard transfer.inFinalBlock else {
+        if transfer.informational != 0 { transfer.addInformationalField(UnsafeRawBufferPointer(rebasing: line[0..<end])) }
+        return n
+    }
     guard let colon = line[..<end].firstIndex(of: 0x3A) else {
         return transfer.refuse("The upstream sent a header line without a colon (or a folded one).")
     }

@@ -319,12 +319,37 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     // MARK: - UpstreamResponseHandler
 
-    func upstreamStatus(_ status: Int) {
-        relay.begin(status: status, hold: status >= 400 || route.retry.configuration.statuses.contains(status), to: request)
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        relay.begin(
+            status: status, reason: reason, hold: status >= 400 || route.retry.configuration.statuses.contains(status),
+            to: request)
+    }
+
+    /// An upstream's 103 Early Hints (or another 1xx) goes to the client
+    /// at once, as RFC 9110 section 15.2 asks of a proxy: before any final
+    /// answer has started, and only to an HTTP/1.1 client.
+    func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer) {
+        guard !isFinished, relay.mode == .waiting else { return }
+        request.sendInformational(status: status, fields: fields)
     }
 
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if route.rewritesRedirects, RedirectRewriter.applies(to: name), let rewritten = redirect(name: name, value: value) {
+            var rewritten = rewritten
+            return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: request) }
+        }
         relay.header(name: name, value: value, to: request)
+    }
+
+    /// A redirect to the endpoint this try went to, pointed at the proxy as
+    /// the client addressed it (`redirects: rewrite`, the default).
+    private func redirect(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> String? {
+        guard endpointIndex >= 0, let host = request.header("Host"), !host.isEmpty else { return nil }
+        let endpoint = upstream.endpoints[endpointIndex]
+        let rewriter = RedirectRewriter(
+            endpointOrigin: endpoint.origin, basePath: endpoint.basePath, stripPrefix: route.stripPrefix)
+        return rewriter.rewrite(
+            String(decoding: value, as: UTF8.self), isRefresh: name.count == 7, clientOrigin: "http://" + host)
     }
 
     func upstreamHeadersComplete() -> String? {

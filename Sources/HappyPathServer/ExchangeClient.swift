@@ -11,7 +11,9 @@ protocol ExchangeClient: AnyObject {
     func addResponseHeader(_ name: String, _ value: String)
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
     func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer)
-    func startReply(status: Int, contentLength: Int?)
+    func startReply(status: Int, contentLength: Int?, reason: [UInt8]?)
+    /// An informational (1xx) answer before the final one.
+    func sendInformational(status: Int, fields: UnsafeRawBufferPointer)
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool)
     /// Bytes written but not yet taken by the client (back-pressure).
     var pendingOutput: Int { get }
@@ -37,7 +39,8 @@ final class DeliverySink: ExchangeClient {
     func addResponseHeader(_ name: String, _ value: String) {}
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
     func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {}
-    func startReply(status: Int, contentLength: Int?) {}
+    func startReply(status: Int, contentLength: Int?, reason: [UInt8]?) {}
+    func sendInformational(status: Int, fields: UnsafeRawBufferPointer) {}
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool) {}
     var pendingOutput: Int { 0 }
     func endReply() {}

@@ -141,7 +141,8 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         t.arm(after: timeout)
     }
 
-    func upstreamStatus(_ status: Int) { self.status = status }
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) { self.status = status }
+    func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer) {}
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
     func upstreamHeadersComplete() -> String? { nil }
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }

@@ -21,6 +21,9 @@ struct ResponseRelay {
 
     private(set) var mode = Mode.waiting
     private(set) var status = 0
+    /// The upstream's reason phrase, kept only when it is not the standard
+    /// one for its status (so the usual answer allocates nothing for it).
+    private(set) var reason: [UInt8]?
     /// The head arrived whole and passed the framing checks (libcurl may
     /// report a response cut short inside its head as complete).
     private(set) var headComplete = false
@@ -43,6 +46,7 @@ struct ResponseRelay {
     mutating func reset() {
         mode = .waiting
         status = 0
+        reason = nil
         headComplete = false
         retryAfter = nil
         framing = ResponseFraming()
@@ -50,8 +54,9 @@ struct ResponseRelay {
     }
 
     /// The status line arrived: `hold` for answers the exchange must look at first.
-    mutating func begin<C: ExchangeClient>(status: Int, hold: Bool, to request: C) {
+    mutating func begin<C: ExchangeClient>(status: Int, reason: UnsafeRawBufferPointer, hold: Bool, to request: C) {
         self.status = status
+        self.reason = Self.ownReason(reason, status: status)
         if hold {
             mode = .holding
             heldBody.removeAll(keepingCapacity: true)
@@ -112,7 +117,7 @@ struct ResponseRelay {
         }
         request.addResponseHeader("X-Request-Id", requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(attempt))
-        request.startReply(status: status, contentLength: length)
+        request.startReply(status: status, contentLength: length, reason: reason)
         return .streamed
     }
 
@@ -142,6 +147,19 @@ struct ResponseRelay {
 
     /// The client's connection drained: the upstream may go on.
     mutating func drained() { waitingForDrain = false }
+
+    /// The upstream's reason phrase when the client should see it as sent:
+    /// not the standard phrase, at most 128 bytes of field-value text (a
+    /// control byte could split the status line for a lenient client). An
+    /// empty phrase (`HTTP/1.1 402 `) keeps the standard one.
+    static func ownReason(_ reason: UnsafeRawBufferPointer, status: Int) -> [UInt8]? {
+        guard !reason.isEmpty, reason.count <= 128, reason.allSatisfy({ HTTPBytes.isFieldValue($0) && $0 != 0x7F }) else {
+            return nil
+        }
+        let standard = reasonPhrase(status)
+        let same = UnsafeRawBufferPointer(start: standard.utf8Start, count: standard.utf8CodeUnitCount).elementsEqual(reason)
+        return same ? nil : Array(reason)
+    }
 
     /// A problem answer was sent instead: its size, for the access log.
     mutating func answered(bytes: Int) { bytesOut = bytes }

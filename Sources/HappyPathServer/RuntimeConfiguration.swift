@@ -28,7 +28,8 @@ public final class RuntimeConfiguration: Sendable {
                 parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors,
                 delivery: route.delivery, allowTrace: route.allowTrace,
                 allowedMethods: route.match.methods.map { Array($0).sorted() }
-                    ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+                    ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                rewritesRedirects: route.redirects == .rewrite)
         }
     }
 }
@@ -67,12 +68,15 @@ final class RuntimeRoute: Sendable {
     let allowTrace: Bool
     /// For the `Allow` header of that 405: the route's methods.
     let allowedMethods: [String]
+    /// `redirects: rewrite` (the default): redirects to the endpoint point at the proxy.
+    let rewritesRedirects: Bool
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
-        allowTrace: Bool = false, allowedMethods: [String] = []
+        allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true
     ) {
+        self.rewritesRedirects = rewritesRedirects
         self.delivery = delivery
         self.allowTrace = allowTrace
         self.allowedMethods = allowedMethods

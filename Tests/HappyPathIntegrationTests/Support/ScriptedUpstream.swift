@@ -33,6 +33,20 @@ final class ScriptedUpstream: @unchecked Sendable {
         listen(listenFD, 256)
     }
 
+    /// An upstream whose answer names its own port (a redirect to itself),
+    /// known only once it is bound: `answer(port)` for every request.
+    init(comingUpOnFreshPort answer: @escaping @Sendable (Int) -> String) {
+        responses = []
+        let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listenFD = listenFD
+        var one: Int32 = 1
+        setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        let port = bindLoopback(listenFD)
+        self.port = port
+        self.answer = { _ in answer(port) }
+        listen(listenFD, 256)
+    }
+
     /// An upstream that comes up on `reserved`, a port that refused
     /// connections until now (the very socket starts listening, so the port
     /// is never free in between), and answers each request (health checks
