@@ -505,7 +505,7 @@ final class Reader {
         let path = "upstreams.\(name)"
         let f = fields(
             node, path,
-            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors"] + Self.policyKeys)
+            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors"] + Self.policyKeys)
         var u = Upstream(name: name, endpoints: [])
         if let e = f["endpoints"] {
             for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
@@ -525,6 +525,9 @@ final class Reader {
         if let a = f["auth"]?.value { u.auth = auth(a, "\(path).auth") }
         u.policies = policies(f, path)
         if let e = f["errors"]?.value { u.policies.errors = errorMappings(e, "\(path).errors") }
+        if let m = choice(f["upstream_errors"]?.value, "\(path).upstream_errors", UpstreamErrorsMode.self) {
+            u.upstreamErrors = m
+        }
         return u
     }
 
@@ -672,7 +675,7 @@ final class Reader {
             node, path,
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
-                "redirects",
+                "redirects", "upstream_errors",
             ]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
@@ -722,6 +725,9 @@ final class Reader {
         if let d = f["delivery"]?.value { r.delivery = delivery(d, "\(path).delivery") }
         if let b = bool(f["allow_trace"]?.value, "\(path).allow_trace") { r.allowTrace = b }
         if let m = choice(f["redirects"]?.value, "\(path).redirects", RedirectMode.self) { r.redirects = m }
+        if let m = choice(f["upstream_errors"]?.value, "\(path).upstream_errors", UpstreamErrorsMode.self) {
+            r.upstreamErrors = m
+        }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,

@@ -72,6 +72,19 @@ public struct Upstream: Sendable, Equatable {
     public var maxConnections: Int = 256
     public var auth: AuthSettings = .none
     public var policies: PolicySettings = PolicySettings()
+    /// Its routes' default for `upstream_errors` (nil: `normalize`).
+    public var upstreamErrors: UpstreamErrorsMode?
+}
+
+/// `upstream_errors:` on a route or an upstream.
+public enum UpstreamErrorsMode: String, Sendable, CaseIterable {
+    /// An upstream's 4xx/5xx becomes the proxy's problem+json body (its
+    /// headers that clients act on are kept: docs/errors.md).
+    case normalize
+    /// An upstream's 4xx/5xx reaches the client unchanged: status, reason,
+    /// headers and body. Retries, the breaker and metrics treat it as with
+    /// `normalize`; errors the proxy makes itself are still problem bodies.
+    case pass
 }
 
 public struct Route: Sendable {
@@ -86,6 +99,8 @@ public struct Route: Sendable {
     public var allowTrace = false
     /// What happens to an upstream redirect to its own endpoint.
     public var redirects: RedirectMode = .rewrite
+    /// nil: the upstream's setting, else `normalize`.
+    public var upstreamErrors: UpstreamErrorsMode?
 }
 
 /// `redirects:` on a route.

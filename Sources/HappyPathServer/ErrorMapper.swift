@@ -11,6 +11,32 @@ enum ErrorMapper {
     /// Bodies larger than this are not kept or inspected.
     static let maxBody = 16 * 1024
 
+    /// Fields of an upstream error answer that describe the body the
+    /// problem replaces: they would describe the wrong body.
+    /// (`content-range` is kept on a 416, where it says how long the resource is.)
+    static let bodyFields: Set<String> = [
+        "content-type", "content-length", "content-encoding", "content-language", "content-range", "content-location",
+        "content-disposition", "etag", "last-modified", "digest", "content-digest", "repr-digest", "content-md5",
+    ]
+
+    /// Fields the problem answer sets itself; the proxy's win.
+    static let proxyFields: Set<String> = ["cache-control", "x-request-id", "x-happypath-attempts"]
+
+    /// What a problem keeps of the upstream error answer it replaces: every
+    /// end-to-end field a client may act on (`WWW-Authenticate` on a 401,
+    /// `Set-Cookie`, `Allow` on a 405, `Content-Range` on a 416, `Vary`,
+    /// `Location`…), without the fields that describe the replaced body and
+    /// those the proxy sets itself (`Retry-After` only when the proxy
+    /// computed one for the problem). docs/errors.md has the table.
+    static func keptFields(_ fields: [HTTPField], status: Int, proxyRetryAfter: Bool) -> [HTTPField] {
+        fields.filter { field in
+            let name = field.name.lowercased()
+            if name == "content-range" { return status == 416 }
+            if name == "retry-after" { return !proxyRetryAfter }
+            return !bodyFields.contains(name) && !proxyFields.contains(name)
+        }
+    }
+
     static func builtInCode(for status: Int) -> ProblemCode {
         switch status {
         case 403: .forbidden

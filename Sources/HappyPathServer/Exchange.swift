@@ -172,6 +172,19 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             finalStatus = problem.status
             finalCode = problem.code
             self.problem = problem
+            if case let .upstreamAnswer(status) = failure, relay.status == status {
+                if route.passesErrors, relay.heldBodyComplete {
+                    // upstream_errors: pass: the upstream's own answer, whole.
+                    finalStatus = status
+                    relay.answered(bytes: passHeldAnswer())
+                    return end()
+                }
+                // The body is replaced; the fields clients act on are kept.
+                let kept = ErrorMapper.keptFields(
+                    relay.heldEndToEndFields, status: status, proxyRetryAfter: problem.retryAfterSeconds != nil)
+                relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: kept))
+                return end()
+            }
             relay.answered(bytes: ProblemResponder.respond(request, problem))
             end()
         case let .finish(ending, abandonProbe):
@@ -180,6 +193,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             switch ending {
             case .completed:
                 finalStatus = relay.status
+                // An error streamed as it came (upstream_errors: pass) is
+                // counted under the code its problem would have had.
+                if relay.status >= 400 { finalCode = ErrorMapper.builtInCode(for: relay.status).rawValue }
                 request.endReply()
             case .truncated, .drained:
                 // Part of the response is already with the client: the only
@@ -247,6 +263,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private func send(attempt: Int, limit: Duration) {
         while command.attempt < attempt { command = command.nextAttempt() }
         relay.reset()
+        relay.holdLimit = route.passesErrors ? ResponseRelay.passHoldLimit : ErrorMapper.maxBody
         arm(after: limit)
         // A retry prefers another endpoint than the one that just failed;
         // ejected endpoints are skipped.
@@ -320,9 +337,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     // MARK: - UpstreamResponseHandler
 
     func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
-        relay.begin(
-            status: status, reason: reason, hold: status >= 400 || route.retry.configuration.statuses.contains(status),
-            to: request)
+        // Held: what the exchange must look at before the client sees it.
+        // With upstream_errors: pass, only what the retry rules or a token
+        // refresh could act on; any other error streams as it comes.
+        let retried = route.retry.configuration.statuses.contains(status)
+        let hold =
+            route.passesErrors
+            ? retried || (tokens != nil && machine.settings.refreshOn.contains(status))
+            : status >= 400 || retried
+        relay.begin(status: status, reason: reason, hold: hold, to: request)
     }
 
     /// An upstream's 103 Early Hints (or another 1xx) goes to the client
@@ -339,6 +362,20 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: request) }
         }
         relay.header(name: name, value: value, to: request)
+    }
+
+    /// Sends the held answer as the upstream gave it (status, reason,
+    /// end-to-end fields, body) plus the proxy's own two fields. Returns the
+    /// body's size.
+    private func passHeldAnswer() -> Int {
+        request.clearResponseHeaders()
+        for field in relay.heldEndToEndFields { request.addResponseHeader(field.name, field.value) }
+        request.addResponseHeader("X-Request-Id", command.requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        request.startReply(status: relay.status, contentLength: relay.heldBody.count, reason: relay.reason)
+        if !relay.heldBody.isEmpty { relay.heldBody.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
+        request.endReply()
+        return relay.heldBody.count
     }
 
     /// A redirect to the endpoint this try went to, pointed at the proxy as

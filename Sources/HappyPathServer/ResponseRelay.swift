@@ -31,6 +31,17 @@ struct ResponseRelay {
     private(set) var retryAfter: String?
     private(set) var heldBody: [UInt8] = []
     private(set) var heldBodyComplete = true
+    /// The held answer's end-to-end fields, in order (hop-by-hop and
+    /// framing fields already dropped): what a problem keeps of them, or
+    /// all of them when the answer is passed through.
+    private(set) var heldFields: [HTTPField] = []
+    /// How much of a held body is kept: `ErrorMapper.maxBody` to build a
+    /// problem from, `passHoldLimit` when the answer may go out whole.
+    var holdLimit = ErrorMapper.maxBody
+    /// `upstream_errors: pass`: a held answer (one the retry rules may act
+    /// on) is forwarded whole if its body is at most this; a larger one
+    /// becomes a problem body.
+    static let passHoldLimit = 1 << 20
     /// Body bytes sent to the client.
     private(set) var bytesOut = 0
     /// Paused until the client's connection drains.
@@ -60,6 +71,7 @@ struct ResponseRelay {
         if hold {
             mode = .holding
             heldBody.removeAll(keepingCapacity: true)
+            heldFields.removeAll(keepingCapacity: true)
             heldBodyComplete = true
         } else {
             mode = .streaming
@@ -89,6 +101,7 @@ struct ResponseRelay {
             request.addResponseHeader(name: name, value: value)
         case .holding:
             if HTTPBytes.equals(name, "retry-after") { retryAfter = String(decoding: value, as: UTF8.self) }
+            heldFields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         case .waiting:
             break
         }
@@ -126,7 +139,7 @@ struct ResponseRelay {
     mutating func body<C: ExchangeClient>(_ bytes: UnsafeRawBufferPointer, to request: C) -> Bool {
         switch mode {
         case .holding:
-            let room = ErrorMapper.maxBody - heldBody.count
+            let room = holdLimit - heldBody.count
             if bytes.count > room { heldBodyComplete = false }
             if room > 0 { heldBody.append(contentsOf: bytes.prefix(room)) }
             return true
@@ -143,6 +156,17 @@ struct ResponseRelay {
             }
             return true
         }
+    }
+
+    /// The held answer's fields without those its `Connection` names (its
+    /// own hop-by-hop fields).
+    var heldEndToEndFields: [HTTPField] {
+        guard !upstreamConnection.isEmpty else { return heldFields }
+        var named = Set<String>()
+        upstreamConnection.withUnsafeBytes { value in
+            forEachListElement(value) { named.insert(String(decoding: $0, as: UTF8.self).lowercased()) }
+        }
+        return heldFields.filter { !named.contains($0.name.lowercased()) }
     }
 
     /// The client's connection drained: the upstream may go on.

@@ -29,7 +29,8 @@ public final class RuntimeConfiguration: Sendable {
                 delivery: route.delivery, allowTrace: route.allowTrace,
                 allowedMethods: route.match.methods.map { Array($0).sorted() }
                     ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
-                rewritesRedirects: route.redirects == .rewrite)
+                rewritesRedirects: route.redirects == .rewrite,
+                passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass)
         }
     }
 }
@@ -70,13 +71,16 @@ final class RuntimeRoute: Sendable {
     let allowedMethods: [String]
     /// `redirects: rewrite` (the default): redirects to the endpoint point at the proxy.
     let rewritesRedirects: Bool
+    /// `upstream_errors: pass` (route, else upstream): upstream 4xx/5xx go to the client unchanged.
+    let passesErrors: Bool
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
-        allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true
+        allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false
     ) {
         self.rewritesRedirects = rewritesRedirects
+        self.passesErrors = passesErrors
         self.delivery = delivery
         self.allowTrace = allowTrace
         self.allowedMethods = allowedMethods

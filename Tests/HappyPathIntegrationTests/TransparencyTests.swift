@@ -126,4 +126,115 @@ import Testing
         let wire = try Self.exchange(h.port, "GET /public/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         #expect(wire.hasPrefix("HTTP/1.1 200 Fine By Me\r\n"), "\(wire)")
     }
+
+    // MARK: - 1. A normalized error keeps the fields clients act on
+
+    @Test func aNormalized401KeepsWWWAuthenticateAndCookies() throws {
+        let upstream = ScriptedUpstream(
+            response: http(
+                401, "<html>no</html>",
+                headers: [
+                    "WWW-Authenticate: Basic realm=\"api\"", "Set-Cookie: a=1", "Set-Cookie: b=2", "Content-Type: text/html",
+                    "ETag: \"v1\"", "Cache-Control: max-age=60", "X-Request-Id: upstream-id", "Vary: Authorization",
+                ])
+        ).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port))
+        defer { h.stop(); upstream.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x", headers: [("X-Request-Id", "client-id")])
+        #expect(r.status == 401)
+        #expect(r.json["code"] as? String == "CLIENT_ERROR")
+        #expect(r.header("WWW-Authenticate") == "Basic realm=\"api\"")
+        #expect(r.headers.filter { $0.name.lowercased() == "set-cookie" }.map(\.value) == ["a=1", "b=2"])
+        #expect(r.header("Vary") == "Authorization")
+        // What described the replaced body is gone; the proxy's own fields win.
+        #expect(r.header("Content-Type") == "application/problem+json")
+        #expect(r.header("ETag") == nil)
+        #expect(r.headers.filter { $0.name.lowercased() == "cache-control" }.map(\.value) == ["no-store"])
+        #expect(r.headers.filter { $0.name.lowercased() == "x-request-id" }.map(\.value) == ["client-id"])
+    }
+
+    @Test(arguments: [
+        (405, "Allow: GET, HEAD", "Allow", "GET, HEAD"),
+        (416, "Content-Range: bytes */1234", "Content-Range", "bytes */1234"),
+        (404, "Content-Range: bytes */1234", "Content-Range", nil),
+    ])
+    func statusSpecificFieldsSurviveNormalizing(status: Int, line: String, name: String, expected: String?) throws {
+        let upstream = ScriptedUpstream(response: http(status, "{}", headers: [line])).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port))
+        defer { h.stop(); upstream.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x")
+        #expect(r.status == status)
+        #expect(r.header(name) == expected)
+        #expect(r.header("Content-Type") == "application/problem+json")
+    }
+
+    @Test func theProxysRetryAfterWinsOverTheUpstreams() throws {
+        let upstream = ScriptedUpstream(response: http(503, "busy", headers: ["Retry-After: 7", "X-Shard: 3"])).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port, routeExtra: "retry: { attempts: 1 }"))
+        defer { h.stop(); upstream.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x")
+        #expect(r.status == 503)
+        #expect(r.headers.filter { $0.name.lowercased() == "retry-after" }.map(\.value) == ["7"])
+        #expect(r.header("X-Shard") == "3")
+    }
+
+    // MARK: - 2. upstream_errors: pass
+
+    @Test func passModeSendsTheUpstreamsErrorUnchanged() throws {
+        let upstream = ScriptedUpstream(
+            response: "HTTP/1.1 402 Payment Required\r\nContent-Type: text/plain\r\nX-Custom: 1\r\nContent-Length: 6\r\nConnection: close\r\n\r\npay up"
+        ).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port, routeExtra: "upstream_errors: pass"))
+        defer { h.stop(); upstream.stop() }
+        let wire = try Self.exchange(h.port, "GET /public/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        #expect(wire.hasPrefix("HTTP/1.1 402 Payment Required\r\n"), "\(wire)")
+        #expect(wire.contains("\r\nContent-Type: text/plain\r\n"))
+        #expect(wire.contains("\r\nX-Custom: 1\r\n"))
+        #expect(wire.hasSuffix("\r\n\r\npay up"))
+        #expect(upstream.appRequests.count == 1)
+        let metrics = try HTTP.request(port: h.adminPort, "/metrics").text
+        #expect(metrics.contains("code=\"CLIENT_ERROR\""), "\(metrics)")
+    }
+
+    /// A status the retry rules act on is held, retried, and the last
+    /// answer goes out whole (status, fields, body) when they give up.
+    @Test func passModeStillRetriesThenSendsTheLastAnswerWhole() throws {
+        let upstream = ScriptedUpstream(responses: [
+            http(503, "first", headers: ["X-Try: 1"]), http(503, "second", headers: ["X-Try: 2"]),
+            http(503, "{\"last\":true}", headers: ["X-Try: 3", "Content-Type: application/json", "Retry-After: 9"]),
+        ]).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port, routeExtra: "upstream_errors: pass"))
+        defer { h.stop(); upstream.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x")
+        #expect(r.status == 503)
+        #expect(r.text == "{\"last\":true}")
+        #expect(r.header("X-Try") == "3")
+        #expect(r.header("Content-Type") == "application/json")
+        #expect(r.header("Retry-After") == "9")
+        #expect(r.header("X-Happypath-Attempts") == "3")
+        #expect(upstream.appRequests.count == 3)
+    }
+
+    /// Errors the proxy makes itself stay problem bodies in pass mode.
+    @Test func passModeStillNormalizesTheProxysOwnErrors() throws {
+        let down = RefusingPort()
+        let h = try ProxyHarness(
+            Self.config(upstream: down.port, routeExtra: "upstream_errors: pass"), holding: [down])
+        defer { h.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x")
+        #expect(r.status == 503)
+        #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")
+    }
+
+    @Test func passModeIsInheritedFromTheUpstream() throws {
+        let upstream = ScriptedUpstream(response: http(404, "plain not found", headers: ["Content-Type: text/plain"]))
+            .started()
+        let yaml = Self.config(upstream: upstream.port).replacingOccurrences(
+            of: "    endpoints: [", with: "    upstream_errors: pass\n    endpoints: [")
+        let h = try ProxyHarness(yaml)
+        defer { h.stop(); upstream.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x")
+        #expect(r.status == 404)
+        #expect(r.text == "plain not found")
+    }
 }

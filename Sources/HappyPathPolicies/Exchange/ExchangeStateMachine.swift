@@ -268,8 +268,12 @@ public struct ExchangeStateMachine: Sendable {
     /// How the driver reports a try's end to the breaker and metrics (before `tryEnded`).
     public func outcome(of end: TryEnd) -> Outcome {
         if state == .streaming {
-            if case .answered = end { return .success(status: streamedStatus) }
-            return .reset
+            // A streamed error is an upstream's answer forwarded as it came
+            // (`upstream_errors: pass`): it counts as it would held.
+            guard case let .answered(status, _, _) = end else { return .reset }
+            if status < 400 { return .success(status: status) }
+            return status >= 500 || settings.retry.configuration.statuses.contains(status)
+                ? .serverError(status: status) : .clientError(status: status)
         }
         switch end {
         case let .answered(status, _, withToken):
@@ -298,7 +302,10 @@ public struct ExchangeStateMachine: Sendable {
         probe = false
         switch state {
         case .streaming:
-            return finish(outcome.isFailure ? .truncated : .completed)
+            // Only a broken transfer cuts the client's connection; a streamed
+            // 5xx (pass mode) is a complete answer, counted as a failure above.
+            if case .failed = end { return finish(.truncated) }
+            return finish(.completed)
         case .trying:
             state = .admitting
         default:
