@@ -1,0 +1,154 @@
+import HappyPathCore
+
+/// A route's rate limit (`rate_limit:`): one token bucket per key (client
+/// address, header value, or the route as a whole), at most `maxKeys` of
+/// them. Pure and single-threaded: the server keeps one per route behind a
+/// lock, shared by every worker, so a key's limit holds for the process.
+///
+/// When a new key arrives and `maxKeys` are kept, an idle bucket (one that
+/// is full again, so forgetting it loses nothing) is dropped, the least
+/// recently used first as far as a CLOCK sweep can tell (each use marks a
+/// bucket; the sweep clears marks and drops the first unmarked idle one).
+/// If none is idle after two sweeps, the oldest unmarked one goes anyway:
+/// its key starts again with a full bucket, which is the most a flood of
+/// new keys can win.
+public struct RateLimiter: Sendable {
+    public let configuration: RateLimitConfiguration
+    private var buckets: [String: Int] = [:]
+    private var slots: [Slot] = []
+    private var hand = 0
+
+    private struct Slot: Sendable {
+        var key: String
+        var bucket: TokenBucket
+        var used: Bool
+    }
+
+    public init(_ configuration: RateLimitConfiguration) {
+        self.configuration = configuration
+        slots.reserveCapacity(min(configuration.maxKeys, 1024))
+    }
+
+    /// Buckets kept now (for `/admin/state`).
+    public var keys: Int { slots.count }
+
+    public enum Decision: Sendable, Equatable {
+        /// Go now; `remaining` tokens are left for this key.
+        case pass(remaining: Int)
+        /// Wait this long first (`over_limit: queue`); the token is reserved.
+        case wait(Duration)
+        /// Refused: the next token is due in `retryAfter`.
+        case refuse(retryAfter: Duration)
+    }
+
+    /// Takes (or, for `queue`, reserves) a token for `key`.
+    /// - Parameter maxWait: the longest a queued request may wait (the
+    ///   route's `max_wait`, or less if its deadline is sooner).
+    public mutating func admit(key: String, at now: Instant, maxWait: Duration) -> Decision {
+        let i = slot(for: key, at: now)
+        slots[i].used = true
+        switch configuration.overLimit {
+        case .reject:
+            switch slots[i].bucket.take(at: now) {
+            case let .taken(remaining): return .pass(remaining: remaining)
+            case let .refused(retryAfter): return .refuse(retryAfter: retryAfter)
+            }
+        case .queue:
+            guard let wait = slots[i].bucket.reserve(at: now, maxWait: maxWait) else {
+                // The wait is the time until the queue in front has drained
+                // and a token is due: what the client should wait before trying again.
+                var probe = slots[i].bucket
+                let needed = probe.reserve(at: now, maxWait: .seconds(86_400 * 365)) ?? .zero
+                return .refuse(retryAfter: needed)
+            }
+            return wait == .zero ? .pass(remaining: slots[i].bucket.remaining(at: now)) : .wait(wait)
+        }
+    }
+
+    /// A queued request left before its turn: its token goes back.
+    public mutating func cancel(key: String, at now: Instant) {
+        guard let i = buckets[key] else { return }
+        slots[i].bucket.giveBack(at: now)
+    }
+
+    /// Tokens left for `key` and how long until its bucket is full again
+    /// (the `RateLimit` field of an answer).
+    public func state(key: String, at now: Instant) -> (remaining: Int, untilFull: Duration) {
+        guard let i = buckets[key] else { return (configuration.burst, .zero) }
+        return (slots[i].bucket.remaining(at: now), slots[i].bucket.untilFull(at: now))
+    }
+
+    private mutating func slot(for key: String, at now: Instant) -> Int {
+        if let i = buckets[key] { return i }
+        let bucket = TokenBucket(interval: configuration.interval, burst: configuration.burst, now: now)
+        if slots.count < configuration.maxKeys {
+            slots.append(Slot(key: key, bucket: bucket, used: false))
+            buckets[key] = slots.count - 1
+            return slots.count - 1
+        }
+        let victim = evict(at: now)
+        buckets[slots[victim].key] = nil
+        slots[victim] = Slot(key: key, bucket: bucket, used: false)
+        buckets[key] = victim
+        return victim
+    }
+
+    /// The CLOCK sweep: the first idle bucket not used since the hand last
+    /// passed it; after two turns without one, the first unmarked bucket.
+    private mutating func evict(at now: Instant) -> Int {
+        let n = slots.count
+        var fallback: Int?
+        for _ in 0..<(2 * n) {
+            let i = hand
+            hand = (hand + 1) % n
+            if slots[i].used {
+                slots[i].used = false
+                continue
+            }
+            if slots[i].bucket.isIdle(at: now) { return i }
+            if fallback == nil { fallback = i }
+        }
+        return fallback ?? hand
+    }
+}
+
+/// `rate_limit:` on a route, validated.
+public struct RateLimitConfiguration: Sendable, Equatable {
+    public enum Key: Sendable, Equatable {
+        /// The client's address (the TCP peer, or the rightmost
+        /// X-Forwarded-For hop that is not a trusted proxy).
+        case clientIP
+        /// One bucket for the whole route.
+        case route
+        /// The value of this header (its name as configured); a request
+        /// without it falls back to its client address.
+        case header(String)
+    }
+
+    public enum OverLimit: String, Sendable, Equatable, CaseIterable {
+        /// Wait for a token, in arrival order, up to `max_wait`.
+        case queue
+        /// 429 RATE_LIMITED at once.
+        case reject
+    }
+
+    /// Time per token: `rate: 100/s` is 10 ms.
+    public var interval: Duration
+    /// Tokens per period as written (`100` of `100/s`), for `RateLimit-Policy`.
+    public var count: Int
+    /// The period of `rate` (1 s, 1 min or 1 h).
+    public var period: Duration
+    public var burst: Int
+    public var key: Key = .clientIP
+    public var overLimit: OverLimit = .reject
+    public var maxWait: Duration = .seconds(2)
+    public var maxQueue = 1000
+    public var maxKeys = 100_000
+
+    public init(count: Int, period: Duration, burst: Int) {
+        self.count = count
+        self.period = period
+        self.burst = burst
+        interval = .nanoseconds(max(1, period.nanoseconds / Int64(max(1, count))))
+    }
+}

@@ -1,0 +1,97 @@
+import HappyPathCore
+import Testing
+
+@testable import HappyPathPolicies
+
+@Suite struct TokenBucketTests {
+    static let t0 = Instant(nanoseconds: 1_000_000_000)
+
+    @Test func aFullBucketGivesItsBurstThenRefusesUntilATokenIsDue() {
+        var b = TokenBucket(interval: .milliseconds(100), burst: 3, now: Self.t0)
+        #expect(b.take(at: Self.t0) == .taken(remaining: 2))
+        #expect(b.take(at: Self.t0) == .taken(remaining: 1))
+        #expect(b.take(at: Self.t0) == .taken(remaining: 0))
+        #expect(b.take(at: Self.t0) == .refused(retryAfter: .milliseconds(100)))
+        #expect(b.take(at: Self.t0 + .milliseconds(40)) == .refused(retryAfter: .milliseconds(60)))
+        #expect(b.take(at: Self.t0 + .milliseconds(100)) == .taken(remaining: 0))
+        #expect(b.untilFull(at: Self.t0 + .milliseconds(100)) == .milliseconds(300))
+        #expect(b.isIdle(at: Self.t0 + .milliseconds(400)))
+        #expect(b.remaining(at: Self.t0 + .seconds(10)) == 3)
+    }
+
+    /// Over any run, what passes is exactly rate × time + burst, however
+    /// the requests are spread (here: twice the rate, for 10 s).
+    @Test func passesExactlyRateTimesSecondsPlusBurst() {
+        var b = TokenBucket(interval: .milliseconds(10), burst: 50, now: Self.t0)
+        var passed = 0
+        var t = Self.t0
+        for _ in 0..<2000 {
+            if case .taken = b.take(at: t) { passed += 1 }
+            t = t + .milliseconds(5)
+        }
+        // The last request is at 9.995 s: 999 tokens came back by then, plus the burst.
+        #expect(passed == 999 + 50)
+    }
+
+    @Test func reservationsQueueInArrivalOrderUpToMaxWait() {
+        var b = TokenBucket(interval: .milliseconds(100), burst: 1, now: Self.t0)
+        #expect(b.reserve(at: Self.t0, maxWait: .seconds(1)) == .zero)
+        #expect(b.reserve(at: Self.t0, maxWait: .seconds(1)) == .milliseconds(100))
+        #expect(b.reserve(at: Self.t0, maxWait: .seconds(1)) == .milliseconds(200))
+        #expect(b.reserve(at: Self.t0, maxWait: .milliseconds(250)) == nil)
+        // The one that left gives its place back.
+        b.giveBack(at: Self.t0)
+        #expect(b.reserve(at: Self.t0, maxWait: .milliseconds(250)) == .milliseconds(200))
+    }
+}
+
+@Suite struct RateLimiterTests {
+    static let t0 = Instant(nanoseconds: 1_000_000_000)
+
+    static func limiter(_ over: RateLimitConfiguration.OverLimit, burst: Int = 2, maxKeys: Int = 100) -> RateLimiter {
+        var c = RateLimitConfiguration(count: 10, period: .seconds(1), burst: burst)
+        c.overLimit = over
+        c.maxKeys = maxKeys
+        return RateLimiter(c)
+    }
+
+    @Test func eachKeyHasItsOwnBucket() {
+        var l = Self.limiter(.reject)
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .zero) == .pass(remaining: 1))
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .zero) == .pass(remaining: 0))
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .zero) == .refuse(retryAfter: .milliseconds(100)))
+        #expect(l.admit(key: "b", at: Self.t0, maxWait: .zero) == .pass(remaining: 1))
+        #expect(l.state(key: "a", at: Self.t0).remaining == 0)
+        #expect(l.state(key: "a", at: Self.t0).untilFull == .milliseconds(200))
+    }
+
+    @Test func queueWaitsThenRefusesPastMaxWait() {
+        var l = Self.limiter(.queue, burst: 1)
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .milliseconds(250)) == .pass(remaining: 0))
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .milliseconds(250)) == .wait(.milliseconds(100)))
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .milliseconds(250)) == .wait(.milliseconds(200)))
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .milliseconds(250)) == .refuse(retryAfter: .milliseconds(300)))
+        l.cancel(key: "a", at: Self.t0)
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: .milliseconds(250)) == .wait(.milliseconds(200)))
+    }
+
+    /// A flood of new keys cannot grow the table; an idle bucket goes first,
+    /// and a busy key keeps its (empty) bucket.
+    @Test func keepsAtMostMaxKeysDroppingIdleOnesFirst() {
+        var l = Self.limiter(.reject, burst: 1, maxKeys: 3)
+        _ = l.admit(key: "busy", at: Self.t0, maxWait: .zero)
+        _ = l.admit(key: "idle1", at: Self.t0, maxWait: .zero)
+        _ = l.admit(key: "idle2", at: Self.t0, maxWait: .zero)
+        let later = Self.t0 + .milliseconds(150)
+        // "busy" is used again (empty, not idle); the others are full again.
+        #expect(l.admit(key: "busy", at: later, maxWait: .zero) == .pass(remaining: 0))
+        // Two new keys take the two idle buckets' places.
+        _ = l.admit(key: "new1", at: later, maxWait: .zero)
+        _ = l.admit(key: "new2", at: later, maxWait: .zero)
+        #expect(l.keys == 3)
+        #expect(l.admit(key: "busy", at: later, maxWait: .zero) == .refuse(retryAfter: .milliseconds(100)))
+        // A flood of new keys never grows the table.
+        for i in 0..<50 { _ = l.admit(key: "flood\(i)", at: later, maxWait: .zero) }
+        #expect(l.keys == 3)
+    }
+}
