@@ -20,6 +20,8 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     case requestTimeout = "REQUEST_TIMEOUT"
     case notImplemented = "NOT_IMPLEMENTED"
     case versionNotSupported = "VERSION_NOT_SUPPORTED"
+    case storeUnavailable = "STORE_UNAVAILABLE"
+    case idempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED"
 
     public var status: Int {
         switch self {
@@ -27,7 +29,8 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .badRequest: 400
         case .payloadTooLarge: 413
         case .headersTooLarge: 431
-        case .upstreamUnreachable, .upstreamUnavailable, .circuitOpen, .overloaded: 503
+        case .upstreamUnreachable, .upstreamUnavailable, .circuitOpen, .overloaded, .storeUnavailable: 503
+        case .idempotencyKeyReused: 422
         case .upstreamTimeout: 504
         case .rateLimited: 429
         case .authFailed: 401
@@ -44,7 +47,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     public var retryable: Bool {
         switch self {
         case .upstreamUnreachable, .upstreamTimeout, .upstreamUnavailable, .circuitOpen, .overloaded,
-            .rateLimited, .badGateway:
+            .rateLimited, .badGateway, .storeUnavailable:
             true
         default: false
         }
@@ -79,6 +82,8 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .requestTimeout: "The request did not arrive in time"
         case .notImplemented: "The request uses a feature the gateway does not support"
         case .versionNotSupported: "The HTTP version is not supported"
+        case .storeUnavailable: "The gateway cannot store the request right now"
+        case .idempotencyKeyReused: "The Idempotency-Key was already used for another request"
         }
     }
 
@@ -103,6 +108,8 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .requestTimeout: "Send the whole request without pausing, then try again."
         case .notImplemented: "Send the body with Content-Length or plain chunked encoding."
         case .versionNotSupported: "Use HTTP/1.1."
+        case .storeUnavailable: "Try again later, with backoff; the gateway's disk is not taking writes."
+        case .idempotencyKeyReused: "Send a new Idempotency-Key for a new request; resend a request only unchanged."
         }
     }
 

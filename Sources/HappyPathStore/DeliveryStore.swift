@@ -110,8 +110,18 @@ public enum SubmitResult: Sendable {
     case existing(id: String, state: DeliveryState)
     /// `storage.max_bytes` reached: nothing was stored.
     case full(heldBytes: Int, maxBytes: Int)
-    /// The write failed: nothing was stored.
-    case failed(String)
+    /// The store could not write (the disk is full or failing, or the store
+    /// could not be opened yet): nothing was stored.
+    case failed(StoreError)
+}
+
+/// The store's ability to write changed; reported on the writer thread.
+public enum StoreHealth: Sendable {
+    /// A write (or opening the store) failed. Reported for every failure.
+    case failed(StoreError)
+    /// A write succeeded after failures, or the store opened after it could
+    /// not at start; `requeued` rounds found in flight went back to `queued`.
+    case writable(requeued: Int)
 }
 
 /// How one delivery round ended.
@@ -136,12 +146,19 @@ public struct StoreSettings: Sendable {
     public var maxBytes: Int
     /// Delivered and dead deliveries are kept this long (status, Idempotency-Key).
     public var retention: Duration
+    /// While the store cannot be opened (a full or failing disk at start),
+    /// how often the writer tries again.
+    public var reopenInterval: Duration
 
-    public init(path: String, sync: StorageSync, maxBytes: Int, retention: Duration) {
+    public init(
+        path: String, sync: StorageSync, maxBytes: Int, retention: Duration,
+        reopenInterval: Duration = DeliveryStore.defaultReopenInterval
+    ) {
         self.path = path
         self.sync = sync
         self.maxBytes = maxBytes
         self.retention = retention
+        self.reopenInterval = reopenInterval
     }
 }
 
@@ -167,9 +184,17 @@ public struct StoreStats: Sendable {
 /// count against `maxBytes`, and a delivered one's leftover row counts
 /// `deliveredRowBytes`; a request that does not fit is refused, and nothing
 /// stored is ever dropped to make room.
+///
+/// A disk that refuses writes (full, or I/O errors) does not stop the store:
+/// each write that fails is refused with `.failed` and reported through
+/// `onHealth`, and the next one tries again. If the file cannot even be
+/// opened for writing at start, the store starts without its writer
+/// connection, refuses every write, and tries to open it again every
+/// `reopenInterval`; what the file holds stays there until it can.
 public final class DeliveryStore: @unchecked Sendable {
     public static let lingerNanoseconds: Int64 = 1_000_000
     public static let maxBatch = 256
+    public static let defaultReopenInterval: Duration = .seconds(1)
     /// What a delivered delivery's row (id, key, times, status) is counted as.
     static let deliveredRowBytes = 256
 
@@ -180,20 +205,34 @@ public final class DeliveryStore: @unchecked Sendable {
 
     private let queue = WriterQueue()
     private var thread: pthread_t?
-    /// Writer-thread state: the connection and its statements.
+    /// Writer-thread state: the connection and its statements (nil while
+    /// the file cannot be opened for writing).
     private var writer: Writer?
-    private let reader: Locked<Reader>
+    /// Writer-thread state: when to try opening the writer again.
+    private var nextReopen: Instant
+    /// The read-only connection, opened on first use (the file may have no
+    /// table yet while the writer cannot open it).
+    private let reader = Locked<Reader?>(nil)
     /// Payload bytes held, kept by the writer, read by anyone.
     private let held: Locked<Int>
+    /// The last write's failure, cleared once a write succeeds.
+    private let failure = Locked<StoreError?>(nil)
+    /// Told when writes start failing or work again (set before `start`).
+    private var onHealth: @Sendable (StoreHealth) -> Void = { _ in }
     /// Rows put back from `in_flight` to `queued` when the store opened.
-    public let recovered: Int
+    public private(set) var recovered = 0
 
+    /// Throws if the store cannot be used at all (its directory cannot be
+    /// made, the file is not a store, or a newer schema). A disk that
+    /// refuses writes is not such an error: the store starts unavailable
+    /// (`failure` says why) and opens itself once the disk takes writes.
     public init(settings: StoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void = { _ in })
         throws(StoreError)
     {
         self.settings = settings
         self.clock = clock
         self.onWrite = onWrite
+        nextReopen = clock.now() + settings.reopenInterval
         try Self.createDirectory(containing: settings.path)
         // The file holds clients' headers (credentials among them): readable
         // by this user only. SQLite gives its -wal and -shm files the same mode.
@@ -202,11 +241,31 @@ public final class DeliveryStore: @unchecked Sendable {
             fchmod(fd, 0o600)
             Glibc.close(fd)
         }
+        held = Locked(0)
+        do {
+            try openWriter()
+        } catch where error.isDiskError {
+            failure.withLock { $0 = error }
+        }
+    }
+
+    /// Opens the writer connection: recovers rounds left in flight, counts
+    /// what is held. On the caller's thread at init, then on the writer thread.
+    private func openWriter() throws(StoreError) {
         let writer = try Writer(settings: settings)
-        self.writer = writer
         recovered = try writer.recover(now: clock.wallMilliseconds())
-        held = Locked(try writer.heldBytes())
-        reader = Locked(try Reader(path: settings.path))
+        let bytes = try writer.heldBytes()
+        held.withLock { $0 = bytes }
+        self.writer = writer
+    }
+
+    /// Why the store cannot write now (nil: the last write succeeded).
+    public var unavailable: StoreError? { failure.withLock { $0 } }
+
+    /// `handler` hears, on the writer thread, when writes fail and when they
+    /// work again. Set it before `start`.
+    public func observe(_ handler: @escaping @Sendable (StoreHealth) -> Void) {
+        onHealth = handler
     }
 
     deinit { close() }
@@ -293,19 +352,34 @@ public final class DeliveryStore: @unchecked Sendable {
         queue.push(.wake(upstream: upstream))
     }
 
+    /// Tests only: runs `sql` on the writer's connection (such as `PRAGMA
+    /// max_page_count`, to make the next write fail as on a full disk).
+    func execute(_ sql: String, reply: @escaping @Sendable () -> Void) {
+        queue.push(.execute(sql: sql, reply: reply))
+    }
+
     // MARK: - Reads (the read-only connection)
 
+    /// The reader, opened now if it is not yet; nil if it cannot be.
+    private func read<T>(_ body: (Reader) throws(StoreError) -> T) -> T? {
+        reader.withLock { r -> T? in
+            if r == nil { r = try? Reader(path: settings.path) }
+            guard let open = r else { return nil }
+            return try? body(open)
+        }
+    }
+
     public func record(id: String) -> DeliveryRecord? {
-        reader.withLock { try? $0.record(id: id) } ?? nil
+        read { r throws(StoreError) in try r.record(id: id) } ?? nil
     }
 
     /// Newest first; `after` is the `cursor` of the last record of the previous page.
     public func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) -> [DeliveryRecord] {
-        reader.withLock { (try? $0.list(state: state, upstream: upstream, after: after, limit: limit)) ?? [] }
+        read { r throws(StoreError) in try r.list(state: state, upstream: upstream, after: after, limit: limit) } ?? []
     }
 
     public func stats() -> StoreStats {
-        var stats = reader.withLock { (try? $0.stats()) ?? StoreStats() }
+        var stats = read { r throws(StoreError) in try r.stats() } ?? StoreStats()
         stats.heldBytes = heldBytes
         stats.maxBytes = settings.maxBytes
         return stats
@@ -314,21 +388,56 @@ public final class DeliveryStore: @unchecked Sendable {
     // MARK: - The writer thread
 
     private func runWriter() {
-        while let batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch) {
-            commit(batch)
+        while true {
+            // Without a writer connection, wake up to try opening it again
+            // even when nothing is waiting.
+            let wait = writer == nil ? max(0, (nextReopen - clock.now()).nanoseconds) : nil
+            guard let batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch, wait: wait) else { return }
+            if writer == nil, clock.now() >= nextReopen { reopen() }
+            if !batch.isEmpty { commit(batch) }
         }
     }
 
+    /// Writer thread: one more try at opening the store.
+    private func reopen() {
+        nextReopen = clock.now() + settings.reopenInterval
+        do {
+            try openWriter()
+            failure.withLock { $0 = nil }
+            onHealth(.writable(requeued: recovered))
+        } catch {
+            writer = nil
+            failure.withLock { $0 = error }
+            onHealth(.failed(error))
+        }
+    }
+
+    /// Writer thread: a write failed (every failure is reported).
+    private func failed(_ error: StoreError) {
+        failure.withLock { $0 = error }
+        onHealth(.failed(error))
+    }
+
     private func commit(_ batch: [WriterQueue.Op]) {
-        guard let writer else { return }
+        guard let writer else {
+            // Not open (the disk refused it): nothing can be written.
+            let error =
+                unavailable ?? StoreError(SQLITE_CANTOPEN, "the store is not open")
+            for op in batch { Self.failedReply(op, error)() }
+            return
+        }
         let now = clock.wallMilliseconds()
         let heldBefore = heldBytes
         var heldNow = heldBefore
         var replies: [() -> Void]
+        let changesBefore = writer.connection.totalChanges
+        var wrote = false
         do {
             replies = try transaction(batch, writer: writer, now: now, held: &heldNow)
+            wrote = writer.connection.totalChanges > changesBefore
         } catch {
             heldNow = heldBefore
+            failed(error)
             // Nothing new was stored: every submit in the batch is refused;
             // the rest (finishes, claims, replays) is tried again on its own.
             replies = []
@@ -338,18 +447,22 @@ public final class DeliveryStore: @unchecked Sendable {
                     rest.append(op)
                     continue
                 }
-                let result: SubmitResult =
-                    error.isFull ? .full(heldBytes: heldBefore, maxBytes: settings.maxBytes) : .failed(error.message)
-                replies.append { reply(result) }
+                replies.append { reply(.failed(error)) }
             }
             if !rest.isEmpty {
                 do {
                     replies += try transaction(rest, writer: writer, now: now, held: &heldNow)
                 } catch {
                     heldNow = heldBefore
-                    replies += rest.map(Self.failedReply)
+                    failed(error)
+                    replies += rest.map { Self.failedReply($0, error) }
                 }
             }
+        }
+        // Only a commit that changed rows shows the disk takes writes again
+        // (the dispatcher's claims commit every 100 ms, mostly changing nothing).
+        if wrote, failure.withLock({ f in defer { f = nil }; return f != nil }) {
+            onHealth(.writable(requeued: 0))
         }
         held.withLock { $0 = heldNow }
         let committed = clock.now()
@@ -384,14 +497,15 @@ public final class DeliveryStore: @unchecked Sendable {
         return replies
     }
 
-    private static func failedReply(_ op: WriterQueue.Op) -> () -> Void {
+    private static func failedReply(_ op: WriterQueue.Op, _ error: StoreError) -> () -> Void {
         switch op {
-        case let .submit(_, _, reply): { reply(.failed("the store could not write")) }
+        case let .submit(_, _, reply): { reply(.failed(error)) }
         case let .claim(_, _, reply): { reply([], []) }
         case let .finish(_, _, reply): { reply?() }
         case let .replay(_, _, reply): { reply(.unknown) }
         case let .purge(reply): { reply(0) }
         case .wake: {}
+        case let .execute(_, reply): { reply() }
         }
     }
 }
@@ -409,6 +523,8 @@ final class WriterQueue: @unchecked Sendable {
         case replay(id: String, expiresAt: Int64, reply: @Sendable (ReplayResult) -> Void)
         case purge(reply: @Sendable (Int) -> Void)
         case wake(upstream: String)
+        /// Tests: a statement on the writer's connection, in the batch's transaction.
+        case execute(sql: String, reply: @Sendable () -> Void)
     }
 
     private var mutex = pthread_mutex_t()
@@ -447,12 +563,25 @@ final class WriterQueue: @unchecked Sendable {
 
     /// Waits for work, then lingers up to `linger` for more (unless `max`
     /// are waiting or the queue is stopping). Nil once stopped and empty.
-    func take(linger: Int64, max: Int) -> [Op]? {
+    /// With `wait` (nanoseconds), empty once that passed with nothing to do.
+    func take(linger: Int64, max: Int, wait: Int64? = nil) -> [Op]? {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
+        var until = timespec()
+        if let wait {
+            clock_gettime(CLOCK_MONOTONIC, &until)
+            let end = Int64(until.tv_sec) * 1_000_000_000 + Int64(until.tv_nsec) + wait
+            until = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
+        }
         while ops.isEmpty {
             if stopping { return nil }
-            pthread_cond_wait(&condition, &mutex)
+            if wait != nil {
+                if pthread_cond_timedwait(&condition, &mutex, &until) == ETIMEDOUT, ops.isEmpty {
+                    return stopping ? nil : []
+                }
+            } else {
+                pthread_cond_wait(&condition, &mutex)
+            }
         }
         if !stopping, ops.count < max {
             var ts = timespec()
@@ -760,6 +889,10 @@ final class Writer {
             s.bind(2, now)
             try s.run()
             return nil
+
+        case let .execute(sql, reply):
+            try connection.execute(sql)
+            return { reply() }
         }
     }
 

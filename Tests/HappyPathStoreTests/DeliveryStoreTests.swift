@@ -2,6 +2,10 @@ import Foundation
 import HappyPathCore
 import Testing
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 @testable import HappyPathStore
 
 /// The store on a real SQLite file in a fresh directory, on a manual clock.
@@ -19,9 +23,12 @@ struct DeliveryStoreTests {
 
         deinit { try? FileManager.default.removeItem(atPath: directory) }
 
-        func open(maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600)) throws -> DeliveryStore {
+        func open(
+            maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600), health: HealthLog? = nil
+        ) throws -> DeliveryStore {
             let store = try DeliveryStore(
                 settings: StoreSettings(path: path, sync: .full, maxBytes: maxBytes, retention: retention), clock: clock)
+            if let health { store.observe { health.record($0) } }
             store.start()
             return store
         }
@@ -35,6 +42,20 @@ struct DeliveryStoreTests {
                 body: RequestBody(Array(body.utf8)), maxAttempts: 5,
                 expiresAt: clock.wallMilliseconds() + 3_600_000)
         }
+    }
+
+    /// What the store reported through `observe`, in order.
+    final class HealthLog: Sendable {
+        private let events = Locked<[String]>([])
+        func record(_ health: StoreHealth) {
+            let text =
+                switch health {
+                case let .failed(error): "failed:\(error.kind.rawValue)"
+                case let .writable(requeued): "writable:\(requeued)"
+                }
+            events.withLock { $0.append(text) }
+        }
+        var all: [String] { events.withLock { $0 } }
     }
 
     /// Waits for one reply of an asynchronous store call.
@@ -60,6 +81,136 @@ struct DeliveryStoreTests {
 
     static func finish(_ store: DeliveryStore, _ id: String, _ outcome: DeliveryOutcome) {
         let _: Bool = wait { reply in store.finish(id: id, outcome) { reply(true) } }
+    }
+
+    static func execute(_ store: DeliveryStore, _ sql: String) {
+        let _: Bool = wait { reply in store.execute(sql) { reply(true) } }
+    }
+
+    // MARK: - A disk that refuses writes
+
+    /// SQLITE_FULL from below (here SQLite's page limit, as a full
+    /// filesystem would give it) is a store error, not `storage.max_bytes`:
+    /// the write is refused, what was stored stays, and the next write
+    /// tries again and works once there is room.
+    @Test func aWriteTheDiskRefusesFailsAsADiskErrorAndTheNextOneTriesAgain() throws {
+        let f = Fixture()
+        let health = HealthLog()
+        let store = try f.open(maxBytes: 8 << 20, health: health)
+        guard case .stored = Self.submit(store, f.delivery("kept")) else {
+            Issue.record("not stored")
+            return
+        }
+        // No page beyond those the file has: a body that needs new pages cannot be written.
+        Self.execute(store, "PRAGMA max_page_count = 1")
+        let big = String(repeating: "b", count: 256 * 1024)
+        let refused = Self.submit(store, f.delivery("big", body: big))
+        guard case let .failed(error) = refused else {
+            Issue.record("expected a store error, got \(refused)")
+            return
+        }
+        #expect(error.kind == .full && error.isDiskError)
+        #expect(store.unavailable?.kind == .full)
+        #expect(health.all == ["failed:full"])
+        #expect(store.record(id: "big") == nil)
+        #expect(store.record(id: "kept")?.state == .queued, "what was stored stays")
+
+        Self.execute(store, "PRAGMA max_page_count = 1000000")
+        guard case .stored = Self.submit(store, f.delivery("big", body: big)) else {
+            Issue.record("the write after the disk has room again was refused")
+            return
+        }
+        #expect(store.unavailable == nil)
+        #expect(health.all == ["failed:full", "writable:0"])
+        #expect(Set(Self.claim(store).map(\.id)) == ["kept", "big"])
+        store.close()
+    }
+
+    /// A small filesystem of its own (tmpfs, size in bytes), unmounted at
+    /// the end; nil (with the reason printed) where it cannot be mounted.
+    final class SmallDisk {
+        let path: String
+        var filler: String { path + "/filler" }
+
+        init?(bytes: Int) {
+            path = NSTemporaryDirectory() + "happypath-tmpfs-" + UUID().uuidString
+            try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            if mount("tmpfs", path, "tmpfs", 0, "size=\(bytes),mode=0700") != 0 {
+                print("skipped: cannot mount a tmpfs at \(path): \(String(cString: strerror(errno))) (needs root)")
+                try? FileManager.default.removeItem(atPath: path)
+                return nil
+            }
+        }
+
+        deinit {
+            umount2(path, Int32(MNT_DETACH))
+            try? FileManager.default.removeItem(atPath: path)
+        }
+
+        /// Writes a filler file until the filesystem is full (ENOSPC).
+        func fill() {
+            let fd = Glibc.open(filler, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { return }
+            defer { Glibc.close(fd) }
+            let chunk = [UInt8](repeating: 0x66, count: 4096)
+            while chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
+            // The last partial page too.
+            while write(fd, chunk, 1) > 0 {}
+        }
+
+        func free() { unlink(filler) }
+    }
+
+    /// On a disk that is full when the store opens (its -shm file cannot be
+    /// made), the store opens anyway, refuses writes, keeps what the file
+    /// holds, and opens for real at its next try after the disk has room.
+    @Test func aStoreOpenedOnAFullDiskWaitsForRoomAndLosesNothing() throws {
+        guard let disk = SmallDisk(bytes: 2 << 20) else { return }
+        let clock = ManualClock()
+        let settings = StoreSettings(
+            path: disk.path + "/deliveries.db", sync: .full, maxBytes: 1 << 20, retention: .seconds(3600),
+            reopenInterval: .seconds(5))
+        let f = Fixture()
+        do {
+            let store = try DeliveryStore(settings: settings, clock: clock)
+            store.start()
+            for id in ["old1", "old2"] {
+                guard case .stored = Self.submit(store, f.delivery(id)) else {
+                    Issue.record("not stored before the disk filled")
+                    return
+                }
+            }
+            store.close()
+        }
+        disk.fill()
+
+        let health = HealthLog()
+        let store = try DeliveryStore(settings: settings, clock: clock)
+        let opening = try #require(store.unavailable, "the store opened as if the disk took writes")
+        #expect(opening.kind == .full, "\(opening) errno \(opening.systemErrno)")
+        store.observe { health.record($0) }
+        store.start()
+        guard case let .failed(error) = Self.submit(store, f.delivery("new")) else {
+            Issue.record("a write was accepted on a full disk")
+            return
+        }
+        #expect(error.isDiskError)
+
+        disk.free()
+        // Not tried again before its time (nothing happens per request).
+        guard case .failed = Self.submit(store, f.delivery("new")) else {
+            Issue.record("the store reopened before reopen_interval")
+            return
+        }
+        clock.advance(by: .seconds(5))
+        guard case .stored = Self.submit(store, f.delivery("new")) else {
+            Issue.record("the store did not reopen once the disk had room")
+            return
+        }
+        #expect(health.all.last == "writable:0")
+        #expect(store.unavailable == nil)
+        #expect(Set(Self.claim(store).map(\.id)) == ["old1", "old2", "new"], "nothing stored was lost")
+        store.close()
     }
 
     @Test func storedRequestComesBackWhole() throws {
