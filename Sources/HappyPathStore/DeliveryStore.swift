@@ -208,8 +208,14 @@ public final class DeliveryStore: @unchecked Sendable {
     /// Writer-thread state: the connection and its statements (nil while
     /// the file cannot be opened for writing).
     private var writer: Writer?
-    /// Writer-thread state: when to try opening the writer again.
+    /// Writer-thread state: when to try opening the writer again (or to
+    /// write the deferred round ends again).
     private var nextReopen: Instant
+    /// Writer-thread state: round ends the disk refused. Each is written
+    /// again every `reopenInterval` until it goes in, so a round's end is not
+    /// lost (its row would stay `in_flight` until the next start); their
+    /// replies (a round slot freed) wait for it.
+    private var deferred: [WriterQueue.Op] = []
     /// The read-only connection, opened on first use (the file may have no
     /// table yet while the writer cannot open it).
     private let reader = Locked<Reader?>(nil)
@@ -391,9 +397,14 @@ public final class DeliveryStore: @unchecked Sendable {
         while true {
             // Without a writer connection, wake up to try opening it again
             // even when nothing is waiting.
-            let wait = writer == nil ? max(0, (nextReopen - clock.now()).nanoseconds) : nil
-            guard let batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch, wait: wait) else { return }
+            let wait = writer == nil || !deferred.isEmpty ? max(0, (nextReopen - clock.now()).nanoseconds) : nil
+            guard var batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch, wait: wait) else { return }
             if writer == nil, clock.now() >= nextReopen { reopen() }
+            if writer != nil, !deferred.isEmpty, clock.now() >= nextReopen {
+                nextReopen = clock.now() + settings.reopenInterval
+                batch = deferred + batch
+                deferred = []
+            }
             if !batch.isEmpty { commit(batch) }
         }
     }
@@ -455,7 +466,14 @@ public final class DeliveryStore: @unchecked Sendable {
                 } catch {
                     heldNow = heldBefore
                     failed(error)
-                    replies += rest.map { Self.failedReply($0, error) }
+                    for op in rest {
+                        if case .finish = op, error.isDiskError {
+                            if deferred.isEmpty { nextReopen = clock.now() + settings.reopenInterval }
+                            deferred.append(op)
+                        } else {
+                            replies.append(Self.failedReply(op, error))
+                        }
+                    }
                 }
             }
         }
