@@ -78,7 +78,7 @@ let template = """
         strip_prefix: @60@
         timeout: @61@
         retry: { attempts: @62@ }
-        delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ } }
+        delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ }, idempotency: { client_header: @73@ } }
     """
 
 let valid = [
@@ -89,6 +89,7 @@ let valid = [
     "/access_token", "/expires_in", "409", "/error/code", "busy", "CONFLICT_TRY_AGAIN", "Busy", "Try later", "Wait",
     "retry", "true", "/api/", "GET", "api", "/api", "5s", "4",
     "/var/lib/happypath/deliveries.db", "full", "1GiB", "24h", "/_happypath/deliveries", "later", "24h", "50", "1s", "10m",
+    "X-Api-Key",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {

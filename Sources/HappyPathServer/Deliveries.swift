@@ -321,9 +321,23 @@ final class Deliveries: @unchecked Sendable {
         var headers = command.headers.lines
         if clientKey == nil { headers.append(contentsOf: Array("Idempotency-Key: \(id)\r\n".utf8)) }
         let upstream = command.upstream
+        // The key's scope and the request's fingerprint, hashed only when
+        // the client sent a key (docs/deliver-later.md, "Idempotency-Key").
+        var scope: String?
+        var fingerprint: String?
+        if clientKey != nil {
+            let clientHeader = route.delivery.idempotencyClientHeader
+            let client = IdempotencyScope.client(
+                authorization: command.headers.value(for: "authorization"), headerName: clientHeader,
+                headerValue: clientHeader.flatMap { Self.field($0, in: command.headers) })
+            scope = IdempotencyScope.scope(route: route.label, upstream: upstream, client: client)
+            fingerprint = IdempotencyScope.fingerprint(
+                method: command.method, target: request.target,
+                body: UnsafeRawBufferPointer(start: command.body.baseAddress, count: command.body.count))
+        }
         let delivery = NewDelivery(
-            id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey,
-            requestID: command.requestID, method: command.method, target: request.target, headers: headers,
+            id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey, idempotencyScope: scope,
+            fingerprint: fingerprint, requestID: command.requestID, method: command.method, target: request.target, headers: headers,
             body: command.body, maxAttempts: route.delivery.maxAttempts,
             expiresAt: clock.wallMilliseconds() + route.delivery.maxAge.nanoseconds / 1_000_000)
         let box = AcceptBox(request, worker, self, command.requestID, upstream)
@@ -331,6 +345,21 @@ final class Deliveries: @unchecked Sendable {
         store.submit(delivery) { result in
             box.worker.loop.execute { box.deliveries.stored(result, box) }
         }
+    }
+
+    /// The first value of the field `name` (any case), for a name from the configuration.
+    static func field(_ name: String, in headers: HeaderBlock) -> String? {
+        let wanted = Array(name.lowercased().utf8)
+        var found: String?
+        headers.forEach { n, v, _ in
+            guard found == nil, n.count == wanted.count else { return }
+            for i in 0..<n.count {
+                let b = n[i]
+                if (b >= 0x41 && b <= 0x5A ? b | 0x20 : b) != wanted[i] { return }
+            }
+            found = String(decoding: v, as: UTF8.self)
+        }
+        return found
     }
 
     /// On the worker's loop, after the commit.
@@ -345,6 +374,14 @@ final class Deliveries: @unchecked Sendable {
         case let .existing(id, state):
             count(upstream: box.upstream, outcome: "duplicate")
             accepted(request, id: id, state: state, requestID: box.requestID)
+        case .keyReused:
+            count(upstream: box.upstream, outcome: "key_reused")
+            ProblemResponder.respond(
+                request,
+                Problem(
+                    .idempotencyKeyReused, requestID: box.requestID,
+                    detail: "This Idempotency-Key was already sent with another request (method, target or body) "
+                        + "on this route; the request was not stored."))
         case let .full(held, max):
             count(upstream: box.upstream, outcome: "refused")
             events.publish("delivery_store_full", [("held_bytes", String(held)), ("max_bytes", String(max))])

@@ -34,6 +34,12 @@ public struct NewDelivery: Sendable {
     /// The route's label when it was accepted (for listings; delivery routes again).
     public var route: String
     public var idempotencyKey: String?
+    /// Whose key it is: a hash of the route and the client's identity
+    /// (`IdempotencyScope`); the key is looked up only within its scope.
+    public var idempotencyScope: String?
+    /// A hash of the method, target and body: the same key with another
+    /// fingerprint is another request (`keyReused`).
+    public var fingerprint: String?
     public var requestID: String
     public var method: String
     /// The client's path and query, routed again at delivery.
@@ -46,13 +52,16 @@ public struct NewDelivery: Sendable {
     public var expiresAt: Int64
 
     public init(
-        id: String, upstream: String, route: String, idempotencyKey: String?, requestID: String, method: String,
-        target: String, headers: [UInt8], body: RequestBody, maxAttempts: Int, expiresAt: Int64
+        id: String, upstream: String, route: String, idempotencyKey: String?, idempotencyScope: String? = nil,
+        fingerprint: String? = nil, requestID: String, method: String, target: String, headers: [UInt8],
+        body: RequestBody, maxAttempts: Int, expiresAt: Int64
     ) {
         self.id = id
         self.upstream = upstream
         self.route = route
         self.idempotencyKey = idempotencyKey
+        self.idempotencyScope = idempotencyScope ?? (idempotencyKey == nil ? nil : upstream)
+        self.fingerprint = fingerprint
         self.requestID = requestID
         self.method = method
         self.target = target
@@ -106,8 +115,12 @@ public struct DeliveryRecord: Sendable, Equatable {
 public enum SubmitResult: Sendable {
     /// Stored durably (the commit is on disk, per `storage.sync`).
     case stored(id: String)
-    /// The same `Idempotency-Key` for the same upstream is already stored.
+    /// The same `Idempotency-Key` in the same scope, for the same request
+    /// (fingerprint), is already stored.
     case existing(id: String, state: DeliveryState)
+    /// The same `Idempotency-Key` in the same scope is stored for another
+    /// request (another method, target or body): nothing was stored.
+    case keyReused
     /// `storage.max_bytes` reached: nothing was stored.
     case full(heldBytes: Int, maxBytes: Int)
     /// The store could not write (the disk is full or failing, or the store
@@ -620,7 +633,9 @@ final class WriterQueue: @unchecked Sendable {
 // MARK: - Schema and statements
 
 enum Schema {
-    static let version = 1
+    /// 1: the first. 2: `idem_scope` and `idem_fingerprint`; a key is
+    /// unique per scope, no longer per upstream (`delivery_idem` dropped).
+    static let version = 2
 
     static let create = """
         CREATE TABLE IF NOT EXISTS delivery (
@@ -643,9 +658,23 @@ enum Schema {
           created_at INTEGER NOT NULL,
           updated_at INTEGER NOT NULL,
           last_status INTEGER,
-          last_problem TEXT
+          last_problem TEXT,
+          idem_scope TEXT,
+          idem_fingerprint TEXT
         );
-        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem ON delivery(upstream, idem_key) WHERE idem_key IS NOT NULL;
+        """
+
+    /// Schema 1 to 2, in place: the two columns are added (NULL in the rows
+    /// already stored: their keys are matched by no new request, see
+    /// docs/deliver-later.md) and the per-upstream key index is replaced.
+    static let migrateFrom1 = """
+        ALTER TABLE delivery ADD COLUMN idem_scope TEXT;
+        ALTER TABLE delivery ADD COLUMN idem_fingerprint TEXT;
+        """
+
+    static let indexes = """
+        DROP INDEX IF EXISTS delivery_idem;
+        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem_scope ON delivery(idem_scope, idem_key) WHERE idem_key IS NOT NULL;
         DROP INDEX IF EXISTS delivery_due;
         CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;
         CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;
@@ -696,7 +725,18 @@ final class Writer {
                 SQLITE_ERROR,
                 "\(settings.path) was written by a newer happypath (schema \(version), this one knows \(Schema.version))")
         }
-        try c.execute("BEGIN IMMEDIATE; \(Schema.create) PRAGMA user_version = \(Schema.version); COMMIT")
+        try c.execute("BEGIN IMMEDIATE; \(Schema.create)")
+        do {
+            // A file of schema 1 has the table without the new columns.
+            let columns = try c.prepare("SELECT count(*) FROM pragma_table_info('delivery') WHERE name = 'idem_scope'")
+            let missing = try columns.step() && columns.int(0) == 0
+            columns.reset()
+            if missing { try c.execute(Schema.migrateFrom1) }
+            try c.execute("\(Schema.indexes) PRAGMA user_version = \(Schema.version); COMMIT")
+        } catch {
+            try? c.execute("ROLLBACK")
+            throw error
+        }
         // A backstop below the disk: SQLite itself refuses to grow past about
         // twice max_bytes (the store refuses new requests at max_bytes).
         let pageSize = try c.integer("PRAGMA page_size")
@@ -709,11 +749,13 @@ final class Writer {
         insert = try c.prepare(
             """
             INSERT INTO delivery (id, upstream, route, idem_key, request_id, method, target, headers, body,
-              payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
-            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?12, ?12)
+              payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at, idem_scope,
+              idem_fingerprint)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?12, ?12, ?14, ?15)
             ON CONFLICT DO NOTHING
             """)
-        findByKey = try c.prepare("SELECT id, state FROM delivery WHERE upstream = ?1 AND idem_key = ?2")
+        findByKey = try c.prepare(
+            "SELECT id, state, idem_fingerprint FROM delivery WHERE idem_scope = ?1 AND idem_key = ?2")
         expire = try c.prepare(
             """
             UPDATE delivery SET state = 3, updated_at = ?1, last_problem = CASE
@@ -779,8 +821,8 @@ final class Writer {
     {
         switch op {
         case let .submit(d, _, reply):
-            if let key = d.idempotencyKey, let existing = try existing(upstream: d.upstream, key: key) {
-                return { reply(.existing(id: existing.0, state: existing.1)) }
+            if let key = d.idempotencyKey, let existing = try existing(scope: d.idempotencyScope, key: key) {
+                return Self.repeated(existing, d, reply)
             }
             let bytes = d.payloadBytes
             if held + bytes > maxBytes {
@@ -801,11 +843,13 @@ final class Writer {
             s.bind(11, d.maxAttempts)
             s.bind(12, now)
             s.bind(13, d.expiresAt)
+            s.bind(14, d.idempotencyScope)
+            s.bind(15, d.fingerprint)
             try s.run()
             if connection.changes == 0, let key = d.idempotencyKey,
-                let existing = try existing(upstream: d.upstream, key: key)
+                let existing = try existing(scope: d.idempotencyScope, key: key)
             {
-                return { reply(.existing(id: existing.0, state: existing.1)) }
+                return Self.repeated(existing, d, reply)
             }
             held += bytes
             upstreams.insert(d.upstream)
@@ -914,13 +958,25 @@ final class Writer {
         }
     }
 
-    private func existing(upstream: String, key: String) throws(StoreError) -> (String, DeliveryState)? {
+    private func existing(scope: String?, key: String) throws(StoreError) -> (id: String, state: DeliveryState, fingerprint: String?)? {
         let s = findByKey
         defer { s.reset() }
-        s.bind(1, upstream)
+        s.bind(1, scope)
         s.bind(2, key)
         guard try s.step() else { return nil }
-        return (s.string(0) ?? "", DeliveryState(rawValue: s.int(1)) ?? .queued)
+        return (s.string(0) ?? "", DeliveryState(rawValue: s.int(1)) ?? .queued, s.string(2))
+    }
+
+    /// A key already stored in this scope: the same request gets the
+    /// stored delivery; another request with that key is refused, and
+    /// learns nothing of the first.
+    private static func repeated(
+        _ existing: (id: String, state: DeliveryState, fingerprint: String?), _ d: NewDelivery,
+        _ reply: @escaping @Sendable (SubmitResult) -> Void
+    ) -> () -> Void {
+        if existing.fingerprint != d.fingerprint { return { reply(.keyReused) } }
+        let (id, state) = (existing.id, existing.state)
+        return { reply(.existing(id: id, state: state)) }
     }
 
 

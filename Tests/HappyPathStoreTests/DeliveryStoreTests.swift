@@ -255,6 +255,127 @@ struct DeliveryStoreTests {
         #expect(store.stats().byState[.queued] == 2)
     }
 
+    // MARK: - Idempotency-Key scope and fingerprint
+
+    func keyed(_ f: Fixture, _ id: String, key: String, scope: String, body: String = "{\"n\":1}") -> NewDelivery {
+        var d = f.delivery(id, key: key, body: body)
+        d.idempotencyScope = scope
+        d.fingerprint = IdempotencyScope.fingerprint(
+            method: d.method, target: d.target,
+            body: UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
+        return d
+    }
+
+    @Test func twoScopesWithTheSameKeyEachGetTheirOwnDelivery() throws {
+        let f = Fixture()
+        let store = try f.open()
+        guard case .stored("alice") = Self.submit(store, keyed(f, "alice", key: "k", scope: "scope-a")),
+            case .stored("bob") = Self.submit(store, keyed(f, "bob", key: "k", scope: "scope-b"))
+        else {
+            Issue.record("a second client's key was taken as the first one's")
+            return
+        }
+        guard case .existing("bob", .queued) = Self.submit(store, keyed(f, "bob2", key: "k", scope: "scope-b")) else {
+            Issue.record("the same request in the same scope was not recognized")
+            return
+        }
+        #expect(store.stats().byState[.queued] == 2)
+    }
+
+    @Test func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing() throws {
+        let f = Fixture()
+        let store = try f.open()
+        _ = Self.submit(store, keyed(f, "first", key: "k", scope: "s", body: "one"))
+        guard case .keyReused = Self.submit(store, keyed(f, "second", key: "k", scope: "s", body: "two")) else {
+            Issue.record("a different request with the same key was not refused")
+            return
+        }
+        var otherTarget = keyed(f, "third", key: "k", scope: "s", body: "one")
+        otherTarget.target = "/hooks/other"
+        otherTarget.fingerprint = IdempotencyScope.fingerprint(
+            method: "POST", target: "/hooks/other", body: UnsafeRawBufferPointer(start: nil, count: 0))
+        guard case .keyReused = Self.submit(store, otherTarget) else {
+            Issue.record("a different target with the same key was not refused")
+            return
+        }
+        #expect(store.record(id: "second") == nil && store.record(id: "third") == nil)
+        guard case .existing("first", _) = Self.submit(store, keyed(f, "again", key: "k", scope: "s", body: "one")) else {
+            Issue.record("the original request sent again was not recognized")
+            return
+        }
+    }
+
+    /// A file written by schema 1 (keys unique per upstream, no scope or
+    /// fingerprint columns) opens, is migrated in place, and keeps every row.
+    @Test func aFileOfTheFirstSchemaIsMigratedAndLosesNothing() throws {
+        let f = Fixture()
+        do {
+            let c = try SQLiteConnection(path: f.path, readOnly: false)
+            try c.execute("PRAGMA journal_mode = WAL")
+            try c.execute(Self.schema1 + "PRAGMA user_version = 1;")
+            for (i, state) in [(0, 0), (1, 3), (2, 2)] {
+                try c.execute(
+                    """
+                    INSERT INTO delivery (id, upstream, route, idem_key, request_id, method, target, headers, body,
+                      payload_bytes, state, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
+                    VALUES ('old\(i)', 'hooks', '/hooks', 'legacy-\(i)', 'req-\(i)', 'POST', '/hooks/x', X'', X'6869',
+                      10, \(state), 5, 0, \(f.clock.wallMilliseconds() + 3_600_000), 0, 0)
+                    """)
+            }
+        }
+        let store = try f.open()
+        #expect(store.record(id: "old0")?.state == .queued)
+        #expect(store.record(id: "old1")?.state == .dead)
+        #expect(store.record(id: "old2")?.state == .delivered)
+        #expect(store.heldBytes == 30)
+        // The same key as a row of the old schema: that row has no scope, so
+        // no client can be handed its delivery; the new request is stored.
+        guard case .stored("new") = Self.submit(store, keyed(f, "new", key: "legacy-0", scope: "s")) else {
+            Issue.record("not stored next to a row of the old schema")
+            return
+        }
+        let claimed = Self.claim(store)
+        #expect(Set(claimed.map(\.id)) == ["old0", "new"])
+        #expect(claimed.first { $0.id == "old0" }?.body.bytes == Array("hi".utf8))
+        store.close()
+        let c = try SQLiteConnection(path: f.path, readOnly: true)
+        #expect(try c.integer("PRAGMA user_version") == Int64(Schema.version))
+        #expect(try c.integer("SELECT count(*) FROM sqlite_master WHERE name = 'delivery_idem'") == 0)
+        #expect(try c.integer("SELECT count(*) FROM sqlite_master WHERE name = 'delivery_idem_scope'") == 1)
+        #expect(try c.integer("SELECT count(*) FROM delivery") == 4)
+    }
+
+    /// Schema 1, as happypath wrote it before keys had a scope.
+    static let schema1 = """
+        CREATE TABLE IF NOT EXISTS delivery (
+          seq INTEGER PRIMARY KEY,
+          id TEXT NOT NULL UNIQUE,
+          upstream TEXT NOT NULL,
+          route TEXT NOT NULL,
+          idem_key TEXT,
+          request_id TEXT NOT NULL,
+          method TEXT NOT NULL,
+          target TEXT NOT NULL,
+          headers BLOB,
+          body BLOB,
+          payload_bytes INTEGER NOT NULL,
+          state INTEGER NOT NULL DEFAULT 0,
+          attempts INTEGER NOT NULL DEFAULT 0,
+          max_attempts INTEGER NOT NULL,
+          next_attempt_at INTEGER NOT NULL,
+          expires_at INTEGER NOT NULL,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL,
+          last_status INTEGER,
+          last_problem TEXT
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem ON delivery(upstream, idem_key) WHERE idem_key IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;
+        CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;
+        CREATE INDEX IF NOT EXISTS delivery_done ON delivery(updated_at) WHERE state >= 2;
+        CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
+        """
+
     @Test func sameKeyInOneBatchIsStoredOnce() throws {
         let f = Fixture()
         let store = try f.open()
