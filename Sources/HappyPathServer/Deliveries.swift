@@ -439,16 +439,19 @@ final class Deliveries: @unchecked Sendable {
                 request, Problem(.badRequest, requestID: requestID, detail: "A delivery's status is read with GET."))
         }
         let id = String(path.dropFirst(settings.statusPath.count + 1))
-        guard let record = store.record(id: id) else {
+        let found: DeliveryRecord?
+        do {
+            found = try store.lookup(id: id)
+        } catch {
             // Opened on a disk that refuses writes, the file may not be
             // readable yet either: not knowing is not "no such delivery".
-            if let error = store.unavailable {
-                var p = Problem(
-                    .storeUnavailable, requestID: requestID,
-                    detail: "No delivery \(id) could be read: \(Self.unavailableDetail(error))")
-                p.retryAfterSeconds = 5
-                return ProblemResponder.answer(request, p)
-            }
+            var p = Problem(
+                .storeUnavailable, requestID: requestID,
+                detail: "The delivery store cannot be read now (\(error.message)); try again later.")
+            p.retryAfterSeconds = 5
+            return ProblemResponder.answer(request, p)
+        }
+        guard let record = found else {
             return ProblemResponder.answer(
                 request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
         }

@@ -392,6 +392,22 @@ public final class DeliveryStore: @unchecked Sendable {
         read { r throws(StoreError) in try r.record(id: id) } ?? nil
     }
 
+    /// `id`'s record, nil if there is none; throws if the store cannot be
+    /// read (opened on a full disk, the file may not be readable yet): not
+    /// knowing is not "no such delivery".
+    public func lookup(id: String) throws(StoreError) -> DeliveryRecord? {
+        // `withLock` rethrows untyped: carry the error out as a value.
+        let result = reader.withLock { r -> Result<DeliveryRecord?, StoreError> in
+            do throws(StoreError) {
+                if r == nil { r = try Reader(path: settings.path) }
+                return .success(try r!.record(id: id))
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
+    }
+
     /// Newest first; `after` is the `cursor` of the last record of the previous page.
     public func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) -> [DeliveryRecord] {
         read { r throws(StoreError) in try r.list(state: state, upstream: upstream, after: after, limit: limit) } ?? []

@@ -92,6 +92,12 @@ struct DeliveryStoreDiskTests {
         #expect((try admin.state()["deliveries"] as? [String: Any])?["writable"] as? Bool == false)
         #expect(try admin.metric("happypath_delivery_store_errors_total{kind=\"full\"}") >= 1)
         #expect(proxy.errors.contains("the delivery store cannot write"))
+        // A stored delivery is never reported missing: its status, or "cannot read now".
+        let status = try HTTP.request(port: port2, "/_happypath/deliveries/\(accepted[0])")
+        #expect(
+            (status.status == 200 && status.json["state"] as? String == "queued")
+                || (status.status == 503 && Self.code(status) == "STORE_UNAVAILABLE"),
+            "\(status.status) \(status.text)")
 
         // Room again: the store opens by itself (checked every second).
         let events = try TestConnection(port: admin2, timeout: 5)
