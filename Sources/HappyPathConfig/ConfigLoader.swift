@@ -402,14 +402,19 @@ final class Reader {
             if let name = string(node, "\(path).idempotency.client_header") {
                 // A field name (RFC 9110 token); Authorization is always
                 // the first choice already, and Idempotency-Key is the key.
-                let token = !name.isEmpty && name.utf8.allSatisfy { c in
-                    (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
-                        || "!#$%&'*+-.^_`|~".utf8.contains(c)
-                }
+                let token =
+                    !name.isEmpty
+                    && name.utf8.allSatisfy { c in
+                        (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+                            || "!#$%&'*+-.^_`|~".utf8.contains(c)
+                    }
                 if !token {
                     error(node, "\(path).idempotency.client_header must be a header name such as X-Api-Key, got '\(name)'")
                 } else if ["authorization", "idempotency-key"].contains(name.lowercased()) {
-                    error(node, "\(path).idempotency.client_header cannot be \(name): Authorization is used first anyway, and Idempotency-Key is the key itself")
+                    error(
+                        node,
+                        "\(path).idempotency.client_header cannot be \(name): Authorization is used first anyway, "
+                            + "and Idempotency-Key is the key itself")
                 } else {
                     d.idempotencyClientHeader = name
                 }

@@ -337,7 +337,8 @@ final class Deliveries: @unchecked Sendable {
         }
         let delivery = NewDelivery(
             id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey, idempotencyScope: scope,
-            fingerprint: fingerprint, requestID: command.requestID, method: command.method, target: request.target, headers: headers,
+            fingerprint: fingerprint, requestID: command.requestID, method: command.method, target: request.target,
+            headers: headers,
             body: command.body, maxAttempts: route.delivery.maxAttempts,
             expiresAt: clock.wallMilliseconds() + route.delivery.maxAge.nanoseconds / 1_000_000)
         let box = AcceptBox(request, worker, self, command.requestID, upstream)

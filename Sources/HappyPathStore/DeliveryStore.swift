@@ -264,7 +264,8 @@ public final class DeliveryStore: @unchecked Sendable {
         do {
             try openWriter()
         } catch where error.isDiskError {
-            failure.withLock { $0 = error }
+            let refused = error
+            failure.withLock { $0 = refused }
         }
     }
 
@@ -461,8 +462,7 @@ public final class DeliveryStore: @unchecked Sendable {
     private func commit(_ batch: [WriterQueue.Op]) {
         guard let writer else {
             // Not open (the disk refused it): nothing can be written.
-            let error =
-                unavailable ?? StoreError(SQLITE_CANTOPEN, "the store is not open")
+            let error = unavailable ?? StoreError(SQLITE_CANTOPEN, "the store is not open")
             for op in batch { Self.failedReply(op, error)() }
             return
         }
@@ -508,7 +508,8 @@ public final class DeliveryStore: @unchecked Sendable {
         }
         // Only a commit that changed rows shows the disk takes writes again
         // (the dispatcher's claims commit every 100 ms, mostly changing nothing).
-        if wrote, failure.withLock({ f in defer { f = nil }; return f != nil }) {
+        if wrote, failure.withLock({ $0 }) != nil {
+            failure.withLock { $0 = nil }
             onHealth(.writable(requeued: 0))
         }
         held.withLock { $0 = heldNow }
@@ -974,7 +975,9 @@ final class Writer {
         }
     }
 
-    private func existing(scope: String?, key: String) throws(StoreError) -> (id: String, state: DeliveryState, fingerprint: String?)? {
+    private func existing(scope: String?, key: String) throws(StoreError)
+        -> (id: String, state: DeliveryState, fingerprint: String?)?
+    {
         let s = findByKey
         defer { s.reset() }
         s.bind(1, scope)

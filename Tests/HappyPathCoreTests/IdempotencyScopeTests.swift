@@ -25,7 +25,8 @@ import Testing
             IdempotencyScope.scope(route: "/hooks/", upstream: "h", client: .authorization("Bearer bob-token")),
             IdempotencyScope.scope(route: "/other/", upstream: "h", client: .authorization("Bearer alice-token")),
             IdempotencyScope.scope(route: "/hooks/", upstream: "g", client: .authorization("Bearer alice-token")),
-            IdempotencyScope.scope(route: "/hooks/", upstream: "h", client: .header(name: "authorization", value: "Bearer alice-token")),
+            IdempotencyScope.scope(
+                route: "/hooks/", upstream: "h", client: .header(name: "authorization", value: "Bearer alice-token")),
             IdempotencyScope.scope(route: "/hooks/", upstream: "h", client: .anonymous),
         ]
         #expect(Set(others + [alice]).count == 6)

@@ -117,10 +117,12 @@ struct DeliveryStoreDiskTests {
         #expect(stream.contains("event: delivery_store_available"))
         var last: TestResponse?
         guard
-            waitUntil("a later route accepts again", {
-                last = try Self.post(port2, Array("after restart".utf8))
-                return last?.status == 202
-            })
+            waitUntil(
+                "a later route accepts again",
+                {
+                    last = try Self.post(port2, Array("after restart".utf8))
+                    return last?.status == 202
+                })
         else { return }
         if let id = last?.json["id"] as? String { accepted.append(id) }
         #expect((try admin.state()["deliveries"] as? [String: Any])?["writable"] as? Bool == true)
@@ -129,9 +131,11 @@ struct DeliveryStoreDiskTests {
         let upstream = ScriptedUpstream(comingUpOn: down) { _ in Self.ok }.started()
         defer { upstream.stop() }
         guard
-            waitUntil("every accepted request delivered", timeout: 20, {
-                (try admin.state()["deliveries"] as? [String: Any])?["delivered"] as? Int == accepted.count
-            })
+            waitUntil(
+                "every accepted request delivered", timeout: 20,
+                {
+                    (try admin.state()["deliveries"] as? [String: Any])?["delivered"] as? Int == accepted.count
+                })
         else { return }
         let keys = upstream.appRequests.compactMap { DeliverLaterTests.fields($0.head)["idempotency-key"] }
         #expect(Set(keys) == Set(accepted) && accepted.count == 5)
