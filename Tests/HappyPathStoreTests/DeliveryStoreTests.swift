@@ -126,6 +126,32 @@ struct DeliveryStoreTests {
         store.close()
     }
 
+    /// A round's end the disk refuses is not dropped (its row would stay
+    /// `in_flight` until a restart): it is written again once there is
+    /// room, and only then is the round reported recorded.
+    @Test func aRoundEndTheDiskRefusesIsWrittenLaterNotLost() throws {
+        let f = Fixture()
+        let store = try f.open(maxBytes: 8 << 20)
+        _ = Self.submit(store, f.delivery("r"))
+        #expect(Self.claim(store).map(\.id) == ["r"])
+        Self.execute(store, "PRAGMA max_page_count = 1")
+        // A problem large enough to need pages the file does not have.
+        let problem = "{\"detail\":\"" + String(repeating: "p", count: 256 * 1024) + "\"}"
+        let recorded = Locked(false)
+        store.finish(id: "r", .dead(status: 500, problem: problem)) { recorded.withLock { $0 = true } }
+        Self.execute(store, "SELECT 1")  // the finish's batch has been through the writer
+        #expect(!recorded.withLock { $0 }, "reported recorded although the disk refused it")
+        #expect(store.record(id: "r")?.state == .inFlight)
+
+        Self.execute(store, "PRAGMA max_page_count = 1000000")
+        f.clock.advance(by: DeliveryStore.defaultReopenInterval)
+        Self.execute(store, "SELECT 1")  // wakes the writer: the deferred end goes first
+        #expect(recorded.withLock { $0 })
+        let record = try #require(store.record(id: "r"))
+        #expect(record.state == .dead && record.lastStatus == 500 && record.lastProblem == problem)
+        store.close()
+    }
+
     /// A small filesystem of its own (tmpfs, size in bytes), unmounted at
     /// the end; nil (with the reason printed) where it cannot be mounted.
     final class SmallDisk {
