@@ -324,28 +324,48 @@ final class Deliveries: @unchecked Sendable {
         // The key's scope and the request's fingerprint, hashed only when
         // the client sent a key (docs/deliver-later.md, "Idempotency-Key").
         var scope: String?
-        var fingerprint: String?
         if clientKey != nil {
             let clientHeader = route.delivery.idempotencyClientHeader
             let client = IdempotencyScope.client(
                 authorization: command.headers.value(for: "authorization"), headerName: clientHeader,
                 headerValue: clientHeader.flatMap { Self.field($0, in: command.headers) })
             scope = IdempotencyScope.scope(route: route.label, upstream: upstream, client: client)
-            fingerprint = IdempotencyScope.fingerprint(
-                method: command.method, target: request.target,
-                body: UnsafeRawBufferPointer(start: command.body.baseAddress, count: command.body.count))
         }
-        let delivery = NewDelivery(
+        var delivery = NewDelivery(
             id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey, idempotencyScope: scope,
-            fingerprint: fingerprint, requestID: command.requestID, method: command.method, target: request.target,
-            headers: headers,
+            requestID: command.requestID, method: command.method, target: request.target, headers: headers,
             body: command.body, maxAttempts: route.delivery.maxAttempts,
             expiresAt: clock.wallMilliseconds() + route.delivery.maxAge.nanoseconds / 1_000_000)
         let box = AcceptBox(request, worker, self, command.requestID, upstream)
         worker.shared.inFlight.add(1)
-        store.submit(delivery) { result in
-            box.worker.loop.execute { box.deliveries.stored(result, box) }
+        let store = self.store
+        @Sendable func submit(_ delivery: NewDelivery) {
+            store.submit(delivery) { result in
+                box.worker.loop.execute { box.deliveries.stored(result, box) }
+            }
         }
+        guard clientKey != nil else { return submit(delivery) }
+        guard delivery.body.count > Self.inlineFingerprintBytes else {
+            delivery.fingerprint = Self.fingerprint(delivery)
+            return submit(delivery)
+        }
+        // A large body is hashed off the worker's loop (10 MiB take about
+        // 45 ms), so the other requests of this loop do not wait for it.
+        let keyed = delivery
+        DispatchQueue.global().async {
+            var d = keyed
+            d.fingerprint = Self.fingerprint(d)
+            submit(d)
+        }
+    }
+
+    /// Bodies up to this are fingerprinted on the worker's loop (a few
+    /// hundred microseconds at most); larger ones on a global queue.
+    static let inlineFingerprintBytes = 64 * 1024
+
+    static func fingerprint(_ d: NewDelivery) -> String {
+        IdempotencyScope.fingerprint(
+            method: d.method, target: d.target, body: UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
     }
 
     /// The first value of the field `name` (any case), for a name from the configuration.
