@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import HappyPathCore
 import Testing
@@ -124,6 +125,31 @@ struct DeliveryStoreTests {
         #expect(health.all == ["failed:full", "writable:0"])
         #expect(Set(Self.claim(store).map(\.id)) == ["kept", "big"])
         store.close()
+    }
+
+    /// How a failure is counted: SQLite's code, and for I/O errors the errno
+    /// (SQLite reports ENOSPC as an I/O error from some calls).
+    /// Extended codes, spelled out (Swift does not import these macros).
+    static let ioerrWrite = SQLITE_IOERR | (3 << 8)
+    static let ioerrFsync = SQLITE_IOERR | (4 << 8)
+    static let ioerrShmSize = SQLITE_IOERR | (19 << 8)
+
+    @Test(arguments: [
+        (SQLITE_FULL, Int32(0), StoreErrorKind.full),
+        (ioerrWrite, ENOSPC, .full),
+        (ioerrShmSize, ENOSPC, .full),
+        (ioerrWrite, EDQUOT, .full),
+        (ioerrFsync, EIO, .io),
+        (SQLITE_IOERR, 0, .io),
+        (SQLITE_CANTOPEN, ENOSPC, .full),
+        (SQLITE_CANTOPEN, EACCES, .other),
+        (SQLITE_CORRUPT, 0, .other),
+        (SQLITE_BUSY, 0, .other),
+    ])
+    func failuresAreSortedByKind(code: Int32, systemErrno: Int32, kind: StoreErrorKind) {
+        let error = StoreError(code, "x", systemErrno: systemErrno)
+        #expect(error.kind == kind)
+        #expect(error.isDiskError == (kind != .other))
     }
 
     /// A round's end the disk refuses is not dropped (its row would stay
