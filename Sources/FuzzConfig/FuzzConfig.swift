@@ -83,7 +83,7 @@ let template = """
         allow_trace: @75@
         redirects: @76@
         upstream_errors: @77@
-        delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ } }
+        delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ }, idempotency: { client_header: @78@ } }
     """
 
 let valid = [
@@ -94,7 +94,7 @@ let valid = [
     "/access_token", "/expires_in", "409", "/error/code", "busy", "CONFLICT_TRY_AGAIN", "Busy", "Try later", "Wait",
     "retry", "true", "/api/", "GET", "api", "/api", "5s", "4",
     "/var/lib/happypath/deliveries.db", "full", "1GiB", "24h", "/_happypath/deliveries", "later", "24h", "50", "1s", "10m",
-    "keep", "false", "false", "rewrite", "pass",
+    "keep", "false", "false", "rewrite", "pass", "X-Api-Key",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {

@@ -397,7 +397,7 @@ final class Reader {
 
     func delivery(_ node: Node, _ path: String) -> DeliverySettings {
         var d = DeliverySettings()
-        let f = fields(node, path, known: ["mode", "max_age", "max_attempts", "backoff"])
+        let f = fields(node, path, known: ["mode", "max_age", "max_attempts", "backoff", "idempotency"])
         if let m = choice(f["mode"]?.value, "\(path).mode", DeliveryMode.self) { d.mode = m }
         if let v = duration(f["max_age"]?.value, "\(path).max_age") { d.maxAge = v }
         if let v = int(f["max_attempts"]?.value, "\(path).max_attempts", min: 1, max: 1_000_000) { d.maxAttempts = v }
@@ -407,6 +407,30 @@ final class Reader {
             if let v = duration(bf["max"]?.value, "\(path).backoff.max") { d.backoffMax = v }
             if d.backoffMax < d.backoffBase {
                 error(b, "\(path).backoff.max (\(d.backoffMax.configText)) is below backoff.base (\(d.backoffBase.configText))")
+            }
+        }
+        if let i = f["idempotency"]?.value {
+            let idf = fields(i, "\(path).idempotency", known: ["client_header"])
+            let node = idf["client_header"]?.value
+            if let name = string(node, "\(path).idempotency.client_header") {
+                // A field name (RFC 9110 token); Authorization is always
+                // the first choice already, and Idempotency-Key is the key.
+                let token =
+                    !name.isEmpty
+                    && name.utf8.allSatisfy { c in
+                        (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+                            || "!#$%&'*+-.^_`|~".utf8.contains(c)
+                    }
+                if !token {
+                    error(node, "\(path).idempotency.client_header must be a header name such as X-Api-Key, got '\(name)'")
+                } else if ["authorization", "idempotency-key"].contains(name.lowercased()) {
+                    error(
+                        node,
+                        "\(path).idempotency.client_header cannot be \(name): Authorization is used first anyway, "
+                            + "and Idempotency-Key is the key itself")
+                } else {
+                    d.idempotencyClientHeader = name
+                }
             }
         }
         return d

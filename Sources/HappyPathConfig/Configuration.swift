@@ -128,6 +128,10 @@ public struct DeliverySettings: Sendable, Equatable {
     /// each wait drawn between half the step and the whole step.
     public var backoffBase: Duration = .seconds(1)
     public var backoffMax: Duration = .seconds(600)
+    /// `delivery.idempotency.client_header`: who a client is, for the scope
+    /// of its `Idempotency-Key`, when it sends no `Authorization` (such as
+    /// `X-Api-Key`). Nil (the default): such clients share the route's scope.
+    public var idempotencyClientHeader: String?
 
     public init() {}
 }

@@ -6,6 +6,7 @@ import HappyPathIO
 import HappyPathPolicies
 import HappyPathStore
 import Logging
+import Prometheus
 import Synchronization
 
 /// Deliver later (docs/deliver-later.md): requests on a `delivery.mode:
@@ -25,6 +26,10 @@ final class Deliveries: @unchecked Sendable {
     /// when a round ends, a request is stored, or an upstream recovers).
     static let tick: Duration = .milliseconds(100)
     static let purgeEvery: Duration = .seconds(600)
+    /// A store that keeps failing is logged at most once in this (its first
+    /// failure at once): a full disk fails every write, and one line per
+    /// refused request would fill the log on the same disk.
+    static let storeErrorLogEvery: Duration = .seconds(60)
 
     let store: DeliveryStore
     let settings: StorageConfiguration
@@ -41,6 +46,12 @@ final class Deliveries: @unchecked Sendable {
     private var ticker: LoopTimer?
     private var purger: LoopTimer?
     private var lastPurge: Instant
+    /// Whether the store's writes are failing, when that was last logged,
+    /// and the failures since (writer thread, and `start`).
+    private let storeFailures = Locked<(failing: Bool, lastLog: Instant?, unlogged: Int)>((false, nil, 0))
+    /// `happypath_delivery_store_errors_total{kind}`, every kind made at
+    /// start so the series exist (at 0) before the first failure.
+    private let storeErrorCounters: [StoreErrorKind: Prometheus.Counter]
 
     init(store: DeliveryStore, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
         logger: Logger)
@@ -53,6 +64,14 @@ final class Deliveries: @unchecked Sendable {
         self.logger = logger
         state = Locked((shared, []))
         lastPurge = clock.now()
+        var counters: [StoreErrorKind: Prometheus.Counter] = [:]
+        let errors = MetricNameDescriptor(
+            namespace: "happypath", metricName: "delivery_store_errors", unitName: "total",
+            helpText: "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), other.")
+        for kind in StoreErrorKind.allCases {
+            counters[kind] = shared.metrics.registry.makeCounter(descriptor: errors, labels: [("kind", kind.rawValue)])
+        }
+        storeErrorCounters = counters
         if store.recovered > 0 {
             logger.warning(
                 "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
@@ -75,9 +94,65 @@ final class Deliveries: @unchecked Sendable {
 
     /// On the admin loop: the periodic tick and the purge every `purgeEvery`.
     func start() {
+        let box = DeliveriesBox(self)
+        store.observe { health in box.deliveries.storeHealth(health) }
+        // Opened on a disk that refuses writes: the proxy serves anyway, and
+        // `later` routes answer 503 until the store opens (`storeHealth`).
+        if let error = store.unavailable { storeHealth(.failed(error)) }
         store.start()
         if store.recovered > 0 { events.publish("deliveries_recovered", [("count", String(store.recovered))]) }
         scheduleTick()
+    }
+
+    // MARK: - The store's health (writer thread)
+
+    /// Counts every failed write, logs (at most once per
+    /// `storeErrorLogEvery`) and sends an event when writes start failing
+    /// and when they work again.
+    func storeHealth(_ health: StoreHealth) {
+        switch health {
+        case let .failed(error):
+            storeErrorCounters[error.kind]?.increment()
+            let now = clock.now()
+            let (first, log, unlogged) = storeFailures.withLock { s -> (Bool, Bool, Int) in
+                let first = !s.failing
+                s.failing = true
+                if let last = s.lastLog, now - last < Self.storeErrorLogEvery {
+                    s.unlogged += 1
+                    return (first, false, 0)
+                }
+                s.lastLog = now
+                defer { s.unlogged = 0 }
+                return (first, true, s.unlogged)
+            }
+            if log {
+                logger.error(
+                    "the delivery store cannot write: later routes answer 503 STORE_UNAVAILABLE until it can",
+                    metadata: [
+                        "kind": "\(error.kind.rawValue)", "error": "\(error.message)", "store": "\(settings.path)",
+                        "failures_not_logged": "\(unlogged)",
+                    ])
+            }
+            if first {
+                events.publish("delivery_store_unavailable", [("kind", error.kind.rawValue), ("error", error.message)])
+            }
+        case let .writable(requeued):
+            let was = storeFailures.withLock { s in
+                defer { s.failing = false }
+                return s.failing
+            }
+            if requeued > 0 {
+                logger.warning(
+                    "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
+                    metadata: ["count": "\(requeued)", "store": "\(settings.path)"])
+                events.publish("deliveries_recovered", [("count", String(requeued))])
+            }
+            if was {
+                logger.info("the delivery store writes again", metadata: ["store": "\(settings.path)"])
+                events.publish("delivery_store_available", [])
+            }
+            kick()
+        }
     }
 
     private func scheduleTick() {
@@ -246,16 +321,66 @@ final class Deliveries: @unchecked Sendable {
         var headers = command.headers.lines
         if clientKey == nil { headers.append(contentsOf: Array("Idempotency-Key: \(id)\r\n".utf8)) }
         let upstream = command.upstream
-        let delivery = NewDelivery(
-            id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey,
+        // The key's scope and the request's fingerprint, hashed only when
+        // the client sent a key (docs/deliver-later.md, "Idempotency-Key").
+        var scope: String?
+        if clientKey != nil {
+            let clientHeader = route.delivery.idempotencyClientHeader
+            let client = IdempotencyScope.client(
+                authorization: command.headers.value(for: "authorization"), headerName: clientHeader,
+                headerValue: clientHeader.flatMap { Self.field($0, in: command.headers) })
+            scope = IdempotencyScope.scope(route: route.label, upstream: upstream, client: client)
+        }
+        var delivery = NewDelivery(
+            id: id, upstream: upstream, route: route.label, idempotencyKey: clientKey, idempotencyScope: scope,
             requestID: command.requestID, method: command.method, target: request.target, headers: headers,
             body: command.body, maxAttempts: route.delivery.maxAttempts,
             expiresAt: clock.wallMilliseconds() + route.delivery.maxAge.nanoseconds / 1_000_000)
         let box = AcceptBox(request, worker, self, command.requestID, upstream)
         worker.shared.inFlight.add(1)
-        store.submit(delivery) { result in
-            box.worker.loop.execute { box.deliveries.stored(result, box) }
+        let store = self.store
+        @Sendable func submit(_ delivery: NewDelivery) {
+            store.submit(delivery) { result in
+                box.worker.loop.execute { box.deliveries.stored(result, box) }
+            }
         }
+        guard clientKey != nil else { return submit(delivery) }
+        guard delivery.body.count > Self.inlineFingerprintBytes else {
+            delivery.fingerprint = Self.fingerprint(delivery)
+            return submit(delivery)
+        }
+        // A large body is hashed off the worker's loop (10 MiB take about
+        // 45 ms), so the other requests of this loop do not wait for it.
+        let keyed = delivery
+        DispatchQueue.global().async {
+            var d = keyed
+            d.fingerprint = Self.fingerprint(d)
+            submit(d)
+        }
+    }
+
+    /// Bodies up to this are fingerprinted on the worker's loop (a few
+    /// hundred microseconds at most); larger ones on a global queue.
+    static let inlineFingerprintBytes = 64 * 1024
+
+    static func fingerprint(_ d: NewDelivery) -> String {
+        IdempotencyScope.fingerprint(
+            method: d.method, target: d.target, body: UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
+    }
+
+    /// The first value of the field `name` (any case), for a name from the configuration.
+    static func field(_ name: String, in headers: HeaderBlock) -> String? {
+        let wanted = Array(name.lowercased().utf8)
+        var found: String?
+        headers.forEach { n, v, _ in
+            guard found == nil, n.count == wanted.count else { return }
+            for i in 0..<n.count {
+                let b = n[i]
+                if (b >= 0x41 && b <= 0x5A ? b | 0x20 : b) != wanted[i] { return }
+            }
+            found = String(decoding: v, as: UTF8.self)
+        }
+        return found
     }
 
     /// On the worker's loop, after the commit.
@@ -270,6 +395,14 @@ final class Deliveries: @unchecked Sendable {
         case let .existing(id, state):
             count(upstream: box.upstream, outcome: "duplicate")
             accepted(request, id: id, state: state, requestID: box.requestID)
+        case .keyReused:
+            count(upstream: box.upstream, outcome: "key_reused")
+            ProblemResponder.respond(
+                request,
+                Problem(
+                    .idempotencyKeyReused, requestID: box.requestID,
+                    detail: "This Idempotency-Key was already sent with another request (method, target or body) "
+                        + "on this route; the request was not stored."))
         case let .full(held, max):
             count(upstream: box.upstream, outcome: "refused")
             events.publish("delivery_store_full", [("held_bytes", String(held)), ("max_bytes", String(max))])
@@ -278,16 +411,24 @@ final class Deliveries: @unchecked Sendable {
                 detail: "The delivery store is full (storage.max_bytes, \(max) bytes); the request was not stored.")
             p.retryAfterSeconds = 5
             ProblemResponder.respond(request, p)
-        case let .failed(message):
+        case let .failed(error):
+            // Logged, counted and announced by `storeHealth`.
             count(upstream: box.upstream, outcome: "refused")
-            logger.error(
-                "delivery store write failed", metadata: ["error": "\(message)", "store": "\(settings.path)"])
-            var p = Problem(
-                .overloaded, requestID: box.requestID,
-                detail: "The request could not be stored (the delivery store failed to write); it was not accepted.")
+            var p = Problem(.storeUnavailable, requestID: box.requestID, detail: Self.unavailableDetail(error))
             p.retryAfterSeconds = 5
             ProblemResponder.respond(request, p)
         }
+    }
+
+    /// The `detail` of a 503 STORE_UNAVAILABLE: what the disk did, never `storage.max_bytes`.
+    static func unavailableDetail(_ error: StoreError) -> String {
+        let cause =
+            switch error.kind {
+            case .full: "the disk it is on is full"
+            case .io: "the disk it is on failed a read or write (I/O error)"
+            case .other: "SQLite refused the write"
+            }
+        return "The delivery store cannot write (\(cause)); the request was not stored."
     }
 
     private func accepted(_ request: HTTPRequest, id: String, state: DeliveryState, requestID: String) {
@@ -319,7 +460,19 @@ final class Deliveries: @unchecked Sendable {
                 request, Problem(.badRequest, requestID: requestID, detail: "A delivery's status is read with GET."))
         }
         let id = String(path.dropFirst(settings.statusPath.count + 1))
-        guard let record = store.record(id: id) else {
+        let found: DeliveryRecord?
+        do {
+            found = try store.lookup(id: id)
+        } catch {
+            // Opened on a disk that refuses writes, the file may not be
+            // readable yet either: not knowing is not "no such delivery".
+            var p = Problem(
+                .storeUnavailable, requestID: requestID,
+                detail: "The delivery store cannot be read now (\(error.message)); try again later.")
+            p.retryAfterSeconds = 5
+            return ProblemResponder.answer(request, p)
+        }
+        guard let record = found else {
             return ProblemResponder.answer(
                 request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
         }
@@ -391,7 +544,8 @@ final class Deliveries: @unchecked Sendable {
         let stats = store.stats()
         let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(stats.byState[$0] ?? 0)" }
         return "{\(counts.joined(separator: ",")),\"held_bytes\":\(stats.heldBytes),\"max_bytes\":\(stats.maxBytes),"
-            + "\"rounds_in_flight\":\(inFlight.load(ordering: .relaxed)),\"store\":\(JSON.quote(settings.path))}"
+            + "\"rounds_in_flight\":\(inFlight.load(ordering: .relaxed)),\"store\":\(JSON.quote(settings.path)),"
+            + "\"writable\":\(store.unavailable == nil)}"
     }
 }
 

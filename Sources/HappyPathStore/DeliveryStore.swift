@@ -34,6 +34,12 @@ public struct NewDelivery: Sendable {
     /// The route's label when it was accepted (for listings; delivery routes again).
     public var route: String
     public var idempotencyKey: String?
+    /// Whose key it is: a hash of the route and the client's identity
+    /// (`IdempotencyScope`); the key is looked up only within its scope.
+    public var idempotencyScope: String?
+    /// A hash of the method, target and body: the same key with another
+    /// fingerprint is another request (`keyReused`).
+    public var fingerprint: String?
     public var requestID: String
     public var method: String
     /// The client's path and query, routed again at delivery.
@@ -46,13 +52,16 @@ public struct NewDelivery: Sendable {
     public var expiresAt: Int64
 
     public init(
-        id: String, upstream: String, route: String, idempotencyKey: String?, requestID: String, method: String,
-        target: String, headers: [UInt8], body: RequestBody, maxAttempts: Int, expiresAt: Int64
+        id: String, upstream: String, route: String, idempotencyKey: String?, idempotencyScope: String? = nil,
+        fingerprint: String? = nil, requestID: String, method: String, target: String, headers: [UInt8],
+        body: RequestBody, maxAttempts: Int, expiresAt: Int64
     ) {
         self.id = id
         self.upstream = upstream
         self.route = route
         self.idempotencyKey = idempotencyKey
+        self.idempotencyScope = idempotencyScope ?? (idempotencyKey == nil ? nil : upstream)
+        self.fingerprint = fingerprint
         self.requestID = requestID
         self.method = method
         self.target = target
@@ -106,12 +115,26 @@ public struct DeliveryRecord: Sendable, Equatable {
 public enum SubmitResult: Sendable {
     /// Stored durably (the commit is on disk, per `storage.sync`).
     case stored(id: String)
-    /// The same `Idempotency-Key` for the same upstream is already stored.
+    /// The same `Idempotency-Key` in the same scope, for the same request
+    /// (fingerprint), is already stored.
     case existing(id: String, state: DeliveryState)
+    /// The same `Idempotency-Key` in the same scope is stored for another
+    /// request (another method, target or body): nothing was stored.
+    case keyReused
     /// `storage.max_bytes` reached: nothing was stored.
     case full(heldBytes: Int, maxBytes: Int)
-    /// The write failed: nothing was stored.
-    case failed(String)
+    /// The store could not write (the disk is full or failing, or the store
+    /// could not be opened yet): nothing was stored.
+    case failed(StoreError)
+}
+
+/// The store's ability to write changed; reported on the writer thread.
+public enum StoreHealth: Sendable {
+    /// A write (or opening the store) failed. Reported for every failure.
+    case failed(StoreError)
+    /// A write succeeded after failures, or the store opened after it could
+    /// not at start; `requeued` rounds found in flight went back to `queued`.
+    case writable(requeued: Int)
 }
 
 /// How one delivery round ended.
@@ -136,12 +159,19 @@ public struct StoreSettings: Sendable {
     public var maxBytes: Int
     /// Delivered and dead deliveries are kept this long (status, Idempotency-Key).
     public var retention: Duration
+    /// While the store cannot be opened (a full or failing disk at start),
+    /// how often the writer tries again.
+    public var reopenInterval: Duration
 
-    public init(path: String, sync: StorageSync, maxBytes: Int, retention: Duration) {
+    public init(
+        path: String, sync: StorageSync, maxBytes: Int, retention: Duration,
+        reopenInterval: Duration = DeliveryStore.defaultReopenInterval
+    ) {
         self.path = path
         self.sync = sync
         self.maxBytes = maxBytes
         self.retention = retention
+        self.reopenInterval = reopenInterval
     }
 }
 
@@ -167,9 +197,17 @@ public struct StoreStats: Sendable {
 /// count against `maxBytes`, and a delivered one's leftover row counts
 /// `deliveredRowBytes`; a request that does not fit is refused, and nothing
 /// stored is ever dropped to make room.
+///
+/// A disk that refuses writes (full, or I/O errors) does not stop the store:
+/// each write that fails is refused with `.failed` and reported through
+/// `onHealth`, and the next one tries again. If the file cannot even be
+/// opened for writing at start, the store starts without its writer
+/// connection, refuses every write, and tries to open it again every
+/// `reopenInterval`; what the file holds stays there until it can.
 public final class DeliveryStore: @unchecked Sendable {
     public static let lingerNanoseconds: Int64 = 1_000_000
     public static let maxBatch = 256
+    public static let defaultReopenInterval: Duration = .seconds(1)
     /// What a delivered delivery's row (id, key, times, status) is counted as.
     static let deliveredRowBytes = 256
 
@@ -180,20 +218,40 @@ public final class DeliveryStore: @unchecked Sendable {
 
     private let queue = WriterQueue()
     private var thread: pthread_t?
-    /// Writer-thread state: the connection and its statements.
+    /// Writer-thread state: the connection and its statements (nil while
+    /// the file cannot be opened for writing).
     private var writer: Writer?
-    private let reader: Locked<Reader>
+    /// Writer-thread state: when to try opening the writer again (or to
+    /// write the deferred round ends again).
+    private var nextReopen: Instant
+    /// Writer-thread state: round ends the disk refused. Each is written
+    /// again every `reopenInterval` until it goes in, so a round's end is not
+    /// lost (its row would stay `in_flight` until the next start); their
+    /// replies (a round slot freed) wait for it.
+    private var deferred: [WriterQueue.Op] = []
+    /// The read-only connection, opened on first use (the file may have no
+    /// table yet while the writer cannot open it).
+    private let reader = Locked<Reader?>(nil)
     /// Payload bytes held, kept by the writer, read by anyone.
     private let held: Locked<Int>
+    /// The last write's failure, cleared once a write succeeds.
+    private let failure = Locked<StoreError?>(nil)
+    /// Told when writes start failing or work again (set before `start`).
+    private var onHealth: @Sendable (StoreHealth) -> Void = { _ in }
     /// Rows put back from `in_flight` to `queued` when the store opened.
-    public let recovered: Int
+    public private(set) var recovered = 0
 
+    /// Throws if the store cannot be used at all (its directory cannot be
+    /// made, the file is not a store, or a newer schema). A disk that
+    /// refuses writes is not such an error: the store starts unavailable
+    /// (`failure` says why) and opens itself once the disk takes writes.
     public init(settings: StoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void = { _ in })
         throws(StoreError)
     {
         self.settings = settings
         self.clock = clock
         self.onWrite = onWrite
+        nextReopen = clock.now() + settings.reopenInterval
         try Self.createDirectory(containing: settings.path)
         // The file holds clients' headers (credentials among them): readable
         // by this user only. SQLite gives its -wal and -shm files the same mode.
@@ -202,11 +260,32 @@ public final class DeliveryStore: @unchecked Sendable {
             fchmod(fd, 0o600)
             Glibc.close(fd)
         }
+        held = Locked(0)
+        do {
+            try openWriter()
+        } catch where error.isDiskError {
+            let refused = error
+            failure.withLock { $0 = refused }
+        }
+    }
+
+    /// Opens the writer connection: recovers rounds left in flight, counts
+    /// what is held. On the caller's thread at init, then on the writer thread.
+    private func openWriter() throws(StoreError) {
         let writer = try Writer(settings: settings)
-        self.writer = writer
         recovered = try writer.recover(now: clock.wallMilliseconds())
-        held = Locked(try writer.heldBytes())
-        reader = Locked(try Reader(path: settings.path))
+        let bytes = try writer.heldBytes()
+        held.withLock { $0 = bytes }
+        self.writer = writer
+    }
+
+    /// Why the store cannot write now (nil: the last write succeeded).
+    public var unavailable: StoreError? { failure.withLock { $0 } }
+
+    /// `handler` hears, on the writer thread, when writes fail and when they
+    /// work again. Set it before `start`.
+    public func observe(_ handler: @escaping @Sendable (StoreHealth) -> Void) {
+        onHealth = handler
     }
 
     deinit { close() }
@@ -293,19 +372,50 @@ public final class DeliveryStore: @unchecked Sendable {
         queue.push(.wake(upstream: upstream))
     }
 
+    /// Tests only: runs `sql` on the writer's connection (such as `PRAGMA
+    /// max_page_count`, to make the next write fail as on a full disk).
+    func execute(_ sql: String, reply: @escaping @Sendable () -> Void) {
+        queue.push(.execute(sql: sql, reply: reply))
+    }
+
     // MARK: - Reads (the read-only connection)
 
+    /// The reader, opened now if it is not yet; nil if it cannot be.
+    private func read<T>(_ body: (Reader) throws(StoreError) -> T) -> T? {
+        reader.withLock { r -> T? in
+            if r == nil { r = try? Reader(path: settings.path) }
+            guard let open = r else { return nil }
+            return try? body(open)
+        }
+    }
+
     public func record(id: String) -> DeliveryRecord? {
-        reader.withLock { try? $0.record(id: id) } ?? nil
+        read { r throws(StoreError) in try r.record(id: id) } ?? nil
+    }
+
+    /// `id`'s record, nil if there is none; throws if the store cannot be
+    /// read (opened on a full disk, the file may not be readable yet): not
+    /// knowing is not "no such delivery".
+    public func lookup(id: String) throws(StoreError) -> DeliveryRecord? {
+        // `withLock` rethrows untyped: carry the error out as a value.
+        let result = reader.withLock { r -> Result<DeliveryRecord?, StoreError> in
+            do throws(StoreError) {
+                if r == nil { r = try Reader(path: settings.path) }
+                return .success(try r!.record(id: id))
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
     }
 
     /// Newest first; `after` is the `cursor` of the last record of the previous page.
     public func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) -> [DeliveryRecord] {
-        reader.withLock { (try? $0.list(state: state, upstream: upstream, after: after, limit: limit)) ?? [] }
+        read { r throws(StoreError) in try r.list(state: state, upstream: upstream, after: after, limit: limit) } ?? []
     }
 
     public func stats() -> StoreStats {
-        var stats = reader.withLock { (try? $0.stats()) ?? StoreStats() }
+        var stats = read { r throws(StoreError) in try r.stats() } ?? StoreStats()
         stats.heldBytes = heldBytes
         stats.maxBytes = settings.maxBytes
         return stats
@@ -314,21 +424,60 @@ public final class DeliveryStore: @unchecked Sendable {
     // MARK: - The writer thread
 
     private func runWriter() {
-        while let batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch) {
-            commit(batch)
+        while true {
+            // Without a writer connection, wake up to try opening it again
+            // even when nothing is waiting.
+            let wait = writer == nil || !deferred.isEmpty ? max(0, (nextReopen - clock.now()).nanoseconds) : nil
+            guard var batch = queue.take(linger: Self.lingerNanoseconds, max: Self.maxBatch, wait: wait) else { return }
+            if writer == nil, clock.now() >= nextReopen { reopen() }
+            if writer != nil, !deferred.isEmpty, clock.now() >= nextReopen {
+                nextReopen = clock.now() + settings.reopenInterval
+                batch = deferred + batch
+                deferred = []
+            }
+            if !batch.isEmpty { commit(batch) }
         }
     }
 
+    /// Writer thread: one more try at opening the store.
+    private func reopen() {
+        nextReopen = clock.now() + settings.reopenInterval
+        do {
+            try openWriter()
+            failure.withLock { $0 = nil }
+            onHealth(.writable(requeued: recovered))
+        } catch {
+            writer = nil
+            failure.withLock { $0 = error }
+            onHealth(.failed(error))
+        }
+    }
+
+    /// Writer thread: a write failed (every failure is reported).
+    private func failed(_ error: StoreError) {
+        failure.withLock { $0 = error }
+        onHealth(.failed(error))
+    }
+
     private func commit(_ batch: [WriterQueue.Op]) {
-        guard let writer else { return }
+        guard let writer else {
+            // Not open (the disk refused it): nothing can be written.
+            let error = unavailable ?? StoreError(SQLITE_CANTOPEN, "the store is not open")
+            for op in batch { Self.failedReply(op, error)() }
+            return
+        }
         let now = clock.wallMilliseconds()
         let heldBefore = heldBytes
         var heldNow = heldBefore
         var replies: [() -> Void]
+        let changesBefore = writer.connection.totalChanges
+        var wrote = false
         do {
             replies = try transaction(batch, writer: writer, now: now, held: &heldNow)
+            wrote = writer.connection.totalChanges > changesBefore
         } catch {
             heldNow = heldBefore
+            failed(error)
             // Nothing new was stored: every submit in the batch is refused;
             // the rest (finishes, claims, replays) is tried again on its own.
             replies = []
@@ -338,18 +487,30 @@ public final class DeliveryStore: @unchecked Sendable {
                     rest.append(op)
                     continue
                 }
-                let result: SubmitResult =
-                    error.isFull ? .full(heldBytes: heldBefore, maxBytes: settings.maxBytes) : .failed(error.message)
-                replies.append { reply(result) }
+                replies.append { reply(.failed(error)) }
             }
             if !rest.isEmpty {
                 do {
                     replies += try transaction(rest, writer: writer, now: now, held: &heldNow)
                 } catch {
                     heldNow = heldBefore
-                    replies += rest.map(Self.failedReply)
+                    failed(error)
+                    for op in rest {
+                        if case .finish = op, error.isDiskError {
+                            if deferred.isEmpty { nextReopen = clock.now() + settings.reopenInterval }
+                            deferred.append(op)
+                        } else {
+                            replies.append(Self.failedReply(op, error))
+                        }
+                    }
                 }
             }
+        }
+        // Only a commit that changed rows shows the disk takes writes again
+        // (the dispatcher's claims commit every 100 ms, mostly changing nothing).
+        if wrote, failure.withLock({ $0 }) != nil {
+            failure.withLock { $0 = nil }
+            onHealth(.writable(requeued: 0))
         }
         held.withLock { $0 = heldNow }
         let committed = clock.now()
@@ -384,14 +545,15 @@ public final class DeliveryStore: @unchecked Sendable {
         return replies
     }
 
-    private static func failedReply(_ op: WriterQueue.Op) -> () -> Void {
+    private static func failedReply(_ op: WriterQueue.Op, _ error: StoreError) -> () -> Void {
         switch op {
-        case let .submit(_, _, reply): { reply(.failed("the store could not write")) }
+        case let .submit(_, _, reply): { reply(.failed(error)) }
         case let .claim(_, _, reply): { reply([], []) }
         case let .finish(_, _, reply): { reply?() }
         case let .replay(_, _, reply): { reply(.unknown) }
         case let .purge(reply): { reply(0) }
         case .wake: {}
+        case let .execute(_, reply): { reply() }
         }
     }
 }
@@ -409,6 +571,8 @@ final class WriterQueue: @unchecked Sendable {
         case replay(id: String, expiresAt: Int64, reply: @Sendable (ReplayResult) -> Void)
         case purge(reply: @Sendable (Int) -> Void)
         case wake(upstream: String)
+        /// Tests: a statement on the writer's connection, in the batch's transaction.
+        case execute(sql: String, reply: @Sendable () -> Void)
     }
 
     private var mutex = pthread_mutex_t()
@@ -447,12 +611,25 @@ final class WriterQueue: @unchecked Sendable {
 
     /// Waits for work, then lingers up to `linger` for more (unless `max`
     /// are waiting or the queue is stopping). Nil once stopped and empty.
-    func take(linger: Int64, max: Int) -> [Op]? {
+    /// With `wait` (nanoseconds), empty once that passed with nothing to do.
+    func take(linger: Int64, max: Int, wait: Int64? = nil) -> [Op]? {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
+        var until = timespec()
+        if let wait {
+            clock_gettime(CLOCK_MONOTONIC, &until)
+            let end = Int64(until.tv_sec) * 1_000_000_000 + Int64(until.tv_nsec) + wait
+            until = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
+        }
         while ops.isEmpty {
             if stopping { return nil }
-            pthread_cond_wait(&condition, &mutex)
+            if wait != nil {
+                if pthread_cond_timedwait(&condition, &mutex, &until) == ETIMEDOUT, ops.isEmpty {
+                    return stopping ? nil : []
+                }
+            } else {
+                pthread_cond_wait(&condition, &mutex)
+            }
         }
         if !stopping, ops.count < max {
             var ts = timespec()
@@ -473,7 +650,9 @@ final class WriterQueue: @unchecked Sendable {
 // MARK: - Schema and statements
 
 enum Schema {
-    static let version = 1
+    /// 1: the first. 2: `idem_scope` and `idem_fingerprint`; a key is
+    /// unique per scope, no longer per upstream (`delivery_idem` dropped).
+    static let version = 2
 
     static let create = """
         CREATE TABLE IF NOT EXISTS delivery (
@@ -496,9 +675,23 @@ enum Schema {
           created_at INTEGER NOT NULL,
           updated_at INTEGER NOT NULL,
           last_status INTEGER,
-          last_problem TEXT
+          last_problem TEXT,
+          idem_scope TEXT,
+          idem_fingerprint TEXT
         );
-        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem ON delivery(upstream, idem_key) WHERE idem_key IS NOT NULL;
+        """
+
+    /// Schema 1 to 2, in place: the two columns are added (NULL in the rows
+    /// already stored: their keys are matched by no new request, see
+    /// docs/deliver-later.md) and the per-upstream key index is replaced.
+    static let migrateFrom1 = """
+        ALTER TABLE delivery ADD COLUMN idem_scope TEXT;
+        ALTER TABLE delivery ADD COLUMN idem_fingerprint TEXT;
+        """
+
+    static let indexes = """
+        DROP INDEX IF EXISTS delivery_idem;
+        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem_scope ON delivery(idem_scope, idem_key) WHERE idem_key IS NOT NULL;
         DROP INDEX IF EXISTS delivery_due;
         CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;
         CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;
@@ -549,7 +742,18 @@ final class Writer {
                 SQLITE_ERROR,
                 "\(settings.path) was written by a newer happypath (schema \(version), this one knows \(Schema.version))")
         }
-        try c.execute("BEGIN IMMEDIATE; \(Schema.create) PRAGMA user_version = \(Schema.version); COMMIT")
+        try c.execute("BEGIN IMMEDIATE; \(Schema.create)")
+        do {
+            // A file of schema 1 has the table without the new columns.
+            let columns = try c.prepare("SELECT count(*) FROM pragma_table_info('delivery') WHERE name = 'idem_scope'")
+            let missing = try columns.step() && columns.int(0) == 0
+            columns.reset()
+            if missing { try c.execute(Schema.migrateFrom1) }
+            try c.execute("\(Schema.indexes) PRAGMA user_version = \(Schema.version); COMMIT")
+        } catch {
+            try? c.execute("ROLLBACK")
+            throw error
+        }
         // A backstop below the disk: SQLite itself refuses to grow past about
         // twice max_bytes (the store refuses new requests at max_bytes).
         let pageSize = try c.integer("PRAGMA page_size")
@@ -562,11 +766,13 @@ final class Writer {
         insert = try c.prepare(
             """
             INSERT INTO delivery (id, upstream, route, idem_key, request_id, method, target, headers, body,
-              payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
-            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?12, ?12)
+              payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at, idem_scope,
+              idem_fingerprint)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?12, ?12, ?14, ?15)
             ON CONFLICT DO NOTHING
             """)
-        findByKey = try c.prepare("SELECT id, state FROM delivery WHERE upstream = ?1 AND idem_key = ?2")
+        findByKey = try c.prepare(
+            "SELECT id, state, idem_fingerprint FROM delivery WHERE idem_scope = ?1 AND idem_key = ?2")
         expire = try c.prepare(
             """
             UPDATE delivery SET state = 3, updated_at = ?1, last_problem = CASE
@@ -632,8 +838,8 @@ final class Writer {
     {
         switch op {
         case let .submit(d, _, reply):
-            if let key = d.idempotencyKey, let existing = try existing(upstream: d.upstream, key: key) {
-                return { reply(.existing(id: existing.0, state: existing.1)) }
+            if let key = d.idempotencyKey, let existing = try existing(scope: d.idempotencyScope, key: key) {
+                return Self.repeated(existing, d, reply)
             }
             let bytes = d.payloadBytes
             if held + bytes > maxBytes {
@@ -654,11 +860,13 @@ final class Writer {
             s.bind(11, d.maxAttempts)
             s.bind(12, now)
             s.bind(13, d.expiresAt)
+            s.bind(14, d.idempotencyScope)
+            s.bind(15, d.fingerprint)
             try s.run()
             if connection.changes == 0, let key = d.idempotencyKey,
-                let existing = try existing(upstream: d.upstream, key: key)
+                let existing = try existing(scope: d.idempotencyScope, key: key)
             {
-                return { reply(.existing(id: existing.0, state: existing.1)) }
+                return Self.repeated(existing, d, reply)
             }
             held += bytes
             upstreams.insert(d.upstream)
@@ -760,16 +968,34 @@ final class Writer {
             s.bind(2, now)
             try s.run()
             return nil
+
+        case let .execute(sql, reply):
+            try connection.execute(sql)
+            return { reply() }
         }
     }
 
-    private func existing(upstream: String, key: String) throws(StoreError) -> (String, DeliveryState)? {
+    private func existing(scope: String?, key: String) throws(StoreError)
+        -> (id: String, state: DeliveryState, fingerprint: String?)?
+    {
         let s = findByKey
         defer { s.reset() }
-        s.bind(1, upstream)
+        s.bind(1, scope)
         s.bind(2, key)
         guard try s.step() else { return nil }
-        return (s.string(0) ?? "", DeliveryState(rawValue: s.int(1)) ?? .queued)
+        return (s.string(0) ?? "", DeliveryState(rawValue: s.int(1)) ?? .queued, s.string(2))
+    }
+
+    /// A key already stored in this scope: the same request gets the
+    /// stored delivery; another request with that key is refused, and
+    /// learns nothing of the first.
+    private static func repeated(
+        _ existing: (id: String, state: DeliveryState, fingerprint: String?), _ d: NewDelivery,
+        _ reply: @escaping @Sendable (SubmitResult) -> Void
+    ) -> () -> Void {
+        if existing.fingerprint != d.fingerprint { return { reply(.keyReused) } }
+        let (id, state) = (existing.id, existing.state)
+        return { reply(.existing(id: id, state: state)) }
     }
 
 

@@ -1,19 +1,52 @@
 import CSQLite
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// What went wrong in SQLite, with its own message (which names the file,
 /// the table or the constraint).
 public struct StoreError: Error, CustomStringConvertible, Sendable {
     public let code: Int32
     public let message: String
+    /// The system call's errno behind an I/O failure (0 if none or unknown).
+    public let systemErrno: Int32
     public var description: String { message }
 
-    init(_ code: Int32, _ message: String) {
+    init(_ code: Int32, _ message: String, systemErrno: Int32 = 0) {
         self.code = code
         self.message = message
+        self.systemErrno = systemErrno
     }
 
-    /// The database or disk is full (SQLITE_FULL): the store's `max_bytes` backstop.
-    public var isFull: Bool { code & 0xFF == SQLITE_FULL }
+    /// What kind of failure it is, for `happypath_delivery_store_errors_total{kind}`.
+    /// SQLite reports ENOSPC as SQLITE_FULL from a write, but as an
+    /// SQLITE_IOERR from some other calls (growing the -shm file, a
+    /// truncate): the errno decides then.
+    public var kind: StoreErrorKind {
+        let noSpace = systemErrno == ENOSPC || systemErrno == EDQUOT
+        switch code & 0xFF {
+        case SQLITE_FULL: return .full
+        case SQLITE_IOERR: return noSpace ? .full : .io
+        case SQLITE_CANTOPEN: return noSpace ? .full : .other
+        default: return .other
+        }
+    }
+
+    /// The disk refused a write (full, or an I/O error): the store keeps
+    /// running and tries again, rather than stopping the proxy.
+    public var isDiskError: Bool { kind != .other }
+}
+
+/// Why a write to the store failed, as the metric's `kind` label says it.
+public enum StoreErrorKind: String, Sendable, CaseIterable {
+    /// SQLITE_FULL: the filesystem has no space left (ENOSPC), or the file
+    /// reached the store's own page limit (about twice `storage.max_bytes`).
+    case full
+    /// SQLITE_IOERR: the filesystem failed a read, write or fsync (EIO).
+    case io
+    /// Anything else SQLite reports (a locked or corrupt file, ...).
+    case other
 }
 
 /// One SQLite connection, used by one thread at a time (opened with
@@ -29,8 +62,9 @@ final class SQLiteConnection {
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            let systemErrno = db.map { sqlite3_system_errno($0) } ?? 0
             sqlite3_close_v2(db)
-            throw StoreError(rc, "cannot open \(path): \(message)")
+            throw StoreError(rc, "cannot open \(path): \(message)", systemErrno: systemErrno)
         }
         handle = db
         sqlite3_extended_result_codes(db, 1)
@@ -42,20 +76,25 @@ final class SQLiteConnection {
 
     var errorMessage: String { String(cString: sqlite3_errmsg(handle)) }
 
+    /// The error `rc` with SQLite's message and the errno of the failed system call.
+    func error(_ rc: Int32, _ message: String? = nil) -> StoreError {
+        StoreError(rc, message ?? errorMessage, systemErrno: sqlite3_system_errno(handle))
+    }
+
     func execute(_ sql: String) throws(StoreError) {
         var error: UnsafeMutablePointer<CChar>?
         let rc = sqlite3_exec(handle, sql, nil, nil, &error)
         if rc != SQLITE_OK {
             let message = error.map { String(cString: $0) } ?? errorMessage
             sqlite3_free(error)
-            throw StoreError(rc, message)
+            throw self.error(rc, message)
         }
     }
 
     func prepare(_ sql: String) throws(StoreError) -> Statement {
         var statement: OpaquePointer?
         let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
-        guard rc == SQLITE_OK, let statement else { throw StoreError(rc, "\(errorMessage) in: \(sql)") }
+        guard rc == SQLITE_OK, let statement else { throw error(rc, "\(errorMessage) in: \(sql)") }
         return Statement(statement, connection: self)
     }
 
@@ -67,6 +106,10 @@ final class SQLiteConnection {
     }
 
     var changes: Int { Int(sqlite3_changes(handle)) }
+
+    /// Rows changed since the connection opened: a commit that changed some
+    /// proves the disk took a write (an empty transaction writes nothing).
+    var totalChanges: Int64 { Int64(sqlite3_total_changes(handle)) }
 }
 
 /// A prepared statement, reset after each use.
@@ -110,7 +153,7 @@ final class Statement {
         switch rc {
         case SQLITE_ROW: return true
         case SQLITE_DONE: return false
-        default: throw StoreError(rc, connection.errorMessage)
+        default: throw connection.error(rc)
         }
     }
 

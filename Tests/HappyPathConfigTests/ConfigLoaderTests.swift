@@ -319,13 +319,29 @@ struct DeliverLaterConfigTests {
             """
             storage: { path: /tmp/x/d.db, sync: normal, max_bytes: 64MiB, retention: 2h, status_path: /status }
             """ + "\n" + Self.base
-                + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later, max_age: 1h, max_attempts: 7, backoff: { base: 2s, max: 30s } } }"
+                + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later, max_age: 1h, max_attempts: 7, backoff: { base: 2s, max: 30s }, idempotency: { client_header: X-Api-Key } } }"
         )
         #expect(c.storage.path == "/tmp/x/d.db" && c.storage.sync == .normal && c.storage.maxBytes == 64 << 20)
         #expect(c.storage.retention == .seconds(7200) && c.storage.statusPath == "/status")
         #expect(c.storage.pathLine == 1 && c.storage.pathColumn == 18)
         let d = c.routes[0].delivery
         #expect(d.maxAge == .seconds(3600) && d.maxAttempts == 7 && d.backoffBase == .seconds(2) && d.backoffMax == .seconds(30))
+        #expect(d.idempotencyClientHeader == "X-Api-Key")
+    }
+
+    @Test func idempotencyClientHeaderDefaultsToNoneAndMustBeAHeaderName() throws {
+        let c = try parse(Self.base + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later } }")
+        #expect(c.routes[0].delivery.idempotencyClientHeader == nil)
+        let e = errors(
+            Self.base
+                + "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later, idempotency: { client_header: 'X Api' } } }\n"
+                + "  - { match: { path_prefix: /i }, upstream: hooks, delivery: { mode: later, idempotency: { client_header: authorization } } }\n"
+                + "  - { match: { path_prefix: /j }, upstream: hooks, delivery: { mode: later, idempotency: { header: X-Api-Key } } }"
+        )
+        #expect(e.contains { $0.contains("routes[0].delivery.idempotency.client_header must be a header name such as X-Api-Key, got 'X Api'") })
+        #expect(e.contains { $0.contains("routes[1].delivery.idempotency.client_header cannot be authorization") })
+        #expect(e.contains { $0.contains("routes[2].delivery.idempotency") && $0.contains("header") })
+        #expect(e.allSatisfy { $0.hasPrefix("t.yaml:") && $0.split(separator: ":").count >= 4 }, "FILE:LINE:COL: message")
     }
 
     @Test func modeNowNeedsNoStore() throws {

@@ -104,6 +104,7 @@ import Testing
             .noRoute: 404, .badRequest: 400, .payloadTooLarge: 413, .headersTooLarge: 431,
             .upstreamUnreachable: 503, .upstreamTimeout: 504, .upstreamUnavailable: 503, .circuitOpen: 503,
             .overloaded: 503, .rateLimited: 429, .authFailed: 401, .forbidden: 403, .notFound: 404, .badGateway: 502,
+            .storeUnavailable: 503, .idempotencyKeyReused: 422,
         ]
         for (code, status) in expected { #expect(code.status == status, "\(code)") }
     }

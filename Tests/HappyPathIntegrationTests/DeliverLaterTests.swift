@@ -2,6 +2,8 @@ import Foundation
 import HappyPathCore
 import Testing
 
+@testable import HappyPathStore
+
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -114,6 +116,110 @@ struct DeliverLaterTests {
         let metrics = try AdminProbe(port: h.adminPort).metrics()
         #expect(metrics["happypath_deliveries_total{upstream=\"hooks\",outcome=\"duplicate\"}"] == 1)
         #expect(metrics["happypath_deliveries_total{upstream=\"hooks\",outcome=\"accepted\"}"] == 1)
+    }
+
+    /// Two clients (their own `Authorization`) that happen to pick the same
+    /// key each get their own delivery, and each is delivered with it.
+    @Test func twoClientsWithTheSameKeyEachGetTheirOwnDelivery() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
+        let alice = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay",
+            headers: [("Idempotency-Key", "order-1"), ("Authorization", "Bearer alice")], body: Array("alice".utf8))
+        let bob = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay",
+            headers: [("Idempotency-Key", "order-1"), ("Authorization", "Bearer bob")], body: Array("bob".utf8))
+        #expect(alice.status == 202 && bob.status == 202)
+        let aliceID = try #require(Self.json(alice)["id"] as? String)
+        let bobID = try #require(Self.json(bob)["id"] as? String)
+        #expect(aliceID != bobID, "the second client was handed the first one's delivery")
+        // Bob sending his request again gets his own delivery back.
+        let bobAgain = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay",
+            headers: [("Idempotency-Key", "order-1"), ("Authorization", "Bearer bob")], body: Array("bob".utf8))
+        #expect(bobAgain.status == 202 && Self.json(bobAgain)["id"] as? String == bobID)
+
+        let upstream = ScriptedUpstream(comingUpOn: port) { _ in Self.ok }.started()
+        h.scripted.append(upstream)
+        guard
+            waitUntil("both delivered", {
+                try Self.status(h, aliceID)["state"] as? String == "delivered"
+                    && Self.status(h, bobID)["state"] as? String == "delivered"
+            })
+        else { return }
+        let bodies = upstream.appRequests.map { String(decoding: $0.body, as: UTF8.self) }
+        #expect(bodies.sorted() == ["alice", "bob"])
+        // The credential is in the key's scope only as a hash.
+        let scopes = try Self.column("idem_scope", in: store.file)
+        #expect(scopes.count == 2 && scopes.allSatisfy { $0.count == 64 && !$0.contains("alice") && !$0.contains("bob") })
+    }
+
+    /// One client reusing its key for a different request gets 422, and
+    /// nothing is stored; its first request is unaffected.
+    @Test func aKeyReusedWithAnotherBodyIsRefusedWith422() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
+        let headers = [("Idempotency-Key", "order-2"), ("Authorization", "Bearer carol")]
+        let first = try HTTP.request(port: h.port, "POST", "/hooks/pay", headers: headers, body: Array("{\"n\":1}".utf8))
+        #expect(first.status == 202)
+        let changed = try HTTP.request(port: h.port, "POST", "/hooks/pay", headers: headers, body: Array("{\"n\":2}".utf8))
+        #expect(changed.status == 422)
+        #expect(Self.json(changed)["code"] as? String == "IDEMPOTENCY_KEY_REUSED")
+        #expect(Self.json(changed)["retryable"] as? Bool == false)
+        #expect(Self.json(changed)["id"] == nil && !changed.text.contains("dlv_"), "nothing of the first delivery is shown")
+        let otherTarget = try HTTP.request(port: h.port, "POST", "/hooks/refund", headers: headers, body: Array("{\"n\":1}".utf8))
+        #expect(otherTarget.status == 422)
+        let same = try HTTP.request(port: h.port, "POST", "/hooks/pay", headers: headers, body: Array("{\"n\":1}".utf8))
+        #expect(same.status == 202 && Self.json(same)["id"] as? String == Self.json(first)["id"] as? String)
+        // A large body (fingerprinted off the worker's loop): its last byte decides.
+        var big = [UInt8](repeating: UInt8(ascii: "b"), count: 300 * 1024)
+        let bigHeaders = [("Idempotency-Key", "order-3"), ("Authorization", "Bearer carol")]
+        let bigFirst = try HTTP.request(port: h.port, "POST", "/hooks/pay", headers: bigHeaders, body: big)
+        let bigSame = try HTTP.request(port: h.port, "POST", "/hooks/pay", headers: bigHeaders, body: big)
+        big[big.count - 1] = UInt8(ascii: "c")
+        let bigChanged = try HTTP.request(port: h.port, "POST", "/hooks/pay", headers: bigHeaders, body: big)
+        #expect(bigFirst.status == 202 && bigSame.status == 202 && bigChanged.status == 422)
+        #expect(Self.json(bigSame)["id"] as? String == Self.json(bigFirst)["id"] as? String)
+
+        let admin = AdminProbe(port: h.adminPort)
+        let d = try admin.state()["deliveries"] as? [String: Any] ?? [:]
+        let stored = ["queued", "in_flight", "delivered", "dead"].reduce(0) { $0 + ((d[$1] as? Int) ?? 0) }
+        #expect(stored == 2, "only the first request of each key was stored: \(d)")
+        #expect(try admin.metric("happypath_deliveries_total{upstream=\"hooks\",outcome=\"key_reused\"}") == 3)
+    }
+
+    /// Without `Authorization`, the route's `delivery.idempotency.client_header`
+    /// tells clients apart.
+    @Test func theConfiguredClientHeaderScopesKeysWithoutAuthorization() throws {
+        let store = StoreDirectory()
+        let port = RefusingPort()
+        let h = try ProxyHarness(
+            Self.yaml(upstream: port.url, store: store, delivery: ", idempotency: { client_header: X-Api-Key }"),
+            holding: [port])
+        func send(_ apiKey: String?) throws -> String? {
+            var headers = [("Idempotency-Key", "k-9")]
+            if let apiKey { headers.append(("X-Api-Key", apiKey)) }
+            let r = try HTTP.request(port: h.port, "POST", "/hooks/e", headers: headers, body: Array("same".utf8))
+            #expect(r.status == 202)
+            return Self.json(r)["id"] as? String
+        }
+        let one = try send("key-one")
+        let two = try send("key-two")
+        let anonymous = try send(nil)
+        #expect(Set([one, two, anonymous].compactMap { $0 }).count == 3)
+        #expect(try send("key-one") == one)
+    }
+
+    /// One column of every row of the store file, read through the store's
+    /// own SQLite layer (read-only, beside the running proxy).
+    static func column(_ name: String, in file: String) throws -> [String] {
+        let c = try SQLiteConnection(path: file, readOnly: true)
+        let s = try c.prepare("SELECT \(name) FROM delivery WHERE \(name) IS NOT NULL")
+        var out: [String] = []
+        while try s.step() { out.append(s.string(0) ?? "") }
+        return out
     }
 
     @Test func queuedWhileTheUpstreamIsDownThenEveryOneArrivesOnce() throws {

@@ -1,6 +1,11 @@
+import CSQLite
 import Foundation
 import HappyPathCore
 import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 @testable import HappyPathStore
 
@@ -19,9 +24,12 @@ struct DeliveryStoreTests {
 
         deinit { try? FileManager.default.removeItem(atPath: directory) }
 
-        func open(maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600)) throws -> DeliveryStore {
+        func open(
+            maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600), health: HealthLog? = nil
+        ) throws -> DeliveryStore {
             let store = try DeliveryStore(
                 settings: StoreSettings(path: path, sync: .full, maxBytes: maxBytes, retention: retention), clock: clock)
+            if let health { store.observe { health.record($0) } }
             store.start()
             return store
         }
@@ -35,6 +43,20 @@ struct DeliveryStoreTests {
                 body: RequestBody(Array(body.utf8)), maxAttempts: 5,
                 expiresAt: clock.wallMilliseconds() + 3_600_000)
         }
+    }
+
+    /// What the store reported through `observe`, in order.
+    final class HealthLog: Sendable {
+        private let events = Locked<[String]>([])
+        func record(_ health: StoreHealth) {
+            let text =
+                switch health {
+                case let .failed(error): "failed:\(error.kind.rawValue)"
+                case let .writable(requeued): "writable:\(requeued)"
+                }
+            events.withLock { $0.append(text) }
+        }
+        var all: [String] { events.withLock { $0 } }
     }
 
     /// Waits for one reply of an asynchronous store call.
@@ -60,6 +82,187 @@ struct DeliveryStoreTests {
 
     static func finish(_ store: DeliveryStore, _ id: String, _ outcome: DeliveryOutcome) {
         let _: Bool = wait { reply in store.finish(id: id, outcome) { reply(true) } }
+    }
+
+    static func execute(_ store: DeliveryStore, _ sql: String) {
+        let _: Bool = wait { reply in store.execute(sql) { reply(true) } }
+    }
+
+    // MARK: - A disk that refuses writes
+
+    /// SQLITE_FULL from below (here SQLite's page limit, as a full
+    /// filesystem would give it) is a store error, not `storage.max_bytes`:
+    /// the write is refused, what was stored stays, and the next write
+    /// tries again and works once there is room.
+    @Test func aWriteTheDiskRefusesFailsAsADiskErrorAndTheNextOneTriesAgain() throws {
+        let f = Fixture()
+        let health = HealthLog()
+        let store = try f.open(maxBytes: 8 << 20, health: health)
+        guard case .stored = Self.submit(store, f.delivery("kept")) else {
+            Issue.record("not stored")
+            return
+        }
+        // No page beyond those the file has: a body that needs new pages cannot be written.
+        Self.execute(store, "PRAGMA max_page_count = 1")
+        let big = String(repeating: "b", count: 256 * 1024)
+        let refused = Self.submit(store, f.delivery("big", body: big))
+        guard case let .failed(error) = refused else {
+            Issue.record("expected a store error, got \(refused)")
+            return
+        }
+        #expect(error.kind == .full && error.isDiskError)
+        #expect(store.unavailable?.kind == .full)
+        #expect(health.all == ["failed:full"])
+        #expect(store.record(id: "big") == nil)
+        #expect(store.record(id: "kept")?.state == .queued, "what was stored stays")
+
+        Self.execute(store, "PRAGMA max_page_count = 1000000")
+        guard case .stored = Self.submit(store, f.delivery("big", body: big)) else {
+            Issue.record("the write after the disk has room again was refused")
+            return
+        }
+        #expect(store.unavailable == nil)
+        #expect(health.all == ["failed:full", "writable:0"])
+        #expect(Set(Self.claim(store).map(\.id)) == ["kept", "big"])
+        store.close()
+    }
+
+    /// How a failure is counted: SQLite's code, and for I/O errors the errno
+    /// (SQLite reports ENOSPC as an I/O error from some calls).
+    /// Extended codes, spelled out (Swift does not import these macros).
+    static let ioerrWrite = SQLITE_IOERR | (3 << 8)
+    static let ioerrFsync = SQLITE_IOERR | (4 << 8)
+    static let ioerrShmSize = SQLITE_IOERR | (19 << 8)
+
+    @Test(arguments: [
+        (SQLITE_FULL, Int32(0), StoreErrorKind.full),
+        (ioerrWrite, ENOSPC, .full),
+        (ioerrShmSize, ENOSPC, .full),
+        (ioerrWrite, EDQUOT, .full),
+        (ioerrFsync, EIO, .io),
+        (SQLITE_IOERR, 0, .io),
+        (SQLITE_CANTOPEN, ENOSPC, .full),
+        (SQLITE_CANTOPEN, EACCES, .other),
+        (SQLITE_CORRUPT, 0, .other),
+        (SQLITE_BUSY, 0, .other),
+    ])
+    func failuresAreSortedByKind(code: Int32, systemErrno: Int32, kind: StoreErrorKind) {
+        let error = StoreError(code, "x", systemErrno: systemErrno)
+        #expect(error.kind == kind)
+        #expect(error.isDiskError == (kind != .other))
+    }
+
+    /// A round's end the disk refuses is not dropped (its row would stay
+    /// `in_flight` until a restart): it is written again once there is
+    /// room, and only then is the round reported recorded.
+    @Test func aRoundEndTheDiskRefusesIsWrittenLaterNotLost() throws {
+        let f = Fixture()
+        let store = try f.open(maxBytes: 8 << 20)
+        _ = Self.submit(store, f.delivery("r"))
+        #expect(Self.claim(store).map(\.id) == ["r"])
+        Self.execute(store, "PRAGMA max_page_count = 1")
+        // A problem large enough to need pages the file does not have.
+        let problem = "{\"detail\":\"" + String(repeating: "p", count: 256 * 1024) + "\"}"
+        let recorded = Locked(false)
+        store.finish(id: "r", .dead(status: 500, problem: problem)) { recorded.withLock { $0 = true } }
+        Self.execute(store, "SELECT 1")  // the finish's batch has been through the writer
+        #expect(!recorded.withLock { $0 }, "reported recorded although the disk refused it")
+        #expect(store.record(id: "r")?.state == .inFlight)
+
+        Self.execute(store, "PRAGMA max_page_count = 1000000")
+        f.clock.advance(by: DeliveryStore.defaultReopenInterval)
+        Self.execute(store, "SELECT 1")  // wakes the writer: the deferred end goes first
+        #expect(recorded.withLock { $0 })
+        let record = try #require(store.record(id: "r"))
+        #expect(record.state == .dead && record.lastStatus == 500 && record.lastProblem == problem)
+        store.close()
+    }
+
+    /// A small filesystem of its own (tmpfs, size in bytes), unmounted at
+    /// the end; nil (with the reason printed) where it cannot be mounted.
+    final class SmallDisk {
+        let path: String
+        var filler: String { path + "/filler" }
+
+        init?(bytes: Int) {
+            path = NSTemporaryDirectory() + "happypath-tmpfs-" + UUID().uuidString
+            try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            if mount("tmpfs", path, "tmpfs", 0, "size=\(bytes),mode=0700") != 0 {
+                print("skipped: cannot mount a tmpfs at \(path): \(String(cString: strerror(errno))) (needs root)")
+                try? FileManager.default.removeItem(atPath: path)
+                return nil
+            }
+        }
+
+        deinit {
+            umount2(path, Int32(MNT_DETACH))
+            try? FileManager.default.removeItem(atPath: path)
+        }
+
+        /// Writes a filler file until the filesystem is full (ENOSPC).
+        func fill() {
+            let fd = Glibc.open(filler, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { return }
+            defer { Glibc.close(fd) }
+            let chunk = [UInt8](repeating: 0x66, count: 4096)
+            while chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
+            // The last partial page too.
+            while write(fd, chunk, 1) > 0 {}
+        }
+
+        func free() { unlink(filler) }
+    }
+
+    /// On a disk that is full when the store opens (its -shm file cannot be
+    /// made), the store opens anyway, refuses writes, keeps what the file
+    /// holds, and opens for real at its next try after the disk has room.
+    @Test func aStoreOpenedOnAFullDiskWaitsForRoomAndLosesNothing() throws {
+        guard let disk = SmallDisk(bytes: 2 << 20) else { return }
+        let clock = ManualClock()
+        let settings = StoreSettings(
+            path: disk.path + "/deliveries.db", sync: .full, maxBytes: 1 << 20, retention: .seconds(3600),
+            reopenInterval: .seconds(5))
+        let f = Fixture()
+        do {
+            let store = try DeliveryStore(settings: settings, clock: clock)
+            store.start()
+            for id in ["old1", "old2"] {
+                guard case .stored = Self.submit(store, f.delivery(id)) else {
+                    Issue.record("not stored before the disk filled")
+                    return
+                }
+            }
+            store.close()
+        }
+        disk.fill()
+
+        let health = HealthLog()
+        let store = try DeliveryStore(settings: settings, clock: clock)
+        let opening = try #require(store.unavailable, "the store opened as if the disk took writes")
+        #expect(opening.kind == .full, "\(opening) errno \(opening.systemErrno)")
+        store.observe { health.record($0) }
+        store.start()
+        guard case let .failed(error) = Self.submit(store, f.delivery("new")) else {
+            Issue.record("a write was accepted on a full disk")
+            return
+        }
+        #expect(error.isDiskError)
+
+        disk.free()
+        // Not tried again before its time (nothing happens per request).
+        guard case .failed = Self.submit(store, f.delivery("new")) else {
+            Issue.record("the store reopened before reopen_interval")
+            return
+        }
+        clock.advance(by: .seconds(5))
+        guard case .stored = Self.submit(store, f.delivery("new")) else {
+            Issue.record("the store did not reopen once the disk had room")
+            return
+        }
+        #expect(health.all.last == "writable:0")
+        #expect(store.unavailable == nil)
+        #expect(Set(Self.claim(store).map(\.id)) == ["old1", "old2", "new"], "nothing stored was lost")
+        store.close()
     }
 
     @Test func storedRequestComesBackWhole() throws {
@@ -103,6 +306,127 @@ struct DeliveryStoreTests {
         #expect(store.record(id: "b") == nil)
         #expect(store.stats().byState[.queued] == 2)
     }
+
+    // MARK: - Idempotency-Key scope and fingerprint
+
+    func keyed(_ f: Fixture, _ id: String, key: String, scope: String, body: String = "{\"n\":1}") -> NewDelivery {
+        var d = f.delivery(id, key: key, body: body)
+        d.idempotencyScope = scope
+        d.fingerprint = IdempotencyScope.fingerprint(
+            method: d.method, target: d.target,
+            body: UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
+        return d
+    }
+
+    @Test func twoScopesWithTheSameKeyEachGetTheirOwnDelivery() throws {
+        let f = Fixture()
+        let store = try f.open()
+        guard case .stored("alice") = Self.submit(store, keyed(f, "alice", key: "k", scope: "scope-a")),
+            case .stored("bob") = Self.submit(store, keyed(f, "bob", key: "k", scope: "scope-b"))
+        else {
+            Issue.record("a second client's key was taken as the first one's")
+            return
+        }
+        guard case .existing("bob", .queued) = Self.submit(store, keyed(f, "bob2", key: "k", scope: "scope-b")) else {
+            Issue.record("the same request in the same scope was not recognized")
+            return
+        }
+        #expect(store.stats().byState[.queued] == 2)
+    }
+
+    @Test func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing() throws {
+        let f = Fixture()
+        let store = try f.open()
+        _ = Self.submit(store, keyed(f, "first", key: "k", scope: "s", body: "one"))
+        guard case .keyReused = Self.submit(store, keyed(f, "second", key: "k", scope: "s", body: "two")) else {
+            Issue.record("a different request with the same key was not refused")
+            return
+        }
+        var otherTarget = keyed(f, "third", key: "k", scope: "s", body: "one")
+        otherTarget.target = "/hooks/other"
+        otherTarget.fingerprint = IdempotencyScope.fingerprint(
+            method: "POST", target: "/hooks/other", body: UnsafeRawBufferPointer(start: nil, count: 0))
+        guard case .keyReused = Self.submit(store, otherTarget) else {
+            Issue.record("a different target with the same key was not refused")
+            return
+        }
+        #expect(store.record(id: "second") == nil && store.record(id: "third") == nil)
+        guard case .existing("first", _) = Self.submit(store, keyed(f, "again", key: "k", scope: "s", body: "one")) else {
+            Issue.record("the original request sent again was not recognized")
+            return
+        }
+    }
+
+    /// A file written by schema 1 (keys unique per upstream, no scope or
+    /// fingerprint columns) opens, is migrated in place, and keeps every row.
+    @Test func aFileOfTheFirstSchemaIsMigratedAndLosesNothing() throws {
+        let f = Fixture()
+        do {
+            let c = try SQLiteConnection(path: f.path, readOnly: false)
+            try c.execute("PRAGMA journal_mode = WAL")
+            try c.execute(Self.schema1 + "PRAGMA user_version = 1;")
+            for (i, state) in [(0, 0), (1, 3), (2, 2)] {
+                try c.execute(
+                    """
+                    INSERT INTO delivery (id, upstream, route, idem_key, request_id, method, target, headers, body,
+                      payload_bytes, state, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
+                    VALUES ('old\(i)', 'hooks', '/hooks', 'legacy-\(i)', 'req-\(i)', 'POST', '/hooks/x', X'', X'6869',
+                      10, \(state), 5, 0, \(f.clock.wallMilliseconds() + 3_600_000), 0, 0)
+                    """)
+            }
+        }
+        let store = try f.open()
+        #expect(store.record(id: "old0")?.state == .queued)
+        #expect(store.record(id: "old1")?.state == .dead)
+        #expect(store.record(id: "old2")?.state == .delivered)
+        #expect(store.heldBytes == 30)
+        // The same key as a row of the old schema: that row has no scope, so
+        // no client can be handed its delivery; the new request is stored.
+        guard case .stored("new") = Self.submit(store, keyed(f, "new", key: "legacy-0", scope: "s")) else {
+            Issue.record("not stored next to a row of the old schema")
+            return
+        }
+        let claimed = Self.claim(store)
+        #expect(Set(claimed.map(\.id)) == ["old0", "new"])
+        #expect(claimed.first { $0.id == "old0" }?.body.bytes == Array("hi".utf8))
+        store.close()
+        let c = try SQLiteConnection(path: f.path, readOnly: true)
+        #expect(try c.integer("PRAGMA user_version") == Int64(Schema.version))
+        #expect(try c.integer("SELECT count(*) FROM sqlite_master WHERE name = 'delivery_idem'") == 0)
+        #expect(try c.integer("SELECT count(*) FROM sqlite_master WHERE name = 'delivery_idem_scope'") == 1)
+        #expect(try c.integer("SELECT count(*) FROM delivery") == 4)
+    }
+
+    /// Schema 1, as happypath wrote it before keys had a scope.
+    static let schema1 = """
+        CREATE TABLE IF NOT EXISTS delivery (
+          seq INTEGER PRIMARY KEY,
+          id TEXT NOT NULL UNIQUE,
+          upstream TEXT NOT NULL,
+          route TEXT NOT NULL,
+          idem_key TEXT,
+          request_id TEXT NOT NULL,
+          method TEXT NOT NULL,
+          target TEXT NOT NULL,
+          headers BLOB,
+          body BLOB,
+          payload_bytes INTEGER NOT NULL,
+          state INTEGER NOT NULL DEFAULT 0,
+          attempts INTEGER NOT NULL DEFAULT 0,
+          max_attempts INTEGER NOT NULL,
+          next_attempt_at INTEGER NOT NULL,
+          expires_at INTEGER NOT NULL,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL,
+          last_status INTEGER,
+          last_problem TEXT
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem ON delivery(upstream, idem_key) WHERE idem_key IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;
+        CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;
+        CREATE INDEX IF NOT EXISTS delivery_done ON delivery(updated_at) WHERE state >= 2;
+        CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
+        """
 
     @Test func sameKeyInOneBatchIsStoredOnce() throws {
         let f = Fixture()
