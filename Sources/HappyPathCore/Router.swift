@@ -44,16 +44,22 @@ public struct Router: Sendable {
     /// rather than sent as `/../x`.
     public static func upstreamTarget(path: String, query: String?, stripPrefix: String?) -> String? {
         var outPath = Substring(path)
-        var added = ""
+        var out = ""
         if let stripPrefix, !stripPrefix.isEmpty, outPath.hasPrefix(stripPrefix) {
             outPath = outPath.dropFirst(stripPrefix.count)
             if !outPath.hasPrefix("/") {
                 let firstSegment = outPath.prefix { $0 != "/" }
                 if PathNormalizer.isDotSegment(firstSegment) { return nil }
-                added = "/"
+                out = "/"
             }
         }
-        return added + outPath + (query.map { "?" + $0 } ?? "")
+        if out.isEmpty, query == nil { return String(outPath) }
+        out += outPath
+        if let query {
+            out += "?"
+            out += query
+        }
+        return out
     }
 
     /// Splits an origin-form request target into path and query.

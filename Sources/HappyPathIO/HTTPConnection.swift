@@ -50,6 +50,8 @@ final class HTTPConnection {
     private var scanner = RequestHeadScanner()
     var fields: [HTTP1Field] = []
     private(set) var head: RequestHead?
+    /// The head's path once normalized, when it differs from the one sent.
+    private(set) var normalizedPath: String?
     private(set) var current: HTTPRequest?
 
     // Body being read.
@@ -206,7 +208,8 @@ final class HTTPConnection {
                     return refuse(reason)
                 case let .complete(start, end):
                     let parsed = RequestHeadParser.parse(
-                        input.bytes, requestStart: start, end: end, limits: server.requestLimits, fields: &fields)
+                        input.bytes, requestStart: start, end: end, limits: server.requestLimits, fields: &fields,
+                        normalizedPath: &normalizedPath, requestLine: scanner.requestLine)
                     switch parsed {
                     case let .failure(reason):
                         return refuse(reason)

@@ -52,7 +52,7 @@ public final class HTTPRequest {
         guard let head, let c = live else { return "/" }
         let raw = UnsafeRawBufferPointer(rebasing: c.input.bytes[head.pathAndQuery])
         var t: String
-        if let path = head.normalizedPath {
+        if let path = c.normalizedPath {
             // The parser normalized the path (PathNormalizer); the query stays as it came.
             t = path
             if let q = raw.firstIndex(of: UInt8(ascii: "?")) {

@@ -11,6 +11,8 @@ struct ParsedRequest: Equatable, CustomStringConvertible {
     let bytes: [UInt8]
     let head: RequestHead
     let fields: [HTTP1Field]
+    /// The normalized path, when it differs from the one sent.
+    var normalizedPath: String? = nil
 
     func text(_ range: Range<Int>) -> String { String(decoding: bytes[range], as: UTF8.self) }
 
@@ -93,8 +95,12 @@ private func parseComplete(
     _ bytes: [UInt8], _ buf: UnsafeRawBufferPointer, start: Int, end: Int, limits: RequestLimits
 ) -> HeadOutcome {
     var fields: [HTTP1Field] = []
-    switch RequestHeadParser.parse(buf, requestStart: start, end: end, limits: limits, fields: &fields) {
-    case let .success(head): return .parsed(ParsedRequest(bytes: bytes, head: head, fields: fields))
+    var normalizedPath: String?
+    switch RequestHeadParser.parse(
+        buf, requestStart: start, end: end, limits: limits, fields: &fields, normalizedPath: &normalizedPath)
+    {
+    case let .success(head):
+        return .parsed(ParsedRequest(bytes: bytes, head: head, fields: fields, normalizedPath: normalizedPath))
     case let .failure(r): return .refused(r)
     }
 }

@@ -91,18 +91,18 @@ import Testing
 @Suite struct ParserPathTests {
     @Test func normalizesThePathAndKeepsTheQuery() throws {
         let p = try #require(outcome("GET /a/./b/../c?x=/../y HTTP/1.1\r\nHost: h\r\n\r\n").request)
-        #expect(p.head.normalizedPath == "/a/c")
+        #expect(p.normalizedPath == "/a/c")
         #expect(p.pathAndQuery == "/a/./b/../c?x=/../y")
     }
 
     @Test func leavesANormalPathAloneWithoutACopy() throws {
         let p = try #require(outcome("GET /a/b?q=.. HTTP/1.1\r\nHost: h\r\n\r\n").request)
-        #expect(p.head.normalizedPath == nil)
+        #expect(p.normalizedPath == nil)
     }
 
     @Test func normalizesAnAbsoluteFormPath() throws {
         let p = try #require(outcome("GET http://h/x/%2e%2e/y HTTP/1.1\r\nHost: h\r\n\r\n").request)
-        #expect(p.head.normalizedPath == "/y")
+        #expect(p.normalizedPath == "/y")
     }
 
     @Test(arguments: [

@@ -59,9 +59,6 @@ public struct RequestHead: Sendable, Equatable {
     /// Path and query: the whole target in origin form, the part after the
     /// authority in absolute form (possibly empty, meaning "/").
     public var pathAndQuery: Range<Int>
-    /// The path of `pathAndQuery` once normalized (`PathNormalizer`), or nil
-    /// when it was normal already (then it is used as it came).
-    public var normalizedPath: String?
     public var form: TargetForm
     public var version: HTTPVersion
     /// Bytes from the start of the buffer to the end of the empty line.
@@ -91,6 +88,8 @@ public struct RequestHeadScanner: Sendable {
     /// Where the request line starts (after ignored empty lines), once known.
     public private(set) var requestStart: Int?
     private var requestLineEnd: Int?
+    /// The request line, parsed when it ended (the parser reuses it).
+    public private(set) var requestLine: (method: Range<Int>, target: Range<Int>, version: HTTPVersion)?
 
     public init() {}
 
@@ -127,8 +126,9 @@ public struct RequestHeadScanner: Sendable {
                         if lineLength > limits.maxRequestLineBytes { return .refused(.requestLineTooLong) }
                         // Checked now: a line without a version (HTTP/0.9)
                         // would otherwise wait for a head that never ends.
-                        if case let .failure(refusal) = RequestHeadParser.parseRequestLine(buffer, lineStart, i - 1) {
-                            return .refused(refusal)
+                        switch RequestHeadParser.parseRequestLine(buffer, lineStart, i - 1) {
+                        case let .success(line): requestLine = line
+                        case let .failure(refusal): return .refused(refusal)
                         }
                         requestStart = lineStart
                         requestLineEnd = i + 1
@@ -162,16 +162,35 @@ public enum RequestHeadParser {
     public static func parse(
         _ buffer: UnsafeRawBufferPointer, requestStart: Int, end: Int, limits: RequestLimits, fields: inout [HTTP1Field]
     ) -> Result<RequestHead, HTTP1Refusal> {
+        var normalizedPath: String?
+        return parse(
+            buffer, requestStart: requestStart, end: end, limits: limits, fields: &fields, normalizedPath: &normalizedPath)
+    }
+
+    /// - Parameter normalizedPath: set to the normalized path
+    ///   (`PathNormalizer`) when it differs from the one sent, else nil
+    ///   (the path is used as it came). Kept out of `RequestHead` so that the
+    ///   head stays a plain value, copied without reference counting.
+    public static func parse(
+        _ buffer: UnsafeRawBufferPointer, requestStart: Int, end: Int, limits: RequestLimits, fields: inout [HTTP1Field],
+        normalizedPath: inout String?, requestLine known: (method: Range<Int>, target: Range<Int>, version: HTTPVersion)? = nil
+    ) -> Result<RequestHead, HTTP1Refusal> {
         fields.removeAll(keepingCapacity: true)
+        normalizedPath = nil
         // MARK: Request line
         var lineEnd = requestStart
         while buffer[lineEnd] != 0x0D { lineEnd += 1 }  // the scanner guarantees CRLF
         let method: Range<Int>
         let target: Range<Int>
         let version: HTTPVersion
-        switch parseRequestLine(buffer, requestStart, lineEnd) {
-        case let .success(line): (method, target, version) = (line.method, line.target, line.version)
-        case let .failure(e): return .failure(e)
+        if let known {
+            // The scanner parsed it when the line ended.
+            (method, target, version) = known
+        } else {
+            switch parseRequestLine(buffer, requestStart, lineEnd) {
+            case let .success(line): (method, target, version) = (line.method, line.target, line.version)
+            case let .failure(e): return .failure(e)
+            }
         }
         let targetStart = target.lowerBound
 
@@ -193,7 +212,6 @@ public enum RequestHeadParser {
             }
         }
         // MARK: Path
-        var normalizedPath: String?
         if form != .asterisk {
             var pathEnd = pathAndQuery.lowerBound
             while pathEnd < pathAndQuery.upperBound, buffer[pathEnd] != UInt8(ascii: "?") { pathEnd += 1 }
@@ -285,8 +303,7 @@ public enum RequestHeadParser {
 
         return .success(
             RequestHead(
-                method: method, target: target, pathAndQuery: pathAndQuery, normalizedPath: normalizedPath, form: form,
-                version: version,
+                method: method, target: target, pathAndQuery: pathAndQuery, form: form, version: version,
                 headLength: end, host: host, framing: framing,
                 keepAlive: version == .http11 ? !close : (keepAliveToken && !close),
                 expectsContinue: expectsContinue && version == .http11 && framing != .none,
