@@ -164,8 +164,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             if abandonProbe { self.abandonProbe() }
             if case let .upstreamAnswer(status) = failure { upstreamAnswered = status }
             releaseAll()
-            let problem = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route).build(
+            var problem = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route).build(
                 failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
+            // The upstream's words may carry what the proxy sent it (an echoed
+            // Authorization header, a token endpoint repeating its form): none
+            // of its credentials leave in a problem. Only upstreams with
+            // credentials pay for the search, and only here, on the error path.
+            if let tokens { problem = problem.scrubbed(by: tokens.scrubber(sent: authToken)) }
             worker.logger.debug(
                 "request failed",
                 metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
