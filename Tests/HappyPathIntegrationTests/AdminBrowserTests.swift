@@ -15,8 +15,10 @@ import Testing
 @Suite("admin browser defenses") struct AdminBrowserTests {
     /// One raw request (its head is `head` plus `Connection: close`); the
     /// status and the body, read to the end of the connection.
-    func send(_ port: Int, _ head: String, body: String = "") throws -> (status: Int, body: String) {
-        let c = try TestConnection(port: port)
+    func send(_ port: Int, _ head: String, body: String = "", to address: String = "127.0.0.1") throws -> (
+        status: Int, body: String
+    ) {
+        let c = try TestConnection(port: port, host: address)
         try c.send(
             head + "Connection: close\r\n" + (body.isEmpty ? "" : "Content-Length: \(body.utf8.count)\r\n") + "\r\n" + body)
         var bytes: [UInt8] = []
@@ -77,6 +79,26 @@ import Testing
         #expect(h.proxy.reload(next).isEmpty)
         #expect(eventually { (try? send(port, "GET /healthz HTTP/1.1\r\nHost: evil.example\r\n").status) == 200 })
         #expect(try send(port, "GET /healthz HTTP/1.1\r\nHost: admin.example.com\r\n").status == 403)
+    }
+
+    /// A listener on 0.0.0.0 reached on another address (a pod IP, as a
+    /// Kubernetes probe reaches it): that address is its own.
+    @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))
+    func aWildcardListenerAcceptsTheAddressItWasReachedOn() throws {
+        let ip = nonLoopbackIPv4()!
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 0.0.0.0:0, allow_remote: true }
+            upstreams: { demo: { endpoints: [{{DEMO}}] } }
+            routes: [ { match: { path_prefix: / }, upstream: demo } ]
+            """)
+        let port = h.adminPort
+        #expect(try send(port, "GET /readyz HTTP/1.1\r\nHost: \(ip):\(port)\r\n", to: ip).status == 200)
+        #expect(try send(port, "GET /metrics HTTP/1.1\r\nHost: \(ip)\r\n", to: ip).status == 200)
+        #expect(try send(port, "GET /readyz HTTP/1.1\r\nHost: evil.example:\(port)\r\n", to: ip).status == 403)
+        // The same address named on a connection that arrived on loopback is not this connection's.
+        #expect(try send(port, "GET /readyz HTTP/1.1\r\nHost: \(ip):\(port)\r\n").status == 403)
     }
 
     @Test func crossSitePostsAreRefusedAndAScriptsPostWorks() throws {
