@@ -19,7 +19,7 @@ let template = """
     listen: @0@
     workers: @1@
     drain_timeout: @2@
-    admin: { listen: @3@, allow_remote: @4@ }
+    admin: { listen: @3@, allow_remote: @4@, allowed_hosts: [@79@, localhost] }
     limits:
       max_request_body: @5@
       max_header_bytes: @6@
@@ -94,7 +94,7 @@ let valid = [
     "/access_token", "/expires_in", "409", "/error/code", "busy", "CONFLICT_TRY_AGAIN", "Busy", "Try later", "Wait",
     "retry", "true", "/api/", "GET", "api", "/api", "5s", "4",
     "/var/lib/happypath/deliveries.db", "full", "1GiB", "24h", "/_happypath/deliveries", "later", "24h", "50", "1s", "10m",
-    "keep", "false", "false", "rewrite", "pass", "X-Api-Key",
+    "keep", "false", "false", "rewrite", "pass", "X-Api-Key", "admin.example.com",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {

@@ -267,6 +267,32 @@ final class Reader {
         return items.enumerated().compactMap { text($1, "\(path)[\($0)]") }
     }
 
+    /// `admin.allowed_hosts`: host names or IP literals as a `Host` header
+    /// carries them, without a port (the port plays no part in the check).
+    func allowedHosts(_ node: Node) -> [String] {
+        guard let items = sequence(node, "admin.allowed_hosts") else { return [] }
+        var out: [String] = []
+        for (i, item) in items.enumerated() {
+            let path = "admin.allowed_hosts[\(i)]"
+            guard let name = text(item, path) else { continue }
+            let host = name.lowercased()
+            let bracketed = host.hasPrefix("[") && host.hasSuffix("]") && host.count > 2
+            let allowed = host.unicodeScalars.allSatisfy {
+                ("a"..."z").contains($0) || ("0"..."9").contains($0) || $0 == "-" || $0 == "." || $0 == "_"
+                    || (bracketed && ($0 == ":" || $0 == "[" || $0 == "]"))
+            }
+            if host.isEmpty || !allowed {
+                error(
+                    item,
+                    "\(path): '\(name)' is not a host name (write it as a Host header carries it, without scheme, port or path: admin.example.com, 10.0.0.5, [fd00::5])"
+                )
+                continue
+            }
+            out.append(host)
+        }
+        return out
+    }
+
     func address(_ node: Node?, _ path: String) -> ListenAddress? {
         guard let s = text(node, path) else { return nil }
         guard let a = ListenAddress.parse(s) else {
@@ -297,9 +323,10 @@ final class Reader {
             if text(w, "workers") != "auto" { config.workers = int(w, "workers", min: 1, max: 256) }
         }
         if let admin = f["admin"]?.value {
-            let af = fields(admin, "admin", known: ["listen", "allow_remote"])
+            let af = fields(admin, "admin", known: ["listen", "allow_remote", "allowed_hosts"])
             if let a = address(af["listen"]?.value, "admin.listen") { config.admin.listen = a }
             if let b = bool(af["allow_remote"]?.value, "admin.allow_remote") { config.admin.allowRemote = b }
+            if let node = af["allowed_hosts"]?.value { config.admin.allowedHosts = allowedHosts(node) }
         }
         if let limits = f["limits"]?.value {
             let lf = fields(

@@ -42,6 +42,12 @@ public struct AdminConfiguration: Sendable {
     public var listen: ListenAddress = ListenAddress(host: "127.0.0.1", port: 9901)
     /// Answer admin requests from other hosts than loopback. Default false.
     public var allowRemote = false
+    /// Host names (no port) an admin request's `Host` may carry besides the
+    /// listener's own address, `localhost` and the loopback literals: the
+    /// names operators reach the admin listener by (a Service's DNS name).
+    /// Stored lowercased. Default empty. Anything else is refused 403, which
+    /// keeps a DNS-rebinding page away from the admin API (docs/operations.md).
+    public var allowedHosts: [String] = []
 }
 
 public struct Limits: Sendable {

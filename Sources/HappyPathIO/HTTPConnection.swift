@@ -118,7 +118,29 @@ final class HTTPConnection {
 
     var peerAddress: String {
         if let peerText { return peerText }
-        var storage = peer
+        let result = Self.text(of: peer)
+        peerText = result
+        return result
+    }
+
+    /// The address this connection arrived at (what `getsockname` says):
+    /// the listener's own address, or for a listener on `0.0.0.0` or `::`
+    /// the interface address the client reached. Empty if it cannot be read.
+    var localAddress: String {
+        if let localText { return localText }
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let rc = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        let result = rc == 0 ? Self.text(of: storage) : ""
+        localText = result
+        return result
+    }
+    private var localText: String?
+
+    private static func text(of address: sockaddr_storage) -> String {
+        var storage = address
         var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
         let family = Int32(storage.ss_family)
         withUnsafeMutableBytes(of: &storage) { raw in
@@ -128,9 +150,7 @@ final class HTTPConnection {
                 _ = inet_ntop(AF_INET, raw.baseAddress! + 4, &text, socklen_t(text.count))
             }
         }
-        let result = String(cString: text)
-        peerText = result
-        return result
+        return String(cString: text)
     }
 
     // MARK: - Reading

@@ -126,6 +126,10 @@ public final class HTTPRequest {
     /// The client's address, as text.
     public var peerAddress: String { connection?.peerAddress ?? "" }
 
+    /// The address the client connected to, as text (the listener's own,
+    /// or the interface's for a wildcard listener).
+    public var localAddress: String { connection?.localAddress ?? "" }
+
     /// The whole request body (read before `serve`), handed over once.
     public func takeBody() -> RequestBody { live?.takeBody() ?? .empty }
 

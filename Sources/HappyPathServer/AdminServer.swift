@@ -2,6 +2,7 @@ import Foundation
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
+import HappyPathPolicies
 import HappyPathStore
 import Synchronization
 
@@ -9,7 +10,10 @@ import Synchronization
 /// probe: `/healthz`, `/readyz`, `/metrics`, `/admin/state`, `/admin/events`.
 /// Answers only its own paths, and only to loopback clients unless
 /// `admin.allow_remote` says otherwise (read from the current configuration,
-/// so a reload that changes it takes effect at the next request).
+/// so a reload that changes it takes effect at the next request); refuses
+/// what a browser could have been tricked into sending (a foreign `Host`, a
+/// cross-site POST: `AdminAccessPolicy`), `admin.allowed_hosts` read the
+/// same way.
 final class AdminServer: HTTPServerDelegate {
     private let ready: ReadyFlag
     private var shared: SharedState
@@ -49,6 +53,21 @@ final class AdminServer: HTTPServerDelegate {
                 Problem(
                     .forbidden, requestID: ids.requestID(),
                     detail: "The admin listener answers loopback clients only (admin.allow_remote)."))
+            return
+        }
+        // Before any path is looked at: a refused request learns nothing,
+        // not even which paths exist.
+        let admin = runtime.configuration.admin
+        let access = AdminAccessPolicy(allowedHosts: admin.allowedHosts, listenHost: admin.listen.host)
+        let host = request.header("Host")
+        var verdict = access.checkHost(host, localAddress: request.localAddress)
+        if verdict == .allow {
+            verdict = access.checkCrossSite(
+                method: request.method, host: host, origin: request.header("Origin"),
+                fetchSite: request.header("Sec-Fetch-Site"), contentType: request.header("Content-Type"))
+        }
+        if case let .refuse(detail) = verdict {
+            ProblemResponder.respond(request, Problem(.forbidden, requestID: ids.requestID(), detail: detail))
             return
         }
         let (path, query) = Router.split(target: request.target)

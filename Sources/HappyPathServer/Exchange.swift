@@ -164,8 +164,14 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             if abandonProbe { self.abandonProbe() }
             if case let .upstreamAnswer(status) = failure { upstreamAnswered = status }
             releaseAll()
-            let problem = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route).build(
+            var problem = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route).build(
                 failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
+            // The upstream's words may carry what the proxy sent it (an echoed
+            // Authorization header, a token endpoint repeating its form): none
+            // of its credentials leave in a problem. Only upstreams with
+            // credentials pay for the search, and only here, on the error path.
+            let scrubber = tokens?.scrubber(sent: authToken)
+            if let scrubber { problem = problem.scrubbed(by: scrubber) }
             worker.logger.debug(
                 "request failed",
                 metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
@@ -180,8 +186,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                     return end()
                 }
                 // The body is replaced; the fields clients act on are kept.
-                let kept = ErrorMapper.keptFields(
+                var kept = ErrorMapper.keptFields(
                     relay.heldEndToEndFields, status: status, proxyRetryAfter: problem.retryAfterSeconds != nil)
+                // An upstream may echo a credential in a field as well as in its body.
+                if let scrubber { kept = kept.map { HTTPField(name: $0.name, value: scrubber.scrub($0.value)) } }
                 relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: kept))
                 return end()
             }

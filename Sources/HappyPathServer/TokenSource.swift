@@ -51,6 +51,22 @@ final class TokenSource: Sendable {
     func failed() { state.withLock { $0.failed() } }
     func expiresIn(at now: Instant) -> Duration? { state.withLock { $0.expiresIn(at: now) } }
 
+    /// Every credential this upstream has been or may be sent, for taking
+    /// them out of a problem body (`SecretScrubber`): the configured ones
+    /// (static value, client secret, refresh token, login body and its
+    /// fields), the rotated refresh token, the token held now and `sent`, the
+    /// one the failed try carried (it may be older than the one held now).
+    /// Built on the error path only.
+    func scrubber(sent: Token?) -> SecretScrubber {
+        let s = settings
+        var secrets = [s.value, s.clientSecret, s.refreshToken, s.loginBody].compactMap { $0 }
+        if let rotated = refreshToken.withLock({ $0 }) { secrets.append(rotated) }
+        if let held = state.withLock({ $0.token }) { secrets.append(held.credential) }
+        if let sent { secrets.append(sent.credential) }
+        let pieces = s.loginBody.map { SecretScrubber.values(inBody: $0.reveal) } ?? []
+        return SecretScrubber(secrets, pieces: pieces)
+    }
+
     /// The token request for this kind: where, and the body (a secret: it
     /// carries the client secret, refresh token or password).
     func tokenRequest() -> (url: String, contentType: String, body: Secret)? {

@@ -418,3 +418,21 @@ struct DeliverLaterConfigTests {
         #expect(e.map(\.description).contains { $0.contains("write it as '\(normal)'") }, "\(e)")
     }
 }
+
+@Suite struct AdminAllowedHostsConfigTests {
+    @Test func namesAreReadLowercased() throws {
+        let c = try ConfigLoader.parse(
+            minimal + "\nadmin: { allowed_hosts: [Admin.Example.com, 10.0.0.5, \"[fd00::5]\"] }", file: "f.yaml")
+        #expect(c.admin.allowedHosts == ["admin.example.com", "10.0.0.5", "[fd00::5]"])
+        #expect(try ConfigLoader.parse(minimal, file: "f.yaml").admin.allowedHosts == [])
+    }
+
+    @Test func anEntryWithAPortOrAPathIsRefusedWithItsPosition() {
+        let found = errors(minimal + "\nadmin:\n  allowed_hosts: [ok.example, \"admin.example.com:9901\", http://x/]")
+        #expect(
+            found.map(\.description) == [
+                "f.yaml:8:31: admin.allowed_hosts[1]: 'admin.example.com:9901' is not a host name (write it as a Host header carries it, without scheme, port or path: admin.example.com, 10.0.0.5, [fd00::5])",
+                "f.yaml:8:57: admin.allowed_hosts[2]: 'http://x/' is not a host name (write it as a Host header carries it, without scheme, port or path: admin.example.com, 10.0.0.5, [fd00::5])",
+            ])
+    }
+}

@@ -101,7 +101,7 @@ struct DeliveryStoreDiskTests {
 
         // Room again: the store opens by itself (checked every second).
         let events = try TestConnection(port: admin2, timeout: 5)
-        try events.send("GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        try events.send("GET /admin/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         var stream = ""
         var chunk = [UInt8](repeating: 0, count: 4096)
         func read(until text: String) {

@@ -78,7 +78,7 @@ import Testing
         defer { up.stop() }
         let h = try oneFailureOpensTheBreaker(up)
         let events = try TestConnection(port: h.adminPort, timeout: 5)
-        try events.send("GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        try events.send("GET /admin/events HTTP/1.1\r\nHost: 127.0.0.1:\(h.adminPort)\r\n\r\n")
         var received = ""
         var chunk = [UInt8](repeating: 0, count: 4096)
         /// Reads the stream until it contains `text` (or ends, or stays

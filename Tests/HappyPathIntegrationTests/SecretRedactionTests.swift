@@ -56,7 +56,7 @@ import Testing
 
         init(adminPort: Int) throws {
             connection = try TestConnection(port: adminPort, timeout: 0.2)
-            try connection.send("GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
+            try connection.send("GET /admin/events HTTP/1.1\r\nHost: 127.0.0.1:\(adminPort)\r\n\r\n")
             Thread { [self] in
                 var chunk = [UInt8](repeating: 0, count: 4096)
                 while !stopped.load(ordering: .relaxed) {

@@ -153,6 +153,26 @@ import Testing
         #expect(r.headers.filter { $0.name.lowercased() == "x-request-id" }.map(\.value) == ["client-id"])
     }
 
+    /// A kept field is scrubbed like the body: an upstream that echoes the
+    /// proxy's credential in a field of its error does not leak it.
+    @Test func aKeptFieldThatEchoesTheCredentialIsScrubbed() throws {
+        let upstream = ScriptedUpstream(
+            response: http(400, "{}", headers: ["X-Echo: error=\"invalid\", got=\"k3y/echoed+in-a-field\""])
+        ).started()
+        let yaml = Self.config(upstream: upstream.port).replacingOccurrences(
+            of: "    endpoints: [",
+            with: "    auth: { kind: static, header: X-Api-Key, value: \"k3y/echoed+in-a-field\" }\n    endpoints: [")
+        let h = try ProxyHarness(yaml)
+        defer { h.stop(); upstream.stop() }
+        let c = try TestConnection(port: h.port)
+        try c.send("GET /public/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        let r = try c.readResponse()
+        #expect(r.status == 400)
+        #expect(r.header("X-Echo") == "error=\"invalid\", got=\"***\"")
+        #expect(!r.headers.contains { $0.value.contains("k3y/echoed") })
+        #expect(upstream.appRequests.first?.head.contains("X-Api-Key: k3y/echoed+in-a-field") == true)
+    }
+
     @Test(arguments: [
         (405, "Allow: GET, HEAD", "Allow", "GET, HEAD"),
         (416, "Content-Range: bytes */1234", "Content-Range", "bytes */1234"),

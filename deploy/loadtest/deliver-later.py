@@ -133,7 +133,7 @@ def watch_events(seen, stop):
             time.sleep(0.002)
             continue
         try:
-            s.sendall(b"GET /admin/events HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /admin/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # the admin listener refuses a Host that is not its own
             s.settimeout(0.5)
             buf = b""
             seen.append({"type": "_connected", "at": time.time()})

@@ -21,6 +21,14 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
         /// Token calls arrive (and are counted) but wait for
         /// `releaseTokenCalls()` before they are answered.
         var holdTokens = false
+        /// Resource requests are answered with this status and a JSON dump
+        /// of the request (every header, the body, a `Basic` credential
+        /// decoded), the way a debugging upstream echoes what it got.
+        var echoStatus: Int?
+        /// Failed token calls answer with a JSON dump of the form they got.
+        var echoTokenErrors = false
+        /// Token answers carry a rotated refresh token: this followed by a count.
+        var refreshPrefix: String?
     }
 
     private let loop = EventLoop()
@@ -59,21 +67,33 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
         }
     }
 
-    private func answerToken(_ request: HTTPRequest) {
+    /// JSON (as Foundation writes it: `/` comes out as `\/`) of `object`.
+    static func json(_ object: Any) -> String {
+        String(decoding: (try? JSONSerialization.data(withJSONObject: object)) ?? Data("{}".utf8), as: UTF8.self)
+    }
+
+    private func answerToken(_ request: HTTPRequest, form: String = "") {
         let json = [HTTPField(name: "Content-Type", value: "application/json")]
-        let (status, token) = state.withLock { s -> (Int, String?) in
+        let echo = state.withLock { $0.echoTokenErrors }
+        let (status, token, refresh) = state.withLock { s -> (Int, String?, String?) in
             if s.failNext > 0 {
                 s.failNext -= 1
-                return (503, nil)
+                return (503, nil, nil)
             }
-            guard s.tokenStatus == 200 else { return (s.tokenStatus, nil) }
+            guard s.tokenStatus == 200 else { return (s.tokenStatus, nil, nil) }
             s.issued += 1
             s.valid = "\(s.tokenPrefix)\(s.issued)"
-            return (200, s.valid)
+            return (200, s.valid, s.refreshPrefix.map { "\($0)\(s.issued)" })
         }
         if let token {
+            var answer: [String: Any] = ["access_token": token, "token_type": "Bearer", "expires_in": 3600]
+            if let refresh { answer["refresh_token"] = refresh }
+            request.reply(status: 200, headers: json, body: Self.json(answer))
+        } else if echo {
+            // A token endpoint that says what it got, client secret and all.
             request.reply(
-                status: 200, headers: json, body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":3600}"#)
+                status: status, headers: json,
+                body: Self.json(["error": "invalid_grant", "error_description": "refused: \(form)", "received": form]))
         } else {
             request.reply(status: status, headers: json, body: #"{"error":"unavailable"}"#)
         }
@@ -89,10 +109,21 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
                 s.tokenBodies.append(String(decoding: body.bytes, as: UTF8.self))
                 return s.holdTokens
             }
-            if hold { heldTokenCalls.append(request) } else { answerToken(request) }
+            if hold { heldTokenCalls.append(request) } else { answerToken(request, form: String(decoding: body.bytes, as: UTF8.self)) }
         case "/healthz":
             request.reply(status: 200)
         default:
+            if let status = state.withLock({ $0.echoStatus }) {
+                var headers: [String: String] = [:]
+                request.forEachHeader { name, value in headers[name] = value }
+                var dump: [String: Any] = ["headers": headers, "body": String(decoding: body.bytes, as: UTF8.self)]
+                if let auth = request.header("Authorization"), auth.hasPrefix("Basic "),
+                    let data = Data(base64Encoded: String(auth.dropFirst(6)))
+                {
+                    dump["basic"] = String(decoding: data, as: UTF8.self)
+                }
+                return request.reply(status: status, headers: json, body: Self.json(dump))
+            }
             let ok = state.withLock { s in
                 !s.refuseEverything && s.valid != nil && request.header("Authorization") == "Bearer \(s.valid!)"
             }

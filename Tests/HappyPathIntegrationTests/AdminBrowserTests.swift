@@ -1,0 +1,140 @@
+import Foundation
+import HappyPathConfig
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// What a browser could be tricked into sending the admin listener is
+/// refused (docs/operations.md, "What a browser cannot make the admin
+/// listener do"): a `Host` that is not the listener's (DNS rebinding), and
+/// a state-changing request with a foreign `Origin`, `Sec-Fetch-Site:
+/// cross-site` or a form's content type (CSRF). Raw requests on real
+/// sockets; what is checked is the bytes that come back.
+@Suite("admin browser defenses") struct AdminBrowserTests {
+    /// One raw request (its head is `head` plus `Connection: close`); the
+    /// status and the body, read to the end of the connection.
+    func send(_ port: Int, _ head: String, body: String = "", to address: String = "127.0.0.1") throws -> (
+        status: Int, body: String
+    ) {
+        let c = try TestConnection(port: port, host: address)
+        try c.send(
+            head + "Connection: close\r\n" + (body.isEmpty ? "" : "Content-Length: \(body.utf8.count)\r\n") + "\r\n" + body)
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = recv(c.fd, &chunk, chunk.count, 0)
+            if n <= 0 { break }
+            bytes += chunk[0..<n]
+        }
+        let text = String(decoding: bytes, as: UTF8.self)
+        let status = Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0
+        let body = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
+        return (status, body)
+    }
+
+    func json(_ body: String) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any] ?? [:]
+    }
+
+    func yaml(allowed: String) -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0, allowed_hosts: [\(allowed)] }
+        upstreams: { demo: { endpoints: [{{DEMO}}] } }
+        routes: [ { match: { path_prefix: / }, upstream: demo } ]
+        """
+    }
+
+    @Test func aForeignHostIsRefusedAndTheListenersOwnNamesAreServed() throws {
+        let h = try ProxyHarness(yaml(allowed: "Admin.Example.com"))
+        let port = h.adminPort
+
+        // A DNS-rebinding page: the browser names the attacker's host.
+        let rebound = try send(port, "GET /admin/state HTTP/1.1\r\nHost: evil.example:\(port)\r\n")
+        #expect(rebound.status == 403)
+        #expect(json(rebound.body)["code"] as? String == "FORBIDDEN")
+        #expect((json(rebound.body)["detail"] as? String)?.contains("add evil.example to admin.allowed_hosts") == true)
+        #expect(!rebound.body.contains("upstreams"), "no state leaks with the refusal")
+        // Probes are not exempt: they reach the listener by its address.
+        #expect(try send(port, "GET /metrics HTTP/1.1\r\nHost: evil.example\r\n").status == 403)
+        #expect(try send(port, "GET /healthz HTTP/1.1\r\nHost: 10.9.9.9:\(port)\r\n").status == 403)
+
+        // The listener's own names.
+        for host in ["127.0.0.1:\(port)", "127.0.0.1", "localhost:\(port)", "LocalHost", "[::1]:\(port)", "admin.EXAMPLE.com"] {
+            let r = try send(port, "GET /admin/state HTTP/1.1\r\nHost: \(host)\r\n")
+            #expect(r.status == 200, "Host: \(host)")
+            #expect(json(r.body)["upstreams"] != nil, "Host: \(host)")
+        }
+        // HTTP/1.0 without Host: no browser sends that.
+        #expect(try send(port, "GET /healthz HTTP/1.0\r\n").status == 200)
+
+        // admin.allowed_hosts follows a reload.
+        var next = try ConfigLoader.parse(
+            yaml(allowed: "evil.example").replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(h.demo.port)"),
+            file: "test.yaml")
+        next.listen = h.proxy.runtime.configuration.listen
+        next.admin.listen = h.proxy.runtime.configuration.admin.listen
+        #expect(h.proxy.reload(next).isEmpty)
+        #expect(eventually { (try? send(port, "GET /healthz HTTP/1.1\r\nHost: evil.example\r\n").status) == 200 })
+        #expect(try send(port, "GET /healthz HTTP/1.1\r\nHost: admin.example.com\r\n").status == 403)
+    }
+
+    /// A listener on 0.0.0.0 reached on another address (a pod IP, as a
+    /// Kubernetes probe reaches it): that address is its own.
+    @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))
+    func aWildcardListenerAcceptsTheAddressItWasReachedOn() throws {
+        let ip = nonLoopbackIPv4()!
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 0.0.0.0:0, allow_remote: true }
+            upstreams: { demo: { endpoints: [{{DEMO}}] } }
+            routes: [ { match: { path_prefix: / }, upstream: demo } ]
+            """)
+        let port = h.adminPort
+        #expect(try send(port, "GET /readyz HTTP/1.1\r\nHost: \(ip):\(port)\r\n", to: ip).status == 200)
+        #expect(try send(port, "GET /metrics HTTP/1.1\r\nHost: \(ip)\r\n", to: ip).status == 200)
+        #expect(try send(port, "GET /readyz HTTP/1.1\r\nHost: evil.example:\(port)\r\n", to: ip).status == 403)
+        // The same address named on a connection that arrived on loopback is not this connection's.
+        #expect(try send(port, "GET /readyz HTTP/1.1\r\nHost: \(ip):\(port)\r\n").status == 403)
+    }
+
+    @Test func crossSitePostsAreRefusedAndAScriptsPostWorks() throws {
+        let store = DeliverLaterTests.StoreDirectory()
+        let upstream = RefusingPort()
+        let h = try ProxyHarness(DeliverLaterTests.yaml(upstream: upstream.url, store: store), holding: [upstream])
+        let port = h.adminPort
+        let purge = "POST /admin/deliveries/purge HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n"
+
+        let forged: [(String, String, String)] = [
+            ("an Origin of another site", "Origin: https://evil.example\r\n", ""),
+            ("Origin: null", "Origin: null\r\n", ""),
+            ("Sec-Fetch-Site: cross-site", "Sec-Fetch-Site: cross-site\r\n", ""),
+            ("a form", "Content-Type: application/x-www-form-urlencoded\r\n", "a=1"),
+            ("a multipart form", "Content-Type: multipart/form-data; boundary=x\r\n", "--x--"),
+            ("text/plain", "Content-Type: text/plain;charset=UTF-8\r\n", "{}"),
+        ]
+        for (what, header, body) in forged {
+            let r = try send(port, purge + header, body: body)
+            #expect(r.status == 403, "\(what)")
+            #expect(json(r.body)["code"] as? String == "FORBIDDEN", "\(what)")
+            #expect(!r.body.contains("purged"), "\(what)")
+        }
+        // Replay is guarded the same way (before the delivery is looked up).
+        let replay = try send(
+            port, "POST /admin/deliveries/dlv_x/replay HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nOrigin: https://evil.example\r\n")
+        #expect(replay.status == 403)
+
+        // A script or curl: no Origin, no body or JSON. And the listener's own origin.
+        let plain = try send(port, purge)
+        #expect(plain.status == 200 && json(plain.body)["purged"] as? Int == 0)
+        let jsonBody = try send(port, purge + "Content-Type: application/json\r\n", body: "{}")
+        #expect(jsonBody.status == 200)
+        let sameOrigin = try send(port, purge + "Origin: http://127.0.0.1:\(port)\r\nSec-Fetch-Site: same-origin\r\n")
+        #expect(sameOrigin.status == 200)
+        // Reads are not refused for an Origin: the Host check is what guards them.
+        #expect(try send(port, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\n").status == 200)
+    }
+}
