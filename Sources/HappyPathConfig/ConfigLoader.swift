@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathPolicies
 import Yams
 
 /// Reads a YAML file into a `Configuration`, reporting every problem at once
@@ -316,7 +317,7 @@ final class Reader {
             root, "",
             known: [
                 "listen", "workers", "admin", "limits", "normalize", "drain_timeout", "defaults", "upstreams", "routes",
-                "storage",
+                "storage", "trusted_proxies",
             ])
         if let a = address(f["listen"]?.value, "listen") { config.listen = a }
         if let w = f["workers"]?.value {
@@ -350,6 +351,16 @@ final class Reader {
             }
             if let v = choice(lf["encoded_slashes"]?.value, "limits.encoded_slashes", PathNormalization.EncodedSlashes.self) {
                 config.limits.encodedSlashes = v
+            }
+        }
+        if let tp = f["trusted_proxies"]?.value, let list = sequence(tp, "trusted_proxies") {
+            for (i, item) in list.enumerated() {
+                guard let text = string(item, "trusted_proxies[\(i)]") else { continue }
+                if let range = IPRange(text) {
+                    config.trustedProxies.append(range)
+                } else {
+                    error(item, "trusted_proxies[\(i)]: '\(text)' is not an address or a network (10.0.0.0/8, fd00::/8, 192.0.2.7)")
+                }
             }
         }
         if let normalize = f["normalize"]?.value {
@@ -420,6 +431,77 @@ final class Reader {
             }
         }
         return s
+    }
+
+    /// `rate_limit: { rate: 100/s, burst: 50, key: client_ip, over_limit: queue, max_wait: 2s, max_queue: 1000, max_keys: 100000 }`.
+    func rateLimit(_ node: Node, _ path: String) -> RateLimitConfiguration? {
+        let f = fields(
+            node, path, known: ["rate", "burst", "key", "over_limit", "max_wait", "max_queue", "max_keys"])
+        guard let rateNode = f["rate"]?.value else {
+            error(node, "\(path) needs 'rate', such as 'rate: 100/s' (also /m, /h)")
+            return nil
+        }
+        guard let text = string(rateNode, "\(path).rate") else { return nil }
+        let parts = text.split(separator: "/")
+        let periods: [String: Duration] = ["s": .seconds(1), "m": .seconds(60), "h": .seconds(3600)]
+        guard parts.count == 2, let count = Int(parts[0].trimmingCharacters(in: .whitespaces)), count >= 1,
+            count <= 1_000_000_000, let period = periods[parts[1].trimmingCharacters(in: .whitespaces)]
+        else {
+            error(rateNode, "\(path).rate must be COUNT/s, COUNT/m or COUNT/h with a COUNT of at least 1, got '\(text)'")
+            return nil
+        }
+        // The default burst is one second's worth (at least 1).
+        let perSecond = max(1, Int((Double(count) / period.seconds).rounded(.up)))
+        var c = RateLimitConfiguration(
+            count: count, period: period,
+            burst: int(f["burst"]?.value, "\(path).burst", min: 1, max: 1_000_000_000) ?? perSecond)
+        if let k = f["key"]?.value, let key = string(k, "\(path).key") {
+            switch key {
+            case "client_ip": c.key = .clientIP
+            case "route": c.key = .route
+            default:
+                let name = key.hasPrefix("header:") ? String(key.dropFirst(7)).trimmingCharacters(in: .whitespaces) : ""
+                if !name.isEmpty, name.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
+                    c.key = .header(name)
+                } else {
+                    error(k, "\(path).key must be client_ip, route or header:NAME (a header name), got '\(key)'")
+                }
+            }
+        }
+        if let v = choice(f["over_limit"]?.value, "\(path).over_limit", RateLimitConfiguration.OverLimit.self) {
+            c.overLimit = v
+        }
+        if let v = duration(f["max_wait"]?.value, "\(path).max_wait") { c.maxWait = v }
+        if let v = int(f["max_queue"]?.value, "\(path).max_queue", min: 1, max: 10_000_000) { c.maxQueue = v }
+        if let v = int(f["max_keys"]?.value, "\(path).max_keys", min: 1, max: 100_000_000) { c.maxKeys = v }
+        if c.overLimit == .reject {
+            for key in ["max_wait", "max_queue"] where f[key] != nil {
+                error(f[key]?.key, "\(path).\(key) applies only to over_limit: queue")
+            }
+        }
+        return c
+    }
+
+    /// `pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }`.
+    func pacing(_ node: Node, _ path: String) -> PacingConfiguration {
+        let f = fields(node, path, known: ["on", "max_pause", "while_paused"])
+        var p = PacingConfiguration()
+        if let on = f["on"]?.value, let list = strings(on, "\(path).on") {
+            var statuses = Set<Int>()
+            for item in list {
+                if let s = Int(item), (400...599).contains(s) {
+                    statuses.insert(s)
+                } else {
+                    error(on, "\(path).on lists statuses from 400 to 599 (such as 429, 503), got '\(item)'")
+                }
+            }
+            p.on = statuses
+        }
+        if let v = duration(f["max_pause"]?.value, "\(path).max_pause") { p.maxPause = v }
+        if let v = choice(f["while_paused"]?.value, "\(path).while_paused", PacingConfiguration.WhilePaused.self) {
+            p.whilePaused = v
+        }
+        return p
     }
 
     func delivery(_ node: Node, _ path: String) -> DeliverySettings {
@@ -556,7 +638,8 @@ final class Reader {
         let path = "upstreams.\(name)"
         let f = fields(
             node, path,
-            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors"] + Self.policyKeys)
+            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing"]
+                + Self.policyKeys)
         var u = Upstream(name: name, endpoints: [])
         if let e = f["endpoints"] {
             for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
@@ -579,6 +662,7 @@ final class Reader {
         if let m = choice(f["upstream_errors"]?.value, "\(path).upstream_errors", UpstreamErrorsMode.self) {
             u.upstreamErrors = m
         }
+        if let p = f["pacing"]?.value { u.pacing = pacing(p, "\(path).pacing") }
         return u
     }
 
@@ -726,7 +810,7 @@ final class Reader {
             node, path,
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
-                "redirects", "upstream_errors",
+                "redirects", "upstream_errors", "rate_limit",
             ]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
@@ -779,6 +863,7 @@ final class Reader {
         if let m = choice(f["upstream_errors"]?.value, "\(path).upstream_errors", UpstreamErrorsMode.self) {
             r.upstreamErrors = m
         }
+        if let rl = f["rate_limit"]?.value { r.rateLimit = rateLimit(rl, "\(path).rate_limit") }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,

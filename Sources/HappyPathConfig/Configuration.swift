@@ -21,6 +21,9 @@ public struct Configuration: Sendable {
     public var routes: [Route]
     /// The deliver-later store, opened only if a route has `delivery.mode: later`.
     public var storage = StorageConfiguration()
+    /// `trusted_proxies`: X-Forwarded-For hops from these networks are
+    /// skipped when the proxy looks for a client's address (rate limits).
+    public var trustedProxies: [IPRange] = []
     /// `normalize.merge_slashes`: `//` in a request path collapses to `/`
     /// before routing (default false). Dot-segments are always removed.
     public var mergeSlashes = false
@@ -80,6 +83,8 @@ public struct Upstream: Sendable, Equatable {
     public var policies: PolicySettings = PolicySettings()
     /// Its routes' default for `upstream_errors` (nil: `normalize`).
     public var upstreamErrors: UpstreamErrorsMode?
+    /// `pacing:` (nil: the upstream's Retry-After pauses nothing but the request that got it).
+    public var pacing: PacingConfiguration?
 }
 
 /// `upstream_errors:` on a route or an upstream.
@@ -107,6 +112,8 @@ public struct Route: Sendable {
     public var redirects: RedirectMode = .rewrite
     /// nil: the upstream's setting, else `normalize`.
     public var upstreamErrors: UpstreamErrorsMode?
+    /// `rate_limit:` (nil: none).
+    public var rateLimit: RateLimitConfiguration?
 }
 
 /// `redirects:` on a route.

@@ -274,12 +274,18 @@ final class AdminServer: HTTPServerDelegate {
                 "parked":{\(parked.joined(separator: ","))},"auth":\(token)}
                 """)
         }
+        let limits = runtime.routes.compactMap { route -> String? in
+            guard let limit = route.rateLimit else { return nil }
+            return
+                "{\"route\":\(JSON.quote(route.label)),\"keys\":\(limit.keys),\"queued\":\(limit.queued.load(ordering: .relaxed))}"
+        }
         let loaded = shared.loadedAt.formatted(.iso8601)
         return """
             {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.current),\
             "parked":\(shared.parked.current),"max_parked":\(shared.parked.limit),\
             "buffered_bytes":\(shared.bodies.current),"max_buffered_bytes":\(shared.bodies.limit),\
             "deliveries":\(shared.deliveries?.stateJSON() ?? "null"),\
+            "rate_limits":[\(limits.joined(separator: ","))],\
             "config":{"source":\(JSON.quote(config.source)),"loaded_at":\(JSON.quote(loaded))},\
             "upstreams":[\(upstreams.joined(separator: ","))]}
 

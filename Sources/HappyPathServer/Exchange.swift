@@ -47,6 +47,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private var tokens: TokenSource? { guardian.tokens }
 
     /// For the access log and metrics.
+    /// Fields added to whatever answer the client gets (a rate-limited
+    /// route's `RateLimit-Policy` and `RateLimit`); empty for most routes.
+    var extraFields: [HTTPField] = []
     private(set) var finalStatus = 0
     private(set) var finalCode = "OK"
     /// The problem answered, if the request failed.
@@ -190,10 +193,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                     relay.heldEndToEndFields, status: status, proxyRetryAfter: problem.retryAfterSeconds != nil)
                 // An upstream may echo a credential in a field as well as in its body.
                 if let scrubber { kept = kept.map { HTTPField(name: $0.name, value: scrubber.scrub($0.value)) } }
-                relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: kept))
+                relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + extraFields))
                 return end()
             }
-            relay.answered(bytes: ProblemResponder.respond(request, problem))
+            relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: extraFields))
             end()
         case let .finish(ending, abandonProbe):
             if abandonProbe { self.abandonProbe() }
@@ -380,6 +383,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         for field in relay.heldEndToEndFields { request.addResponseHeader(field.name, field.value) }
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        for field in extraFields { request.addResponseHeader(field.name, field.value) }
         request.startReply(status: relay.status, contentLength: relay.heldBody.count, reason: relay.reason)
         if !relay.heldBody.isEmpty { relay.heldBody.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
         request.endReply()
@@ -398,7 +402,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamHeadersComplete() -> String? {
-        switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt) {
+        switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: extraFields) {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up
         case .held:

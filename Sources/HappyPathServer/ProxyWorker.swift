@@ -45,6 +45,10 @@ final class ProxyWorker: HTTPServerDelegate {
     /// The deliver-later store and dispatcher (nil: no route delivers later).
     var deliveries: Deliveries?
 
+    /// Requests waiting in a route's rate-limit queue, owned here until their turn.
+    private var queued: [ObjectIdentifier: QueuedRequest] = [:]
+    let rateLimitMetrics: RateLimitMetrics
+
     /// Token refreshes running on this worker, owned here until they report.
     private var refreshes: [ObjectIdentifier: TokenRefresh] = [:]
 
@@ -83,6 +87,7 @@ final class ProxyWorker: HTTPServerDelegate {
         self.shared = shared
         self.workers = workers
         metrics = WorkerMetrics(shared.metrics)
+        rateLimitMetrics = RateLimitMetrics(shared.metrics.registry)
         self.clock = clock
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
@@ -124,6 +129,54 @@ final class ProxyWorker: HTTPServerDelegate {
         guard let upstreamTarget = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) else {
             return prefixLeavesDotSegment(request, path: path, route: route)
         }
+        var fields: [HTTPField] = []
+        if let limit = route.rateLimit {
+            let key = RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies)
+            let now = clock.now()
+            switch limit.admit(key: key, at: now, maxWait: min(limit.configuration.maxWait, route.timeout)) {
+            case let .pass(limitFields):
+                fields = limitFields
+            case let .wait(delay):
+                let waiting = QueuedRequest(
+                    worker: self, request: request, route: route, limit: limit, key: key, target: upstreamTarget, at: now)
+                queued[ObjectIdentifier(waiting)] = waiting
+                shared.inFlight.add(1)
+                rateLimitMetrics.limited(route: route.label, outcome: "queued")
+                rateLimitMetrics.queueDepth(route: route.label, limit.queued.load(ordering: .relaxed))
+                return waiting.start(after: delay)
+            case let .refuse(retryAfter, limitFields):
+                return rateLimited(request, route: route, retryAfter: retryAfter, fields: limitFields)
+            }
+        }
+        dispatch(request, route: route, method: method, target: upstreamTarget, fields: fields)
+    }
+
+    /// A request's turn came after its wait in a rate-limit queue, or it left.
+    func leftQueue(_ waiting: QueuedRequest, served: Bool) {
+        guard queued.removeValue(forKey: ObjectIdentifier(waiting)) != nil else { return }
+        shared.inFlight.add(-1)
+        waiting.limit.dequeued()
+        rateLimitMetrics.queueDepth(route: waiting.route.label, waiting.limit.queued.load(ordering: .relaxed))
+        guard served else { return }
+        let now = clock.now()
+        rateLimitMetrics.waited(route: waiting.route.label, now - waiting.queuedAt)
+        let fields = waiting.limit.fields(key: waiting.key, at: now)
+        dispatch(waiting.request, route: waiting.route, method: waiting.request.method, target: waiting.target, fields: fields)
+    }
+
+    /// Over the route's rate limit: 429 RATE_LIMITED with when to come back.
+    private func rateLimited(_ request: HTTPRequest, route: RuntimeRoute, retryAfter: Int, fields: [HTTPField]) {
+        rateLimitMetrics.limited(route: route.label, outcome: "rejected")
+        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+        var problem = Problem(
+            .rateLimited, requestID: id,
+            detail: "Over this route's rate limit (rate_limit on \(route.label)); a token is due in \(retryAfter) s.")
+        problem.retryAfterSeconds = retryAfter
+        ProblemResponder.respond(request, problem, extraHeaders: fields)
+    }
+
+    /// The request goes on: stored for later, or an exchange with its upstream.
+    private func dispatch(_ request: HTTPRequest, route: RuntimeRoute, method: String, target upstreamTarget: String, fields: [HTTPField]) {
         if route.delivery.mode == .later {
             let command = makeCommand(request, method: method, target: upstreamTarget, route: route)
             guard let deliveries else {
@@ -138,6 +191,7 @@ final class ProxyWorker: HTTPServerDelegate {
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex],
             command: makeCommand(request, method: method, target: upstreamTarget, route: route))
+        exchange.extraFields = fields
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
         exchange.start()
@@ -533,6 +587,9 @@ final class ProxyWorker: HTTPServerDelegate {
             l.waiting.removeAll()
             for exchange in Array(l.parked.values) { unpark(exchange) }
         }
+        for waiting in queued.values { waiting.abandon() }
+        shared.inFlight.add(-queued.count)
+        queued.removeAll()
         for exchange in active.values { exchange.abandon() }
         shared.inFlight.add(-active.values.filter { $0.delivery == nil }.count)
         active.removeAll()

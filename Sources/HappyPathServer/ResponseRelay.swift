@@ -117,7 +117,9 @@ struct ResponseRelay {
     }
 
     /// The head is complete: refuse it, keep holding, or send it to the client.
-    mutating func headComplete<C: ExchangeClient>(to request: C, requestID: String, attempt: Int) -> HeadVerdict {
+    mutating func headComplete<C: ExchangeClient>(
+        to request: C, requestID: String, attempt: Int, extra: [HTTPField] = []
+    ) -> HeadVerdict {
         let length: Int?
         switch framing.verdict() {
         case let .failure(error): return .refused(error.message)
@@ -130,6 +132,7 @@ struct ResponseRelay {
         }
         request.addResponseHeader("X-Request-Id", requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(attempt))
+        for field in extra { request.addResponseHeader(field.name, field.value) }
         request.startReply(status: status, contentLength: length, reason: reason)
         return .streamed
     }

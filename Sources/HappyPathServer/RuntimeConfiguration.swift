@@ -30,7 +30,8 @@ public final class RuntimeConfiguration: Sendable {
                 allowedMethods: route.match.methods.map { Array($0).sorted() }
                     ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                 rewritesRedirects: route.redirects == .rewrite,
-                passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass)
+                passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass,
+                rateLimit: route.rateLimit)
         }
     }
 }
@@ -73,12 +74,16 @@ final class RuntimeRoute: Sendable {
     let rewritesRedirects: Bool
     /// `upstream_errors: pass` (route, else upstream): upstream 4xx/5xx go to the client unchanged.
     let passesErrors: Bool
+    /// `rate_limit:` (nil: none), shared by every worker.
+    let rateLimit: RouteRateLimit?
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
-        allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false
+        allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
+        rateLimit: RateLimitConfiguration? = nil
     ) {
+        self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label) }
         self.rewritesRedirects = rewritesRedirects
         self.passesErrors = passesErrors
         self.delivery = delivery

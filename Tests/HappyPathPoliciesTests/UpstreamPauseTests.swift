@@ -36,8 +36,8 @@ import Testing
     ])
     func otherAnswersDoNotPause(status: Int, wait: Duration?) {
         var p = UpstreamPause(PacingConfiguration())
-        let r90039 = p.answered(status: status, wait: wait, at: Self.t0)
-        #expect(r90039 == .none)
+        let change = p.answered(status: status, wait: wait, at: Self.t0)
+        #expect(change == .none)
         #expect(p.remaining(at: Self.t0) == nil)
     }
 

@@ -1,0 +1,215 @@
+import HappyPathConfig
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+import Prometheus
+import Synchronization
+
+/// One route's rate limit, shared by every worker: its buckets behind one
+/// lock (taken once per request on the route), the number of requests
+/// waiting in its queue, and the fields it adds to answers. Made with the
+/// runtime configuration, so a reload starts every bucket full again.
+final class RouteRateLimit: Sendable {
+    let configuration: RateLimitConfiguration
+    let label: String
+    private let limiter: Mutex<RateLimiter>
+    /// Requests waiting for their token, in the whole process (`max_queue`).
+    let queued = Atomic<Int>(0)
+    /// `RateLimit-Policy`: the sustained rate as quota per window
+    /// (draft-ietf-httpapi-ratelimit-headers), made once.
+    let policyField: HTTPField
+
+    init(_ configuration: RateLimitConfiguration, label: String) {
+        self.configuration = configuration
+        self.label = label
+        limiter = Mutex(RateLimiter(configuration))
+        policyField = HTTPField(
+            name: "RateLimit-Policy",
+            value: "\"default\";q=\(configuration.count);w=\(Int(configuration.period.seconds))")
+    }
+
+    enum Decision {
+        case pass(fields: [HTTPField])
+        case wait(Duration)
+        case refuse(retryAfterSeconds: Int, fields: [HTTPField])
+    }
+
+    /// Takes or reserves a token for `key`. A queued request beyond
+    /// `max_queue` is refused (its reservation given back).
+    func admit(key: String, at now: Instant, maxWait: Duration) -> Decision {
+        let (decision, state) = limiter.withLock { limiter in
+            (limiter.admit(key: key, at: now, maxWait: maxWait), limiter.state(key: key, at: now))
+        }
+        switch decision {
+        case .pass:
+            return .pass(fields: fields(remaining: state.remaining, untilFull: state.untilFull))
+        case let .wait(delay):
+            if queued.wrappingAdd(1, ordering: .relaxed).newValue > configuration.maxQueue {
+                queued.wrappingSubtract(1, ordering: .relaxed)
+                cancel(key: key, at: now)
+                return .refuse(retryAfterSeconds: Self.seconds(delay), fields: fields(remaining: 0, untilFull: state.untilFull))
+            }
+            return .wait(delay)
+        case let .refuse(retryAfter):
+            return .refuse(
+                retryAfterSeconds: Self.seconds(retryAfter), fields: fields(remaining: 0, untilFull: state.untilFull))
+        }
+    }
+
+    /// A queued request left the queue (its turn came, or it went away).
+    func dequeued() { queued.wrappingSubtract(1, ordering: .relaxed) }
+
+    /// A queued request left before its turn: its token goes back.
+    func cancel(key: String, at now: Instant) {
+        limiter.withLock { $0.cancel(key: key, at: now) }
+    }
+
+    /// The fields for `key` as its bucket is now.
+    func fields(key: String, at now: Instant) -> [HTTPField] {
+        let state = limiter.withLock { $0.state(key: key, at: now) }
+        return fields(remaining: state.remaining, untilFull: state.untilFull)
+    }
+
+    /// Buckets kept now (`/admin/state`).
+    var keys: Int { limiter.withLock { $0.keys } }
+
+    /// The fields for an answer after a token was taken: the policy, and
+    /// what is left with when the bucket is full again (in whole seconds).
+    func fields(remaining: Int, untilFull: Duration) -> [HTTPField] {
+        [policyField, HTTPField(name: "RateLimit", value: "\"default\";r=\(remaining);t=\(Self.seconds(untilFull, least: 0))")]
+    }
+
+    /// Whole seconds, rounded up (at least `least`): for `Retry-After` and `t`.
+    static func seconds(_ d: Duration, least: Int = 1) -> Int {
+        max(least, Int((d.nanoseconds + 999_999_999) / 1_000_000_000))
+    }
+}
+
+/// The key a request's bucket is found under.
+enum RateLimitKey {
+    static func of(_ request: HTTPRequest, _ key: RateLimitConfiguration.Key, trusted: [IPRange]) -> String {
+        switch key {
+        case .route:
+            return ""
+        case let .header(name):
+            // Kept apart from addresses, so a header value cannot take an address's bucket.
+            if let value = request.header(name), !value.isEmpty { return "h:" + value }
+            return clientIP(request, trusted: trusted)
+        case .clientIP:
+            return clientIP(request, trusted: trusted)
+        }
+    }
+
+    static func clientIP(_ request: HTTPRequest, trusted: [IPRange]) -> String {
+        let peer = request.peerAddress
+        guard !trusted.isEmpty else { return peer }
+        var forwarded: [String] = []
+        request.forEachHeader { name, value in
+            if name.count == 15, name.lowercased() == "x-forwarded-for" { forwarded.append(value) }
+        }
+        return ClientAddress.resolve(peer: peer, forwardedFor: forwarded, trusted: trusted)
+    }
+}
+
+/// A request waiting in a route's queue for its token (`over_limit:
+/// queue`). It holds no upstream connection, only a pooled timer; a client
+/// that goes away leaves the queue at once and gives its token back.
+final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
+    let worker: ProxyWorker
+    let request: HTTPRequest
+    let route: RuntimeRoute
+    let limit: RouteRateLimit
+    let key: String
+    let target: String
+    let queuedAt: Instant
+    private var timer: LoopEvent?
+    private var gone = false
+
+    init(
+        worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: String,
+        target: String, at now: Instant
+    ) {
+        self.worker = worker
+        self.request = request
+        self.route = route
+        self.limit = limit
+        self.key = key
+        self.target = target
+        queuedAt = now
+    }
+
+    func start(after delay: Duration) {
+        request.observer = self
+        let event = worker.loop.takeEvent(target: self)
+        timer = event
+        event.arm(after: delay)
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        event.recycle()
+        timer = nil
+        request.observer = nil
+        if gone {
+            request.abort()
+            return worker.leftQueue(self, served: false)
+        }
+        worker.leftQueue(self, served: true)
+    }
+
+    func requestClientClosed(_ request: HTTPRequest) {
+        // Inside the connection's teardown: leave on the next pass.
+        guard !gone else { return }
+        gone = true
+        limit.cancel(key: key, at: worker.clock.now())
+        timer?.arm(after: .zero)
+    }
+
+    func requestOutputDrained(_ request: HTTPRequest) {}
+
+    /// The worker is shutting down: no answer.
+    func abandon() {
+        timer?.recycle()
+        timer = nil
+        request.observer = nil
+        request.abort()
+    }
+}
+
+/// `happypath_rate_limited_total{route,outcome}`, the queue's depth and
+/// its waits, with HELP text; handles made once per route label.
+final class RateLimitMetrics: Sendable {
+    private let registry: PrometheusCollectorRegistry
+
+    init(_ registry: PrometheusCollectorRegistry) { self.registry = registry }
+
+    func limited(route: String, outcome: String) {
+        registry.makeCounter(
+            descriptor: MetricNameDescriptor(
+                namespace: "happypath", metricName: "rate_limited", unitName: "total",
+                helpText: "Requests a route's rate limit held back: queued (waited for a token) or rejected (429)."),
+            labels: [("route", route), ("outcome", outcome)]
+        ).increment()
+    }
+
+    func queueDepth(route: String, _ depth: Int) {
+        registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "happypath", metricName: "rate_limit_queue_depth",
+                helpText: "Requests waiting in a route's rate-limit queue for their token, in the whole process."),
+            labels: [("route", route)]
+        ).set(Double(depth))
+    }
+
+    func waited(route: String, _ wait: Duration) {
+        registry.makeDurationHistogram(
+            descriptor: MetricNameDescriptor(
+                namespace: "happypath", metricName: "rate_limit_queue_wait", unitName: "seconds",
+                helpText: "How long requests waited in a route's rate-limit queue before going on."),
+            labels: [("route", route)],
+            buckets: [
+                .milliseconds(1), .milliseconds(10), .milliseconds(50), .milliseconds(100), .milliseconds(250),
+                .milliseconds(500), .seconds(1), .seconds(2), .seconds(5), .seconds(10), .seconds(30),
+            ]
+        ).recordNanoseconds(wait.nanoseconds)
+    }
+}
