@@ -123,7 +123,7 @@ sanitize-thread: deps
 sanitize-address: deps
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
 	@rm -rf $(SANITIZER_LOGS)/address && mkdir -p $(SANITIZER_LOGS)/address
-	ASAN_OPTIONS="log_path=$(SANITIZER_LOGS)/address/report detect_leaks=1" \
+	ASAN_OPTIONS="log_path=$(SANITIZER_LOGS)/address/report detect_leaks=1 suppressions=$(CURDIR)/deploy/asan-suppressions.txt" \
 	LSAN_OPTIONS="suppressions=$(CURDIR)/deploy/lsan-suppressions.txt print_suppressions=0" \
 	  $(SWIFT) test --skip-build --disable-xctest --sanitize=address --scratch-path .build-asan $(SANITIZE_FILTER)
 	@deploy/sanitizer-reports.sh $(SANITIZER_LOGS)/address AddressSanitizer

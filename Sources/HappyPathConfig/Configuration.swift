@@ -368,15 +368,20 @@ public func resolved<T>(_ value: T?, _ key: StaticString) -> T {
 extension RetryPolicy.Configuration {
     /// The policy for resolved settings (over `PolicySettings.builtIn`).
     public init(resolved settings: RetrySettings) {
-        self.init()
-        attempts = resolved(settings.attempts, "retry.attempts")
-        perTryTimeout = resolved(settings.perTryTimeout, "retry.per_try_timeout")
-        on = Set(resolved(settings.on, "retry.on"))
-        backoffBase = resolved(settings.backoffBase, "retry.backoff.base")
-        backoffMax = resolved(settings.backoffMax, "retry.backoff.max")
-        jitter = resolved(settings.jitter, "retry.backoff.jitter") == .full
-        honorRetryAfter = resolved(settings.honorRetryAfter, "retry.honor_retry_after")
-        methods = Set(resolved(settings.methods, "retry.methods"))
+        // Set on a copy, not on `self`: inside an initializer Swift does not
+        // run property observers, and `on`'s observer keeps `statuses` (the
+        // set looked up on every answer) in step. Set on `self`, a 429 or 408
+        // in `retry.on` was never retried.
+        var c = Self()
+        c.attempts = resolved(settings.attempts, "retry.attempts")
+        c.perTryTimeout = resolved(settings.perTryTimeout, "retry.per_try_timeout")
+        c.on = Set(resolved(settings.on, "retry.on"))
+        c.backoffBase = resolved(settings.backoffBase, "retry.backoff.base")
+        c.backoffMax = resolved(settings.backoffMax, "retry.backoff.max")
+        c.jitter = resolved(settings.jitter, "retry.backoff.jitter") == .full
+        c.honorRetryAfter = resolved(settings.honorRetryAfter, "retry.honor_retry_after")
+        c.methods = Set(resolved(settings.methods, "retry.methods"))
+        self = c
     }
 }
 

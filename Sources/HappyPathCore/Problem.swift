@@ -21,6 +21,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     case notImplemented = "NOT_IMPLEMENTED"
     case versionNotSupported = "VERSION_NOT_SUPPORTED"
     case methodNotAllowed = "METHOD_NOT_ALLOWED"
+    case upstreamPaused = "UPSTREAM_PAUSED"
     case storeUnavailable = "STORE_UNAVAILABLE"
     case idempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED"
 
@@ -30,7 +31,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .badRequest: 400
         case .payloadTooLarge: 413
         case .headersTooLarge: 431
-        case .upstreamUnreachable, .upstreamUnavailable, .circuitOpen, .overloaded, .storeUnavailable: 503
+        case .upstreamUnreachable, .upstreamUnavailable, .circuitOpen, .overloaded, .storeUnavailable, .upstreamPaused: 503
         case .idempotencyKeyReused: 422
         case .upstreamTimeout: 504
         case .rateLimited: 429
@@ -49,7 +50,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     public var retryable: Bool {
         switch self {
         case .upstreamUnreachable, .upstreamTimeout, .upstreamUnavailable, .circuitOpen, .overloaded,
-            .rateLimited, .badGateway, .storeUnavailable:
+            .rateLimited, .badGateway, .storeUnavailable, .upstreamPaused:
             true
         default: false
         }
@@ -85,6 +86,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .notImplemented: "The request uses a feature the gateway does not support"
         case .versionNotSupported: "The HTTP version is not supported"
         case .methodNotAllowed: "The method is not allowed here"
+        case .upstreamPaused: "The service asked for a pause"
         case .storeUnavailable: "The gateway cannot store the request right now"
         case .idempotencyKeyReused: "The Idempotency-Key was already used for another request"
         }
@@ -112,6 +114,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .notImplemented: "Send the body with Content-Length or plain chunked encoding."
         case .versionNotSupported: "Use HTTP/1.1."
         case .methodNotAllowed: "Use one of the methods in the Allow header."
+        case .upstreamPaused: "Wait for the time given in Retry-After, then try again."
         case .storeUnavailable: "Try again later, with backoff; the gateway's disk is not taking writes."
         case .idempotencyKeyReused: "Send a new Idempotency-Key for a new request; resend a request only unchanged."
         }

@@ -93,6 +93,10 @@ final class AdminServer: HTTPServerDelegate {
                 status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
                 body: { () -> String in
                     shared.deliveries?.recordGauges(into: shared.metrics)
+                    let now = clock.now()
+                    for g in shared.guards where g.pacing != nil {
+                        shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
+                    }
                     return shared.metrics.exposition(bodies: shared.bodies)
                 }())
         case "/admin/state":
@@ -258,6 +262,10 @@ final class AdminServer: HTTPServerDelegate {
             let endpoints = upstream.endpoints.enumerated().map { i, e in
                 "{\"url\":\(JSON.quote(e.url)),\"ejected\":\(ejected.contains(i))}"
             }
+            var paused = "null"
+            if let left = guardian.pausedFor(at: now) {
+                paused = JSON.quote(Date().addingTimeInterval(left.seconds).formatted(.iso8601))
+            }
             var token = "null"
             if let source = guardian.tokens {
                 let expires = source.expiresIn(at: now).map { String(Int($0.seconds.rounded())) } ?? "null"
@@ -271,7 +279,7 @@ final class AdminServer: HTTPServerDelegate {
                 """
                 {"name":\(JSON.quote(upstream.name)),"reachable":\(guardian.reachable.load(ordering: .relaxed)),\
                 "circuit_breaker":\(breakerJSON),"endpoints":[\(endpoints.joined(separator: ","))],\
-                "parked":{\(parked.joined(separator: ","))},"auth":\(token)}
+                "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused)}
                 """)
         }
         let limits = runtime.routes.compactMap { route -> String? in

@@ -220,6 +220,7 @@ final class Deliveries: @unchecked Sendable {
         let skipping = state.withLock { s in
             s.shared.guards.filter { g in
                 if !g.reachable.load(ordering: .relaxed) { return true }
+                if g.pausedFor(at: now) != nil { return true }
                 if case let .open(until) = g.breakerState, until > now { return true }
                 return false
             }.map(\.name)

@@ -167,7 +167,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             if abandonProbe { self.abandonProbe() }
             if case let .upstreamAnswer(status) = failure { upstreamAnswered = status }
             releaseAll()
-            var problem = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route).build(
+            var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
+            if let left = guardian.pausedFor(at: worker.clock.now()) { builder.pause = (guardian.pauseCause, left) }
+            var problem = builder.build(
                 failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
             // The upstream's words may carry what the proxy sent it (an echoed
             // Authorization header, a token endpoint repeating its form): none
@@ -234,6 +236,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private struct Gates: Admission.Gates {
         let exchange: Exchange
         let now: Instant
+
+        func pause() -> Admission.Pause {
+            guard let pacing = exchange.guardian.pacing, exchange.guardian.pausedFor(at: now) != nil else { return .none }
+            return pacing.whilePaused == .wait ? .wait : .fail
+        }
 
         func isReachable() -> Bool { exchange.guardian.reachable.load(ordering: .relaxed) }
 
@@ -308,7 +315,21 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             end = .failed(.init(.invalidResponse, "the response broke off after its head (\(failure.message))"))
         }
         let outcome = machine.outcome(of: end)
-        let breakerOpen = report(outcome, at: now)
+        let breakerOpen: Bool
+        if guardian.pacing != nil, case let .answered(status, retryAfter, withToken) = end,
+            paced(status, retryAfter, at: now)
+        {
+            // The upstream asked for a pause: its answer is pacing, not a
+            // failure, so the breaker does not count it (metrics do). A retry
+            // waits for the pause with the others (parked, woken when it
+            // ends or a reload ends it), not on a Retry-After of its own.
+            end = .answered(status: status, retryAfter: nil, withToken: withToken)
+            worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
+            if machine.probe { abandonProbe() }
+            breakerOpen = false
+        } else {
+            breakerOpen = report(outcome, at: now)
+        }
         if machine.state == .streaming, case let .failed(failure) = end {
             worker.logger.warning(
                 "upstream failed mid-response",
@@ -316,6 +337,21 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         let random = Double(worker.ids.next() % 1_000_000) / 1_000_000
         perform(machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) { guardian.withdrawRetry(at: now) })
+    }
+
+    /// A status in `pacing.on` with a wait (Retry-After, or an exhausted
+    /// RateLimit field) pauses the whole upstream; every worker hears of a
+    /// new pause. Returns whether this answer is pacing.
+    private func paced(_ status: Int, _ retryAfter: Duration?, at now: Instant) -> Bool {
+        guard guardian.pacing?.on.contains(status) == true else { return false }
+        let wait =
+            retryAfter
+            ?? PacingSignal.wait(retryAfter: nil, rateLimit: relay.rateLimit, nowUnixSeconds: worker.clock.wallSeconds())
+        guard wait != nil else { return false }
+        if case let .paused(until) = guardian.paced(status: status, wait: wait, at: now) {
+            worker.shared.paused(guardian, until: until)
+        }
+        return true
     }
 
     /// One try's result to everything that counts it: metrics, the breaker,
@@ -355,6 +391,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let hold =
             route.passesErrors
             ? retried || (tokens != nil && machine.settings.refreshOn.contains(status))
+                || guardian.pacing?.on.contains(status) == true
             : status >= 400 || retried
         relay.begin(status: status, reason: reason, hold: hold, to: request)
     }

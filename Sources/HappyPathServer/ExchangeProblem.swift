@@ -8,6 +8,9 @@ struct ExchangeProblem {
     let requestID: String
     let upstream: String
     let route: RuntimeRoute
+    /// The upstream's pause, when it is paused (pacing): the status that
+    /// paused it and how long it still lasts.
+    var pause: (cause: Int, left: Duration)? = nil
 
     /// - Parameters:
     ///   - machine: the request's history (tries, their results, the last failure).
@@ -53,7 +56,11 @@ struct ExchangeProblem {
                     "The circuit breaker for '\(upstream)' stayed open while the request \(waitedText).", retryAfter: 5)
             case .auth:
                 return problem(.authFailed, "No valid token: the token endpoint did not answer while the request \(waitedText).")
+            case .paused:
+                return pausedProblem("The request waited \(waited.configText) for the pause to end, and the route's timeout of \(route.timeout.configText) came first.")
             }
+        case .paused:
+            return pausedProblem("Requests are not sent while it lasts (pacing.while_paused: fail).")
         case .unreachable:
             return problem(.upstreamUnreachable, machine.lastFailure?.message ?? "The upstream could not be reached.")
         case let .upstreamAnswer(status):
@@ -76,6 +83,19 @@ struct ExchangeProblem {
         case .shuttingDown:
             return problem(.upstreamUnavailable, "The proxy is shutting down; try again.", retryAfter: 1)
         }
+    }
+
+    /// A paused upstream: 429 RATE_LIMITED when a 429 paused it (the client
+    /// is over a limit too), else 503 UPSTREAM_PAUSED; `Retry-After` is the
+    /// pause's time left.
+    private func pausedProblem(_ why: String) -> Problem {
+        let cause = pause?.cause ?? 503
+        let left = pause.map { Int(($0.left.nanoseconds + 999_999_999) / 1_000_000_000) } ?? 1
+        var p = Problem(
+            cause == 429 ? .rateLimited : .upstreamPaused, requestID: requestID,
+            detail: "'\(upstream)' asked for a pause (HTTP \(cause) with Retry-After). " + why, upstream: upstream)
+        p.retryAfterSeconds = max(1, left)
+        return p
     }
 
     private func retryAfterSeconds(_ relay: ResponseRelay, wallSeconds: Int64) -> Int? {

@@ -60,7 +60,10 @@ final class HealthChecker: LoopEventTarget {
     func loopEventFired(_ event: LoopEvent) {
         let u = event.tag
         guard !stopped else { return }
-        if states[u].inFlight == 0 { check(u) }
+        // A paused upstream (pacing) gets no health checks: it asked for
+        // nothing until the pause ends, and the first request after it is the probe.
+        let paused = u < shared.guards.count && shared.guards[u].pausedFor(at: MonotonicClock().now()) != nil
+        if states[u].inFlight == 0, !paused { check(u) }
         event.arm(after: interval(u))
     }
 

@@ -64,6 +64,17 @@ final class ProxyMetrics: Sendable {
         counter("happypath_replayed_commands_total", [("upstream", upstream)]).increment(by: count)
     }
 
+    /// `happypath_upstream_paused_seconds{upstream}`: how long the pause
+    /// still lasts (0: not paused); set at scrape time and when a pause ends.
+    func paused(upstream: String, seconds: Double) {
+        registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "happypath", metricName: "upstream_paused", unitName: "seconds",
+                helpText: "Seconds left in the pause an upstream asked for (pacing: 429/503 with Retry-After); 0 when not paused."),
+            labels: [("upstream", upstream)]
+        ).set(seconds)
+    }
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }

@@ -59,6 +59,8 @@ final class ProxyWorker: HTTPServerDelegate {
         var nextEndpoint = 0
         var parked: [ObjectIdentifier: Exchange] = [:]
         var probeTimer: LoopEvent?
+        /// Fires when the upstream's pause (pacing) should be over.
+        var pauseTimer: LoopEvent?
         var inFlight = 0
         var waiting: [Exchange] = []
 
@@ -67,7 +69,12 @@ final class ProxyWorker: HTTPServerDelegate {
             self.guardian = guardian
         }
 
-        func loopEventFired(_ event: LoopEvent) { worker.probeDue(self) }
+        func loopEventFired(_ event: LoopEvent) {
+            if event.tag == Self.pauseTag { return worker.pauseDue(self) }
+            worker.probeDue(self)
+        }
+
+        static let pauseTag = 1
     }
 
     private func lane(_ guardian: UpstreamGuard) -> Lane {
@@ -481,6 +488,40 @@ final class ProxyWorker: HTTPServerDelegate {
         probe.replay()
     }
 
+    // MARK: - Pacing
+
+    /// The upstream paused itself until `at`: this worker wakes what it
+    /// parked for the pause then (a later, longer pause re-arms).
+    func schedulePauseEnd(guardian: UpstreamGuard, at until: Instant) {
+        let l = lane(guardian)
+        let event = l.pauseTimer ?? loop.takeEvent(target: l, tag: Lane.pauseTag)
+        l.pauseTimer = event
+        let now = clock.now()
+        event.arm(after: until > now ? until - now : .zero)
+    }
+
+    fileprivate func pauseDue(_ l: Lane) {
+        let now = clock.now()
+        if let left = l.guardian.pausedFor(at: now) {
+            // Extended since: wait for the new end.
+            l.pauseTimer?.arm(after: left)
+            return
+        }
+        l.pauseTimer?.recycle()
+        l.pauseTimer = nil
+        if l.guardian.endPause(at: now) { shared.metrics.paused(upstream: l.guardian.name, seconds: 0) }
+        replayPaused(l)
+    }
+
+    /// Requests parked for the pause go, in the order they arrived (the
+    /// concurrency limit still applies: the slot queue takes the rest).
+    private func replayPaused(_ l: Lane) {
+        let paused = l.parked.values.filter { $0.parked == .paused }.sorted { $0.startedAt < $1.startedAt }
+        guard !paused.isEmpty else { return }
+        for exchange in paused { unpark(exchange) }
+        for exchange in paused { exchange.replay() }
+    }
+
     // MARK: - Reload
 
     /// New commands use the new configuration; exchanges in flight keep
@@ -494,11 +535,19 @@ final class ProxyWorker: HTTPServerDelegate {
         client.setConnectionLimits(perHost: caps.perHost, cached: caps.cached)
         let kept = Set(shared.guards.map(ObjectIdentifier.init))
         for (key, l) in lanes where !kept.contains(key) {
+            // A reload that changed the upstream ends its pause: what waited goes now.
+            if l.guardian.endPause(at: clock.now(), early: true) {
+                shared.metrics.paused(upstream: l.guardian.name, seconds: 0)
+            }
+            l.pauseTimer?.recycle()
+            l.pauseTimer = nil
             let parked = Array(l.parked.values)
             for exchange in parked { unpark(exchange) }
             for exchange in parked { exchange.replay() }
             // Nothing of the old upstream left on this worker: forget its lane.
-            if l.parked.isEmpty, l.waiting.isEmpty, l.inFlight == 0, l.probeTimer == nil { lanes[key] = nil }
+            if l.parked.isEmpty, l.waiting.isEmpty, l.inFlight == 0, l.probeTimer == nil, l.pauseTimer == nil {
+                lanes[key] = nil
+            }
         }
     }
 
@@ -584,6 +633,8 @@ final class ProxyWorker: HTTPServerDelegate {
         for l in lanes.values {
             l.probeTimer?.recycle()
             l.probeTimer = nil
+            l.pauseTimer?.recycle()
+            l.pauseTimer = nil
             l.waiting.removeAll()
             for exchange in Array(l.parked.values) { unpark(exchange) }
         }

@@ -29,6 +29,8 @@ struct ResponseRelay {
     private(set) var headComplete = false
     /// The held answer's `Retry-After`, as sent.
     private(set) var retryAfter: String?
+    /// The held answer's `RateLimit` field (pacing reads its reset).
+    private(set) var rateLimit: String?
     private(set) var heldBody: [UInt8] = []
     private(set) var heldBodyComplete = true
     /// The held answer's end-to-end fields, in order (hop-by-hop and
@@ -60,6 +62,7 @@ struct ResponseRelay {
         reason = nil
         headComplete = false
         retryAfter = nil
+        rateLimit = nil
         framing = ResponseFraming()
         upstreamConnection.removeAll(keepingCapacity: true)
     }
@@ -101,6 +104,7 @@ struct ResponseRelay {
             request.addResponseHeader(name: name, value: value)
         case .holding:
             if HTTPBytes.equals(name, "retry-after") { retryAfter = String(decoding: value, as: UTF8.self) }
+            if HTTPBytes.equals(name, "ratelimit") { rateLimit = String(decoding: value, as: UTF8.self) }
             heldFields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         case .waiting:
             break

@@ -77,6 +77,14 @@ final class SharedState: @unchecked Sendable {
         }
     }
 
+    /// The upstream paused itself: every worker wakes the requests it
+    /// parks for the pause when it ends.
+    func paused(_ guardian: UpstreamGuard, until: Instant) {
+        for (loop, handle) in workers {
+            loop.execute { handle.worker.schedulePauseEnd(guardian: guardian, at: until) }
+        }
+    }
+
     /// A token refresh ended: every worker replays the commands it parked
     /// waiting for it, or answers them AUTH_FAILED.
     func tokenRefreshed(_ guardian: UpstreamGuard, failure: String?) {

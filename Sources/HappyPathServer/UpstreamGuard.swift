@@ -25,6 +25,12 @@ final class UpstreamGuard: Sendable {
     /// budget, token) when an upstream's definition did not change.
     let fingerprint: Fingerprint
     private let parkedCounts = Locked<[String: Int]>([:])
+    /// `pacing:` (nil: the upstream never pauses).
+    let pacing: PacingConfiguration?
+    private let pause: Locked<UpstreamPause>?
+    /// The pause's end as monotonic nanoseconds (0: not paused), read on
+    /// every admission without the lock.
+    private let pausedUntil = Atomic<Int64>(0)
     private let endpoints: Locked<[EndpointHealth]>
     private let endpointCount: Int
 
@@ -53,6 +59,59 @@ final class UpstreamGuard: Sendable {
         self.breaker = Locked(CircuitBreakerStateMachine(breaker))
         budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
+        pacing = definition.pacing
+        pause = definition.pacing.map { Locked(UpstreamPause($0)) }
+    }
+
+    // MARK: - Pacing
+
+    /// How long the upstream's pause still lasts (nil: not paused): one
+    /// atomic load, and nothing at all for an upstream without `pacing`.
+    @inline(__always)
+    func pausedFor(at now: Instant) -> Duration? {
+        guard pause != nil else { return nil }
+        let until = pausedUntil.load(ordering: .relaxed)
+        guard until > now.nanoseconds else { return nil }
+        return .nanoseconds(until - now.nanoseconds)
+    }
+
+    /// The status that paused the upstream (429 or 503).
+    var pauseCause: Int { pause?.withLock { $0.cause } ?? 0 }
+
+    /// An answer of this upstream: does it pause it? Returns the change
+    /// (the pause starts, or is extended); the caller tells the workers.
+    func paced(status: Int, wait: Duration?, at now: Instant) -> UpstreamPause.Change {
+        guard let pause, pacing?.on.contains(status) == true else { return .none }
+        let change = pause.withLock { $0.answered(status: status, wait: wait, at: now) }
+        switch change {
+        case .none: break
+        case let .paused(until), let .extended(until):
+            pausedUntil.store(until.nanoseconds, ordering: .relaxed)
+        }
+        if case let .paused(until) = change {
+            let seconds = max(0, (until - now).seconds)
+            logger.warning(
+                "upstream paused: it asked for no requests until then",
+                metadata: ["upstream": "\(name)", "status": "\(status)", "for_s": "\(seconds)"])
+            events.publish(
+                "upstream_paused", [("upstream", name), ("status", String(status)), ("for_s", String(Int(seconds.rounded(.up))))])
+        }
+        return change
+    }
+
+    /// The pause is over (its end came), or a reload ended it (`early`).
+    /// True for the one caller that ended it: it tells the others.
+    func endPause(at now: Instant, early: Bool = false) -> Bool {
+        guard let pause else { return false }
+        let ended = pause.withLock { p -> Bool in
+            guard p.end(at: now, early: early) else { return false }
+            return true
+        }
+        guard ended else { return false }
+        pausedUntil.store(0, ordering: .relaxed)
+        logger.info("upstream resumed", metadata: ["upstream": "\(name)", "early": "\(early)"])
+        events.publish("upstream_resumed", [("upstream", name)])
+        return true
     }
 
     /// Asks the breaker to let a try through (may move it open → half-open).

@@ -1,6 +1,7 @@
 import Foundation
 import HappyPathConfig
 import HappyPathCore
+import HappyPathPolicies
 import Testing
 
 func errors(_ yaml: String, env: [String: String] = [:]) -> [ConfigError] {
@@ -434,5 +435,22 @@ struct DeliverLaterConfigTests {
                 "f.yaml:8:31: admin.allowed_hosts[1]: 'admin.example.com:9901' is not a host name (write it as a Host header carries it, without scheme, port or path: admin.example.com, 10.0.0.5, [fd00::5])",
                 "f.yaml:8:57: admin.allowed_hosts[2]: 'http://x/' is not a host name (write it as a Host header carries it, without scheme, port or path: admin.example.com, 10.0.0.5, [fd00::5])",
             ])
+    }
+}
+
+@Suite struct RetryStatusesConfigTests {
+    /// `statuses` (looked up on every answer) follows `retry.on` when the
+    /// policy is built from a file: a 429 or 408 listed there is retried.
+    @Test func retryOnStatusesBelow500AreLookedUp() throws {
+        let c = try ConfigLoader.parse(
+            """
+            defaults: { retry: { on: [429, 408, 503] } }
+            upstreams:
+              u: { endpoints: [http://127.0.0.1:9000] }
+            routes:
+              - { match: { path_prefix: / }, upstream: u }
+            """, file: "t.yaml")
+        let retry = RetryPolicy.Configuration(resolved: c.resolvedPolicies(forRoute: 0).retry)
+        #expect(retry.statuses == [429, 408, 503])
     }
 }

@@ -212,8 +212,8 @@ import Testing
         #expect(wire.contains("\r\nX-Custom: 1\r\n"))
         #expect(wire.hasSuffix("\r\n\r\npay up"))
         #expect(upstream.appRequests.count == 1)
-        let metrics = try HTTP.request(port: h.adminPort, "/metrics").text
-        #expect(metrics.contains("code=\"CLIENT_ERROR\""), "\(metrics)")
+        // Counted just after the answer is written: wait for it.
+        #expect(eventually { (try? HTTP.request(port: h.adminPort, "/metrics").text.contains("code=\"CLIENT_ERROR\"")) == true })
     }
 
     /// A status the retry rules act on is held, retried, and the last

@@ -408,6 +408,32 @@ import Testing
                     .answer(.badGateway(message: "broke off after its head"), abandonProbe: false), .finished),
             ]),
         Scenario(
+            "a paused upstream: waits until its pause ends (the deadline, not park_for, bounds it), then goes",
+            route: .init(parkFor: .seconds(1)),
+            [
+                Step(.start, .admit),
+                Step(.admitted(.park(.paused, probeAfter: nil)), .park(.paused, limit: .seconds(5), probeAfter: nil)),
+                Step(.wait(.seconds(2))),
+                Step(.replay, .admit, .admitting),
+                Step(.admitted(.send(probe: false)), send1),
+            ]),
+        Scenario(
+            "a paused upstream past the deadline: the pause's own answer",
+            [
+                Step(.start, .admit),
+                Step(.admitted(.park(.paused, probeAfter: nil)), .park(.paused, limit: .seconds(5), probeAfter: nil)),
+                Step(.wait(.seconds(5))),
+                Step(
+                    .timer, .answer(.parkExpired(.paused, waited: .seconds(5), byDeadline: true), abandonProbe: false),
+                    .finished),
+            ]),
+        Scenario(
+            "a paused upstream with while_paused: fail answers at once",
+            [
+                Step(.start, .admit),
+                Step(.admitted(.refuse(.paused)), .answer(.paused, abandonProbe: false), .finished),
+            ]),
+        Scenario(
             "a streaming body outlives the deadline",
             [
                 Step(.start, .admit),
@@ -527,7 +553,13 @@ import Testing
         var credentials = true
         var breakerAnswer: CircuitBreakerStateMachine.Admission = .allow
         var slotAnswer: Admission.Slot = .acquired
+        var pauseAnswer: Admission.Pause = .none
         var asked: [String] = []
+
+        mutating func pause() -> Admission.Pause {
+            asked.append("pause")
+            return pauseAnswer
+        }
 
         mutating func isReachable() -> Bool {
             asked.append("reachable")
@@ -551,7 +583,17 @@ import Testing
     @Test func everyGateInOrder() {
         var g = Gates()
         #expect(Admission.decide(remaining: .seconds(1), parkWhileOpen: true, gates: &g) == .send(probe: false))
-        #expect(g.asked == ["reachable", "credentials", "breaker", "slot"])
+        #expect(g.asked == ["pause", "reachable", "credentials", "breaker", "slot"])
+    }
+
+    /// A paused upstream is asked about right after the deadline: nothing
+    /// else is taken (no breaker probe, no slot) while it lasts.
+    @Test(arguments: [(Admission.Pause.wait, Admission.Verdict.park(.paused, probeAfter: nil)), (.fail, .refuse(.paused))])
+    func aPausedUpstreamStopsAdmissionFirst(pause: Admission.Pause, verdict: Admission.Verdict) {
+        var g = Gates()
+        g.pauseAnswer = pause
+        #expect(Admission.decide(remaining: .seconds(1), parkWhileOpen: true, gates: &g) == verdict)
+        #expect(g.asked == ["pause"])
     }
 
     @Test func theDeadlineFirst() {
@@ -563,13 +605,13 @@ import Testing
     @Test func unreachableParksWithoutTouchingTheBreaker() {
         var g = Gates(reachable: false)
         #expect(Admission.decide(remaining: .seconds(1), parkWhileOpen: true, gates: &g) == .park(.unreachable, probeAfter: nil))
-        #expect(g.asked == ["reachable"])
+        #expect(g.asked == ["pause", "reachable"])
     }
 
     @Test func noTokenWaitsForTheRefresh() {
         var g = Gates(credentials: false)
         #expect(Admission.decide(remaining: .seconds(1), parkWhileOpen: true, gates: &g) == .park(.auth, probeAfter: nil))
-        #expect(g.asked == ["reachable", "credentials"])
+        #expect(g.asked == ["pause", "reachable", "credentials"])
     }
 
     @Test func anOpenBreakerParksOrRefuses() {
@@ -581,7 +623,7 @@ import Testing
         #expect(
             Admission.decide(remaining: .seconds(1), parkWhileOpen: false, gates: &f)
                 == .refuse(.circuitOpen(retryAfter: .seconds(2))))
-        #expect(f.asked == ["reachable", "credentials", "breaker"])
+        #expect(f.asked == ["pause", "reachable", "credentials", "breaker"])
     }
 
     @Test func aProbeWithoutASlotGivesItsPlaceBack() {

@@ -8,6 +8,9 @@ import HappyPathCore
 public enum Admission {
     /// What the gates answer, asked in this order.
     public protocol Gates {
+        /// Whether the upstream paused itself (`pacing`): nothing is sent to
+        /// it until the pause ends.
+        mutating func pause() -> Pause
         /// The health checker's verdict for the upstream.
         mutating func isReachable() -> Bool
         /// Credentials to inject are at hand (or none are needed); `false`:
@@ -22,6 +25,15 @@ public enum Admission {
     }
 
     public enum Slot: Sendable, Equatable { case acquired, queued, full }
+
+    public enum Pause: Sendable, Equatable {
+        /// Not paused (or no `pacing`).
+        case none
+        /// Paused, `while_paused: wait`: wait for the pause's end.
+        case wait
+        /// Paused, `while_paused: fail`: answer now.
+        case fail
+    }
 
     public enum Verdict: Sendable, Equatable {
         /// Send a try now (the slot is held). `probe`: it is the breaker's half-open probe.
@@ -41,6 +53,8 @@ public enum Admission {
         case overloaded
         /// The breaker is open and the upstream's `while_open` is `fail`.
         case circuitOpen(retryAfter: Duration)
+        /// The upstream is paused and its `while_paused` is `fail`.
+        case paused
     }
 
     /// - Parameters:
@@ -48,6 +62,11 @@ public enum Admission {
     ///   - parkWhileOpen: `while_open: park` with a `park_for` above zero.
     public static func decide(remaining: Duration, parkWhileOpen: Bool, gates: inout some Gates) -> Verdict {
         guard remaining > .zero else { return .refuse(.deadline) }
+        switch gates.pause() {
+        case .none: break
+        case .wait: return .park(.paused, probeAfter: nil)
+        case .fail: return .refuse(.paused)
+        }
         guard gates.isReachable() else { return .park(.unreachable, probeAfter: nil) }
         guard gates.hasCredentials() else { return .park(.auth, probeAfter: nil) }
         let probe: Bool

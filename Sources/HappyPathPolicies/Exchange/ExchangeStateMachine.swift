@@ -31,6 +31,9 @@ public struct ExchangeStateMachine: Sendable {
         case circuitOpen = "circuit_open"
         /// No usable token: waiting for the refresh.
         case auth
+        /// The upstream paused itself (`pacing`: a 429 or 503 with
+        /// `Retry-After`): waiting for the pause to end, within the deadline.
+        case paused
     }
 
     public enum State: Sendable, Equatable {
@@ -138,6 +141,8 @@ public struct ExchangeStateMachine: Sendable {
         case tokenRefreshFailed(reason: String)
         /// Drain ran out of time before this request was answered.
         case shuttingDown
+        /// The upstream is paused and `while_paused` is `fail`.
+        case paused
     }
 
     public enum Ending: Sendable, Equatable {
@@ -229,6 +234,8 @@ public struct ExchangeStateMachine: Sendable {
             return fail(.overloaded(byParking: false))
         case let .refuse(.circuitOpen(retryAfter)):
             return fail(.circuitOpen(retryAfter: retryAfter))
+        case .refuse(.paused):
+            return fail(.paused)
         }
     }
 
@@ -421,14 +428,16 @@ public struct ExchangeStateMachine: Sendable {
             parkDeadline = min(now + settings.parkFor, settings.deadline)
             parkedSince = now
         }
-        let until = parkDeadline!
+        // A pause is waited out up to the deadline, not park_for: it has an
+        // end the upstream named, and the request goes as soon as it comes.
+        let until = reason == .paused ? settings.deadline : parkDeadline!
         guard until > now else { return fail(parkExpired(reason, at: now)) }
         state = .parked(reason, until: until)
         return .park(reason, limit: until - now, probeAfter: probeAfter)
     }
 
     private func parkExpired(_ reason: ParkReason, at now: Instant) -> Failure {
-        .parkExpired(reason, waited: now - (parkedSince ?? now), byDeadline: parkDeadline == settings.deadline)
+        .parkExpired(reason, waited: now - (parkedSince ?? now), byDeadline: reason == .paused || parkDeadline == settings.deadline)
     }
 
     private func finalFailure(_ outcome: Outcome) -> Failure {
