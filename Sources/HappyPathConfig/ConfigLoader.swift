@@ -645,6 +645,18 @@ final class Reader {
             for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
                 guard let s = text(item, "\(path).endpoints[\(i)]") else { continue }
                 if let url = endpoint(s) {
+                    // The base path is put in front of every (normalized)
+                    // target: it must be a normalized path itself, with no
+                    // query or fragment, or it would undo that normalization.
+                    let afterScheme = url[url.range(of: "://")!.upperBound...]
+                    let base = afterScheme.firstIndex(of: "/").map { String(afterScheme[$0...]) } ?? ""
+                    if base.contains("?") || base.contains("#") || afterScheme.contains("?") || afterScheme.contains("#") {
+                        error(item, "\(path).endpoints[\(i)]: '\(s)' has a query or fragment; an endpoint is an origin and a base path only")
+                    } else if !base.isEmpty, case let .success(normal) = PathNormalizer.normalize(base), normal != base {
+                        error(item, "\(path).endpoints[\(i)]: the base path '\(base)' is not normalized; write it as '\(normal)'")
+                    } else if !base.isEmpty, case let .failure(refusal) = PathNormalizer.normalize(base) {
+                        error(item, "\(path).endpoints[\(i)]: the base path '\(base)' is not a valid path: \(refusal.detail)")
+                    }
                     u.endpoints.append(url)
                 } else {
                     error(item, "\(path).endpoints[\(i)]: '\(s)' is not an http:// or https:// URL with a host")

@@ -1,8 +1,14 @@
-/// Points an upstream's redirect back at the proxy (nginx's `proxy_redirect
-/// default`): a `Location`, `Content-Location` or `Refresh` URL whose origin
-/// is the endpoint the request went to is rewritten to the client-facing
-/// origin, with the path mapped back through the endpoint's base path and
-/// the route's `strip_prefix`. Any other URL is left alone.
+/// Points an upstream's redirect back at the proxy (as nginx's
+/// `proxy_redirect default`): a `Location`, `Content-Location` or `Refresh`
+/// URL whose origin is the endpoint the request went to becomes a path on
+/// the proxy, mapped back through the endpoint's base path and the route's
+/// `strip_prefix`. Any other URL is left alone.
+///
+/// The result is a path-only reference (`/api/items/1`), which RFC 9110
+/// section 10.2.2 allows and every client resolves against the URL it
+/// asked for: the proxy never writes a host or scheme taken from the
+/// request (a `Host` header, or an absolute-form target, is the client's to
+/// choose), and a proxy behind TLS offload never downgrades it to http.
 public struct RedirectRewriter: Sendable {
     /// `http://host:port` of the endpoint, lower-cased, without a trailing slash.
     let endpointOrigin: String
@@ -31,20 +37,22 @@ public struct RedirectRewriter: Sendable {
     }
 
     /// The value to send instead, or nil to send it as it came.
-    /// - Parameters:
-    ///   - isRefresh: the value is `Refresh`'s `N; url=URL`.
-    ///   - clientOrigin: `http://host[:port]` as the client addressed the proxy.
-    public func rewrite(_ value: String, isRefresh: Bool, clientOrigin: String) -> String? {
+    /// - Parameter isRefresh: the value is `Refresh`'s `N; url=URL`.
+    public func rewrite(_ value: String, isRefresh: Bool) -> String? {
         // URLs in these fields are ASCII (RFC 3986); anything else is left as it came.
         guard value.utf8.allSatisfy({ $0 < 0x80 }) else { return nil }
         if isRefresh {
-            // `5; url=http://…` (RFC-less but universal): only the URL part moves.
-            // ASCII lower-casing keeps every byte where it was, so the
-            // match's offset is the same in `value`.
-            guard let found = value.lowercased().utf8.firstRange(of: "url=".utf8) else { return nil }
-            let lower = value.lowercased().utf8
-            let offset = lower.distance(from: lower.startIndex, to: found.upperBound)
-            let urlRange = value.startIndex..<value.utf8.index(value.startIndex, offsetBy: offset)
+            // `5; url=http://…` (RFC-less but universal; spaces around `=`
+            // allowed): only the URL part moves. ASCII lower-casing keeps
+            // every byte where it was, so offsets are the same in `value`.
+            let lower = Array(value.lowercased().utf8)
+            guard let u = lower.firstRange(of: Array("url".utf8)) else { return nil }
+            var at = u.upperBound
+            while at < lower.count, lower[at] == 0x20 || lower[at] == 0x09 { at += 1 }
+            guard at < lower.count, lower[at] == UInt8(ascii: "=") else { return nil }
+            at += 1
+            while at < lower.count, lower[at] == 0x20 || lower[at] == 0x09 { at += 1 }
+            let urlRange = value.startIndex..<value.utf8.index(value.startIndex, offsetBy: at)
             var url = Substring(value[urlRange.upperBound...])
             var quote: Character?
             if let q = url.first, q == "'" || q == "\"" {
@@ -52,14 +60,14 @@ public struct RedirectRewriter: Sendable {
                 url = url.dropFirst()
                 if url.last == q { url = url.dropLast() }
             }
-            guard let rewritten = rewriteURL(String(url), clientOrigin: clientOrigin) else { return nil }
+            guard let rewritten = rewriteURL(String(url)) else { return nil }
             let q = quote.map(String.init) ?? ""
             return String(value[..<urlRange.upperBound]) + q + rewritten + q
         }
-        return rewriteURL(value, clientOrigin: clientOrigin)
+        return rewriteURL(value)
     }
 
-    private func rewriteURL(_ url: String, clientOrigin: String) -> String? {
+    private func rewriteURL(_ url: String) -> String? {
         guard let schemeEnd = url.firstRange(of: "://") else { return nil }
         let authorityEnd = url[schemeEnd.upperBound...].firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? url.endIndex
         let origin = Self.withoutDefaultPort(url[..<authorityEnd].lowercased())
@@ -73,11 +81,8 @@ public struct RedirectRewriter: Sendable {
             guard rest.isEmpty || rest.first == "/" || rest.first == "?" || rest.first == "#" else { return nil }
             path = rest.first == "/" ? rest : "/" + rest
         }
-        var mapped = stripPrefix + path
-        if mapped.isEmpty { mapped = "/" }
-        var client = clientOrigin
-        if client.hasSuffix("/") { client.removeLast() }
-        return client + mapped
+        let mapped = stripPrefix + path
+        return mapped.hasPrefix("/") ? mapped : "/" + mapped
     }
 
     /// `http://h:80` is `http://h`, `https://h:443` is `https://h`.

@@ -49,7 +49,7 @@ public struct Router: Sendable {
             outPath = outPath.dropFirst(stripPrefix.count)
             if !outPath.hasPrefix("/") {
                 let firstSegment = outPath.prefix { $0 != "/" }
-                if PathNormalizer.isDotSegment(firstSegment) { return nil }
+                if PathNormalizer.isDotLike(firstSegment) { return nil }
                 out = "/"
             }
         }

@@ -98,6 +98,9 @@ public final class UpstreamTransfer {
     fileprivate unowned let client: UpstreamClient
     fileprivate var inFinalBlock = false
     fileprivate var headersDone = false
+    /// The next line starts a block (the first line, or the one after an
+    /// empty line): only there is an `HTTP/` line a status line.
+    fileprivate var atBlockStart = true
     /// The status of the 1xx block being read, if it is forwarded (0: none).
     fileprivate var informational = 0
     /// Its fields so far (allocated only when an upstream sends one).
@@ -131,6 +134,9 @@ public final class UpstreamTransfer {
             return informational = 0
         }
         if HopByHop.isHopByHop(name) { return }
+        // A 1xx has no body: a length or coding in one could make a lenient
+        // client swallow the start of the final answer (RFC 9110 section 8.6).
+        if HTTPBytes.equals(name, "content-length") || HTTPBytes.equals(name, "transfer-encoding") { return }
         guard informationalFields.count + line.count + 4 <= Self.maxInformationalBytes else { return informational = 0 }
         informationalFields.append(contentsOf: name)
         informationalFields.append(contentsOf: [0x3A, 0x20])
@@ -612,6 +618,7 @@ private func upstreamHeaderCallback(
     var end = n
     while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
     if end == 0 {
+        transfer.atBlockStart = true
         if transfer.inFinalBlock {
             transfer.headersDone = true
             if let refusal = handler.upstreamHeadersComplete() { return transfer.refuse(refusal) }
@@ -622,7 +629,12 @@ private func upstreamHeaderCallback(
         }
         return n
     }
-    if n >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
+    let blockStart = transfer.atBlockStart
+    transfer.atBlockStart = false
+    // A field line that begins with "HTTP/" is a (bad) field, not a new
+    // status line: read as one, it would let the upstream swap the status
+    // of a response the proxy already holds.
+    if blockStart, n >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
         guard let status = ResponseFraming.status(ofLine: UnsafeRawBufferPointer(rebasing: line[0..<end])) else {
             return transfer.refuse("The upstream's status line is not 'HTTP/1.x' and a status from 100 to 599.")
         }

@@ -306,12 +306,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private func tryEnded(_ end: ExchangeStateMachine.TryEnd) {
         let now = worker.clock.now()
         var end = end
-        if machine.state == .streaming, case let .failed(failure) = end, relay.bytesOut == 0 {
-            // The head was staged, never written (it leaves with the first
-            // body bytes): the client has nothing yet, so it gets a retry or
-            // a problem (502 BAD_GATEWAY once the retry rules give up), never
-            // a silent close.
-            machine.streamFailedBeforeFirstByte()
+        if relay.headComplete, case let .failed(failure) = end, relay.bytesOut == 0,
+            machine.state == .streaming || failure.kind != .timeout
+        {
+            // The head arrived whole, then the answer broke off (a close, a
+            // bad chunk) before any byte reached the client: a response that
+            // is not valid HTTP, retried or answered 502 BAD_GATEWAY. A
+            // streamed head was staged, never written (it leaves with the
+            // first body bytes), so the client has nothing yet either.
+            if machine.state == .streaming { machine.streamFailedBeforeFirstByte() }
             end = .failed(.init(.invalidResponse, "the response broke off after its head (\(failure.message))"))
         }
         let outcome = machine.outcome(of: end)
@@ -427,15 +430,14 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         return relay.heldBody.count
     }
 
-    /// A redirect to the endpoint this try went to, pointed at the proxy as
-    /// the client addressed it (`redirects: rewrite`, the default).
+    /// A redirect to the endpoint this try went to, as a path on the proxy
+    /// (`redirects: rewrite`, the default).
     private func redirect(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> String? {
-        guard endpointIndex >= 0, let host = request.header("Host"), !host.isEmpty else { return nil }
+        guard endpointIndex >= 0 else { return nil }
         let endpoint = upstream.endpoints[endpointIndex]
         let rewriter = RedirectRewriter(
             endpointOrigin: endpoint.origin, basePath: endpoint.basePath, stripPrefix: route.stripPrefix)
-        return rewriter.rewrite(
-            String(decoding: value, as: UTF8.self), isRefresh: name.count == 7, clientOrigin: "http://" + host)
+        return rewriter.rewrite(String(decoding: value, as: UTF8.self), isRefresh: name.count == 7)
     }
 
     func upstreamHeadersComplete() -> String? {

@@ -130,7 +130,7 @@ final class ProxyWorker: HTTPServerDelegate {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
-        if !route.allowTrace, method.utf8.count == 5, method == "TRACE" {
+        if !route.allowTrace, method.utf8.count == 5, Self.echoesRequest(method) {
             return traceRefused(request, route: route)
         }
         guard let upstreamTarget = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) else {
@@ -229,17 +229,27 @@ final class ProxyWorker: HTTPServerDelegate {
         ProblemResponder.respond(request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
     }
 
+    /// TRACE, and Microsoft's TRACK, in any case: methods are case-sensitive,
+    /// but upstreams that upper-case them would echo the request all the same.
+    static func echoesRequest(_ method: String) -> Bool {
+        var m = method
+        return m.withUTF8 { b in
+            let raw = UnsafeRawBufferPointer(b)
+            return HTTPBytes.equals(raw, "trace") || HTTPBytes.equals(raw, "track")
+        }
+    }
+
     /// TRACE asks the upstream to echo the request back, credentials and
     /// cookies included (cross-site tracing): answered here, 405, unless the
     /// route sets `allow_trace`.
     private func traceRefused(_ request: HTTPRequest, route: RuntimeRoute) {
         let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        let allowed = route.allowedMethods.filter { $0 != "TRACE" }.joined(separator: ", ")
+        let allowed = route.allowedMethods.filter { !Self.echoesRequest($0) }.joined(separator: ", ")
         ProblemResponder.respond(
             request,
             Problem(
                 .methodNotAllowed, requestID: id,
-                detail: "TRACE is not forwarded on this route; set allow_trace: true on the route to forward it."),
+                detail: "\(request.method) is not forwarded on this route; set allow_trace: true on the route to forward it."),
             extraHeaders: [HTTPField(name: "Allow", value: allowed)])
     }
 

@@ -86,6 +86,10 @@ struct ResponseRelay {
         // Content-Length and Transfer-Encoding are the proxy's to write, and
         // a malformed field fails the head (reported when it is complete).
         guard framing.add(name: name, value: value) else { return }
+        // The proxy's own two fields are added once, by the proxy: an
+        // upstream's copy would stand first and be read instead.
+        if name.count == 12, HTTPBytes.equals(name, "x-request-id") { return }
+        if name.count == 20, HTTPBytes.equals(name, "x-happypath-attempts") { return }
         if HopByHop.isHopByHop(name) {
             if HTTPBytes.equals(name, "connection") {
                 // Kept only if it names fields: `keep-alive` and `close` (the usual values) name none.

@@ -454,3 +454,14 @@ struct DeliverLaterConfigTests {
         #expect(retry.statuses == [429, 408, 503])
     }
 }
+
+@Suite struct EndpointBasePathConfigTests {
+    @Test(arguments: [
+        ("http://h/base/../admin", "write it as '/admin'"), ("http://h/base?q=1", "has a query or fragment"),
+        ("http://h/a%2e%2e", "write it as"),
+    ])
+    func aBasePathMustBeANormalizedPathWithoutQuery(url: String, message: String) {
+        let e = errors("upstreams:\n  u: { endpoints: [\"\(url)\"] }\nroutes:\n  - { match: { path_prefix: / }, upstream: u }")
+        #expect(e.map(\.description).contains { $0.contains(message) }, "\(e)")
+    }
+}

@@ -42,6 +42,16 @@ import Testing
         #expect(PathNormalizer.normalize(input) == .failure(.pathAboveRoot))
     }
 
+    @Test(arguments: ["/..;/x", "/a/..;jsessionid=1/x", "/.;/x", "/a/%2e%2e;/x", "/a/.%2e;x", "/a/..;"])
+    func refusesDotSegmentsWithParameters(input: String) {
+        #expect(PathNormalizer.normalize(input) == .failure(.dotSegmentParameters))
+    }
+
+    @Test(arguments: ["/a;b/c", "/a/b;v=1", "/...;x", "/.x;y"])
+    func keepsOtherSegmentsWithParameters(input: String) {
+        #expect(PathNormalizer.normalize(input) == .success(input))
+    }
+
     @Test(arguments: ["/%", "/a%2", "/a%zz", "/%G0/x", "/a%2/b"])
     func refusesBadPercentEncoding(input: String) {
         #expect(PathNormalizer.normalize(input) == .failure(.badPercentEncoding))

@@ -6,14 +6,14 @@ import Testing
 
     @Test(arguments: [
         // endpoint http://10.0.0.5:9000/base, route strip_prefix /api
-        ("http://10.0.0.5:9000/base/items/1", "http://proxy.example:8080/api/items/1"),
-        ("HTTP://10.0.0.5:9000/base/items?x=1", "http://proxy.example:8080/api/items?x=1"),
-        ("http://10.0.0.5:9000/base", "http://proxy.example:8080/api/"),
-        ("http://10.0.0.5:9000/base?next=1", "http://proxy.example:8080/api/?next=1"),
+        ("http://10.0.0.5:9000/base/items/1", "/api/items/1"),
+        ("HTTP://10.0.0.5:9000/base/items?x=1", "/api/items?x=1"),
+        ("http://10.0.0.5:9000/base", "/api/"),
+        ("http://10.0.0.5:9000/base?next=1", "/api/?next=1"),
     ])
     func anEndpointURLPointsBackAtTheProxy(location: String, expected: String) {
         let r = RedirectRewriter(endpointOrigin: "http://10.0.0.5:9000/", basePath: "/base", stripPrefix: "/api")
-        #expect(r.rewrite(location, isRefresh: false, clientOrigin: Self.client) == expected)
+        #expect(r.rewrite(location, isRefresh: false) == expected)
     }
 
     @Test(arguments: [
@@ -27,19 +27,20 @@ import Testing
     ])
     func otherURLsAreLeftAlone(location: String) {
         let r = RedirectRewriter(endpointOrigin: "http://10.0.0.5:9000/", basePath: "/base", stripPrefix: "/api")
-        #expect(r.rewrite(location, isRefresh: false, clientOrigin: Self.client) == nil)
+        #expect(r.rewrite(location, isRefresh: false) == nil)
     }
 
     @Test func withoutBasePathOrPrefixOnlyTheOriginChanges() {
         let r = RedirectRewriter(endpointOrigin: "http://127.0.0.1:80", basePath: "", stripPrefix: nil)
-        #expect(r.rewrite("http://127.0.0.1/a/b#frag", isRefresh: false, clientOrigin: Self.client) == Self.client + "/a/b#frag")
+        #expect(r.rewrite("http://127.0.0.1/a/b#frag", isRefresh: false) == "/a/b#frag")
     }
 
     @Test func refreshKeepsItsDelay() {
         let r = RedirectRewriter(endpointOrigin: "http://u:9000", basePath: "", stripPrefix: "/api")
-        #expect(r.rewrite("5; url=http://u:9000/next", isRefresh: true, clientOrigin: Self.client) == "5; url=\(Self.client)/api/next")
-        #expect(r.rewrite("0;URL='http://u:9000/x'", isRefresh: true, clientOrigin: Self.client) == "0;URL='\(Self.client)/api/x'")
-        #expect(r.rewrite("5", isRefresh: true, clientOrigin: Self.client) == nil)
+        #expect(r.rewrite("5; url=http://u:9000/next", isRefresh: true) == "5; url=/api/next")
+        #expect(r.rewrite("0;URL='http://u:9000/x'", isRefresh: true) == "0;URL='/api/x'")
+        #expect(r.rewrite("3; url = http://u:9000/spaced", isRefresh: true) == "3; url = /api/spaced")
+        #expect(r.rewrite("5", isRefresh: true) == nil)
     }
 
     @Test(arguments: ["location", "Location", "content-location", "REFRESH"])

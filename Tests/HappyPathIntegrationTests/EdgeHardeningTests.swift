@@ -187,4 +187,62 @@ import Testing
         #expect(r.json["code"] as? String == "BAD_GATEWAY")
         #expect(upstream.appRequests.count == 1)
     }
+
+    // MARK: - From the outside review
+
+    /// A field line that starts with "HTTP/" is a bad field, never a second
+    /// status line that would swap the held 401 for a 200.
+    @Test func aStatusLineInsideAHeadIsRefusedNotBelieved() throws {
+        let upstream = ScriptedUpstream(
+            response: "HTTP/1.1 401 No\r\nWWW-Authenticate: Basic\r\nHTTP/1.1 200 OK: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nfinal"
+        ).started()
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(upstream.port)"))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(r.status == 502)
+        #expect(r.json["code"] as? String == "BAD_GATEWAY")
+        #expect(!r.text.contains("final"))
+    }
+
+    /// A coding other than chunked would reach the client undeclared.
+    @Test func aTransferCodingOtherThanChunkedIsABadGateway() throws {
+        let upstream = ScriptedUpstream(
+            response: "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n2\r\nzz\r\n0\r\n\r\n"
+        ).started()
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(upstream.port)"))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(r.status == 502)
+    }
+
+    /// An error answer whose body breaks off after its head is a bad gateway too.
+    @Test func aHeldErrorThatBreaksOffIsABadGateway() throws {
+        let upstream = ScriptedUpstream(response: "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\n").started()
+        let h = try ProxyHarness(ProxyHarness.single(upstream: "http://127.0.0.1:\(upstream.port)"))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        #expect(r.status == 502)
+        #expect((r.json["detail"] as? String)?.contains("broke off after its head") == true, "\(r.text)")
+    }
+
+    @Test(arguments: ["trace", "Trace", "TRACK"])
+    func traceInAnyCaseAndTrackAreNotForwarded(method: String) throws {
+        let upstream = ScriptedUpstream(response: http(200, "echo")).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "\(method) /public/x HTTP/1.1\r\nHost: x\r\nCookie: s=1\r\n\r\n")
+        #expect(r.status == 405)
+        #expect(upstream.appRequests.isEmpty)
+    }
+
+    /// `..;` is `..` to a servlet container: refused, never forwarded.
+    @Test(arguments: ["/public/..;/x", "/pub..;/x", "/public/%2e%2e;jsessionid=1/x"])
+    func aDotSegmentWithParametersIsRefused(target: String) throws {
+        let upstream = ScriptedUpstream(response: http(200, "ok")).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port))
+        defer { h.stop(); upstream.stop() }
+        let r = try Self.raw(h.port, "GET \(target) HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(r.status == 400)
+        #expect(upstream.appRequests.isEmpty)
+    }
 }

@@ -70,6 +70,28 @@ import Testing
         #expect(wire.hasSuffix("\r\n\r\nok"))
     }
 
+    /// A 1xx has no body: its Content-Length is not forwarded.
+    @Test func aForwarded1xxCarriesNoLength() throws {
+        let upstream = ScriptedUpstream(
+            response: "HTTP/1.1 103 Early\r\nContent-Length: 5\r\nLink: </c>\r\n\r\n" + http(200, "ok")
+        ).started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port))
+        defer { h.stop(); upstream.stop() }
+        let wire = try Self.exchange(h.port, "GET /public/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        #expect(wire.hasPrefix("HTTP/1.1 103 Early Hints\r\nLink: </c>\r\n\r\nHTTP/1.1 200"), "\(wire)")
+    }
+
+    /// The proxy's own X-Request-Id and X-Happypath-Attempts are the only ones.
+    @Test func theUpstreamsCopiesOfTheProxysFieldsAreDropped() throws {
+        let upstream = ScriptedUpstream(response: http(200, "ok", headers: ["X-Request-Id: upstream-id", "X-Happypath-Attempts: 99"]))
+            .started()
+        let h = try ProxyHarness(Self.config(upstream: upstream.port))
+        defer { h.stop(); upstream.stop() }
+        let r = try HTTP.request(port: h.port, "/public/x", headers: [("X-Request-Id", "client-id")])
+        #expect(r.headers.filter { $0.name.lowercased() == "x-request-id" }.map(\.value) == ["client-id"])
+        #expect(r.headers.filter { $0.name.lowercased() == "x-happypath-attempts" }.map(\.value) == ["1"])
+    }
+
     @Test func noInformationalAnswerForAnHTTP10Client() throws {
         let upstream = ScriptedUpstream(response: Self.earlyHints).started()
         let h = try ProxyHarness(Self.config(upstream: upstream.port))
@@ -101,7 +123,8 @@ import Testing
         defer { h.stop(); target.stop() }
         let r = try HTTP.request(port: h.port, "/public/start", headers: [])
         #expect(r.status == 302)
-        #expect(r.header("Location") == "http://127.0.0.1:\(h.port)/public/next?x=1")
+        // A path on the proxy: no host or scheme taken from the request.
+        #expect(r.header("Location") == "/public/next?x=1")
         // Outside the endpoint's base path: left alone.
         #expect(r.header("Content-Location") == "http://127.0.0.1:\(target.port)/elsewhere")
     }

@@ -20,6 +20,8 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
     // MARK: Path (RFC 3986 sections 2.1, 5.2.4; docs/http1.md "Paths")
     case badPercentEncoding = "bad_percent_encoding"
     case pathAboveRoot = "path_above_root"
+    /// `..;x` or `.;x`: a dot-segment with parameters, which Tomcat and Jetty read as `..`.
+    case dotSegmentParameters = "dot_segment_parameters"
     /// `%2F`, `%5C` or `\` in the path with `limits.encoded_slashes: reject`.
     case encodedSlash = "encoded_slash"
 
@@ -93,6 +95,8 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
         case .requestLineTooLong: "The request line is longer than this listener accepts."
         case .badPercentEncoding: "The path has a '%' that is not followed by two hexadecimal digits."
         case .pathAboveRoot: "The path climbs above the root with '..'; remove the dot-segments."
+        case .dotSegmentParameters:
+            "The path has a '.' or '..' segment with parameters ('..;x'), which some servers read as '..'."
         case .encodedSlash:
             "The path contains an encoded slash or backslash (%2F, %5C or '\\'), which this listener refuses (limits.encoded_slashes)."
         case .bareLineFeed: "A line ends in LF without CR; only CRLF ends a line here."

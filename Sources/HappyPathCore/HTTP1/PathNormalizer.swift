@@ -64,6 +64,12 @@ public enum PathNormalizer {
     /// segment of a path that `normalize` returned never is.
     public static func isDotSegment(_ segment: Substring) -> Bool { segment == "." || segment == ".." }
 
+    /// A dot-segment, or one with parameters (`..;x`, `.;x`), which a
+    /// servlet container reads as one.
+    public static func isDotLike(_ segment: Substring) -> Bool {
+        isDotSegment(segment) || segment.hasPrefix(".;") || segment.hasPrefix("..;")
+    }
+
     // MARK: - The check (no allocation)
 
     /// Refuses what is refused whatever the rest says (bad `%`, a refused
@@ -91,12 +97,18 @@ public enum PathNormalizer {
             }
             if b == UInt8(ascii: "\\"), options.encodedSlashes == .reject { return .failure(.encodedSlash) }
             if b == UInt8(ascii: "/") {
-                if i > path.lowerBound, segmentNeedsWork(buffer, segmentStart, i, options) { changes = true }
+                if i > path.lowerBound {
+                    if segmentNeedsWork(buffer, segmentStart, i, options) { changes = true }
+                    if isDotWithParameters(buffer, segmentStart, i) { return .failure(.dotSegmentParameters) }
+                }
                 segmentStart = i + 1
             }
             i += 1
         }
-        if end > path.lowerBound, isDot(buffer, segmentStart, end) { changes = true }
+        if end > path.lowerBound {
+            if isDot(buffer, segmentStart, end) { changes = true }
+            if isDotWithParameters(buffer, segmentStart, end) { return .failure(.dotSegmentParameters) }
+        }
         return .success(changes)
     }
 
@@ -105,6 +117,16 @@ public enum PathNormalizer {
         _ buffer: UnsafeRawBufferPointer, _ start: Int, _ end: Int, _ options: PathNormalization
     ) -> Bool {
         (start == end && options.mergeSlashes) || isDot(buffer, start, end)
+    }
+
+    /// `.;x` or `..;x`: what precedes the parameters is a dot-segment. RFC
+    /// 3986 does not call it one, but servlet containers strip the
+    /// parameters before resolving, so it climbs like `..` there.
+    @inline(__always)
+    private static func isDotWithParameters(_ buffer: UnsafeRawBufferPointer, _ start: Int, _ end: Int) -> Bool {
+        guard end - start >= 2, buffer[start] == UInt8(ascii: ".") else { return false }
+        if buffer[start + 1] == UInt8(ascii: ";") { return true }
+        return end - start >= 3 && buffer[start + 1] == UInt8(ascii: ".") && buffer[start + 2] == UInt8(ascii: ";")
     }
 
     @inline(__always)
@@ -143,6 +165,14 @@ public enum PathNormalizer {
         if decoded.first == UInt8(ascii: "/") { pieces.removeFirst() }
         for (n, piece) in pieces.enumerated() {
             let last = n == pieces.count - 1
+            // Decoding may have made one (`%2e%2e;x`).
+            let p = decoded[piece]
+            if p.count >= 2, p.first == UInt8(ascii: "."),
+                p.dropFirst().first == UInt8(ascii: ";")
+                    || (p.count >= 3 && p.dropFirst().first == UInt8(ascii: ".") && p.dropFirst(2).first == UInt8(ascii: ";"))
+            {
+                return .failure(.dotSegmentParameters)
+            }
             if isDot(decoded, piece) {
                 if piece.count == 2 {
                     guard !kept.isEmpty else { return .failure(.pathAboveRoot) }

@@ -56,6 +56,13 @@ public struct ResponseFraming: Sendable {
             return false
         case 17 where HTTPBytes.equals(name, "transfer-encoding"):
             sawTransferEncoding = true
+            // libcurl removes the chunked coding and no other: a body still
+            // gzip-coded would reach the client with nothing saying so.
+            // (Chunked twice would leave a body that is still chunked.)
+            var chunked = 0
+            var other = false
+            forEachListElement(value) { if HTTPBytes.equals($0, "chunked") { chunked += 1 } else { other = true } }
+            if other || chunked > 1 { fault = fault ?? "its Transfer-Encoding is not chunked alone" }
             return false
         default:
             return true

@@ -124,6 +124,7 @@ public let deliberatelyStricter: [HTTP1Refusal: String] = [
     .whitespaceBeforeFirstField: "RFC 9112 2.2: whitespace before the first field line MUST be rejected (or the line ignored)",
     .badPercentEncoding: "RFC 9110 4.1 (RFC 3986 2.1): pct-encoded is \"%\" HEXDIG HEXDIG; llhttp does not look inside the target",
     .pathAboveRoot: "RFC 9110 4.2.3 (RFC 3986 5.2.4): paths are normalized before routing; one that climbs above the root has no normal form and is refused",
+    .dotSegmentParameters: "RFC 9110 4.2.3 (RFC 3986 3.3): a '..' with parameters ('..;x') is read as '..' by servlet containers; refused rather than forwarded",
     .encodedSlash: "RFC 9110 4.2.3: an encoded slash is not a separator and is never decoded; an operator may refuse it (limits.encoded_slashes)",
 ]
 
