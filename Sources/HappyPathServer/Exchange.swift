@@ -225,7 +225,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
     }
 
-    /// Deadline → reachability → credentials → breaker → slot, as one decision.
+    /// Deadline → pause → reachability → credentials → breaker → slot, as one decision.
     private func admit() {
         var gates = Gates(exchange: self, now: worker.clock.now())
         let verdict = Admission.decide(

@@ -1,7 +1,7 @@
 import HappyPathCore
 
 /// Whether a try may be sent now: one decision, its gates asked in a fixed
-/// order (deadline → reachability → credentials → circuit breaker →
+/// order (deadline → pause → reachability → credentials → circuit breaker →
 /// connection slot), each only if the ones before it passed. The gates are
 /// the shared state (health verdict, token, breaker, the worker's slots),
 /// behind a protocol so the order and the verdicts are tested on their own.
