@@ -47,20 +47,29 @@ private final class KeepAliveUpstream: @unchecked Sendable {
         port = bindLoopback(listenFD)
         listen(listenFD, 64)
         let fd = listenFD
+        let stopped = self.stopped
         Thread { [self] in
+            // Closed here, once out of accept (see ScriptedUpstream.stop).
+            defer { Glibc.close(fd) }
             while true {
                 let c = accept(fd, nil, nil)
                 if c < 0 { return }
+                if stopped.withLock({ $0 }) {
+                    Glibc.close(c)
+                    return
+                }
                 Thread { [self] in serve(c) }.start()
             }
         }.start()
     }
 
+    private let stopped = Locked(false)
+
     var appConnections: Int { state.withLock { $0.connections } }
 
     func stop() {
+        guard !stopped.withLock({ s in defer { s = true }; return s }) else { return }
         shutdown(listenFD, Int32(SHUT_RDWR))
-        Glibc.close(listenFD)
     }
 
     private func serve(_ fd: Int32) {

@@ -17,6 +17,8 @@ OUT=${OUT:-/tmp/happypath-counts.$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 echo "== instructions (callgrind, N2 - N1 requests on one connection)"
 OUT=$OUT/callgrind PORT_BASE=${PORT_BASE:-18680} "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
+echo "== the cost of shaping: the same binary with a rate limit (never reached) and pacing (never paused)"
+OUT=$OUT/shaping BENCH_PROFILE=shaping PORT_BASE=$(( ${PORT_BASE:-18680} + 20 )) "$here/callgrind.sh" shaping="$bin" || exit 1
 echo "== system calls and allocations (perf trace -s, uprobes on libc; wrk -c64)"
 OUT=$OUT/per-request PORT_BASE=$(( ${PORT_BASE:-18680} + 10 )) "$here/per-request.sh" happypath="$bin" || exit 1
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
@@ -37,6 +39,10 @@ for row in csv.reader(open(f"{out}/per-request/all.tsv"), delimiter="\t"):
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
+for line in open(f"{out}/shaping/summary.md"):
+    m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
+    if m:
+        instr["shaping"] = int(m.group(1).replace(",", ""))
 print("| per request (100 B, keep-alive) | nginx | happypath | limit | |")
 print("|---|---:|---:|---:|---|")
 for label, d, f, limit in [("user-space instructions", instr, "{:,.0f}", 80000),
@@ -44,5 +50,8 @@ for label, d, f, limit in [("user-space instructions", instr, "{:,.0f}", 80000),
                            ("allocations (malloc, calloc, realloc, posix_memalign)", alloc, "{:.1f}", None)]:
     verdict = "" if limit is None or "happypath" not in d else ("met" if d["happypath"] <= limit else "**short**")
     print(f"| {label} | {cell(d, 'nginx', f)} | {cell(d, 'happypath', f)} | {'' if limit is None else format(limit, ',')} | {verdict} |")
+if "shaping" in instr and "happypath" in instr:
+    extra = instr["shaping"] - instr["happypath"]
+    print(f"| instructions with a rate limit and pacing (profile shaping) | | {instr['shaping']:,.0f} ({extra:+,.0f}) | +2,000 | {'met' if extra <= 2000 else '**short**'} |")
 PY
 echo "raw: $OUT"

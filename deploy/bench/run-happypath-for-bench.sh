@@ -5,6 +5,9 @@
 #   BENCH_PROFILE=foundation (default): one route, no policies (1 attempt,
 #     breaker thresholds out of reach, no parking, health checks hourly),
 #     log level `warning` (no access log).
+#   BENCH_PROFILE=shaping: foundation plus a rate limit on the route (per
+#     client address, never reached: its cost, not its refusals) and pacing
+#     on the upstream (never paused), to count what shaping costs a request.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -44,6 +47,28 @@ routes:
     upstream: bench
 YAML
     ;;
+  shaping)
+    level=warning
+    cat > "$cfg" <<YAML
+listen: ${listen}
+workers: ${workers}
+admin: { listen: 127.0.0.1:${admin_port} }
+defaults:
+  retry: { attempts: 1 }
+  circuit_breaker: { consecutive_failures: 1000000, minimum_requests: 1000000 }
+  reachability: { park_for: 0s }
+  health_check: { interval: 1h }
+upstreams:
+  bench:
+    endpoints: [http://${upstream}]
+    max_connections: 1024
+    pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }
+routes:
+  - match: { path_prefix: / }
+    upstream: bench
+    rate_limit: { rate: 1000000000/s, burst: 1000000000, key: client_ip, over_limit: reject }
+YAML
+    ;;
   policies)
     level=info
     example=$here/../../config/happypath.yaml
@@ -55,7 +80,7 @@ YAML
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086

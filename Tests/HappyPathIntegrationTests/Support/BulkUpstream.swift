@@ -41,20 +41,29 @@ final class BulkUpstream: @unchecked Sendable {
 
     @discardableResult
     func started() -> BulkUpstream {
+        acceptStarted.store(true, ordering: .relaxed)
         Thread { [self] in
+            // Closed here, once out of accept (see ScriptedUpstream.stop).
+            defer { Glibc.close(listenFD) }
             while true {
                 let fd = accept(listenFD, nil, nil)
                 if fd < 0 { return }
+                if stopped.load(ordering: .relaxed) {
+                    Glibc.close(fd)
+                    return
+                }
                 Thread { [self] in serve(fd) }.start()
             }
         }.start()
         return self
     }
 
+    private let acceptStarted = Atomic<Bool>(false)
+
     func stop() {
-        stopped.store(true, ordering: .relaxed)
+        guard !stopped.exchange(true, ordering: .relaxed) else { return }
         shutdown(listenFD, Int32(SHUT_RDWR))
-        Glibc.close(listenFD)
+        if !acceptStarted.load(ordering: .relaxed) { Glibc.close(listenFD) }
     }
 
     /// True if `bytes` are the body's bytes from `offset` on.

@@ -62,14 +62,24 @@ final class ScriptedUpstream: @unchecked Sendable {
     /// Starts accepting (separate from init so `self` is complete).
     @discardableResult
     func started() -> ScriptedUpstream {
+        acceptStarted.withLock { $0 = true }
         Thread { [self] in acceptLoop() }.start()
         return self
     }
 
+    /// Stops accepting. The listening socket is closed by the accept
+    /// thread itself, once it is out of `accept`: closed here, its number
+    /// could be given to another test's new listening socket while this
+    /// thread is about to call `accept` again, and it would answer that
+    /// test's requests with this one's script (a flake seen under load).
     func stop() {
+        guard !stopped.withLock({ s in defer { s = true }; return s }) else { return }
         shutdown(listenFD, Int32(SHUT_RDWR))
-        Glibc.close(listenFD)
+        if !acceptStarted.withLock({ $0 }) { Glibc.close(listenFD) }
     }
+
+    private let stopped = Locked(false)
+    private let acceptStarted = Locked(false)
 
     var count: Int { requests.withLock { $0.count } }
 
@@ -79,9 +89,17 @@ final class ScriptedUpstream: @unchecked Sendable {
     }
 
     private func acceptLoop() {
+        defer { Glibc.close(listenFD) }
         while true {
             let fd = accept(listenFD, nil, nil)
-            if fd < 0 { return }
+            if fd < 0 {
+                if errno == EINTR, !stopped.withLock({ $0 }) { continue }
+                return
+            }
+            if stopped.withLock({ $0 }) {
+                Glibc.close(fd)
+                return
+            }
             Thread { [self] in serve(fd) }.start()
         }
     }
