@@ -238,8 +238,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let now: Instant
 
         func pause() -> Admission.Pause {
-            guard let pacing = exchange.guardian.pacing, exchange.guardian.pausedFor(at: now) != nil else { return .none }
-            return pacing.whilePaused == .wait ? .wait : .fail
+            // One atomic load while not paused (none without pacing).
+            guard exchange.guardian.pausedFor(at: now) != nil else { return .none }
+            return exchange.guardian.pacing?.whilePaused == .fail ? .fail : .wait
         }
 
         func isReachable() -> Bool { exchange.guardian.reachable.load(ordering: .relaxed) }
@@ -319,7 +320,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         let outcome = machine.outcome(of: end)
         let breakerOpen: Bool
-        if guardian.pacing != nil, case let .answered(status, retryAfter, withToken) = end,
+        if guardian.hasPacing, case let .answered(status, retryAfter, withToken) = end,
             paced(status, retryAfter, at: now)
         {
             // The upstream asked for a pause: its answer is pacing, not a
@@ -394,7 +395,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let hold =
             route.passesErrors
             ? retried || (tokens != nil && machine.settings.refreshOn.contains(status))
-                || guardian.pacing?.on.contains(status) == true
+                || (guardian.hasPacing && guardian.pacing?.on.contains(status) == true)
             : status >= 400 || retried
         relay.begin(status: status, reason: reason, hold: hold, to: request)
     }

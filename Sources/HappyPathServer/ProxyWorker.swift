@@ -140,7 +140,7 @@ final class ProxyWorker: HTTPServerDelegate {
         if let limit = route.rateLimit {
             let key = RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies)
             let now = clock.now()
-            switch limit.admit(key: key, at: now, maxWait: min(limit.configuration.maxWait, route.timeout)) {
+            switch limit.admit(key: key, at: now) {
             case let .pass(limitFields):
                 fields = limitFields
             case let .wait(delay):

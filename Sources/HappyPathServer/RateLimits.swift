@@ -19,9 +19,13 @@ final class RouteRateLimit: Sendable {
     /// (draft-ietf-httpapi-ratelimit-headers), made once.
     let policyField: HTTPField
 
-    init(_ configuration: RateLimitConfiguration, label: String) {
+    /// `max_wait`, or the route's timeout if that is shorter.
+    let maxWait: Duration
+
+    init(_ configuration: RateLimitConfiguration, label: String, timeout: Duration) {
         self.configuration = configuration
         self.label = label
+        maxWait = min(configuration.maxWait, timeout)
         limiter = Mutex(RateLimiter(configuration))
         policyField = HTTPField(
             name: "RateLimit-Policy",
@@ -36,23 +40,24 @@ final class RouteRateLimit: Sendable {
 
     /// Takes or reserves a token for `key`. A queued request beyond
     /// `max_queue` is refused (its reservation given back).
-    func admit(key: String, at now: Instant, maxWait: Duration) -> Decision {
-        let (decision, state) = limiter.withLock { limiter in
-            (limiter.admit(key: key, at: now, maxWait: maxWait), limiter.state(key: key, at: now))
-        }
-        switch decision {
+    func admit(key: String, at now: Instant) -> Decision {
+        let admitted = limiter.withLock { $0.admitWithState(key: key, at: now, maxWait: maxWait) }
+        switch admitted.decision {
         case .pass:
-            return .pass(fields: fields(remaining: state.remaining, untilFull: state.untilFull))
+            return .pass(fields: fields(remaining: admitted.remaining, untilFullNs: admitted.untilFullNs))
         case let .wait(delay):
             if queued.wrappingAdd(1, ordering: .relaxed).newValue > configuration.maxQueue {
                 queued.wrappingSubtract(1, ordering: .relaxed)
                 cancel(key: key, at: now)
-                return .refuse(retryAfterSeconds: Self.seconds(delay), fields: fields(remaining: 0, untilFull: state.untilFull))
+                return .refuse(
+                    retryAfterSeconds: Self.seconds(delay.nanoseconds),
+                    fields: fields(remaining: 0, untilFullNs: admitted.untilFullNs))
             }
             return .wait(delay)
         case let .refuse(retryAfter):
             return .refuse(
-                retryAfterSeconds: Self.seconds(retryAfter), fields: fields(remaining: 0, untilFull: state.untilFull))
+                retryAfterSeconds: Self.seconds(retryAfter.nanoseconds),
+                fields: fields(remaining: 0, untilFullNs: admitted.untilFullNs))
         }
     }
 
@@ -67,7 +72,7 @@ final class RouteRateLimit: Sendable {
     /// The fields for `key` as its bucket is now.
     func fields(key: String, at now: Instant) -> [HTTPField] {
         let state = limiter.withLock { $0.state(key: key, at: now) }
-        return fields(remaining: state.remaining, untilFull: state.untilFull)
+        return fields(remaining: state.remaining, untilFullNs: state.untilFull.nanoseconds)
     }
 
     /// Buckets kept now (`/admin/state`).
@@ -75,13 +80,17 @@ final class RouteRateLimit: Sendable {
 
     /// The fields for an answer after a token was taken: the policy, and
     /// what is left with when the bucket is full again (in whole seconds).
-    func fields(remaining: Int, untilFull: Duration) -> [HTTPField] {
-        [policyField, HTTPField(name: "RateLimit", value: "\"default\";r=\(remaining);t=\(Self.seconds(untilFull, least: 0))")]
+    func fields(remaining: Int, untilFullNs: Int64) -> [HTTPField] {
+        var value = "\"default\";r="
+        value += String(remaining)
+        value += ";t="
+        value += String(Self.seconds(untilFullNs, least: 0))
+        return [policyField, HTTPField(name: "RateLimit", value: value)]
     }
 
     /// Whole seconds, rounded up (at least `least`): for `Retry-After` and `t`.
-    static func seconds(_ d: Duration, least: Int = 1) -> Int {
-        max(least, Int((d.nanoseconds + 999_999_999) / 1_000_000_000))
+    static func seconds(_ ns: Int64, least: Int = 1) -> Int {
+        max(least, Int((ns + 999_999_999) / 1_000_000_000))
     }
 }
 

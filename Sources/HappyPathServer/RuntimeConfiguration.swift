@@ -83,7 +83,7 @@ final class RuntimeRoute: Sendable {
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
         rateLimit: RateLimitConfiguration? = nil
     ) {
-        self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label) }
+        self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }
         self.rewritesRedirects = rewritesRedirects
         self.passesErrors = passesErrors
         self.delivery = delivery

@@ -27,6 +27,8 @@ final class UpstreamGuard: Sendable {
     private let parkedCounts = Locked<[String: Int]>([:])
     /// `pacing:` (nil: the upstream never pauses).
     let pacing: PacingConfiguration?
+    /// `pacing != nil`, read without copying the configuration.
+    let hasPacing: Bool
     private let pause: Locked<UpstreamPause>?
     /// The pause's end as monotonic nanoseconds (0: not paused), read on
     /// every admission without the lock.
@@ -60,6 +62,7 @@ final class UpstreamGuard: Sendable {
         budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
         pacing = definition.pacing
+        hasPacing = definition.pacing != nil
         pause = definition.pacing.map { Locked(UpstreamPause($0)) }
     }
 

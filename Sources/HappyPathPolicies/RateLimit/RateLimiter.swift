@@ -45,24 +45,39 @@ public struct RateLimiter: Sendable {
     /// - Parameter maxWait: the longest a queued request may wait (the
     ///   route's `max_wait`, or less if its deadline is sooner).
     public mutating func admit(key: String, at now: Instant, maxWait: Duration) -> Decision {
+        admitWithState(key: key, at: now, maxWait: maxWait).decision
+    }
+
+    /// The decision, with the key's bucket as it is after it (for the
+    /// `RateLimit` field), from one lookup.
+    public struct Admitted: Sendable {
+        public let decision: Decision
+        public let remaining: Int
+        public let untilFullNs: Int64
+    }
+
+    public mutating func admitWithState(key: String, at now: Instant, maxWait: Duration) -> Admitted {
         let i = slot(for: key, at: now)
         slots[i].used = true
+        let decision: Decision
         switch configuration.overLimit {
         case .reject:
             switch slots[i].bucket.take(at: now) {
-            case let .taken(remaining): return .pass(remaining: remaining)
-            case let .refused(retryAfter): return .refuse(retryAfter: retryAfter)
+            case let .taken(remaining): decision = .pass(remaining: remaining)
+            case let .refused(retryAfter): decision = .refuse(retryAfter: retryAfter)
             }
         case .queue:
-            guard let wait = slots[i].bucket.reserve(at: now, maxWait: maxWait) else {
+            if let wait = slots[i].bucket.reserve(at: now, maxWait: maxWait) {
+                decision = wait == .zero ? .pass(remaining: slots[i].bucket.remaining(at: now)) : .wait(wait)
+            } else {
                 // The wait is the time until the queue in front has drained
                 // and a token is due: what the client should wait before trying again.
                 var probe = slots[i].bucket
-                let needed = probe.reserve(at: now, maxWait: .seconds(86_400 * 365)) ?? .zero
-                return .refuse(retryAfter: needed)
+                decision = .refuse(retryAfter: probe.reserve(at: now, maxWait: .seconds(86_400 * 365)) ?? .zero)
             }
-            return wait == .zero ? .pass(remaining: slots[i].bucket.remaining(at: now)) : .wait(wait)
         }
+        let bucket = slots[i].bucket
+        return Admitted(decision: decision, remaining: bucket.remaining(at: now), untilFullNs: bucket.untilFullNs(at: now))
     }
 
     /// A queued request left before its turn: its token goes back.

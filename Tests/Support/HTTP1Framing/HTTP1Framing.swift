@@ -109,6 +109,21 @@ public struct StreamFramer {
         return Framing(requests: requests, end: end)
     }
 
+    /// What routes and upstreams see is a normal path: no dot-segment in
+    /// any spelling (`.`, `..`, `%2e`, `..;`), and normalizing it again
+    /// changes nothing.
+    private func checkPath(_ head: RequestHead, normalized: String?) {
+        guard head.form != .asterisk else { return }
+        let raw = Array(pending[head.pathAndQuery])
+        let pathBytes = raw.prefix { $0 != UInt8(ascii: "?") }
+        let path = normalized ?? String(decoding: pathBytes, as: UTF8.self)
+        for segment in path.split(separator: "/", omittingEmptySubsequences: false) {
+            precondition(!PathNormalizer.isDotLike(segment), "dot-segment '\(segment)' left in \(path)")
+            precondition(!segment.lowercased().contains("%2e"), "encoded dot left in \(path)")
+        }
+        precondition(PathNormalizer.normalize(path, limits.path) == .success(path), "normalizing \(path) again changes it")
+    }
+
     private mutating func step() {
         while true {
             switch state {
@@ -123,14 +138,19 @@ public struct StreamFramer {
                     state = .finished(.refused(r))
                 case let .complete(start, end):
                     precondition(0 <= start && start < end && end <= pending.count, "head \(start)..<\(end) outside the buffer")
+                    var normalized: String?
+                    let line = scanner.requestLine
                     let parsed = pending.withUnsafeBytes {
-                        RequestHeadParser.parse($0, requestStart: start, end: end, limits: limits, fields: &fields)
+                        RequestHeadParser.parse(
+                            $0, requestStart: start, end: end, limits: limits, fields: &fields, normalizedPath: &normalized,
+                            requestLine: line)
                     }
                     switch parsed {
                     case let .failure(r):
                         state = .finished(.refused(r))
                     case let .success(head):
                         checkRanges(head, start: start, end: end)
+                        checkPath(head, normalized: normalized)
                         let request = FramedRequest(
                             method: Array(pending[head.method]), target: Array(pending[head.target]), body: [],
                             keepAlive: head.keepAlive)
