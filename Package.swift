@@ -117,6 +117,7 @@ let package = Package(
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
         .target(name: "CHeapProbe", path: "Tests/Support/CHeapProbe"),
+        .target(name: "SmallDisk", path: "Tests/Support/SmallDisk"),
         .executableTarget(
             name: "LifecycleProbe",
             dependencies: [
@@ -130,7 +131,7 @@ let package = Package(
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
-        .testTarget(name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore"]),
+        .testTarget(name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore", "SmallDisk"]),
         .testTarget(
             name: "HappyPathHTTPOracleTests",
             dependencies: [
@@ -143,7 +144,7 @@ let package = Package(
             name: "HappyPathIntegrationTests",
             dependencies: [
                 "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo", "HappyPathStore",
-                .product(name: "Logging", package: "swift-log"),
+                "SmallDisk", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

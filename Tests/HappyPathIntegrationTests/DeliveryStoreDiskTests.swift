@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import SmallDisk
 import Testing
 
 #if canImport(Glibc)

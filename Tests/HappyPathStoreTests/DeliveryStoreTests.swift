@@ -1,6 +1,7 @@
 import CSQLite
 import Foundation
 import HappyPathCore
+import SmallDisk
 import Testing
 
 #if canImport(Glibc)
@@ -176,41 +177,6 @@ struct DeliveryStoreTests {
         let record = try #require(store.record(id: "r"))
         #expect(record.state == .dead && record.lastStatus == 500 && record.lastProblem == problem)
         store.close()
-    }
-
-    /// A small filesystem of its own (tmpfs, size in bytes), unmounted at
-    /// the end; nil (with the reason printed) where it cannot be mounted.
-    final class SmallDisk {
-        let path: String
-        var filler: String { path + "/filler" }
-
-        init?(bytes: Int) {
-            path = NSTemporaryDirectory() + "happypath-tmpfs-" + UUID().uuidString
-            try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-            if mount("tmpfs", path, "tmpfs", 0, "size=\(bytes),mode=0700") != 0 {
-                print("skipped: cannot mount a tmpfs at \(path): \(String(cString: strerror(errno))) (needs root)")
-                try? FileManager.default.removeItem(atPath: path)
-                return nil
-            }
-        }
-
-        deinit {
-            umount2(path, Int32(MNT_DETACH))
-            try? FileManager.default.removeItem(atPath: path)
-        }
-
-        /// Writes a filler file until the filesystem is full (ENOSPC).
-        func fill() {
-            let fd = Glibc.open(filler, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
-            guard fd >= 0 else { return }
-            defer { Glibc.close(fd) }
-            let chunk = [UInt8](repeating: 0x66, count: 4096)
-            while chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
-            // The last partial page too.
-            while write(fd, chunk, 1) > 0 {}
-        }
-
-        func free() { unlink(filler) }
     }
 
     /// On a disk that is full when the store opens (its -shm file cannot be

@@ -26,48 +26,37 @@ workers=${BENCH_WORKERS:-1}
 admin_port=$(( ${listen##*:} + 100 ))
 profile=${BENCH_PROFILE:-foundation}
 cfg=${BENCH_OUT:-/tmp}/happypath-$profile-${listen##*:}.yaml
+# The foundation profile's file; $1 and $2 are lines added to its upstream and its route.
+foundation_yaml() {
+  cat <<YAML
+listen: ${listen}
+workers: ${workers}
+admin: { listen: 127.0.0.1:${admin_port} }
+defaults:
+  retry: { attempts: 1 }
+  circuit_breaker: { consecutive_failures: 1000000, minimum_requests: 1000000 }
+  reachability: { park_for: 0s }
+  health_check: { interval: 1h }
+upstreams:
+  bench:
+    endpoints: [http://${upstream}]
+    max_connections: 1024
+$1
+routes:
+  - match: { path_prefix: / }
+    upstream: bench
+$2
+YAML
+}
 case $profile in
   foundation)
     level=warning
-    cat > "$cfg" <<YAML
-listen: ${listen}
-workers: ${workers}
-admin: { listen: 127.0.0.1:${admin_port} }
-defaults:
-  retry: { attempts: 1 }
-  circuit_breaker: { consecutive_failures: 1000000, minimum_requests: 1000000 }
-  reachability: { park_for: 0s }
-  health_check: { interval: 1h }
-upstreams:
-  bench:
-    endpoints: [http://${upstream}]
-    max_connections: 1024
-routes:
-  - match: { path_prefix: / }
-    upstream: bench
-YAML
+    foundation_yaml "" "" > "$cfg"
     ;;
   shaping)
     level=warning
-    cat > "$cfg" <<YAML
-listen: ${listen}
-workers: ${workers}
-admin: { listen: 127.0.0.1:${admin_port} }
-defaults:
-  retry: { attempts: 1 }
-  circuit_breaker: { consecutive_failures: 1000000, minimum_requests: 1000000 }
-  reachability: { park_for: 0s }
-  health_check: { interval: 1h }
-upstreams:
-  bench:
-    endpoints: [http://${upstream}]
-    max_connections: 1024
-    pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }
-routes:
-  - match: { path_prefix: / }
-    upstream: bench
-    rate_limit: { rate: 1000000000/s, burst: 1000000000, key: client_ip, over_limit: reject }
-YAML
+    foundation_yaml "    pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }" \
+      "    rate_limit: { rate: 1000000000/s, burst: 1000000000, key: client_ip, over_limit: reject }" > "$cfg"
     ;;
   policies)
     level=info

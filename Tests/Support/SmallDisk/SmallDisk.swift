@@ -7,12 +7,12 @@ import Foundation
 /// A small filesystem of the test's own (a tmpfs of `bytes`), to fill up
 /// and free again; unmounted when released. Mounting needs root (as the
 /// tests and CI run): where it fails, `init` prints why and gives nil, and
-/// the test stops there.
-final class SmallDisk {
-    let path: String
-    var filler: String { path + "/filler" }
+/// the test stops there. Shared by the store's and the integration tests.
+public final class SmallDisk {
+    public let path: String
+    public var filler: String { path + "/filler" }
 
-    init?(bytes: Int) {
+    public init?(bytes: Int) {
         path = NSTemporaryDirectory() + "happypath-tmpfs-" + UUID().uuidString
         try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         if mount("tmpfs", path, "tmpfs", 0, "size=\(bytes),mode=0700") != 0 {
@@ -30,7 +30,7 @@ final class SmallDisk {
     }
 
     /// Writes the filler file until the filesystem says ENOSPC.
-    func fill() {
+    public func fill() {
         let fd = open(filler, O_CREAT | O_WRONLY | O_APPEND | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
         defer { close(fd) }
@@ -40,5 +40,5 @@ final class SmallDisk {
     }
 
     /// Deletes the filler: the space is free again.
-    func free() { unlink(filler) }
+    public func free() { unlink(filler) }
 }
