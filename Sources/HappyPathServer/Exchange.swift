@@ -49,7 +49,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// For the access log and metrics.
     /// Fields added to whatever answer the client gets (a rate-limited
     /// route's `RateLimit-Policy` and `RateLimit`); empty for most routes.
-    var extraFields: [HTTPField] = []
+    var rateLimitFields: RateLimitFields?
     private(set) var finalStatus = 0
     private(set) var finalCode = "OK"
     /// The problem answered, if the request failed.
@@ -195,10 +195,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                     relay.heldEndToEndFields, status: status, proxyRetryAfter: problem.retryAfterSeconds != nil)
                 // An upstream may echo a credential in a field as well as in its body.
                 if let scrubber { kept = kept.map { HTTPField(name: $0.name, value: scrubber.scrub($0.value)) } }
-                relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + extraFields))
+                relay.answered(
+                    bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? [])))
                 return end()
             }
-            relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: extraFields))
+            relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? []))
             end()
         case let .finish(ending, abandonProbe):
             if abandonProbe { self.abandonProbe() }
@@ -320,6 +321,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         let outcome = machine.outcome(of: end)
         let breakerOpen: Bool
+        var paced = false
         if guardian.hasPacing, case let .answered(status, retryAfter, withToken) = end,
             paced(status, retryAfter, at: now)
         {
@@ -328,6 +330,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             // waits for the pause with the others (parked, woken when it
             // ends or a reload ends it), not on a Retry-After of its own.
             end = .answered(status: status, retryAfter: nil, withToken: withToken)
+            paced = true
             worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
             if machine.probe { abandonProbe() }
             breakerOpen = false
@@ -340,7 +343,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 metadata: ["request_id": "\(command.requestID)", "upstream": "\(upstream.name)", "error": "\(failure.message)"])
         }
         let random = Double(worker.ids.next() % 1_000_000) / 1_000_000
-        perform(machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) { guardian.withdrawRetry(at: now) })
+        // A retry after a pacing answer waits for the pause: the pause, not
+        // the retry budget, bounds what reaches the upstream, so it spends
+        // no budget (under load the budget would turn parked clients' retries into 429s).
+        perform(machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) { paced || guardian.withdrawRetry(at: now) })
     }
 
     /// A status in `pacing.on` with a wait (Retry-After, or an exhausted
@@ -424,7 +430,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         for field in relay.heldEndToEndFields { request.addResponseHeader(field.name, field.value) }
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
-        for field in extraFields { request.addResponseHeader(field.name, field.value) }
+        rateLimitFields?.stage(on: request)
         request.startReply(status: relay.status, contentLength: relay.heldBody.count, reason: relay.reason)
         if !relay.heldBody.isEmpty { relay.heldBody.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
         request.endReply()
@@ -442,7 +448,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamHeadersComplete() -> String? {
-        switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: extraFields) {
+        switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up
         case .held:

@@ -136,7 +136,7 @@ final class ProxyWorker: HTTPServerDelegate {
         guard let upstreamTarget = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) else {
             return prefixLeavesDotSegment(request, path: path, route: route)
         }
-        var fields: [HTTPField] = []
+        var fields: RateLimitFields?
         if let limit = route.rateLimit {
             let key = RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies)
             let now = clock.now()
@@ -172,18 +172,20 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     /// Over the route's rate limit: 429 RATE_LIMITED with when to come back.
-    private func rateLimited(_ request: HTTPRequest, route: RuntimeRoute, retryAfter: Int, fields: [HTTPField]) {
+    private func rateLimited(_ request: HTTPRequest, route: RuntimeRoute, retryAfter: Int, fields: RateLimitFields) {
         rateLimitMetrics.limited(route: route.label, outcome: "rejected")
         let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
         var problem = Problem(
             .rateLimited, requestID: id,
             detail: "Over this route's rate limit (rate_limit on \(route.label)); a token is due in \(retryAfter) s.")
         problem.retryAfterSeconds = retryAfter
-        ProblemResponder.respond(request, problem, extraHeaders: fields)
+        ProblemResponder.respond(request, problem, extraHeaders: fields.fields)
     }
 
     /// The request goes on: stored for later, or an exchange with its upstream.
-    private func dispatch(_ request: HTTPRequest, route: RuntimeRoute, method: String, target upstreamTarget: String, fields: [HTTPField]) {
+    private func dispatch(
+        _ request: HTTPRequest, route: RuntimeRoute, method: String, target upstreamTarget: String, fields: RateLimitFields?
+    ) {
         if route.delivery.mode == .later {
             let command = makeCommand(request, method: method, target: upstreamTarget, route: route)
             guard let deliveries else {
@@ -198,7 +200,7 @@ final class ProxyWorker: HTTPServerDelegate {
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex],
             command: makeCommand(request, method: method, target: upstreamTarget, route: route))
-        exchange.extraFields = fields
+        exchange.rateLimitFields = fields
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
         exchange.start()
@@ -529,6 +531,7 @@ final class ProxyWorker: HTTPServerDelegate {
         let paused = l.parked.values.filter { $0.parked == .paused }.sorted { $0.startedAt < $1.startedAt }
         guard !paused.isEmpty else { return }
         for exchange in paused { unpark(exchange) }
+        shared.metrics.replayed(upstream: l.guardian.name, count: paused.count)
         for exchange in paused { exchange.replay() }
     }
 

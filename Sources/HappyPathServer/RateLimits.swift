@@ -30,12 +30,13 @@ final class RouteRateLimit: Sendable {
         policyField = HTTPField(
             name: "RateLimit-Policy",
             value: "\"default\";q=\(configuration.count);w=\(Int(configuration.period.seconds))")
+        policyValueBytes = Array(policyField.value.utf8)
     }
 
     enum Decision {
-        case pass(fields: [HTTPField])
+        case pass(fields: RateLimitFields)
         case wait(Duration)
-        case refuse(retryAfterSeconds: Int, fields: [HTTPField])
+        case refuse(retryAfterSeconds: Int, fields: RateLimitFields)
     }
 
     /// Takes or reserves a token for `key`. A queued request beyond
@@ -70,7 +71,7 @@ final class RouteRateLimit: Sendable {
     }
 
     /// The fields for `key` as its bucket is now.
-    func fields(key: String, at now: Instant) -> [HTTPField] {
+    func fields(key: String, at now: Instant) -> RateLimitFields {
         let state = limiter.withLock { $0.state(key: key, at: now) }
         return fields(remaining: state.remaining, untilFullNs: state.untilFull.nanoseconds)
     }
@@ -80,18 +81,78 @@ final class RouteRateLimit: Sendable {
 
     /// The fields for an answer after a token was taken: the policy, and
     /// what is left with when the bucket is full again (in whole seconds).
-    func fields(remaining: Int, untilFullNs: Int64) -> [HTTPField] {
-        var value = "\"default\";r="
-        value += String(remaining)
-        value += ";t="
-        value += String(Self.seconds(untilFullNs, least: 0))
-        return [policyField, HTTPField(name: "RateLimit", value: value)]
+    func fields(remaining: Int, untilFullNs: Int64) -> RateLimitFields {
+        RateLimitFields(limit: self, remaining: remaining, untilFullSeconds: Self.seconds(untilFullNs, least: 0))
     }
+
+    /// `RateLimit-Policy`'s name and value as bytes, made once (staged on
+    /// every answer of the route without building a string).
+    let policyValueBytes: [UInt8]
 
     /// Whole seconds, rounded up (at least `least`): for `Retry-After` and `t`.
     static func seconds(_ ns: Int64, least: Int = 1) -> Int {
         max(least, Int((ns + 999_999_999) / 1_000_000_000))
     }
+}
+
+/// A limited route's two fields for one answer: `RateLimit-Policy` (made
+/// once per route) and `RateLimit` (what is left, and when the bucket is
+/// full again), staged as bytes written on the stack: no string is built
+/// and nothing is allocated for them on the way to the client.
+struct RateLimitFields {
+    let limit: RouteRateLimit
+    let remaining: Int
+    let untilFullSeconds: Int
+
+    func stage<C: ExchangeClient>(on request: C) {
+        Self.policyName.withUnsafeBytes { name in
+            limit.policyValueBytes.withUnsafeBytes { request.addResponseHeader(name: name, value: $0) }
+        }
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer in
+            var n = 0
+            func put(_ text: StaticString) {
+                for i in 0..<text.utf8CodeUnitCount {
+                    buffer[n] = text.utf8Start[i]
+                    n += 1
+                }
+            }
+            func put(_ value: Int) {
+                var v = max(0, value)
+                var digits = 0
+                var scratch: (UInt64, UInt64, UInt64) = (0, 0, 0)
+                withUnsafeMutableBytes(of: &scratch) { d in
+                    repeat {
+                        d[digits] = UInt8(ascii: "0") + UInt8(v % 10)
+                        v /= 10
+                        digits += 1
+                    } while v > 0 && digits < 20
+                    while digits > 0 {
+                        digits -= 1
+                        buffer[n] = d[digits]
+                        n += 1
+                    }
+                }
+            }
+            put("\"default\";r=")
+            put(remaining)
+            put(";t=")
+            put(untilFullSeconds)
+            Self.name.withUnsafeBytes { name in
+                request.addResponseHeader(name: name, value: UnsafeRawBufferPointer(UnsafeMutableBufferPointer(rebasing: buffer[0..<n])))
+            }
+        }
+    }
+
+    /// The same, as fields (for a problem answer).
+    var fields: [HTTPField] {
+        [
+            limit.policyField,
+            HTTPField(name: "RateLimit", value: "\"default\";r=\(remaining);t=\(untilFullSeconds)"),
+        ]
+    }
+
+    private static let policyName = Array("RateLimit-Policy".utf8)
+    private static let name = Array("RateLimit".utf8)
 }
 
 /// The key a request's bucket is found under.

@@ -126,7 +126,7 @@ struct ResponseRelay {
 
     /// The head is complete: refuse it, keep holding, or send it to the client.
     mutating func headComplete<C: ExchangeClient>(
-        to request: C, requestID: String, attempt: Int, extra: [HTTPField] = []
+        to request: C, requestID: String, attempt: Int, extra: RateLimitFields? = nil
     ) -> HeadVerdict {
         let length: Int?
         switch framing.verdict() {
@@ -140,7 +140,7 @@ struct ResponseRelay {
         }
         request.addResponseHeader("X-Request-Id", requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(attempt))
-        for field in extra { request.addResponseHeader(field.name, field.value) }
+        extra?.stage(on: request)
         request.startReply(status: status, contentLength: length, reason: reason)
         return .streamed
     }

@@ -86,6 +86,8 @@ let oracleCases: [OracleCase] = [
     // The request line is judged as soon as it ends, even before the head does.
     .init("NUL in the target of an unfinished head", bytes: Array("GET /a".utf8) + [0] + Array(" HTTP/1.1\r\nHost: a\r\n".utf8), .refused(.badTarget)),
     .init("HTTP/0.9 request line with nothing after it", "GET /p\r\n", .refused(.badRequestLine)),
+    // Found by the differential fuzzer: the edge refuses when the line ends, llhttp waits.
+    .init("an HTTP/2.0 request line, then part of a field", "POST /submit HTTP/2.0\r\nG.", .refused(.unsupportedVersion)),
     .init("a dot-segment path", "GET /a/../b HTTP/1.1\r\nHost: a\r\n\r\n", .frames(1)),
     .init("a path above the root", "GET /a/../../b HTTP/1.1\r\nHost: a\r\n\r\n", .refused(.pathAboveRoot)),
     .init("a broken percent-encoding in the path", "GET /a%zz HTTP/1.1\r\nHost: a\r\n\r\n", .refused(.badPercentEncoding)),

@@ -185,6 +185,14 @@ public func compareFramings(_ ours: Framing, _ llhttp: LLHTTPFraming, input: [UI
         return differ("llhttp refused; the edge, given the end of the line, did not: \(ended)")
     case let (_, .error(e)):
         return deliberatelyLenient[e] != nil ? nil : differ("llhttp refused, the edge did not")
+    case let (.refused(r), .incomplete):
+        // The edge judges a request line as soon as it ends (an HTTP/0.9
+        // line would otherwise wait for a head that never comes); llhttp may
+        // wait for more. End the head: llhttp must then refuse too, unless
+        // the edge's reason is a deliberate one.
+        let ended = llhttpFrameAll(input + Array("\r\n\r\n".utf8))
+        if case .error = ended.end, ended.requests.count == ours.requests.count { return nil }
+        return deliberatelyStricter[r] == nil ? differ("refused for .\(r) at the end of the request line; llhttp, given the end of the head, did not: \(ended)") : nil
     case let (.refused(r), _):
         return deliberatelyStricter[r] == nil ? differ("refused for .\(r), which llhttp accepts") : nil
     default:
