@@ -28,6 +28,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         ("/_demo/stats", "requests served so far (health checks aside), as JSON"),
         ("/_demo/outage?ms=3000&status=503", "every other endpoint answers that status for that long"),
         ("/_demo/token?ttl=60", "POST: issues a bearer token valid for ttl seconds (OAuth2 JSON)"),
+        ("/_demo/throttle?rps=200", "200 for up to rps requests per wall-clock second, 429 with Retry-After above"),
+        ("/_demo/throttle/stats", "per second: throttle requests received and passed, and when the first 429 was, as JSON"),
         ("/private/...", "like the paths above, but needs a valid token from /_demo/token (else 401)"),
     ]
 
@@ -41,6 +43,9 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     private let clock = MonotonicClock()
     /// Requests served (health checks aside), for tests and load reports.
     public let hits = Atomic<Int>(0)
+    /// `/_demo/throttle`: one counter for the process. Behind a lock rather
+    /// than loop-only like the outage, so a test can read it from its own thread.
+    public let throttle = Locked(DemoThrottle())
     public private(set) var port = 0
 
     public init(host: String = "127.0.0.1", port: Int) throws(SocketError) {
@@ -121,6 +126,19 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
                     + "\n  ]\n}\n")
         case "/healthz":
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
+        case "/_demo/throttle":
+            let rps = max(0, Int(params["rps"] ?? "") ?? 100)
+            let verdict = throttle.withLock { $0.arrived(rps: rps, nowMilliseconds: clock.wallMilliseconds()) }
+            switch verdict {
+            case .pass:
+                request.reply(status: 200, headers: Self.json, body: "{\"ok\":true,\"rps\":\(rps)}\n")
+            case let .throttled(seconds):
+                request.reply(
+                    status: 429, headers: Self.json + [HTTPField(name: "Retry-After", value: String(seconds))],
+                    body: "{\"status\":429,\"rps\":\(rps)}\n")
+            }
+        case "/_demo/throttle/stats":
+            request.reply(status: 200, headers: Self.json, body: throttle.withLock { $0.json })
         case "/_demo/stats":
             request.reply(status: 200, headers: Self.json, body: "{\"hits\":\(hits.load(ordering: .relaxed))}\n")
         case "/ok":

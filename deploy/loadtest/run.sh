@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load-test scenarios through happypath, one command each:
 #
-#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker [--short]
+#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled [--short]
 #   make loadtest SCENARIO=flaky
 #
 # Starts the demo upstream and the proxy on loopback (ports 19600-19602),
@@ -9,10 +9,20 @@
 # runs (sample.py), prints a table and writes an SVG chart and JSON data to
 # $OUT (default /tmp/happypath-loadtest). --short runs ~10 s and checks the
 # scenario's promise (exit 1 if it is broken); `make test` runs them so.
+# throttled: the demo's /_demo/throttle?rps=$RPS (default 200) answers 200 to
+# RPS requests a wall-clock second and 429 Retry-After: 1 to the rest; the
+# upstream has pacing: { on: [429] }, so each 429 pauses it for a second and
+# the requests wait parked. Promise: no client error, and in every second
+# from the first 429 on the upstream receives at most RPS + SLACK (default
+# CONNS: the requests already on their way when it said 429, one per client
+# connection), by its own count (/_demo/throttle/stats, $OUT/throttled.upstream.json).
+# Each of those re-sends is a retry and spends the retry budget (min 10/s +
+# 20% of requests): with far more connections (CONNS=128) it runs out and
+# clients get 429 RATE_LIMITED.
 # To test your own service: UPSTREAM=http://host:port PATH_UNDER_TEST=/api/x run.sh steady
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker [--short]}
+SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled [--short]}
 SHORT=0; [ "${2:-}" = "--short" ] && SHORT=1
 BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"
@@ -32,6 +42,8 @@ start_demo() { "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >/dev/null 2>&1 
 path=/ok
 defaults="{ }"
 auth=""
+pacing=""
+RPS=${RPS:-200}
 case "$SCENARIO" in
   steady) ;;
   flaky)   # a quarter of the upstream's answers are 503
@@ -44,9 +56,14 @@ case "$SCENARIO" in
     auth="auth: { kind: oauth2_client_credentials, token_url: 'http://127.0.0.1:$UP_PORT/_demo/token?ttl=2', client_id: load, client_secret: test, refresh_ahead: 0s }" ;;
   breaker) # the upstream answers 503 to everything for 3 s; the breaker opens, parks, probes, closes
     defaults="{ timeout: 20s, retry: { attempts: 4 }, circuit_breaker: { consecutive_failures: 5, open_for: 1s, while_open: park }, reachability: { park_for: 15s } }" ;;
+  throttled)  # the upstream allows RPS requests a second and answers the rest 429 Retry-After: 1; pacing pauses it
+    path="/_demo/throttle?rps=$RPS"
+    defaults="{ timeout: 10s, retry: { on: [429, connect-failure, reset], attempts: 5 } }"
+    pacing="pacing: { on: [429], max_pause: 5s, while_paused: wait }" ;;
   *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac
 [ -n "${PATH_UNDER_TEST:-}" ] && path=$PATH_UNDER_TEST
+[ "$SCENARIO" = throttled ] && [ -n "$UPSTREAM" ] && { echo "throttled counts at the demo upstream: unset UPSTREAM"; exit 2; }
 endpoint=${UPSTREAM:-http://127.0.0.1:$UP_PORT}
 cat > "$OUT/$SCENARIO.yaml" <<YAML
 listen: 127.0.0.1:$PX
@@ -59,6 +76,7 @@ upstreams:
     endpoints: [$endpoint]
     max_connections: 1024
     $auth
+    $pacing
 routes:
   - { match: { path_prefix: / }, upstream: target }
 YAML
@@ -80,10 +98,21 @@ esac
 wait $WRK || true
 wait $SAMPLER || true
 cat "$OUT/$SCENARIO.table.txt"
+if [ "$SCENARIO" = throttled ] && [ -z "$UPSTREAM" ]; then
+  # What the upstream itself counted, per wall-clock second.
+  curl -sf "http://127.0.0.1:$UP_PORT/_demo/throttle/stats" > "$OUT/$SCENARIO.upstream.json"
+  python3 - "$OUT/$SCENARIO.upstream.json" "$RPS" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+first = s["first_429_at"]
+print(f"upstream, per second (rps={sys.argv[2]}; first 429 at {first}):")
+print("  " + " ".join(f'{x["received"]}/{x["passed"]}' for x in s["seconds"]) + "   (received/passed)")
+PY
+fi
 
 # The scenario's promise, checked in --short mode.
 if [ $SHORT = 1 ]; then
-  python3 - "$OUT/$SCENARIO.json" "$SCENARIO" <<'PY'
+  python3 - "$OUT/$SCENARIO.json" "$SCENARIO" "$RPS" "${SLACK:-$CONNS}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["result"]
 scenario = sys.argv[2]
@@ -93,6 +122,19 @@ if r["client_errors"] != 0: problems.append(f'{r["client_errors"]} client-visibl
 if scenario == "outage" and r["replayed"] == 0: problems.append("nothing was parked and replayed during the outage")
 if scenario == "breaker" and not r["breaker_opened"]: problems.append("the breaker never opened")
 if scenario == "token-storm" and r["token_refreshes"] < 2: problems.append("tokens were not refreshed during the run")
+if scenario == "throttled":
+    # The upstream counts each second's requests itself. After its first
+    # 429 of a second, the requests already on their way still arrive (and
+    # get 429 too): at most one per client connection, because the proxy
+    # parks each 429'd request until the pause ends, a whole second later.
+    # Hence at most RPS + CONNS a second (measured with 32: 4 to 29 over 200).
+    rps, slack = int(sys.argv[3]), int(sys.argv[4])
+    s = json.load(open(sys.argv[1].replace(".json", ".upstream.json")))
+    if s["first_429_at"] is None:
+        problems.append(f"the upstream never answered 429 (the offered load stayed under {rps}/s)")
+    else:
+        over = [x for x in s["seconds"] if x["t"] >= int(s["first_429_at"]) and x["received"] > rps + slack]
+        if over: problems.append(f"the upstream received more than {rps} + {slack} in a second after the first 429: {over}")
 if problems:
     print(f"loadtest {scenario}: FAILED: " + "; ".join(problems)); sys.exit(1)
 print(f"loadtest {scenario}: promise kept")
