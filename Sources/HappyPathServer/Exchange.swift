@@ -321,7 +321,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         let outcome = machine.outcome(of: end)
         let breakerOpen: Bool
-        var paced = false
+        var pacedAnswer = false
         if guardian.hasPacing, case let .answered(status, retryAfter, withToken) = end,
             paced(status, retryAfter, at: now)
         {
@@ -330,7 +330,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             // waits for the pause with the others (parked, woken when it
             // ends or a reload ends it), not on a Retry-After of its own.
             end = .answered(status: status, retryAfter: nil, withToken: withToken)
-            paced = true
+            pacedAnswer = true
             worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
             if machine.probe { abandonProbe() }
             breakerOpen = false
@@ -346,7 +346,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         // A retry after a pacing answer waits for the pause: the pause, not
         // the retry budget, bounds what reaches the upstream, so it spends
         // no budget (under load the budget would turn parked clients' retries into 429s).
-        perform(machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) { paced || guardian.withdrawRetry(at: now) })
+        perform(machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) { pacedAnswer || guardian.withdrawRetry(at: now) })
     }
 
     /// A status in `pacing.on` with a wait (Retry-After, or an exhausted
