@@ -108,39 +108,42 @@ struct RateLimitFields {
         Self.policyName.withUnsafeBytes { name in
             limit.policyValueBytes.withUnsafeBytes { request.addResponseHeader(name: name, value: $0) }
         }
+        // `"default";r=<remaining>;t=<seconds>`, written into stack memory
+        // (no nested functions: a captured `var` would be boxed on the heap).
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer in
             var n = 0
-            func put(_ text: StaticString) {
-                for i in 0..<text.utf8CodeUnitCount {
-                    buffer[n] = text.utf8Start[i]
-                    n += 1
-                }
+            let prefix: StaticString = "\"default\";r="
+            for i in 0..<prefix.utf8CodeUnitCount {
+                buffer[n] = prefix.utf8Start[i]
+                n += 1
             }
-            func put(_ value: Int) {
-                var v = max(0, value)
-                var digits = 0
-                var scratch: (UInt64, UInt64, UInt64) = (0, 0, 0)
-                withUnsafeMutableBytes(of: &scratch) { d in
-                    repeat {
-                        d[digits] = UInt8(ascii: "0") + UInt8(v % 10)
-                        v /= 10
-                        digits += 1
-                    } while v > 0 && digits < 20
-                    while digits > 0 {
-                        digits -= 1
-                        buffer[n] = d[digits]
-                        n += 1
-                    }
-                }
-            }
-            put("\"default\";r=")
-            put(remaining)
-            put(";t=")
-            put(untilFullSeconds)
+            n = Self.writeDecimal(remaining, into: buffer, at: n)
+            buffer[n] = UInt8(ascii: ";")
+            buffer[n + 1] = UInt8(ascii: "t")
+            buffer[n + 2] = UInt8(ascii: "=")
+            n = Self.writeDecimal(untilFullSeconds, into: buffer, at: n + 3)
             Self.name.withUnsafeBytes { name in
                 request.addResponseHeader(name: name, value: UnsafeRawBufferPointer(UnsafeMutableBufferPointer(rebasing: buffer[0..<n])))
             }
         }
+    }
+
+    /// Writes `value` (clamped to 0...) in decimal at `at`; returns the end.
+    private static func writeDecimal(_ value: Int, into buffer: UnsafeMutableBufferPointer<UInt8>, at: Int) -> Int {
+        var v = max(0, value)
+        var digits = 1
+        var probe = v
+        while probe >= 10 {
+            probe /= 10
+            digits += 1
+        }
+        var i = at + digits - 1
+        repeat {
+            buffer[i] = UInt8(ascii: "0") &+ UInt8(truncatingIfNeeded: v % 10)
+            v /= 10
+            i -= 1
+        } while v > 0
+        return at + digits
     }
 
     /// The same, as fields (for a problem answer).
