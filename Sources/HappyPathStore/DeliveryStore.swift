@@ -332,6 +332,10 @@ public final class DeliveryStore: @unchecked Sendable {
             try? writer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.writer = nil
         }
+        // The observer is usually its owner (Deliveries holds the store, the
+        // handler holds Deliveries): let go of it, or the two keep each
+        // other alive after the proxy stopped (LeakSanitizer saw the cycle).
+        onHealth = { _ in }
     }
 
     public var heldBytes: Int { held.withLock { $0 } }
