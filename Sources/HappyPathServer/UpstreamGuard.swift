@@ -28,7 +28,7 @@ final class UpstreamGuard: Sendable {
     /// `pacing:` (nil: the upstream never pauses).
     let pacing: PacingConfiguration?
     /// `pacing != nil`, read without copying the configuration.
-    let hasPacing: Bool
+    var hasPacing: Bool { pause != nil }
     private let pause: Locked<UpstreamPause>?
     /// The pause's end as monotonic nanoseconds (0: not paused), read on
     /// every admission without the lock.
@@ -62,7 +62,6 @@ final class UpstreamGuard: Sendable {
         budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
         pacing = definition.pacing
-        hasPacing = definition.pacing != nil
         pause = definition.pacing.map { Locked(UpstreamPause($0)) }
     }
 

@@ -2,8 +2,6 @@ import HappyPathCore
 import Testing
 
 @Suite struct RedirectRewriterTests {
-    static let client = "http://proxy.example:8080"
-
     @Test(arguments: [
         // endpoint http://10.0.0.5:9000/base, route strip_prefix /api
         ("http://10.0.0.5:9000/base/items/1", "/api/items/1"),
