@@ -334,7 +334,7 @@ final class Reader {
                 limits, "limits",
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes",
-                    "encoded_slashes",
+                    "encoded_slashes", "stale_max_bytes", "stale_max_entry",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -352,6 +352,8 @@ final class Reader {
             if let v = choice(lf["encoded_slashes"]?.value, "limits.encoded_slashes", PathNormalization.EncodedSlashes.self) {
                 config.limits.encodedSlashes = v
             }
+            if let v = size(lf["stale_max_bytes"]?.value, "limits.stale_max_bytes") { config.limits.staleMaxBytes = v }
+            if let v = size(lf["stale_max_entry"]?.value, "limits.stale_max_entry") { config.limits.staleMaxEntry = v }
         }
         if let tp = f["trusted_proxies"]?.value, let list = sequence(tp, "trusted_proxies") {
             for (i, item) in list.enumerated() {
@@ -478,6 +480,67 @@ final class Reader {
             for key in ["max_wait", "max_queue"] where f[key] != nil {
                 error(f[key]?.key, "\(path).\(key) applies only to over_limit: queue")
             }
+        }
+        return c
+    }
+
+    /// `hedge: { after: 50ms | p95, min: 10ms, max: 1s, max_extra: 1 }`.
+    func hedge(_ node: Node, _ path: String) -> HedgeConfiguration? {
+        let f = fields(node, path, known: ["after", "min", "max", "max_extra"])
+        guard let afterNode = f["after"]?.value else {
+            error(node, "\(path) needs 'after': a duration such as 50ms, or p95 (the route's observed 95th percentile)")
+            return nil
+        }
+        guard let after = string(afterNode, "\(path).after") else { return nil }
+        var h: HedgeConfiguration
+        if after == "p95" {
+            h = HedgeConfiguration(after: .p95)
+        } else if let d = Units.duration(after), d > .zero {
+            h = HedgeConfiguration(after: .fixed(d))
+        } else {
+            error(afterNode, "\(path).after must be a duration above zero (such as 50ms) or p95, got '\(after)'")
+            return nil
+        }
+        if let v = duration(f["min"]?.value, "\(path).min") { h.min = v }
+        if let v = duration(f["max"]?.value, "\(path).max") { h.max = v }
+        if let v = int(f["max_extra"]?.value, "\(path).max_extra", min: 1, max: 8) { h.maxExtra = v }
+        if h.min > h.max { error(f["min"]?.value ?? node, "\(path).min must not be above max (\(h.max))") }
+        if case .fixed = h.after {
+            for key in ["min", "max"] where f[key] != nil { error(f[key]?.key, "\(path).\(key) applies only to after: p95") }
+        }
+        return h
+    }
+
+    /// `fallback: { serve_stale: 10m, on: [timeout, …], response: { status, content_type, body } }`.
+    func fallback(_ node: Node, _ path: String) -> FallbackConfiguration? {
+        let f = fields(node, path, known: ["serve_stale", "on", "response"])
+        var c = FallbackConfiguration()
+        if let v = duration(f["serve_stale"]?.value, "\(path).serve_stale") { c.serveStale = v }
+        if let on = f["on"]?.value, let list = strings(on, "\(path).on") {
+            var reasons = Set<FallbackConfiguration.Reason>()
+            for item in list {
+                if let reason = FallbackConfiguration.Reason(rawValue: item) {
+                    reasons.insert(reason)
+                } else {
+                    let names = FallbackConfiguration.Reason.allCases.map(\.rawValue).joined(separator: ", ")
+                    error(on, "\(path).on lists ways of failing (\(names)), got '\(item)'")
+                }
+            }
+            c.on = reasons
+        }
+        if let r = f["response"]?.value {
+            let rf = fields(r, "\(path).response", known: ["status", "content_type", "body"])
+            let status = int(rf["status"]?.value, "\(path).response.status", min: 200, max: 599) ?? 200
+            let type = string(rf["content_type"]?.value, "\(path).response.content_type") ?? "application/json"
+            if !type.utf8.allSatisfy({ HTTPBytes.isFieldValue($0) && $0 != 0x7F }) || type.isEmpty {
+                error(rf["content_type"]?.value, "\(path).response.content_type must be a media type such as application/json")
+            }
+            let body = string(rf["body"]?.value, "\(path).response.body") ?? ""
+            c.response = .init(status: status, contentType: type, body: body)
+        }
+        if c.serveStale == nil, c.response == nil {
+            error(node, "\(path) needs serve_stale (how long to keep the last good answer), response (a fixed answer), or both")
+            return nil
         }
         return c
     }
@@ -822,7 +885,7 @@ final class Reader {
             node, path,
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
-                "redirects", "upstream_errors", "rate_limit",
+                "redirects", "upstream_errors", "rate_limit", "hedge", "fallback",
             ]
                 + ["circuit_breaker", "health_check"])
         var match = RouteMatch(pathPrefix: "/")
@@ -876,6 +939,13 @@ final class Reader {
             r.upstreamErrors = m
         }
         if let rl = f["rate_limit"]?.value { r.rateLimit = rateLimit(rl, "\(path).rate_limit") }
+        if let h = f["hedge"]?.value { r.hedge = hedge(h, "\(path).hedge") }
+        if let fb = f["fallback"]?.value {
+            r.fallback = fallback(fb, "\(path).fallback")
+            if r.delivery.mode == .later {
+                error(f["fallback"]?.key, "\(path).fallback applies to routes that deliver now (delivery.mode: now), not later")
+            }
+        }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,

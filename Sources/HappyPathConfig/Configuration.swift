@@ -69,6 +69,11 @@ public struct Limits: Sendable {
     /// `%2F`, `%5C` and `\` in a path: kept as they came (never decoded)
     /// or refused with 400.
     public var encodedSlashes: PathNormalization.EncodedSlashes = .keep
+    /// Memory for the answers `fallback.serve_stale` keeps, for the whole
+    /// process; the least recently used go first.
+    public var staleMaxBytes: Int = 64 * 1024 * 1024
+    /// A larger answer is not kept.
+    public var staleMaxEntry: Int = 1024 * 1024
 }
 
 /// Equatable so a reload can tell an unchanged upstream (and keep its
@@ -114,6 +119,10 @@ public struct Route: Sendable {
     public var upstreamErrors: UpstreamErrorsMode?
     /// `rate_limit:` (nil: none).
     public var rateLimit: RateLimitConfiguration?
+    /// `hedge:` (nil: a try is only followed by another after it failed).
+    public var hedge: HedgeConfiguration?
+    /// `fallback:` (nil: failures are answered with a problem body).
+    public var fallback: FallbackConfiguration?
 }
 
 /// `redirects:` on a route.

@@ -402,9 +402,15 @@ public final class UpstreamClient {
         return nodes
     }
 
+    /// Stops telling a try's handler anything, from inside a handler method
+    /// too (where libcurl refuses `cancel`): what still arrives is read and
+    /// dropped until `cancel` or the try's end.
+    public func detach(_ transfer: UpstreamTransfer) { transfer.handler = nil }
+
     /// Stops a try without telling its handler (the caller is the handler).
     /// Not from inside a handler method.
     public func cancel(_ transfer: UpstreamTransfer) {
+        transfer.handler = nil
         guard !transfer.finished else { return }
         complete(transfer)
     }

@@ -40,6 +40,29 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// The client hung up: handled on the next loop pass, outside the connection's teardown.
     private var goneEvent: LoopEvent?
 
+    // Hedging (only routes with `hedge:`; nothing is allocated for others).
+    /// Tries in flight beside `transfer`, none of them heard from yet.
+    private var hedges: [HedgeTry] = []
+    /// Tries that lost, detached inside a libcurl callback (where libcurl
+    /// refuses to remove a transfer): cancelled, their slots freed and their
+    /// failures counted on the next loop pass (`reap`).
+    private var losers: [Loser] = []
+    private var hedgeTimer: LoopEvent?
+    private var reapEvent: LoopEvent?
+    /// When the try in flight went out, and when its limit ends.
+    private var tryStartedAt = Instant(nanoseconds: 0)
+    private var tryLimitAt = Instant(nanoseconds: 0)
+    /// The endpoint of the latest try or hedge sent (a hedge prefers the next one).
+    private var lastEndpoint = -1
+
+    private struct Loser {
+        var transfer: UpstreamTransfer
+        var holdsSlot: Bool
+        var endpointIndex: Int
+        /// Its failure, for the breaker and metrics (nil: it was only cancelled).
+        var outcome: Outcome?
+    }
+
     /// The endpoint of the latest try (a retry prefers the next one).
     private var endpointIndex = -1
     /// The token the latest try carries.
@@ -75,7 +98,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
                 hasIdempotencyKey: command.headers.contains("idempotency-key"),
-                refreshOn: Set(guardian.tokens?.refreshOn ?? [])))
+                refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: route.hedge?.maxExtra ?? 0))
     }
 
     var isFinished: Bool { machine.state == .finished }
@@ -120,6 +143,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         _ = machine.clientGone()
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
+        for hedge in hedges { worker.client.cancel(hedge.transfer) }
+        hedges.removeAll()
+        for loser in losers { worker.client.cancel(loser.transfer) }
+        losers.removeAll()
         recycleTimers()
         request.abort()
     }
@@ -290,18 +317,31 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let count = upstream.endpoints.count
         let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
         endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
-        let endpoint = upstream.endpoints[endpointIndex]
+        transfer = start(endpoint: endpointIndex, limit: limit, token: authToken, handler: self)
+        if let hedge = route.hedge, machine.mayHedge {
+            let now = worker.clock.now()
+            tryStartedAt = now
+            tryLimitAt = now + limit
+            lastEndpoint = endpointIndex
+            armHedge(hedge)
+        }
+    }
+
+    private func start(endpoint index: Int, limit: Duration, token: Token?, handler: UpstreamResponseHandler)
+        -> UpstreamTransfer
+    {
+        let endpoint = upstream.endpoints[index]
         let method = command.method
         let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
         var credentials: HTTPField?
         // The one place a credential is revealed: the header injected into the try.
-        if let authToken, let tokens { credentials = HTTPField(name: tokens.header, value: authToken.credential.reveal) }
-        transfer = worker.client.start(
+        if let token, let tokens { credentials = HTTPField(name: tokens.header, value: token.credential.reveal) }
+        return worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
                 headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
                 connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout),
-            handler: self)
+            handler: handler)
     }
 
     /// A try ended: count it (metrics, breaker, endpoint), then let the machine decide.
@@ -346,7 +386,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         // A retry after a pacing answer waits for the pause: the pause, not
         // the retry budget, bounds what reaches the upstream, so it spends
         // no budget (under load the budget would turn parked clients' retries into 429s).
-        perform(machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) { pacedAnswer || guardian.withdrawRetry(at: now) })
+        let action = machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) {
+            pacedAnswer || guardian.withdrawRetry(at: now)
+        }
+        // A hedge is still out: the request goes on with it.
+        if machine.state == .trying, !hedges.isEmpty {
+            adoptHedge(hedges.removeFirst(), at: now)
+            if let hedge = route.hedge, machine.mayHedge { armHedge(hedge) }
+        }
+        perform(action)
     }
 
     /// A status in `pacing.on` with a wait (Retry-After, or an exhausted
@@ -368,10 +416,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// the endpoint's ejection count. A probe's result also decides what the
     /// lot does next: replay everything (closed) or probe again later (open).
     /// Returns whether the breaker is open after it.
-    private func report(_ outcome: Outcome, at now: Instant) -> Bool {
+    private func report(_ outcome: Outcome, endpoint: Int? = nil, at now: Instant) -> Bool {
         worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
         let (transition, state) = guardian.record(outcome, probe: machine.probe, at: now)
-        guardian.recordEndpoint(endpointIndex, failure: outcome.isFailure, at: now)
+        guardian.recordEndpoint(endpoint ?? endpointIndex, failure: outcome.isFailure, at: now)
         if transition != nil || machine.probe {
             switch state {
             case .closed: worker.shared.recovered(guardian)
@@ -394,6 +442,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     // MARK: - UpstreamResponseHandler
 
     func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        if route.hedge != nil { headArrived(status: status) }
+        relayStatus(status, reason: reason)
+    }
+
+    private func relayStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
         // Held: what the exchange must look at before the client sees it.
         // With upstream_errors: pass, only what the retry rules or a token
         // refresh could act on; any other error streams as it comes.
@@ -468,19 +521,168 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         transfer = nil
         releaseSlot()
         guard !isFinished else { return }
-        let end: ExchangeStateMachine.TryEnd
-        switch failure {
-        case nil where !relay.headComplete:
-            end = .failed(.init(.reset, "the connection closed inside the response head"))
-        case nil:
+        guard let failure else {
+            guard relay.headComplete else { return tryEnded(.failed(.init(.reset, Self.closedInHead))) }
             let retryAfter = relay.retryAfter.flatMap { RetryAfter.parse($0, nowUnixSeconds: worker.clock.wallSeconds()) }
-            end = .answered(status: relay.status, retryAfter: retryAfter, withToken: authToken != nil && tokens != nil)
-        case let .connectFailed(message)?: end = .failed(.init(.unreachable, message))
-        case .timeout?: end = .failed(.init(.timeout, "timeout"))
-        case let .reset(message)?, let .other(message)?: end = .failed(.init(.reset, message))
-        case let .badResponse(message)?: end = .failed(.init(.invalidResponse, message))
+            return tryEnded(.answered(status: relay.status, retryAfter: retryAfter, withToken: authToken != nil && tokens != nil))
         }
-        tryEnded(end)
+        tryEnded(.failed(failure.tryFailure))
+    }
+
+    private static let closedInHead = "the connection closed inside the response head"
+
+    // MARK: - Hedging
+
+    /// The hedge timer: `after`, or the route's observed p95 clamped to [min, max].
+    private func armHedge(_ hedge: HedgeConfiguration) {
+        let delay = hedge.delay(observed: route.observedTryLatency(at: worker.clock.now()))
+        let event = hedgeTimer ?? worker.loop.takeEvent(target: self)
+        hedgeTimer = event
+        event.arm(after: delay)
+    }
+
+    /// The hedge timer fired with the try still unanswered: send another
+    /// beside it if the attempts, the upstream and the budget allow.
+    private func hedgeDue(_ hedge: HedgeConfiguration) {
+        let now = worker.clock.now()
+        var slot = false
+        let decision = machine.hedgeDue(
+            at: now,
+            admit: {
+                slot = admitHedge(at: now)
+                return slot
+            }, budget: { guardian.withdrawRetry(at: now) })
+        guard case let .send(attempt, limit) = decision else {
+            if slot { worker.releaseSlot(guardian: guardian) }
+            if case .skip = decision { worker.metrics.hedge(route: route, outcome: "skipped") }
+            return
+        }
+        while command.attempt < attempt { command = command.nextAttempt() }
+        let count = upstream.endpoints.count
+        let index = count > 1 ? guardian.pickEndpoint(preferred: (lastEndpoint + 1) % count, at: now) : 0
+        lastEndpoint = index
+        let try_ = HedgeTry(exchange: self, endpointIndex: index, token: authToken, startedAt: now, limitAt: now + limit)
+        try_.transfer = start(endpoint: index, limit: limit, token: authToken, handler: try_)
+        hedges.append(try_)
+        if machine.mayHedge { armHedge(hedge) }
+    }
+
+    /// What a hedge needs besides the budget: the upstream not paused and
+    /// reachable, its breaker closed (a half-open breaker's probes are not
+    /// hedged), a token if it takes one, and a connection slot free now.
+    private func admitHedge(at now: Instant) -> Bool {
+        guard guardian.pausedFor(at: now) == nil, guardian.reachable.load(ordering: .relaxed) else { return false }
+        if tokens != nil, authToken == nil { return false }
+        switch guardian.admit(at: now) {
+        case .allow: break
+        case .probe:
+            abandonProbe()
+            return false
+        case .reject: return false
+        }
+        return worker.tryAcquireSlot(self, guardian: guardian)
+    }
+
+    /// A status the retry rules, pacing or a token refresh act on: the try
+    /// failed, it is not an answer (and wins nothing).
+    private func failsTry(_ status: Int) -> Bool {
+        route.retry.configuration.statuses.contains(status)
+            || (guardian.hasPacing && guardian.pacing?.on.contains(status) == true)
+            || (tokens != nil && machine.settings.refreshOn.contains(status))
+    }
+
+    /// The try in flight has its status: no hedge is due any more, and if
+    /// the answer is usable, every hedge still out has lost.
+    private func headArrived(status: Int) {
+        let now = worker.clock.now()
+        route.recordTryLatency(now - tryStartedAt, at: now)
+        hedgeTimer?.disarm()
+        guard !hedges.isEmpty, !failsTry(status) else { return }
+        for other in hedges { lose(other) }
+        hedges.removeAll()
+        machine.othersCancelled()
+        scheduleReap()
+    }
+
+    /// A hedge has its status (inside libcurl's callback). A failure is
+    /// noted and the others go on; anything else wins: the others are
+    /// detached, and the hedge becomes the exchange's try.
+    func hedgeHead(_ winner: HedgeTry, status: Int, reason: UnsafeRawBufferPointer) {
+        guard let i = hedges.firstIndex(where: { $0 === winner }) else { return }
+        let now = worker.clock.now()
+        route.recordTryLatency(now - winner.startedAt, at: now)
+        hedges.remove(at: i)
+        if failsTry(status) {
+            let end = ExchangeStateMachine.TryEnd.answered(
+                status: status, retryAfter: nil, withToken: winner.token != nil && tokens != nil)
+            lose(winner, outcome: machine.outcome(of: end))
+            _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0) { false }
+            return scheduleReap()
+        }
+        worker.metrics.hedge(route: route, outcome: "won")
+        if let transfer {
+            worker.client.detach(transfer)
+            losers.append(Loser(transfer: transfer, holdsSlot: holdsSlot, endpointIndex: endpointIndex))
+            holdsSlot = false
+        }
+        for other in hedges { lose(other) }
+        hedges.removeAll()
+        machine.othersCancelled()
+        hedgeTimer?.disarm()
+        adoptHedge(winner, at: now)
+        scheduleReap()
+        relayStatus(status, reason: reason)
+    }
+
+    /// A hedge ended before its status (a connection failure, a timeout):
+    /// counted, and the request goes on with the other try.
+    func hedgeFinished(_ loser: HedgeTry, _ failure: UpstreamFailure?) {
+        guard let i = hedges.firstIndex(where: { $0 === loser }) else { return }
+        hedges.remove(at: i)
+        worker.releaseSlot(guardian: guardian)
+        let now = worker.clock.now()
+        let end = ExchangeStateMachine.TryEnd.failed(failure?.tryFailure ?? .init(.reset, Self.closedInHead))
+        _ = report(machine.outcome(of: end), endpoint: loser.endpointIndex, at: now)
+        worker.metrics.hedge(route: route, outcome: "lost")
+        _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0) { false }
+    }
+
+    /// The hedge goes on as the exchange's one try (it won, or the try it
+    /// hedged failed), under its own limit.
+    private func adoptHedge(_ hedge: HedgeTry, at now: Instant) {
+        hedge.adopted = true
+        transfer = hedge.transfer
+        holdsSlot = true
+        endpointIndex = hedge.endpointIndex
+        authToken = hedge.token
+        tryStartedAt = hedge.startedAt
+        relay.reset()
+        arm(after: max(.zero, hedge.limitAt - now))
+    }
+
+    private func lose(_ hedge: HedgeTry, outcome: Outcome? = nil) {
+        worker.client.detach(hedge.transfer)
+        losers.append(Loser(transfer: hedge.transfer, holdsSlot: true, endpointIndex: hedge.endpointIndex, outcome: outcome))
+        worker.metrics.hedge(route: route, outcome: "lost")
+    }
+
+    private func scheduleReap() {
+        let event = reapEvent ?? worker.loop.takeEvent(target: self)
+        reapEvent = event
+        event.arm(after: .zero)
+    }
+
+    /// Outside libcurl's callbacks: the losers' transfers go (their
+    /// connections closed, not reused), their slots are freed and their
+    /// failures counted.
+    private func reap(at now: Instant) {
+        let gone = losers
+        losers.removeAll()
+        for loser in gone {
+            worker.client.cancel(loser.transfer)
+            if loser.holdsSlot { worker.releaseSlot(guardian: guardian) }
+            if let outcome = loser.outcome { _ = report(outcome, endpoint: loser.endpointIndex, at: now) }
+        }
     }
 
     // MARK: - Timers
@@ -495,6 +697,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         if event === goneEvent {
             return perform(machine.clientGone())
         }
+        if event === hedgeTimer {
+            guard let hedge = route.hedge else { return }
+            return hedgeDue(hedge)
+        }
+        if event === reapEvent { return reap(at: worker.clock.now()) }
         perform(machine.timerFired(at: worker.clock.now()))
     }
 
@@ -532,6 +739,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
         releaseSlot()
+        if !hedges.isEmpty || !losers.isEmpty {
+            let now = worker.clock.now()
+            for hedge in hedges { lose(hedge) }
+            hedges.removeAll()
+            reap(at: now)
+        }
+        hedgeTimer?.disarm()
         if parked != nil {
             worker.unpark(self)
             parked = nil
@@ -544,6 +758,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         timer = nil
         goneEvent?.recycle()
         goneEvent = nil
+        hedgeTimer?.recycle()
+        hedgeTimer = nil
+        reapEvent?.recycle()
+        reapEvent = nil
     }
 
     private func end() {
@@ -553,10 +771,64 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 }
 
 extension UpstreamFailure {
+    var tryFailure: ExchangeStateMachine.TryFailure {
+        switch self {
+        case let .connectFailed(message): .init(.unreachable, message)
+        case .timeout: .init(.timeout, "timeout")
+        case let .reset(message), let .other(message): .init(.reset, message)
+        case let .badResponse(message): .init(.invalidResponse, message)
+        }
+    }
+
     var message: String {
         switch self {
         case let .connectFailed(m), let .reset(m), let .badResponse(m), let .other(m): m
         case .timeout: "timeout"
         }
+    }
+}
+
+/// A hedge: a try sent beside the exchange's try in flight. It reports its
+/// status or its failure to the exchange, which decides; once adopted (it
+/// won, or the try beside it failed) it is the exchange's try like any
+/// other and passes everything through.
+final class HedgeTry: UpstreamResponseHandler {
+    unowned let exchange: Exchange
+    var transfer: UpstreamTransfer!
+    let endpointIndex: Int
+    let token: Token?
+    let startedAt: Instant
+    /// Its own limit (per_try_timeout or the deadline), kept if it is adopted.
+    let limitAt: Instant
+    var adopted = false
+
+    init(exchange: Exchange, endpointIndex: Int, token: Token?, startedAt: Instant, limitAt: Instant) {
+        self.exchange = exchange
+        self.endpointIndex = endpointIndex
+        self.token = token
+        self.startedAt = startedAt
+        self.limitAt = limitAt
+    }
+
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        if adopted { return exchange.upstreamStatus(status, reason: reason) }
+        exchange.hedgeHead(self, status: status, reason: reason)
+    }
+
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if adopted { exchange.upstreamHeader(name: name, value: value) }
+    }
+
+    func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer) {
+        if adopted { exchange.upstreamInformational(status, fields: fields) }
+    }
+
+    func upstreamHeadersComplete() -> String? { adopted ? exchange.upstreamHeadersComplete() : nil }
+
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { adopted ? exchange.upstreamBody(bytes) : true }
+
+    func upstreamFinished(_ failure: UpstreamFailure?) {
+        if adopted { return exchange.upstreamFinished(failure) }
+        exchange.hedgeFinished(self, failure)
     }
 }

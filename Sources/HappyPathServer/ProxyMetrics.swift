@@ -159,6 +159,36 @@ final class WorkerMetrics {
         lastTry = (upstream, outcome, counter)
     }
 
+    /// A hedge (`hedge:` on the route): `won`, `lost` (another try answered
+    /// first, or it failed) or `skipped` (due, but not sent).
+    func hedge(route: RuntimeRoute, outcome: String) {
+        let counter =
+            hedges[route.label]?[outcome]
+            ?? {
+                let c = metrics.counter("happypath_hedges_total", [("route", route.label), ("outcome", outcome)])
+                hedges[route.label, default: [:]][outcome] = c
+                return c
+            }()
+        counter.increment()
+    }
+    private var hedges: [String: [String: CoreMetrics.Counter]] = [:]
+
+    /// An answer the route's `fallback` gave instead of an error: `kind`
+    /// `stale` or `fixed`, `reason` the way the upstream failed.
+    func fallback(route: RuntimeRoute, kind: String, reason: String) {
+        let key = kind + " " + reason
+        let counter =
+            fallbacks[route.label]?[key]
+            ?? {
+                let c = metrics.counter(
+                    "happypath_fallback_total", [("route", route.label), ("kind", kind), ("reason", reason)])
+                fallbacks[route.label, default: [:]][key] = c
+                return c
+            }()
+        counter.increment()
+    }
+    private var fallbacks: [String: [String: CoreMetrics.Counter]] = [:]
+
     func retry(upstream: String) {
         let counter =
             retries[upstream]

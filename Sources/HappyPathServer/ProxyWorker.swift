@@ -410,6 +410,15 @@ final class ProxyWorker: HTTPServerDelegate {
         return .queued
     }
 
+    /// A slot for a hedge, only if one is free now and nobody waits for one.
+    func tryAcquireSlot(_ exchange: Exchange, guardian: UpstreamGuard) -> Bool {
+        let l = lane(guardian)
+        let limit = max(1, exchange.upstream.maxConnections * exchange.upstream.endpoints.count / workers)
+        guard l.inFlight < limit, l.waiting.isEmpty else { return false }
+        l.inFlight += 1
+        return true
+    }
+
     /// A try ended: its slot goes to the longest-waiting exchange.
     func releaseSlot(guardian: UpstreamGuard) {
         let l = lane(guardian)

@@ -31,7 +31,7 @@ public final class RuntimeConfiguration: Sendable {
                     ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                 rewritesRedirects: route.redirects == .rewrite,
                 passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass,
-                rateLimit: route.rateLimit)
+                rateLimit: route.rateLimit, hedge: route.hedge, fallback: route.fallback)
         }
     }
 }
@@ -76,13 +76,32 @@ final class RuntimeRoute: Sendable {
     let passesErrors: Bool
     /// `rate_limit:` (nil: none), shared by every worker.
     let rateLimit: RouteRateLimit?
+    /// `hedge:` (nil: none).
+    let hedge: HedgeConfiguration?
+    /// `fallback:` (nil: none).
+    let fallback: FallbackConfiguration?
+    /// `hedge: { after: p95 }`: how long tries took to their status, on
+    /// every worker (nil for other routes: nothing recorded).
+    private let tryLatency: Locked<LatencyWindow>?
+
+    func recordTryLatency(_ latency: Duration, at now: Instant) {
+        tryLatency?.withLock { $0.record(latency, at: now) }
+    }
+
+    /// The 95th percentile of the last seconds' tries (nil: too few seen, or not `after: p95`).
+    func observedTryLatency(at now: Instant) -> Duration? {
+        tryLatency?.withLock { $0.quantile(0.95, at: now) }
+    }
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
-        rateLimit: RateLimitConfiguration? = nil
+        rateLimit: RateLimitConfiguration? = nil, hedge: HedgeConfiguration? = nil, fallback: FallbackConfiguration? = nil
     ) {
+        self.hedge = hedge
+        self.fallback = fallback
+        if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }
         self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }
         self.rewritesRedirects = rewritesRedirects
         self.passesErrors = passesErrors

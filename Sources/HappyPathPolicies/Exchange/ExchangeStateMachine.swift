@@ -69,10 +69,13 @@ public struct ExchangeStateMachine: Sendable {
         /// The statuses that mean the upstream refused the injected token
         /// (`auth.refresh_on`); empty when the proxy injects none.
         public var refreshOn: Set<Int>
+        /// `hedge.max_extra`: tries that may be in flight beside the first
+        /// (0: no hedging). Only for a request the retry rules may repeat.
+        public var hedgeMaxExtra: Int
 
         public init(
             deadline: Instant, retry: RetryPolicy, parkFor: Duration, parkWhileOpen: Bool, endpoints: Int, method: String,
-            hasIdempotencyKey: Bool, refreshOn: Set<Int>
+            hasIdempotencyKey: Bool, refreshOn: Set<Int>, hedgeMaxExtra: Int = 0
         ) {
             self.deadline = deadline
             self.retry = retry
@@ -82,6 +85,8 @@ public struct ExchangeStateMachine: Sendable {
             self.method = method
             self.hasIdempotencyKey = hasIdempotencyKey
             self.refreshOn = refreshOn
+            self.hedgeMaxExtra =
+                hasIdempotencyKey || retry.configuration.methods.contains(method) ? max(0, hedgeMaxExtra) : 0
         }
     }
 
@@ -198,6 +203,10 @@ public struct ExchangeStateMachine: Sendable {
     public private(set) var retryAfter: Duration?
     /// The status of the response that is streaming.
     public private(set) var streamedStatus = 0
+    /// Tries in flight while `trying`: 1, plus the hedges beside it.
+    public private(set) var inFlight = 0
+    /// Hedges sent so far (they count in `attempt` too).
+    public private(set) var hedges = 0
     private var refreshedOnce = false
     private var parkedSince: Instant?
     private var parkDeadline: Instant?
@@ -272,6 +281,55 @@ public struct ExchangeStateMachine: Sendable {
         streamedStatus = 0
     }
 
+    /// Why a due hedge was not sent.
+    public enum HedgeSkip: Sendable, Equatable {
+        /// `retry.attempts` tries are already out.
+        case attempts
+        /// The upstream is paused, unreachable, its breaker not closed, no
+        /// connection slot free, or no usable token.
+        case admission
+        /// The retry budget is spent.
+        case budget
+    }
+
+    public enum HedgeDecision: Sendable, Equatable {
+        /// Nothing to do: no try in flight any more, or hedging is off.
+        case none
+        /// Send try number `attempt` beside the others, with its own `limit`.
+        case send(attempt: Int, limit: Duration)
+        case skip(HedgeSkip)
+    }
+
+    /// The driver arms the hedge timer after each `.send` (and after each
+    /// hedge, while more may go) when this is true.
+    public var mayHedge: Bool { state == .trying && inFlight <= settings.hedgeMaxExtra }
+
+    /// The hedge timer fired: another try beside the one(s) in flight?
+    /// - Parameters:
+    ///   - admit: the upstream takes another try now (not paused, reachable,
+    ///     breaker closed, a free slot, a token); asked after the attempt
+    ///     count and before the budget.
+    ///   - budget: withdraws one retry from the upstream's budget; asked last.
+    public mutating func hedgeDue(at now: Instant, admit: () -> Bool, budget: () -> Bool) -> HedgeDecision {
+        guard mayHedge else { return .none }
+        let limit = min(settings.retry.configuration.perTryTimeout, remaining(at: now))
+        guard limit > .zero else { return .none }
+        guard attempt < settings.retry.configuration.attempts else { return .skip(.attempts) }
+        guard admit() else { return .skip(.admission) }
+        guard budget() else { return .skip(.budget) }
+        attempt += 1
+        hedges += 1
+        inFlight += 1
+        return .send(attempt: attempt, limit: limit)
+    }
+
+    /// A try's head was usable (not a failure the retry rules would act
+    /// on): the driver cancelled every other try in flight; this one goes on alone.
+    public mutating func othersCancelled() {
+        guard state == .trying else { return }
+        inFlight = 1
+    }
+
     /// How the driver reports a try's end to the breaker and metrics (before `tryEnded`).
     public func outcome(of end: TryEnd) -> Outcome {
         if state == .streaming {
@@ -313,8 +371,19 @@ public struct ExchangeStateMachine: Sendable {
             // 5xx (pass mode) is a complete answer, counted as a failure above.
             if case .failed = end { return finish(.truncated) }
             return finish(.completed)
+        case .trying where inFlight > 1:
+            // Another try is still out: this one's failure is noted and the
+            // request goes on with the other (the driver adopts it).
+            inFlight -= 1
+            if case let .failed(failure) = end {
+                history.append(failure.kind == .invalidResponse ? "invalid response" : outcome.summary)
+            } else if case let .answered(status, _, _) = end {
+                history.append(String(status))
+            }
+            return .none
         case .trying:
             state = .admitting
+            inFlight = 0
         default:
             return .none
         }
@@ -420,6 +489,7 @@ public struct ExchangeStateMachine: Sendable {
         self.probe = probe
         attempt += 1
         state = .trying
+        inFlight = 1
         return .send(attempt: attempt, limit: min(settings.retry.configuration.perTryTimeout, remaining(at: now)))
     }
 

@@ -13,10 +13,13 @@ final class ScriptedUpstream: @unchecked Sendable {
     let port: Int
     private let listenFD: Int32
     /// Served in order, one per request; the last one repeats. A response
-    /// may start with "DELAY:<ms>\n" (wait first) or be "DROP" (close without answering).
+    /// may start with "DELAY:<ms>\n" (wait first), be "DROP" (close without
+    /// answering) or "HOLD" (never answer; count the proxy's close in `held`).
     private let responses: [String]
     /// When set, computes each answer from the request head instead.
     private let answer: (@Sendable (String) -> String)?
+    /// "HOLD" requests whose connection the proxy closed.
+    let held = Locked(0)
     /// Every request received: head and body.
     let requests = Locked<[(head: String, body: [UInt8])]>([])
 
@@ -145,6 +148,14 @@ final class ScriptedUpstream: @unchecked Sendable {
             response = String(response[response.index(after: nl)...])
         }
         if response == "DROP" { return }
+        if response == "HOLD" {
+            // Never answers: waits for the proxy to give up on the try and
+            // close the connection, and records that it did.
+            var byte: UInt8 = 0
+            while recv(fd, &byte, 1, 0) > 0 {}
+            held.withLock { $0 += 1 }
+            return
+        }
         _ = Array(response.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         shutdown(fd, Int32(SHUT_WR))
     }

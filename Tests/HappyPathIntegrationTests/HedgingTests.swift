@@ -1,0 +1,117 @@
+import Foundation
+import HappyPathCore
+import Testing
+
+/// Issue 20, part 1: hedged requests through the real proxy, against
+/// scripted upstreams on loopback: one endpoint that never answers (or
+/// answers late), one that answers at once.
+@Suite("hedging") struct HedgingTests {
+    /// One worker, so the first request's first try goes to the first
+    /// endpoint (round robin starts there).
+    static func config(_ endpoints: [Int], hedge: String = "{ after: 50ms }", budget: String = "") -> String {
+        """
+        listen: 127.0.0.1:0
+        workers: 1
+        admin: { listen: 127.0.0.1:0 }
+        defaults:
+          reachability: { park_for: 0s }
+          retry: { attempts: 3, per_try_timeout: 5s\(budget) }
+        upstreams:
+          u:
+            endpoints: [\(endpoints.map { "http://127.0.0.1:\($0)" }.joined(separator: ", "))]
+        routes:
+          - match: { path_prefix: / }
+            upstream: u
+            timeout: 10s
+            hedge: \(hedge)
+        """
+    }
+
+    /// Every GET is answered by the fast endpoint in well under the slow
+    /// one's time; each try sent to the slow one is cancelled (its
+    /// connection closed) once the hedge won, and counted as lost.
+    @Test func aHedgeToTheOtherEndpointWinsAndTheSlowTryIsCancelled() throws {
+        let slow = ScriptedUpstream(response: "HOLD").started()
+        let fast = ScriptedUpstream(response: http(200, "fast")).started()
+        let h = try ProxyHarness(Self.config([slow.port, fast.port]))
+        defer { h.stop(); slow.stop(); fast.stop() }
+        for i in 0..<4 {
+            let start = ContinuousClock.now
+            let r = try HTTP.request(port: h.port, "/item/\(i)", timeout: 10)
+            #expect(r.status == 200)
+            #expect(r.text == "fast")
+            #expect(seconds(since: start) < 1.0)
+        }
+        // Round robin: the first try of requests 0 and 2 went to the slow
+        // endpoint, and a hedge to the fast one answered them.
+        #expect(slow.count == 2)
+        #expect(fast.count == 4)
+        #expect(eventually(5) { slow.held.withLock { $0 } == 2 })
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(eventually(5) { (try? admin.metric("happypath_hedges_total{route=\"/\",outcome=\"won\"}")) == 2 })
+        // A hedged answer says how many tries went out.
+        slow.requests.withLock { $0.removeAll() }
+        let r = try HTTP.request(port: h.port, "/item/again", timeout: 10)
+        #expect(r.status == 200)
+        #expect(r.header("X-Happypath-Attempts") == (slow.count == 1 ? "2" : "1"))
+    }
+
+    /// A POST without an Idempotency-Key is never hedged: the upstream sees
+    /// exactly one, however slow it is; with a key it may be.
+    @Test func aPostWithoutAnIdempotencyKeyGoesOutOnce() throws {
+        let slow = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
+        let other = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
+        let h = try ProxyHarness(Self.config([slow.port, other.port]))
+        defer { h.stop(); slow.stop(); other.stop() }
+        let r = try HTTP.request(port: h.port, "POST", "/orders", body: Array("{}".utf8), timeout: 10)
+        #expect(r.status == 201)
+        #expect(slow.count + other.count == 1)
+        let keyed = try HTTP.request(
+            port: h.port, "POST", "/orders", headers: [("Idempotency-Key", "k-1")], body: Array("{}".utf8), timeout: 10)
+        #expect(keyed.status == 201)
+        #expect(slow.count + other.count == 3)  // the keyed one was hedged
+    }
+
+    /// A retry budget with nothing left means no hedge: the slow try is
+    /// waited for, and the skipped hedge is counted.
+    @Test func aSpentBudgetStopsHedging() throws {
+        let slow = ScriptedUpstream(response: "DELAY:300\n" + http(200, "slow")).started()
+        let fast = ScriptedUpstream(response: http(200, "fast")).started()
+        let h = try ProxyHarness(
+            Self.config([slow.port, fast.port], budget: ", budget: { ratio: 0, min_per_second: 0 }"))
+        defer { h.stop(); slow.stop(); fast.stop() }
+        let r = try HTTP.request(port: h.port, "/a", timeout: 10)
+        #expect(r.text == "slow")
+        #expect(fast.count == 0)
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(eventually(5) { (try? admin.metric("happypath_hedges_total{route=\"/\",outcome=\"skipped\"}")) == 1 })
+    }
+
+    /// The first try fails (a 503) while the hedge is out: the request is
+    /// not over; the hedge's answer is the client's, and both tries are
+    /// counted.
+    @Test func aFailureBesideTheHedgeDoesNotEndTheRequest() throws {
+        let failing = ScriptedUpstream(response: "DELAY:150\n" + http(503, "busy")).started()
+        let late = ScriptedUpstream(response: "DELAY:400\n" + http(200, "late but fine")).started()
+        let h = try ProxyHarness(Self.config([failing.port, late.port]).replacingOccurrences(of: "attempts: 3", with: "attempts: 2"))
+        defer { h.stop(); failing.stop(); late.stop() }
+        let r = try HTTP.request(port: h.port, "/b", timeout: 10)
+        #expect(r.status == 200)
+        #expect(r.text == "late but fine")
+        #expect(r.header("X-Happypath-Attempts") == "2")
+        #expect(failing.count == 1)
+        #expect(late.count == 1)
+    }
+
+    /// Every try fails: the problem lists the hedge's failure with the others.
+    @Test func whenEveryTryFailsTheProblemCountsTheHedge() throws {
+        let a = ScriptedUpstream(response: "DELAY:100\n" + http(503, "busy")).started()
+        let b = ScriptedUpstream(response: "DELAY:100\n" + http(503, "busy")).started()
+        let h = try ProxyHarness(Self.config([a.port, b.port]).replacingOccurrences(of: "attempts: 3", with: "attempts: 2"))
+        defer { h.stop(); a.stop(); b.stop() }
+        let r = try HTTP.request(port: h.port, "/c", timeout: 10)
+        #expect(r.status == 503)
+        #expect(r.json["attempts"] as? Int == 2, "\(r.text)")
+        #expect((r.json["detail"] as? String)?.contains("2 attempts failed: 503, 503") == true, "\(r.text)")
+    }
+}
