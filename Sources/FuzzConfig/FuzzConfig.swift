@@ -26,6 +26,8 @@ let template = """
       client_timeout: @7@
       max_parked: @8@
       encoded_slashes: @73@
+      stale_max_bytes: @88@
+      stale_max_entry: @89@
     normalize: { merge_slashes: @74@ }
     defaults:
       timeout: @9@
@@ -84,6 +86,10 @@ let template = """
         redirects: @76@
         upstream_errors: @77@
         delivery: { mode: @68@, max_age: @69@, max_attempts: @70@, backoff: { base: @71@, max: @72@ }, idempotency: { client_header: @78@ } }
+      - match: { path_prefix: @80@ }
+        upstream: api
+        hedge: { after: @81@, max_extra: @82@ }
+        fallback: { serve_stale: @83@, on: [@84@, timeout], response: { status: @85@, content_type: @86@, body: @87@ } }
     """
 
 let valid = [
@@ -95,6 +101,7 @@ let valid = [
     "retry", "true", "/api/", "GET", "api", "/api", "5s", "4",
     "/var/lib/happypath/deliveries.db", "full", "1GiB", "24h", "/_happypath/deliveries", "later", "24h", "50", "1s", "10m",
     "keep", "false", "false", "rewrite", "pass", "X-Api-Key", "admin.example.com",
+    "/catalog/", "50ms", "1", "10m", "5xx", "200", "application/json", "degraded", "64MiB", "1MiB",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {

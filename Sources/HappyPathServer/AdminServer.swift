@@ -74,6 +74,7 @@ final class AdminServer: HTTPServerDelegate {
         if path == "/admin/deliveries" || path.hasPrefix("/admin/deliveries/") {
             return deliveriesAPI(request, path: path, query: query)
         }
+        if path == "/admin/fallback/purge" { return purgeStale(request, query: query) }
         guard request.method == "GET" || request.method == "HEAD" else {
             ProblemResponder.respond(
                 request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
@@ -108,13 +109,44 @@ final class AdminServer: HTTPServerDelegate {
                 request,
                 Problem(
                     .noRoute, requestID: ids.requestID(),
-                    detail: "The admin listener serves /healthz, /readyz, /metrics, /admin/state, /admin/events and /admin/deliveries."))
+                    detail:
+                        "The admin listener serves /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries and /admin/fallback/purge."
+                ))
         }
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         ProblemResponder.respond(
             request, ProblemResponder.problem(for: reason, requestID: ids.requestID(), limits: server.limits))
+    }
+
+    // MARK: - Fallback
+
+    /// `POST /admin/fallback/purge[?prefix=/catalog/]`: drops the answers
+    /// kept for `fallback.serve_stale` whose path starts with the prefix
+    /// (all of them without one), and says how many went.
+    private func purgeStale(_ request: HTTPRequest, query: String?) {
+        let requestID = ids.requestID()
+        guard request.method == "POST" else {
+            ProblemResponder.respond(
+                request, Problem(.badRequest, requestID: requestID, detail: "/admin/fallback/purge takes POST."))
+            return
+        }
+        guard let stale = shared.stale else {
+            return ProblemResponder.answer(
+                request, Problem(.notFound, requestID: requestID, detail: "No route keeps answers (fallback.serve_stale)."))
+        }
+        let prefix = Self.queryItems(query).first { $0.0 == "prefix" }?.1 ?? "/"
+        guard prefix.hasPrefix("/") else {
+            ProblemResponder.respond(
+                request,
+                Problem(.badRequest, requestID: requestID, detail: "prefix must be a path starting with /, got '\(prefix)'."))
+            return
+        }
+        let purged = stale.purge(pathPrefix: prefix)
+        request.reply(
+            status: 200, headers: Self.json,
+            body: "{\"prefix\":\(JSON.quote(prefix)),\"purged\":\(purged.entries),\"bytes\":\(purged.bytes)}\n")
     }
 
     // MARK: - Deliveries
@@ -287,13 +319,18 @@ final class AdminServer: HTTPServerDelegate {
             return
                 "{\"route\":\(JSON.quote(route.label)),\"keys\":\(limit.keys),\"queued\":\(limit.queued.load(ordering: .relaxed))}"
         }
+        var fallback = "null"
+        if let stale = shared.stale {
+            let usage = stale.usage
+            fallback = "{\"entries\":\(usage.entries),\"bytes\":\(usage.bytes),\"max_bytes\":\(stale.maxBytes)}"
+        }
         let loaded = shared.loadedAt.formatted(.iso8601)
         return """
             {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.current),\
             "parked":\(shared.parked.current),"max_parked":\(shared.parked.limit),\
             "buffered_bytes":\(shared.bodies.current),"max_buffered_bytes":\(shared.bodies.limit),\
             "deliveries":\(shared.deliveries?.stateJSON() ?? "null"),\
-            "rate_limits":[\(limits.joined(separator: ","))],\
+            "rate_limits":[\(limits.joined(separator: ","))],"fallback":\(fallback),\
             "config":{"source":\(JSON.quote(config.source)),"loaded_at":\(JSON.quote(loaded))},\
             "upstreams":[\(upstreams.joined(separator: ","))]}
 

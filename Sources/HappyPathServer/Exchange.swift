@@ -49,9 +49,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private var losers: [Loser] = []
     private var hedgeTimer: LoopEvent?
     private var reapEvent: LoopEvent?
-    /// When the try in flight went out, and when its limit ends.
+    /// When the try in flight went out (routes with `hedge` only).
     private var tryStartedAt = Instant(nanoseconds: 0)
-    private var tryLimitAt = Instant(nanoseconds: 0)
     /// The endpoint of the latest try or hedge sent (a hedge prefers the next one).
     private var lastEndpoint = -1
 
@@ -99,6 +98,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
                 hasIdempotencyKey: command.headers.contains("idempotency-key"),
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: route.hedge?.maxExtra ?? 0))
+        if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, let store = worker.shared.stale {
+            relay.kept = ResponseRelay.KeptAnswer(limit: store.maxEntryBytes)
+        }
     }
 
     var isFinished: Bool { machine.state == .finished }
@@ -194,6 +196,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             if abandonProbe { self.abandonProbe() }
             if case let .upstreamAnswer(status) = failure { upstreamAnswered = status }
             releaseAll()
+            if let fallback = route.fallback, let reason = failure.fallbackReason, fallback.on.contains(reason),
+                answerFallback(fallback, reason)
+            {
+                return end()
+            }
             var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
             if let left = guardian.pausedFor(at: worker.clock.now()) { builder.pause = (guardian.pauseCause, left) }
             var problem = builder.build(
@@ -234,6 +241,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             switch ending {
             case .completed:
                 finalStatus = relay.status
+                if relay.kept != nil { keepAnswer() }
                 // An error streamed as it came (upstream_errors: pass) is
                 // counted under the code its problem would have had.
                 if relay.status >= 400 { finalCode = ErrorMapper.builtInCode(for: relay.status).rawValue }
@@ -318,12 +326,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
         endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
         transfer = start(endpoint: endpointIndex, limit: limit, token: authToken, handler: self)
-        if let hedge = route.hedge, machine.mayHedge {
-            let now = worker.clock.now()
-            tryStartedAt = now
-            tryLimitAt = now + limit
+        if let hedge = route.hedge {
+            tryStartedAt = worker.clock.now()
             lastEndpoint = endpointIndex
-            armHedge(hedge)
+            if machine.mayHedge { armHedge(hedge) }
         }
     }
 
@@ -530,6 +536,91 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     private static let closedInHead = "the connection closed inside the response head"
+
+    // MARK: - Fallback
+
+    /// Where a GET's answer is kept: the upstream, the method and the
+    /// target as sent (after strip_prefix); the answer's `Vary` fields tell
+    /// apart the variants under it. HEAD is answered from the GET's.
+    private var staleKey: String { upstream.name + " GET " + command.target }
+
+    /// The answer streamed whole to the client: kept for later, if the
+    /// rules allow (a status worth keeping, no `no-store`, `private` or
+    /// `Set-Cookie`, nothing of one user's kept for another).
+    private func keepAnswer() {
+        guard let kept = relay.kept, !kept.overflow, let store = worker.shared.stale,
+            let serveStale = route.fallback?.serveStale
+        else { return }
+        let fields = relay.endToEnd(kept.fields)
+        let credentialed = request.header("Authorization") != nil || request.header("Cookie") != nil
+        guard
+            let decision = StaleRules.decide(
+                method: command.method, status: relay.status, fields: fields, requestHasCredentials: credentialed,
+                serveStale: serveStale)
+        else { return }
+        let now = worker.clock.now()
+        let entry = StaleEntry(
+            status: relay.status, reason: relay.reason, fields: fields, body: kept.body, receivedAt: now,
+            expiresAt: now + decision.keepFor, varyNames: decision.varyNames,
+            varyValues: decision.varyNames.map { request.header($0) }, path: clientPath)
+        store.keep(entry, key: staleKey)
+    }
+
+    /// The path the client asked for (for purges by prefix).
+    private var clientPath: String {
+        guard let request = request as? HTTPRequest else { return "" }
+        return Router.split(target: request.target).path
+    }
+
+    /// The kept answer, else the fixed one; false: neither (the problem is answered).
+    private func answerFallback(_ fallback: FallbackConfiguration, _ reason: FallbackConfiguration.Reason) -> Bool {
+        let method = command.method
+        if fallback.serveStale != nil, method == "GET" || method == "HEAD", let store = worker.shared.stale {
+            let now = worker.clock.now()
+            if let entry = store.lookup(key: staleKey, at: now, requestValue: { request.header($0) }) {
+                worker.metrics.fallback(route: route, kind: "stale", reason: reason.rawValue)
+                request.clearResponseHeaders()
+                var age = (now - entry.receivedAt).nanoseconds / 1_000_000_000
+                for field in entry.fields {
+                    // The upstream's own Age is added to the time kept here (RFC 9111 section 4.2.3).
+                    if field.name.lowercased() == "age" {
+                        age += Int64(field.value.filter { $0 != " " && $0 != "\t" }) ?? 0
+                        continue
+                    }
+                    request.addResponseHeader(field.name, field.value)
+                }
+                request.addResponseHeader("Age", String(age))
+                request.addResponseHeader("X-Happypath-Fallback", "stale; reason=" + reason.rawValue)
+                request.addResponseHeader("X-Request-Id", command.requestID)
+                request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+                rateLimitFields?.stage(on: request)
+                request.startReply(status: entry.status, contentLength: entry.body.count, reason: entry.reason)
+                if !entry.body.isEmpty { entry.body.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
+                request.endReply()
+                finalStatus = entry.status
+                finalCode = "STALE"
+                relay.answered(bytes: entry.body.count)
+                return true
+            }
+        }
+        guard let fixed = fallback.response else { return false }
+        worker.metrics.fallback(route: route, kind: "fixed", reason: reason.rawValue)
+        request.clearResponseHeaders()
+        request.addResponseHeader("Content-Type", fixed.contentType)
+        request.addResponseHeader("X-Happypath-Fallback", "fixed; reason=" + reason.rawValue)
+        request.addResponseHeader("X-Request-Id", command.requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        rateLimitFields?.stage(on: request)
+        var body = fixed.body
+        let count = body.utf8.count
+        request.startReply(status: fixed.status, contentLength: count, reason: nil)
+        if count > 0 { body.withUTF8 { request.send(UnsafeRawBufferPointer($0), notifyWhenDrained: false) } }
+        request.endReply()
+        finalStatus = fixed.status
+        finalCode = "FALLBACK"
+        relay.answered(bytes: count)
+        return true
+    }
 
     // MARK: - Hedging
 
@@ -767,6 +858,30 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private func end() {
         recycleTimers()
         worker.finished(self)
+    }
+}
+
+extension ExchangeStateMachine.Failure {
+    /// The way of failing a route's `fallback.on` names (nil: no fallback
+    /// answers it: the client's own request, a refused token, shutdown).
+    var fallbackReason: FallbackConfiguration.Reason? {
+        switch self {
+        case .timeout: .timeout
+        case .overloaded: .overloaded
+        case .circuitOpen: .circuitOpen
+        case .unreachable: .unreachable
+        case .paused: .paused
+        case let .parkExpired(reason, _, _):
+            switch reason {
+            case .unreachable: .unreachable
+            case .circuitOpen: .circuitOpen
+            case .paused: .paused
+            case .auth: nil
+            }
+        case let .upstreamAnswer(status): status >= 500 ? .serverError : nil
+        case .badGateway, .unavailable: .serverError
+        case .tokenRefusedAfterRefresh, .tokenRefreshFailed, .shuttingDown: nil
+        }
     }
 }
 

@@ -54,6 +54,52 @@ struct ResponseRelay {
     /// The upstream's `Connection` values naming fields: those fields are its
     /// own hop-by-hop fields and are dropped.
     private var upstreamConnection: [UInt8] = []
+    /// The streamed answer as it went to the client, for
+    /// `fallback.serve_stale` (nil unless the route keeps answers and the
+    /// request is a GET: nothing is copied for other routes).
+    var kept: KeptAnswer?
+
+    /// What a streamed answer sent: its fields and body, copied once as they
+    /// pass, up to `limit` bytes (`limits.stale_max_entry`); a larger answer
+    /// is given up on (`overflow`) and its bytes let go.
+    struct KeptAnswer {
+        let limit: Int
+        var fields: [HTTPField] = []
+        var body: [UInt8] = []
+        var bytes = 0
+        var overflow = false
+
+        init(limit: Int) { self.limit = limit }
+
+        mutating func reset() {
+            fields.removeAll(keepingCapacity: true)
+            body.removeAll(keepingCapacity: true)
+            bytes = 0
+            overflow = false
+        }
+
+        mutating func add(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+            guard take(name.count + value.count) else { return }
+            fields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
+        }
+
+        mutating func add(body bytes: UnsafeRawBufferPointer) {
+            guard take(bytes.count) else { return }
+            body.append(contentsOf: bytes)
+        }
+
+        private mutating func take(_ n: Int) -> Bool {
+            guard !overflow else { return false }
+            bytes += n
+            if bytes > limit {
+                overflow = true
+                fields = []
+                body = []
+                return false
+            }
+            return true
+        }
+    }
 
     /// A new try: forget the last one's response.
     mutating func reset() {
@@ -65,6 +111,7 @@ struct ResponseRelay {
         rateLimit = nil
         framing = ResponseFraming()
         upstreamConnection.removeAll(keepingCapacity: true)
+        kept?.reset()
     }
 
     /// The status line arrived: `hold` for answers the exchange must look at first.
@@ -106,6 +153,7 @@ struct ResponseRelay {
         switch mode {
         case .streaming:
             request.addResponseHeader(name: name, value: value)
+            kept?.add(name: name, value: value)
         case .holding:
             if HTTPBytes.equals(name, "retry-after") { retryAfter = String(decoding: value, as: UTF8.self) }
             if HTTPBytes.equals(name, "ratelimit") { rateLimit = String(decoding: value, as: UTF8.self) }
@@ -159,6 +207,7 @@ struct ResponseRelay {
         case .streaming:
             if waitingForDrain { return false }
             bytesOut += bytes.count
+            kept?.add(body: bytes)
             if request.pendingOutput + bytes.count > Self.highWater {
                 waitingForDrain = true
                 request.send(bytes, notifyWhenDrained: true)
@@ -171,13 +220,16 @@ struct ResponseRelay {
 
     /// The held answer's fields without those its `Connection` names (its
     /// own hop-by-hop fields).
-    var heldEndToEndFields: [HTTPField] {
-        guard !upstreamConnection.isEmpty else { return heldFields }
+    var heldEndToEndFields: [HTTPField] { endToEnd(heldFields) }
+
+    /// `fields` without those the upstream's `Connection` names.
+    func endToEnd(_ fields: [HTTPField]) -> [HTTPField] {
+        guard !upstreamConnection.isEmpty else { return fields }
         var named = Set<String>()
         upstreamConnection.withUnsafeBytes { value in
             forEachListElement(value) { named.insert(String(decoding: $0, as: UTF8.self).lowercased()) }
         }
-        return heldFields.filter { !named.contains($0.name.lowercased()) }
+        return fields.filter { !named.contains($0.name.lowercased()) }
     }
 
     /// The client's connection drained: the upstream may go on.

@@ -2,6 +2,7 @@ import Foundation
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
+import HappyPathPolicies
 import Logging
 import Synchronization
 
@@ -19,6 +20,9 @@ final class SharedState: @unchecked Sendable {
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
     let loadedAt = Date()
+    /// Answers kept for `fallback.serve_stale`, for the whole process (nil:
+    /// no route keeps any). Carried over by a reload, its contents too.
+    let stale: StaleStore?
     /// The deliver-later dispatcher (nil: no route delivers later). Set
     /// before any loop runs and carried over by a reload.
     var deliveries: Deliveries?
@@ -50,6 +54,11 @@ final class SharedState: @unchecked Sendable {
         bodies.limit = runtime.configuration.limits.maxBufferedBytes
         workers = previous?.workers ?? []
         deliveries = previous?.deliveries
+        let limits = runtime.configuration.limits
+        stale =
+            previous?.stale
+            ?? (runtime.routes.contains { $0.fallback?.serveStale != nil }
+                ? StaleStore(maxBytes: limits.staleMaxBytes, maxEntryBytes: limits.staleMaxEntry) : nil)
         guards = zip(runtime.upstreams, runtime.configuration.upstreams).map { u, definition in
             let fresh = UpstreamGuard(upstream: u, definition: definition, logger: logger, metrics: metrics, events: events)
             if let old = previous?.guards.first(where: { $0.name == u.name && $0.fingerprint == fresh.fingerprint }) {

@@ -465,3 +465,53 @@ struct DeliverLaterConfigTests {
         #expect(e.map(\.description).contains { $0.contains(message) }, "\(e)")
     }
 }
+
+/// Issue 20: `hedge` and `fallback` on a route, and the two `limits` for kept answers.
+@Suite struct TailAndFallbackConfigTests {
+    static func route(_ extra: String) -> String {
+        """
+        limits: { stale_max_bytes: 8MiB, stale_max_entry: 64KiB }
+        upstreams:
+          api: { endpoints: [http://127.0.0.1:9000] }
+        routes:
+          - match: { path_prefix: / }
+            upstream: api
+            \(extra)
+        """
+    }
+
+    @Test func everyKeyIsRead() throws {
+        let fixed = "response: { status: 203, content_type: text/plain, body: 'degraded' }"
+        let c = try ConfigLoader.parse(
+            Self.route(
+                "hedge: { after: p95, min: 5ms, max: 2s, max_extra: 2 }\n    fallback: { serve_stale: 10m, on: [timeout, 5xx], \(fixed) }"
+            ), file: "t.yaml")
+        let r = c.routes[0]
+        #expect(r.hedge?.after == .p95)
+        #expect(r.hedge?.min == .milliseconds(5) && r.hedge?.max == .seconds(2) && r.hedge?.maxExtra == 2)
+        #expect(r.fallback?.serveStale == .seconds(600))
+        #expect(r.fallback?.on == [.timeout, .serverError])
+        #expect(r.fallback?.response == .init(status: 203, contentType: "text/plain", body: "degraded"))
+        #expect(c.limits.staleMaxBytes == 8 << 20 && c.limits.staleMaxEntry == 64 << 10)
+        let plain = try ConfigLoader.parse(Self.route("hedge: { after: 50ms }\n    fallback: { serve_stale: 1m }"), file: "t.yaml")
+        #expect(plain.routes[0].hedge?.after == .fixed(.milliseconds(50)) && plain.routes[0].hedge?.maxExtra == 1)
+        #expect(plain.routes[0].fallback?.on.count == 6)
+        #expect(plain.routes[0].fallback?.response == nil)
+    }
+
+    @Test(arguments: [
+        ("hedge: { max_extra: 1 }", "routes[0].hedge needs 'after'"),
+        ("hedge: { after: soon }", "routes[0].hedge.after must be a duration above zero (such as 50ms) or p95, got 'soon'"),
+        ("hedge: { after: 50ms, min: 1ms }", "routes[0].hedge.min applies only to after: p95"),
+        ("hedge: { after: p95, min: 2s, max: 1s }", "routes[0].hedge.min must not be above max"),
+        ("hedge: { after: 50ms, max_extra: 9 }", "routes[0].hedge.max_extra must be between 1 and 8, got 9"),
+        ("fallback: { on: [5xx] }", "routes[0].fallback needs serve_stale"),
+        ("fallback: { serve_stale: 1m, on: [teapot] }", "routes[0].fallback.on lists ways of failing (timeout, unreachable, 5xx, circuit-open, overloaded, paused), got 'teapot'"),
+        ("fallback: { response: { status: 99 } }", "routes[0].fallback.response.status must be between 200 and 599, got 99"),
+        ("fallback: { serve_stale: 1m }\n    delivery: { mode: later }", "routes[0].fallback applies to routes that deliver now"),
+    ])
+    func mistakesAreNamed(extra: String, message: String) {
+        let found = errors(Self.route(extra)).map(\.description)
+        #expect(found.contains { $0.contains(message) }, "\(found)")
+    }
+}

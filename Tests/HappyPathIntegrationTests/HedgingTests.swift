@@ -6,8 +6,9 @@ import Testing
 /// scripted upstreams on loopback: one endpoint that never answers (or
 /// answers late), one that answers at once.
 @Suite("hedging") struct HedgingTests {
-    /// One worker, so the first request's first try goes to the first
-    /// endpoint (round robin starts there).
+    /// One worker (the harness's `workers`, which wins over the file's), so
+    /// the first request's first try goes to the first endpoint and round
+    /// robin alternates from there.
     static func config(_ endpoints: [Int], hedge: String = "{ after: 50ms }", budget: String = "") -> String {
         """
         listen: 127.0.0.1:0
@@ -33,7 +34,7 @@ import Testing
     @Test func aHedgeToTheOtherEndpointWinsAndTheSlowTryIsCancelled() throws {
         let slow = ScriptedUpstream(response: "HOLD").started()
         let fast = ScriptedUpstream(response: http(200, "fast")).started()
-        let h = try ProxyHarness(Self.config([slow.port, fast.port]))
+        let h = try ProxyHarness(Self.config([slow.port, fast.port]), workers: 1)
         defer { h.stop(); slow.stop(); fast.stop() }
         for i in 0..<4 {
             let start = ContinuousClock.now
@@ -44,8 +45,8 @@ import Testing
         }
         // Round robin: the first try of requests 0 and 2 went to the slow
         // endpoint, and a hedge to the fast one answered them.
-        #expect(slow.count == 2)
-        #expect(fast.count == 4)
+        #expect(slow.appRequests.count == 2)
+        #expect(fast.appRequests.count == 4)
         #expect(eventually(5) { slow.held.withLock { $0 } == 2 })
         let admin = AdminProbe(port: h.adminPort)
         #expect(eventually(5) { (try? admin.metric("happypath_hedges_total{route=\"/\",outcome=\"won\"}")) == 2 })
@@ -53,7 +54,7 @@ import Testing
         slow.requests.withLock { $0.removeAll() }
         let r = try HTTP.request(port: h.port, "/item/again", timeout: 10)
         #expect(r.status == 200)
-        #expect(r.header("X-Happypath-Attempts") == (slow.count == 1 ? "2" : "1"))
+        #expect(r.header("X-Happypath-Attempts") == (slow.appRequests.count == 1 ? "2" : "1"))
     }
 
     /// A POST without an Idempotency-Key is never hedged: the upstream sees
@@ -61,15 +62,15 @@ import Testing
     @Test func aPostWithoutAnIdempotencyKeyGoesOutOnce() throws {
         let slow = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
         let other = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
-        let h = try ProxyHarness(Self.config([slow.port, other.port]))
+        let h = try ProxyHarness(Self.config([slow.port, other.port]), workers: 1)
         defer { h.stop(); slow.stop(); other.stop() }
         let r = try HTTP.request(port: h.port, "POST", "/orders", body: Array("{}".utf8), timeout: 10)
         #expect(r.status == 201)
-        #expect(slow.count + other.count == 1)
+        #expect(slow.appRequests.count + other.appRequests.count == 1)
         let keyed = try HTTP.request(
             port: h.port, "POST", "/orders", headers: [("Idempotency-Key", "k-1")], body: Array("{}".utf8), timeout: 10)
         #expect(keyed.status == 201)
-        #expect(slow.count + other.count == 3)  // the keyed one was hedged
+        #expect(slow.appRequests.count + other.appRequests.count == 3)  // the keyed one was hedged
     }
 
     /// A retry budget with nothing left means no hedge: the slow try is
@@ -78,11 +79,11 @@ import Testing
         let slow = ScriptedUpstream(response: "DELAY:300\n" + http(200, "slow")).started()
         let fast = ScriptedUpstream(response: http(200, "fast")).started()
         let h = try ProxyHarness(
-            Self.config([slow.port, fast.port], budget: ", budget: { ratio: 0, min_per_second: 0 }"))
+            Self.config([slow.port, fast.port], budget: ", budget: { ratio: 0, min_per_second: 0 }"), workers: 1)
         defer { h.stop(); slow.stop(); fast.stop() }
         let r = try HTTP.request(port: h.port, "/a", timeout: 10)
         #expect(r.text == "slow")
-        #expect(fast.count == 0)
+        #expect(fast.appRequests.count == 0)
         let admin = AdminProbe(port: h.adminPort)
         #expect(eventually(5) { (try? admin.metric("happypath_hedges_total{route=\"/\",outcome=\"skipped\"}")) == 1 })
     }
@@ -93,21 +94,23 @@ import Testing
     @Test func aFailureBesideTheHedgeDoesNotEndTheRequest() throws {
         let failing = ScriptedUpstream(response: "DELAY:150\n" + http(503, "busy")).started()
         let late = ScriptedUpstream(response: "DELAY:400\n" + http(200, "late but fine")).started()
-        let h = try ProxyHarness(Self.config([failing.port, late.port]).replacingOccurrences(of: "attempts: 3", with: "attempts: 2"))
+        let h = try ProxyHarness(
+            Self.config([failing.port, late.port]).replacingOccurrences(of: "attempts: 3", with: "attempts: 2"), workers: 1)
         defer { h.stop(); failing.stop(); late.stop() }
         let r = try HTTP.request(port: h.port, "/b", timeout: 10)
         #expect(r.status == 200)
         #expect(r.text == "late but fine")
         #expect(r.header("X-Happypath-Attempts") == "2")
-        #expect(failing.count == 1)
-        #expect(late.count == 1)
+        #expect(failing.appRequests.count == 1)
+        #expect(late.appRequests.count == 1)
     }
 
     /// Every try fails: the problem lists the hedge's failure with the others.
     @Test func whenEveryTryFailsTheProblemCountsTheHedge() throws {
         let a = ScriptedUpstream(response: "DELAY:100\n" + http(503, "busy")).started()
         let b = ScriptedUpstream(response: "DELAY:100\n" + http(503, "busy")).started()
-        let h = try ProxyHarness(Self.config([a.port, b.port]).replacingOccurrences(of: "attempts: 3", with: "attempts: 2"))
+        let h = try ProxyHarness(
+            Self.config([a.port, b.port]).replacingOccurrences(of: "attempts: 3", with: "attempts: 2"), workers: 1)
         defer { h.stop(); a.stop(); b.stop() }
         let r = try HTTP.request(port: h.port, "/c", timeout: 10)
         #expect(r.status == 503)

@@ -19,6 +19,9 @@ echo "== instructions (callgrind, N2 - N1 requests on one connection)"
 OUT=$OUT/callgrind PORT_BASE=${PORT_BASE:-18680} "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
 echo "== the cost of shaping: the same binary with a rate limit (never reached) and pacing (never paused)"
 OUT=$OUT/shaping BENCH_PROFILE=shaping PORT_BASE=$(( ${PORT_BASE:-18680} + 20 )) "$here/callgrind.sh" shaping="$bin" || exit 1
+echo "== the cost of hedging (armed, never due) and of keeping answers for serve_stale"
+OUT=$OUT/hedge BENCH_PROFILE=hedge PORT_BASE=$(( ${PORT_BASE:-18680} + 30 )) "$here/callgrind.sh" hedge="$bin" || exit 1
+OUT=$OUT/stale BENCH_PROFILE=stale PORT_BASE=$(( ${PORT_BASE:-18680} + 40 )) "$here/callgrind.sh" stale="$bin" || exit 1
 echo "== system calls and allocations (perf trace -s, uprobes on libc; wrk -c64)"
 OUT=$OUT/per-request PORT_BASE=$(( ${PORT_BASE:-18680} + 10 )) "$here/per-request.sh" happypath="$bin" || exit 1
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
@@ -39,10 +42,11 @@ for row in csv.reader(open(f"{out}/per-request/all.tsv"), delimiter="\t"):
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for line in open(f"{out}/shaping/summary.md"):
-    m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
-    if m:
-        instr["shaping"] = int(m.group(1).replace(",", ""))
+for profile in ("shaping", "hedge", "stale"):
+    for line in open(f"{out}/{profile}/summary.md"):
+        m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
+        if m:
+            instr[profile] = int(m.group(1).replace(",", ""))
 print("| per request (100 B, keep-alive) | nginx | happypath | limit | |")
 print("|---|---:|---:|---:|---|")
 for label, d, f, limit in [("user-space instructions", instr, "{:,.0f}", 80000),
@@ -53,5 +57,11 @@ for label, d, f, limit in [("user-space instructions", instr, "{:,.0f}", 80000),
 if "shaping" in instr and "happypath" in instr:
     extra = instr["shaping"] - instr["happypath"]
     print(f"| instructions with a rate limit and pacing (profile shaping) | | {instr['shaping']:,.0f} ({extra:+,.0f}) | +2,000 | {'met' if extra <= 2000 else '**short**'} |")
+if "hedge" in instr and "happypath" in instr:
+    extra = instr["hedge"] - instr["happypath"]
+    print(f"| instructions with a hedge that is never due (profile hedge) | | {instr['hedge']:,.0f} ({extra:+,.0f}) | +1,000 | {'met' if extra <= 1000 else '**short**'} |")
+if "stale" in instr and "happypath" in instr:
+    extra = instr["stale"] - instr["happypath"]
+    print(f"| instructions keeping every answer for serve_stale (profile stale) | | {instr['stale']:,.0f} ({extra:+,.0f}) | | |")
 PY
 echo "raw: $OUT"

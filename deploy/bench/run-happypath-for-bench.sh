@@ -8,6 +8,11 @@
 #   BENCH_PROFILE=shaping: foundation plus a rate limit on the route (per
 #     client address, never reached: its cost, not its refusals) and pacing
 #     on the upstream (never paused), to count what shaping costs a request.
+#   BENCH_PROFILE=hedge: foundation plus `hedge: { after: 1s }` on the route
+#     (armed on every try, never due): what hedging costs a request that
+#     is not hedged.
+#   BENCH_PROFILE=stale: foundation plus `fallback: { serve_stale: 10m }`
+#     on the route: every answer is copied once and kept (what keeping costs).
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -58,6 +63,14 @@ case $profile in
     foundation_yaml "    pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }" \
       "    rate_limit: { rate: 1000000000/s, burst: 1000000000, key: client_ip, over_limit: reject }" > "$cfg"
     ;;
+  hedge)
+    level=warning
+    foundation_yaml "" "    hedge: { after: 1s }" > "$cfg"
+    ;;
+  stale)
+    level=warning
+    foundation_yaml "" "    fallback: { serve_stale: 10m }" > "$cfg"
+    ;;
   policies)
     level=info
     example=$here/../../config/happypath.yaml
@@ -69,7 +82,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086

@@ -1,0 +1,120 @@
+import Foundation
+import HappyPathCore
+
+/// Whether an answer may be kept for `fallback.serve_stale`, and for how
+/// long: RFC 9111's rules for a shared cache, stricter where in doubt
+/// (docs/fallback.md). Pure; linear in the size of the fields.
+public enum StaleRules {
+    /// Statuses kept (RFC 9111 section 3, heuristically cacheable ones
+    /// that say something about the resource itself).
+    public static let keptStatuses: Set<Int> = [200, 203, 204, 300, 301, 404, 410]
+
+    public struct Decision: Sendable, Equatable {
+        /// Kept this long from when it was received.
+        public var keepFor: Duration
+        /// The request fields the answer varies on (`Vary`), lower-cased, in order.
+        public var varyNames: [String]
+
+        public init(keepFor: Duration, varyNames: [String]) {
+            self.keepFor = keepFor
+            self.varyNames = varyNames
+        }
+    }
+
+    /// - Parameters:
+    ///   - fields: the answer's end-to-end fields, as relayed.
+    ///   - requestHasCredentials: the request carried `Authorization` or a `Cookie`.
+    ///   - serveStale: the route's `fallback.serve_stale`.
+    /// - Returns: nil when the answer must not be kept.
+    public static func decide(
+        method: String, status: Int, fields: [HTTPField], requestHasCredentials: Bool, serveStale: Duration
+    ) -> Decision? {
+        guard method == "GET", keptStatuses.contains(status), serveStale > .zero else { return nil }
+        var directives = CacheControl()
+        var vary: [String] = []
+        for field in fields {
+            let name = field.name.utf8
+            if name.count == 10, field.name.lowercased() == "set-cookie" { return nil }
+            if name.count == 13, field.name.lowercased() == "cache-control" { directives.read(field.value) }
+            if name.count == 4, field.name.lowercased() == "vary" {
+                for element in field.value.split(separator: ",") {
+                    let token = element.trimmingCharacters(in: .whitespaces).lowercased()
+                    if token == "*" { return nil }
+                    if !token.isEmpty, !vary.contains(token) { vary.append(token) }
+                }
+            }
+        }
+        if directives.noStore || directives.isPrivate || directives.noCache { return nil }
+        // One user's answer is never kept for another: only the upstream
+        // can say an answer to a request with credentials is everyone's.
+        if requestHasCredentials, !directives.isPublic, !directives.sharedMaxAge { return nil }
+        var keepFor = serveStale
+        if let seconds = directives.staleIfError {
+            guard seconds > 0 else { return nil }
+            keepFor = min(keepFor, .seconds(seconds))
+        }
+        return Decision(keepFor: keepFor, varyNames: vary)
+    }
+
+    /// The directives of every `Cache-Control` field that matter here.
+    struct CacheControl {
+        var noStore = false
+        var noCache = false
+        var isPrivate = false
+        var isPublic = false
+        var sharedMaxAge = false
+        var staleIfError: Int64?
+
+        /// One field's value: `name[=token|"quoted"]` directives separated
+        /// by commas; names compare without case. A malformed
+        /// `stale-if-error` is ignored (the route's time applies).
+        mutating func read(_ value: String) {
+            let bytes = Array(value.utf8)
+            var i = 0
+            while i < bytes.count {
+                while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 || bytes[i] == 0x2C { i += 1 }
+                let nameStart = i
+                while i < bytes.count, bytes[i] != 0x3D, bytes[i] != 0x2C, bytes[i] != 0x20, bytes[i] != 0x09 { i += 1 }
+                let name = String(decoding: bytes[nameStart..<i], as: UTF8.self).lowercased()
+                while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 { i += 1 }
+                var argument: String?
+                if i < bytes.count, bytes[i] == 0x3D {
+                    i += 1
+                    while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 { i += 1 }
+                    if i < bytes.count, bytes[i] == 0x22 {
+                        // A quoted-string: up to the closing quote (a backslash escapes one byte).
+                        i += 1
+                        var text: [UInt8] = []
+                        while i < bytes.count, bytes[i] != 0x22 {
+                            if bytes[i] == 0x5C, i + 1 < bytes.count { i += 1 }
+                            text.append(bytes[i])
+                            i += 1
+                        }
+                        i += 1
+                        argument = String(decoding: text, as: UTF8.self)
+                    } else {
+                        let start = i
+                        while i < bytes.count, bytes[i] != 0x2C, bytes[i] != 0x20, bytes[i] != 0x09 { i += 1 }
+                        argument = String(decoding: bytes[start..<i], as: UTF8.self)
+                    }
+                }
+                // Anything else up to the next comma belongs to a malformed directive.
+                while i < bytes.count, bytes[i] != 0x2C { i += 1 }
+                switch name {
+                case "no-store": noStore = true
+                case "no-cache": noCache = true
+                case "private": isPrivate = true
+                case "public": isPublic = true
+                case "s-maxage": sharedMaxAge = true
+                case "stale-if-error":
+                    if let argument, !argument.isEmpty, argument.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
+                        // Delta-seconds beyond 2^31 mean "a very long time" (RFC 9111 section 1.2.2).
+                        let seconds = argument.utf8.count > 10 ? Int64(Int32.max) : min(Int64(argument)!, Int64(Int32.max))
+                        staleIfError = min(staleIfError ?? seconds, seconds)
+                    }
+                default: break
+                }
+            }
+        }
+    }
+}

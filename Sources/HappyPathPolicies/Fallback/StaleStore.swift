@@ -1,0 +1,208 @@
+import HappyPathCore
+
+/// An answer kept for `fallback.serve_stale`.
+public struct StaleEntry: Sendable {
+    public var status: Int
+    /// The upstream's own reason phrase, when it was not the standard one.
+    public var reason: [UInt8]?
+    /// Its end-to-end fields, as relayed to the client.
+    public var fields: [HTTPField]
+    public var body: [UInt8]
+    /// For `Age`.
+    public var receivedAt: Instant
+    /// Never answered after this.
+    public var expiresAt: Instant
+    /// The request fields its `Vary` names, lower-cased ...
+    public var varyNames: [String]
+    /// ... and the request's values of them when it was kept (nil: absent).
+    public var varyValues: [String?]
+    /// The path the client asked for (a purge matches its prefix).
+    public var path: String
+
+    public init(
+        status: Int, reason: [UInt8]?, fields: [HTTPField], body: [UInt8], receivedAt: Instant, expiresAt: Instant,
+        varyNames: [String], varyValues: [String?], path: String
+    ) {
+        self.status = status
+        self.reason = reason
+        self.fields = fields
+        self.body = body
+        self.receivedAt = receivedAt
+        self.expiresAt = expiresAt
+        self.varyNames = varyNames
+        self.varyValues = varyValues.map { $0.map(StaleStore.trim) }
+        self.path = path
+    }
+
+    /// What it counts against `stale_max_bytes`: body, fields, path, and a
+    /// fixed overhead for the bookkeeping (the key is added by the store).
+    var size: Int {
+        var n = body.count + path.utf8.count + StaleStore.overhead
+        for field in fields { n += field.name.utf8.count + field.value.utf8.count }
+        return n
+    }
+}
+
+/// The answers the process keeps for `fallback.serve_stale`, shared by
+/// every worker (each call takes one lock). Bounded by `maxBytes`: a new
+/// answer that does not fit pushes out the least recently used (kept or
+/// answered) first, each in O(1), from a doubly linked list threaded
+/// through an array of slots. Under one key (upstream, method, target)
+/// sit up to `maxVariants` answers told apart by their `Vary` values.
+public final class StaleStore: Sendable {
+    /// Bookkeeping counted per entry besides its bytes.
+    public static let overhead = 128
+    /// Variants kept under one key; the oldest goes first.
+    public static let maxVariants = 8
+
+    public let maxBytes: Int
+    public let maxEntryBytes: Int
+    private let state = Locked(State())
+
+    public init(maxBytes: Int, maxEntryBytes: Int) {
+        self.maxBytes = max(0, maxBytes)
+        self.maxEntryBytes = max(0, maxEntryBytes)
+    }
+
+    /// Keeps `entry` under `key`, in place of the variant with the same
+    /// `Vary` values. False (and that variant dropped: it is outdated) when
+    /// it is larger than `maxEntryBytes` or the whole store.
+    @discardableResult
+    public func keep(_ entry: StaleEntry, key: String) -> Bool {
+        let size = entry.size + key.utf8.count
+        return state.withLock { s in
+            if let same = s.variants[key]?.first(where: {
+                s.slots[$0].entry?.varyNames == entry.varyNames && s.slots[$0].entry?.varyValues == entry.varyValues
+            }) {
+                s.remove(same)
+            }
+            guard size <= maxEntryBytes, size <= maxBytes else { return false }
+            if let list = s.variants[key], list.count >= Self.maxVariants { s.remove(list[0]) }
+            while s.bytes + size > maxBytes, s.tail >= 0 { s.remove(s.tail) }
+            s.insert(entry, key: key, size: size)
+            return true
+        }
+    }
+
+    /// The answer kept under `key` whose `Vary` values are the request's
+    /// (`requestValue(name)`), if it has not expired; it becomes the most
+    /// recently used. Expired answers met on the way are dropped.
+    public func lookup(key: String, at now: Instant, requestValue: (String) -> String?) -> StaleEntry? {
+        state.withLock { s in
+            guard let list = s.variants[key] else { return nil }
+            for slot in list {
+                guard let entry = s.slots[slot].entry else { continue }
+                if entry.expiresAt <= now {
+                    s.remove(slot)
+                    continue
+                }
+                let matches = zip(entry.varyNames, entry.varyValues).allSatisfy { name, kept in
+                    requestValue(name).map(Self.trim) == kept
+                }
+                if matches {
+                    s.touch(slot)
+                    return entry
+                }
+            }
+            return nil
+        }
+    }
+
+    /// Drops every answer whose path starts with `pathPrefix` ("" or "/": all).
+    public func purge(pathPrefix: String) -> (entries: Int, bytes: Int) {
+        state.withLock { s in
+            var entries = 0
+            var bytes = 0
+            for slot in s.slots.indices {
+                guard let entry = s.slots[slot].entry, entry.path.hasPrefix(pathPrefix) else { continue }
+                entries += 1
+                bytes += s.slots[slot].size
+                s.remove(slot)
+            }
+            return (entries, bytes)
+        }
+    }
+
+    /// Answers kept and the bytes they count.
+    public var usage: (entries: Int, bytes: Int) { state.withLock { ($0.count, $0.bytes) } }
+
+    static func trim(_ value: String) -> String {
+        var v = Substring(value)
+        while let c = v.first, c == " " || c == "\t" { v.removeFirst() }
+        while let c = v.last, c == " " || c == "\t" { v.removeLast() }
+        return String(v)
+    }
+
+    /// Slots in an array, linked most recently used first; freed slots are reused.
+    struct State {
+        struct Slot {
+            var entry: StaleEntry?
+            var key = ""
+            var size = 0
+            var newer = -1
+            var older = -1
+        }
+
+        var slots: [Slot] = []
+        var free: [Int] = []
+        var variants: [String: [Int]] = [:]
+        /// Most and least recently used (-1: empty).
+        var head = -1
+        var tail = -1
+        var bytes = 0
+        var count = 0
+
+        mutating func insert(_ entry: StaleEntry, key: String, size: Int) {
+            let slot: Int
+            if let reused = free.popLast() {
+                slot = reused
+            } else {
+                slot = slots.count
+                slots.append(Slot())
+            }
+            slots[slot] = Slot(entry: entry, key: key, size: size)
+            variants[key, default: []].append(slot)
+            link(slot)
+            bytes += size
+            count += 1
+        }
+
+        mutating func remove(_ slot: Int) {
+            guard slots[slot].entry != nil else { return }
+            unlink(slot)
+            let key = slots[slot].key
+            if var list = variants[key] {
+                list.removeAll { $0 == slot }
+                variants[key] = list.isEmpty ? nil : list
+            }
+            bytes -= slots[slot].size
+            count -= 1
+            slots[slot] = Slot()
+            free.append(slot)
+        }
+
+        mutating func touch(_ slot: Int) {
+            guard head != slot else { return }
+            unlink(slot)
+            link(slot)
+        }
+
+        /// At the head (most recently used).
+        private mutating func link(_ slot: Int) {
+            slots[slot].newer = -1
+            slots[slot].older = head
+            if head >= 0 { slots[head].newer = slot }
+            head = slot
+            if tail < 0 { tail = slot }
+        }
+
+        private mutating func unlink(_ slot: Int) {
+            let newer = slots[slot].newer
+            let older = slots[slot].older
+            if newer >= 0 { slots[newer].older = older } else { head = older }
+            if older >= 0 { slots[older].newer = newer } else { tail = newer }
+            slots[slot].newer = -1
+            slots[slot].older = -1
+        }
+    }
+}

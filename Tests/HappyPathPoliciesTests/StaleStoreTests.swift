@@ -1,0 +1,227 @@
+import HappyPathCore
+import HappyPathPolicies
+import Testing
+
+/// What may be kept for `fallback.serve_stale`, as a table of answers and
+/// the decision each must get.
+@Suite struct StaleRulesTests {
+    static func decide(
+        _ fields: [String: String], status: Int = 200, method: String = "GET", credentials: Bool = false,
+        serveStale: Duration = .seconds(600)
+    ) -> StaleRules.Decision? {
+        StaleRules.decide(
+            method: method, status: status, fields: fields.map { HTTPField(name: $0.key, value: $0.value) },
+            requestHasCredentials: credentials, serveStale: serveStale)
+    }
+
+    @Test(arguments: [200, 203, 204, 300, 301, 404, 410])
+    func keptStatuses(status: Int) {
+        #expect(Self.decide([:], status: status) == .init(keepFor: .seconds(600), varyNames: []))
+    }
+
+    @Test(arguments: [201, 202, 206, 302, 304, 307, 400, 401, 403, 429, 500, 503])
+    func otherStatusesAreNotKept(status: Int) { #expect(Self.decide([:], status: status) == nil) }
+
+    @Test(arguments: ["HEAD", "POST", "PUT", "DELETE", "OPTIONS"])
+    func onlyGet(method: String) { #expect(Self.decide([:], method: method) == nil) }
+
+    @Test(arguments: [
+        ["Cache-Control": "no-store"], ["cache-control": "max-age=60, No-Store"], ["Cache-Control": "private"],
+        ["Cache-Control": "private=\"Set-Cookie\", max-age=5"], ["Cache-Control": "no-cache"],
+        ["Cache-Control": "no-cache=\"x\""], ["Set-Cookie": "a=b"], ["set-cookie": ""], ["Vary": "*"],
+        ["Vary": "Accept, *"], ["Cache-Control": "stale-if-error=0"],
+    ])
+    func forbidden(fields: [String: String]) { #expect(Self.decide(fields) == nil, "\(fields)") }
+
+    /// A quoted argument is read as one: a comma or `no-store` inside it is not a directive.
+    @Test func quotedArgumentsAreNotDirectives() {
+        #expect(Self.decide(["Cache-Control": "ext=\"no-store, private\", max-age=5"]) != nil)
+        #expect(Self.decide(["Cache-Control": "ext=\"a\\\"no-store\", public"]) != nil)
+    }
+
+    /// With credentials on the request: only an answer the upstream
+    /// declared shareable (`public`, `s-maxage`).
+    @Test func credentialsNeedPublicOrSharedMaxAge() {
+        #expect(Self.decide([:], credentials: true) == nil)
+        #expect(Self.decide(["Cache-Control": "max-age=60"], credentials: true) == nil)
+        #expect(Self.decide(["Cache-Control": "public"], credentials: true) != nil)
+        #expect(Self.decide(["Cache-Control": "s-maxage=30"], credentials: true) != nil)
+        #expect(Self.decide(["Cache-Control": "public, private"], credentials: true) == nil)
+    }
+
+    @Test func staleIfErrorCapsTheTime() {
+        #expect(Self.decide(["Cache-Control": "max-age=5, stale-if-error=30"])?.keepFor == .seconds(30))
+        #expect(Self.decide(["Cache-Control": "stale-if-error=3600"])?.keepFor == .seconds(600))
+        #expect(Self.decide(["Cache-Control": "stale-if-error=\"20\""])?.keepFor == .seconds(20))
+        // Malformed: ignored, the route's time applies.
+        #expect(Self.decide(["Cache-Control": "stale-if-error=soon"])?.keepFor == .seconds(600))
+        #expect(Self.decide(["Cache-Control": "stale-if-error=-5"])?.keepFor == .seconds(600))
+        #expect(Self.decide(["Cache-Control": "stale-if-error=99999999999999999999"])?.keepFor == .seconds(600))
+    }
+
+    @Test func varyNamesAreCollected() {
+        #expect(Self.decide(["Vary": "Accept-Encoding, accept-language ,Accept-Encoding"])?.varyNames == ["accept-encoding", "accept-language"])
+    }
+
+    /// Linear in the field's size: a megabyte of commas and quotes is read once.
+    @Test func largeValues() {
+        let big = String(repeating: "a=\"x,y\", ", count: 100_000)
+        #expect(Self.decide(["Cache-Control": big + "no-store"]) == nil)
+        #expect(Self.decide(["Cache-Control": String(repeating: "\"", count: 100_001)]) != nil)
+    }
+}
+
+/// The process's kept answers: variants, expiry, the byte bound and LRU
+/// order, purge, on explicit instants.
+@Suite struct StaleStoreTests {
+    static let t0 = Instant(nanoseconds: 1_000_000_000)
+
+    static func entry(
+        _ body: String = "hello", path: String = "/catalog/a", vary: [String] = [], values: [String?] = [],
+        expires: Duration = .seconds(60)
+    ) -> StaleEntry {
+        StaleEntry(
+            status: 200, reason: nil, fields: [HTTPField(name: "Content-Type", value: "text/plain")], body: Array(body.utf8),
+            receivedAt: t0, expiresAt: t0 + expires, varyNames: vary, varyValues: values, path: path)
+    }
+
+    static func none(_: String) -> String? { nil }
+
+    @Test func keepThenLookup() {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1 << 16)
+        #expect(store.keep(Self.entry(), key: "u GET /a"))
+        #expect(store.lookup(key: "u GET /a", at: Self.t0, requestValue: Self.none).map { String(decoding: $0.body, as: UTF8.self) } == "hello")
+        #expect(store.lookup(key: "u GET /b", at: Self.t0, requestValue: Self.none) == nil)
+        #expect(store.usage.entries == 1)
+        // A newer answer replaces it.
+        #expect(store.keep(Self.entry("newer"), key: "u GET /a"))
+        #expect(store.usage.entries == 1)
+        #expect(store.lookup(key: "u GET /a", at: Self.t0, requestValue: Self.none)?.body == Array("newer".utf8))
+    }
+
+    @Test func expiredAnswersAreNeverReturned() {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1 << 16)
+        store.keep(Self.entry(expires: .seconds(10)), key: "k")
+        #expect(store.lookup(key: "k", at: Self.t0 + .seconds(9), requestValue: Self.none) != nil)
+        #expect(store.lookup(key: "k", at: Self.t0 + .seconds(10), requestValue: Self.none) == nil)
+        #expect(store.usage == (0, 0))
+    }
+
+    /// Variants under one key, told apart by the request's values of the
+    /// `Vary` fields; an absent field matches only absent.
+    @Test func varyVariants() {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1 << 16)
+        store.keep(Self.entry("gzip", vary: ["accept-encoding"], values: ["gzip"]), key: "k")
+        store.keep(Self.entry("plain", vary: ["accept-encoding"], values: [nil]), key: "k")
+        func body(_ value: String?) -> String? {
+            store.lookup(key: "k", at: Self.t0, requestValue: { $0 == "accept-encoding" ? value : nil }).map {
+                String(decoding: $0.body, as: UTF8.self)
+            }
+        }
+        #expect(body("gzip") == "gzip")
+        #expect(body(" gzip ") == "gzip")
+        #expect(body(nil) == "plain")
+        #expect(body("br") == nil)
+        #expect(store.usage.entries == 2)
+        // At most maxVariants under one key: the oldest goes.
+        for i in 0..<StaleStore.maxVariants { store.keep(Self.entry("v\(i)", vary: ["x"], values: ["\(i)"]), key: "k") }
+        #expect(store.usage.entries == StaleStore.maxVariants)
+        #expect(body("gzip") == nil)
+    }
+
+    @Test func tooLargeIsNotKeptAndDropsTheOutdatedVariant() {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1024)
+        #expect(store.keep(Self.entry("small"), key: "k"))
+        #expect(!store.keep(Self.entry(String(repeating: "x", count: 2000)), key: "k"))
+        #expect(store.lookup(key: "k", at: Self.t0, requestValue: Self.none) == nil)
+        #expect(store.usage == (0, 0))
+        #expect(!StaleStore(maxBytes: 0, maxEntryBytes: 1024).keep(Self.entry(), key: "k"))
+    }
+
+    /// 10,000 distinct answers through a small store: the bound holds after
+    /// every one, and what survives is the most recently used.
+    @Test func theByteBoundHoldsAndTheLeastRecentlyUsedGoFirst() {
+        let store = StaleStore(maxBytes: 64 * 1024, maxEntryBytes: 4096)
+        store.keep(Self.entry("keep me"), key: "hot")
+        for i in 0..<10_000 {
+            #expect(store.keep(Self.entry(String(repeating: "b", count: 200), path: "/p/\(i)"), key: "k\(i)"))
+            if i % 10 == 0 { #expect(store.lookup(key: "hot", at: Self.t0, requestValue: Self.none) != nil) }
+            let usage = store.usage
+            if usage.bytes > 64 * 1024 { Issue.record("over the bound at \(i): \(usage.bytes)") }
+        }
+        #expect(store.lookup(key: "hot", at: Self.t0, requestValue: Self.none) != nil)  // used often: kept
+        #expect(store.lookup(key: "k9999", at: Self.t0, requestValue: Self.none) != nil)  // newest: kept
+        #expect(store.lookup(key: "k0", at: Self.t0, requestValue: Self.none) == nil)  // oldest: gone
+        #expect(store.usage.bytes > 48 * 1024)
+    }
+
+    @Test func purgeByPathPrefix() {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1 << 16)
+        store.keep(Self.entry(path: "/catalog/a"), key: "1")
+        store.keep(Self.entry(path: "/catalog/b"), key: "2")
+        store.keep(Self.entry(path: "/other"), key: "3")
+        let purged = store.purge(pathPrefix: "/catalog/")
+        #expect(purged.entries == 2 && purged.bytes > 0)
+        #expect(store.usage.entries == 1)
+        #expect(store.lookup(key: "3", at: Self.t0, requestValue: Self.none) != nil)
+        #expect(store.purge(pathPrefix: "/").entries == 1)
+        #expect(store.usage == (0, 0))
+        // Slots are reused after a purge.
+        store.keep(Self.entry(), key: "4")
+        #expect(store.lookup(key: "4", at: Self.t0, requestValue: Self.none) != nil)
+    }
+}
+
+/// The route's try latencies for `hedge: { after: p95 }`.
+@Suite struct LatencyWindowTests {
+    static let t0 = Instant(nanoseconds: 100 * 1_000_000_000)
+
+    @Test func tooFewSamples() {
+        var w = LatencyWindow()
+        for _ in 0..<19 { w.record(.milliseconds(5), at: Self.t0) }
+        #expect(w.quantile(0.95, at: Self.t0) == nil)
+        w.record(.milliseconds(5), at: Self.t0)
+        #expect(w.quantile(0.95, at: Self.t0) != nil)
+    }
+
+    /// 95% at 10 ms, 5% at 1 s: p90 near 10 ms, p99 near 1 s, each within
+    /// a bin's width (at most 25% above).
+    @Test func bimodal() throws {
+        var w = LatencyWindow()
+        for i in 0..<1000 { w.record(i % 20 == 0 ? .seconds(1) : .milliseconds(10), at: Self.t0 + .milliseconds(i)) }
+        let now = Self.t0 + .seconds(1)
+        let p90 = try #require(w.quantile(0.90, at: now))
+        #expect(p90 >= .milliseconds(10) && p90 <= .microseconds(12_500))
+        let p99 = try #require(w.quantile(0.99, at: now))
+        #expect(p99 >= .seconds(1) && p99 <= .milliseconds(1250))
+    }
+
+    @Test(arguments: [1, 999, 1024, 50_000, 3_000_000, 70_000_000_000] as [Int64])
+    func theBinHoldsTheValue(nanoseconds: Int64) {
+        var w = LatencyWindow()
+        for _ in 0..<20 { w.record(.nanoseconds(nanoseconds), at: Self.t0) }
+        let q = w.quantile(0.5, at: Self.t0)!
+        if nanoseconds < 1024 {
+            #expect(q <= .nanoseconds(1280))
+        } else if nanoseconds < 1 << 36 {
+            #expect(q >= .nanoseconds(nanoseconds))
+            #expect(q.nanoseconds <= nanoseconds + nanoseconds / 4 + 1)
+        } else {
+            #expect(q >= .seconds(68))  // the last bin
+        }
+    }
+
+    /// Samples older than the window are forgotten.
+    @Test func oldSamplesAreForgotten() {
+        var w = LatencyWindow(seconds: 10)
+        for _ in 0..<100 { w.record(.seconds(2), at: Self.t0) }
+        for _ in 0..<100 { w.record(.milliseconds(1), at: Self.t0 + .seconds(9)) }
+        #expect(w.quantile(0.95, at: Self.t0 + .seconds(9))! >= .seconds(2))
+        #expect(w.quantile(0.95, at: Self.t0 + .seconds(10))! <= .milliseconds(2))
+        #expect(w.quantile(0.95, at: Self.t0 + .seconds(19)) == nil)
+        // A bucket reused a window later starts from zero.
+        w.record(.seconds(3), at: Self.t0 + .seconds(20))
+        for _ in 0..<30 { w.record(.milliseconds(1), at: Self.t0 + .seconds(20)) }
+        #expect(w.quantile(0.5, at: Self.t0 + .seconds(20))! <= .milliseconds(2))
+    }
+}
