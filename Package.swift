@@ -103,7 +103,7 @@ let package = Package(
         // libFuzzer's driver and the replay driver, shared by the fuzz targets.
         .target(name: "FuzzSupport", path: "Tests/Support/FuzzSupport"),
         .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "HTTP1Framing", "HappyPathCore"]),
-        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore"]),
+        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore", "HappyPathPolicies"]),
         .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "HappyPathConfig"]),
         .executableTarget(
             name: "FuzzDifferential",

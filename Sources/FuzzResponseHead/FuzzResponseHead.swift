@@ -7,6 +7,7 @@
 // the drivers themselves are in Tests/Support/FuzzSupport.)
 import FuzzSupport
 import HappyPathCore
+import HappyPathPolicies
 
 /// What the head did, for the replay driver's output.
 struct ResponseHeadCheck: CustomStringConvertible {
@@ -46,6 +47,7 @@ func checkHead(_ bytes: [UInt8]) -> ResponseHeadCheck {
     var framing = ResponseFraming()
     var addedContentLength = false
     var addedTransferEncoding = false
+    var fields: [HTTPField] = []
     for line in lines.dropFirst() {
         if line.isEmpty { break }
         let colon = line.firstIndex(of: UInt8(ascii: ":")) ?? line.endIndex
@@ -54,6 +56,7 @@ func checkHead(_ bytes: [UInt8]) -> ResponseHeadCheck {
         while let f = value.first, f == 0x20 || f == 0x09 { value.removeFirst() }
         while let l = value.last, l == 0x20 || l == 0x09 { value.removeLast() }
         let lower = String(decoding: name, as: UTF8.self).lowercased()
+        fields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         let forwarded = name.withUnsafeBytes { n in value.withUnsafeBytes { v in framing.add(name: n, value: v) } }
         if lower == "content-length" || lower == "transfer-encoding" {
             // The proxy writes its own framing: the upstream's is never forwarded.
@@ -71,7 +74,26 @@ func checkHead(_ bytes: [UInt8]) -> ResponseHeadCheck {
         if length != nil { precondition(addedContentLength, "a length without Content-Length") }
         if addedContentLength && !addedTransferEncoding { precondition(length != nil, "Content-Length lost") }
     }
+    checkStaleRules(status: result.status ?? 200, fields: fields)
     return result
+}
+
+/// The same fields as an answer `fallback.serve_stale` might keep: what
+/// is kept for a request with credentials is kept without; a Set-Cookie
+/// or `Vary: *` is never kept; the time is within the route's.
+func checkStaleRules(status: Int, fields: [HTTPField]) {
+    let serveStale = Duration.seconds(600)
+    let open = StaleRules.decide(method: "GET", status: status, fields: fields, requestHasCredentials: false, serveStale: serveStale)
+    let credentialed = StaleRules.decide(
+        method: "GET", status: status, fields: fields, requestHasCredentials: true, serveStale: serveStale)
+    if let credentialed { precondition(open == credentialed, "kept for a user, not for everyone: \(credentialed)") }
+    guard let open else { return }
+    precondition(StaleRules.keptStatuses.contains(status), "status \(status) kept")
+    precondition(open.keepFor > .zero && open.keepFor <= serveStale, "kept for \(open.keepFor)")
+    precondition(!fields.contains { $0.name.lowercased() == "set-cookie" }, "a Set-Cookie answer kept")
+    precondition(!open.varyNames.contains("*"), "Vary: * kept")
+    precondition(open.varyNames.allSatisfy { $0 == $0.lowercased() && !$0.isEmpty }, "vary names \(open.varyNames)")
+    precondition(Set(open.varyNames).count == open.varyNames.count, "repeated vary names \(open.varyNames)")
 }
 
 #if FUZZING

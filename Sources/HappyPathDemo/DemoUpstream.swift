@@ -19,7 +19,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         ("/ok", "200 with a small JSON body"),
         ("/status/{code}", "answers with that status, e.g. /status/503"),
         ("/flaky?fail=0.25&status=503", "fails the given fraction of requests with the given status"),
-        ("/slow?ms=500", "answers after the given delay"),
+        ("/slow?ms=500&p=1", "answers after the given delay; with p below 1, only that share of answers is slow"),
         ("/drop", "closes the connection without answering"),
         ("/garbage", "answers with bytes that are not HTTP"),
         ("/echo", "JSON: method, target, headers, body length and FNV-1a hash"),
@@ -153,6 +153,11 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
             }
         case "/slow":
             let ms = Int(params["ms"] ?? "") ?? 500
+            // p: the chance that this answer is the slow one (a long tail); the rest answer at once.
+            let p = Double(params["p"] ?? "") ?? 1
+            guard p >= 1 || Double(random.next() % 1_000_000) / 1_000_000 < p else {
+                return request.reply(status: 200, headers: Self.json, body: "{\"ok\":true,\"delayed_ms\":0}\n")
+            }
             loop.schedule(after: .milliseconds(ms)) {
                 request.reply(status: 200, headers: Self.json, body: "{\"ok\":true,\"delayed_ms\":\(ms)}\n")
             }

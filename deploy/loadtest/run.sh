@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load-test scenarios through happypath, one command each:
 #
-#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled [--short]
+#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail [--short]
 #   make loadtest SCENARIO=flaky
 #
 # Starts the demo upstream and the proxy on loopback (ports 19600-19602),
@@ -20,9 +20,12 @@
 # bounds the load), so more connections (CONNS=128) give no client errors
 # either; they count against retry.attempts (5 here).
 # To test your own service: UPSTREAM=http://host:port PATH_UNDER_TEST=/api/x run.sh steady
+# tail: two endpoints, 5 % of answers take 1 s; the same load without and
+# with hedge: { after: 50ms } (deploy/loadtest/tail.sh says what it promises).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled [--short]}
+SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|tail [--short]}
+[ "$SCENARIO" = tail ] && exec "$HERE/tail.sh" "${@:2}"
 SHORT=0; [ "${2:-}" = "--short" ] && SHORT=1
 BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Closed-loop load with exact per-request latencies, for scenarios where
+the tail is the point (tail.sh). CONNS threads, each on one keep-alive
+connection, send GET URL back to back for DURATION seconds; prints one JSON
+line: requests, answered (2xx/3xx), errors, p50/p95/p99/max in ms (from
+every request's own time, no histogram).
+
+    latency.py http://127.0.0.1:19612/slow?ms=1000 CONNS DURATION
+"""
+import http.client, json, sys, threading, time, urllib.parse
+
+url, conns, duration = urllib.parse.urlsplit(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+target = url.path + ("?" + url.query if url.query else "")
+lock = threading.Lock()
+samples, statuses, errors = [], {}, [0]
+end = time.monotonic() + duration
+
+
+def client():
+    connection = None
+    mine, codes, failed = [], {}, 0
+    while time.monotonic() < end:
+        try:
+            if connection is None:
+                connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+            start = time.monotonic()
+            connection.request("GET", target)
+            response = connection.getresponse()
+            response.read()
+            mine.append(time.monotonic() - start)
+            codes[response.status] = codes.get(response.status, 0) + 1
+            if response.will_close:
+                connection.close()
+                connection = None
+        except Exception:
+            failed += 1
+            if connection is not None:
+                connection.close()
+            connection = None
+    with lock:
+        samples.extend(mine)
+        errors[0] += failed
+        for code, n in codes.items():
+            statuses[code] = statuses.get(code, 0) + n
+
+
+threads = [threading.Thread(target=client) for _ in range(conns)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+samples.sort()
+
+
+def percentile(q):
+    return round(samples[min(len(samples) - 1, int(q * len(samples)))] * 1000, 2) if samples else None
+
+
+answered = sum(n for code, n in statuses.items() if 200 <= code < 400)
+print(json.dumps({
+    "requests": len(samples), "answered": answered, "non_2xx_3xx": len(samples) - answered, "socket_errors": errors[0],
+    "p50_ms": percentile(0.50), "p95_ms": percentile(0.95), "p99_ms": percentile(0.99),
+    "max_ms": round(samples[-1] * 1000, 2) if samples else None, "statuses": statuses,
+}))
