@@ -47,7 +47,12 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// refuses to remove a transfer): cancelled, their slots freed and their
     /// failures counted on the next loop pass (`reap`).
     private var losers: [Loser] = []
-    private var hedgeTimer: LoopEvent?
+    /// When the next hedge is due (nil: none). The machine's one timer is
+    /// armed for it or the try's limit, whichever comes first: a hedge
+    /// that is never due costs no timer of its own.
+    private var hedgeDueAt: Instant?
+    /// The try in flight's limit (per_try_timeout or the deadline).
+    private var tryLimitAt = Instant(nanoseconds: 0)
     private var reapEvent: LoopEvent?
     /// When the try in flight went out (routes with `hedge` only).
     private var tryStartedAt = Instant(nanoseconds: 0)
@@ -319,18 +324,22 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         while command.attempt < attempt { command = command.nextAttempt() }
         relay.reset()
         relay.holdLimit = route.passesErrors ? ResponseRelay.passHoldLimit : ErrorMapper.maxBody
-        arm(after: limit)
+        if let hedge = route.hedge {
+            let now = worker.clock.now()
+            tryStartedAt = now
+            tryLimitAt = now + limit
+            hedgeDueAt = machine.mayHedge ? now + hedge.delay(observed: route.observedTryLatency(at: now)) : nil
+            armTryTimer(at: now)
+        } else {
+            arm(after: limit)
+        }
         // A retry prefers another endpoint than the one that just failed;
         // ejected endpoints are skipped.
         let count = upstream.endpoints.count
         let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
         endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
         transfer = start(endpoint: endpointIndex, limit: limit, token: authToken, handler: self)
-        if let hedge = route.hedge {
-            tryStartedAt = worker.clock.now()
-            lastEndpoint = endpointIndex
-            if machine.mayHedge { armHedge(hedge) }
-        }
+        lastEndpoint = endpointIndex
     }
 
     private func start(endpoint index: Int, limit: Duration, token: Token?, handler: UpstreamResponseHandler)
@@ -397,8 +406,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         // A hedge is still out: the request goes on with it.
         if machine.state == .trying, !hedges.isEmpty {
+            if let hedge = route.hedge, machine.mayHedge {
+                hedgeDueAt = now + hedge.delay(observed: route.observedTryLatency(at: now))
+            }
             adoptHedge(hedges.removeFirst(), at: now)
-            if let hedge = route.hedge, machine.mayHedge { armHedge(hedge) }
         }
         perform(action)
     }
@@ -624,18 +635,30 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     // MARK: - Hedging
 
-    /// The hedge timer: `after`, or the route's observed p95 clamped to [min, max].
-    private func armHedge(_ hedge: HedgeConfiguration) {
-        let delay = hedge.delay(observed: route.observedTryLatency(at: worker.clock.now()))
-        let event = hedgeTimer ?? worker.loop.takeEvent(target: self)
-        hedgeTimer = event
-        event.arm(after: delay)
+    /// The one timer, while a try is in flight on a route with `hedge`: at
+    /// the next hedge if one is due before the try's limit, else at the limit.
+    private func armTryTimer(at now: Instant) {
+        let at = hedgeDueAt.map { min($0, tryLimitAt) } ?? tryLimitAt
+        arm(after: at > now ? at - now : .zero)
     }
 
-    /// The hedge timer fired with the try still unanswered: send another
-    /// beside it if the attempts, the upstream and the budget allow.
-    private func hedgeDue(_ hedge: HedgeConfiguration) {
-        let now = worker.clock.now()
+    /// The one timer fired while trying: a hedge may be due; the try's limit
+    /// may not be reached yet (the head came before the hedge was due, or a
+    /// hedge was sent): then the timer is armed again and the machine hears
+    /// nothing. Returns whether the machine should hear of it.
+    private func tryTimerFired(_ hedge: HedgeConfiguration, at now: Instant) -> Bool {
+        if let due = hedgeDueAt, now >= due {
+            hedgeDueAt = nil
+            hedgeDue(hedge, at: now)
+        }
+        guard now < tryLimitAt else { return true }
+        armTryTimer(at: now)
+        return false
+    }
+
+    /// A hedge is due with the try still unanswered: send another beside
+    /// it if the attempts, the upstream and the budget allow.
+    private func hedgeDue(_ hedge: HedgeConfiguration, at now: Instant) {
         var slot = false
         let decision = machine.hedgeDue(
             at: now,
@@ -655,7 +678,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let try_ = HedgeTry(exchange: self, endpointIndex: index, token: authToken, startedAt: now, limitAt: now + limit)
         try_.transfer = start(endpoint: index, limit: limit, token: authToken, handler: try_)
         hedges.append(try_)
-        if machine.mayHedge { armHedge(hedge) }
+        if machine.mayHedge { hedgeDueAt = now + hedge.delay(observed: route.observedTryLatency(at: now)) }
     }
 
     /// What a hedge needs besides the budget: the upstream not paused and
@@ -687,7 +710,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private func headArrived(status: Int) {
         let now = worker.clock.now()
         route.recordTryLatency(now - tryStartedAt, at: now)
-        hedgeTimer?.disarm()
+        // No hedge once a head came (the timer, if armed for it, is armed
+        // again for the try's limit when it fires).
+        hedgeDueAt = nil
         guard !hedges.isEmpty, !failsTry(status) else { return }
         for other in hedges { lose(other) }
         hedges.removeAll()
@@ -719,7 +744,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         for other in hedges { lose(other) }
         hedges.removeAll()
         machine.othersCancelled()
-        hedgeTimer?.disarm()
+        hedgeDueAt = nil
         adoptHedge(winner, at: now)
         scheduleReap()
         relayStatus(status, reason: reason)
@@ -747,8 +772,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         endpointIndex = hedge.endpointIndex
         authToken = hedge.token
         tryStartedAt = hedge.startedAt
+        tryLimitAt = hedge.limitAt
         relay.reset()
-        arm(after: max(.zero, hedge.limitAt - now))
+        armTryTimer(at: now)
     }
 
     private func lose(_ hedge: HedgeTry, outcome: Outcome? = nil) {
@@ -788,11 +814,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         if event === goneEvent {
             return perform(machine.clientGone())
         }
-        if event === hedgeTimer {
-            guard let hedge = route.hedge else { return }
-            return hedgeDue(hedge)
-        }
         if event === reapEvent { return reap(at: worker.clock.now()) }
+        if let hedge = route.hedge, machine.state == .trying, !tryTimerFired(hedge, at: worker.clock.now()) { return }
         perform(machine.timerFired(at: worker.clock.now()))
     }
 
@@ -836,7 +859,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             hedges.removeAll()
             reap(at: now)
         }
-        hedgeTimer?.disarm()
+        hedgeDueAt = nil
         if parked != nil {
             worker.unpark(self)
             parked = nil
@@ -849,8 +872,6 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         timer = nil
         goneEvent?.recycle()
         goneEvent = nil
-        hedgeTimer?.recycle()
-        hedgeTimer = nil
         reapEvent?.recycle()
         reapEvent = nil
     }

@@ -105,6 +105,26 @@ import Testing
         #expect(late.appRequests.count == 1)
     }
 
+    /// `after: p95`: once the route has seen enough quick tries, a slow one
+    /// is hedged after about their 95th percentile (clamped to `min`), not
+    /// after `max`.
+    @Test func p95FollowsWhatTheRouteSees() throws {
+        let a = ScriptedUpstream(answering: { head in
+            head.hasPrefix("GET /slow") ? "HOLD" : http(200, "a")
+        }).started()
+        let b = ScriptedUpstream(response: http(200, "b")).started()
+        let h = try ProxyHarness(
+            Self.config([a.port, b.port], hedge: "{ after: p95, min: 20ms, max: 3s }"), workers: 1)
+        defer { h.stop(); a.stop(); b.stop() }
+        for i in 0..<30 { #expect(try HTTP.request(port: h.port, "/quick/\(i)").status == 200) }
+        // Round robin is back at `a`: the first try holds, the hedge to `b` answers.
+        let start = ContinuousClock.now
+        let r = try HTTP.request(port: h.port, "/slow", timeout: 10)
+        #expect(r.text == "b")
+        #expect(r.header("X-Happypath-Attempts") == "2")
+        #expect(seconds(since: start) < 1.5)  // max (3 s) would have been waited without enough tries seen
+    }
+
     /// Every try fails: the problem lists the hedge's failure with the others.
     @Test func whenEveryTryFailsTheProblemCountsTheHedge() throws {
         let a = ScriptedUpstream(response: "DELAY:100\n" + http(503, "busy")).started()

@@ -36,6 +36,18 @@ final class ScriptedUpstream: @unchecked Sendable {
         listen(listenFD, 256)
     }
 
+    /// An upstream that answers each request (health checks aside) with `answer(head)`.
+    init(answering answer: @escaping @Sendable (String) -> String) {
+        responses = []
+        self.answer = answer
+        let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listenFD = listenFD
+        var one: Int32 = 1
+        setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        port = bindLoopback(listenFD)
+        listen(listenFD, 256)
+    }
+
     /// An upstream whose answer names its own port (a redirect to itself),
     /// known only once it is bound: `answer(port)` for every request.
     init(comingUpOnFreshPort answer: @escaping @Sendable (Int) -> String) {
