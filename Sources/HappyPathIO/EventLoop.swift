@@ -196,8 +196,10 @@ private func loopTimerCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointe
 }
 
 extension timeval {
-    init(_ duration: Duration) {
-        let ns = max(0, duration.nanoseconds)
+    init(_ duration: Duration) { self.init(nanoseconds: duration.nanoseconds) }
+
+    init(nanoseconds: Int64) {
+        let ns = max(0, nanoseconds)
         self.init(tv_sec: Int(ns / 1_000_000_000), tv_usec: Int((ns % 1_000_000_000) / 1000))
     }
 }
@@ -230,6 +232,12 @@ public final class LoopEvent {
 
     public func arm(after delay: Duration) {
         var tv = timeval(delay)
+        event_add(event, &tv)
+    }
+
+    /// The same, in nanoseconds (no `Duration` arithmetic on the hot path).
+    public func arm(afterNanoseconds delay: Int64) {
+        var tv = timeval(nanoseconds: delay)
         event_add(event, &tv)
     }
 

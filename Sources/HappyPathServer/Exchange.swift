@@ -324,11 +324,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         while command.attempt < attempt { command = command.nextAttempt() }
         relay.reset()
         relay.holdLimit = route.passesErrors ? ResponseRelay.passHoldLimit : ErrorMapper.maxBody
-        if let hedge = route.hedge {
+        if route.hedge != nil {
             let now = worker.clock.now()
             tryStartedAt = now
             tryLimitAt = now + limit
-            hedgeDueAt = machine.mayHedge ? now + hedge.delay(observed: route.observedTryLatency(at: now)) : nil
+            hedgeDueAt = machine.mayHedge ? route.hedgeDue(sentAt: now) : nil
             armTryTimer(at: now)
         } else {
             arm(after: limit)
@@ -406,9 +406,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         // A hedge is still out: the request goes on with it.
         if machine.state == .trying, !hedges.isEmpty {
-            if let hedge = route.hedge, machine.mayHedge {
-                hedgeDueAt = now + hedge.delay(observed: route.observedTryLatency(at: now))
-            }
+            if machine.mayHedge { hedgeDueAt = route.hedgeDue(sentAt: now) }
             adoptHedge(hedges.removeFirst(), at: now)
         }
         perform(action)
@@ -559,10 +557,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// rules allow (a status worth keeping, no `no-store`, `private` or
     /// `Set-Cookie`, nothing of one user's kept for another).
     private func keepAnswer() {
-        guard let kept = relay.kept, !kept.overflow, let store = worker.shared.stale,
-            let serveStale = route.fallback?.serveStale
+        guard relay.kept?.overflow == false, let store = worker.shared.stale, let serveStale = route.fallback?.serveStale
         else { return }
-        let fields = relay.endToEnd(kept.fields)
+        let fields = relay.endToEnd(relay.kept!.fields)
         let credentialed = request.header("Authorization") != nil || request.header("Cookie") != nil
         guard
             let decision = StaleRules.decide(
@@ -571,7 +568,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         else { return }
         let now = worker.clock.now()
         let entry = StaleEntry(
-            status: relay.status, reason: relay.reason, fields: fields, body: kept.body, receivedAt: now,
+            status: relay.status, reason: relay.reason, fields: fields, body: relay.kept!.body, receivedAt: now,
             expiresAt: now + decision.keepFor, varyNames: decision.varyNames,
             varyValues: decision.varyNames.map { request.header($0) }, path: clientPath)
         store.keep(entry, key: staleKey)
@@ -639,7 +636,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// the next hedge if one is due before the try's limit, else at the limit.
     private func armTryTimer(at now: Instant) {
         let at = hedgeDueAt.map { min($0, tryLimitAt) } ?? tryLimitAt
-        arm(after: at > now ? at - now : .zero)
+        let event = timer ?? worker.loop.takeEvent(target: self)
+        timer = event
+        event.arm(afterNanoseconds: at.nanoseconds - now.nanoseconds)
     }
 
     /// The one timer fired while trying: a hedge may be due; the try's limit
@@ -678,7 +677,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let try_ = HedgeTry(exchange: self, endpointIndex: index, token: authToken, startedAt: now, limitAt: now + limit)
         try_.transfer = start(endpoint: index, limit: limit, token: authToken, handler: try_)
         hedges.append(try_)
-        if machine.mayHedge { hedgeDueAt = now + hedge.delay(observed: route.observedTryLatency(at: now)) }
+        if machine.mayHedge { hedgeDueAt = route.hedgeDue(sentAt: now) }
     }
 
     /// What a hedge needs besides the budget: the upstream not paused and
@@ -709,7 +708,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// the answer is usable, every hedge still out has lost.
     private func headArrived(status: Int) {
         let now = worker.clock.now()
-        route.recordTryLatency(now - tryStartedAt, at: now)
+        route.recordTry(sentAt: tryStartedAt, headAt: now)
         // No hedge once a head came (the timer, if armed for it, is armed
         // again for the try's limit when it fires).
         hedgeDueAt = nil
@@ -726,7 +725,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     func hedgeHead(_ winner: HedgeTry, status: Int, reason: UnsafeRawBufferPointer) {
         guard let i = hedges.firstIndex(where: { $0 === winner }) else { return }
         let now = worker.clock.now()
-        route.recordTryLatency(now - winner.startedAt, at: now)
+        route.recordTry(sentAt: winner.startedAt, headAt: now)
         hedges.remove(at: i)
         if failsTry(status) {
             let end = ExchangeStateMachine.TryEnd.answered(

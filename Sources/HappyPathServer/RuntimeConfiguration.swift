@@ -84,8 +84,20 @@ final class RuntimeRoute: Sendable {
     /// every worker (nil for other routes: nothing recorded).
     private let tryLatency: Locked<LatencyWindow>?
 
-    func recordTryLatency(_ latency: Duration, at now: Instant) {
-        tryLatency?.withLock { $0.record(latency, at: now) }
+    /// `hedge.after` in nanoseconds when it is fixed (nil: p95, or no hedge).
+    private let hedgeAfterNanoseconds: Int64?
+
+    /// When a hedge is due for a try sent at `now`.
+    func hedgeDue(sentAt now: Instant) -> Instant {
+        if let fixed = hedgeAfterNanoseconds { return Instant(nanoseconds: now.nanoseconds &+ fixed) }
+        guard let hedge else { return now }
+        return now + hedge.delay(observed: observedTryLatency(at: now))
+    }
+
+    /// A try sent at `start` got its response head at `now` (p95 routes keep it).
+    func recordTry(sentAt start: Instant, headAt now: Instant) {
+        guard let tryLatency else { return }
+        tryLatency.withLock { $0.record(now - start, at: now) }
     }
 
     /// The 95th percentile of the last seconds' tries (nil: too few seen, or not `after: p95`).
@@ -102,6 +114,7 @@ final class RuntimeRoute: Sendable {
         self.hedge = hedge
         self.fallback = fallback
         if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }
+        if case let .fixed(after) = hedge?.after { hedgeAfterNanoseconds = after.nanoseconds } else { hedgeAfterNanoseconds = nil }
         self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }
         self.rewritesRedirects = rewritesRedirects
         self.passesErrors = passesErrors

@@ -85,8 +85,10 @@ public struct ExchangeStateMachine: Sendable {
             self.method = method
             self.hasIdempotencyKey = hasIdempotencyKey
             self.refreshOn = refreshOn
+            // Only asked of hedging routes; a scan (the list is short) instead of a hash.
             self.hedgeMaxExtra =
-                hasIdempotencyKey || retry.configuration.methods.contains(method) ? max(0, hedgeMaxExtra) : 0
+                hedgeMaxExtra > 0 && (hasIdempotencyKey || retry.configuration.methods.contains { $0 == method })
+                ? hedgeMaxExtra : 0
         }
     }
 

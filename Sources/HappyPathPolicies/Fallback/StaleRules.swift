@@ -34,9 +34,9 @@ public enum StaleRules {
         var vary: [String] = []
         for field in fields {
             let name = field.name.utf8
-            if name.count == 10, field.name.lowercased() == "set-cookie" { return nil }
-            if name.count == 13, field.name.lowercased() == "cache-control" { directives.read(field.value) }
-            if name.count == 4, field.name.lowercased() == "vary" {
+            if name.count == 10, equalsIgnoringCase(name, "set-cookie") { return nil }
+            if name.count == 13, equalsIgnoringCase(name, "cache-control") { directives.read(field.value) }
+            if name.count == 4, equalsIgnoringCase(name, "vary") {
                 for element in field.value.split(separator: ",") {
                     let token = element.trimmingCharacters(in: .whitespaces).lowercased()
                     if token == "*" { return nil }
@@ -54,6 +54,18 @@ public enum StaleRules {
             keepFor = min(keepFor, .seconds(seconds))
         }
         return Decision(keepFor: keepFor, varyNames: vary)
+    }
+
+    /// ASCII letters compared without case, no allocation (`lower` is lower-case).
+    static func equalsIgnoringCase(_ name: String.UTF8View, _ lower: StaticString) -> Bool {
+        guard name.count == lower.utf8CodeUnitCount else { return false }
+        var i = 0
+        for byte in name {
+            let b = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
+            if b != lower.utf8Start[i] { return false }
+            i += 1
+        }
+        return true
     }
 
     /// The directives of every `Cache-Control` field that matter here.
