@@ -494,15 +494,23 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// end-to-end fields, body) plus the proxy's own two fields. Returns the
     /// body's size.
     private func passHeldAnswer() -> Int {
+        relay.heldBody.withUnsafeBytes {
+            answerWhole(status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0)
+        }
+        return relay.heldBody.count
+    }
+
+    /// An answer written whole, not relayed: `fields`, the proxy's own two
+    /// and the route's `RateLimit` fields, then `body`.
+    private func answerWhole(status: Int, reason: [UInt8]?, fields: [HTTPField], body: UnsafeRawBufferPointer) {
         request.clearResponseHeaders()
-        for field in relay.heldEndToEndFields { request.addResponseHeader(field.name, field.value) }
+        for field in fields { request.addResponseHeader(field.name, field.value) }
         request.addResponseHeader("X-Request-Id", command.requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
         rateLimitFields?.stage(on: request)
-        request.startReply(status: relay.status, contentLength: relay.heldBody.count, reason: relay.reason)
-        if !relay.heldBody.isEmpty { relay.heldBody.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
+        request.startReply(status: status, contentLength: body.count, reason: reason)
+        if !body.isEmpty { request.send(body, notifyWhenDrained: false) }
         request.endReply()
-        return relay.heldBody.count
     }
 
     /// A redirect to the endpoint this try went to, as a path on the proxy
@@ -587,24 +595,16 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             let now = worker.clock.now()
             if let entry = store.lookup(key: staleKey, at: now, requestValue: { request.header($0) }) {
                 worker.metrics.fallback(route: route, kind: "stale", reason: reason.rawValue)
-                request.clearResponseHeaders()
                 var age = (now - entry.receivedAt).nanoseconds / 1_000_000_000
-                for field in entry.fields {
+                var fields = entry.fields.filter { field in
                     // The upstream's own Age is added to the time kept here (RFC 9111 section 4.2.3).
-                    if field.name.lowercased() == "age" {
-                        age += Int64(field.value.filter { $0 != " " && $0 != "\t" }) ?? 0
-                        continue
-                    }
-                    request.addResponseHeader(field.name, field.value)
+                    guard field.name.lowercased() == "age" else { return true }
+                    age += Int64(field.value.filter { $0 != " " && $0 != "\t" }) ?? 0
+                    return false
                 }
-                request.addResponseHeader("Age", String(age))
-                request.addResponseHeader("X-Happypath-Fallback", "stale; reason=" + reason.rawValue)
-                request.addResponseHeader("X-Request-Id", command.requestID)
-                request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
-                rateLimitFields?.stage(on: request)
-                request.startReply(status: entry.status, contentLength: entry.body.count, reason: entry.reason)
-                if !entry.body.isEmpty { entry.body.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
-                request.endReply()
+                fields.append(HTTPField(name: "Age", value: String(age)))
+                fields.append(HTTPField(name: "X-Happypath-Fallback", value: "stale; reason=" + reason.rawValue))
+                entry.body.withUnsafeBytes { answerWhole(status: entry.status, reason: entry.reason, fields: fields, body: $0) }
                 finalStatus = entry.status
                 finalCode = "STALE"
                 relay.answered(bytes: entry.body.count)
@@ -613,17 +613,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         }
         guard let fixed = fallback.response else { return false }
         worker.metrics.fallback(route: route, kind: "fixed", reason: reason.rawValue)
-        request.clearResponseHeaders()
-        request.addResponseHeader("Content-Type", fixed.contentType)
-        request.addResponseHeader("X-Happypath-Fallback", "fixed; reason=" + reason.rawValue)
-        request.addResponseHeader("X-Request-Id", command.requestID)
-        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
-        rateLimitFields?.stage(on: request)
+        let fields = [
+            HTTPField(name: "Content-Type", value: fixed.contentType),
+            HTTPField(name: "X-Happypath-Fallback", value: "fixed; reason=" + reason.rawValue),
+        ]
         var body = fixed.body
         let count = body.utf8.count
-        request.startReply(status: fixed.status, contentLength: count, reason: nil)
-        if count > 0 { body.withUTF8 { request.send(UnsafeRawBufferPointer($0), notifyWhenDrained: false) } }
-        request.endReply()
+        body.withUTF8 { answerWhole(status: fixed.status, reason: nil, fields: fields, body: UnsafeRawBufferPointer($0)) }
         finalStatus = fixed.status
         finalCode = "FALLBACK"
         relay.answered(bytes: count)

@@ -28,38 +28,34 @@ final class ScriptedUpstream: @unchecked Sendable {
     init(responses: [String]) {
         self.responses = responses
         answer = nil
-        let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.listenFD = listenFD
-        var one: Int32 = 1
-        setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        port = bindLoopback(listenFD)
-        listen(listenFD, 256)
+        (listenFD, port) = Self.listening()
     }
 
     /// An upstream that answers each request (health checks aside) with `answer(head)`.
     init(answering answer: @escaping @Sendable (String) -> String) {
         responses = []
         self.answer = answer
-        let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.listenFD = listenFD
+        (listenFD, port) = Self.listening()
+    }
+
+    /// A socket listening on a fresh loopback port.
+    private static func listening() -> (Int32, Int) {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var one: Int32 = 1
-        setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        port = bindLoopback(listenFD)
-        listen(listenFD, 256)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        let port = bindLoopback(fd)
+        listen(fd, 256)
+        return (fd, port)
     }
 
     /// An upstream whose answer names its own port (a redirect to itself),
     /// known only once it is bound: `answer(port)` for every request.
     init(comingUpOnFreshPort answer: @escaping @Sendable (Int) -> String) {
         responses = []
-        let listenFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let (listenFD, port) = Self.listening()
         self.listenFD = listenFD
-        var one: Int32 = 1
-        setsockopt(listenFD, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        let port = bindLoopback(listenFD)
         self.port = port
         self.answer = { _ in answer(port) }
-        listen(listenFD, 256)
     }
 
     /// An upstream that comes up on `reserved`, a port that refused
