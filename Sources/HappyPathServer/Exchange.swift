@@ -224,9 +224,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             self.problem = problem
             if case let .upstreamAnswer(status) = failure, relay.status == status {
                 if route.passesErrors, relay.heldBodyComplete {
-                    // upstream_errors: pass: the upstream's own answer, whole.
+                    // upstream_errors: pass: the upstream's own answer, whole
+                    // (a 404 or 410 is kept for serve_stale like any answer).
                     finalStatus = status
                     relay.answered(bytes: passHeldAnswer())
+                    if relay.kept != nil { keepAnswer(fields: relay.heldEndToEndFields, body: relay.heldBody) }
                     return end()
                 }
                 // The body is replaced; the fields clients act on are kept.
@@ -246,7 +248,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             switch ending {
             case .completed:
                 finalStatus = relay.status
-                if relay.kept != nil { keepAnswer() }
+                if let kept = relay.kept, !kept.overflow { keepAnswer(fields: relay.endToEnd(kept.fields), body: kept.body) }
                 // An error streamed as it came (upstream_errors: pass) is
                 // counted under the code its problem would have had.
                 if relay.status >= 400 { finalCode = ErrorMapper.builtInCode(for: relay.status).rawValue }
@@ -564,10 +566,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     /// The answer streamed whole to the client: kept for later, if the
     /// rules allow (a status worth keeping, no `no-store`, `private` or
     /// `Set-Cookie`, nothing of one user's kept for another).
-    private func keepAnswer() {
-        guard relay.kept?.overflow == false, let store = worker.shared.stale, let serveStale = route.fallback?.serveStale
-        else { return }
-        let fields = relay.endToEnd(relay.kept!.fields)
+    private func keepAnswer(fields: [HTTPField], body: [UInt8]) {
+        guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale else { return }
         let credentialed = request.header("Authorization") != nil || request.header("Cookie") != nil
         guard
             let decision = StaleRules.decide(
@@ -576,7 +576,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         else { return }
         let now = worker.clock.now()
         let entry = StaleEntry(
-            status: relay.status, reason: relay.reason, fields: fields, body: relay.kept!.body, receivedAt: now,
+            status: relay.status, reason: relay.reason, fields: fields, body: body, receivedAt: now,
             expiresAt: now + decision.keepFor, varyNames: decision.varyNames,
             varyValues: decision.varyNames.map { request.header($0) }, path: clientPath)
         store.keep(entry, key: staleKey)

@@ -189,6 +189,23 @@ import Testing
         })
     }
 
+    /// With `upstream_errors: pass` a 404 reaches the client as it came,
+    /// so it is kept like any answer (with `normalize` it becomes a problem
+    /// body and is not).
+    @Test func aPassedThrough404IsKept() throws {
+        let up = Switchable(ok: http(404, "{\"missing\":true}", headers: ["Content-Type: application/json"]))
+        let yaml = Self.config(up.upstream.port).replacingOccurrences(
+            of: "fallback: { serve_stale: 10m }", with: "fallback: { serve_stale: 10m }\n    upstream_errors: pass")
+        let h = try ProxyHarness(yaml)
+        defer { h.stop(); up.upstream.stop() }
+        #expect(try HTTP.request(port: h.port, "/catalog/gone").status == 404)
+        up.set("503")
+        let r = try HTTP.request(port: h.port, "/catalog/gone")
+        #expect(r.status == 404)
+        #expect(r.text == "{\"missing\":true}")
+        #expect(r.header("X-Happypath-Fallback") == "stale; reason=5xx")
+    }
+
     /// The admin purge drops kept answers by path prefix.
     @Test func purgeByPrefix() throws {
         let up = Switchable()
