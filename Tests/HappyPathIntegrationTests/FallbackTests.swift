@@ -29,13 +29,11 @@ import Testing
     }
 
     static func config(
-        _ upstream: Int, fallback: String = "{ serve_stale: 10m }", breaker: String = "consecutive_failures: 100",
-        limits: String = ""
+        _ upstream: Int, fallback: String = "{ serve_stale: 10m }", breaker: String = "consecutive_failures: 100"
     ) -> String {
         """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
-        \(limits)
         defaults:
           reachability: { park_for: 0s }
           retry: { attempts: 1 }
@@ -52,6 +50,13 @@ import Testing
             upstream: u
             timeout: 500ms
         """
+    }
+
+    /// Waits until no exchange is in flight: an answer is kept when its
+    /// transfer ends, which may be just after the client has read it.
+    static func settled(_ h: ProxyHarness, sourceLocation: SourceLocation = #_sourceLocation) {
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(eventually(5) { (try? admin.inFlight()) == 0 }, sourceLocation: sourceLocation)
     }
 
     static func expectStale(
@@ -74,6 +79,7 @@ import Testing
         let fresh = try HTTP.request(port: h.port, "/catalog/items?page=1")
         #expect(fresh.status == 200)
         #expect(fresh.header("X-Happypath-Fallback") == nil)
+        Self.settled(h)
 
         up.set("503")
         Self.expectStale(try HTTP.request(port: h.port, "/catalog/items?page=1"), reason: "5xx")
@@ -104,6 +110,7 @@ import Testing
         let h = try ProxyHarness(Self.config(up.upstream.port))
         defer { h.stop() }
         #expect(try HTTP.request(port: h.port, "/catalog/a").status == 200)
+        Self.settled(h)
         up.upstream.stop()
         #expect(eventually(5) { (try? HTTP.request(port: h.port, "/catalog/a"))?.header("X-Happypath-Fallback") != nil })
         Self.expectStale(try HTTP.request(port: h.port, "/catalog/a"), reason: "unreachable")
@@ -126,6 +133,7 @@ import Testing
         let h = try ProxyHarness(Self.config(up.upstream.port))
         defer { h.stop(); up.upstream.stop() }
         #expect(try HTTP.request(port: h.port, "/catalog/x", headers: credentials).status == 200)
+        Self.settled(h)
         up.set("503")
         for asker in [credentials, [("Authorization", "Bearer bob")], []] {
             let r = try HTTP.request(port: h.port, "/catalog/x", headers: asker)
@@ -143,6 +151,7 @@ import Testing
         let h = try ProxyHarness(Self.config(up.upstream.port))
         defer { h.stop(); up.upstream.stop() }
         #expect(try HTTP.request(port: h.port, "/catalog/p", headers: [("Authorization", "Bearer alice")]).status == 200)
+        Self.settled(h)
         up.set("503")
         Self.expectStale(try HTTP.request(port: h.port, "/catalog/p", headers: [("Authorization", "Bearer bob")]), reason: "5xx")
     }
@@ -154,6 +163,7 @@ import Testing
         let h = try ProxyHarness(Self.config(up.upstream.port))
         defer { h.stop(); up.upstream.stop() }
         #expect(try HTTP.request(port: h.port, "/catalog/v", headers: [("Accept-Language", "de")]).status == 200)
+        Self.settled(h)
         up.set("503")
         Self.expectStale(try HTTP.request(port: h.port, "/catalog/v", headers: [("Accept-Language", "de")]), reason: "5xx")
         #expect(try HTTP.request(port: h.port, "/catalog/v", headers: [("Accept-Language", "fr")]).status == 503)
@@ -199,6 +209,7 @@ import Testing
         let h = try ProxyHarness(yaml)
         defer { h.stop(); up.upstream.stop() }
         #expect(try HTTP.request(port: h.port, "/catalog/gone").status == 404)
+        Self.settled(h)
         up.set("503")
         let r = try HTTP.request(port: h.port, "/catalog/gone")
         #expect(r.status == 404)
@@ -213,6 +224,7 @@ import Testing
         defer { h.stop(); up.upstream.stop() }
         #expect(try HTTP.request(port: h.port, "/catalog/a/1").status == 200)
         #expect(try HTTP.request(port: h.port, "/catalog/b/1").status == 200)
+        Self.settled(h)
         let purge = try HTTP.request(port: h.adminPort, "POST", "/admin/fallback/purge?prefix=/catalog/a/", body: [])
         #expect(purge.status == 200, "\(purge.text)")
         #expect(purge.json["purged"] as? Int == 1)
