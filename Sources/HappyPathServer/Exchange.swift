@@ -467,12 +467,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         // Held: what the exchange must look at before the client sees it.
         // With upstream_errors: pass, only what the retry rules or a token
         // refresh could act on; any other error streams as it comes.
-        let retried = route.retry.configuration.statuses.contains(status)
-        let hold =
-            route.passesErrors
-            ? retried || (tokens != nil && machine.settings.refreshOn.contains(status))
-                || (guardian.hasPacing && guardian.pacing?.on.contains(status) == true)
-            : status >= 400 || retried
+        let hold = route.passesErrors ? failsTry(status) : status >= 400 || route.retry.configuration.statuses.contains(status)
         relay.begin(status: status, reason: reason, hold: hold, to: request)
     }
 
@@ -693,7 +688,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     /// A status the retry rules, pacing or a token refresh act on: the try
-    /// failed, it is not an answer (and wins nothing).
+    /// failed, it is not an answer (it wins no hedge race, and with
+    /// `upstream_errors: pass` it is held while the exchange decides).
     private func failsTry(_ status: Int) -> Bool {
         route.retry.configuration.statuses.contains(status)
             || (guardian.hasPacing && guardian.pacing?.on.contains(status) == true)
@@ -911,12 +907,7 @@ extension UpstreamFailure {
         }
     }
 
-    var message: String {
-        switch self {
-        case let .connectFailed(m), let .reset(m), let .badResponse(m), let .other(m): m
-        case .timeout: "timeout"
-        }
-    }
+    var message: String { tryFailure.message }
 }
 
 /// A hedge: a try sent beside the exchange's try in flight. It reports its

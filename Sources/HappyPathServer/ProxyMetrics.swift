@@ -162,32 +162,25 @@ final class WorkerMetrics {
     /// A hedge (`hedge:` on the route): `won`, `lost` (another try answered
     /// first, or it failed) or `skipped` (due, but not sent).
     func hedge(route: RuntimeRoute, outcome: String) {
-        let counter =
-            hedges[route.label]?[outcome]
-            ?? {
-                let c = metrics.counter("happypath_hedges_total", [("route", route.label), ("outcome", outcome)])
-                hedges[route.label, default: [:]][outcome] = c
-                return c
-            }()
-        counter.increment()
+        rare("happypath_hedges_total", [("route", route.label), ("outcome", outcome)]).increment()
     }
-    private var hedges: [String: [String: CoreMetrics.Counter]] = [:]
 
     /// An answer the route's `fallback` gave instead of an error: `kind`
     /// `stale` or `fixed`, `reason` the way the upstream failed.
     func fallback(route: RuntimeRoute, kind: String, reason: String) {
-        let key = kind + " " + reason
-        let counter =
-            fallbacks[route.label]?[key]
-            ?? {
-                let c = metrics.counter(
-                    "happypath_fallback_total", [("route", route.label), ("kind", kind), ("reason", reason)])
-                fallbacks[route.label, default: [:]][key] = c
-                return c
-            }()
-        counter.increment()
+        rare("happypath_fallback_total", [("route", route.label), ("kind", kind), ("reason", reason)]).increment()
     }
-    private var fallbacks: [String: [String: CoreMetrics.Counter]] = [:]
+
+    /// A series counted off the hot path (a hedge, a fallback answer), kept
+    /// by its name and label values joined: one key built per event.
+    private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {
+        let key = labels.reduce(name) { $0 + "\u{0}" + $1.1 }
+        if let counter = rareCounters[key] { return counter }
+        let counter = metrics.counter(name, labels)
+        rareCounters[key] = counter
+        return counter
+    }
+    private var rareCounters: [String: CoreMetrics.Counter] = [:]
 
     func retry(upstream: String) {
         let counter =

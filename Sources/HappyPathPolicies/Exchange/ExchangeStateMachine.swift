@@ -377,11 +377,7 @@ public struct ExchangeStateMachine: Sendable {
             // Another try is still out: this one's failure is noted and the
             // request goes on with the other (the driver adopts it).
             inFlight -= 1
-            if case let .failed(failure) = end {
-                history.append(failure.kind == .invalidResponse ? "invalid response" : outcome.summary)
-            } else if case let .answered(status, _, _) = end {
-                history.append(String(status))
-            }
+            history.append(Self.word(for: end, outcome))
             return .none
         case .trying:
             state = .admitting
@@ -389,14 +385,13 @@ public struct ExchangeStateMachine: Sendable {
         default:
             return .none
         }
+        history.append(Self.word(for: end, outcome))
         switch end {
         case let .failed(failure):
             lastFailure = failure
-            history.append(failure.kind == .invalidResponse ? "invalid response" : outcome.summary)
         case let .answered(status, retryAfter, withToken):
             lastFailure = nil
             self.retryAfter = retryAfter
-            history.append(String(status))
             if withToken, settings.refreshOn.contains(status) {
                 if refreshedOnce { return fail(.tokenRefusedAfterRefresh(status: status)) }
                 refreshedOnce = true
@@ -493,6 +488,14 @@ public struct ExchangeStateMachine: Sendable {
         state = .trying
         inFlight = 1
         return .send(attempt: attempt, limit: min(settings.retry.configuration.perTryTimeout, remaining(at: now)))
+    }
+
+    /// A try's end as one word of `history`: "503", "timeout", "invalid response".
+    private static func word(for end: TryEnd, _ outcome: Outcome) -> String {
+        switch end {
+        case let .failed(failure): failure.kind == .invalidResponse ? "invalid response" : outcome.summary
+        case let .answered(status, _, _): String(status)
+        }
     }
 
     private mutating func park(_ reason: ParkReason, probeAfter: Duration?, at now: Instant) -> Action {
