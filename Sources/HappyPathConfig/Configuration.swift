@@ -35,6 +35,8 @@ public struct Configuration: Sendable {
 
     /// Some route stores its requests for later delivery (the store is needed).
     public var usesStore: Bool { routes.contains { $0.delivery.mode == .later } }
+    /// Some route keeps answers for `fallback.serve_stale` (the process then has a store of them).
+    public var keepsAnswers: Bool { routes.contains { $0.fallback?.serveStale != nil } }
 
     public func upstream(named name: String) -> Upstream? { upstreams.first { $0.name == name } }
 

@@ -20,8 +20,12 @@ enum RestartOnlyKeys {
         if new.limits.clientTimeout != old.limits.clientTimeout { keys.append("limits.client_timeout") }
         if new.limits.encodedSlashes != old.limits.encodedSlashes { keys.append("limits.encoded_slashes") }
         if new.mergeSlashes != old.mergeSlashes { keys.append("normalize.merge_slashes") }
-        if new.limits.staleMaxBytes != old.limits.staleMaxBytes { keys.append("limits.stale_max_bytes") }
-        if new.limits.staleMaxEntry != old.limits.staleMaxEntry { keys.append("limits.stale_max_entry") }
+        if old.keepsAnswers {
+            // The store of kept answers is made with its limits when the
+            // first route keeps answers, and a reload keeps it.
+            if new.limits.staleMaxBytes != old.limits.staleMaxBytes { keys.append("limits.stale_max_bytes") }
+            if new.limits.staleMaxEntry != old.limits.staleMaxEntry { keys.append("limits.stale_max_entry") }
+        }
         if old.usesStore || new.usesStore {
             // The store is opened once, at start, and only if a route needs it.
             if new.storage.path != old.storage.path { keys.append("storage.path") }

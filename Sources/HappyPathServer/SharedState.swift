@@ -57,7 +57,7 @@ final class SharedState: @unchecked Sendable {
         let limits = runtime.configuration.limits
         stale =
             previous?.stale
-            ?? (runtime.routes.contains { $0.fallback?.serveStale != nil }
+            ?? (runtime.configuration.keepsAnswers
                 ? StaleStore(maxBytes: limits.staleMaxBytes, maxEntryBytes: limits.staleMaxEntry) : nil)
         guards = zip(runtime.upstreams, runtime.configuration.upstreams).map { u, definition in
             let fresh = UpstreamGuard(upstream: u, definition: definition, logger: logger, metrics: metrics, events: events)

@@ -1,6 +1,7 @@
 import Foundation
 import HappyPathConfig
 import HappyPathDemo
+import HappyPathPolicies
 import Testing
 
 @testable import HappyPathServer
@@ -78,6 +79,25 @@ import Testing
         new.workers = 4
         #expect(
             RestartOnlyKeys.changes(from: old, to: new, cores: 3).contains("workers cannot change on reload (restart to apply)"))
+    }
+
+    /// The store of kept answers is made once, by the first configuration
+    /// with a `serve_stale` route: its limits need a restart from then on.
+    @Test func theKeptAnswersLimitsNeedARestartOnceAnswersAreKept() throws {
+        let old = try ConfigLoader.parse(unreachable(maxParked: 0, port: 1), file: "a.yaml")
+        var quiet = old
+        quiet.limits.staleMaxBytes += 1
+        quiet.limits.staleMaxEntry += 1
+        #expect(RestartOnlyKeys.changes(from: old, to: quiet, cores: 3).isEmpty)
+        var keeping = old
+        keeping.routes[0].fallback = FallbackConfiguration()
+        keeping.routes[0].fallback?.serveStale = .seconds(60)
+        #expect(RestartOnlyKeys.changes(from: old, to: keeping, cores: 3).isEmpty)  // the store is made by this reload
+        var changed = keeping
+        changed.limits.staleMaxBytes += 1
+        changed.limits.staleMaxEntry += 1
+        let keys = RestartOnlyKeys.changes(from: keeping, to: changed, cores: 3).map { String($0.prefix { $0 != " " }) }
+        #expect(keys == ["limits.stale_max_bytes", "limits.stale_max_entry"])
     }
 
     @Test func theStoreIsOpenedOnceSoItsKeysNeedARestart() throws {
