@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// The request body, owned once and shared by every try of a command, so a
 /// replay sends exactly the bytes the client sent. The storage is a fixed
 /// allocation whose address libcurl may read while a try is in flight.
@@ -13,7 +17,7 @@ public final class RequestBody: @unchecked Sendable {
     public init(count: Int) {
         self.count = count
         budget = nil
-        baseAddress = count > 0 ? UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16) : nil
+        baseAddress = count > 0 ? malloc(count)! : nil
     }
 
     /// Allocates `count` bytes counted in `budget`; nil if they do not fit.
@@ -23,7 +27,15 @@ public final class RequestBody: @unchecked Sendable {
         if reserved > count { budget.release(reserved - count) }
         self.count = count
         self.budget = budget
-        baseAddress = count > 0 ? UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16) : nil
+        baseAddress = count > 0 ? malloc(count)! : nil
+    }
+
+    /// Takes over `base` (from `malloc`, `count` bytes), whose bytes are
+    /// already counted in `budget`.
+    init(adopting base: UnsafeMutableRawPointer?, count: Int, budget: BodyBudget?) {
+        self.count = count
+        self.budget = budget
+        baseAddress = base
     }
 
     public convenience init(_ bytes: [UInt8]) {
@@ -37,7 +49,7 @@ public final class RequestBody: @unchecked Sendable {
     }
 
     deinit {
-        baseAddress?.deallocate()
+        free(baseAddress)
         budget?.release(count)
     }
 }

@@ -38,7 +38,7 @@ public final class HTTPRequest {
     public var method: String {
         if let cachedMethod { return cachedMethod }
         guard let head, let c = live else { return "GET" }
-        let m = String(decoding: UnsafeRawBufferPointer(rebasing: c.input.bytes[head.method]), as: UTF8.self)
+        let m = String(decoding: UnsafeRawBufferPointer(rebasing: c.requestBytes[head.method]), as: UTF8.self)
         cachedMethod = m
         return m
     }
@@ -50,9 +50,9 @@ public final class HTTPRequest {
     public var target: String {
         if let cachedTarget { return cachedTarget }
         guard let head, let c = live else { return "/" }
-        let raw = UnsafeRawBufferPointer(rebasing: c.input.bytes[head.pathAndQuery])
+        let raw = UnsafeRawBufferPointer(rebasing: c.requestBytes[head.pathAndQuery])
         var t: String
-        if let path = c.normalizedPath {
+        if let path = c.machine.normalizedPath {
             // The parser normalized the path (PathNormalizer); the query stays as it came.
             t = path
             if let q = raw.firstIndex(of: UInt8(ascii: "?")) {
@@ -78,8 +78,8 @@ public final class HTTPRequest {
     /// the read buffer (valid only during the call): no copy per field.
     public func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void) {
         guard head != nil, let c = live else { return }
-        let bytes = c.input.bytes
-        for f in c.fields {
+        let bytes = c.requestBytes
+        for f in c.machine.fields {
             body(
                 UnsafeRawBufferPointer(rebasing: bytes[f.nameStart..<f.nameEnd]),
                 UnsafeRawBufferPointer(rebasing: bytes[f.valueStart..<f.valueEnd]))
@@ -112,12 +112,13 @@ public final class HTTPRequest {
     /// index in `forEachRawHeader` order (linear in the head's size).
     public func nominatedFields() -> [Bool] {
         guard head != nil, let c = live else { return [] }
-        var marks = [Bool](repeating: false, count: c.fields.count)
-        let bytes = c.input.bytes
-        for f in c.fields where HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: bytes[f.nameStart..<f.nameEnd]), "connection") {
+        let fields = c.machine.fields
+        var marks = [Bool](repeating: false, count: fields.count)
+        let bytes = c.requestBytes
+        for f in fields where HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: bytes[f.nameStart..<f.nameEnd]), "connection") {
             NominatedFields.mark(
-                count: c.fields.count,
-                name: { UnsafeRawBufferPointer(rebasing: bytes[c.fields[$0].nameStart..<c.fields[$0].nameEnd]) },
+                count: fields.count,
+                name: { UnsafeRawBufferPointer(rebasing: bytes[fields[$0].nameStart..<fields[$0].nameEnd]) },
                 connectionValue: UnsafeRawBufferPointer(rebasing: bytes[f.valueStart..<f.valueEnd]), nominated: &marks)
         }
         return marks
@@ -141,23 +142,17 @@ public final class HTTPRequest {
         guard let c = live else { return }
         for field in headers { addResponseHeader(field.name, field.value) }
         var body = body ?? ""
-        let bodyless = c.response.isHead || status < 200 || status == 204 || status == 304
-        let length = body.utf8.count
+        let framed = c.machine.responseStarted(status: status, contentLength: body.utf8.count, whole: true)
         c.response.composeHead(
-            status: status, contentLength: (status < 200 || status == 204) ? nil : length, chunked: false,
-            close: closes(c), server: c.server)
-        c.response.framing = .none
+            status: status, contentLength: framed.contentLength, chunked: false, close: framed.close, server: c.server)
         body.withUTF8 { b in
             c.write([
-                c.response.headOut.bytes, bodyless ? UnsafeRawBufferPointer(start: nil, count: 0) : UnsafeRawBufferPointer(b),
+                c.response.headOut.bytes,
+                framed.hasBody ? UnsafeRawBufferPointer(b) : UnsafeRawBufferPointer(start: nil, count: 0),
             ])
         }
         c.response.headPending = false
         release(c)
-    }
-
-    private func closes(_ c: HTTPConnection) -> Bool {
-        c.closeAfterResponse || c.server.draining || !(c.head?.keepAlive ?? false)
     }
 
     // MARK: - Streamed replies
@@ -195,22 +190,10 @@ public final class HTTPRequest {
     ///   the standard one (checked by the caller: field-value bytes only).
     public func startReply(status: Int, contentLength: Int? = nil, reason: [UInt8]? = nil) {
         guard let c = live else { return }
-        let noBody = c.response.isHead || status < 200 || status == 204 || status == 304
-        var chunked = false
-        if noBody {
-            c.response.framing = .none
-        } else if let contentLength {
-            c.response.framing = .length(remaining: contentLength)
-        } else if c.head?.version == .http10 || c.head == nil {
-            c.response.framing = .untilClose
-            c.closeAfterResponse = true
-        } else {
-            c.response.framing = .chunked
-            chunked = true
-        }
-        let announced = (status < 200 || status == 204) ? nil : (noBody && !c.response.isHead ? nil : contentLength)
+        let framed = c.machine.responseStarted(status: status, contentLength: contentLength)
         c.response.composeHead(
-            status: status, contentLength: announced, chunked: chunked, close: closes(c), server: c.server, reason: reason)
+            status: status, contentLength: framed.contentLength, chunked: framed.chunked, close: framed.close,
+            server: c.server, reason: reason)
         c.response.headPending = true
     }
 
@@ -234,22 +217,15 @@ public final class HTTPRequest {
         guard let c = live else { return }
         let head = c.response.headPending ? c.response.headOut.bytes : UnsafeRawBufferPointer(start: nil, count: 0)
         c.response.headPending = false
-        switch c.response.framing {
-        case .none:
-            c.write([head])
-        case let .length(remaining):
-            // Never more than announced: the client frames by this length.
-            let n = min(remaining, bytes.count)
-            c.response.framing = .length(remaining: remaining - n)
-            c.write([head, UnsafeRawBufferPointer(rebasing: bytes[0..<n])])
-        case .chunked:
-            guard bytes.count > 0 else { break }
+        // Never more than announced: the client frames by this length.
+        let n = c.machine.bodyBytes(bytes.count)
+        if c.machine.framing == .chunked, n > 0 {
             c.response.chunkLine.count = 0
-            c.response.chunkLine.append(hex: bytes.count)
+            c.response.chunkLine.append(hex: n)
             c.response.chunkLine.append("\r\n")
             c.write([head, c.response.chunkLine.bytes, bytes, crlf])
-        case .untilClose:
-            c.write([head, bytes])
+        } else {
+            c.write([head, UnsafeRawBufferPointer(rebasing: bytes[0..<n])])
         }
         if notifyWhenDrained, live != nil { c.notifyWhenDrained() }
     }
@@ -263,12 +239,11 @@ public final class HTTPRequest {
         guard let c = live else { return }
         let head = c.response.headPending ? c.response.headOut.bytes : UnsafeRawBufferPointer(start: nil, count: 0)
         c.response.headPending = false
-        switch c.response.framing {
-        case .chunked: c.write([head, lastChunk])
-        case let .length(remaining) where remaining > 0:
+        if c.machine.framing == .chunked {
+            c.write([head, lastChunk])
+        } else {
             c.write([head])
-            return abort()
-        default: c.write([head])
+            if c.machine.responseShort { return abort() }
         }
         release(c)
     }
@@ -334,13 +309,6 @@ public protocol HTTPRequestObserver: AnyObject {
 
 /// The answer's staged head and framing, kept by the connection and reused.
 struct ResponseState {
-    enum Framing {
-        case none
-        case length(remaining: Int)
-        case chunked
-        case untilClose
-    }
-
     /// `Name: value\r\n` lines, in order.
     var staged = ByteBuffer(capacity: 512)
     /// Each staged line: where it starts, where its name ends, where it ends.
@@ -351,14 +319,12 @@ struct ResponseState {
     var headOut = ByteBuffer(capacity: 1024)
     var headPending = false
     var chunkLine = ByteBuffer(capacity: 32)
-    var framing = Framing.none
     var version = HTTPVersion.http11
     var isHead = false
 
     mutating func reset(version: HTTPVersion, isHead: Bool) {
         clearStaged()
         headPending = false
-        framing = .none
         self.version = version
         self.isHead = isHead
     }

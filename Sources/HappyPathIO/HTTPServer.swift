@@ -88,6 +88,7 @@ public final class HTTPServer {
     var delegate: HTTPServerDelegate?
     let loop: EventLoop
     let requestLimits: RequestLimits
+    let connectionLimits: HTTP1ServerConnectionStateMachine.Limits
     private var listenFD: Int32 = -1
     private var acceptEvent: OpaquePointer?
     /// Re-arms the accept event after an EMFILE pause.
@@ -107,6 +108,7 @@ public final class HTTPServer {
         self.loop = loop
         self.limits = limits
         requestLimits = limits.request
+        connectionLimits = .init(request: requestLimits)
         self.delegate = delegate
 
         var hints = addrinfo()
