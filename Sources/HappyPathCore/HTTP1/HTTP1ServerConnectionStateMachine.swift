@@ -155,6 +155,13 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         public var close: Bool
         /// Whether body bytes may follow the head at all.
         public var hasBody: Bool
+
+        public init(contentLength: Int?, chunked: Bool, close: Bool, hasBody: Bool) {
+            self.contentLength = contentLength
+            self.chunked = chunked
+            self.close = close
+            self.hasBody = hasBody
+        }
     }
 
     public struct Limits: Sendable, Equatable {
