@@ -105,6 +105,9 @@ let package = Package(
         .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "HTTP1Framing", "HappyPathCore"]),
         .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore", "HappyPathPolicies"]),
         .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "HappyPathConfig"]),
+        // The client connection's state machine driven without sockets, checking its invariants.
+        .target(name: "ConnectionFuzzing", dependencies: ["HappyPathCore"], path: "Tests/Support/ConnectionFuzzing"),
+        .executableTarget(name: "FuzzConnection", dependencies: ["FuzzSupport", "ConnectionFuzzing"]),
         .executableTarget(
             name: "FuzzDifferential",
             dependencies: [
@@ -128,7 +131,7 @@ let package = Package(
         ),
 
         // MARK: - Tests
-        .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore"]),
+        .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore", "ConnectionFuzzing"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
         .testTarget(name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore", "SmallDisk"]),

@@ -244,6 +244,19 @@ import Testing
                 Step(.drained, A(timer: .cancel, writeInterest: false), .dispatched),
             ]),
         Scenario(
+            name: "a 100 Continue the kernel did not take: the stall wait, then the body wait again",
+            steps: [
+                Step(.start, arm(.idle)),
+                Step(
+                    .bytes("PUT /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"),
+                    A(timer: .arm(.head), step: .startBody)),
+                Step(.bodyStarted(buffered: 0), A(timer: .cancel, step: .askAdmission), .admitting),
+                Step(.admission(true), arm(.body, .writeContinue), .body),
+                Step(.queued, A(timer: .arm(.writeStall), writeInterest: true), .body),
+                Step(.drained, A(timer: .arm(.body), writeInterest: false), .body),
+                Step(.timer, A(step: .refuse(.bodyTimeout)), .dispatched),
+            ]),
+        Scenario(
             name: "a request that asks to hear of its output drained is told once it is written",
             steps: [
                 Step(.start, arm(.idle)),

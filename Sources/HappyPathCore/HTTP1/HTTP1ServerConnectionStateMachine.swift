@@ -337,8 +337,20 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         // the admission ends the connection.
         state = .admitting
         opened()
+        return Actions(timer: timerWhileAnswering(), step: .askAdmission)
+    }
+
+    /// While the delegate answers, the client waits are off: only a stall
+    /// of output already queued (a `100 Continue`, an earlier answer) is timed.
+    private mutating func timerWhileAnswering() -> TimerChange? {
+        if writeInterest {
+            if timer == .writeStall { return nil }
+            timer = .writeStall
+            return .arm(.writeStall)
+        }
+        guard timer != nil else { return nil }
         timer = nil
-        return Actions(timer: .cancel, step: .askAdmission)
+        return .cancel
     }
 
     /// The delegate's verdict on an `Expect: 100-continue` request: true
@@ -400,9 +412,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
     private mutating func dispatch() -> Actions {
         state = .dispatched
         opened()
-        let hadTimer = timer != nil
-        timer = nil
-        return Actions(timer: hadTimer ? .cancel : nil, step: .dispatch)
+        return Actions(timer: timerWhileAnswering(), step: .dispatch)
     }
 
     /// A request the edge will not serve (also the timer's 408s and a body
@@ -413,9 +423,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         chunked = nil
         opened()
         state = .dispatched
-        let hadTimer = timer != nil
-        timer = nil
-        return Actions(timer: hadTimer ? .cancel : nil, step: .refuse(reason))
+        return Actions(timer: timerWhileAnswering(), step: .refuse(reason))
     }
 
     // MARK: - Answering
@@ -551,8 +559,16 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
             a.writeInterest = false
         }
         if timer == .writeStall {
-            timer = nil
-            a.timer = .cancel
+            // The wait the state had before the output stalled comes back
+            // (a body after `100 Continue` must still not stall).
+            switch state {
+            case .idle: a.timer = arm(.idle).timer
+            case .head: a.timer = arm(.head).timer
+            case .body: a.timer = arm(.body).timer
+            default:
+                timer = nil
+                a.timer = .cancel
+            }
         }
         if closeWhenWritten {
             closeWhenWritten = false
