@@ -263,6 +263,12 @@ public struct OutlierDetectionSettings: Sendable, Equatable {
     public var baseEjection: Duration?
     public var maxEjectedPercent: Int?
 
+    public init(consecutiveFailures: Int? = nil, baseEjection: Duration? = nil, maxEjectedPercent: Int? = nil) {
+        self.consecutiveFailures = consecutiveFailures
+        self.baseEjection = baseEjection
+        self.maxEjectedPercent = maxEjectedPercent
+    }
+
     func over(_ b: OutlierDetectionSettings) -> OutlierDetectionSettings {
         OutlierDetectionSettings(
             consecutiveFailures: consecutiveFailures ?? b.consecutiveFailures, baseEjection: baseEjection ?? b.baseEjection,
