@@ -571,13 +571,28 @@ struct DeliverLaterConfigTests {
 
     @Test(arguments: [
         ("{ consecutive_failures: 0 }", "upstreams.api.outlier_detection.consecutive_failures must be at least 1, got 0"),
-        ("{ consecutive_failures: many }", "upstreams.api.outlier_detection.consecutive_failures must be a whole number, got 'many'"),
+        (
+            "{ consecutive_failures: many }",
+            "upstreams.api.outlier_detection.consecutive_failures must be a whole number, got 'many'"
+        ),
         ("{ base_ejection: 0s }", "upstreams.api.outlier_detection.base_ejection must be longer than zero"),
-        ("{ base_ejection: soon }", "upstreams.api.outlier_detection.base_ejection: 'soon' is not a duration; write e.g. 250ms, 2s, 1m"),
-        ("{ max_ejected_percent: 101 }", "upstreams.api.outlier_detection.max_ejected_percent must be between 0 and 100, got 101"),
+        (
+            "{ base_ejection: soon }",
+            "upstreams.api.outlier_detection.base_ejection: 'soon' is not a duration; write e.g. 250ms, 2s, 1m"
+        ),
+        (
+            "{ max_ejected_percent: 101 }",
+            "upstreams.api.outlier_detection.max_ejected_percent must be between 0 and 100, got 101"
+        ),
         ("{ max_ejected_percent: -5 }", "upstreams.api.outlier_detection.max_ejected_percent must be between 0 and 100, got -5"),
-        ("{ consecutive_5xx: 3 }", "unknown key 'upstreams.api.outlier_detection.consecutive_5xx'; expected one of: consecutive_failures, base_ejection, max_ejected_percent"),
-        ("{ base_ejections: 30s }", "unknown key 'upstreams.api.outlier_detection.base_ejections' (did you mean 'base_ejection'?)"),
+        (
+            "{ consecutive_5xx: 3 }",
+            "unknown key 'upstreams.api.outlier_detection.consecutive_5xx'; expected one of: consecutive_failures, base_ejection, max_ejected_percent"
+        ),
+        (
+            "{ base_ejections: 30s }",
+            "unknown key 'upstreams.api.outlier_detection.base_ejections' (did you mean 'base_ejection'?)"
+        ),
         ("on", "upstreams.api.outlier_detection must be a mapping of keys to values"),
     ])
     func mistakesOnAnUpstreamAreNamed(value: String, message: String) {
