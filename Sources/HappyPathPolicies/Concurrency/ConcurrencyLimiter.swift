@@ -114,7 +114,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     /// A queued request gave up its place (its deadline came, its client
     /// left, drain answered it). True if it was in the queue.
-    @discardableResult
+    @inlinable @discardableResult
     public mutating func leave(_ waiter: Waiter) -> Bool {
         guard let i = waiting.firstIndex(where: { $0 === waiter }) else { return false }
         waiting.remove(at: i)
