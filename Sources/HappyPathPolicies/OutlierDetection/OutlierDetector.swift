@@ -38,9 +38,8 @@ public struct OutlierDetector: Sendable {
     public var endpointCount: Int { endpoints.count }
 
     /// `preferred`, or the next endpoint after it that is not ejected; an
-    /// endpoint whose ejection is over is back in the rotation. All ejected
-    /// (which `record` never lets happen, but a detector may be asked with
-    /// every ejection still running after a reload): `preferred` anyway.
+    /// endpoint whose ejection is over is back in the rotation. If every
+    /// one is ejected (`record` always keeps one in): `preferred` anyway.
     @inlinable
     public mutating func pick(preferred: Int, at now: Instant) -> Int {
         let count = endpoints.count
