@@ -613,7 +613,10 @@ final class Reader {
         return m.keys.compactMap(\.string)
     }
 
-    static let policyKeys = ["timeout", "retry", "circuit_breaker", "reachability", "health_check"]
+    static let policyKeys = ["timeout", "retry", "circuit_breaker", "reachability", "health_check", "outlier_detection"]
+
+    /// Policy keys of an upstream (or `defaults`) that a route may not set.
+    static let upstreamOnlyPolicyKeys = ["circuit_breaker", "health_check", "outlier_detection"]
 
     func policies(_ f: [String: (key: Node, value: Node)], _ path: String) -> PolicySettings {
         var p = PolicySettings()
@@ -668,6 +671,15 @@ final class Reader {
         if let r = f["reachability"]?.value {
             let rf = fields(r, "\(path).reachability", known: ["park_for"])
             p.reachability.parkFor = duration(rf["park_for"]?.value, "\(path).reachability.park_for", allowZero: true)
+        }
+        if let o = f["outlier_detection"]?.value {
+            let op = "\(path).outlier_detection"
+            let of = fields(o, op, known: ["consecutive_failures", "base_ejection", "max_ejected_percent"])
+            p.outlierDetection.consecutiveFailures = int(
+                of["consecutive_failures"]?.value, "\(op).consecutive_failures", min: 1)
+            p.outlierDetection.baseEjection = duration(of["base_ejection"]?.value, "\(op).base_ejection")
+            p.outlierDetection.maxEjectedPercent = int(
+                of["max_ejected_percent"]?.value, "\(op).max_ejected_percent", min: 0, max: 100)
         }
         if let h = f["health_check"]?.value {
             let hp = "\(path).health_check"
@@ -867,10 +879,11 @@ final class Reader {
     }
 
     func route(_ node: Node, _ path: String, upstreams: [Upstream], earlier: [Route]) -> Route? {
-        // The breaker and health checks belong to an upstream: a route may
-        // not set them (it would be silently ignored otherwise).
+        // The breaker, health checks and outlier ejection belong to an
+        // upstream: a route may not set them (it would be silently ignored
+        // otherwise).
         if case let .mapping(m) = node {
-            for key in m.keys where key.string == "circuit_breaker" || key.string == "health_check" {
+            for key in m.keys where Self.upstreamOnlyPolicyKeys.contains(key.string ?? "") {
                 error(key, "\(path).\(key.string!) belongs to the upstream (or defaults), not to a route")
             }
             // So does the retry budget: it counts the upstream's requests.
@@ -887,7 +900,7 @@ final class Reader {
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
                 "redirects", "upstream_errors", "rate_limit", "hedge", "fallback",
             ]
-                + ["circuit_breaker", "health_check"])
+                + Self.upstreamOnlyPolicyKeys)
         var match = RouteMatch(pathPrefix: "/")
         if let m = f["match"]?.value {
             let mf = fields(m, "\(path).match", known: ["path_prefix", "methods"])

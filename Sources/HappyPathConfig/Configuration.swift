@@ -187,6 +187,8 @@ public struct PolicySettings: Sendable, Equatable {
     public var circuitBreaker = CircuitBreakerSettings()
     public var reachability = ReachabilitySettings()
     public var healthCheck = HealthCheckSettings()
+    /// `outlier_detection:`, an upstream's (or `defaults`'); never a route's.
+    public var outlierDetection = OutlierDetectionSettings()
     public var errors: [ErrorMapping] = []
 
     public init() {}
@@ -199,6 +201,7 @@ public struct PolicySettings: Sendable, Equatable {
         out.circuitBreaker = circuitBreaker.over(base.circuitBreaker)
         out.reachability = reachability.over(base.reachability)
         out.healthCheck = healthCheck.over(base.healthCheck)
+        out.outlierDetection = outlierDetection.over(base.outlierDetection)
         out.errors = errors + base.errors
         return out
     }
@@ -252,6 +255,25 @@ public struct ReachabilitySettings: Sendable, Equatable {
     public var parkFor: Duration?
 
     func over(_ b: ReachabilitySettings) -> ReachabilitySettings { ReachabilitySettings(parkFor: parkFor ?? b.parkFor) }
+}
+
+/// `outlier_detection: { consecutive_failures, base_ejection, max_ejected_percent }`.
+public struct OutlierDetectionSettings: Sendable, Equatable {
+    public var consecutiveFailures: Int?
+    public var baseEjection: Duration?
+    public var maxEjectedPercent: Int?
+
+    public init(consecutiveFailures: Int? = nil, baseEjection: Duration? = nil, maxEjectedPercent: Int? = nil) {
+        self.consecutiveFailures = consecutiveFailures
+        self.baseEjection = baseEjection
+        self.maxEjectedPercent = maxEjectedPercent
+    }
+
+    func over(_ b: OutlierDetectionSettings) -> OutlierDetectionSettings {
+        OutlierDetectionSettings(
+            consecutiveFailures: consecutiveFailures ?? b.consecutiveFailures, baseEjection: baseEjection ?? b.baseEjection,
+            maxEjectedPercent: maxEjectedPercent ?? b.maxEjectedPercent)
+    }
 }
 
 public struct HealthCheckSettings: Sendable, Equatable {
@@ -353,6 +375,10 @@ extension PolicySettings {
             minimumRequests: breaker.minimumRequests, window: breaker.window, openFor: breaker.openFor,
             halfOpenProbes: breaker.halfOpenProbes, whileOpen: .park)
         p.reachability = ReachabilitySettings(parkFor: .seconds(10))
+        let outliers = OutlierDetector.Configuration()
+        p.outlierDetection = OutlierDetectionSettings(
+            consecutiveFailures: outliers.consecutiveFailures, baseEjection: outliers.baseEjection,
+            maxEjectedPercent: outliers.maxEjectedPercent)
         p.healthCheck = HealthCheckSettings(
             path: "/healthz", interval: .seconds(2), timeout: .seconds(1), unhealthyAfter: 3, healthyAfter: 1)
         return p
@@ -406,6 +432,19 @@ extension CircuitBreakerStateMachine.Configuration {
         window = resolved(b.window, "circuit_breaker.window")
         openFor = resolved(b.openFor, "circuit_breaker.open_for")
         halfOpenProbes = resolved(b.halfOpenProbes, "circuit_breaker.half_open_probes")
+    }
+}
+
+extension OutlierDetector.Configuration {
+    /// Ejection for resolved settings (over `PolicySettings.builtIn`).
+    public init(resolved o: OutlierDetectionSettings) {
+        // Set on a copy: inside an initializer Swift runs no property
+        // observers, and `baseEjection`'s keeps its nanoseconds in step.
+        var c = Self()
+        c.consecutiveFailures = resolved(o.consecutiveFailures, "outlier_detection.consecutive_failures")
+        c.baseEjection = resolved(o.baseEjection, "outlier_detection.base_ejection")
+        c.maxEjectedPercent = resolved(o.maxEjectedPercent, "outlier_detection.max_ejected_percent")
+        self = c
     }
 }
 

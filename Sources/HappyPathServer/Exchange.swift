@@ -308,13 +308,13 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
         func slot() -> Admission.Slot {
             switch exchange.worker.acquireSlot(exchange, guardian: exchange.guardian) {
-            case .acquired:
+            case .granted:
                 exchange.holdsSlot = true
                 return .acquired
             case .queued:
                 exchange.isQueued = true
                 return .queued
-            case .full:
+            case .overloaded:
                 return .full
             }
         }
@@ -684,7 +684,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             return false
         case .reject: return false
         }
-        return worker.tryAcquireSlot(self, guardian: guardian)
+        return worker.tryAcquireSlot(guardian: guardian)
     }
 
     /// A status the retry rules, pacing or a token refresh act on: the try

@@ -34,7 +34,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Per upstream (keyed by its guard, which survives a reload of an
     /// unchanged upstream): round-robin position, parked exchanges (the
     /// reachability and auth listeners' lot), the half-open probe timer,
-    /// tries in flight on this worker and the bounded queue waiting for a slot.
+    /// and the slots for tries in flight on this worker with their bounded queue.
     private var lanes: [ObjectIdentifier: Lane] = [:]
     /// Drain ran out of time: freed slots go to nobody (no new tries).
     private var stopping = false
@@ -57,16 +57,18 @@ final class ProxyWorker: HTTPServerDelegate {
         let worker: ProxyWorker
         let guardian: UpstreamGuard
         var nextEndpoint = 0
-        var parked: [ObjectIdentifier: Exchange] = [:]
+        /// Parked exchanges; each holds one of the process's `max_parked` places.
+        var parked = ParkingLot<Exchange>()
         var probeTimer: LoopEvent?
         /// Fires when the upstream's pause (pacing) should be over.
         var pauseTimer: LoopEvent?
-        var inFlight = 0
-        var waiting: [Exchange] = []
+        /// Tries in flight on this worker, and the queue waiting for a slot.
+        var slots: ConcurrencyLimiter<Exchange>
 
-        init(worker: ProxyWorker, guardian: UpstreamGuard) {
+        init(worker: ProxyWorker, guardian: UpstreamGuard, slots: ConcurrencyLimiter<Exchange>.Configuration) {
             self.worker = worker
             self.guardian = guardian
+            self.slots = ConcurrencyLimiter(slots)
         }
 
         func loopEventFired(_ event: LoopEvent) {
@@ -79,7 +81,9 @@ final class ProxyWorker: HTTPServerDelegate {
 
     private func lane(_ guardian: UpstreamGuard) -> Lane {
         if let lane = lanes[ObjectIdentifier(guardian)] { return lane }
-        let lane = Lane(worker: self, guardian: guardian)
+        // The worker's share of the upstream's connections: a guard's
+        // `connections` never changes, so neither does its lane's limit.
+        let lane = Lane(worker: self, guardian: guardian, slots: .init(connections: guardian.connections, workers: workers))
         lanes[ObjectIdentifier(guardian)] = lane
         return lane
     }
@@ -395,52 +399,33 @@ final class ProxyWorker: HTTPServerDelegate {
 
     // MARK: - Concurrency limit
 
-    enum SlotResult { case acquired, queued, full }
-
-    /// A slot for one try; else a place in the upstream's queue; else full (OVERLOADED).
-    func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard) -> SlotResult {
-        let l = lane(guardian)
-        let limit = max(1, exchange.upstream.maxConnections * exchange.upstream.endpoints.count / workers)
-        if l.inFlight < limit {
-            l.inFlight += 1
-            return .acquired
-        }
-        guard l.waiting.count < limit else { return .full }
-        l.waiting.append(exchange)
-        return .queued
+    /// A slot for one try; else a place in the upstream's queue; else
+    /// overloaded (OVERLOADED).
+    func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard) -> ConcurrencyLimiter<Exchange>.Acquisition {
+        lane(guardian).slots.acquire(exchange)
     }
 
     /// A slot for a hedge, only if one is free now and nobody waits for one.
-    func tryAcquireSlot(_ exchange: Exchange, guardian: UpstreamGuard) -> Bool {
-        let l = lane(guardian)
-        let limit = max(1, exchange.upstream.maxConnections * exchange.upstream.endpoints.count / workers)
-        guard l.inFlight < limit, l.waiting.isEmpty else { return false }
-        l.inFlight += 1
-        return true
-    }
+    func tryAcquireSlot(guardian: UpstreamGuard) -> Bool { lane(guardian).slots.tryAcquire() }
 
-    /// A try ended: its slot goes to the longest-waiting exchange.
+    /// A try ended: its slot goes to the longest-waiting exchange (none
+    /// once drain ran out of time).
     func releaseSlot(guardian: UpstreamGuard) {
-        let l = lane(guardian)
-        if !stopping, !l.waiting.isEmpty {
-            l.waiting.removeFirst().slotGranted()
-        } else {
-            l.inFlight -= 1
-        }
+        if case let .handedOver(next) = lane(guardian).slots.release(handOver: !stopping) { next.slotGranted() }
     }
 
-    func leaveQueue(_ exchange: Exchange, guardian: UpstreamGuard) {
-        lane(guardian).waiting.removeAll { $0 === exchange }
-    }
+    func leaveQueue(_ exchange: Exchange, guardian: UpstreamGuard) { lane(guardian).slots.leave(exchange) }
 
     // MARK: - Parking lot
 
     /// False when the process-wide `max_parked` is reached.
     func park(_ exchange: Exchange, reason: Exchange.ParkReason) -> Bool {
         let l = lane(exchange.guardian)
-        if l.parked[ObjectIdentifier(exchange)] != nil { return true }
-        guard shared.parked.tryTake() else { return false }
-        l.parked[ObjectIdentifier(exchange)] = exchange
+        switch l.parked.park(exchange, reason: reason, arrivedAt: exchange.startedAt, places: shared.parked) {
+        case .full: return false
+        case .alreadyParked: return true
+        case .parked: break
+        }
         exchange.guardian.parkedChanged(reason, by: 1)
         shared.events.publish(
             "command_parked",
@@ -455,18 +440,24 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     func unpark(_ exchange: Exchange) {
-        if lane(exchange.guardian).parked.removeValue(forKey: ObjectIdentifier(exchange)) != nil {
-            shared.parked.give()
-            if let reason = exchange.parked { exchange.guardian.parkedChanged(reason, by: -1) }
+        if let reason = lane(exchange.guardian).parked.unpark(exchange, places: shared.parked) {
+            exchange.guardian.parkedChanged(reason, by: -1)
         }
     }
 
+    /// Counts out of the lot what it gave back, by reason (the per-upstream gauges).
+    private func leftLot(_ exchanges: [Exchange], guardian: UpstreamGuard) {
+        for exchange in exchanges { if let reason = exchange.parked { guardian.parkedChanged(reason, by: -1) } }
+    }
+
     /// The upstream is reachable again (health check) or its circuit closed:
-    /// replay every command parked for it (for those reasons) on this worker.
+    /// replay every command parked for it (for those reasons) on this worker,
+    /// in arrival order.
     func replayParked(guardian: UpstreamGuard, reasons: Set<Exchange.ParkReason>) {
-        let parked = lane(guardian).parked.values.filter { $0.parked.map(reasons.contains) ?? false }
+        guard let l = lanes[ObjectIdentifier(guardian)], !l.parked.isEmpty else { return }
+        let parked = l.parked.takeAll(for: reasons, places: shared.parked)
         guard !parked.isEmpty else { return }
-        for exchange in parked { unpark(exchange) }
+        leftLot(parked, guardian: guardian)
         logger.info("replaying parked commands", metadata: ["upstream": "\(guardian.name)", "count": "\(parked.count)"])
         shared.events.publish("commands_replayed", [("upstream", guardian.name), ("count", String(parked.count))])
         shared.metrics.replayed(upstream: guardian.name, count: parked.count)
@@ -476,7 +467,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// A token refresh ended (on any worker).
     func authDone(guardian: UpstreamGuard, failure: String?) {
         if let failure {
-            for exchange in lane(guardian).parked.values where exchange.parked == .auth { exchange.authFailed(failure) }
+            for exchange in lane(guardian).parked.waiters(for: .auth) { exchange.authFailed(failure) }
         } else {
             replayParked(guardian: guardian, reasons: [.auth])
         }
@@ -504,8 +495,8 @@ final class ProxyWorker: HTTPServerDelegate {
     fileprivate func probeDue(_ l: Lane) {
         l.probeTimer?.recycle()
         l.probeTimer = nil
-        guard let probe = l.parked.values.first(where: { $0.parked == .circuitOpen }) else { return }
-        unpark(probe)
+        guard let probe = l.parked.takeProbe(places: shared.parked) else { return }
+        leftLot([probe], guardian: l.guardian)
         probe.replay()
     }
 
@@ -537,9 +528,9 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Requests parked for the pause go, in the order they arrived (the
     /// concurrency limit still applies: the slot queue takes the rest).
     private func replayPaused(_ l: Lane) {
-        let paused = l.parked.values.filter { $0.parked == .paused }.sorted { $0.startedAt < $1.startedAt }
+        let paused = l.parked.takeAll(for: [.paused], places: shared.parked)
         guard !paused.isEmpty else { return }
-        for exchange in paused { unpark(exchange) }
+        leftLot(paused, guardian: l.guardian)
         shared.metrics.replayed(upstream: l.guardian.name, count: paused.count)
         for exchange in paused { exchange.replay() }
     }
@@ -563,11 +554,11 @@ final class ProxyWorker: HTTPServerDelegate {
             }
             l.pauseTimer?.recycle()
             l.pauseTimer = nil
-            let parked = Array(l.parked.values)
-            for exchange in parked { unpark(exchange) }
+            let parked = l.parked.takeAll(places: shared.parked)
+            leftLot(parked, guardian: l.guardian)
             for exchange in parked { exchange.replay() }
             // Nothing of the old upstream left on this worker: forget its lane.
-            if l.parked.isEmpty, l.waiting.isEmpty, l.inFlight == 0, l.probeTimer == nil, l.pauseTimer == nil {
+            if l.parked.isEmpty, l.slots.isIdle, l.probeTimer == nil, l.pauseTimer == nil {
                 lanes[key] = nil
             }
         }
@@ -657,8 +648,8 @@ final class ProxyWorker: HTTPServerDelegate {
             l.probeTimer = nil
             l.pauseTimer?.recycle()
             l.pauseTimer = nil
-            l.waiting.removeAll()
-            for exchange in Array(l.parked.values) { unpark(exchange) }
+            l.slots.removeAllWaiters()
+            leftLot(l.parked.takeAll(places: shared.parked), guardian: l.guardian)
         }
         for waiting in queued.values { waiting.abandon() }
         shared.inFlight.add(-queued.count)

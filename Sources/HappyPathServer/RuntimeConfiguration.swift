@@ -151,6 +151,7 @@ final class RuntimeUpstream: Sendable {
         policies = upstream.policies.over(defaults).over(.builtIn)
         whileOpen = resolved(policies.circuitBreaker.whileOpen, "circuit_breaker.while_open")
         breakerConfiguration = CircuitBreakerStateMachine.Configuration(resolved: policies.circuitBreaker)
+        outlierDetection = OutlierDetector.Configuration(resolved: policies.outlierDetection)
         budget = (
             resolved(policies.retry.budgetRatio, "retry.budget.ratio"),
             resolved(policies.retry.budgetMinPerSecond, "retry.budget.min_per_second")
@@ -164,6 +165,8 @@ final class RuntimeUpstream: Sendable {
     }
 
     let breakerConfiguration: CircuitBreakerStateMachine.Configuration
+    /// `outlier_detection` (upstream over defaults over built-in).
+    let outlierDetection: OutlierDetector.Configuration
     /// The retry budget: ratio and floor per second.
     let budget: (ratio: Double, minPerSecond: Int)
     let healthCheck: HealthCheck
@@ -193,7 +196,7 @@ struct Endpoint: Sendable {
         } else {
             origin = url + "/"
             basePath = ""
+
         }
     }
 }
-

@@ -124,32 +124,3 @@ final class WorkerHandle: @unchecked Sendable {
     let worker: ProxyWorker
     init(_ worker: ProxyWorker) { self.worker = worker }
 }
-
-
-/// Parked commands in the whole process, bounded by `limits.max_parked`.
-/// The bound can change on a reload; a lower one than the commands parked
-/// now only refuses new ones (nobody parked is turned out).
-final class ParkingCount: Sendable {
-    private let bound: Atomic<Int>
-    private let count = Atomic<Int>(0)
-
-    init(limit: Int) { bound = Atomic(limit) }
-
-    var limit: Int {
-        get { bound.load(ordering: .relaxed) }
-        set { bound.store(newValue, ordering: .relaxed) }
-    }
-
-    var current: Int { count.load(ordering: .relaxed) }
-
-    func tryTake() -> Bool {
-        let after = count.wrappingAdd(1, ordering: .relaxed).newValue
-        if after > bound.load(ordering: .relaxed) {
-            count.wrappingSubtract(1, ordering: .relaxed)
-            return false
-        }
-        return true
-    }
-
-    func give() { count.wrappingSubtract(1, ordering: .relaxed) }
-}

@@ -33,19 +33,15 @@ final class UpstreamGuard: Sendable {
     /// The pause's end as monotonic nanoseconds (0: not paused), read on
     /// every admission without the lock.
     private let pausedUntil = Atomic<Int64>(0)
-    private let endpoints: Locked<[EndpointHealth]>
+    /// Outlier ejection (`outlier_detection`); taken only with two
+    /// endpoints or more.
+    private let outliers: Locked<OutlierDetector>
     private let endpointCount: Int
-
-    /// Outlier ejection (Envoy's consecutive-5xx rule): an endpoint with this
-    /// many failed tries in a row leaves the rotation for `ejectionTime`,
-    /// as long as at least half of the endpoints stay in.
-    static let ejectAfter = 5
-    static let ejectionTime: Duration = .seconds(10)
-
-    private struct EndpointHealth {
-        var consecutiveFailures = 0
-        var ejectedUntil: Instant?
-    }
+    /// `outlier_detection.base_ejection`, for the log line.
+    private let ejectionTime: Duration
+    /// The upstream's `max_connections` × endpoints, which each worker's
+    /// `ConcurrencyLimiter` splits (part of the fingerprint: constant for a guard).
+    let connections: Int
 
     init(upstream: RuntimeUpstream, definition: Upstream, logger: Logger, metrics: ProxyMetrics, events: EventBus) {
         let name = upstream.name
@@ -56,8 +52,10 @@ final class UpstreamGuard: Sendable {
         self.name = name
         self.metrics = metrics
         self.events = events
-        endpoints = Locked(Array(repeating: EndpointHealth(), count: endpointCount))
+        outliers = Locked(OutlierDetector(endpoints: endpointCount, configuration: upstream.outlierDetection))
         self.endpointCount = endpointCount
+        connections = upstream.maxConnections * endpointCount
+        ejectionTime = upstream.outlierDetection.baseEjection
         self.breaker = Locked(CircuitBreakerStateMachine(breaker))
         budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))
         self.logger = logger
@@ -147,15 +145,7 @@ final class UpstreamGuard: Sendable {
     /// `preferred`, or the next endpoint after it that is not ejected (all
     /// ejected: `preferred` anyway).
     func pickEndpoint(preferred: Int, at now: Instant) -> Int {
-        endpoints.withLock { list in
-            for step in 0..<list.count {
-                let i = (preferred + step) % list.count
-                if let until = list[i].ejectedUntil, now < until { continue }
-                list[i].ejectedUntil = nil
-                return i
-            }
-            return preferred
-        }
+        outliers.withLock { $0.pick(preferred: preferred, at: now) }
     }
 
     func parkedChanged(_ reason: Exchange.ParkReason, by delta: Int) {
@@ -169,29 +159,15 @@ final class UpstreamGuard: Sendable {
     func parkedCount(_ reason: Exchange.ParkReason) -> Int { parkedCounts.withLock { $0[reason.rawValue] ?? 0 } }
 
     /// Indices of endpoints out of the rotation now.
-    func ejected(at now: Instant) -> Set<Int> {
-        endpoints.withLock { list in Set(list.indices.filter { list[$0].ejectedUntil.map { now < $0 } ?? false }) }
-    }
+    func ejected(at now: Instant) -> Set<Int> { outliers.withLock { $0.ejected(at: now) } }
 
     func recordEndpoint(_ i: Int, failure: Bool, at now: Instant) {
         guard endpointCount > 1 else { return }  // one endpoint is never ejected: no lock
-        let ejected = endpoints.withLock { list -> Bool in
-            guard failure else {
-                list[i].consecutiveFailures = 0
-                return false
-            }
-            list[i].consecutiveFailures += 1
-            let out = list.filter { $0.ejectedUntil.map { now < $0 } ?? false }.count
-            guard list[i].consecutiveFailures >= Self.ejectAfter, (out + 1) * 2 <= list.count else { return false }
-            list[i].consecutiveFailures = 0
-            list[i].ejectedUntil = now + Self.ejectionTime
-            return true
-        }
-        if ejected {
+        let verdict = outliers.withLock { $0.record(endpoint: i, failure: failure, at: now) }
+        if case .ejected = verdict {
             events.publish("endpoint_ejected", [("upstream", name), ("endpoint", String(i))])
             logger.warning(
-                "endpoint ejected",
-                metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(Self.ejectionTime.configText)"])
+                "endpoint ejected", metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(ejectionTime.configText)"])
         }
     }
 

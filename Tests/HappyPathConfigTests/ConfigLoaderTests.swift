@@ -515,3 +515,114 @@ struct DeliverLaterConfigTests {
         #expect(found.contains { $0.contains(message) }, "\(found)")
     }
 }
+
+/// `outlier_detection` on an upstream or in `defaults` (docs/configuration.md).
+@Suite struct OutlierDetectionConfigTests {
+    /// An upstream's settings over `defaults` over the built-in values, as the proxy resolves them.
+    static func resolved(_ c: Configuration, _ upstream: Int = 0) -> OutlierDetector.Configuration {
+        OutlierDetector.Configuration(resolved: c.upstreams[upstream].policies.over(c.defaults).over(.builtIn).outlierDetection)
+    }
+
+    @Test func notConfiguredItKeepsTheFormerFixedValues() throws {
+        let c = try ConfigLoader.parse(minimal, file: "f.yaml")
+        #expect(c.upstreams[0].policies.outlierDetection == OutlierDetectionSettings())
+        let builtIn = PolicySettings.builtIn.outlierDetection
+        #expect(builtIn.consecutiveFailures == 5)
+        #expect(builtIn.baseEjection == .seconds(10))
+        #expect(builtIn.maxEjectedPercent == 50)
+        let r = Self.resolved(c)
+        #expect(r == OutlierDetector.Configuration())
+        #expect(r.baseEjectionNanoseconds == 10_000_000_000)
+    }
+
+    @Test func anUpstreamsSettingsOverDefaults() throws {
+        let c = try ConfigLoader.parse(
+            """
+            defaults:
+              outlier_detection: { consecutive_failures: 3, base_ejection: 30s }
+            upstreams:
+              api:
+                endpoints: [http://127.0.0.1:9000, http://127.0.0.1:9001]
+                outlier_detection: { consecutive_failures: 2, max_ejected_percent: 100 }
+              other:
+                endpoints: [http://127.0.0.1:9002]
+            routes:
+              - match: { path_prefix: / }
+                upstream: api
+            """, file: "f.yaml")
+        let api = Self.resolved(c, 0)
+        #expect(api.consecutiveFailures == 2)
+        #expect(api.baseEjection == .seconds(30))
+        #expect(api.baseEjectionNanoseconds == 30_000_000_000)
+        #expect(api.maxEjectedPercent == 100)
+        let other = Self.resolved(c, 1)
+        #expect(other.consecutiveFailures == 3)
+        #expect(other.baseEjection == .seconds(30))
+        #expect(other.maxEjectedPercent == 50)
+    }
+
+    static let upstream = """
+        upstreams:
+          api:
+            endpoints: [http://127.0.0.1:9000]
+            outlier_detection: %@
+        routes: [ { match: { path_prefix: / }, upstream: api } ]
+        """
+
+    @Test(arguments: [
+        ("{ consecutive_failures: 0 }", "upstreams.api.outlier_detection.consecutive_failures must be at least 1, got 0"),
+        (
+            "{ consecutive_failures: many }",
+            "upstreams.api.outlier_detection.consecutive_failures must be a whole number, got 'many'"
+        ),
+        ("{ base_ejection: 0s }", "upstreams.api.outlier_detection.base_ejection must be longer than zero"),
+        (
+            "{ base_ejection: soon }",
+            "upstreams.api.outlier_detection.base_ejection: 'soon' is not a duration; write e.g. 250ms, 2s, 1m"
+        ),
+        (
+            "{ max_ejected_percent: 101 }",
+            "upstreams.api.outlier_detection.max_ejected_percent must be between 0 and 100, got 101"
+        ),
+        ("{ max_ejected_percent: -5 }", "upstreams.api.outlier_detection.max_ejected_percent must be between 0 and 100, got -5"),
+        (
+            "{ consecutive_5xx: 3 }",
+            "unknown key 'upstreams.api.outlier_detection.consecutive_5xx'; expected one of: consecutive_failures, base_ejection, max_ejected_percent"
+        ),
+        (
+            "{ base_ejections: 30s }",
+            "unknown key 'upstreams.api.outlier_detection.base_ejections' (did you mean 'base_ejection'?)"
+        ),
+        ("on", "upstreams.api.outlier_detection must be a mapping of keys to values"),
+    ])
+    func mistakesOnAnUpstreamAreNamed(value: String, message: String) {
+        let found = errors(Self.upstream.replacingOccurrences(of: "%@", with: value)).map(\.message)
+        #expect(found == [message])
+    }
+
+    @Test func mistakesInDefaultsAreNamed() {
+        let found = errors("defaults: { outlier_detection: { consecutive_failures: 0, max_ejected_percent: 200 } }\n" + minimal)
+            .map(\.message)
+        #expect(
+            found == [
+                "defaults.outlier_detection.consecutive_failures must be at least 1, got 0",
+                "defaults.outlier_detection.max_ejected_percent must be between 0 and 100, got 200",
+            ])
+    }
+
+    @Test func theBoundsAreAccepted() throws {
+        for value in ["{ consecutive_failures: 1, max_ejected_percent: 0 }", "{ max_ejected_percent: 100, base_ejection: 1ms }"] {
+            #expect(errors(Self.upstream.replacingOccurrences(of: "%@", with: value)).isEmpty)
+        }
+    }
+
+    @Test func aRouteCannotSetIt() {
+        let e = errors(
+            """
+            upstreams: { api: { endpoints: [http://127.0.0.1:9000] } }
+            routes:
+              - { match: { path_prefix: / }, upstream: api, outlier_detection: { consecutive_failures: 2 } }
+            """)
+        #expect(e.map(\.message) == ["routes[0].outlier_detection belongs to the upstream (or defaults), not to a route"])
+    }
+}

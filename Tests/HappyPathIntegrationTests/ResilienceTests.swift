@@ -278,6 +278,46 @@ import Testing
         // failure in a row ejects it for 10 s, longer than the test.
         #expect(bad.appRequests.count == 5)
     }
+
+    /// `outlier_detection` sets the threshold: two failed tries in a row
+    /// eject the endpoint, for `base_ejection`.
+    @Test func outlierDetectionEjectsAfterItsConsecutiveFailures() throws {
+        let bad = ScriptedUpstream(responses: [http(500)]).started()
+        let good = ScriptedUpstream(responses: [http(200, "good")]).started()
+        defer {
+            bad.stop()
+            good.stop()
+        }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults:
+              retry: { on: [500], attempts: 2, backoff: { base: 1ms, max: 1ms }, budget: { ratio: 1.0, min_per_second: 100 } }
+              circuit_breaker: { consecutive_failures: 1000, minimum_requests: 100000 }
+            upstreams:
+              pair:
+                endpoints: [http://127.0.0.1:\(bad.port), http://127.0.0.1:\(good.port)]
+                outlier_detection: { consecutive_failures: 2, base_ejection: 1m, max_ejected_percent: 50 }
+            routes: [ { match: { path_prefix: / }, upstream: pair } ]
+            """, workers: 1)
+        let admin = AdminProbe(port: h.adminPort)
+        func ejected() throws -> [Bool] {
+            (try admin.upstream("pair")["endpoints"] as? [[String: Any]] ?? []).map { $0["ejected"] as? Bool ?? false }
+        }
+        // One worker, so round robin is exact: request 1 tries the bad
+        // endpoint first (its retry the good one), request 2 the good one,
+        // request 3 the bad one again: its second failure in a row ejects it.
+        for i in 1...2 {
+            #expect(try HTTP.request(port: h.port, "/x").text == "good")
+            #expect(try ejected() == [false, false], "after request \(i)")
+        }
+        #expect(try HTTP.request(port: h.port, "/x").text == "good")
+        #expect(bad.appRequests.count == 2)
+        #expect(try ejected() == [true, false])
+        for _ in 0..<10 { #expect(try HTTP.request(port: h.port, "/x").text == "good") }
+        #expect(bad.appRequests.count == 2)
+    }
 }
 
 @Suite("parking lot") struct ParkingLotTests {
