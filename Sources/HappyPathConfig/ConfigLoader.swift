@@ -333,7 +333,7 @@ final class Reader {
             let lf = fields(
                 limits, "limits",
                 known: [
-                    "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes",
+                    "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
                     "encoded_slashes", "stale_max_bytes", "stale_max_entry",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
@@ -346,6 +346,7 @@ final class Reader {
             }
             if let v = duration(lf["client_timeout"]?.value, "limits.client_timeout") { config.limits.clientTimeout = v }
             if let v = int(lf["max_parked"]?.value, "limits.max_parked", min: 0) { config.limits.maxParked = v }
+            if let v = int(lf["max_connections"]?.value, "limits.max_connections", min: 1) { config.limits.maxConnections = v }
             if let v = size(lf["max_buffered_bytes"]?.value, "limits.max_buffered_bytes") {
                 config.limits.maxBufferedBytes = v
             }

@@ -64,6 +64,10 @@ public struct Limits: Sendable {
     public var clientTimeout: Duration = .seconds(30)
     /// Parked commands in the whole process.
     public var maxParked: Int = 10_000
+    /// Client connections open in the whole process; above it the
+    /// listeners stop accepting (clients wait in the kernel's backlog)
+    /// until one closes.
+    public var maxConnections: Int = 10_000
     /// Request bodies held in memory by the whole process (each body is
     /// kept whole for retries and replays); a body that does not fit is
     /// answered 503 OVERLOADED before it is read.

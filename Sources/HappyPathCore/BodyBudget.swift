@@ -4,7 +4,8 @@ import Synchronization
 /// `limits.max_buffered_bytes`. A body is kept whole so that every retry
 /// and every replay after parking sends exactly what the client sent; the
 /// budget stops many large bodies at once from taking the machine's memory.
-/// Shared by every worker; reservations are atomic.
+/// Shared by every worker; reservations are atomic. The same counting
+/// bounds the client connections of the process (`ConnectionBudget`).
 public final class BodyBudget: Sendable {
     private let used = Atomic<Int>(0)
     private let maximum: Atomic<Int>
@@ -35,3 +36,8 @@ public final class BodyBudget: Sendable {
         if bytes > 0 { used.wrappingSubtract(bytes, ordering: .relaxed) }
     }
 }
+
+/// Client connections open in the whole process, bounded by
+/// `limits.max_connections`: a listener whose worker finds it full stops
+/// accepting (the connections wait in the kernel's backlog) until one closes.
+public typealias ConnectionBudget = BodyBudget

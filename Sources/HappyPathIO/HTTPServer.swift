@@ -21,10 +21,13 @@ public struct HTTPServerLimits: Sendable {
     public var bodyBudget: BodyBudget?
     /// How request paths are normalized (normalize.merge_slashes, limits.encoded_slashes).
     public var path: PathNormalization
+    /// Client connections of the whole process (nil: no cap). At the cap
+    /// the listener stops accepting until a connection closes.
+    public var connections: ConnectionBudget?
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,
-        path: PathNormalization = PathNormalization()
+        path: PathNormalization = PathNormalization(), connections: ConnectionBudget? = nil
     ) {
         self.maxHeaderBytes = maxHeaderBytes
         self.maxBodyBytes = maxBodyBytes
@@ -32,6 +35,7 @@ public struct HTTPServerLimits: Sendable {
         self.maxFields = maxFields
         self.bodyBudget = bodyBudget
         self.path = path
+        self.connections = connections
     }
 
     var request: RequestLimits {
@@ -55,11 +59,15 @@ public protocol HTTPServerDelegate: AnyObject {
     /// Accepting stopped for `pause` because the process is out of file
     /// descriptors (EMFILE/ENFILE) or memory; it resumes by itself.
     func acceptPaused(errno: Int32, pause: Duration)
+    /// Accepting stopped because the process holds `limit` client
+    /// connections (`limits.max_connections`); it resumes when one closes.
+    func acceptCapped(limit: Int)
 }
 
 extension HTTPServerDelegate {
     public func admit(_ request: HTTPRequest) -> Bool { true }
     public func acceptPaused(errno: Int32, pause: Duration) {}
+    public func acceptCapped(limit: Int) {}
 }
 
 public enum SocketError: Error, CustomStringConvertible {
@@ -99,6 +107,11 @@ public final class HTTPServer {
     private(set) var draining = false
     /// How long accepting pauses when descriptors run out (as nginx does).
     public static let acceptPause: Duration = .milliseconds(500)
+    /// At the connection cap, how often a listener looks again (a
+    /// connection another worker closed frees a place it is not told of).
+    public static let capRecheck: Duration = .milliseconds(50)
+    /// Accepting stopped at the connection cap (not for lack of descriptors).
+    private var capped = false
     let dateHeader = DateHeaderCache()
 
     public init(
@@ -182,19 +195,29 @@ public final class HTTPServer {
     fileprivate func acceptReady() {
         // A bounded batch per wake-up, so one busy listener cannot starve the loop.
         for _ in 0..<64 {
+            if let budget = limits.connections, !budget.reserve(1) {
+                // At the cap: the connection stays in the kernel's backlog.
+                capped = true
+                event_del(acceptEvent)
+                var tv = timeval(Self.capRecheck)
+                event_add(resumeEvent, &tv)
+                delegate?.acceptCapped(limit: budget.limit)
+                return
+            }
             var storage = sockaddr_storage()
             var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
             let fd = withUnsafeMutablePointer(to: &storage) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { hp_accept(listenFD, $0, &len) }
             }
             if fd < 0 {
-                switch errno {
+                let e = errno
+                limits.connections?.release(1)
+                switch e {
                 case EINTR, ECONNABORTED: continue
                 case EMFILE, ENFILE, ENOBUFS, ENOMEM:
                     // Out of descriptors: the pending connection stays queued and
                     // the listener stays readable, so a level-triggered accept
                     // would spin. Stop listening for a while instead.
-                    let e = errno
                     event_del(acceptEvent)
                     var tv = timeval(Self.acceptPause)
                     event_add(resumeEvent, &tv)
@@ -211,11 +234,18 @@ public final class HTTPServer {
     }
 
     fileprivate func resumeAccepting() {
+        capped = false
         if let acceptEvent, listenFD >= 0 { event_add(acceptEvent, nil) }
     }
 
     func connectionClosed(_ connection: HTTPConnection) {
-        connections.removeValue(forKey: ObjectIdentifier(connection))
+        guard connections.removeValue(forKey: ObjectIdentifier(connection)) != nil else { return }
+        limits.connections?.release(1)
+        if capped {
+            // A place is free: accept again now rather than at the next recheck.
+            if let resumeEvent { event_del(resumeEvent) }
+            resumeAccepting()
+        }
     }
 }
 

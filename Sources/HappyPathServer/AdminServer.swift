@@ -98,7 +98,7 @@ final class AdminServer: HTTPServerDelegate {
                     for g in shared.guards where g.pacing != nil {
                         shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
                     }
-                    return shared.metrics.exposition(bodies: shared.bodies)
+                    return shared.metrics.exposition(bodies: shared.bodies, connections: shared.connections)
                 }())
         case "/admin/state":
             request.reply(status: 200, headers: Self.json, body: state())

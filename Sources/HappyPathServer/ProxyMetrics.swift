@@ -43,9 +43,11 @@ final class ProxyMetrics: Sendable {
     /// Prometheus text exposition format.
     /// The text format; gauges that are read rather than kept (the body
     /// budget) are set just before.
-    func exposition(bodies: BodyBudget) -> String {
+    func exposition(bodies: BodyBudget, connections: ConnectionBudget) -> String {
         gauge("happypath_buffered_body_bytes", []).record(bodies.current)
         gauge("happypath_buffered_body_bytes_limit", []).record(bodies.limit)
+        gauge("happypath_client_connections", []).record(connections.current)
+        gauge("happypath_client_connections_limit", []).record(connections.limit)
         return registry.emitToString()
     }
 
@@ -139,6 +141,13 @@ final class WorkerMetrics {
     }
 
     /// The listener paused because descriptors (or memory) ran out.
+    func acceptCapped() {
+        let c = acceptCappedCounter ?? metrics.counter("happypath_accept_capped_total", [])
+        acceptCappedCounter = c
+        c.increment()
+    }
+    private var acceptCappedCounter: CoreMetrics.Counter?
+
     func acceptPaused() {
         let c = acceptPausedCounter ?? metrics.counter("happypath_accept_paused_total", [])
         acceptPausedCounter = c

@@ -109,7 +109,8 @@ final class ProxyWorker: HTTPServerDelegate {
             loop: loop, host: host, port: port, reusePort: true,
             limits: HTTPServerLimits(
                 maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
-                bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization),
+                bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization,
+                connections: shared.connections),
             delegate: self)
     }
 
@@ -272,6 +273,21 @@ final class ProxyWorker: HTTPServerDelegate {
 
     /// Out of descriptors: the listener pauses (see HTTPServer). One log
     /// line per interval, however often it happens; every pause is counted.
+    func acceptCapped(limit: Int) {
+        metrics.acceptCapped()
+        acceptPauses += 1
+        let now = clock.now()
+        if let last = lastAcceptPauseLog, now - last < .seconds(5) { return }
+        lastAcceptPauseLog = now
+        logger.warning(
+            "the process holds limits.max_connections client connections; new ones wait in the backlog",
+            metadata: [
+                "max_connections": "\(limit)", "pauses_since_last_log": "\(acceptPauses)",
+                "hint": "raise limits.max_connections if the machine has room, or lower client_timeout to close idle clients sooner",
+            ])
+        acceptPauses = 0
+    }
+
     func acceptPaused(errno code: Int32, pause: Duration) {
         metrics.acceptPaused()
         acceptPauses += 1

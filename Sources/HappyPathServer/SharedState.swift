@@ -19,6 +19,8 @@ final class SharedState: @unchecked Sendable {
     let inFlight: InFlightCount
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
+    /// Client connections open (`limits.max_connections`).
+    let connections: ConnectionBudget
     let loadedAt = Date()
     /// Answers kept for `fallback.serve_stale`, for the whole process (nil:
     /// no route keeps any). Carried over by a reload, its contents too.
@@ -52,6 +54,9 @@ final class SharedState: @unchecked Sendable {
         // The same for the body budget: bodies held now stay counted.
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes
+        // Connections open now stay counted; a lower cap stops new ones only.
+        connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxConnections)
+        connections.limit = runtime.configuration.limits.maxConnections
         workers = previous?.workers ?? []
         deliveries = previous?.deliveries
         let limits = runtime.configuration.limits

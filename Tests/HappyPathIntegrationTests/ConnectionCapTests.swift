@@ -1,0 +1,41 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `limits.max_connections`: at the cap the listener stops accepting, the
+/// next client waits in the kernel's backlog (never refused, never reset),
+/// and it is served as soon as a place frees.
+@Suite("connection cap") struct ConnectionCapTests {
+    static let yaml = ProxyHarness.defaultYAML.replacingOccurrences(
+        of: "client_timeout: 5s }", with: "client_timeout: 5s, max_connections: 2 }")
+
+    @Test func aClientOverTheCapWaitsForAPlace() throws {
+        let h = try ProxyHarness(Self.yaml, workers: 1)
+        let admin = AdminProbe(port: h.adminPort)
+        var first: TestConnection? = try TestConnection(port: h.port)
+        let second = try TestConnection(port: h.port)
+        for c in [first!, second] {
+            try c.send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            #expect(try c.readResponse().status == 200)
+        }
+        #expect(try admin.metric("happypath_client_connections") == 2)
+        #expect(try admin.metric("happypath_client_connections_limit") == 2)
+
+        // The third connects (the kernel's backlog takes it) but is not read.
+        let third = try TestConnection(port: h.port)
+        try third.send("GET /echo?n=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(waitUntil("the listener paused at the cap", { try admin.metric("happypath_accept_capped_total") >= 1 }))
+        #expect(!Edge.readable(third, ms: 200), "no answer while two connections are open")
+
+        // A place frees: the waiting client is accepted and answered.
+        first = nil
+        let r = try third.readResponse()
+        #expect(r.status == 200)
+        #expect(r.json["target"] as? String == "/echo?n=3")
+        #expect(waitUntil("two connections counted again", { try admin.metric("happypath_client_connections") == 2 }))
+        _ = first
+    }
+}
