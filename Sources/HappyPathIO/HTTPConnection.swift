@@ -45,9 +45,8 @@ final class HTTPConnection {
     private var bodyFilled = 0
     private var decoded: GrowingBody
 
-    /// Bytes accepted for the client and not yet written (from `outputSent`).
-    private var output: ByteBuffer
-    private var outputSent = 0
+    /// Bytes accepted for the client and not yet written.
+    private var output = OutputQueue()
 
     // The response being written (staged head) lives here so its buffers
     // are reused from request to request.
@@ -60,7 +59,6 @@ final class HTTPConnection {
         machine = Machine(limits: server.connectionLimits)
         decoded = GrowingBody(budget: server.limits.bodyBudget)
         input = ByteBuffer(capacity: 4096)
-        output = ByteBuffer(capacity: 1024)
     }
 
     deinit {
@@ -87,7 +85,7 @@ final class HTTPConnection {
 
     var peerAddress: String {
         if let peerText { return peerText }
-        peerText = Self.text(of: peer)
+        peerText = SocketAddress.text(of: peer)
         return peerText!
     }
 
@@ -96,24 +94,8 @@ final class HTTPConnection {
     /// the interface address the client reached. Empty if it cannot be read.
     var localAddress: String {
         if let localText { return localText }
-        var storage = sockaddr_storage()
-        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let rc = withUnsafeMutablePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-        }
-        localText = rc == 0 ? Self.text(of: storage) : ""
+        localText = SocketAddress.local(of: fd)
         return localText!
-    }
-
-    private static func text(of address: sockaddr_storage) -> String {
-        var storage = address
-        var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
-        let family = Int32(storage.ss_family)
-        withUnsafeMutableBytes(of: &storage) { raw in
-            // sin6_addr sits at offset 8, sin_addr at offset 4.
-            _ = inet_ntop(family == AF_INET6 ? AF_INET6 : AF_INET, raw.baseAddress! + (family == AF_INET6 ? 8 : 4), &text, socklen_t(text.count))
-        }
-        return String(cString: text)
     }
 
     // MARK: - Performing the machine's actions
@@ -345,7 +327,7 @@ final class HTTPConnection {
 
     // MARK: - Writing
 
-    var pendingOutput: Int { output.count - outputSent }
+    var pendingOutput: Int { output.pending }
 
     /// Writes `pieces` in order, after anything already queued: directly
     /// when nothing is queued (one writev), and whatever the kernel does
@@ -354,42 +336,15 @@ final class HTTPConnection {
     @discardableResult
     func write(_ pieces: [UnsafeRawBufferPointer]) -> Bool {
         guard readEvent != nil else { return false }
-        var total = 0
-        for p in pieces { total += p.count }
-        guard total > 0 else { return true }
-        var written = 0
-        if output.count == outputSent {
-            written = withUnsafeTemporaryAllocation(of: iovec.self, capacity: pieces.count) { iov in
-                var k = 0
-                for p in pieces where p.count > 0 {
-                    iov[k] = iovec(iov_base: UnsafeMutableRawPointer(mutating: p.baseAddress), iov_len: p.count)
-                    k += 1
-                }
-                return writev(fd, iov.baseAddress, Int32(k))
-            }
-            if written < 0 {
-                if errno != EAGAIN && errno != EINTR {
-                    perform(machine.writeFailed())
-                    return false
-                }
-                written = 0
-            }
-            if written == total { return true }
-            output.count = 0
-            outputSent = 0
+        switch output.write(pieces, to: fd) {
+        case .written: return true
+        case .queued:
+            perform(machine.outputQueued())
+            return true
+        case .failed:
+            perform(machine.writeFailed())
+            return false
         }
-        // Queue the rest, skipping what was written.
-        var skip = written
-        for p in pieces {
-            if skip >= p.count {
-                skip -= p.count
-                continue
-            }
-            output.append(UnsafeRawBufferPointer(rebasing: p[skip...]))
-            skip = 0
-        }
-        perform(machine.outputQueued())
-        return true
     }
 
     func write(_ literal: StaticString) {
@@ -398,20 +353,12 @@ final class HTTPConnection {
 
     fileprivate func writable() {
         guard readEvent != nil else { return }
-        if output.count > outputSent {
-            let n = Glibc.write(fd, output.base + outputSent, output.count - outputSent)
-            if n < 0 {
-                if errno == EAGAIN || errno == EINTR { return }
-                return perform(machine.writeFailed())
-            }
-            outputSent += n
-            if output.count > outputSent { return perform(machine.outputProgressed()) }
+        switch output.flush(to: fd) {
+        case .again: return
+        case .failed: perform(machine.writeFailed())
+        case .progressed: perform(machine.outputProgressed())
+        case .drained: perform(machine.outputDrained())
         }
-        // Everything is written.
-        output.count = 0
-        outputSent = 0
-        output.shrink(to: 64 * 1024)
-        perform(machine.outputDrained())
     }
 
     /// Tells `current`'s observer when everything queued so far is written;
