@@ -235,8 +235,8 @@ final class AdminServer: HTTPServerDelegate {
             deliveries.store.record(id: id) { result in
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
-                        return ProblemResponder.answer(
-                            box.request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+                        let detail = "No delivery \(id) (or it was purged)."
+                        return ProblemResponder.answer(box.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
                     box.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
                 }
@@ -247,8 +247,8 @@ final class AdminServer: HTTPServerDelegate {
             deliveries.store.record(id: id) { result in
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
-                        return ProblemResponder.answer(
-                            box.request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+                        let detail = "No delivery \(id) (or it was purged)."
+                        return ProblemResponder.answer(box.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
                     box.server.replay(box.request, record: record, deliveries: deliveries, requestID: requestID)
                 }

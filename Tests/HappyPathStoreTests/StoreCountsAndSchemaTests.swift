@@ -172,7 +172,8 @@ struct SchemaLadderTests {
     static let firstCut = DeliveryStoreTests.schema1
         .replacingOccurrences(
             of: "CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;",
-            with: "CREATE INDEX IF NOT EXISTS delivery_due ON delivery(next_attempt_at) WHERE state = 0;")
+            with: "CREATE INDEX IF NOT EXISTS delivery_due ON delivery(next_attempt_at) WHERE state = 0;"
+        )
         .replacingOccurrences(
             of: "CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;", with: "")
 
