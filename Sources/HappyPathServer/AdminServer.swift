@@ -90,16 +90,12 @@ final class AdminServer: HTTPServerDelegate {
                 request.reply(status: 503, headers: Self.json, body: "{\"status\":\"not ready\"}\n")
             }
         case "/metrics":
-            request.reply(
-                status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
-                body: { () -> String in
-                    shared.deliveries?.recordGauges(into: shared.metrics)
-                    let now = clock.now()
-                    for g in shared.guards where g.pacing != nil {
-                        shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
-                    }
-                    return shared.metrics.exposition(bodies: shared.bodies, connections: shared.connections)
-                }())
+            guard let deliveries = shared.deliveries else { return metrics(request, stats: nil) }
+            // The store's gauges are read on its reader thread; the answer
+            // is written back here, on the admin loop.
+            let box = AdminRequestBox(request, self)
+            let loop = adminLoop
+            deliveries.readGauges { stats in loop.execute { box.server.metrics(box.request, stats: stats) } }
         case "/admin/state":
             request.reply(status: 200, headers: Self.json, body: state())
         case "/admin/events":
@@ -113,6 +109,18 @@ final class AdminServer: HTTPServerDelegate {
                         "The admin listener serves /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries and /admin/fallback/purge."
                 ))
         }
+    }
+
+    /// `/metrics`, with the delivery store's gauges from `stats` (read before).
+    private func metrics(_ request: HTTPRequest, stats: StoreStats?) {
+        if let stats { shared.deliveries?.recordGauges(stats, into: shared.metrics) }
+        let now = clock.now()
+        for g in shared.guards where g.pacing != nil {
+            shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
+        }
+        request.reply(
+            status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
+            body: shared.metrics.exposition(bodies: shared.bodies, connections: shared.connections))
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
@@ -167,7 +175,8 @@ final class AdminServer: HTTPServerDelegate {
             ProblemResponder.respond(
                 request, Problem(.badRequest, requestID: requestID, detail: "\(path) takes \(allowed)."))
         }
-        let box = AdminRequestBox(request)
+        let box = AdminRequestBox(request, self)
+        let loop = adminLoop
         switch parts.count {
         case 2:
             guard isGet else { return wrongMethod("GET") }
@@ -207,44 +216,71 @@ final class AdminServer: HTTPServerDelegate {
                             detail: "Unknown parameter '\(key)' (state, upstream, limit, after)."))
                 }
             }
-            let records = deliveries.store.list(state: state, upstream: upstream, after: after, limit: limit)
-            let next = records.count == limit ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
-            request.reply(
-                status: 200, headers: Self.json,
-                body: "{\"deliveries\":[\(records.map(Deliveries.json).joined(separator: ","))],\"next\":\(next)}\n")
+            let pageSize = limit
+            deliveries.store.list(state: state, upstream: upstream, after: after, limit: pageSize) { result in
+                // A store that cannot be read lists nothing, as before it opened.
+                let records = (try? result.get()) ?? []
+                let next = records.count == pageSize ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
+                let body = "{\"deliveries\":[\(records.map(Deliveries.json).joined(separator: ","))],\"next\":\(next)}\n"
+                loop.execute { box.request.reply(status: 200, headers: Self.json, body: body) }
+            }
         case 3 where parts[2] == "purge":
             guard isPost else { return wrongMethod("POST") }
-            let loop = adminLoop
             deliveries.purge { count in
                 loop.execute { box.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
             }
         case 3:
             guard isGet else { return wrongMethod("GET") }
-            guard let record = deliveries.store.record(id: parts[2]) else {
-                return ProblemResponder.answer(
-                    request, Problem(.notFound, requestID: requestID, detail: "No delivery \(parts[2]) (or it was purged)."))
+            let id = parts[2]
+            deliveries.store.record(id: id) { result in
+                loop.execute {
+                    guard let record = (try? result.get()) ?? nil else {
+                        let detail = "No delivery \(id) (or it was purged)."
+                        return ProblemResponder.answer(box.request, Problem(.notFound, requestID: requestID, detail: detail))
+                    }
+                    box.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
+                }
             }
-            request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
         case 4 where parts[3] == "replay":
             guard isPost else { return wrongMethod("POST") }
             let id = parts[2]
-            guard let record = deliveries.store.record(id: id) else {
-                return ProblemResponder.answer(
-                    request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+            deliveries.store.record(id: id) { result in
+                loop.execute {
+                    guard let record = (try? result.get()) ?? nil else {
+                        let detail = "No delivery \(id) (or it was purged)."
+                        return ProblemResponder.answer(box.request, Problem(.notFound, requestID: requestID, detail: detail))
+                    }
+                    box.server.replay(box.request, record: record, deliveries: deliveries, requestID: requestID)
+                }
             }
-            // A new max_age from now: the route's, if the route still delivers later.
-            let (routePath, _) = Router.split(target: record.target)
-            let maxAge = runtime.router.route(path: routePath, method: record.method).map {
-                runtime.routes[$0].delivery.maxAge
-            } ?? DeliverySettings().maxAge
-            let loop = adminLoop
-            deliveries.replay(id: id, maxAge: maxAge) { result in
+        default:
+            ProblemResponder.respond(
+                request, Problem(.noRoute, requestID: requestID, detail: "No admin resource at \(path)."))
+        }
+    }
+
+    /// `POST /admin/deliveries/{id}/replay`, once the delivery was read: on the admin loop.
+    private func replay(_ request: HTTPRequest, record: DeliveryRecord, deliveries: Deliveries, requestID: String) {
+        let id = record.id
+        // A new max_age from now: the route's, if the route still delivers later.
+        let (routePath, _) = Router.split(target: record.target)
+        let maxAge = runtime.router.route(path: routePath, method: record.method).map {
+            runtime.routes[$0].delivery.maxAge
+        } ?? DeliverySettings().maxAge
+        let loop = adminLoop
+        let box = AdminRequestBox(request, self)
+        deliveries.replay(id: id, maxAge: maxAge) { result in
+            switch result {
+            case .replayed:
+                deliveries.store.record(id: id) { after in
+                    let body = ((try? after.get()) ?? nil).map(Deliveries.json) ?? "{}"
+                    loop.execute { box.request.reply(status: 200, headers: Self.json, body: body + "\n") }
+                }
+            case .notDead, .unknown:
                 loop.execute {
                     let request = box.request
                     switch result {
-                    case .replayed:
-                        let body = deliveries.store.record(id: id).map(Deliveries.json) ?? "{}"
-                        request.reply(status: 200, headers: Self.json, body: body + "\n")
+                    case .replayed: break
                     case let .notDead(state):
                         var conflict = Problem(
                             .clientError, requestID: requestID,
@@ -257,9 +293,6 @@ final class AdminServer: HTTPServerDelegate {
                     }
                 }
             }
-        default:
-            ProblemResponder.respond(
-                request, Problem(.noRoute, requestID: requestID, detail: "No admin resource at \(path)."))
         }
     }
 
@@ -343,8 +376,12 @@ final class ReadyFlag: Sendable {
     let value = Atomic<Bool>(false)
 }
 
-/// A request answered later on the admin loop (after a store write).
+/// A request answered later on the admin loop (after a store read or write).
 private final class AdminRequestBox: @unchecked Sendable {
     let request: HTTPRequest
-    init(_ request: HTTPRequest) { self.request = request }
+    let server: AdminServer
+    init(_ request: HTTPRequest, _ server: AdminServer) {
+        self.request = request
+        self.server = server
+    }
 }

@@ -454,17 +454,33 @@ final class Deliveries: @unchecked Sendable {
 
     // MARK: - Status (worker loop: the proxy's listener; admin loop)
 
-    /// `GET {status_path}/{id}` on the proxy's listener.
-    func status(_ request: HTTPRequest, path: String, requestID: String) {
+    /// `GET {status_path}/{id}` on the proxy's listener. The read runs on
+    /// the store's reader thread; the answer is written back on the
+    /// worker's loop. Until then the request counts as in flight (a drain
+    /// waits for it).
+    func status(_ request: HTTPRequest, path: String, requestID: String, worker: ProxyWorker) {
         guard request.method == "GET" || request.method == "HEAD" else {
             return ProblemResponder.answer(
                 request, Problem(.badRequest, requestID: requestID, detail: "A delivery's status is read with GET."))
         }
         let id = String(path.dropFirst(settings.statusPath.count + 1))
-        let found: DeliveryRecord?
-        do {
-            found = try store.lookup(id: id)
-        } catch {
+        let box = StatusBox(request, worker, self)
+        worker.shared.inFlight.add(1)
+        store.record(id: id) { found in
+            box.worker.loop.execute {
+                box.worker.shared.inFlight.add(-1)
+                box.deliveries.answerStatus(box.request, id: id, found, requestID: requestID)
+            }
+        }
+    }
+
+    /// On the worker's loop, after the read.
+    private func answerStatus(
+        _ request: HTTPRequest, id: String, _ found: Result<DeliveryRecord?, StoreError>, requestID: String
+    ) {
+        let record: DeliveryRecord
+        switch found {
+        case let .failure(error):
             // Opened on a disk that refuses writes, the file may not be
             // readable yet either: not knowing is not "no such delivery".
             var p = Problem(
@@ -472,10 +488,11 @@ final class Deliveries: @unchecked Sendable {
                 detail: "The delivery store cannot be read now (\(error.message)); try again later.")
             p.retryAfterSeconds = 5
             return ProblemResponder.answer(request, p)
-        }
-        guard let record = found else {
+        case .success(nil):
             return ProblemResponder.answer(
                 request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
+        case let .success(found?):
+            record = found
         }
         request.reply(
             status: 200,
@@ -522,9 +539,15 @@ final class Deliveries: @unchecked Sendable {
         }
     }
 
-    /// Gauges read when `/metrics` is scraped.
-    func recordGauges(into metrics: ProxyMetrics) {
-        let stats = store.stats()
+    /// Reads what the `/metrics` gauges need (on the store's reader
+    /// thread: the oldest pending delivery of each upstream is an indexed
+    /// look-up); `reply` runs there.
+    func readGauges(reply: @escaping @Sendable (StoreStats) -> Void) {
+        store.stats(reply: reply)
+    }
+
+    /// Records the gauges from `stats`; on the admin loop, without SQLite.
+    func recordGauges(_ stats: StoreStats, into metrics: ProxyMetrics) {
         let now = clock.wallMilliseconds()
         for (upstream, pending) in stats.pending {
             metrics.gauge("happypath_deliveries_queued", [("upstream", upstream)]).record(pending.count)
@@ -540,11 +563,12 @@ final class Deliveries: @unchecked Sendable {
         metrics.gauge("happypath_delivery_store_max_bytes", []).record(stats.maxBytes)
     }
 
-    /// For `/admin/state`.
+    /// For `/admin/state`: the counts the store keeps (no SQLite).
     func stateJSON() -> String {
-        let stats = store.stats()
-        let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(stats.byState[$0] ?? 0)" }
-        return "{\(counts.joined(separator: ",")),\"held_bytes\":\(stats.heldBytes),\"max_bytes\":\(stats.maxBytes),"
+        let kept = store.counts
+        let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(kept[$0])" }
+        return "{\(counts.joined(separator: ",")),\"held_bytes\":\(store.heldBytes),"
+            + "\"max_bytes\":\(store.settings.maxBytes),"
             + "\"rounds_in_flight\":\(inFlight.load(ordering: .relaxed)),\"store\":\(JSON.quote(settings.path)),"
             + "\"writable\":\(store.unavailable == nil)}"
     }
@@ -570,6 +594,18 @@ final class DeliveriesBox: @unchecked Sendable {
 private final class ClaimBox: @unchecked Sendable {
     let delivery: ClaimedDelivery
     init(_ delivery: ClaimedDelivery) { self.delivery = delivery }
+}
+
+/// A status request waiting for its read, handed back to its own loop.
+private final class StatusBox: @unchecked Sendable {
+    let request: HTTPRequest
+    let worker: ProxyWorker
+    let deliveries: Deliveries
+    init(_ request: HTTPRequest, _ worker: ProxyWorker, _ deliveries: Deliveries) {
+        self.request = request
+        self.worker = worker
+        self.deliveries = deliveries
+    }
 }
 
 /// A request waiting for its commit, handed back to its own loop.

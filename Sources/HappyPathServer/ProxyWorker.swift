@@ -129,7 +129,7 @@ final class ProxyWorker: HTTPServerDelegate {
         let (path, query) = Router.split(target: target)
         if let deliveries, path.hasPrefix(deliveries.statusPrefix) {
             let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-            return deliveries.status(request, path: path, requestID: id)
+            return deliveries.status(request, path: path, requestID: id, worker: self)
         }
         guard let routeIndex = runtime.router.route(path: path, method: method) else {
             return noRoute(request, method: method, path: path)

@@ -175,9 +175,10 @@ public struct StoreSettings: Sendable {
     }
 }
 
-/// Counts for `/admin/state` and `/metrics`.
+/// Counts for `/metrics`: the kept counts, and the oldest pending delivery
+/// of each upstream (read on the reader thread).
 public struct StoreStats: Sendable {
-    public var byState: [DeliveryState: Int] = [:]
+    public var counts = DeliveryCounts()
     /// Per upstream: deliveries not yet delivered or dead, and the oldest one's creation (wall ms).
     public var pending: [String: (count: Int, oldest: Int64)] = [:]
     public var heldBytes = 0
@@ -190,8 +191,11 @@ public struct StoreStats: Sendable {
 /// waiting (after lingering up to a millisecond for more) and commits it in
 /// one transaction: many requests share one fsync (group commit). Replies
 /// run on the writer thread after the commit; callers hop back to their own
-/// loop. Reads (status, listings, counts) use a second, read-only connection,
-/// which WAL lets run beside the writer.
+/// loop. Reads (status, listings) go the same way to a reader thread with a
+/// read-only connection of its own (`StoreReader`), which WAL lets run
+/// beside the writer: no caller's thread ever runs SQLite. The counts by
+/// upstream and state are kept by the writer (`DeliveryCounts`) and read
+/// without SQLite.
 ///
 /// Payload bytes (headers, body, target) of deliveries not yet delivered
 /// count against `maxBytes`, and a delivered one's leftover row counts
@@ -229,11 +233,12 @@ public final class DeliveryStore: @unchecked Sendable {
     /// lost (its row would stay `in_flight` until the next start); their
     /// replies (a round slot freed) wait for it.
     private var deferred: [WriterQueue.Op] = []
-    /// The read-only connection, opened on first use (the file may have no
-    /// table yet while the writer cannot open it).
-    private let reader = Locked<Reader?>(nil)
+    /// The reads' thread and its read-only connection.
+    private let reader: StoreReader
     /// Payload bytes held, kept by the writer, read by anyone.
     private let held: Locked<Int>
+    /// Rows by upstream and state, kept by the writer, read by anyone.
+    private let kept = Locked(DeliveryCounts())
     /// The last write's failure, cleared once a write succeeds.
     private let failure = Locked<StoreError?>(nil)
     /// Told when writes start failing or work again (set before `start`).
@@ -261,12 +266,14 @@ public final class DeliveryStore: @unchecked Sendable {
             Glibc.close(fd)
         }
         held = Locked(0)
+        reader = StoreReader(path: settings.path)
         do {
             try openWriter()
         } catch where error.isDiskError {
             let refused = error
             failure.withLock { $0 = refused }
         }
+        reader.start()
     }
 
     /// Opens the writer connection: recovers rounds left in flight, counts
@@ -275,7 +282,9 @@ public final class DeliveryStore: @unchecked Sendable {
         let writer = try Writer(settings: settings)
         recovered = try writer.recover(now: clock.wallMilliseconds())
         let bytes = try writer.heldBytes()
+        let counts = try writer.countRows()
         held.withLock { $0 = bytes }
+        kept.withLock { $0 = counts }
         self.writer = writer
     }
 
@@ -327,8 +336,11 @@ public final class DeliveryStore: @unchecked Sendable {
             pthread_join(thread, nil)
             self.thread = nil
         }
+        reader.stop()
         if let writer {
-            _ = try? writer.recover(now: clock.wallMilliseconds())
+            if (try? writer.recover(now: clock.wallMilliseconds())) != nil {
+                kept.withLock { $0.requeueInFlight() }
+            }
             try? writer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.writer = nil
         }
@@ -339,6 +351,10 @@ public final class DeliveryStore: @unchecked Sendable {
     }
 
     public var heldBytes: Int { held.withLock { $0 } }
+
+    /// Rows by upstream and state as of the last commit: a copy of a value
+    /// behind a lock, no SQLite (all zero while the store could not be opened).
+    public var counts: DeliveryCounts { kept.withLock { $0 } }
 
     // MARK: - Writes (group-committed on the writer thread)
 
@@ -382,47 +398,47 @@ public final class DeliveryStore: @unchecked Sendable {
         queue.push(.execute(sql: sql, reply: reply))
     }
 
-    // MARK: - Reads (the read-only connection)
+    // MARK: - Reads (on the reader thread)
 
-    /// The reader, opened now if it is not yet; nil if it cannot be.
-    private func read<T>(_ body: (Reader) throws(StoreError) -> T) -> T? {
-        reader.withLock { r -> T? in
-            if r == nil { r = try? Reader(path: settings.path) }
-            guard let open = r else { return nil }
-            return try? body(open)
+    /// `id`'s record (nil: there is none), or why the store cannot be read
+    /// (opened on a full disk, the file may not be readable yet: not knowing
+    /// is not "no such delivery"). `reply` runs on the reader thread.
+    public func record(id: String, reply: @escaping @Sendable (Result<DeliveryRecord?, StoreError>) -> Void) {
+        reader.read { r in reply(r.flatMap { reader in Result { () throws(StoreError) in try reader.record(id: id) } }) }
+    }
+
+    /// Newest first; `after` is the `cursor` of the last record of the
+    /// previous page. `reply` runs on the reader thread.
+    public func list(
+        state: DeliveryState?, upstream: String?, after: Int64?, limit: Int,
+        reply: @escaping @Sendable (Result<[DeliveryRecord], StoreError>) -> Void
+    ) {
+        reader.read { r in
+            reply(
+                r.flatMap { reader in
+                    Result { () throws(StoreError) in
+                        try reader.list(state: state, upstream: upstream, after: after, limit: limit)
+                    }
+                })
         }
     }
 
-    public func record(id: String) -> DeliveryRecord? {
-        read { r throws(StoreError) in try r.record(id: id) } ?? nil
-    }
-
-    /// `id`'s record, nil if there is none; throws if the store cannot be
-    /// read (opened on a full disk, the file may not be readable yet): not
-    /// knowing is not "no such delivery".
-    public func lookup(id: String) throws(StoreError) -> DeliveryRecord? {
-        // `withLock` rethrows untyped: carry the error out as a value.
-        let result = reader.withLock { r -> Result<DeliveryRecord?, StoreError> in
-            do throws(StoreError) {
-                if r == nil { r = try Reader(path: settings.path) }
-                return .success(try r!.record(id: id))
-            } catch {
-                return .failure(error)
+    /// The counts, held bytes, and each upstream's pending deliveries with
+    /// the oldest one's time (one indexed look-up per upstream that has
+    /// some). `reply` runs on the reader thread; without a readable file,
+    /// the pending deliveries are left out.
+    public func stats(reply: @escaping @Sendable (StoreStats) -> Void) {
+        let maxBytes = settings.maxBytes
+        reader.read { [self] r in
+            var stats = StoreStats(counts: counts, heldBytes: heldBytes, maxBytes: maxBytes)
+            if case let .success(reader) = r {
+                for (upstream, count) in stats.counts.pending {
+                    guard let oldest = try? reader.oldestPending(upstream: upstream) else { continue }
+                    stats.pending[upstream] = (count, oldest)
+                }
             }
+            reply(stats)
         }
-        return try result.get()
-    }
-
-    /// Newest first; `after` is the `cursor` of the last record of the previous page.
-    public func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) -> [DeliveryRecord] {
-        read { r throws(StoreError) in try r.list(state: state, upstream: upstream, after: after, limit: limit) } ?? []
-    }
-
-    public func stats() -> StoreStats {
-        var stats = read { r throws(StoreError) in try r.stats() } ?? StoreStats()
-        stats.heldBytes = heldBytes
-        stats.maxBytes = settings.maxBytes
-        return stats
     }
 
     // MARK: - The writer thread
@@ -471,16 +487,16 @@ public final class DeliveryStore: @unchecked Sendable {
             return
         }
         let now = clock.wallMilliseconds()
-        let heldBefore = heldBytes
-        var heldNow = heldBefore
+        let before = Tally(held: heldBytes, counts: counts)
+        var tally = before
         var replies: [() -> Void]
         let changesBefore = writer.connection.totalChanges
         var wrote = false
         do {
-            replies = try transaction(batch, writer: writer, now: now, held: &heldNow)
+            replies = try transaction(batch, writer: writer, now: now, tally: &tally)
             wrote = writer.connection.totalChanges > changesBefore
         } catch {
-            heldNow = heldBefore
+            tally = before
             failed(error)
             // Nothing new was stored: every submit in the batch is refused;
             // the rest (finishes, claims, replays) is tried again on its own.
@@ -495,9 +511,9 @@ public final class DeliveryStore: @unchecked Sendable {
             }
             if !rest.isEmpty {
                 do {
-                    replies += try transaction(rest, writer: writer, now: now, held: &heldNow)
+                    replies += try transaction(rest, writer: writer, now: now, tally: &tally)
                 } catch {
-                    heldNow = heldBefore
+                    tally = before
                     failed(error)
                     for op in rest {
                         if case .finish = op, error.isDiskError {
@@ -516,7 +532,8 @@ public final class DeliveryStore: @unchecked Sendable {
             failure.withLock { $0 = nil }
             onHealth(.writable(requeued: 0))
         }
-        held.withLock { $0 = heldNow }
+        held.withLock { $0 = tally.held }
+        if tally.counts != before.counts { kept.withLock { $0 = tally.counts } }
         let committed = clock.now()
         for op in batch {
             if case let .submit(_, enqueued, _) = op {
@@ -527,16 +544,16 @@ public final class DeliveryStore: @unchecked Sendable {
     }
 
     /// `ops` in one transaction; their replies, to run once it is committed.
-    /// Rolled back (and `held` left to the caller) if any of them fails.
-    private func transaction(_ ops: [WriterQueue.Op], writer: Writer, now: Int64, held: inout Int) throws(StoreError)
-        -> [() -> Void]
+    /// Rolled back (and `tally` left to the caller) if any of them fails.
+    private func transaction(_ ops: [WriterQueue.Op], writer: Writer, now: Int64, tally: inout Tally)
+        throws(StoreError) -> [() -> Void]
     {
         var replies: [() -> Void] = []
         do {
             try writer.begin.run()
             for op in ops {
                 if let reply = try writer.apply(
-                    op, now: now, retention: settings.retention, maxBytes: settings.maxBytes, held: &held)
+                    op, now: now, retention: settings.retention, maxBytes: settings.maxBytes, tally: &tally)
                 {
                     replies.append(reply)
                 }
@@ -651,71 +668,11 @@ final class WriterQueue: @unchecked Sendable {
     }
 }
 
-// MARK: - Schema and statements
-
-enum Schema {
-    /// 1: the first. 2: `idem_scope` and `idem_fingerprint`; a key is
-    /// unique per scope, no longer per upstream (`delivery_idem` dropped).
-    static let version = 2
-
-    static let create = """
-        CREATE TABLE IF NOT EXISTS delivery (
-          seq INTEGER PRIMARY KEY,
-          id TEXT NOT NULL UNIQUE,
-          upstream TEXT NOT NULL,
-          route TEXT NOT NULL,
-          idem_key TEXT,
-          request_id TEXT NOT NULL,
-          method TEXT NOT NULL,
-          target TEXT NOT NULL,
-          headers BLOB,
-          body BLOB,
-          payload_bytes INTEGER NOT NULL,
-          state INTEGER NOT NULL DEFAULT 0,
-          attempts INTEGER NOT NULL DEFAULT 0,
-          max_attempts INTEGER NOT NULL,
-          next_attempt_at INTEGER NOT NULL,
-          expires_at INTEGER NOT NULL,
-          created_at INTEGER NOT NULL,
-          updated_at INTEGER NOT NULL,
-          last_status INTEGER,
-          last_problem TEXT,
-          idem_scope TEXT,
-          idem_fingerprint TEXT
-        );
-        """
-
-    /// Schema 1 to 2, in place: the two columns are added (NULL in the rows
-    /// already stored: their keys are matched by no new request, see
-    /// docs/deliver-later.md) and the per-upstream key index is replaced.
-    static let migrateFrom1 = """
-        ALTER TABLE delivery ADD COLUMN idem_scope TEXT;
-        ALTER TABLE delivery ADD COLUMN idem_fingerprint TEXT;
-        """
-
-    static let indexes = """
-        DROP INDEX IF EXISTS delivery_idem;
-        CREATE UNIQUE INDEX IF NOT EXISTS delivery_idem_scope ON delivery(idem_scope, idem_key) WHERE idem_key IS NOT NULL;
-        DROP INDEX IF EXISTS delivery_due;
-        CREATE INDEX IF NOT EXISTS delivery_due_by_upstream ON delivery(upstream, next_attempt_at) WHERE state = 0;
-        CREATE INDEX IF NOT EXISTS delivery_expiry ON delivery(expires_at) WHERE state = 0;
-        CREATE INDEX IF NOT EXISTS delivery_done ON delivery(updated_at) WHERE state >= 2;
-        CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
-        """
-
-    static let recordColumns = """
-        seq, id, state, attempts, max_attempts, upstream, route, request_id, method, target, created_at, updated_at,
-        next_attempt_at, expires_at, last_status, last_problem
-        """
-
-    static func record(_ s: Statement) -> DeliveryRecord {
-        DeliveryRecord(
-            cursor: s.int64(0), id: s.string(1) ?? "", state: DeliveryState(rawValue: s.int(2)) ?? .queued,
-            attempts: s.int(3), maxAttempts: s.int(4), upstream: s.string(5) ?? "", route: s.string(6) ?? "",
-            requestID: s.string(7) ?? "", method: s.string(8) ?? "", target: s.string(9) ?? "", createdAt: s.int64(10),
-            updatedAt: s.int64(11), nextAttemptAt: s.int64(12), expiresAt: s.int64(13),
-            lastStatus: s.isNull(14) ? nil : s.int(14), lastProblem: s.string(15))
-    }
+/// What a batch changes besides rows: the bytes held and the counts, kept
+/// aside until its commit (a rollback leaves them as they were).
+struct Tally: Equatable {
+    var held: Int
+    var counts: DeliveryCounts
 }
 
 /// The writer thread's connection and its prepared statements.
@@ -740,24 +697,7 @@ final class Writer {
         try c.execute("PRAGMA secure_delete = OFF")
         // Sorts and temporary indexes in memory: no temporary files (a read-only root in a container).
         try c.execute("PRAGMA temp_store = MEMORY")
-        let version = try c.integer("PRAGMA user_version")
-        if version > Int64(Schema.version) {
-            throw StoreError(
-                SQLITE_ERROR,
-                "\(settings.path) was written by a newer happypath (schema \(version), this one knows \(Schema.version))")
-        }
-        try c.execute("BEGIN IMMEDIATE; \(Schema.create)")
-        do {
-            // A file of schema 1 has the table without the new columns.
-            let columns = try c.prepare("SELECT count(*) FROM pragma_table_info('delivery') WHERE name = 'idem_scope'")
-            let missing = try columns.step() && columns.int(0) == 0
-            columns.reset()
-            if missing { try c.execute(Schema.migrateFrom1) }
-            try c.execute("\(Schema.indexes) PRAGMA user_version = \(Schema.version); COMMIT")
-        } catch {
-            try? c.execute("ROLLBACK")
-            throw error
-        }
+        try Schema.migrate(c, path: settings.path)
         // A backstop below the disk: SQLite itself refuses to grow past about
         // twice max_bytes (the store refuses new requests at max_bytes).
         let pageSize = try c.integer("PRAGMA page_size")
@@ -798,27 +738,30 @@ final class Writer {
             """
             UPDATE delivery SET state = 2, updated_at = ?2, last_status = ?3, last_problem = NULL,
               headers = NULL, body = NULL, payload_bytes = \(DeliveryStore.deliveredRowBytes)
-            WHERE id = ?1 AND state = 1 RETURNING payload_bytes
+            WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         requeue = try c.prepare(
             """
             UPDATE delivery SET state = 0, updated_at = ?2, next_attempt_at = ?3, last_status = ?4, last_problem = ?5
-            WHERE id = ?1 AND state = 1
+            WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         dead = try c.prepare(
-            "UPDATE delivery SET state = 3, updated_at = ?2, last_status = ?3, last_problem = ?4 WHERE id = ?1 AND state = 1")
+            """
+            UPDATE delivery SET state = 3, updated_at = ?2, last_status = ?3, last_problem = ?4 WHERE id = ?1 AND state = 1
+            RETURNING upstream
+            """)
         postpone = try c.prepare(
             """
             UPDATE delivery SET state = 0, attempts = attempts - 1, updated_at = ?2, next_attempt_at = ?3
-            WHERE id = ?1 AND state = 1
+            WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         replay = try c.prepare(
             """
             UPDATE delivery SET state = 0, attempts = 0, updated_at = ?2, next_attempt_at = ?2, expires_at = ?3
-            WHERE id = ?1 AND state = 3
+            WHERE id = ?1 AND state = 3 RETURNING upstream
             """)
         purge = try c.prepare(
-            "DELETE FROM delivery WHERE state >= 2 AND updated_at < ?1 RETURNING payload_bytes")
+            "DELETE FROM delivery WHERE state >= 2 AND updated_at < ?1 RETURNING payload_bytes, upstream, state")
         payloadOfRound = try c.prepare("SELECT payload_bytes FROM delivery WHERE id = ?1 AND state = 1")
         stateOf = try c.prepare("SELECT state FROM delivery WHERE id = ?1")
         let names = try c.prepare("SELECT DISTINCT upstream FROM delivery")
@@ -836,8 +779,34 @@ final class Writer {
         Int(try connection.integer("SELECT coalesce(sum(payload_bytes), 0) FROM delivery"))
     }
 
+    /// The rows by upstream and state, counted from the table: once when
+    /// the writer opens (one scan), after which the writer keeps them.
+    func countRows() throws(StoreError) -> DeliveryCounts {
+        let s = try connection.prepare("SELECT upstream, state, count(*) FROM delivery GROUP BY upstream, state")
+        var counts = DeliveryCounts()
+        while try s.step() {
+            guard let state = DeliveryState(rawValue: s.int(1)) else { continue }
+            counts.add(s.int(2), state, upstream: s.string(0) ?? "")
+        }
+        return counts
+    }
+
+    /// Runs `s` (bound) to its end; each row's first column is the upstream
+    /// of a row that went from `old` to `new`.
+    private func moved(_ s: Statement, from old: DeliveryState, to new: DeliveryState, _ counts: inout DeliveryCounts)
+        throws(StoreError) -> Int
+    {
+        defer { s.reset() }
+        var n = 0
+        while try s.step() {
+            counts.move(upstream: s.string(0) ?? "", from: old, to: new)
+            n += 1
+        }
+        return n
+    }
+
     /// One operation inside the open transaction; its reply, to run after the commit.
-    func apply(_ op: WriterQueue.Op, now: Int64, retention: Duration, maxBytes: Int, held: inout Int)
+    func apply(_ op: WriterQueue.Op, now: Int64, retention: Duration, maxBytes: Int, tally: inout Tally)
         throws(StoreError) -> (() -> Void)?
     {
         switch op {
@@ -846,8 +815,8 @@ final class Writer {
                 return Self.repeated(existing, d, reply)
             }
             let bytes = d.payloadBytes
-            if held + bytes > maxBytes {
-                let before = held
+            if tally.held + bytes > maxBytes {
+                let before = tally.held
                 return { reply(.full(heldBytes: before, maxBytes: maxBytes)) }
             }
             let s = insert
@@ -867,12 +836,14 @@ final class Writer {
             s.bind(14, d.idempotencyScope)
             s.bind(15, d.fingerprint)
             try s.run()
-            if connection.changes == 0, let key = d.idempotencyKey,
-                let existing = try existing(scope: d.idempotencyScope, key: key)
-            {
+            let inserted = connection.changes > 0
+            if !inserted, let key = d.idempotencyKey, let existing = try existing(scope: d.idempotencyScope, key: key) {
                 return Self.repeated(existing, d, reply)
             }
-            held += bytes
+            if inserted {
+                tally.held += bytes
+                tally.counts.add(1, .queued, upstream: d.upstream)
+            }
             upstreams.insert(d.upstream)
             let id = d.id
             return { reply(.stored(id: id)) }
@@ -885,7 +856,11 @@ final class Writer {
                 s.bind(1, now)
                 s.bind(2, DeliveryProblems.expiredUnsent)
                 s.bind(3, DeliveryProblems.expiredPrefix)
-                while try s.step() { expired.append((s.string(0) ?? "", s.string(1) ?? "")) }
+                while try s.step() {
+                    let upstream = s.string(1) ?? ""
+                    expired.append((s.string(0) ?? "", upstream))
+                    tally.counts.move(upstream: upstream, from: .queued, to: .dead)
+                }
             }
             var claimed: [ClaimedDelivery] = []
             // Each upstream's turn to go first moves on, so a busy one cannot take every round.
@@ -899,6 +874,7 @@ final class Writer {
                 s.bind(2, upstream)
                 s.bind(3, limit - claimed.count)
                 while try s.step() {
+                    tally.counts.move(upstream: s.string(1) ?? "", from: .queued, to: .inFlight)
                     let body = s.bytes(6)
                     claimed.append(
                         ClaimedDelivery(
@@ -916,11 +892,12 @@ final class Writer {
                 // The row keeps its id, key and times (status URL, Idempotency-Key) but not the request.
                 let before = try payloadBytes(id: id)
                 let s = delivered
-                defer { s.reset() }
                 s.bind(1, id)
                 s.bind(2, now)
                 s.bind(3, status)
-                if try s.step(), let before { held += DeliveryStore.deliveredRowBytes - before }
+                if try moved(s, from: .inFlight, to: .delivered, &tally.counts) > 0, let before {
+                    tally.held += DeliveryStore.deliveredRowBytes - before
+                }
             case let .retry(at, status, problem):
                 let s = requeue
                 s.bind(1, id)
@@ -928,20 +905,20 @@ final class Writer {
                 s.bind(3, at)
                 s.bind(4, status)
                 s.bind(5, problem)
-                try s.run()
+                _ = try moved(s, from: .inFlight, to: .queued, &tally.counts)
             case let .dead(status, problem):
                 let s = dead
                 s.bind(1, id)
                 s.bind(2, now)
                 s.bind(3, status)
                 s.bind(4, problem)
-                try s.run()
+                _ = try moved(s, from: .inFlight, to: .dead, &tally.counts)
             case let .postpone(at):
                 let s = postpone
                 s.bind(1, id)
                 s.bind(2, now)
                 s.bind(3, at)
-                try s.run()
+                _ = try moved(s, from: .inFlight, to: .queued, &tally.counts)
             }
             return reply.map { r in { r() } }
 
@@ -950,8 +927,7 @@ final class Writer {
             s.bind(1, id)
             s.bind(2, now)
             s.bind(3, expiresAt)
-            try s.run()
-            if connection.changes > 0 { return { reply(.replayed) } }
+            if try moved(s, from: .dead, to: .queued, &tally.counts) > 0 { return { reply(.replayed) } }
             let state = try self.state(id: id)
             return { reply(state.map(ReplayResult.notDead) ?? .unknown) }
 
@@ -961,7 +937,8 @@ final class Writer {
             s.bind(1, now - retention.nanoseconds / 1_000_000)
             var count = 0
             while try s.step() {
-                held -= s.int(0)
+                tally.held -= s.int(0)
+                if let state = DeliveryState(rawValue: s.int(2)) { tally.counts.add(-1, state, upstream: s.string(1) ?? "") }
                 count += 1
             }
             return { reply(count) }
@@ -975,6 +952,8 @@ final class Writer {
 
         case let .execute(sql, reply):
             try connection.execute(sql)
+            // Tests: the statement may have changed any row.
+            tally.counts = try countRows()
             return { reply() }
         }
     }
@@ -1015,61 +994,6 @@ final class Writer {
         defer { s.reset() }
         s.bind(1, id)
         return try s.step() ? DeliveryState(rawValue: s.int(0)) : nil
-    }
-}
-
-/// The read-only connection (status URL, admin API, metrics).
-final class Reader {
-    let connection: SQLiteConnection
-    let byID: Statement
-    let counts: Statement
-    let pending: Statement
-
-    init(path: String) throws(StoreError) {
-        connection = try SQLiteConnection(path: path, readOnly: true)
-        byID = try connection.prepare("SELECT \(Schema.recordColumns) FROM delivery WHERE id = ?1")
-        counts = try connection.prepare("SELECT state, count(*) FROM delivery GROUP BY state")
-        pending = try connection.prepare(
-            "SELECT upstream, count(*), min(created_at) FROM delivery WHERE state < 2 GROUP BY upstream")
-    }
-
-    func record(id: String) throws(StoreError) -> DeliveryRecord? {
-        let s = byID
-        defer { s.reset() }
-        s.bind(1, id)
-        return try s.step() ? Schema.record(s) : nil
-    }
-
-    func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) throws(StoreError) -> [DeliveryRecord] {
-        var conditions: [String] = []
-        if state != nil { conditions.append("state = ?1") }
-        if upstream != nil { conditions.append("upstream = ?2") }
-        if after != nil { conditions.append("seq < ?3") }
-        let filter = conditions.isEmpty ? "" : "WHERE " + conditions.joined(separator: " AND ")
-        let s = try connection.prepare(
-            "SELECT \(Schema.recordColumns) FROM delivery \(filter) ORDER BY seq DESC LIMIT ?4")
-        if let state { s.bind(1, state.rawValue) }
-        if let upstream { s.bind(2, upstream) }
-        if let after { s.bind(3, after) }
-        s.bind(4, limit)
-        var out: [DeliveryRecord] = []
-        while try s.step() { out.append(Schema.record(s)) }
-        return out
-    }
-
-    func stats() throws(StoreError) -> StoreStats {
-        var stats = StoreStats()
-        do {
-            let s = counts
-            defer { s.reset() }
-            while try s.step() {
-                if let state = DeliveryState(rawValue: s.int(0)) { stats.byState[state] = s.int(1) }
-            }
-        }
-        let s = pending
-        defer { s.reset() }
-        while try s.step() { stats.pending[s.string(0) ?? ""] = (s.int(1), s.int64(2)) }
-        return stats
     }
 }
 

@@ -89,6 +89,15 @@ struct DeliveryStoreTests {
         let _: Bool = wait { reply in store.execute(sql) { reply(true) } }
     }
 
+    /// The rows by upstream and state, counted from the file itself.
+    static func countedInTheFile(_ path: String) throws -> DeliveryCounts {
+        let c = try SQLiteConnection(path: path, readOnly: true)
+        let s = try c.prepare("SELECT upstream, state, count(*) FROM delivery GROUP BY upstream, state")
+        var counts = DeliveryCounts()
+        while try s.step() { counts.add(s.int(2), DeliveryState(rawValue: s.int(1))!, upstream: s.string(0)!) }
+        return counts
+    }
+
     // MARK: - A disk that refuses writes
 
     /// SQLITE_FULL from below (here SQLite's page limit, as a full
@@ -270,7 +279,7 @@ struct DeliveryStoreTests {
             return
         }
         #expect(store.record(id: "b") == nil)
-        #expect(store.stats().byState[.queued] == 2)
+        #expect(store.counts[.queued] == 2)
     }
 
     // MARK: - Idempotency-Key scope and fingerprint
@@ -297,7 +306,7 @@ struct DeliveryStoreTests {
             Issue.record("the same request in the same scope was not recognized")
             return
         }
-        #expect(store.stats().byState[.queued] == 2)
+        #expect(store.counts[.queued] == 2)
     }
 
     @Test func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing() throws {
@@ -408,7 +417,7 @@ struct DeliveryStoreTests {
         for _ in 0..<20 { done.wait() }
         let stored = results.withLock { $0.filter { if case .stored = $0 { true } else { false } } }
         #expect(stored.count == 1)
-        #expect(store.stats().byState[.queued] == 1)
+        #expect(store.counts[.queued] == 1)
     }
 
     @Test func fullStoreRefusesAndKeepsWhatItHas() throws {
@@ -433,7 +442,7 @@ struct DeliveryStoreTests {
             Issue.record("room was not given back")
             return
         }
-        #expect(store.stats().byState[.queued] == 2)
+        #expect(store.counts[.queued] == 2)
     }
 
     @Test func retryWaitsForItsTimeAndDeadKeepsTheProblem() throws {
@@ -505,7 +514,7 @@ struct DeliveryStoreTests {
         store = nil
         let reopened = try f.open()
         #expect(reopened.recovered == 4 || reopened.recovered == 0)
-        #expect(reopened.stats().byState[.queued] == 10)
+        #expect(reopened.counts[.queued] == 10)
         #expect(Self.claim(reopened).count == 10)
     }
 
@@ -520,7 +529,7 @@ struct DeliveryStoreTests {
         let purged: Int = Self.wait { store.purge(reply: $0) }
         #expect(purged == 1)
         #expect(store.record(id: claimed[0].id) == nil)
-        #expect(store.stats().byState[.queued] == 1)
+        #expect(store.counts[.queued] == 1)
     }
 
     @Test func listsPageNewestFirstAndFilter() throws {
@@ -542,5 +551,22 @@ struct DeliveryStoreTests {
                     path: "/proc/happypath-cannot-write-here/d.db", sync: .full, maxBytes: 1 << 20,
                     retention: .seconds(60)), clock: ManualClock())
         }
+    }
+}
+
+extension DeliveryStore {
+    /// Tests: `id`'s record, read on the reader thread and waited for (nil
+    /// also when the store cannot be read).
+    func record(id: String) -> DeliveryRecord? {
+        let found: Result<DeliveryRecord?, StoreError> = DeliveryStoreTests.wait { record(id: id, reply: $0) }
+        return (try? found.get()) ?? nil
+    }
+
+    /// Tests: a page of the listing, waited for.
+    func list(state: DeliveryState?, upstream: String?, after: Int64?, limit: Int) -> [DeliveryRecord] {
+        let page: Result<[DeliveryRecord], StoreError> = DeliveryStoreTests.wait {
+            list(state: state, upstream: upstream, after: after, limit: limit, reply: $0)
+        }
+        return (try? page.get()) ?? []
     }
 }
