@@ -98,21 +98,28 @@ let package = Package(
             ],
             path: "Tests/Support/HTTP1Oracle"
         ),
+        // Each fuzz target's check, in a library of its own: the fuzz executable
+        // and HappyPathFuzzSeedTests (every seed through it, in `swift test`) link it.
+        .target(
+            name: "FuzzRequestParserHarness", dependencies: ["HTTP1Framing"],
+            path: "Tests/Support/FuzzHarnesses/FuzzRequestParserHarness"),
+        .target(
+            name: "FuzzResponseHeadHarness", dependencies: ["HappyPathCore", "HappyPathPolicies"],
+            path: "Tests/Support/FuzzHarnesses/FuzzResponseHeadHarness"),
+        .target(
+            name: "FuzzDifferentialHarness", dependencies: ["HTTP1Oracle"],
+            path: "Tests/Support/FuzzHarnesses/FuzzDifferentialHarness"),
+        .target(
+            name: "FuzzConfigHarness", dependencies: ["HappyPathConfig"],
+            path: "Tests/Support/FuzzHarnesses/FuzzConfigHarness"),
         // `make fuzz` builds these with -sanitize=fuzzer -DFUZZING; a plain build
         // gives a driver that replays the input files named on its command line.
         // libFuzzer's driver and the replay driver, shared by the fuzz targets.
         .target(name: "FuzzSupport", path: "Tests/Support/FuzzSupport"),
-        .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "HTTP1Framing", "HappyPathCore"]),
-        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore", "HappyPathPolicies"]),
-        .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "HappyPathConfig"]),
-        .executableTarget(
-            name: "FuzzDifferential",
-            dependencies: [
-                "FuzzSupport", "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-            ]
-        ),
+        .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "FuzzRequestParserHarness"]),
+        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "FuzzResponseHeadHarness"]),
+        .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "FuzzConfigHarness"]),
+        .executableTarget(name: "FuzzDifferential", dependencies: ["FuzzSupport", "FuzzDifferentialHarness"]),
 
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
@@ -139,6 +146,11 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]
+        ),
+        // Every file in Tests/FuzzSeeds/<target> through that target's check.
+        .testTarget(
+            name: "HappyPathFuzzSeedTests",
+            dependencies: ["FuzzRequestParserHarness", "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness"]
         ),
         .testTarget(
             name: "HappyPathIntegrationTests",
