@@ -81,8 +81,9 @@ func replayInThisProcess(_ seed: Seed) {
         let makefile = try String(
             contentsOf: seedsFolder.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("Makefile"),
             encoding: .utf8)
-        let line = try #require(makefile.split(separator: "\n").first { $0.hasPrefix("FUZZ_TARGETS :=") })
-        let listed = line.dropFirst("FUZZ_TARGETS :=".count).split(separator: " ").map(String.init)
+        let lines = makefile.replacingOccurrences(of: "\\\n", with: " ").split(separator: "\n")
+        let line = try #require(lines.first { $0.hasPrefix("FUZZ_TARGETS :=") })
+        let listed = line.dropFirst("FUZZ_TARGETS :=".count).split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
         #expect(Set(listed) == Set(harnesses.keys))
         let seeds = Seed.all()
         for target in folders {
