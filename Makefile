@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libsqlite3-dev pkg-config
 TEST_PACKAGES := wrk curl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -59,7 +59,7 @@ run: release
 # Every test: unit and loopback integration tests, the Kubernetes manifests,
 # each load-test scenario in its short form (about 10 s each), a one-minute
 # soak, and the whole suite again under ThreadSanitizer and AddressSanitizer.
-test: deploy-check loadtest-short soak-short unit-test sanitize
+test: deploy-check loadtest-short soak-short unit-test fuzz-short sanitize
 
 unit-test: deps
 	$(SWIFT) build --build-tests
@@ -172,18 +172,34 @@ clean:
 # (-DFUZZING selects the fuzz entry point, which starts libFuzzer's driver;
 # -parse-as-library because that build has no top-level code. SWIFT_BACKTRACE=enable=no:
 # Swift's own backtracer would take the trap before libFuzzer saves the input.)
+# `make fuzz-short` (part of `make test`) is the same run, FUZZ_SHORT_SECONDS
+# (default 20) per target: about 2 minutes to build from a clean clone and
+# 80 s to run on two cores. Both keep .build-fuzz/corpus between runs (a clean
+# clone starts from the seeds); -max_len is fixed so that libFuzzer does not
+# derive it from whatever the corpus holds. A new target is one more name in
+# FUZZ_TARGETS; FuzzSeedReplayTests (swift test) fails until its seed folder
+# and its check (a line in that test's table) are there too.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential FuzzConfig
+FUZZ_SHORT_SECONDS ?= 20
+FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential FuzzConfig FuzzConnection
 FUZZ_BUILD := $(SWIFT) build -c release --scratch-path .build-fuzz \
 	-Xswiftc -sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
-fuzz: deps
+# $(call fuzz_run,SECONDS): builds every target, runs each SECONDS, fails if any crashed.
+define fuzz_run
 	@for t in $(FUZZ_TARGETS); do $(FUZZ_BUILD) --product $$t || exit 1; done
 	@bin=$$($(FUZZ_BUILD) --show-bin-path); failed=""; \
 	for t in $(FUZZ_TARGETS); do \
 	  mkdir -p .build-fuzz/corpus/$$t .build-fuzz/crashes/$$t; \
-	  echo "== $$t: $(FUZZ_SECONDS) s"; \
-	  SWIFT_BACKTRACE=enable=no $$bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	  echo "== $$t: $(1) s"; \
+	  SWIFT_BACKTRACE=enable=no $$bin/$$t -max_total_time=$(1) -max_len=4096 -print_final_stats=1 \
 	    -artifact_prefix=.build-fuzz/crashes/$$t/ .build-fuzz/corpus/$$t Tests/FuzzSeeds/$$t \
 	    || failed="$$failed $$t"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: crashes in:$$failed (inputs in .build-fuzz/crashes/)"; exit 1; fi
+endef
+
+fuzz: deps
+	$(call fuzz_run,$(FUZZ_SECONDS))
+
+fuzz-short: deps
+	$(call fuzz_run,$(FUZZ_SHORT_SECONDS))

@@ -98,24 +98,33 @@ let package = Package(
             ],
             path: "Tests/Support/HTTP1Oracle"
         ),
+        // Each fuzz target's check, in a library of its own: the fuzz executable
+        // and HappyPathFuzzSeedTests (every seed through it, in `swift test`) link it.
+        .target(
+            name: "FuzzRequestParserHarness", dependencies: ["HTTP1Framing"],
+            path: "Tests/Support/FuzzHarnesses/FuzzRequestParserHarness"),
+        .target(
+            name: "FuzzResponseHeadHarness", dependencies: ["HappyPathCore", "HappyPathPolicies"],
+            path: "Tests/Support/FuzzHarnesses/FuzzResponseHeadHarness"),
+        .target(
+            name: "FuzzDifferentialHarness", dependencies: ["HTTP1Oracle"],
+            path: "Tests/Support/FuzzHarnesses/FuzzDifferentialHarness"),
+        .target(
+            name: "FuzzConfigHarness", dependencies: ["HappyPathConfig"],
+            path: "Tests/Support/FuzzHarnesses/FuzzConfigHarness"),
+        // The client connection's state machine driven without sockets, its invariants checked.
+        .target(
+            name: "FuzzConnectionHarness", dependencies: ["HappyPathCore"],
+            path: "Tests/Support/FuzzHarnesses/FuzzConnectionHarness"),
         // `make fuzz` builds these with -sanitize=fuzzer -DFUZZING; a plain build
         // gives a driver that replays the input files named on its command line.
         // libFuzzer's driver and the replay driver, shared by the fuzz targets.
         .target(name: "FuzzSupport", path: "Tests/Support/FuzzSupport"),
-        .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "HTTP1Framing", "HappyPathCore"]),
-        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "HappyPathCore", "HappyPathPolicies"]),
-        .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "HappyPathConfig"]),
-        // The client connection's state machine driven without sockets, checking its invariants.
-        .target(name: "ConnectionFuzzing", dependencies: ["HappyPathCore"], path: "Tests/Support/ConnectionFuzzing"),
-        .executableTarget(name: "FuzzConnection", dependencies: ["FuzzSupport", "ConnectionFuzzing"]),
-        .executableTarget(
-            name: "FuzzDifferential",
-            dependencies: [
-                "FuzzSupport", "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-            ]
-        ),
+        .executableTarget(name: "FuzzRequestParser", dependencies: ["FuzzSupport", "FuzzRequestParserHarness"]),
+        .executableTarget(name: "FuzzResponseHead", dependencies: ["FuzzSupport", "FuzzResponseHeadHarness"]),
+        .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "FuzzConfigHarness"]),
+        .executableTarget(name: "FuzzDifferential", dependencies: ["FuzzSupport", "FuzzDifferentialHarness"]),
+        .executableTarget(name: "FuzzConnection", dependencies: ["FuzzSupport", "FuzzConnectionHarness"]),
 
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
@@ -131,7 +140,7 @@ let package = Package(
         ),
 
         // MARK: - Tests
-        .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore", "ConnectionFuzzing"]),
+        .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore", "FuzzConnectionHarness"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
         .testTarget(name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore", "SmallDisk"]),
@@ -141,6 +150,14 @@ let package = Package(
                 "HTTP1Oracle", "HTTP1Framing", "HappyPathCore",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+        // Every file in Tests/FuzzSeeds/<target> through that target's check.
+        .testTarget(
+            name: "HappyPathFuzzSeedTests",
+            dependencies: [
+                "FuzzRequestParserHarness", "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness",
+                "FuzzConnectionHarness",
             ]
         ),
         .testTarget(

@@ -4,10 +4,10 @@
 // and drain, with the invariants checked after every event. `make fuzz`
 // builds it with -sanitize=fuzzer -DFUZZING; a plain build replays input
 // files: `FuzzConnection crash-1234 ...`.
-import ConnectionFuzzing
+import FuzzConnectionHarness
 import FuzzSupport
 
-func check(_ bytes: [UInt8]) -> String { checkConnectionInvariants(bytes) }
+func check(_ bytes: [UInt8]) -> String { ConnectionHarness.check(bytes) }
 
 #if FUZZING
     @_cdecl("FuzzConnection_main")

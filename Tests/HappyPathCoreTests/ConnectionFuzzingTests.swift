@@ -1,4 +1,4 @@
-import ConnectionFuzzing
+import FuzzConnectionHarness
 import Foundation
 import Testing
 

@@ -313,3 +313,9 @@ struct FuzzedConnection {
         if machine.state == .head || machine.state == .idle { precondition(!open, "a request open between requests") }
     }
 }
+
+/// The FuzzConnection target's check, as the fuzz executable and the seed
+/// replay tests call it.
+public enum ConnectionHarness {
+    public static func check(_ bytes: [UInt8]) -> String { checkConnectionInvariants(bytes) }
+}
