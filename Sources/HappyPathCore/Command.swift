@@ -5,6 +5,9 @@
 /// The request body, owned once and shared by every try of a command, so a
 /// replay sends exactly the bytes the client sent. The storage is a fixed
 /// allocation whose address libcurl may read while a try is in flight.
+/// `@unchecked Sendable`: the bytes are written once, by whoever made the
+/// body, before it is shared (a delivery's body goes to the store's
+/// thread); after that every user only reads them.
 public final class RequestBody: @unchecked Sendable {
     public let count: Int
     public let baseAddress: UnsafeMutableRawPointer?

@@ -7,6 +7,8 @@
 ///
 /// Filled once by its builder, then shared read-only by every try of the
 /// command (like `RequestBody`, the storage never moves after that).
+/// `@unchecked Sendable` because of that: only the builder writes, before
+/// the block is shared; every reader after it only reads.
 public final class HeaderBlock: @unchecked Sendable {
     public private(set) var storage: UnsafeMutablePointer<UInt8>
     /// Bytes used, length prefixes and NULs included.

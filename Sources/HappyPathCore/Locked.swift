@@ -10,7 +10,8 @@
 /// pthread locks: with `Mutex` (a futex on Linux) it cannot see the
 /// critical sections and reports every access in them as a race, so real
 /// races would be lost among false ones (`make sanitize`). Uncontended, a
-/// lock and unlock cost about what `Mutex` costs.
+/// lock and unlock cost about what `Mutex` costs. `@unchecked Sendable`:
+/// the value is reached only through `withLock`, which holds the mutex.
 public final class Locked<Value>: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private var value: Value

@@ -12,6 +12,10 @@ import Synchronization
 /// part of the proxy: the executable and the integration tests use it.
 /// Its misbehaviour below HTTP (`/drop`, `/garbage`) is its own, on a
 /// socket taken over from the HTTP server.
+///
+/// `@unchecked Sendable`: its `var`s are its loop's (requests arrive there,
+/// and `start` sets `server` and `port` before the loop runs); tests reach
+/// it from outside only through `hits` (atomic) and `throttle` (locked).
 public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     public static let endpoints: [(path: String, what: String)] = [
         ("/", "this index"),

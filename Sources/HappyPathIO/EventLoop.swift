@@ -17,11 +17,21 @@ import Synchronization
 /// strongly, so the base is freed only after the last of them. The pool
 /// of idle `LoopEvent`s is the one reference back: `close()` drops it once
 /// the loop has stopped.
+///
+/// `@unchecked Sendable`: its `var`s are the loop thread's (checked with
+/// `assertInEventLoop` where it matters); other threads reach it only
+/// through `execute` (a `Locked` inbox), `stop` and the atomics.
 public final class EventLoop: @unchecked Sendable {
     let base: OpaquePointer
     private var wakeEvent: OpaquePointer?
     private let inbox = Locked<[@Sendable () -> Void]>([])
     private var thread: pthread_t?
+    /// The thread running the loop (0: none yet). Set by that thread as it
+    /// starts, before it runs anything; cleared when `run` returns.
+    private let owner = Atomic<UInt>(0)
+    /// Set by `start` before the thread exists: from then on only the
+    /// owner is on the loop (until `run` returns).
+    private let running = Atomic<Bool>(false)
     /// Idle `LoopEvent`s, reused so the hot path allocates no timers.
     fileprivate var eventPool: [LoopEvent] = []
     /// `LoopTimer`s armed and not yet fired: the loop owns them until then.
@@ -97,16 +107,39 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Runs the loop on the calling thread until `stop()`.
     public func run() {
+        owner.store(UInt(pthread_self()), ordering: .releasing)
+        running.store(true, ordering: .releasing)
         event_base_loop(base, Int32(EVLOOP_NO_EXIT_ON_EMPTY))
+        running.store(false, ordering: .releasing)
+        owner.store(0, ordering: .releasing)
+    }
+
+    /// Whether the calling thread may touch what belongs to this loop: it
+    /// is the loop's thread, or the loop is not running (it is being set
+    /// up, or it has stopped), so whoever holds it is its only user.
+    public var inEventLoop: Bool {
+        guard running.load(ordering: .acquiring) else { return true }
+        return owner.load(ordering: .acquiring) == UInt(pthread_self())
+    }
+
+    /// Stops a debug build (and the tests) when called off the loop's thread.
+    /// Costs nothing in a release build.
+    @inlinable
+    public func assertInEventLoop(file: StaticString = #fileID, line: UInt = #line) {
+        assert(inEventLoop, "touched off its event loop's thread", file: file, line: line)
     }
 
     /// Starts a thread that runs the loop.
     public func start(name: String) {
-        final class Box: @unchecked Sendable {
+        // Crosses to the new thread as a C argument, not as a Sendable value.
+        final class Box {
             let loop: EventLoop
             init(_ loop: EventLoop) { self.loop = loop }
         }
         let box = Unmanaged.passRetained(Box(self)).toOpaque()
+        // From now on the loop belongs to the new thread; until it records
+        // itself as the owner, no thread passes `inEventLoop`.
+        running.store(true, ordering: .releasing)
         var tid = pthread_t()
         let rc = pthread_create(
             &tid, nil,

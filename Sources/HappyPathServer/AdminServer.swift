@@ -93,9 +93,9 @@ final class AdminServer: HTTPServerDelegate {
             guard let deliveries = shared.deliveries else { return metrics(request, stats: nil) }
             // The store's gauges are read on its reader thread; the answer
             // is written back here, on the admin loop.
-            let box = AdminRequestBox(request, self)
+            let box = LoopBound((request: request, server: self), on: adminLoop)
             let loop = adminLoop
-            deliveries.readGauges { stats in loop.execute { box.server.metrics(box.request, stats: stats) } }
+            deliveries.readGauges { stats in loop.execute { box.value.server.metrics(box.value.request, stats: stats) } }
         case "/admin/state":
             request.reply(status: 200, headers: Self.json, body: state())
         case "/admin/events":
@@ -175,7 +175,7 @@ final class AdminServer: HTTPServerDelegate {
             ProblemResponder.respond(
                 request, Problem(.badRequest, requestID: requestID, detail: "\(path) takes \(allowed)."))
         }
-        let box = AdminRequestBox(request, self)
+        let box = LoopBound((request: request, server: self), on: adminLoop)
         let loop = adminLoop
         switch parts.count {
         case 2:
@@ -222,12 +222,12 @@ final class AdminServer: HTTPServerDelegate {
                 let records = (try? result.get()) ?? []
                 let next = records.count == pageSize ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
                 let body = "{\"deliveries\":[\(records.map(Deliveries.json).joined(separator: ","))],\"next\":\(next)}\n"
-                loop.execute { box.request.reply(status: 200, headers: Self.json, body: body) }
+                loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: body) }
             }
         case 3 where parts[2] == "purge":
             guard isPost else { return wrongMethod("POST") }
             deliveries.purge { count in
-                loop.execute { box.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
+                loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
             }
         case 3:
             guard isGet else { return wrongMethod("GET") }
@@ -236,9 +236,9 @@ final class AdminServer: HTTPServerDelegate {
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
                         let detail = "No delivery \(id) (or it was purged)."
-                        return ProblemResponder.answer(box.request, Problem(.notFound, requestID: requestID, detail: detail))
+                        return ProblemResponder.answer(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
-                    box.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
+                    box.value.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
                 }
             }
         case 4 where parts[3] == "replay":
@@ -248,9 +248,9 @@ final class AdminServer: HTTPServerDelegate {
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
                         let detail = "No delivery \(id) (or it was purged)."
-                        return ProblemResponder.answer(box.request, Problem(.notFound, requestID: requestID, detail: detail))
+                        return ProblemResponder.answer(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
-                    box.server.replay(box.request, record: record, deliveries: deliveries, requestID: requestID)
+                    box.value.server.replay(box.value.request, record: record, deliveries: deliveries, requestID: requestID)
                 }
             }
         default:
@@ -268,17 +268,17 @@ final class AdminServer: HTTPServerDelegate {
             runtime.routes[$0].delivery.maxAge
         } ?? DeliverySettings().maxAge
         let loop = adminLoop
-        let box = AdminRequestBox(request, self)
+        let box = LoopBound((request: request, server: self), on: adminLoop)
         deliveries.replay(id: id, maxAge: maxAge) { result in
             switch result {
             case .replayed:
                 deliveries.store.record(id: id) { after in
                     let body = ((try? after.get()) ?? nil).map(Deliveries.json) ?? "{}"
-                    loop.execute { box.request.reply(status: 200, headers: Self.json, body: body + "\n") }
+                    loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: body + "\n") }
                 }
             case .notDead, .unknown:
                 loop.execute {
-                    let request = box.request
+                    let request = box.value.request
                     switch result {
                     case .replayed: break
                     case let .notDead(state):
@@ -374,14 +374,4 @@ final class AdminServer: HTTPServerDelegate {
 /// Atomic<Bool> is not copyable; the admin server and the proxy share one through this box.
 final class ReadyFlag: Sendable {
     let value = Atomic<Bool>(false)
-}
-
-/// A request answered later on the admin loop (after a store read or write).
-private final class AdminRequestBox: @unchecked Sendable {
-    let request: HTTPRequest
-    let server: AdminServer
-    init(_ request: HTTPRequest, _ server: AdminServer) {
-        self.request = request
-        self.server = server
-    }
 }

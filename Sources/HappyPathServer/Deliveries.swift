@@ -19,7 +19,7 @@ import Synchronization
 /// Threads: `accept` and `roundEnded` run on worker loops, the dispatcher's
 /// tick on the admin loop, store replies on the store's writer thread; what
 /// they share is atomic or locked.
-final class Deliveries: @unchecked Sendable {
+final class Deliveries: Sendable {
     /// Delivery rounds running at once in the whole process.
     static let maxInFlight = 64
     /// How often the dispatcher looks for due deliveries (it is also woken
@@ -38,14 +38,13 @@ final class Deliveries: @unchecked Sendable {
     private let clock: Clock
     private let logger: Logger
     private let loop: EventLoop
-    private let state: Locked<(shared: SharedState, workers: [(loop: EventLoop, worker: WorkerHandle)])>
+    private let state: Locked<(shared: SharedState, workers: [LoopBound<ProxyWorker>])>
     private let inFlight = Atomic<Int>(0)
     private let claiming = Atomic<Bool>(false)
     private let nextWorker = Atomic<Int>(0)
     private let stopped = Atomic<Bool>(false)
-    private var ticker: LoopTimer?
-    private var purger: LoopTimer?
-    private var lastPurge: Instant
+    /// The dispatcher's tick and when it last purged: the admin loop's only.
+    private let dispatcher: LoopBound<(ticker: LoopTimer?, lastPurge: Instant)>
     /// Whether the store's writes are failing, when that was last logged,
     /// and the failures since (writer thread, and `start`).
     private let storeFailures = Locked<(failing: Bool, lastLog: Instant?, unlogged: Int)>((false, nil, 0))
@@ -63,7 +62,7 @@ final class Deliveries: @unchecked Sendable {
         self.clock = clock
         self.logger = logger
         state = Locked((shared, []))
-        lastPurge = clock.now()
+        dispatcher = LoopBound((nil, clock.now()), on: loop)
         var counters: [StoreErrorKind: Prometheus.Counter] = [:]
         let errors = MetricNameDescriptor(
             namespace: "happypath", metricName: "delivery_store_errors", unitName: "total",
@@ -83,8 +82,8 @@ final class Deliveries: @unchecked Sendable {
     var events: EventBus { state.withLock { $0.shared.events } }
 
     /// The workers that run delivery rounds; called once before the loops start.
-    func register(_ worker: ProxyWorker) {
-        state.withLock { $0.workers.append((worker.loop, WorkerHandle(worker))) }
+    func register(_ worker: LoopBound<ProxyWorker>) {
+        state.withLock { $0.workers.append(worker) }
     }
 
     /// A reload: skip decisions read the new upstream guards.
@@ -94,8 +93,7 @@ final class Deliveries: @unchecked Sendable {
 
     /// On the admin loop: the periodic tick and the purge every `purgeEvery`.
     func start() {
-        let box = DeliveriesBox(self)
-        store.observe { health in box.deliveries.storeHealth(health) }
+        store.observe { [self] health in storeHealth(health) }
         // Opened on a disk that refuses writes: the proxy serves anyway, and
         // `later` routes answer 503 until the store opens (`storeHealth`).
         if let error = store.unavailable { storeHealth(.failed(error)) }
@@ -156,10 +154,10 @@ final class Deliveries: @unchecked Sendable {
     }
 
     private func scheduleTick() {
-        ticker = loop.schedule(after: Self.tick) { [self] in
+        dispatcher.value.ticker = loop.schedule(after: Self.tick) { [self] in
             dispatch()
-            if clock.now() - lastPurge >= Self.purgeEvery {
-                lastPurge = clock.now()
+            if clock.now() - dispatcher.value.lastPurge >= Self.purgeEvery {
+                dispatcher.value.lastPurge = clock.now()
                 purge { _ in }
             }
             if !stopped.load(ordering: .relaxed) { scheduleTick() }
@@ -174,10 +172,10 @@ final class Deliveries: @unchecked Sendable {
     /// cancelled on its own loop.
     func stop() {
         stopped.store(true, ordering: .relaxed)
-        let box = DeliveriesBox(self)
+        let dispatcher = self.dispatcher
         loop.execute {
-            box.deliveries.ticker?.cancel()
-            box.deliveries.ticker = nil
+            dispatcher.value.ticker?.cancel()
+            dispatcher.value.ticker = nil
         }
     }
 
@@ -204,8 +202,7 @@ final class Deliveries: @unchecked Sendable {
     /// Wakes the dispatcher from any thread.
     func kick() {
         guard !stopped.load(ordering: .relaxed) else { return }
-        let box = DeliveriesBox(self)
-        loop.execute { box.deliveries.dispatch() }
+        loop.execute { [self] in dispatch() }
     }
 
     /// Takes due deliveries (up to the free rounds) and hands them to the workers.
@@ -225,9 +222,8 @@ final class Deliveries: @unchecked Sendable {
                 return false
             }.map(\.name)
         }
-        let box = DeliveriesBox(self)
-        store.claim(limit: room, skipping: skipping) { claimed, expired in
-            box.deliveries.claimed(claimed, expired: expired, room: room)
+        store.claim(limit: room, skipping: skipping) { [self] claimed, expired in
+            self.claimed(claimed, expired: expired, room: room)
         }
     }
 
@@ -248,9 +244,7 @@ final class Deliveries: @unchecked Sendable {
         guard !workers.isEmpty else { return }
         for delivery in claimed {
             let i = nextWorker.wrappingAdd(1, ordering: .relaxed).oldValue % workers.count
-            let handle = workers[i].worker
-            let item = ClaimBox(delivery)
-            workers[i].loop.execute { handle.worker.deliver(item.delivery) }
+            workers[i].loop.execute(with: workers[i]) { $0.deliver(delivery) }
         }
         // A full page: more may be due now.
         if claimed.count == room { kick() }
@@ -306,10 +300,9 @@ final class Deliveries: @unchecked Sendable {
 
     private func finish(_ delivery: ClaimedDelivery, _ outcome: DeliveryOutcome) {
         if let label = outcome.metricLabel { count(upstream: delivery.upstream, outcome: label) }
-        let box = DeliveriesBox(self)
-        store.finish(id: delivery.id, outcome) {
-            box.deliveries.inFlight.wrappingSubtract(1, ordering: .relaxed)
-            box.deliveries.kick()
+        store.finish(id: delivery.id, outcome) { [self] in
+            inFlight.wrappingSubtract(1, ordering: .relaxed)
+            kick()
         }
     }
 
@@ -337,12 +330,16 @@ final class Deliveries: @unchecked Sendable {
             requestID: command.requestID, method: command.method, target: request.target, headers: headers,
             body: command.body, maxAttempts: route.delivery.maxAttempts,
             expiresAt: clock.wallMilliseconds() + route.delivery.maxAge.nanoseconds / 1_000_000)
-        let box = AcceptBox(request, worker, self, command.requestID, upstream)
+        let waiting = LoopBound((request: request, worker: worker), on: worker.loop)
+        let requestID = command.requestID
         worker.shared.inFlight.add(1)
-        let store = self.store
         @Sendable func submit(_ delivery: NewDelivery) {
-            store.submit(delivery) { result in
-                box.worker.loop.execute { box.deliveries.stored(result, box) }
+            store.submit(delivery) { [self] result in
+                waiting.loop.execute {
+                    let (request, worker) = waiting.value
+                    worker.shared.inFlight.add(-1)
+                    self.stored(result, request, requestID: requestID, upstream: upstream)
+                }
             }
         }
         guard clientKey != nil else { return submit(delivery) }
@@ -385,37 +382,35 @@ final class Deliveries: @unchecked Sendable {
     }
 
     /// On the worker's loop, after the commit.
-    private func stored(_ result: SubmitResult, _ box: AcceptBox) {
-        let request = box.request
-        box.worker.shared.inFlight.add(-1)
+    private func stored(_ result: SubmitResult, _ request: HTTPRequest, requestID: String, upstream: String) {
         switch result {
         case let .stored(id):
-            count(upstream: box.upstream, outcome: "accepted")
-            accepted(request, id: id, state: .queued, requestID: box.requestID)
+            count(upstream: upstream, outcome: "accepted")
+            accepted(request, id: id, state: .queued, requestID: requestID)
             kick()
         case let .existing(id, state):
-            count(upstream: box.upstream, outcome: "duplicate")
-            accepted(request, id: id, state: state, requestID: box.requestID)
+            count(upstream: upstream, outcome: "duplicate")
+            accepted(request, id: id, state: state, requestID: requestID)
         case .keyReused:
-            count(upstream: box.upstream, outcome: "key_reused")
+            count(upstream: upstream, outcome: "key_reused")
             ProblemResponder.respond(
                 request,
                 Problem(
-                    .idempotencyKeyReused, requestID: box.requestID,
+                    .idempotencyKeyReused, requestID: requestID,
                     detail: "This Idempotency-Key was already sent with another request (method, target or body) "
                         + "on this route; the request was not stored."))
         case let .full(held, max):
-            count(upstream: box.upstream, outcome: "refused")
+            count(upstream: upstream, outcome: "refused")
             events.publish("delivery_store_full", [("held_bytes", String(held)), ("max_bytes", String(max))])
             var p = Problem(
-                .overloaded, requestID: box.requestID,
+                .overloaded, requestID: requestID,
                 detail: "The delivery store is full (storage.max_bytes, \(max) bytes); the request was not stored.")
             p.retryAfterSeconds = 5
             ProblemResponder.respond(request, p)
         case let .failed(error):
             // Logged, counted and announced by `storeHealth`.
-            count(upstream: box.upstream, outcome: "refused")
-            var p = Problem(.storeUnavailable, requestID: box.requestID, detail: Self.unavailableDetail(error))
+            count(upstream: upstream, outcome: "refused")
+            var p = Problem(.storeUnavailable, requestID: requestID, detail: Self.unavailableDetail(error))
             p.retryAfterSeconds = 5
             ProblemResponder.respond(request, p)
         }
@@ -464,12 +459,13 @@ final class Deliveries: @unchecked Sendable {
                 request, Problem(.badRequest, requestID: requestID, detail: "A delivery's status is read with GET."))
         }
         let id = String(path.dropFirst(settings.statusPath.count + 1))
-        let box = StatusBox(request, worker, self)
+        let waiting = LoopBound((request: request, worker: worker), on: worker.loop)
         worker.shared.inFlight.add(1)
-        store.record(id: id) { found in
-            box.worker.loop.execute {
-                box.worker.shared.inFlight.add(-1)
-                box.deliveries.answerStatus(box.request, id: id, found, requestID: requestID)
+        store.record(id: id) { [self] found in
+            waiting.loop.execute {
+                let (request, worker) = waiting.value
+                worker.shared.inFlight.add(-1)
+                self.answerStatus(request, id: id, found, requestID: requestID)
             }
         }
     }
@@ -518,22 +514,20 @@ final class Deliveries: @unchecked Sendable {
     // MARK: - Admin
 
     func purge(reply: @escaping @Sendable (Int) -> Void) {
-        let box = DeliveriesBox(self)
-        store.purge { count in
+        store.purge { [self] count in
             if count > 0 {
-                box.deliveries.logger.info("deliveries purged", metadata: ["count": "\(count)"])
-                box.deliveries.events.publish("deliveries_purged", [("count", String(count))])
+                logger.info("deliveries purged", metadata: ["count": "\(count)"])
+                events.publish("deliveries_purged", [("count", String(count))])
             }
             reply(count)
         }
     }
 
     func replay(id: String, maxAge: Duration, reply: @escaping @Sendable (ReplayResult) -> Void) {
-        let box = DeliveriesBox(self)
-        store.replay(id: id, expiresAt: clock.wallMilliseconds() + maxAge.nanoseconds / 1_000_000) { result in
+        store.replay(id: id, expiresAt: clock.wallMilliseconds() + maxAge.nanoseconds / 1_000_000) { [self] result in
             if case .replayed = result {
-                box.deliveries.events.publish("delivery_replayed", [("id", id)])
-                box.deliveries.kick()
+                events.publish("delivery_replayed", [("id", id)])
+                kick()
             }
             reply(result)
         }
@@ -583,43 +577,5 @@ extension DeliveryOutcome {
         case .dead: "dead"
         case .retry, .postpone: nil
         }
-    }
-}
-
-final class DeliveriesBox: @unchecked Sendable {
-    let deliveries: Deliveries
-    init(_ deliveries: Deliveries) { self.deliveries = deliveries }
-}
-
-private final class ClaimBox: @unchecked Sendable {
-    let delivery: ClaimedDelivery
-    init(_ delivery: ClaimedDelivery) { self.delivery = delivery }
-}
-
-/// A status request waiting for its read, handed back to its own loop.
-private final class StatusBox: @unchecked Sendable {
-    let request: HTTPRequest
-    let worker: ProxyWorker
-    let deliveries: Deliveries
-    init(_ request: HTTPRequest, _ worker: ProxyWorker, _ deliveries: Deliveries) {
-        self.request = request
-        self.worker = worker
-        self.deliveries = deliveries
-    }
-}
-
-/// A request waiting for its commit, handed back to its own loop.
-private final class AcceptBox: @unchecked Sendable {
-    let request: HTTPRequest
-    let worker: ProxyWorker
-    let deliveries: Deliveries
-    let requestID: String
-    let upstream: String
-    init(_ request: HTTPRequest, _ worker: ProxyWorker, _ deliveries: Deliveries, _ requestID: String, _ upstream: String) {
-        self.request = request
-        self.worker = worker
-        self.deliveries = deliveries
-        self.requestID = requestID
-        self.upstream = upstream
     }
 }

@@ -5,12 +5,14 @@ import HappyPathIO
 /// Every broadcast (breaker changes, parked and replayed commands, token
 /// refreshes, reachability) as Server-Sent Events on `GET /admin/events`.
 /// Publishing is safe from any thread; delivery runs on the admin loop.
-final class EventBus: @unchecked Sendable {
+final class EventBus: Sendable {
     let loop: EventLoop
-    /// Admin loop only.
-    private var subscribers: [ObjectIdentifier: EventSubscriber] = [:]
+    private let subscribers: LoopBound<[ObjectIdentifier: EventSubscriber]>
 
-    init(loop: EventLoop) { self.loop = loop }
+    init(loop: EventLoop) {
+        self.loop = loop
+        subscribers = LoopBound([:], on: loop)
+    }
 
     /// `fields` become the JSON `data` line, after `type` and `ts`.
     func publish(_ type: String, _ fields: [(String, String)] = []) {
@@ -21,7 +23,7 @@ final class EventBus: @unchecked Sendable {
         }
         data += "}"
         let frame = "event: \(type)\ndata: \(data)\n\n"
-        loop.execute { [self] in
+        loop.execute(with: subscribers) { subscribers in
             for subscriber in subscribers.values { subscriber.send(frame) }
         }
     }
@@ -29,18 +31,18 @@ final class EventBus: @unchecked Sendable {
     /// Admin loop: keeps `request` open as an event stream.
     func subscribe(_ request: HTTPRequest) {
         let subscriber = EventSubscriber(request: request, bus: self)
-        subscribers[ObjectIdentifier(subscriber)] = subscriber
+        subscribers.value[ObjectIdentifier(subscriber)] = subscriber
         subscriber.start()
     }
 
     fileprivate func remove(_ subscriber: EventSubscriber) {
-        subscribers[ObjectIdentifier(subscriber)] = nil
+        subscribers.value[ObjectIdentifier(subscriber)] = nil
     }
 
     /// Admin loop: ends every stream (shutdown).
     func closeAll() {
-        for s in subscribers.values { s.request.endReply() }
-        subscribers.removeAll()
+        for s in subscribers.value.values { s.request.endReply() }
+        subscribers.value.removeAll()
     }
 }
 

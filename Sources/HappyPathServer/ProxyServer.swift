@@ -12,6 +12,11 @@ import Synchronization
 
 /// The running proxy: `workers` event loops sharing the listen port, plus the
 /// admin listener (and health checks, and the event stream) on a loop of its own.
+///
+/// `@unchecked Sendable`: it is driven from one controlling thread (the
+/// main thread's signal loop, or a test), which alone calls `reload`,
+/// `drain` and `stop` and changes its `var`s; what runs on the loops is
+/// reached through `LoopBound`, `stopped` is locked and `ready` atomic.
 public final class ProxyServer: @unchecked Sendable {
     public private(set) var runtime: RuntimeConfiguration
     private let logger: Logger
@@ -19,10 +24,12 @@ public final class ProxyServer: @unchecked Sendable {
     private let clock: Clock
     private let workerCount: Int
     private var loops: [EventLoop] = []
-    private var workers: [ProxyWorker] = []
+    /// Each worker belongs to its loop: this thread only hands it jobs.
+    private var workers: [LoopBound<ProxyWorker>] = []
     private var adminLoop: EventLoop?
-    private var admin: AdminServer?
-    private var healthChecker: HealthChecker?
+    /// The admin server and the health checker belong to the admin loop.
+    private var admin: LoopBound<AdminServer>?
+    private var healthChecker: LoopBound<HealthChecker>?
     private var shared: SharedState?
     /// The deliver-later store and dispatcher, if a route delivers later.
     private var deliveries: Deliveries?
@@ -76,27 +83,26 @@ public final class ProxyServer: @unchecked Sendable {
             let worker = try ProxyWorker(
                 loop: loop, runtime: runtime, shared: shared, host: config.listen.host, port: bindPort,
                 workers: workerCount, clock: clock, logger: logger, accessLog: accessLog)
-            shared.register(worker)
+            // Bound while its loop is not running yet.
+            let bound = LoopBound(worker, on: loop)
+            shared.register(bound)
             worker.deliveries = deliveries
-            deliveries?.register(worker)
+            deliveries?.register(bound)
             if i == 0 { bindPort = worker.port }
             loops.append(loop)
-            workers.append(worker)
+            workers.append(bound)
         }
         port = bindPort
         let admin = try AdminServer(
             loop: adminLoop, configuration: config, ready: ready, shared: shared, runtime: runtime, clock: clock)
         adminPort = admin.server.port
-        self.admin = admin
+        self.admin = LoopBound(admin, on: adminLoop)
         let checker = HealthChecker(loop: adminLoop, runtime: runtime, shared: shared, logger: logger)
-        healthChecker = checker
+        let boundChecker = LoopBound(checker, on: adminLoop)
+        healthChecker = boundChecker
         for (i, loop) in loops.enumerated() { loop.start(name: "worker-\(i)") }
-        let checkerBox = CheckerBox(checker)
-        adminLoop.execute { checkerBox.checker.start() }
-        if let deliveries {
-            let box = DeliveriesBox(deliveries)
-            adminLoop.execute { box.deliveries.start() }
-        }
+        adminLoop.execute(with: boundChecker) { $0.start() }
+        if let deliveries { adminLoop.execute { deliveries.start() } }
         adminLoop.start(name: "admin")
         ready.value.store(true, ordering: .releasing)
         logger.info(
@@ -126,19 +132,20 @@ public final class ProxyServer: @unchecked Sendable {
         let newRuntime = RuntimeConfiguration(configuration)
         let newShared = SharedState(runtime: newRuntime, logger: logger, events: shared.events, previous: shared)
         deliveries?.update(shared: newShared)
-        for (loop, worker) in zip(loops, workers) {
-            let handle = WorkerHandle(worker)
-            let box = ReloadBox(newRuntime, newShared)
-            loop.execute { handle.worker.apply(runtime: box.runtime, shared: box.shared) }
+        for worker in workers {
+            worker.loop.execute(with: worker) { $0.apply(runtime: newRuntime, shared: newShared) }
         }
+        // The checker is made here and given to the admin loop; the admin
+        // server and the old checker already belong to it.
         let checker = HealthChecker(loop: adminLoop, runtime: newRuntime, shared: newShared, logger: logger)
-        let swap = AdminSwap(admin, healthChecker, checker, ReloadBox(newRuntime, newShared))
+        let fresh = LoopBound(handing: checker, to: adminLoop)
+        let (admin, retired) = (admin, healthChecker)
         adminLoop.execute {
-            swap.oldChecker?.stop()
-            swap.newChecker.start()
-            swap.admin?.update(runtime: swap.box.runtime, shared: swap.box.shared)
+            retired?.value.stop()
+            fresh.value.start()
+            admin?.value.update(runtime: newRuntime, shared: newShared)
         }
-        healthChecker = checker
+        healthChecker = fresh
         runtime = newRuntime
         self.shared = newShared
         logger.info(
@@ -159,10 +166,7 @@ public final class ProxyServer: @unchecked Sendable {
         guard let shared else { return stop() }
         ready.value.store(false, ordering: .releasing)
         logger.info("draining", metadata: ["in_flight": "\(shared.inFlight.current)", "timeout": "\(timeout.configText)"])
-        for (loop, worker) in zip(loops, workers) {
-            let handle = WorkerHandle(worker)
-            loop.execute { handle.worker.stopAccepting() }
-        }
+        for worker in workers { worker.loop.execute(with: worker) { $0.stopAccepting() } }
         // Delivery rounds: none start from now on; those running may finish
         // (a round cut short is queued again, and may then arrive twice).
         deliveries?.stop()
@@ -176,10 +180,7 @@ public final class ProxyServer: @unchecked Sendable {
             logger.warning(
                 "drain timeout: answering what is left",
                 metadata: ["in_flight": "\(left)", "delivery_rounds": "\(rounds())"])
-            for (loop, worker) in zip(loops, workers) {
-                let handle = WorkerHandle(worker)
-                loop.execute { handle.worker.answerEverything() }
-            }
+            for worker in workers { worker.loop.execute(with: worker) { $0.answerEverything() } }
             let grace = clock.now() + .seconds(1)
             while shared.inFlight.current > 0 || rounds() > 0, clock.now() < grace { usleep(20_000) }
         }
@@ -198,21 +199,20 @@ public final class ProxyServer: @unchecked Sendable {
         // No new delivery rounds; those running are dropped with the workers
         // and queued again when the store closes, after the loops end.
         deliveries?.stop()
-        for (loop, worker) in zip(loops, workers) {
-            let box = WorkerHandle(worker)
-            loop.execute {
-                box.worker.shutdown()
-                box.worker.loop.stop()
+        for worker in workers {
+            worker.loop.execute(with: worker) {
+                $0.shutdown()
+                $0.loop.stop()
             }
         }
         for loop in loops { loop.join() }
         if let adminLoop, let admin {
-            let box = AdminBox(admin, adminLoop, healthChecker, shared?.events)
+            let (checker, events) = (healthChecker, shared?.events)
             adminLoop.execute {
-                box.checker?.stop()
-                box.events?.closeAll()
-                box.admin.server.close()
-                box.loop.stop()
+                checker?.value.stop()
+                events?.closeAll()
+                admin.value.server.close()
+                adminLoop.stop()
             }
             adminLoop.join()
         }
@@ -232,45 +232,5 @@ public final class ProxyServer: @unchecked Sendable {
         loops.removeAll()
         adminLoop = nil
         logger.info("proxy stopped")
-    }
-}
-
-private final class AdminBox: @unchecked Sendable {
-    let admin: AdminServer
-    let loop: EventLoop
-    let checker: HealthChecker?
-    let events: EventBus?
-    init(_ admin: AdminServer, _ loop: EventLoop, _ checker: HealthChecker?, _ events: EventBus?) {
-        self.admin = admin
-        self.loop = loop
-        self.checker = checker
-        self.events = events
-    }
-}
-
-private final class CheckerBox: @unchecked Sendable {
-    let checker: HealthChecker
-    init(_ checker: HealthChecker) { self.checker = checker }
-}
-
-private final class ReloadBox: @unchecked Sendable {
-    let runtime: RuntimeConfiguration
-    let shared: SharedState
-    init(_ runtime: RuntimeConfiguration, _ shared: SharedState) {
-        self.runtime = runtime
-        self.shared = shared
-    }
-}
-
-private final class AdminSwap: @unchecked Sendable {
-    let admin: AdminServer?
-    let oldChecker: HealthChecker?
-    let newChecker: HealthChecker
-    let box: ReloadBox
-    init(_ admin: AdminServer?, _ oldChecker: HealthChecker?, _ newChecker: HealthChecker, _ box: ReloadBox) {
-        self.admin = admin
-        self.oldChecker = oldChecker
-        self.newChecker = newChecker
-        self.box = box
     }
 }

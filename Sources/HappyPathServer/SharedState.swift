@@ -9,6 +9,10 @@ import Synchronization
 /// What the workers share: per-upstream guards (breaker, budget,
 /// reachability), the process-wide parking count, and the way to tell every
 /// worker that an upstream recovered.
+///
+/// `@unchecked Sendable`: its two `var`s (`deliveries`, `workers`) are set
+/// before any loop runs and then only read, until `forgetWorkers` after
+/// every loop stopped; everything else is immutable, atomic or locked.
 final class SharedState: @unchecked Sendable {
     /// Per upstream of the current configuration, in its order.
     let guards: [UpstreamGuard]
@@ -31,7 +35,7 @@ final class SharedState: @unchecked Sendable {
     /// Set before any loop runs (and carried over by a reload); then
     /// read-only until the server stops and calls `forgetWorkers()`: each
     /// worker holds the shared state, so this list keeps both alive until then.
-    private var workers: [(loop: EventLoop, worker: WorkerHandle)] = []
+    private var workers: [LoopBound<ProxyWorker>] = []
 
     /// - Parameter previous: on a reload, the state to carry over: counters,
     ///   metrics, the event bus, workers, and the guard of every upstream whose
@@ -75,7 +79,7 @@ final class SharedState: @unchecked Sendable {
         }
     }
 
-    func register(_ worker: ProxyWorker) { workers.append((worker.loop, WorkerHandle(worker))) }
+    func register(_ worker: LoopBound<ProxyWorker>) { workers.append(worker) }
 
     /// The server stopped (every loop has ended): let go of the workers.
     func forgetWorkers() {
@@ -86,24 +90,24 @@ final class SharedState: @unchecked Sendable {
     /// Every worker replays its parked commands for this upstream, on its own loop.
     func recovered(_ guardian: UpstreamGuard) {
         deliveries?.recovered(upstream: guardian.name)
-        for (loop, handle) in workers {
-            loop.execute { handle.worker.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
+        for worker in workers {
+            worker.loop.execute(with: worker) { $0.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
         }
     }
 
     /// The upstream paused itself: every worker wakes the requests it
     /// parks for the pause when it ends.
     func paused(_ guardian: UpstreamGuard, until: Instant) {
-        for (loop, handle) in workers {
-            loop.execute { handle.worker.schedulePauseEnd(guardian: guardian, at: until) }
+        for worker in workers {
+            worker.loop.execute(with: worker) { $0.schedulePauseEnd(guardian: guardian, at: until) }
         }
     }
 
     /// A token refresh ended: every worker replays the commands it parked
     /// waiting for it, or answers them AUTH_FAILED.
     func tokenRefreshed(_ guardian: UpstreamGuard, failure: String?) {
-        for (loop, handle) in workers {
-            loop.execute { handle.worker.authDone(guardian: guardian, failure: failure) }
+        for worker in workers {
+            worker.loop.execute(with: worker) { $0.authDone(guardian: guardian, failure: failure) }
         }
     }
 }
@@ -122,10 +126,4 @@ final class InFlightCount: Sendable {
     private let count = Atomic<Int>(0)
     var current: Int { count.load(ordering: .relaxed) }
     func add(_ n: Int) { count.wrappingAdd(n, ordering: .relaxed) }
-}
-
-/// A worker, handed to its own loop's thread (it is only touched there).
-final class WorkerHandle: @unchecked Sendable {
-    let worker: ProxyWorker
-    init(_ worker: ProxyWorker) { self.worker = worker }
 }

@@ -208,6 +208,9 @@ public struct StoreStats: Sendable {
 /// opened for writing at start, the store starts without its writer
 /// connection, refuses every write, and tries to open it again every
 /// `reopenInterval`; what the file holds stays there until it can.
+/// `@unchecked Sendable`: its `var`s are the writer thread's (set before
+/// that thread starts, then touched only there); what callers read is in
+/// `Locked` or atomics, and operations reach the writer through `WriterQueue`.
 public final class DeliveryStore: @unchecked Sendable {
     public static let lingerNanoseconds: Int64 = 1_000_000
     public static let maxBatch = 256
@@ -582,6 +585,7 @@ public final class DeliveryStore: @unchecked Sendable {
 // MARK: - The writer's inbox
 
 /// Operations waiting for the writer thread, behind a pthread mutex and condition.
+/// `@unchecked Sendable`: every access to its `var`s holds that mutex.
 final class WriterQueue: @unchecked Sendable {
     enum Op {
         case submit(NewDelivery, enqueued: Instant, reply: @Sendable (SubmitResult) -> Void)

@@ -13,6 +13,9 @@ import CSQLite
 ///
 /// Reads run one at a time, in the order they were handed over. WAL lets
 /// them run beside the writer's transactions; they see what was committed.
+///
+/// `@unchecked Sendable`: the connection is the reader thread's only; the
+/// queue of reads is behind a pthread mutex and condition.
 final class StoreReader: @unchecked Sendable {
     /// A read: the open connection, or why it could not be opened.
     typealias Job = @Sendable (Result<Reader, StoreError>) -> Void
