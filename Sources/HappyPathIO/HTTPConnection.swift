@@ -7,8 +7,8 @@ import HappyPathCore
 
 /// One client connection: the driver of its `HTTP1ServerConnectionStateMachine`
 /// (HappyPathCore), which decides; this class performs what it decides on
-/// the socket, the events and the timer, and owns the bytes (the read
-/// buffer, the body being read, the output queue).
+/// the socket, the events and the timer, and owns the bytes (`RequestInput`:
+/// the read buffer and the body being read; `OutputQueue`).
 ///
 /// Events: a read event registered for the connection's life (level
 /// triggered, so a read per wake-up and no epoll_ctl per request), a write
@@ -21,9 +21,7 @@ final class HTTPConnection {
     /// The server owns the connection (its `connections`) until `close()`.
     let server: HTTPServer
     private(set) var fd: Int32
-    private let peer: sockaddr_storage
-    private var peerText: String?
-    private var localText: String?
+    private var addresses: ConnectionAddresses
     private var readEvent: OpaquePointer?
     private var writeEvent: OpaquePointer?
     private var timerEvent: OpaquePointer?
@@ -31,19 +29,8 @@ final class HTTPConnection {
     /// Decides; `HTTPRequest` reports the answer's head, bytes and end to it.
     var machine: Machine
 
-    /// Read buffer: from `requestStart`, the current request's head (its fields are
-    /// offsets into `requestBytes`), then what follows (body bytes,
-    /// pipelined requests). Bytes before `requestStart` belong to answered
-    /// requests; they are dropped when the buffer is full or empty, not per
-    /// request.
-    var input: ByteBuffer
-    private var requestStart = 0
+    private var input: RequestInput
     private(set) var current: HTTPRequest?
-
-    // The body being read: its storage (Content-Length) or its decoded bytes (chunked).
-    private var body: RequestBody?
-    private var bodyFilled = 0
-    private var decoded: GrowingBody
 
     /// Bytes accepted for the client and not yet written.
     private var output = OutputQueue()
@@ -55,16 +42,14 @@ final class HTTPConnection {
     init(server: HTTPServer, fd: Int32, peer: sockaddr_storage) {
         self.server = server
         self.fd = fd
-        self.peer = peer
+        addresses = ConnectionAddresses(peer: peer)
         machine = Machine(limits: server.connectionLimits)
-        decoded = GrowingBody(budget: server.limits.bodyBudget)
-        input = ByteBuffer(capacity: 4096)
+        input = RequestInput(budget: server.limits.bodyBudget)
     }
 
     deinit {
         input.deallocate()
         output.deallocate()
-        decoded.discard()
         response.deallocate()
     }
 
@@ -79,35 +64,20 @@ final class HTTPConnection {
     }
 
     /// The current request's bytes, from its first: what its head's offsets point into.
-    var requestBytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: input.bytes[requestStart...]) }
+    var requestBytes: UnsafeRawBufferPointer { input.requestBytes }
 
     var head: RequestHead? { machine.head }
 
-    var peerAddress: String {
-        if let peerText { return peerText }
-        peerText = SocketAddress.text(of: peer)
-        return peerText!
-    }
-
-    /// The address this connection arrived at (what `getsockname` says):
-    /// the listener's own address, or for a listener on `0.0.0.0` or `::`
-    /// the interface address the client reached. Empty if it cannot be read.
-    var localAddress: String {
-        if let localText { return localText }
-        localText = SocketAddress.local(of: fd)
-        return localText!
-    }
+    var peerAddress: String { addresses.peerAddress() }
+    /// The address this connection arrived at (see `ConnectionAddresses`).
+    var localAddress: String { addresses.localAddress(of: fd) }
 
     // MARK: - Performing the machine's actions
 
     private func perform(_ a: Machine.Actions) {
         if let change = a.timer { setTimer(change) }
-        if let reading = a.reading, readEvent != nil {
-            if reading { event_add(readEvent, nil) } else { event_del(readEvent) }
-        }
-        if let watch = a.writeInterest, writeEvent != nil {
-            if watch { event_add(writeEvent, nil) } else { event_del(writeEvent) }
-        }
+        if let reading = a.reading, readEvent != nil { _ = reading ? event_add(readEvent, nil) : event_del(readEvent) }
+        if let watch = a.writeInterest, writeEvent != nil { _ = watch ? event_add(writeEvent, nil) : event_del(writeEvent) }
         switch a.step {
         case .none: break
         case .startBody: startBody()
@@ -126,19 +96,15 @@ final class HTTPConnection {
 
     private func setTimer(_ change: Machine.TimerChange) {
         guard let timerEvent else { return }
-        switch change {
-        case .cancel:
-            event_del(timerEvent)
-        case let .arm(wait):
-            var tv = timeval(wait == .linger ? .seconds(2) : server.limits.timeout)
-            event_add(timerEvent, &tv)
-        }
+        guard case let .arm(wait) = change else { return _ = event_del(timerEvent) }
+        var tv = timeval(wait == .linger ? .seconds(2) : server.limits.timeout)
+        event_add(timerEvent, &tv)
     }
 
     // MARK: - Reading
 
     fileprivate func readable() {
-        switch machine.readReady(buffered: input.count - requestStart) {
+        switch machine.readReady(buffered: input.buffered) {
         case .ignore:
             return
         case .pause:
@@ -146,31 +112,19 @@ final class HTTPConnection {
         case .parseBuffered:
             process()
         case .discard:
-            let n = read(fd, input.base, input.capacity)
-            if n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) { perform(machine.readEnded()) }
+            let n = input.discard(from: fd)
+            if n <= 0 { readFailed(n) }
         case let .body(remaining):
             // A Content-Length body goes straight into its own storage.
-            let n = read(fd, body!.baseAddress! + bodyFilled, remaining)
+            let n = input.readBody(from: fd, remaining: remaining)
             guard n > 0 else { return readFailed(n) }
-            bodyFilled += n
             perform(machine.bodyRead(n))
         case .input:
-            if input.room < 1024 { makeRoom() }
-            let n = read(fd, input.end, input.room)
+            let n = input.read(from: fd)
             guard n > 0 else { return readFailed(n) }
-            input.count += n
             perform(machine.inputRead())
             process()
         }
-    }
-
-    /// Drops the answered requests' bytes before growing the buffer.
-    private func makeRoom() {
-        if requestStart > 0 {
-            input.removeFirst(requestStart)
-            requestStart = 0
-        }
-        if input.room < 1024 { input.reserve(max(4096, input.capacity)) }
     }
 
     private func readFailed(_ n: Int) {
@@ -180,78 +134,55 @@ final class HTTPConnection {
 
     /// Parses what is buffered, as far as it goes.
     private func process() {
-        if !machine.decodingChunked { perform(machine.parse(requestBytes)) }
+        if !machine.decodingChunked { perform(machine.parse(input.requestBytes)) }
         // A chunked body (perhaps of the head just parsed): decode what is buffered.
-        if machine.decodingChunked { decodeChunked() }
+        if machine.decodingChunked { perform(input.decodeChunked(headLength: machine.head!.headLength, with: &machine)) }
     }
 
     private func startBody() {
         guard let head = machine.head else { return }
-        current = HTTPRequest(connection: self)
-        response.reset(version: head.version, isHead: head.isHead)
+        begin(head.version, isHead: head.isHead)
         var buffered = 0
         if case let .contentLength(n) = head.framing {
             // The whole body is kept (for retries and replays): it must fit
             // the process's budget, checked before the client is invited to send it.
-            if let budget = server.limits.bodyBudget {
-                guard let storage = RequestBody(count: n, budget: budget) else { return perform(machine.refused(.bodyOverBudget)) }
-                body = storage
-            } else {
-                body = RequestBody(count: n)
-            }
-            buffered = min(n, input.count - requestStart - head.headLength)
-            if buffered > 0 { body!.baseAddress!.copyMemory(from: input.base + requestStart + head.headLength, byteCount: buffered) }
-            bodyFilled = buffered
+            guard let moved = input.startBody(length: n, headLength: head.headLength, budget: server.limits.bodyBudget)
+            else { return perform(machine.refused(.bodyOverBudget)) }
+            buffered = moved
         }
         perform(machine.bodyStarted(buffered: buffered))
     }
 
     private func askAdmission() {
         guard let request = current else { return }
-        let granted = server.delegate?.admit(request) ?? true
-        perform(machine.admission(granted))
+        perform(machine.admission(server.delegate?.admit(request) ?? true))
     }
 
-    private func decodeChunked() {
-        let headLength = machine.head!.headLength
-        let pending = UnsafeRawBufferPointer(rebasing: requestBytes[headLength...])
-        let (consumed, actions) = machine.decodeChunked(pending) { decoded.append($0) }
-        // Keep the head (its fields point into it); drop the decoded raw bytes.
-        input.remove((requestStart + headLength)..<(requestStart + headLength + consumed))
-        perform(actions)
+    /// A new request: the one this connection answers now.
+    @discardableResult
+    private func begin(_ version: HTTPVersion, isHead: Bool) -> HTTPRequest {
+        let request = HTTPRequest(connection: self)
+        current = request
+        response.reset(version: version, isHead: isHead)
+        return request
     }
 
     private func dispatch() {
-        if current == nil {
-            current = HTTPRequest(connection: self)
-            response.reset(version: machine.head!.version, isHead: machine.head!.isHead)
-        }
-        if case .chunked = machine.head!.framing { body = decoded.finish() }
-        guard let request = current else { return }
+        let head = machine.head!
+        let request = current ?? begin(head.version, isHead: head.isHead)
+        if case .chunked = head.framing { input.finishChunked() }
         if let delegate = server.delegate { delegate.serve(request) } else { request.reply(status: 503) }
     }
 
     /// The body read, handed over once (the request keeps no copy).
-    func takeBody() -> RequestBody {
-        defer { body = nil }
-        return body ?? .empty
-    }
+    func takeBody() -> RequestBody { input.takeBody() }
 
     /// A request the edge will not serve: the delegate answers it, then the
     /// connection closes.
     private func refuse(_ reason: HTTP1Refusal) {
-        decoded.discard()
-        body = nil
-        if current == nil {
-            current = HTTPRequest(connection: self)
-            response.reset(version: .http11, isHead: false)
-        }
-        let request = current!
-        if let delegate = server.delegate {
-            delegate.reject(request, reason: reason)
-        } else {
-            request.reply(status: reason.status)
-        }
+        input.dropBody()
+        let request = current ?? begin(.http11, isHead: false)
+        if let delegate = server.delegate { delegate.reject(request, reason: reason) } else { request.reply(status: reason.status) }
     }
 
     // MARK: - Finishing a request
@@ -261,23 +192,16 @@ final class HTTPConnection {
     func finished(_ request: HTTPRequest) {
         guard current === request else { return }
         current = nil
-        body = nil
-        let end = requestStart + machine.requestEnd
-        let actions = machine.responseEnded(buffered: input.count - end, outputPending: pendingOutput > 0)
-        if machine.state == .idle {
-            requestStart = end
-            if requestStart == input.count {
-                input.count = 0
-                requestStart = 0
-                input.shrink(to: 16 * 1024)
-            }
-        }
+        input.forgetBody()
+        let end = machine.requestEnd
+        let actions = machine.responseEnded(buffered: input.buffered - end, outputPending: pendingOutput > 0)
+        if machine.state == .idle { input.advance(by: end) }
         perform(actions)
     }
 
     /// Drain: close now if idle, else after the current answer.
     func drain() {
-        perform(machine.drain(buffered: input.count - requestStart, outputPending: pendingOutput > 0))
+        perform(machine.drain(buffered: input.buffered, outputPending: pendingOutput > 0))
     }
 
     /// Closes the socket now. Whoever answers `current` is told (unless it
@@ -307,16 +231,11 @@ final class HTTPConnection {
     /// Stops every event of the connection; returns the socket, which is
     /// the caller's to close or keep.
     private func forget() -> Int32 {
-        decoded.discard()
-        if let readEvent { event_free(readEvent) }
-        if let writeEvent { event_free(writeEvent) }
-        if let timerEvent { event_free(timerEvent) }
-        readEvent = nil
-        writeEvent = nil
-        timerEvent = nil
-        let socket = fd
-        fd = -1
-        return socket
+        input.dropBody()
+        for event in [readEvent, writeEvent, timerEvent] { if let event { event_free(event) } }
+        (readEvent, writeEvent, timerEvent) = (nil, nil, nil)
+        defer { fd = -1 }
+        return fd
     }
 
     /// The request's own code gives up on it (`abort`): close without telling it.
@@ -367,24 +286,25 @@ final class HTTPConnection {
         perform(machine.notifyWhenDrained(outputPending: pendingOutput > 0))
     }
 
-    fileprivate func timerFired() {
-        perform(machine.timerFired())
-    }
+    fileprivate func timerFired() { perform(machine.timerFired()) }
 }
 
 // MARK: - C callbacks (the connection comes back unretained; keep it alive for the call)
 
-private func httpConnectionReadCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+@inline(__always)
+private func withConnection(_ arg: UnsafeMutableRawPointer?, _ body: (HTTPConnection) -> Void) {
     let connection = Unmanaged<HTTPConnection>.fromOpaque(arg!).takeUnretainedValue()
-    withExtendedLifetime(connection) { connection.readable() }
+    withExtendedLifetime(connection) { body(connection) }
+}
+
+private func httpConnectionReadCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    withConnection(arg) { $0.readable() }
 }
 
 private func httpConnectionWriteCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
-    let connection = Unmanaged<HTTPConnection>.fromOpaque(arg!).takeUnretainedValue()
-    withExtendedLifetime(connection) { connection.writable() }
+    withConnection(arg) { $0.writable() }
 }
 
 private func httpConnectionTimerCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
-    let connection = Unmanaged<HTTPConnection>.fromOpaque(arg!).takeUnretainedValue()
-    withExtendedLifetime(connection) { connection.timerFired() }
+    withConnection(arg) { $0.timerFired() }
 }

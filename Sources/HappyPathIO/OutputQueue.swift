@@ -82,7 +82,7 @@ enum SocketAddress {
             let offset = family == AF_INET6 ? 8 : 4
             _ = inet_ntop(family == AF_INET6 ? AF_INET6 : AF_INET, raw.baseAddress! + offset, &text, socklen_t(text.count))
         }
-        return String(cString: text)
+        return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// The local address of `fd` (`getsockname`), or "" if it cannot be read.
@@ -93,5 +93,29 @@ enum SocketAddress {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
         }
         return rc == 0 ? text(of: storage) : ""
+    }
+}
+
+/// A connection's two addresses as text, each made the first time it is asked for.
+struct ConnectionAddresses {
+    let peer: sockaddr_storage
+    private var peerText: String?
+    private var localText: String?
+
+    init(peer: sockaddr_storage) { self.peer = peer }
+
+    mutating func peerAddress() -> String {
+        if let peerText { return peerText }
+        peerText = SocketAddress.text(of: peer)
+        return peerText!
+    }
+
+    /// Where the connection arrived (`getsockname` on `fd`): the listener's
+    /// own address, or for a listener on `0.0.0.0` or `::` the interface
+    /// address the client reached. Empty if it cannot be read.
+    mutating func localAddress(of fd: Int32) -> String {
+        if let localText { return localText }
+        localText = SocketAddress.local(of: fd)
+        return localText!
     }
 }
