@@ -38,9 +38,8 @@ final class ProxyWorker: HTTPServerDelegate {
     private var lanes: [ObjectIdentifier: Lane] = [:]
     /// Drain ran out of time: freed slots go to nobody (no new tries).
     private var stopping = false
-    /// EMFILE pauses since the last log line about them.
-    private var acceptPauses = 0
-    private var lastAcceptPauseLog: Instant?
+    /// Listener pauses (EMFILE, max_connections): one log line per 5 s.
+    private var acceptPauseLog = LogThrottle(every: .seconds(5))
 
     /// The deliver-later store and dispatcher (nil: no route delivers later).
     var deliveries: Deliveries?
@@ -51,33 +50,6 @@ final class ProxyWorker: HTTPServerDelegate {
 
     /// Token refreshes running on this worker, owned here until they report.
     private var refreshes: [ObjectIdentifier: TokenRefresh] = [:]
-
-    /// Owned by the worker's `lanes` (until shutdown empties them).
-    final class Lane: LoopEventTarget {
-        let worker: ProxyWorker
-        let guardian: UpstreamGuard
-        var nextEndpoint = 0
-        /// Parked exchanges; each holds one of the process's `max_parked` places.
-        var parked = ParkingLot<Exchange>()
-        var probeTimer: LoopEvent?
-        /// Fires when the upstream's pause (pacing) should be over.
-        var pauseTimer: LoopEvent?
-        /// Tries in flight on this worker, and the queue waiting for a slot.
-        var slots: ConcurrencyLimiter<Exchange>
-
-        init(worker: ProxyWorker, guardian: UpstreamGuard, slots: ConcurrencyLimiter<Exchange>.Configuration) {
-            self.worker = worker
-            self.guardian = guardian
-            self.slots = ConcurrencyLimiter(slots)
-        }
-
-        func loopEventFired(_ event: LoopEvent) {
-            if event.tag == Self.pauseTag { return worker.pauseDue(self) }
-            worker.probeDue(self)
-        }
-
-        static let pauseTag = 1
-    }
 
     private func lane(_ guardian: UpstreamGuard) -> Lane {
         if let lane = lanes[ObjectIdentifier(guardian)] { return lane }
@@ -128,18 +100,22 @@ final class ProxyWorker: HTTPServerDelegate {
         }
         let (path, query) = Router.split(target: target)
         if let deliveries, path.hasPrefix(deliveries.statusPrefix) {
-            let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+            let id = requestID(of: request)
             return deliveries.status(request, path: path, requestID: id, worker: self)
         }
         guard let routeIndex = runtime.router.route(path: path, method: method) else {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
-        if !route.allowTrace, method.utf8.count == 5, Self.echoesRequest(method) {
-            return traceRefused(request, route: route)
+        if !route.allowTrace, method.utf8.count == 5, RouteProblems.echoesRequest(method) {
+            let (problem, allow) = RouteProblems.traceRefused(method: method, route: route, requestID: requestID(of: request))
+            ProblemResponder.respond(request, problem, extraHeaders: [allow])
+            return
         }
         guard let upstreamTarget = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) else {
-            return prefixLeavesDotSegment(request, path: path, route: route)
+            ProblemResponder.respond(
+                request, RouteProblems.prefixLeavesDotSegment(path: path, requestID: requestID(of: request)))
+            return
         }
         var fields: RateLimitFields?
         if let limit = route.rateLimit {
@@ -179,11 +155,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Over the route's rate limit: 429 RATE_LIMITED with when to come back.
     private func rateLimited(_ request: HTTPRequest, route: RuntimeRoute, retryAfter: Int, fields: RateLimitFields) {
         rateLimitMetrics.limited(route: route.label, outcome: "rejected")
-        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        var problem = Problem(
-            .rateLimited, requestID: id,
-            detail: "Over this route's rate limit (rate_limit on \(route.label)); a token is due in \(retryAfter) s.")
-        problem.retryAfterSeconds = retryAfter
+        let problem = RouteProblems.rateLimited(route: route, retryAfter: retryAfter, requestID: requestID(of: request))
         ProblemResponder.respond(request, problem, extraHeaders: fields.fields)
     }
 
@@ -212,7 +184,7 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
-        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+        let id = requestID(of: request)
         logger.debug(
             "request refused",
             metadata: ["request_id": "\(id)", "reason": "\(reason.rawValue)", "peer": "\(request.peerAddress)"])
@@ -232,176 +204,44 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     private func noRoute(_ request: HTTPRequest, method: String, path: String) {
-        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        ProblemResponder.respond(request, Problem(.noRoute, requestID: id, detail: "No route matches \(method) \(path)."))
-    }
-
-    /// TRACE, and Microsoft's TRACK, in any case: methods are case-sensitive,
-    /// but upstreams that upper-case them would echo the request all the same.
-    static func echoesRequest(_ method: String) -> Bool {
-        var m = method
-        return m.withUTF8 { b in
-            let raw = UnsafeRawBufferPointer(b)
-            return HTTPBytes.equals(raw, "trace") || HTTPBytes.equals(raw, "track")
-        }
-    }
-
-    /// TRACE asks the upstream to echo the request back, credentials and
-    /// cookies included (cross-site tracing): answered here, 405, unless the
-    /// route sets `allow_trace`.
-    private func traceRefused(_ request: HTTPRequest, route: RuntimeRoute) {
-        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        let allowed = route.allowedMethods.filter { !Self.echoesRequest($0) }.joined(separator: ", ")
-        ProblemResponder.respond(
-            request,
-            Problem(
-                .methodNotAllowed, requestID: id,
-                detail: "\(request.method) is not forwarded on this route; set allow_trace: true on the route to forward it."),
-            extraHeaders: [HTTPField(name: "Allow", value: allowed)])
-    }
-
-    /// `strip_prefix` ends inside a path segment and removing it would send
-    /// the upstream a dot-segment (`/pub../x` → `/../x`).
-    private func prefixLeavesDotSegment(_ request: HTTPRequest, path: String, route: RuntimeRoute) {
-        let id = validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
-        ProblemResponder.respond(
-            request,
-            Problem(
-                .badRequest, requestID: id,
-                detail: "The path \(path) would reach the upstream with a dot-segment once the route's strip_prefix is removed."))
+        ProblemResponder.respond(request, RouteProblems.noRoute(method: method, path: path, requestID: requestID(of: request)))
     }
 
     /// Out of descriptors: the listener pauses (see HTTPServer). One log
     /// line per interval, however often it happens; every pause is counted.
     func acceptCapped(limit: Int) {
         metrics.acceptCapped()
-        acceptPauses += 1
-        let now = clock.now()
-        if let last = lastAcceptPauseLog, now - last < .seconds(5) { return }
-        lastAcceptPauseLog = now
+        guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
         logger.warning(
             "the process holds limits.max_connections client connections; new ones wait in the backlog",
             metadata: [
-                "max_connections": "\(limit)", "pauses_since_last_log": "\(acceptPauses)",
+                "max_connections": "\(limit)", "pauses_since_last_log": "\(pauses)",
                 "hint": "raise limits.max_connections if the machine has room, or lower client_timeout to close idle clients sooner",
             ])
-        acceptPauses = 0
     }
 
     func acceptPaused(errno code: Int32, pause: Duration) {
         metrics.acceptPaused()
-        acceptPauses += 1
-        let now = clock.now()
-        if let last = lastAcceptPauseLog, now - last < .seconds(5) { return }
-        lastAcceptPauseLog = now
+        guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
         logger.error(
             "cannot accept connections: \(String(cString: strerror(code))); pausing the listener",
             metadata: [
-                "pause_ms": "\(pause.nanoseconds / 1_000_000)", "pauses_since_last_log": "\(acceptPauses)",
+                "pause_ms": "\(pause.nanoseconds / 1_000_000)", "pauses_since_last_log": "\(pauses)",
                 "hint": "raise the open-files limit (ulimit -n / LimitNOFILE) or lower the number of idle clients",
             ])
-        acceptPauses = 0
     }
 
     // MARK: - Commands
 
-    /// Snapshots the request: headers as they go upstream (hop-by-hop
-    /// removed, forwarding headers added) written once into one block, the
-    /// body, the deadline.
+    /// The client's X-Request-Id if it is a sane token, else a new one.
+    func requestID(of request: HTTPRequest) -> String {
+        ForwardedRequest.validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
+    }
+
     private func makeCommand(_ request: HTTPRequest, method: String, target: String, route: RuntimeRoute) -> Command {
-        // Room for every field (each gains an 8-byte prefix) and the five
-        // added ones, so the block is allocated once.
-        let headers = HeaderBlock(capacity: request.headBytes * 2 + 384)
-        var requestID: String?
-        var host: UnsafeRawBufferPointer?
-        var forwardedFor: [UnsafeRawBufferPointer] = []
-        var hasForwardedProto = false
-        var hasForwardedHost = false
-        var hasTraceparent = false
-        // Fields a `Connection` header names are hop-by-hop for this request
-        // (one pass over the head, however many tokens it lists).
-        let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
-        var index = -1
-        // The raw bytes stay valid until the request is answered, which is
-        // after this returns.
-        request.forEachRawHeader { name, value in
-            index += 1
-            if !nominated.isEmpty, nominated[index] { return }
-            if HopByHop.isHopByHop(name) { return }
-            switch name.count {
-            case 4 where HTTPBytes.equals(name, "host"):
-                host = value
-                return
-            case 6 where HTTPBytes.equals(name, "expect"):
-                return  // the edge already answered 100-continue
-            case 11 where HTTPBytes.equals(name, "traceparent"):
-                hasTraceparent = true
-            case 12 where HTTPBytes.equals(name, "x-request-id"):
-                if requestID == nil { requestID = validRequestID(value) }
-                return  // added back below, exactly once
-            case 14 where HTTPBytes.equals(name, "content-length"):
-                return  // libcurl sends the length of the body it sends
-            case 15 where HTTPBytes.equals(name, "x-forwarded-for"):
-                // Several lines form one list (RFC 9110 section 5.3).
-                forwardedFor.append(value)
-                return
-            case 16 where HTTPBytes.equals(name, "x-forwarded-host"):
-                hasForwardedHost = true
-            case 17 where HTTPBytes.equals(name, "x-forwarded-proto"):
-                hasForwardedProto = true
-            default: break
-            }
-            headers.append(name: name, value: value)
-        }
-        let id = requestID ?? ids.requestID()
-        headers.append(name: "X-Request-Id", value: id)
-        var peer = request.peerAddress
-        peer.withUTF8 { peerBytes in
-            let length = forwardedFor.reduce(peerBytes.count) { $0 + $1.count + 2 }
-            headers.append(name: "X-Forwarded-For", valueLength: length) { out in
-                var i = 0
-                for part in forwardedFor {
-                    for b in part {
-                        out[i] = b
-                        i += 1
-                    }
-                    out[i] = UInt8(ascii: ",")
-                    out[i + 1] = UInt8(ascii: " ")
-                    i += 2
-                }
-                for b in peerBytes {
-                    out[i] = b
-                    i += 1
-                }
-            }
-        }
-        if !hasForwardedProto { headers.append(name: "X-Forwarded-Proto", value: "http" as StaticString) }
-        if !hasForwardedHost, let host { headers.append(name: "X-Forwarded-Host", value: host) }
-        if !hasTraceparent {
-            headers.append(name: "traceparent", valueLength: IdentifierGenerator.traceparentLength) {
-                ids.writeTraceparent(into: $0)
-            }
-        }
-
-        return Command(
-            requestID: id, method: method, target: target, headers: headers, body: request.takeBody(),
-            routeIndex: route.index,
-            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: clock.now() + route.timeout)
-    }
-
-    private func validRequestID(_ value: UnsafeRawBufferPointer) -> String? {
-        guard !value.isEmpty, value.count <= 128, value.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") })
-        else { return nil }
-        return String(decoding: value, as: UTF8.self)
-    }
-
-    /// A client's X-Request-Id is kept if it is a sane token; anything else
-    /// (too long, control characters) is replaced so logs stay clean.
-    private func validRequestID(_ value: String?) -> String? {
-        guard let value, !value.isEmpty, value.utf8.count <= 128,
-            value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") })
-        else { return nil }
-        return value
+        ForwardedRequest.command(
+            from: request, method: method, target: target, route: route,
+            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: clock.now() + route.timeout, ids: &ids)
     }
 
     // MARK: - Exchanges
@@ -501,16 +341,10 @@ final class ProxyWorker: HTTPServerDelegate {
 
     /// Releases one parked command as the half-open probe once `after` passed.
     func scheduleProbe(guardian: UpstreamGuard, after: Duration) {
-        let l = lane(guardian)
-        guard l.probeTimer == nil else { return }
-        let event = loop.takeEvent(target: l)
-        l.probeTimer = event
-        event.arm(after: after)
+        lane(guardian).armProbe(after: after)
     }
 
-    fileprivate func probeDue(_ l: Lane) {
-        l.probeTimer?.recycle()
-        l.probeTimer = nil
+    func probeDue(_ l: Lane) {
         guard let probe = l.parked.takeProbe(places: shared.parked) else { return }
         leftLot([probe], guardian: l.guardian)
         probe.replay()
@@ -521,22 +355,15 @@ final class ProxyWorker: HTTPServerDelegate {
     /// The upstream paused itself until `at`: this worker wakes what it
     /// parked for the pause then (a later, longer pause re-arms).
     func schedulePauseEnd(guardian: UpstreamGuard, at until: Instant) {
-        let l = lane(guardian)
-        let event = l.pauseTimer ?? loop.takeEvent(target: l, tag: Lane.pauseTag)
-        l.pauseTimer = event
         let now = clock.now()
-        event.arm(after: until > now ? until - now : .zero)
+        lane(guardian).armPause(after: until > now ? until - now : .zero)
     }
 
-    fileprivate func pauseDue(_ l: Lane) {
+    func pauseDue(_ l: Lane) {
         let now = clock.now()
-        if let left = l.guardian.pausedFor(at: now) {
-            // Extended since: wait for the new end.
-            l.pauseTimer?.arm(after: left)
-            return
-        }
-        l.pauseTimer?.recycle()
-        l.pauseTimer = nil
+        // Extended since: wait for the new end.
+        if let left = l.guardian.pausedFor(at: now) { return l.armPause(after: left) }
+        l.cancelPause()
         if l.guardian.endPause(at: now) { shared.metrics.paused(upstream: l.guardian.name, seconds: 0) }
         replayPaused(l)
     }
@@ -568,15 +395,12 @@ final class ProxyWorker: HTTPServerDelegate {
             if l.guardian.endPause(at: clock.now(), early: true) {
                 shared.metrics.paused(upstream: l.guardian.name, seconds: 0)
             }
-            l.pauseTimer?.recycle()
-            l.pauseTimer = nil
+            l.cancelPause()
             let parked = l.parked.takeAll(places: shared.parked)
             leftLot(parked, guardian: l.guardian)
             for exchange in parked { exchange.replay() }
             // Nothing of the old upstream left on this worker: forget its lane.
-            if l.parked.isEmpty, l.slots.isIdle, l.probeTimer == nil, l.pauseTimer == nil {
-                lanes[key] = nil
-            }
+            if l.isIdle { lanes[key] = nil }
         }
     }
 
@@ -587,38 +411,17 @@ final class ProxyWorker: HTTPServerDelegate {
     /// changed since it was stored.
     func deliver(_ delivery: ClaimedDelivery) {
         guard let deliveries else { return }
-        let (path, query) = Router.split(target: delivery.target)
-        guard !stopping, let routeIndex = runtime.router.route(path: path, method: delivery.method) else {
-            if stopping {
-                return deliveries.roundFailed(delivery, .postpone(at: clock.wallMilliseconds()))
-            }
-            let problem = Problem(
-                .noRoute, requestID: delivery.requestID,
-                detail: "No route matches \(delivery.method) \(path) any more; the delivery cannot be sent.")
-            return deliveries.roundFailed(delivery, .dead(status: nil, problem: problem.json()))
+        if stopping { return deliveries.roundFailed(delivery, .postpone(at: clock.wallMilliseconds())) }
+        switch ForwardedRequest.command(for: delivery, runtime: runtime, now: clock.now()) {
+        case let .undeliverable(problem):
+            deliveries.roundFailed(delivery, .dead(status: nil, problem: problem.json()))
+        case let .command(command, route):
+            let exchange = Exchange(
+                worker: self, request: DeliverySink(), route: route, upstream: runtime.upstreams[route.upstreamIndex],
+                guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery)
+            active[ObjectIdentifier(exchange)] = exchange
+            exchange.start()
         }
-        let route = runtime.routes[routeIndex]
-        let upstream = runtime.upstreams[route.upstreamIndex]
-        // Stored targets were normalized at the edge; the check stays for
-        // rows stored before paths were normalized.
-        let normalized = PathNormalizer.normalize(path, runtime.configuration.pathNormalization)
-        guard case let .success(normalPath) = normalized, normalPath == path,
-            let target = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix)
-        else {
-            let problem = Problem(
-                .badRequest, requestID: delivery.requestID,
-                detail: "The stored path \(path) is not a normalized path (dot-segments); the delivery cannot be sent.")
-            return deliveries.roundFailed(delivery, .dead(status: nil, problem: problem.json()))
-        }
-        let command = Command(
-            requestID: delivery.requestID, method: delivery.method, target: target,
-            headers: HeaderBlock(lines: delivery.headers), body: delivery.body, routeIndex: route.index,
-            upstream: upstream.name, deadline: clock.now() + route.timeout)
-        let exchange = Exchange(
-            worker: self, request: DeliverySink(), route: route, upstream: upstream,
-            guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery)
-        active[ObjectIdentifier(exchange)] = exchange
-        exchange.start()
     }
 
     func finished(_ exchange: Exchange) {
@@ -660,10 +463,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// client connections, libcurl, and the access log's last lines. On the loop.
     func shutdown() {
         for l in lanes.values {
-            l.probeTimer?.recycle()
-            l.probeTimer = nil
-            l.pauseTimer?.recycle()
-            l.pauseTimer = nil
+            l.cancelTimers()
             l.slots.removeAllWaiters()
             leftLot(l.parked.takeAll(places: shared.parked), guardian: l.guardian)
         }

@@ -1,0 +1,142 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathStore
+
+/// What goes upstream for a client's request: its fields as they are
+/// forwarded (hop-by-hop ones removed, forwarding ones added) written once
+/// into one block, its body, its deadline.
+enum ForwardedRequest {
+    /// The command for `request`, which takes its body.
+    static func command(
+        from request: HTTPRequest, method: String, target: String, route: RuntimeRoute, upstream: String,
+        deadline: Instant, ids: inout IdentifierGenerator
+    ) -> Command {
+        // Room for every field (each gains an 8-byte prefix) and the five
+        // added ones, so the block is allocated once.
+        let headers = HeaderBlock(capacity: request.headBytes * 2 + 384)
+        var requestID: String?
+        var host: UnsafeRawBufferPointer?
+        var forwardedFor: [UnsafeRawBufferPointer] = []
+        var hasForwardedProto = false
+        var hasForwardedHost = false
+        var hasTraceparent = false
+        // Fields a `Connection` header names are hop-by-hop for this request
+        // (one pass over the head, however many tokens it lists).
+        let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
+        var index = -1
+        // The raw bytes stay valid until the request is answered, which is
+        // after this returns.
+        request.forEachRawHeader { name, value in
+            index += 1
+            if !nominated.isEmpty, nominated[index] { return }
+            if HopByHop.isHopByHop(name) { return }
+            switch name.count {
+            case 4 where HTTPBytes.equals(name, "host"):
+                host = value
+                return
+            case 6 where HTTPBytes.equals(name, "expect"):
+                return  // the edge already answered 100-continue
+            case 11 where HTTPBytes.equals(name, "traceparent"):
+                hasTraceparent = true
+            case 12 where HTTPBytes.equals(name, "x-request-id"):
+                if requestID == nil { requestID = validRequestID(value) }
+                return  // added back below, exactly once
+            case 14 where HTTPBytes.equals(name, "content-length"):
+                return  // libcurl sends the length of the body it sends
+            case 15 where HTTPBytes.equals(name, "x-forwarded-for"):
+                // Several lines form one list (RFC 9110 section 5.3).
+                forwardedFor.append(value)
+                return
+            case 16 where HTTPBytes.equals(name, "x-forwarded-host"):
+                hasForwardedHost = true
+            case 17 where HTTPBytes.equals(name, "x-forwarded-proto"):
+                hasForwardedProto = true
+            default: break
+            }
+            headers.append(name: name, value: value)
+        }
+        let id = requestID ?? ids.requestID()
+        headers.append(name: "X-Request-Id", value: id)
+        var peer = request.peerAddress
+        peer.withUTF8 { peerBytes in
+            let length = forwardedFor.reduce(peerBytes.count) { $0 + $1.count + 2 }
+            headers.append(name: "X-Forwarded-For", valueLength: length) { out in
+                var i = 0
+                for part in forwardedFor {
+                    for b in part {
+                        out[i] = b
+                        i += 1
+                    }
+                    out[i] = UInt8(ascii: ",")
+                    out[i + 1] = UInt8(ascii: " ")
+                    i += 2
+                }
+                for b in peerBytes {
+                    out[i] = b
+                    i += 1
+                }
+            }
+        }
+        if !hasForwardedProto { headers.append(name: "X-Forwarded-Proto", value: "http" as StaticString) }
+        if !hasForwardedHost, let host { headers.append(name: "X-Forwarded-Host", value: host) }
+        if !hasTraceparent {
+            headers.append(name: "traceparent", valueLength: IdentifierGenerator.traceparentLength) {
+                ids.writeTraceparent(into: $0)
+            }
+        }
+
+        return Command(
+            requestID: id, method: method, target: target, headers: headers, body: request.takeBody(),
+            routeIndex: route.index, upstream: upstream, deadline: deadline)
+    }
+
+    static func validRequestID(_ value: UnsafeRawBufferPointer) -> String? {
+        guard !value.isEmpty, value.count <= 128, value.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") })
+        else { return nil }
+        return String(decoding: value, as: UTF8.self)
+    }
+
+    /// A client's X-Request-Id is kept if it is a sane token; anything else
+    /// (too long, control characters) is replaced so logs stay clean.
+    static func validRequestID(_ value: String?) -> String? {
+        guard let value, !value.isEmpty, value.utf8.count <= 128,
+            value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") })
+        else { return nil }
+        return value
+    }
+
+    enum Routed {
+        case command(Command, RuntimeRoute)
+        /// It can never be sent: the delivery is dead with this problem.
+        case undeliverable(Problem)
+    }
+
+    /// A stored delivery's command, routed again under `runtime` (the
+    /// configuration may have changed since it was stored).
+    static func command(for delivery: ClaimedDelivery, runtime: RuntimeConfiguration, now: Instant) -> Routed {
+        let (path, query) = Router.split(target: delivery.target)
+        guard let routeIndex = runtime.router.route(path: path, method: delivery.method) else {
+            return .undeliverable(
+                Problem(
+                    .noRoute, requestID: delivery.requestID,
+                    detail: "No route matches \(delivery.method) \(path) any more; the delivery cannot be sent."))
+        }
+        let route = runtime.routes[routeIndex]
+        // Stored targets were normalized at the edge; the check stays for
+        // rows stored before paths were normalized.
+        let normalized = PathNormalizer.normalize(path, runtime.configuration.pathNormalization)
+        guard case let .success(normalPath) = normalized, normalPath == path,
+            let target = Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix)
+        else {
+            return .undeliverable(
+                Problem(
+                    .badRequest, requestID: delivery.requestID,
+                    detail: "The stored path \(path) is not a normalized path (dot-segments); the delivery cannot be sent."))
+        }
+        let command = Command(
+            requestID: delivery.requestID, method: delivery.method, target: target,
+            headers: HeaderBlock(lines: delivery.headers), body: delivery.body, routeIndex: route.index,
+            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: now + route.timeout)
+        return .command(command, route)
+    }
+}
