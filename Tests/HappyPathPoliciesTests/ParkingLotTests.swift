@@ -64,7 +64,11 @@ import Testing
         }
     }
 
-    static let scenarios: [Scenario] = [
+    /// Computed, not stored: LeakSanitizer does not follow the pointers of
+    /// a stored table of multi-payload enums (their tags sit in spare bits)
+    /// and reports its arrays as leaked.
+    static var scenarios: [Scenario] {
+        [
         Scenario(
             "max_parked bounds the lot; a place given back can be taken again", maxParked: 2,
             [
@@ -134,7 +138,8 @@ import Testing
                 Step(.unpark(2), .unparked(nil), parked: 0),
                 Step(.park(4, .unreachable), .parking(.parked), parked: 1),
             ]),
-    ]
+        ]
+    }
 
     @Test(arguments: scenarios)
     func parkAndReplay(_ scenario: Scenario) {
