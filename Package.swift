@@ -37,6 +37,8 @@ let package = Package(
             providers: [.apt(["libcurl4-openssl-dev"])]
         ),
         .target(name: "CShims", dependencies: ["CLibevent", "CCurl"]),
+        // OpenSSL (libssl-dev) behind opaque pointers: TLS termination.
+        .target(name: "CTLS", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto")]),
         .systemLibrary(
             name: "CSQLite",
             pkgConfig: "sqlite3",
@@ -55,7 +57,8 @@ let package = Package(
 
         // MARK: - I/O: the only Swift code that imports C
         .target(
-            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims"], swiftSettings: hotPath),
+            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims", "CTLS"],
+            swiftSettings: hotPath),
 
         // The deliver-later store: SQLite (WAL, group commit on a writer
         // thread). With HappyPathIO, the only Swift code that imports C.

@@ -7,7 +7,13 @@ import HappyPathPolicies
 public struct Configuration: Sendable {
     /// The file this came from, for messages and `/admin/state`.
     public var source: String
-    public var listen: ListenAddress
+    /// Every listener, in file order (at least one): plain HTTP, or TLS.
+    public var listeners: [Listener]
+    /// The first listener's address (a single `listen: HOST:PORT`).
+    public var listen: ListenAddress {
+        get { listeners[0].address }
+        set { listeners[0].address = newValue }
+    }
     /// Event-loop threads; `nil` means `auto` (one per core).
     public var workers: Int?
     public var admin: AdminConfiguration
@@ -462,4 +468,43 @@ extension Configuration {
             timeout: resolved(merged.timeout, "timeout"), retry: merged.retry, circuitBreaker: merged.circuitBreaker,
             reachability: merged.reachability, healthCheck: merged.healthCheck, errors: merged.errors)
     }
+}
+
+/// A listener: where the proxy accepts clients, and whether they speak TLS.
+public struct Listener: Sendable, Equatable {
+    public var address: ListenAddress
+    /// nil: plain HTTP.
+    public var tls: TLSListenerSettings?
+
+    public init(address: ListenAddress, tls: TLSListenerSettings? = nil) {
+        self.address = address
+        self.tls = tls
+    }
+}
+
+/// A TLS listener's `tls:` (docs/tls.md).
+public struct TLSListenerSettings: Sendable, Equatable {
+    /// SNI picks one by the names it covers; the first is the default.
+    public var certificates: [CertificatePair]
+    /// The oldest version accepted: "1.2" (default) or "1.3".
+    public var minVersion: TLSMinimumVersion = .tls12
+    /// Protocols offered by ALPN; the proxy speaks http/1.1 only.
+    public var alpn: [String] = ["http/1.1"]
+
+    public init(certificates: [CertificatePair]) { self.certificates = certificates }
+}
+
+public struct CertificatePair: Sendable, Equatable {
+    public var cert: String
+    public var key: String
+
+    public init(cert: String, key: String) {
+        self.cert = cert
+        self.key = key
+    }
+}
+
+public enum TLSMinimumVersion: String, Sendable, CaseIterable {
+    case tls12 = "1.2"
+    case tls13 = "1.3"
 }

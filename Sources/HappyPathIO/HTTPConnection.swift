@@ -31,6 +31,8 @@ final class HTTPConnection {
 
     private var input: RequestInput
     private(set) var current: HTTPRequest?
+    /// On a TLS listener: the session every byte goes through, and its handshake.
+    private var tls: TLSSession?
 
     /// Bytes accepted for the client and not yet written.
     private var output = OutputQueue()
@@ -39,8 +41,9 @@ final class HTTPConnection {
     // are reused from request to request.
     var response = ResponseState()
 
-    init(server: HTTPServer, fd: Int32, peer: sockaddr_storage) {
+    init(server: HTTPServer, fd: Int32, peer: sockaddr_storage, tls: TLSSession? = nil) {
         self.server = server
+        self.tls = tls
         self.fd = fd
         addresses = ConnectionAddresses(peer: peer)
         machine = Machine(limits: server.connectionLimits)
@@ -60,7 +63,51 @@ final class HTTPConnection {
         writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), httpConnectionWriteCallback, me)
         timerEvent = event_new(base, -1, 0, httpConnectionTimerCallback, me)
         event_add(readEvent, nil)
+        if let tls { return handshake(tls.machine.start()) }
         perform(machine.start())
+    }
+
+    /// The answer to a plain HTTP request on a TLS listener: 400, the problem
+    /// shape, written once and unencrypted (the client reads it as HTTP).
+    private static let plainHTTPRefusal: String = {
+        let body =
+            Problem(
+                .badRequest, requestID: "",
+                detail: "This port speaks HTTPS: the request was sent as plain HTTP. Send it to https:// instead."
+            ).json() + "\n"
+        return "HTTP/1.1 400 Bad Request\r\nContent-Type: application/problem+json\r\nContent-Length: \(body.utf8.count)\r\n"
+            + "Connection: close\r\n\r\n" + body
+    }()
+
+    /// Until the handshake is done, the socket's events and the timer drive it.
+    private func handshake(_ a: TLSSessionStateMachine.Actions) {
+        guard let tls else { return }
+        if let arm = a.deadline, let timerEvent {
+            var tv = timeval(server.limits.timeout)
+            _ = arm ? event_add(timerEvent, &tv) : event_del(timerEvent)
+        }
+        if let watch = a.writeInterest, writeEvent != nil { _ = watch ? event_add(writeEvent, nil) : event_del(writeEvent) }
+        switch a.step {
+        case .none: break
+        case .handshake: handshake(tls.machine.stepped(tls.handshake()))
+        case let .startHTTP(version):
+            server.delegate?.tlsHandshake(version: version)
+            perform(machine.start())
+            // The client's first request may have come with the handshake's last flight.
+            if tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
+        case let .close(reason):
+            server.delegate?.tlsHandshakeFailed(reason: reason)
+            tls.close(notify: false)
+            // Plain HTTP on a TLS port gets a plain answer that says so (as nginx does).
+            // What the request sent is read first, so the close does not reset the answer away.
+            if reason == .httpRequest {
+                _ = input.discard(from: fd, tls: nil)
+                var answer = Self.plainHTTPRefusal
+                answer.withUTF8 { _ = Glibc.write(fd, $0.baseAddress, $0.count) }
+                shutdown(fd, Int32(SHUT_WR))
+            }
+            close()
+        }
     }
 
     /// The current request's bytes, from its first: what its head's offsets point into.
@@ -76,7 +123,11 @@ final class HTTPConnection {
 
     private func perform(_ a: Machine.Actions) {
         if let change = a.timer { setTimer(change) }
-        if let reading = a.reading, readEvent != nil { _ = reading ? event_add(readEvent, nil) : event_del(readEvent) }
+        if let reading = a.reading, readEvent != nil {
+            _ = reading ? event_add(readEvent, nil) : event_del(readEvent)
+            // Bytes already decrypted wake nobody: look at them now.
+            if reading, let tls, tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
+        }
         if let watch = a.writeInterest, writeEvent != nil { _ = watch ? event_add(writeEvent, nil) : event_del(writeEvent) }
         switch a.step {
         case .none: break
@@ -86,7 +137,9 @@ final class HTTPConnection {
         case .askAdmission: askAdmission()
         case .writeContinue: write("HTTP/1.1 100 Continue\r\n\r\n")
         case .parseNext: event_active(readEvent, Int32(EV_READ), 0)
-        case .halfClose: shutdown(fd, Int32(SHUT_WR))
+        case .halfClose:
+            tls?.shutdown()
+            shutdown(fd, Int32(SHUT_WR))
         case .close: close()
         case .clientLost: current?.connectionLost()
         case .notifyDrained: current?.outputDrained()
@@ -104,6 +157,7 @@ final class HTTPConnection {
     // MARK: - Reading
 
     fileprivate func readable() {
+        if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
         switch machine.readReady(buffered: input.buffered) {
         case .ignore:
             return
@@ -112,18 +166,21 @@ final class HTTPConnection {
         case .parseBuffered:
             process()
         case .discard:
-            let n = input.discard(from: fd)
+            let n = input.discard(from: fd, tls: tls)
             if n <= 0 { readFailed(n) }
         case let .body(remaining):
             // A Content-Length body goes straight into its own storage.
-            let n = input.readBody(from: fd, remaining: remaining)
+            let n = input.readBody(from: fd, remaining: remaining, tls: tls)
             guard n > 0 else { return readFailed(n) }
             perform(machine.bodyRead(n))
+            if let tls, tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
         case .input:
-            let n = input.read(from: fd)
+            let n = input.read(from: fd, tls: tls)
             guard n > 0 else { return readFailed(n) }
             perform(machine.inputRead())
             process()
+            // Decrypted bytes left inside the session: the socket will not wake us for them.
+            if let tls, tls.pending, readEvent != nil { event_active(readEvent, Int32(EV_READ), 0) }
         }
     }
 
@@ -209,6 +266,7 @@ final class HTTPConnection {
     func close() {
         guard readEvent != nil else { return }
         _ = machine.closed()
+        tls?.close(notify: tls?.machine.isEstablished ?? false)
         Glibc.close(forget())
         server.connectionClosed(self)
         if let request = current {
@@ -220,7 +278,8 @@ final class HTTPConnection {
     /// Hands the socket to `request`'s code and forgets it (see
     /// `HTTPRequest.takeOverConnection`). Nil if the connection is gone.
     func detach(_ request: HTTPRequest) -> Int32? {
-        guard readEvent != nil else { return nil }
+        // A TLS connection's bytes are not the socket's: it cannot be handed over.
+        guard readEvent != nil, tls == nil else { return nil }
         _ = machine.closed()
         let socket = forget()
         if current === request { current = nil }
@@ -255,7 +314,7 @@ final class HTTPConnection {
     @discardableResult
     func write(_ pieces: [UnsafeRawBufferPointer]) -> Bool {
         guard readEvent != nil else { return false }
-        switch output.write(pieces, to: fd) {
+        switch output.write(pieces, to: fd, tls: tls) {
         case .written: return true
         case .queued:
             perform(machine.outputQueued())
@@ -272,7 +331,8 @@ final class HTTPConnection {
 
     fileprivate func writable() {
         guard readEvent != nil else { return }
-        switch output.flush(to: fd) {
+        if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
+        switch output.flush(to: fd, tls: tls) {
         case .again: return
         case .failed: perform(machine.writeFailed())
         case .progressed: perform(machine.outputProgressed())
@@ -286,7 +346,10 @@ final class HTTPConnection {
         perform(machine.notifyWhenDrained(outputPending: pendingOutput > 0))
     }
 
-    fileprivate func timerFired() { perform(machine.timerFired()) }
+    fileprivate func timerFired() {
+        if let tls, !tls.machine.isEstablished { return handshake(tls.machine.deadlinePassed()) }
+        perform(machine.timerFired())
+    }
 }
 
 // MARK: - C callbacks (the connection comes back unretained; keep it alive for the call)

@@ -62,12 +62,18 @@ public protocol HTTPServerDelegate: AnyObject {
     /// Accepting stopped because the process holds `limit` client
     /// connections (`limits.max_connections`); it resumes when one closes.
     func acceptCapped(limit: Int)
+    /// A TLS handshake completed (version 12 or 13).
+    func tlsHandshake(version: Int)
+    /// A TLS handshake failed; the connection is closed.
+    func tlsHandshakeFailed(reason: TLSHandshakeFailure)
 }
 
 extension HTTPServerDelegate {
     public func admit(_ request: HTTPRequest) -> Bool { true }
     public func acceptPaused(errno: Int32, pause: Duration) {}
     public func acceptCapped(limit: Int) {}
+    public func tlsHandshake(version: Int) {}
+    public func tlsHandshakeFailed(reason: TLSHandshakeFailure) {}
 }
 
 public enum SocketError: Error, CustomStringConvertible {
@@ -112,13 +118,17 @@ public final class HTTPServer {
     public static let capRecheck: Duration = .milliseconds(50)
     /// Accepting stopped at the connection cap (not for lack of descriptors).
     private var capped = false
+    /// A TLS listener's certificates (nil: plain HTTP). A reload swaps them:
+    /// new connections use the new ones, open ones keep theirs.
+    public var tls: TLSServerContext?
     let dateHeader = DateHeaderCache()
 
     public init(
         loop: EventLoop, host: String, port: Int, reusePort: Bool, limits: HTTPServerLimits,
-        delegate: HTTPServerDelegate
+        delegate: HTTPServerDelegate, tls: TLSServerContext? = nil
     ) throws(SocketError) {
         self.loop = loop
+        self.tls = tls
         self.limits = limits
         requestLimits = limits.request
         connectionLimits = .init(request: requestLimits)
@@ -226,7 +236,17 @@ public final class HTTPServer {
                 default: return  // EAGAIN: nothing more to accept
                 }
             }
-            let connection = HTTPConnection(server: self, fd: fd, peer: storage)
+            var session: TLSSession?
+            if let tls {
+                // Out of memory for a session: the connection is dropped, as for EMFILE.
+                guard let made = TLSSession(context: tls, fd: fd) else {
+                    Glibc.close(fd)
+                    limits.connections?.release(1)
+                    continue
+                }
+                session = made
+            }
+            let connection = HTTPConnection(server: self, fd: fd, peer: storage, tls: session)
             connections[ObjectIdentifier(connection)] = connection
             connection.start()
             if draining { connection.drain() }

@@ -18,7 +18,8 @@ struct OutputQueue {
 
     /// Writes `pieces` after anything queued: `.queued` when some of them
     /// wait (the caller watches the socket), `.failed` when the peer is gone.
-    mutating func write(_ pieces: [UnsafeRawBufferPointer], to fd: Int32) -> WriteResult {
+    mutating func write(_ pieces: [UnsafeRawBufferPointer], to fd: Int32, tls: TLSSession?) -> WriteResult {
+        if let tls { return write(pieces, tls: tls) }
         var total = 0
         for p in pieces { total += p.count }
         guard total > 0 else { return .written }
@@ -56,13 +57,35 @@ struct OutputQueue {
 
     enum FlushResult { case drained, progressed, again, failed }
 
-    /// Writes what is queued, as far as the kernel takes it.
-    mutating func flush(to fd: Int32) -> FlushResult {
-        if buffer.count > sent {
-            let n = Glibc.write(fd, buffer.base + sent, buffer.count - sent)
-            if n < 0 { return errno == EAGAIN || errno == EINTR ? .again : .failed }
+    /// Through TLS: the pieces are gathered in the queue (one record for
+    /// them all, not one per piece), then written as far as the session takes them.
+    private mutating func write(_ pieces: [UnsafeRawBufferPointer], tls: TLSSession) -> WriteResult {
+        if buffer.count == sent {
+            buffer.count = 0
+            sent = 0
+        }
+        for p in pieces where p.count > 0 { buffer.append(p) }
+        switch flush(to: -1, tls: tls) {
+        case .drained: return .written
+        case .progressed, .again: return .queued
+        case .failed: return .failed
+        }
+    }
+
+    /// Writes what is queued, as far as the kernel (or the TLS session) takes it.
+    mutating func flush(to fd: Int32, tls: TLSSession?) -> FlushResult {
+        var progressed = false
+        while buffer.count > sent {
+            let n =
+                tls?.write(buffer.base + sent, buffer.count - sent) ?? Glibc.write(fd, buffer.base + sent, buffer.count - sent)
+            if n <= 0 {
+                guard n < 0, errno == EAGAIN || errno == EINTR else { return .failed }
+                return progressed ? .progressed : .again
+            }
             sent += n
-            if buffer.count > sent { return .progressed }
+            progressed = true
+            // A plain socket that took less is full; a TLS session writes record by record.
+            if tls == nil, buffer.count > sent { return .progressed }
         }
         buffer.count = 0
         sent = 0

@@ -36,8 +36,9 @@ struct RequestInput {
 
     // MARK: - Reading
 
-    /// Reads into the buffer (making room first); what `read` returned.
-    mutating func read(from fd: Int32) -> Int {
+    /// Reads into the buffer (making room first), from the socket or
+    /// through its TLS session; what `read` returned.
+    mutating func read(from fd: Int32, tls: TLSSession?) -> Int {
         if buffer.room < 1024 {
             // Drop the answered requests' bytes before growing the buffer.
             if requestStart > 0 {
@@ -46,20 +47,23 @@ struct RequestInput {
             }
             if buffer.room < 1024 { buffer.reserve(max(4096, buffer.capacity)) }
         }
-        let n = Glibc.read(fd, buffer.end, buffer.room)
+        let n = tls?.read(buffer.end, buffer.room) ?? Glibc.read(fd, buffer.end, buffer.room)
         if n > 0 { buffer.count += n }
         return n
     }
 
     /// Reads up to `remaining` bytes of a Content-Length body into its storage.
-    mutating func readBody(from fd: Int32, remaining: Int) -> Int {
-        let n = Glibc.read(fd, body!.baseAddress! + bodyFilled, remaining)
+    mutating func readBody(from fd: Int32, remaining: Int, tls: TLSSession?) -> Int {
+        let at = body!.baseAddress! + bodyFilled
+        let n = tls?.read(at, remaining) ?? Glibc.read(fd, at, remaining)
         if n > 0 { bodyFilled += n }
         return n
     }
 
     /// Reads and throws away (a lingering close).
-    func discard(from fd: Int32) -> Int { Glibc.read(fd, buffer.base, buffer.capacity) }
+    func discard(from fd: Int32, tls: TLSSession?) -> Int {
+        tls?.read(buffer.base, buffer.capacity) ?? Glibc.read(fd, buffer.base, buffer.capacity)
+    }
 
     // MARK: - The body
 

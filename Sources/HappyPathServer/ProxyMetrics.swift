@@ -1,3 +1,5 @@
+import HappyPathConfig
+import HappyPathIO
 import CoreMetrics
 import Foundation
 import HappyPathCore
@@ -34,6 +36,19 @@ final class ProxyMetrics: Sendable {
 
     func timer(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Timer {
         CoreMetrics.Timer(label: name, dimensions: dimensions, preferredDisplayUnit: .seconds, factory: factory)
+    }
+
+    /// `happypath_tls_certificate_expiry_seconds`: when each listener's
+    /// certificates expire (Unix time), for alerts; set at start and reload.
+    func certificateExpiry(_ config: Configuration, _ contexts: [TLSServerContext?]) {
+        for (listener, context) in zip(config.listeners, contexts) {
+            guard let context else { continue }
+            for (i, pair) in context.certificates.enumerated() {
+                guard let notAfter = context.notAfter(i) else { continue }
+                gauge("happypath_tls_certificate_expiry_seconds", [("listener", "\(listener.address)"), ("cert", pair.cert)])
+                    .record(Double(notAfter))
+            }
+        }
     }
 
     func gauge(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Gauge {
@@ -182,6 +197,14 @@ final class WorkerMetrics {
 
     /// A series counted off the hot path (a hedge, a fallback answer), kept
     /// by its name and label values joined: one key built per event.
+    func tlsHandshake(version: Int) {
+        rare("happypath_tls_handshakes_total", [("version", version == 13 ? "1.3" : "1.2")]).increment()
+    }
+
+    func tlsHandshakeFailed(reason: TLSHandshakeFailure) {
+        rare("happypath_tls_handshake_failures_total", [("reason", reason.rawValue)]).increment()
+    }
+
     private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {
         let key = labels.reduce(name) { $0 + "\u{0}" + $1.1 }
         if let counter = rareCounters[key] { return counter }

@@ -35,7 +35,10 @@ public final class ProxyServer: @unchecked Sendable {
     private var deliveries: Deliveries?
     private let ready = ReadyFlag()
     private let stopped = Locked(false)
+    /// The first listener's port (where a single `listen` binds).
     public private(set) var port = 0
+    /// Every listener's port, in the configuration's order.
+    public private(set) var ports: [Int] = []
     public private(set) var adminPort = 0
 
     /// - Parameters:
@@ -76,23 +79,30 @@ public final class ProxyServer: @unchecked Sendable {
             self.deliveries = deliveries
             shared.deliveries = deliveries
         }
-        var bindPort = config.listen.port
+        let contexts = try Self.certificates(config)
+        shared.metrics.certificateExpiry(config, contexts)
+        var listeners = zip(config.listeners, contexts).map { l, tls in
+            ProxyWorker.BoundListener(host: l.address.host, port: l.address.port, tls: tls)
+        }
         for i in 0..<workerCount {
             let loop = EventLoop()
             // With port 0 the first worker picks the port; the others join it.
             let worker = try ProxyWorker(
-                loop: loop, runtime: runtime, shared: shared, host: config.listen.host, port: bindPort,
+                loop: loop, runtime: runtime, shared: shared, listeners: listeners,
                 workers: workerCount, clock: clock, logger: logger, accessLog: accessLog)
             // Bound while its loop is not running yet.
             let bound = LoopBound(worker, on: loop)
             shared.register(bound)
             worker.deliveries = deliveries
             deliveries?.register(bound)
-            if i == 0 { bindPort = worker.port }
+            if i == 0 {
+                for (j, p) in worker.ports.enumerated() { listeners[j].port = p }
+            }
             loops.append(loop)
             workers.append(bound)
         }
-        port = bindPort
+        ports = listeners.map(\.port)
+        port = ports[0]
         let admin = try AdminServer(
             loop: adminLoop, configuration: config, ready: ready, shared: shared, runtime: runtime, clock: clock)
         adminPort = admin.server.port
@@ -114,6 +124,26 @@ public final class ProxyServer: @unchecked Sendable {
             ])
     }
 
+    /// Each TLS listener's certificates, read now (nil for a plain one).
+    static func certificates(_ config: Configuration) throws(TLSSetupError) -> [TLSServerContext?] {
+        var out: [TLSServerContext?] = []
+        for listener in config.listeners {
+            guard let tls = listener.tls else {
+                out.append(nil)
+                continue
+            }
+            do {
+                out.append(
+                    try TLSServerContext(
+                        certificates: tls.certificates.map { CertificateFiles(cert: $0.cert, key: $0.key) },
+                        minimumTLS13: tls.minVersion == .tls13))
+            } catch {
+                throw TLSSetupError(description: "listen \(listener.address): \(error.description)")
+            }
+        }
+        return out
+    }
+
     /// SIGHUP: switch to `configuration` (already validated by the loader).
     /// New commands use it; commands in flight finish under the old one. An
     /// upstream whose definition did not change keeps its breaker, budget
@@ -129,11 +159,26 @@ public final class ProxyServer: @unchecked Sendable {
                 "config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
             return problems
         }
+        // Certificates are read first: a pair that does not load refuses the
+        // whole reload, and every listener keeps the ones it has.
+        let contexts: [TLSServerContext?]
+        do {
+            contexts = try Self.certificates(configuration)
+        } catch {
+            let problems = ["\(error.description); the certificates in use are kept"]
+            shared.events.publish(
+                "config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
+            return problems
+        }
+        shared.metrics.certificateExpiry(configuration, contexts)
         let newRuntime = RuntimeConfiguration(configuration)
         let newShared = SharedState(runtime: newRuntime, logger: logger, events: shared.events, previous: shared)
         deliveries?.update(shared: newShared)
         for worker in workers {
-            worker.loop.execute(with: worker) { $0.apply(runtime: newRuntime, shared: newShared) }
+            worker.loop.execute(with: worker) {
+                $0.apply(runtime: newRuntime, shared: newShared)
+                $0.useCertificates(contexts)
+            }
         }
         // The checker is made here and given to the admin loop; the admin
         // server and the old checker already belong to it.

@@ -19,7 +19,9 @@ final class ProxyWorker: HTTPServerDelegate {
     let logger: Logger
     /// One line per finished request, written in batches.
     let accessLog: AccessLog
-    private(set) var server: HTTPServer!
+    /// One per listener, in the configuration's order (the first is `server`).
+    private(set) var servers: [HTTPServer] = []
+    var server: HTTPServer { servers[0] }
     let client: UpstreamClient
     var ids = IdentifierGenerator()
     /// An upstream silent this long in mid-response is cut (limits.client_timeout).
@@ -61,7 +63,7 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     init(
-        loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, host: String, port: Int, workers: Int,
+        loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, listeners: [BoundListener], workers: Int,
         clock: Clock, logger: Logger, accessLog: AccessLogSettings
     ) throws(SocketError) {
         self.loop = loop
@@ -77,16 +79,35 @@ final class ProxyWorker: HTTPServerDelegate {
         let caps = runtime.connectionCaps(workers: workers)
         client = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
         let limits = runtime.configuration.limits
-        server = try HTTPServer(
-            loop: loop, host: host, port: port, reusePort: true,
-            limits: HTTPServerLimits(
-                maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
-                bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization,
-                connections: shared.connections),
-            delegate: self)
+        let serverLimits = HTTPServerLimits(
+            maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
+            bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization, connections: shared.connections)
+        for listener in listeners {
+            servers.append(
+                try HTTPServer(
+                    loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,
+                    delegate: self, tls: listener.tls))
+        }
+    }
+
+    /// Where a worker's listener binds (port 0: the first worker picks
+    /// one, the others join it) and its certificates, if it speaks TLS.
+    struct BoundListener {
+        var host: String
+        var port: Int
+        var tls: TLSServerContext?
     }
 
     var port: Int { server.port }
+    var ports: [Int] { servers.map(\.port) }
+
+    /// A reload's certificates, for new connections (nil where plain).
+    func useCertificates(_ contexts: [TLSServerContext?]) {
+        for (server, context) in zip(servers, contexts) where server.tls != nil { server.tls = context }
+    }
+
+    func tlsHandshake(version: Int) { metrics.tlsHandshake(version: version) }
+    func tlsHandshakeFailed(reason: TLSHandshakeFailure) { metrics.tlsHandshakeFailed(reason: reason) }
 
     // MARK: - HTTPServerDelegate
 
@@ -450,7 +471,7 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     /// Drain: no new connections; what is open is still served.
-    func stopAccepting() { server.stopAccepting() }
+    func stopAccepting() { for s in servers { s.stopAccepting() } }
 
     /// Drain timed out: every exchange still here gets its answer now.
     func answerEverything() {
@@ -476,7 +497,7 @@ final class ProxyWorker: HTTPServerDelegate {
         for refresh in refreshes.values { refresh.abandon() }
         refreshes.removeAll()
         lanes.removeAll()
-        server.close()
+        for s in servers { s.close() }
         client.shutdown()
         accessLog.flush()
     }

@@ -12,7 +12,13 @@ enum RestartOnlyKeys {
     /// number of loops would differ (`auto` is `cores`).
     static func changes(from old: Configuration, to new: Configuration, cores: Int) -> [String] {
         var keys: [String] = []
-        if new.listen != old.listen { keys.append("listen") }
+        // The sockets, and whether each speaks TLS; certificates, min_version
+        // and alpn do change on reload (new connections use them).
+        if new.listeners.map(\.address) != old.listeners.map(\.address)
+            || new.listeners.map({ $0.tls == nil }) != old.listeners.map({ $0.tls == nil })
+        {
+            keys.append("listen")
+        }
         if new.admin.listen != old.admin.listen { keys.append("admin.listen") }
         if (new.workers ?? cores) != (old.workers ?? cores) { keys.append("workers") }
         if new.limits.maxRequestBody != old.limits.maxRequestBody { keys.append("limits.max_request_body") }

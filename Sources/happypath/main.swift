@@ -96,6 +96,11 @@ struct Serve: ParsableCommand {
             accessLog: AccessLogSettings(level: level, format: format))
         do {
             try server.start()
+        } catch let error as TLSSetupError {
+            logger.critical("cannot load a TLS certificate", metadata: ["error": "\(error)"])
+            FileHandle.standardError.write(
+                Data("happypath: \(error) (check the listener's tls.certificates; run 'happypath check')\n".utf8))
+            Foundation.exit(Exit.invalidConfigOrArguments)
         } catch let error as StoreError {
             logger.critical("cannot open the delivery store", metadata: ["error": "\(error)"])
             FileHandle.standardError.write(
@@ -110,7 +115,9 @@ struct Serve: ParsableCommand {
         }
         waitForTermination(
             onReady: {
-                print("listening on http://\(configuration.listen.host):\(server.port)")
+                for (listener, port) in zip(configuration.listeners, server.ports) {
+                    print("listening on \(listener.tls == nil ? "http" : "https")://\(listener.address.host):\(port)")
+                }
                 fflush(nil)
             },
             onStop: {
@@ -155,13 +162,45 @@ struct Check: ParsableCommand {
         let file = config ?? ConfigLoader.defaultPath()
         let configuration = loadConfiguration(file)
         let storage = ConfigLoader.storageProblems(configuration)
-        if !storage.isEmpty {
+        let (tlsProblems, warnings) = Self.certificateProblems(configuration)
+        for warning in warnings { FileHandle.standardError.write(Data("\(file): warning: \(warning)\n".utf8)) }
+        if !storage.isEmpty || !tlsProblems.isEmpty {
             for problem in storage { FileHandle.standardError.write(Data((problem.description + "\n").utf8)) }
+            for problem in tlsProblems { FileHandle.standardError.write(Data("\(file): \(problem)\n".utf8)) }
             Foundation.exit(Exit.invalidConfigOrArguments)
         }
         print(
             "\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.routes.count) route(s), listen \(configuration.listen))"
         )
+    }
+}
+
+extension Check {
+    /// Every TLS listener's certificate and key files: readable, a matching
+    /// pair, not expired (problems); expiring within 14 days (warnings).
+    static func certificateProblems(_ configuration: Configuration, now: Date = Date()) -> (
+        problems: [String], warnings: [String]
+    ) {
+        var problems: [String] = []
+        var warnings: [String] = []
+        for listener in configuration.listeners {
+            for pair in listener.tls?.certificates ?? [] {
+                switch TLSServerContext.check(CertificateFiles(cert: pair.cert, key: pair.key)) {
+                case let .failure(error):
+                    problems.append("listen \(listener.address): \(error.description)")
+                case let .success(notAfter):
+                    let left = Double(notAfter) - now.timeIntervalSince1970
+                    let date = Date(timeIntervalSince1970: Double(notAfter)).formatted(.iso8601)
+                    if left <= 0 {
+                        problems.append("listen \(listener.address): the certificate \(pair.cert) expired at \(date)")
+                    } else if left < 14 * 86400 {
+                        warnings.append(
+                            "listen \(listener.address): the certificate \(pair.cert) expires at \(date), in \(Int(left / 86400)) day(s)")
+                    }
+                }
+            }
+        }
+        return (problems, warnings)
     }
 }
 

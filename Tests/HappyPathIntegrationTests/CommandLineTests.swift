@@ -56,6 +56,39 @@ import Testing
         #expect(check.out.contains("OK (1 upstream(s), 1 route(s)"))
     }
 
+    @Test func checkReadsEveryCertificateAndWarnsBeforeItExpires() throws {
+        let certs = try TestCertificates()
+        let good = try certs.make("good", names: ["localhost"])
+        let soon = try certs.make("soon", names: ["localhost"], days: 7)
+        let expired = try certs.make("expired", names: ["localhost"], expired: true)
+        let stranger = try certs.make("stranger", names: ["localhost"])
+        func config(_ pairs: [(String, String)]) throws -> String {
+            let list = pairs.map { "        - { cert: \($0.0), key: \($0.1) }" }.joined(separator: "\n")
+            return try self.config(
+                """
+                listen:
+                  - address: 127.0.0.1:0
+                    tls:
+                      certificates:
+                \(list)
+                upstreams: { u: { endpoints: [http://127.0.0.1:9] } }
+                routes: [ { match: { path_prefix: / }, upstream: u } ]
+                """)
+        }
+        let fine = try run(["check", "--config", try config([(good.cert, good.key), (soon.cert, soon.key)])])
+        #expect(fine.status == 0, "\(fine.err)")
+        #expect(fine.err.contains("warning: listen 127.0.0.1:0: the certificate \(soon.cert) expires at"))
+        #expect(!fine.err.contains(good.cert))
+        let bad = try run([
+            "check", "--config",
+            try config([(expired.cert, expired.key), (good.cert, stranger.key), ("/nonexistent/x.crt", good.key)]),
+        ])
+        #expect(bad.status == 1)
+        #expect(bad.err.contains("the certificate \(expired.cert) expired at 2020-01-02"))
+        #expect(bad.err.contains("the private key \(stranger.key) does not belong to the certificate \(good.cert)"))
+        #expect(bad.err.contains("cannot read the certificate /nonexistent/x.crt"))
+    }
+
     @Test func anInvalidConfigExitsOneWithEveryProblemPositioned() throws {
         let path = try config(Self.valid + "\nbogus: 1\nworkers: many\n")
         for command in ["check", "serve"] {

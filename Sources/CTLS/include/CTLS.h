@@ -1,0 +1,65 @@
+#ifndef HAPPYPATH_CTLS_H
+#define HAPPYPATH_CTLS_H
+
+// The proxy's use of OpenSSL, behind opaque pointers: a listener's server
+// contexts (one per certificate, chosen by SNI), non-blocking sessions on
+// a socket, and certificate checks. Swift sees no OpenSSL type or macro.
+
+#include <stddef.h>
+
+typedef struct hp_tls_server hp_tls_server;
+
+// What a step of a session returns besides a byte count.
+enum {
+    HP_TLS_DONE = 1,
+    HP_TLS_WANT_READ = -1,
+    HP_TLS_WANT_WRITE = -2,
+    HP_TLS_CLOSED = 0,
+    HP_TLS_ERROR = -3,
+    HP_TLS_FAILED = -100,
+};
+
+// Why a handshake failed (the metric's `reason`).
+enum {
+    HP_TLS_FAIL_PROTOCOL = 1,        // anything else the peer got wrong
+    HP_TLS_FAIL_HTTP_REQUEST = 2,    // plain HTTP on a TLS port
+    HP_TLS_FAIL_VERSION = 3,         // not TLS, or a version below min_version
+    HP_TLS_FAIL_NO_SHARED_CIPHER = 4,
+    HP_TLS_FAIL_ALPN = 5,            // the client offers ALPN, but not http/1.1
+    HP_TLS_FAIL_CLOSED = 6,          // the peer hung up mid-handshake
+};
+
+// The contexts of one listener: `count` certificate and key files (PEM;
+// the certificate file may hold the chain), the first the default. Each
+// pair is checked to match. min_tls13: refuse TLS 1.2. NULL on failure,
+// with a message naming the file in `err`.
+hp_tls_server *hp_tls_server_new(const char *const *certs, const char *const *keys, int count, int min_tls13,
+                                 char *err, size_t errlen);
+void hp_tls_server_free(hp_tls_server *server);
+int hp_tls_server_count(const hp_tls_server *server);
+// The certificate's notAfter as Unix seconds (-1 if it cannot be read).
+long long hp_tls_server_not_after(const hp_tls_server *server, int index);
+
+// Checks a certificate and key pair without keeping it: 0 and its notAfter,
+// or -1 with a message.
+int hp_tls_check_pair(const char *cert, const char *key, long long *not_after, char *err, size_t errlen);
+
+// A server session on the non-blocking socket `fd`.
+void *hp_tls_session_new(hp_tls_server *server, int fd);
+// Frees the session; with `notify`, first sends close_notify (best effort).
+void hp_tls_session_free(void *session, int notify);
+// One handshake step: HP_TLS_DONE, HP_TLS_WANT_READ, HP_TLS_WANT_WRITE,
+// or HP_TLS_FAILED minus one of the HP_TLS_FAIL_ reasons.
+int hp_tls_handshake(void *session);
+// Bytes read (> 0), HP_TLS_CLOSED, HP_TLS_WANT_READ, HP_TLS_WANT_WRITE or HP_TLS_ERROR.
+int hp_tls_read(void *session, void *buffer, int length);
+// Bytes written (> 0, perhaps fewer than asked), HP_TLS_WANT_WRITE, HP_TLS_WANT_READ or HP_TLS_ERROR.
+int hp_tls_write(void *session, const void *buffer, int length);
+// Decrypted bytes waiting inside the session (read them before waiting for the socket).
+int hp_tls_pending(void *session);
+// 12 or 13.
+int hp_tls_version(void *session);
+// Sends close_notify (the write side's end).
+void hp_tls_shutdown(void *session);
+
+#endif

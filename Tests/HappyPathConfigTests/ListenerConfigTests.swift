@@ -1,0 +1,72 @@
+import HappyPathConfig
+import Testing
+
+/// `listen`: one address, or a list of plain and TLS listeners (docs/tls.md).
+@Suite struct ListenerConfigTests {
+    static let rest = """
+        upstreams: { api: { endpoints: [http://127.0.0.1:9000] } }
+        routes: [ { match: { path_prefix: / }, upstream: api } ]
+        """
+
+    func parse(_ listen: String) throws -> Configuration { try ConfigLoader.parse(listen + "\n" + Self.rest, file: "t.yaml") }
+
+    func messages(_ listen: String) -> [String] { errors(listen + "\n" + Self.rest).map(\.message) }
+
+    @Test func aSingleAddressIsOnePlainListener() throws {
+        let c = try parse("listen: 127.0.0.1:8181")
+        #expect(c.listeners == [Listener(address: ListenAddress(host: "127.0.0.1", port: 8181))])
+        #expect(c.listen == ListenAddress(host: "127.0.0.1", port: 8181))
+    }
+
+    @Test func aListOfPlainAndTLSListeners() throws {
+        let c = try parse(
+            """
+            listen:
+              - address: 0.0.0.0:8443
+                tls:
+                  certificates:
+                    - { cert: /etc/tls/api.crt, key: /etc/tls/api.key }
+                    - { cert: /etc/tls/other.crt, key: /etc/tls/other.key }
+                  min_version: "1.3"
+                  alpn: [http/1.1]
+              - 0.0.0.0:8080
+              - address: 127.0.0.1:8081
+            """)
+        #expect(c.listeners.map(\.address.description) == ["0.0.0.0:8443", "0.0.0.0:8080", "127.0.0.1:8081"])
+        #expect(c.listen.port == 8443, "the first listener is `listen`")
+        let tls = try #require(c.listeners[0].tls)
+        #expect(tls.certificates == [
+            CertificatePair(cert: "/etc/tls/api.crt", key: "/etc/tls/api.key"),
+            CertificatePair(cert: "/etc/tls/other.crt", key: "/etc/tls/other.key"),
+        ])
+        #expect(tls.minVersion == .tls13)
+        #expect(c.listeners[1].tls == nil && c.listeners[2].tls == nil)
+    }
+
+    @Test func tlsDefaults() throws {
+        let c = try parse(
+            """
+            listen:
+              - address: 127.0.0.1:8443
+                tls: { certificates: [ { cert: a.crt, key: a.key } ] }
+            """)
+        #expect(c.listeners[0].tls?.minVersion == .tls12)
+        #expect(c.listeners[0].tls?.alpn == ["http/1.1"])
+    }
+
+    @Test(arguments: [
+        ("listen: []", "listen must name at least one address"),
+        ("listen: [ { tls: { certificates: [ { cert: a, key: b } ] } } ]", "listen[0] needs an address"),
+        ("listen: [ { address: 127.0.0.1:8443, tls: {} } ]", "listen[0].tls.certificates must list at least one"),
+        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a } ] } } ]", "listen[0].tls.certificates[0] needs both cert and key"),
+        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], min_version: \"1.1\" } } ]", "min_version must be \"1.2\" or \"1.3\""),
+        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], alpn: [h2] } } ]", "speaks http/1.1 only"),
+        ("listen: [ \"0.0.0.0:8080\", { address: \"0.0.0.0:8080\" } ]", "is listed twice"),
+        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], ciphers: x } } ]", "unknown key 'listen[0].tls.ciphers'"),
+        ("listen: [ nonsense ]", "listen[0]: 'nonsense' is not HOST:PORT"),
+    ])
+    func mistakesAreNamed(_ listen: String, _ expected: String) {
+        let found = messages(listen)
+        #expect(found.contains { $0.contains(expected) }, "\(found)")
+    }
+}
