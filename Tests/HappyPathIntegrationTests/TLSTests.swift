@@ -68,6 +68,22 @@ import Testing
                     print(s.version(), s.selected_alpn_protocol(), data.count(b"HTTP/1.1 200 "), data.count(b"HTTP/1.1 201 "))
             """)
         #expect(out.trimmingCharacters(in: .whitespacesAndNewlines) == "TLSv1.3 http/1.1 1 1")
+        // A second connection resumes the first one's session (a TLS 1.3 ticket).
+        let resumed = try python(
+            """
+            import socket, ssl
+            ctx = ssl.create_default_context(cafile="\(api.cert)")
+            def get(session=None):
+                with socket.create_connection(("127.0.0.1", \(tlsPort))) as raw:
+                    with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
+                        s.sendall(b"GET /status/200 HTTP/1.1\\r\\nHost: a\\r\\nConnection: close\\r\\n\\r\\n")
+                        while s.recv(65536): pass
+                        return s.session, s.session_reused
+            first, _ = get()
+            _, reused = get(first)
+            print(reused)
+            """)
+        #expect(resumed.trimmingCharacters(in: .whitespacesAndNewlines) == "True")
         let plain = try curl(["http://127.0.0.1:\(plainPort)/status/200", "-o", "/dev/null", "-w", "%{http_code}"])
         #expect(plain.out == "200")
         let admin = AdminProbe(port: h.adminPort)
