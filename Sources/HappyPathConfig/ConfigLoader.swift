@@ -372,6 +372,26 @@ final class Reader {
         return settings
     }
 
+    /// `upstreams.NAME.tls`: how the proxy's connections to the upstream verify it.
+    func upstreamTLS(_ node: Node, _ path: String) -> UpstreamTLSSettings {
+        let f = fields(node, path, known: ["ca", "verify", "client_cert", "client_key", "server_name"])
+        var t = UpstreamTLSSettings()
+        t.ca = string(f["ca"]?.value, "\(path).ca")
+        if let v = bool(f["verify"]?.value, "\(path).verify") { t.verify = v }
+        t.clientCert = string(f["client_cert"]?.value, "\(path).client_cert")
+        t.clientKey = string(f["client_key"]?.value, "\(path).client_key")
+        if (t.clientCert == nil) != (t.clientKey == nil) {
+            error(node, "\(path): client_cert and client_key go together (a client certificate and its key)")
+        }
+        if let n = f["server_name"]?.value, let name = string(n, "\(path).server_name") {
+            let allowed = !name.isEmpty && name.unicodeScalars.allSatisfy {
+                ("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "-" || $0 == "."
+            }
+            if allowed { t.serverName = name.lowercased() } else { error(n, "\(path).server_name: '\(name)' is not a host name") }
+        }
+        return t
+    }
+
     // MARK: - Sections
 
     func configuration(_ root: Node?) -> Configuration {
@@ -783,7 +803,7 @@ final class Reader {
         let path = "upstreams.\(name)"
         let f = fields(
             node, path,
-            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing"]
+            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing", "tls"]
                 + Self.policyKeys)
         var u = Upstream(name: name, endpoints: [])
         if let e = f["endpoints"] {
@@ -820,6 +840,12 @@ final class Reader {
             u.upstreamErrors = m
         }
         if let p = f["pacing"]?.value { u.pacing = pacing(p, "\(path).pacing") }
+        if let t = f["tls"] {
+            u.tls = upstreamTLS(t.value, "\(path).tls")
+            if !u.endpoints.isEmpty, !u.endpoints.allSatisfy({ $0.hasPrefix("https://") }) {
+                error(t.key, "\(path).tls applies to https:// endpoints; every endpoint of the upstream must be one")
+            }
+        }
         return u
     }
 

@@ -102,6 +102,23 @@ public struct Upstream: Sendable, Equatable {
     public var upstreamErrors: UpstreamErrorsMode?
     /// `pacing:` (nil: the upstream's Retry-After pauses nothing but the request that got it).
     public var pacing: PacingConfiguration?
+    /// `tls:` for https:// endpoints (nil: libcurl's defaults: verified against the system's CAs).
+    public var tls: UpstreamTLSSettings?
+}
+
+/// `upstreams.NAME.tls` (docs/tls.md, "Upstreams").
+public struct UpstreamTLSSettings: Sendable, Equatable {
+    /// PEM file of the CAs that sign the upstream's certificate (nil: the system's).
+    public var ca: String?
+    /// Verify the upstream's certificate and name (default true).
+    public var verify = true
+    /// A client certificate and its key, for upstreams that ask for one.
+    public var clientCert: String?
+    public var clientKey: String?
+    /// The name sent in SNI and verified in the certificate, instead of the endpoint's host.
+    public var serverName: String?
+
+    public init() {}
 }
 
 /// `upstream_errors:` on a route or an upstream.

@@ -16,6 +16,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
     case notFound = "NOT_FOUND"
     case clientError = "CLIENT_ERROR"
     case badGateway = "BAD_GATEWAY"
+    case upstreamTLS = "UPSTREAM_TLS"
     case uriTooLong = "URI_TOO_LONG"
     case requestTimeout = "REQUEST_TIMEOUT"
     case notImplemented = "NOT_IMPLEMENTED"
@@ -38,7 +39,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .authFailed: 401
         case .forbidden: 403
         case .clientError: 400
-        case .badGateway: 502
+        case .badGateway, .upstreamTLS: 502
         case .uriTooLong: 414
         case .requestTimeout: 408
         case .notImplemented: 501
@@ -81,6 +82,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .notFound: "The resource does not exist"
         case .clientError: "The service rejected the request"
         case .badGateway: "The service sent an invalid response"
+        case .upstreamTLS: "The service's TLS connection could not be established or verified"
         case .uriTooLong: "The request line is too long"
         case .requestTimeout: "The request did not arrive in time"
         case .notImplemented: "The request uses a feature the gateway does not support"
@@ -109,6 +111,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .notFound: "Check the identifier in the URL."
         case .clientError: "Correct the request as the service describes, then send it again."
         case .badGateway: "Try again; if it persists, the service is misbehaving."
+        case .upstreamTLS: "Contact the operator: the gateway does not trust the service's certificate, or their TLS settings do not match."
         case .uriTooLong: "Send a shorter URL (move long parameters into the body)."
         case .requestTimeout: "Send the whole request without pausing, then try again."
         case .notImplemented: "Send the body with Content-Length or plain chunked encoding."

@@ -27,11 +27,19 @@ public struct UpstreamRequest {
     /// deadline for the response head is the caller's: a timer of its own,
     /// so a long body streaming to a slow client is not cut by it.
     public var idleTimeout: Duration
+    /// How an https:// origin is verified (nil: libcurl's defaults).
+    public var tls: UpstreamTLS?
+    /// `HOST:PORT:CONNECT-HOST:CONNECT-PORT`: the origin names one host
+    /// (SNI, verification, `Host`), the connection goes to another.
+    public var connectTo: String?
 
     public init(
         origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,
-        body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration
+        body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration, tls: UpstreamTLS? = nil,
+        connectTo: String? = nil
     ) {
+        self.tls = tls
+        self.connectTo = connectTo
         self.origin = origin
         self.target = target
         self.method = method
@@ -41,6 +49,23 @@ public struct UpstreamRequest {
         self.sendsBody = sendsBody
         self.connectTimeout = connectTimeout
         self.idleTimeout = idleTimeout
+    }
+}
+
+/// An upstream's TLS settings (`upstreams.NAME.tls`), made once per
+/// configuration and applied to a pooled handle only when they differ from
+/// what the handle last used.
+public final class UpstreamTLS: Sendable {
+    let ca: String?
+    let verify: Bool
+    let clientCert: String?
+    let clientKey: String?
+
+    public init(ca: String?, verify: Bool, clientCert: String?, clientKey: String?) {
+        self.ca = ca
+        self.verify = verify
+        self.clientCert = clientCert
+        self.clientKey = clientKey
     }
 }
 
@@ -56,6 +81,9 @@ public enum UpstreamFailure: Error, Sendable, Equatable {
     case reset(String)
     /// What came back was not valid HTTP.
     case badResponse(String)
+    /// The TLS connection failed: the certificate was not verified, or no
+    /// common protocol or cipher (not transient: not retried).
+    case tls(String)
     /// Anything else libcurl reports.
     case other(String)
 
@@ -172,6 +200,10 @@ fileprivate final class EasyHandle {
     /// `Name: value` of a replacing field, NUL-terminated.
     private var replacement: UnsafeMutablePointer<CChar>?
     private var replacementCapacity = 0
+    /// The TLS settings and connect-to entry this handle was last given.
+    var tls: UpstreamTLS?
+    var connectTo: String?
+    var connectToList: UnsafeMutablePointer<curl_slist>?
 
     init(easy: UnsafeMutableRawPointer) {
         self.easy = easy
@@ -213,6 +245,7 @@ fileprivate final class EasyHandle {
 
     func free() {
         curl_easy_cleanup(easy)
+        if let connectToList { curl_slist_free_all(connectToList) }
         errorBuffer.deallocate()
         nodes.deallocate()
         replacement?.deallocate()
@@ -340,6 +373,9 @@ public final class UpstreamClient {
 
         transfer.headers = request.headers
         hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, headerList(handle, request))
+        // Only an upstream with `tls:` (or a handle that served one) pays for this.
+        if request.tls !== handle.tls { apply(request.tls, to: handle) }
+        if request.connectTo != handle.connectTo { connect(handle, to: request.connectTo) }
 
         // Less than one byte a second for idleTimeout: the upstream stalled.
         // (libcurl does not apply this while the transfer is paused.)
@@ -440,6 +476,48 @@ public final class UpstreamClient {
         return handle
     }
 
+    /// libcurl's own CA file and folder (what a handle without `tls.ca` uses).
+    private lazy var defaultCA: (file: String?, path: String?) = {
+        let easy = curl_easy_init()!
+        defer { curl_easy_cleanup(easy) }
+        var file: UnsafeMutableRawPointer?
+        var path: UnsafeMutableRawPointer?
+        hp_easy_get_ptr(easy, CURLINFO_CAINFO, &file)
+        hp_easy_get_ptr(easy, CURLINFO_CAPATH, &path)
+        return (
+            file.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) },
+            path.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) }
+        )
+    }()
+
+    private func apply(_ tls: UpstreamTLS?, to handle: EasyHandle) {
+        let easy = handle.easy
+        func set(_ option: CURLoption, _ value: String?) {
+            if let value { value.withCString { _ = hp_easy_set_ptr(easy, option, $0) } } else { hp_easy_set_ptr(easy, option, nil) }
+        }
+        if let ca = tls?.ca {
+            // Only these CAs: not the system's folder beside them.
+            set(CURLOPT_CAINFO, ca)
+            set(CURLOPT_CAPATH, nil)
+        } else {
+            set(CURLOPT_CAINFO, defaultCA.file)
+            set(CURLOPT_CAPATH, defaultCA.path)
+        }
+        let verify = tls?.verify ?? true
+        hp_easy_set_long(easy, CURLOPT_SSL_VERIFYPEER, verify ? 1 : 0)
+        hp_easy_set_long(easy, CURLOPT_SSL_VERIFYHOST, verify ? 2 : 0)
+        set(CURLOPT_SSLCERT, tls?.clientCert)
+        set(CURLOPT_SSLKEY, tls?.clientKey)
+        handle.tls = tls
+    }
+
+    private func connect(_ handle: EasyHandle, to entry: String?) {
+        if let old = handle.connectToList { curl_slist_free_all(old) }
+        handle.connectToList = entry.flatMap { e in e.withCString { curl_slist_append(nil, $0) } }
+        hp_easy_set_ptr(handle.easy, CURLOPT_CONNECT_TO, handle.connectToList.map { UnsafeRawPointer($0) })
+        handle.connectTo = entry
+    }
+
     /// Detaches a transfer from libcurl and returns its handle to the pool.
     private func complete(_ transfer: UpstreamTransfer) {
         transfer.finished = true
@@ -493,6 +571,9 @@ public final class UpstreamClient {
             return .reset(message)
         case CURLE_WEIRD_SERVER_REPLY, CURLE_UNSUPPORTED_PROTOCOL, CURLE_BAD_CONTENT_ENCODING:
             return .badResponse(message)
+        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CACERT_BADFILE,
+            CURLE_SSL_CIPHER, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_CRL_BADFILE:
+            return .tls(message)
         default:
             return .other(message)
         }

@@ -357,7 +357,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
                 headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
-                connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout),
+                connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
+                connectTo: endpoint.connectTo),
             handler: handler)
     }
 
@@ -891,7 +892,7 @@ extension ExchangeStateMachine.Failure {
             case .auth: nil
             }
         case let .upstreamAnswer(status): status >= 500 ? .serverError : nil
-        case .badGateway, .unavailable: .serverError
+        case .badGateway, .upstreamTLS, .unavailable: .serverError
         case .tokenRefusedAfterRefresh, .tokenRefreshFailed, .shuttingDown: nil
         }
     }
@@ -904,6 +905,7 @@ extension UpstreamFailure {
         case .timeout: .init(.timeout, "timeout")
         case let .reset(message), let .other(message): .init(.reset, message)
         case let .badResponse(message): .init(.invalidResponse, message)
+        case let .tls(message): .init(.tls, message)
         }
     }
 

@@ -74,6 +74,8 @@ struct ExchangeProblem {
             return p
         case let .badGateway(message):
             return problem(.badGateway, history.count == 1 ? message : summary + " (\(message))")
+        case let .upstreamTLS(message):
+            return problem(.upstreamTLS, "The TLS connection to the upstream failed: \(message).")
         case .unavailable:
             return problem(.upstreamUnavailable, summary, retryAfter: retryAfterSeconds(relay, wallSeconds: wallSeconds))
         case let .tokenRefusedAfterRefresh(status):

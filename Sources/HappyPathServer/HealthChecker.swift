@@ -80,7 +80,8 @@ final class HealthChecker: LoopEventTarget {
                 UpstreamRequest(
                     origin: endpoint.origin, target: endpoint.basePath + settings.path, method: "GET",
                     headers: HeaderBlock([HTTPField(name: "User-Agent", value: "happypath-health-check")]), body: .empty,
-                    sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout),
+                    sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout,
+                    tls: upstream.tls, connectTo: endpoint.connectTo),
                 handler: probe)
             probe.arm(loop: loop, timeout: timeout)
         }

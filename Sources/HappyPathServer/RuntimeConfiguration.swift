@@ -1,4 +1,5 @@
 import HappyPathConfig
+import HappyPathIO
 import HappyPathCore
 import HappyPathPolicies
 
@@ -137,6 +138,8 @@ final class RuntimeUpstream: Sendable {
     let endpoints: [Endpoint]
     let connectTimeout: Duration
     let maxConnections: Int
+    /// `tls:` as libcurl takes it (nil: its defaults).
+    let tls: UpstreamTLS?
 
     /// Upstream-level policies (upstream over defaults over built-in):
     /// the breaker, the budget and health checks belong to the upstream.
@@ -145,7 +148,11 @@ final class RuntimeUpstream: Sendable {
 
     init(_ upstream: Upstream, defaults: PolicySettings) {
         name = upstream.name
-        endpoints = upstream.endpoints.map(Endpoint.init)
+        let serverName = upstream.tls?.serverName
+        endpoints = upstream.endpoints.map { Endpoint($0, serverName: serverName) }
+        tls = upstream.tls.map {
+            UpstreamTLS(ca: $0.ca, verify: $0.verify, clientCert: $0.clientCert, clientKey: $0.clientKey)
+        }
         connectTimeout = upstream.connectTimeout
         maxConnections = upstream.maxConnections
         policies = upstream.policies.over(defaults).over(.builtIn)
@@ -186,17 +193,44 @@ struct Endpoint: Sendable {
     let url: String
     let origin: String
     let basePath: String
+    /// With `tls.server_name`: the origin names the server name (SNI, the
+    /// certificate check, `Host`) and libcurl connects to the endpoint's
+    /// own host and port (`HOST:PORT:CONNECT-HOST:CONNECT-PORT`).
+    let connectTo: String?
 
-    init(_ url: String) {
+    init(_ url: String, serverName: String? = nil) {
         self.url = url
         let schemeEnd = url.range(of: "://")!.upperBound
+        var origin: String
         if let slash = url[schemeEnd...].firstIndex(of: "/") {
             origin = String(url[..<slash]) + "/"
             basePath = String(url[slash...])
         } else {
             origin = url + "/"
             basePath = ""
-
         }
+        var connectTo: String?
+        if let serverName {
+            let scheme = String(url[..<schemeEnd])
+            let authority = String(origin.dropFirst(scheme.count).dropLast())
+            let (host, port) = Self.split(authority, defaultPort: scheme == "https://" ? 443 : 80)
+            origin = "\(scheme)\(serverName):\(port)/"
+            connectTo = "\(serverName):\(port):\(host):\(port)"
+        }
+        self.origin = origin
+        self.connectTo = connectTo
+    }
+
+    /// `host:port`, `[v6]:port` or a host alone.
+    private static func split(_ authority: String, defaultPort: Int) -> (host: String, port: Int) {
+        if authority.hasPrefix("["), let close = authority.firstIndex(of: "]") {
+            let host = String(authority[...close])
+            let rest = authority[authority.index(after: close)...]
+            return (host, rest.hasPrefix(":") ? Int(rest.dropFirst()) ?? defaultPort : defaultPort)
+        }
+        if let colon = authority.lastIndex(of: ":") {
+            return (String(authority[..<colon]), Int(authority[authority.index(after: colon)...]) ?? defaultPort)
+        }
+        return (authority, defaultPort)
     }
 }

@@ -70,3 +70,34 @@ import Testing
         #expect(found.contains { $0.contains(expected) }, "\(found)")
     }
 }
+
+/// `upstreams.NAME.tls`.
+@Suite struct UpstreamTLSConfigTests {
+    func config(_ tls: String, endpoint: String = "https://api.internal:443") -> String {
+        """
+        upstreams: { api: { endpoints: [\(endpoint)], tls: \(tls) } }
+        routes: [ { match: { path_prefix: / }, upstream: api } ]
+        """
+    }
+
+    @Test func everyKey() throws {
+        let c = try ConfigLoader.parse(
+            config("{ ca: /etc/ca.pem, verify: true, client_cert: /etc/c.crt, client_key: /etc/c.key, server_name: API.Internal }"),
+            file: "t.yaml")
+        let t = try #require(c.upstreams[0].tls)
+        #expect(t.ca == "/etc/ca.pem" && t.verify && t.clientCert == "/etc/c.crt" && t.clientKey == "/etc/c.key")
+        #expect(t.serverName == "api.internal")
+        #expect(try ConfigLoader.parse(config("{}"), file: "t.yaml").upstreams[0].tls == UpstreamTLSSettings())
+    }
+
+    @Test(arguments: [
+        ("{ client_cert: /etc/c.crt }", "https://a:443", "client_cert and client_key go together"),
+        ("{ server_name: \"bad name\" }", "https://a:443", "'bad name' is not a host name"),
+        ("{ verify: false }", "http://a:80", "tls applies to https:// endpoints"),
+        ("{ pin: x }", "https://a:443", "unknown key 'upstreams.api.tls.pin'"),
+    ])
+    func mistakesAreNamed(_ tls: String, _ endpoint: String, _ expected: String) {
+        let found = errors(config(tls, endpoint: endpoint)).map(\.message)
+        #expect(found.contains { $0.contains(expected) }, "\(found)")
+    }
+}

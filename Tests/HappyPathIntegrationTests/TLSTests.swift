@@ -220,6 +220,49 @@ import Testing
         keep.close()
     }
 
+    /// Upstreams over TLS: a second proxy with a TLS listener (a certificate
+    /// for api.test only, no IP) stands for an HTTPS service.
+    @Test func upstreamsAreVerifiedAndAFailedVerificationIsNotRetried() throws {
+        let certs = try TestCertificates()
+        let service = try certs.make("service", names: ["api.test"], ip: false)
+        let other = try certs.make("other", names: ["api.test"], ip: false)
+        let backend = try ProxyHarness(Self.yaml([service]))
+        defer { backend.stop() }
+        let origin = "https://127.0.0.1:\(backend.proxy.ports[0])"
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { reachability: { park_for: 0s } }
+            upstreams:
+              named: { endpoints: [\(origin)], tls: { ca: \(service.cert), server_name: api.test } }
+              unnamed: { endpoints: [\(origin)], tls: { ca: \(service.cert) } }
+              stranger: { endpoints: [\(origin)], tls: { ca: \(other.cert), server_name: api.test } }
+              unchecked: { endpoints: [\(origin)], tls: { verify: false } }
+            routes:
+              - { match: { path_prefix: /named/ }, upstream: named, strip_prefix: /named }
+              - { match: { path_prefix: /unnamed/ }, upstream: unnamed, strip_prefix: /unnamed }
+              - { match: { path_prefix: /stranger/ }, upstream: stranger, strip_prefix: /stranger }
+              - { match: { path_prefix: /unchecked/ }, upstream: unchecked, strip_prefix: /unchecked }
+            """)
+        defer { h.stop() }
+        let before = backend.demo.hits.load(ordering: .relaxed)
+        // Twice each, so pooled handles move between upstreams' settings.
+        for _ in 0..<2 {
+            #expect(try HTTP.request(port: h.port, "/named/status/200").status == 200)
+            #expect(try HTTP.request(port: h.port, "/unchecked/status/200").status == 200)
+            for path in ["/unnamed/status/200", "/stranger/status/200"] {
+                let r = try HTTP.request(port: h.port, path)
+                let body = String(decoding: r.body, as: UTF8.self)
+                #expect(r.status == 502, "\(path): \(body)")
+                #expect(body.contains("\"code\":\"UPSTREAM_TLS\""), "\(path): \(body)")
+                #expect(body.contains("\"retryable\":false"))
+                #expect(body.contains("\"attempts\":1"), "not retried: \(body)")
+            }
+        }
+        #expect(backend.demo.hits.load(ordering: .relaxed) - before == 4, "only the verified (and unchecked) requests arrived")
+    }
+
     @Test func aListenerWithAMissingCertificateDoesNotStart() throws {
         let yaml = Self.yaml([TestCertificates.Pair(cert: "/nonexistent/a.crt", key: "/nonexistent/a.key")])
         #expect(throws: (any Error).self) { _ = try ProxyHarness(yaml) }

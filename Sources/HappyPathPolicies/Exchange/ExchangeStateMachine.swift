@@ -103,6 +103,9 @@ public struct ExchangeStateMachine: Sendable {
             case reset
             /// The answer was not valid HTTP (the proxy refuses to relay it).
             case invalidResponse
+            /// The TLS connection to the upstream failed (its certificate not
+            /// verified, no common protocol): not transient, never retried.
+            case tls
         }
 
         public var kind: Kind
@@ -140,6 +143,8 @@ public struct ExchangeStateMachine: Sendable {
         case upstreamAnswer(status: Int)
         /// The upstream's answer was not valid HTTP.
         case badGateway(message: String)
+        /// The TLS connection to the upstream failed; not retried.
+        case upstreamTLS(message: String)
         /// Tries failed (resets) and the retry rules gave up.
         case unavailable
         /// The upstream refused a token that had just been refreshed.
@@ -351,7 +356,7 @@ public struct ExchangeStateMachine: Sendable {
             switch failure.kind {
             case .unreachable: return .unreachable
             case .timeout: return .timeout
-            case .reset, .invalidResponse: return .reset
+            case .reset, .invalidResponse, .tls: return .reset
             }
         }
     }
@@ -389,6 +394,8 @@ public struct ExchangeStateMachine: Sendable {
         switch end {
         case let .failed(failure):
             lastFailure = failure
+            // Another try would meet the same certificate: the answer now.
+            if failure.kind == .tls { return fail(.upstreamTLS(message: failure.message)) }
         case let .answered(status, retryAfter, withToken):
             lastFailure = nil
             self.retryAfter = retryAfter

@@ -19,10 +19,12 @@ final class TestCertificates {
 
     /// A fresh key and a certificate for `names` (DNS names; 127.0.0.1 too).
     /// `expired`: valid for one day in 2020.
-    func make(_ label: String, names: [String], rsa: Bool = false, expired: Bool = false, days: Int = 30) throws -> Pair {
+    func make(
+        _ label: String, names: [String], rsa: Bool = false, expired: Bool = false, days: Int = 30, ip: Bool = true
+    ) throws -> Pair {
         let cert = folder.appendingPathComponent("\(label).crt").path
         let key = folder.appendingPathComponent("\(label).key").path
-        let san = "subjectAltName=" + (names.map { "DNS:\($0)" } + ["IP:127.0.0.1"]).joined(separator: ",")
+        let san = "subjectAltName=" + (names.map { "DNS:\($0)" } + (ip ? ["IP:127.0.0.1"] : [])).joined(separator: ",")
         let keyArgs = rsa ? ["-newkey", "rsa:2048"] : ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
         if !expired {
             try run(
