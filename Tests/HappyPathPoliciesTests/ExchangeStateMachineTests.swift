@@ -395,6 +395,18 @@ import Testing
                 Step(.ended(ok()), .finish(.completed, abandonProbe: false), .finished),
             ]),
         Scenario(
+            "a TLS failure towards the upstream is answered at once, with retries left: UPSTREAM_TLS",
+            route: .init(attempts: 3, endpoints: 2),
+            history: ["connection reset"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(
+                    .ended(failed(.tls, "certificate verify failed")),
+                    .answer(.upstreamTLS(message: "certificate verify failed"), abandonProbe: false), .finished),
+                Step(.timer, .none, .finished),
+            ]),
+        Scenario(
             "the upstream breaks off before the first byte left, nothing left to try: BAD_GATEWAY",
             route: .init(attempts: 1),
             history: ["invalid response"],
@@ -538,6 +550,7 @@ import Testing
         #expect(m.outcome(of: .answered(status: 401, retryAfter: nil, withToken: true)) == .clientError(status: 401))
         #expect(m.outcome(of: Self.failed(.unreachable)) == .unreachable)
         #expect(m.outcome(of: Self.failed(.invalidResponse)) == .reset)
+        #expect(m.outcome(of: Self.failed(.tls)) == .reset, "the breaker counts it as a failure")
         _ = m.start()
         _ = m.admitted(.send(probe: false), at: Self.t0)
         _ = m.streamingStarted(status: 201)
