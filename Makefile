@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev 
 TEST_PACKAGES := wrk curl openssl python3 python3-venv
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -138,12 +138,13 @@ check: build
 #    p99, resident memory after 400 connections, and the bars of docs/performance.md.
 #  bench-counts: instructions (callgrind) and system calls (perf trace) per
 #    request, happypath beside nginx. Needs root (uprobes).
+#  bench-tls: TLS keep-alive requests and handshakes, happypath beside nginx.
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
 #  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-counts bench-resilience bench-deliver-later
+bench: bench-peers bench-counts bench-tls bench-resilience bench-deliver-later
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
@@ -151,6 +152,10 @@ bench-peers: bench-deps release
 
 bench-counts: bench-deps release
 	env $(BENCH_ENV) deploy/bench/counts.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+
+# TLS termination beside nginx (same certificate): keep-alive requests and handshakes, plain rows beside them.
+bench-tls: bench-deps release
+	env $(BENCH_ENV) deploy/bench/tls.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release

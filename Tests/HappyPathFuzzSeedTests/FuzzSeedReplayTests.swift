@@ -93,3 +93,9 @@ func replayInThisProcess(_ seed: Seed) {
         }
     }
 }
+
+/// FuzzConfig changes one key at a time of a configuration that is valid as
+/// written: if it were not, every input would only find the same problem.
+@Test func theFuzzConfigTemplateIsValidAsWritten() {
+    #expect(ConfigHarness.templateAsWritten() == "valid")
+}

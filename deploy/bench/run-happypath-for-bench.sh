@@ -19,7 +19,9 @@
 #     request, written to stderr (which the caller sends to a file).
 #
 # BENCH_UPSTREAM = host:port of the upstream, BENCH_LISTEN = host:port to
-# listen on (the admin listener takes port + 100), BENCH_WORKERS (default 1),
+# listen on (the admin listener takes port + 100), BENCH_TLS_CERT and
+# BENCH_TLS_KEY (foundation only): that listener speaks TLS with this pair,
+# BENCH_WORKERS (default 1),
 # HAPPYPATH_BIN = the binary, BENCH_OUT = where the generated config goes
 # (default /tmp), BENCH_WRAPPER = a command to run it under (valgrind ...,
 # unquoted words).
@@ -33,8 +35,13 @@ profile=${BENCH_PROFILE:-foundation}
 cfg=${BENCH_OUT:-/tmp}/happypath-$profile-${listen##*:}.yaml
 # The foundation profile's file; $1 and $2 are lines added to its upstream and its route.
 foundation_yaml() {
+  if [ -n "${BENCH_TLS_CERT:-}" ]; then
+    printf 'listen:\n  - address: %s\n    tls: { certificates: [ { cert: %s, key: %s } ] }\n' \
+      "$listen" "$BENCH_TLS_CERT" "${BENCH_TLS_KEY:?BENCH_TLS_KEY goes with BENCH_TLS_CERT}"
+  else
+    echo "listen: ${listen}"
+  fi
   cat <<YAML
-listen: ${listen}
 workers: ${workers}
 admin: { listen: 127.0.0.1:${admin_port} }
 defaults:

@@ -14,7 +14,10 @@ import HappyPathConfig
 /// Every key of the configuration, each with `@N@` where the fuzzer's value
 /// may go; the values here are valid.
 let template = """
-    listen: @0@
+    listen:
+      - @0@
+      - address: @94@
+        tls: { certificates: [ { cert: @95@, key: @96@ } ], min_version: @97@, alpn: [http/1.1] }
     workers: @1@
     drain_timeout: @2@
     admin: { listen: @3@, allow_remote: @4@, allowed_hosts: [@79@, localhost] }
@@ -54,6 +57,9 @@ let template = """
         connect_timeout: @34@
         max_connections: @35@
         outlier_detection: { consecutive_failures: @91@, base_ejection: @92@, max_ejected_percent: @93@ }
+      secure:
+        endpoints: [https://10.0.0.1:443]
+        tls: { ca: @98@, verify: @99@, server_name: @100@, client_cert: /etc/c.crt, client_key: /etc/c.key }
         auth:
           kind: @36@
           token_url: @37@
@@ -103,6 +109,7 @@ let valid = [
     "keep", "false", "false", "rewrite", "pass", "X-Api-Key", "admin.example.com",
     "/catalog/", "50ms", "1", "10m", "5xx", "200", "application/json", "degraded", "64MiB", "1MiB",
     "10000", "5", "10s", "50",
+    "127.0.0.1:8443", "/etc/tls/api.crt", "/etc/tls/api.key", "1.3", "/etc/ssl/ca.pem", "true", "api.internal",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {
@@ -153,6 +160,10 @@ func load(_ text: String) -> String {
 }
 
 public enum ConfigHarness {
+    /// What loading the template with its valid values says: "valid", or
+    /// its problems (a key added to the template with a value that is not).
+    public static func templateAsWritten() -> String { load(render(replacing: nil, with: "")) }
+
     /// Loads `bytes` as a whole file, then as one key's value in a valid
     /// configuration; traps on a crash or a badly placed problem.
     public static func check(_ bytes: [UInt8]) -> String {
