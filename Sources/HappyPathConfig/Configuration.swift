@@ -511,16 +511,6 @@ public struct TLSListenerSettings: Sendable, Equatable {
     public init(certificates: [CertificatePair]) { self.certificates = certificates }
 }
 
-public struct CertificatePair: Sendable, Equatable {
-    public var cert: String
-    public var key: String
-
-    public init(cert: String, key: String) {
-        self.cert = cert
-        self.key = key
-    }
-}
-
 public enum TLSMinimumVersion: String, Sendable, CaseIterable {
     case tls12 = "1.2"
     case tls13 = "1.3"

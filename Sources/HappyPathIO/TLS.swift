@@ -5,18 +5,6 @@ import HappyPathCore
     import Glibc
 #endif
 
-/// A certificate and its private key, as files (PEM; the certificate file
-/// may hold the chain after it).
-public struct CertificateFiles: Sendable, Equatable {
-    public var cert: String
-    public var key: String
-
-    public init(cert: String, key: String) {
-        self.cert = cert
-        self.key = key
-    }
-}
-
 public struct TLSSetupError: Error, CustomStringConvertible, Sendable {
     public let description: String
     public init(description: String) { self.description = description }
@@ -31,9 +19,9 @@ public struct TLSSetupError: Error, CustomStringConvertible, Sendable {
 /// reload makes a new one; sessions keep the one they started with.
 public final class TLSServerContext: @unchecked Sendable {
     let raw: OpaquePointer
-    public let certificates: [CertificateFiles]
+    public let certificates: [CertificatePair]
 
-    public init(certificates: [CertificateFiles], minimumTLS13: Bool) throws(TLSSetupError) {
+    public init(certificates: [CertificatePair], minimumTLS13: Bool) throws(TLSSetupError) {
         var error = [CChar](repeating: 0, count: 512)
         let made: OpaquePointer? = Self.withCStrings(certificates.map(\.cert)) { certs in
             Self.withCStrings(certificates.map(\.key)) { keys in
@@ -55,7 +43,7 @@ public final class TLSServerContext: @unchecked Sendable {
 
     /// Reads and checks a pair without keeping it (`happypath check`): its
     /// expiry (Unix seconds), or what is wrong with it.
-    public static func check(_ pair: CertificateFiles) -> Result<Int64, TLSSetupError> {
+    public static func check(_ pair: CertificatePair) -> Result<Int64, TLSSetupError> {
         var error = [CChar](repeating: 0, count: 512)
         var notAfter: Int64 = 0
         let rc = hp_tls_check_pair(pair.cert, pair.key, &notAfter, &error, error.count)

@@ -135,7 +135,7 @@ public final class ProxyServer: @unchecked Sendable {
             do {
                 out.append(
                     try TLSServerContext(
-                        certificates: tls.certificates.map { CertificateFiles(cert: $0.cert, key: $0.key) },
+                        certificates: tls.certificates,
                         minimumTLS13: tls.minVersion == .tls13))
             } catch {
                 throw TLSSetupError(description: "listen \(listener.address): \(error.description)")

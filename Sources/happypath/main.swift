@@ -185,7 +185,7 @@ extension Check {
         var warnings: [String] = []
         for listener in configuration.listeners {
             for pair in listener.tls?.certificates ?? [] {
-                switch TLSServerContext.check(CertificateFiles(cert: pair.cert, key: pair.key)) {
+                switch TLSServerContext.check(pair) {
                 case let .failure(error):
                     problems.append("listen \(listener.address): \(error.description)")
                 case let .success(notAfter):

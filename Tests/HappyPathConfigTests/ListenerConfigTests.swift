@@ -1,4 +1,5 @@
 import HappyPathConfig
+import HappyPathCore
 import Testing
 
 /// `listen`: one address, or a list of plain and TLS listeners (docs/tls.md).

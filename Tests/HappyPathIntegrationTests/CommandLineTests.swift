@@ -11,28 +11,7 @@ import Testing
 @Suite struct CommandLineTests {
     /// Runs `happypath ARGS` to its end; its exit status and what it printed.
     func run(_ arguments: [String], timeout: Double = 10) throws -> (status: Int32, out: String, err: String) {
-        let dir = FileManager.default.temporaryDirectory
-        let outFile = dir.appendingPathComponent("hp-out-\(UUID())")
-        let errFile = dir.appendingPathComponent("hp-err-\(UUID())")
-        defer {
-            try? FileManager.default.removeItem(at: outFile)
-            try? FileManager.default.removeItem(at: errFile)
-        }
-        for file in [outFile, errFile] { _ = FileManager.default.createFile(atPath: file.path, contents: nil) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: happypathBinary)
-        process.arguments = arguments
-        process.standardOutput = try FileHandle(forWritingTo: outFile)
-        process.standardError = try FileHandle(forWritingTo: errFile)
-        try process.run()
-        if !eventually(timeout, { !process.isRunning }) {
-            process.terminate()
-            throw TestError("happypath \(arguments.joined(separator: " ")) did not end")
-        }
-        return (
-            process.terminationStatus, (try? String(contentsOf: outFile, encoding: .utf8)) ?? "",
-            (try? String(contentsOf: errFile, encoding: .utf8)) ?? ""
-        )
+        try runProcess(happypathBinary, arguments, timeout: timeout)
     }
 
     func config(_ text: String) throws -> String {

@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathConfig
+import HappyPathCore
 import HappyPathServer
 import Testing
 
