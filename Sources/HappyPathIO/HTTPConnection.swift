@@ -22,17 +22,18 @@ final class HTTPConnection {
     let server: HTTPServer
     private(set) var fd: Int32
     private var addresses: ConnectionAddresses
-    private var readEvent: OpaquePointer?
-    private var writeEvent: OpaquePointer?
-    private var timerEvent: OpaquePointer?
+    // Internal (not private) for the TLS handshake's driving, in HTTPConnection+TLS.swift.
+    var readEvent: OpaquePointer?
+    var writeEvent: OpaquePointer?
+    var timerEvent: OpaquePointer?
 
     /// Decides; `HTTPRequest` reports the answer's head, bytes and end to it.
     var machine: Machine
 
-    private var input: RequestInput
+    var input: RequestInput
     private(set) var current: HTTPRequest?
     /// On a TLS listener: the session every byte goes through, and its handshake.
-    private var tls: TLSSession?
+    var tls: TLSSession?
 
     /// Bytes accepted for the client and not yet written.
     private var output = OutputQueue()
@@ -67,49 +68,6 @@ final class HTTPConnection {
         perform(machine.start())
     }
 
-    /// The answer to a plain HTTP request on a TLS listener: 400, the problem
-    /// shape, written once and unencrypted (the client reads it as HTTP).
-    private static let plainHTTPRefusal: String = {
-        let body =
-            Problem(
-                .badRequest, requestID: "",
-                detail: "This port speaks HTTPS: the request was sent as plain HTTP. Send it to https:// instead."
-            ).json() + "\n"
-        return "HTTP/1.1 400 Bad Request\r\nContent-Type: application/problem+json\r\nContent-Length: \(body.utf8.count)\r\n"
-            + "Connection: close\r\n\r\n" + body
-    }()
-
-    /// Until the handshake is done, the socket's events and the timer drive it.
-    private func handshake(_ a: TLSSessionStateMachine.Actions) {
-        guard let tls else { return }
-        if let arm = a.deadline, let timerEvent {
-            var tv = timeval(server.limits.timeout)
-            _ = arm ? event_add(timerEvent, &tv) : event_del(timerEvent)
-        }
-        if let watch = a.writeInterest, writeEvent != nil { _ = watch ? event_add(writeEvent, nil) : event_del(writeEvent) }
-        switch a.step {
-        case .none: break
-        case .handshake: handshake(tls.machine.stepped(tls.handshake()))
-        case let .startHTTP(version):
-            server.delegate?.tlsHandshake(version: version)
-            perform(machine.start())
-            // The client's first request may have come with the handshake's last flight.
-            if tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
-        case let .close(reason):
-            server.delegate?.tlsHandshakeFailed(reason: reason)
-            tls.close(notify: false)
-            // Plain HTTP on a TLS port gets a plain answer that says so (as nginx does).
-            // What the request sent is read first, so the close does not reset the answer away.
-            if reason == .httpRequest {
-                _ = input.discard(from: fd, tls: nil)
-                var answer = Self.plainHTTPRefusal
-                answer.withUTF8 { _ = Glibc.write(fd, $0.baseAddress, $0.count) }
-                shutdown(fd, Int32(SHUT_WR))
-            }
-            close()
-        }
-    }
-
     /// The current request's bytes, from its first: what its head's offsets point into.
     var requestBytes: UnsafeRawBufferPointer { input.requestBytes }
 
@@ -121,7 +79,7 @@ final class HTTPConnection {
 
     // MARK: - Performing the machine's actions
 
-    private func perform(_ a: Machine.Actions) {
+    func perform(_ a: Machine.Actions) {
         if let change = a.timer { setTimer(change) }
         if let reading = a.reading, readEvent != nil {
             _ = reading ? event_add(readEvent, nil) : event_del(readEvent)
