@@ -77,6 +77,9 @@ static SSL_CTX *context(const char *cert, const char *key, int min_tls13, char *
                               SSL_MODE_RELEASE_BUFFERS);
     // Resumption: tickets (OpenSSL's default, keys per context) and the
     // server-side session cache.
+    // Read what the socket has in one read(), not a record header and then
+    // its body in two: `hp_tls_pending` sees what is buffered that way.
+    SSL_CTX_set_read_ahead(ctx, 1);
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
     static const unsigned char sid[] = "happypath";
     SSL_CTX_set_session_id_context(ctx, sid, sizeof sid - 1);
@@ -241,7 +244,7 @@ int hp_tls_write(void *session, const void *buffer, int length) {
     return rc > 0 ? rc : outcome(session, rc);
 }
 
-int hp_tls_pending(void *session) { return SSL_pending(session); }
+int hp_tls_pending(void *session) { return SSL_has_pending(session); }
 
 int hp_tls_version(void *session) { return SSL_version(session) == TLS1_3_VERSION ? 13 : 12; }
 

@@ -55,7 +55,8 @@ int hp_tls_handshake(void *session);
 int hp_tls_read(void *session, void *buffer, int length);
 // Bytes written (> 0, perhaps fewer than asked), HP_TLS_WANT_WRITE, HP_TLS_WANT_READ or HP_TLS_ERROR.
 int hp_tls_write(void *session, const void *buffer, int length);
-// Decrypted bytes waiting inside the session (read them before waiting for the socket).
+// Whether bytes wait inside the session, decrypted or not yet (read them
+// before waiting for the socket: it will not wake for them).
 int hp_tls_pending(void *session);
 // 12 or 13.
 int hp_tls_version(void *session);
