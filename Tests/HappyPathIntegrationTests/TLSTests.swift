@@ -264,6 +264,71 @@ import Testing
         #expect(backend.demo.hits.load(ordering: .relaxed) - before == 4, "only the verified (and unchecked) requests arrived")
     }
 
+    /// An upstream that asks for a client certificate (Python's ssl server,
+    /// trusting only the proxy's client certificate) gets it, and refuses a
+    /// proxy without one.
+    @Test func aClientCertificateIsPresentedToAnUpstreamThatAsksForOne() throws {
+        let certs = try TestCertificates()
+        let server = try certs.make("server", names: ["localhost"])
+        let client = try certs.make("client", names: ["happypath.client"])
+        let script = """
+            import http.server, ssl, threading
+            class H(http.server.BaseHTTPRequestHandler):
+                protocol_version = "HTTP/1.1"
+                def do_GET(self):
+                    cn = dict(x[0] for x in self.connection.getpeercert()["subject"])["commonName"]
+                    body = ("client " + cn).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                def log_message(self, *a): pass
+            httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain("\(server.cert)", "\(server.key)")
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations("\(client.cert)")
+            httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+            print(httpd.server_address[1], flush=True)
+            httpd.serve_forever()
+            """
+        let process = Process()
+        let output = Pipe()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-u", "-c", script]
+        process.standardOutput = output
+        try process.run()
+        defer {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        var line = Data()
+        while !line.contains(UInt8(ascii: "\n")) {
+            let chunk = output.fileHandleForReading.availableData
+            guard !chunk.isEmpty else { break }
+            line.append(chunk)
+        }
+        let port = try #require(Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)))
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { reachability: { park_for: 0s } }
+            upstreams:
+              with: { endpoints: [https://localhost:\(port)], tls: { ca: \(server.cert), client_cert: \(client.cert), client_key: \(client.key) } }
+              without: { endpoints: [https://localhost:\(port)], tls: { ca: \(server.cert) } }
+            routes:
+              - { match: { path_prefix: /with/ }, upstream: with, strip_prefix: /with }
+              - { match: { path_prefix: /without/ }, upstream: without, strip_prefix: /without }
+            """)
+        defer { h.stop() }
+        let with = try HTTP.request(port: h.port, "/with/x")
+        #expect(with.status == 200)
+        #expect(String(decoding: with.body, as: UTF8.self) == "client happypath.client")
+        let without = try HTTP.request(port: h.port, "/without/x")
+        #expect(without.status == 502 || without.status == 503, "\(String(decoding: without.body, as: UTF8.self))")
+    }
+
     @Test func aListenerWithAMissingCertificateDoesNotStart() throws {
         let yaml = Self.yaml([TestCertificates.Pair(cert: "/nonexistent/a.crt", key: "/nonexistent/a.key")])
         #expect(throws: (any Error).self) { _ = try ProxyHarness(yaml) }
