@@ -36,7 +36,7 @@ extension HTTPConnection {
             server.delegate?.tlsHandshake(version: version)
             perform(machine.start())
             // The client's first request may have come with the handshake's last flight.
-            if tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
+            readAgainIfSessionHolds()
         case let .close(reason):
             server.delegate?.tlsHandshakeFailed(reason: reason)
             tls.close(notify: false)

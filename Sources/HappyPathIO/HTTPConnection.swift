@@ -83,8 +83,7 @@ final class HTTPConnection {
         if let change = a.timer { setTimer(change) }
         if let reading = a.reading, readEvent != nil {
             _ = reading ? event_add(readEvent, nil) : event_del(readEvent)
-            // Bytes already decrypted wake nobody: look at them now.
-            if reading, let tls, tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
+            if reading { readAgainIfSessionHolds() }
         }
         if let watch = a.writeInterest, writeEvent != nil { _ = watch ? event_add(writeEvent, nil) : event_del(writeEvent) }
         switch a.step {
@@ -131,15 +130,20 @@ final class HTTPConnection {
             let n = input.readBody(from: fd, remaining: remaining, tls: tls)
             guard n > 0 else { return readFailed(n) }
             perform(machine.bodyRead(n))
-            if let tls, tls.pending { event_active(readEvent, Int32(EV_READ), 0) }
+            readAgainIfSessionHolds()
         case .input:
             let n = input.read(from: fd, tls: tls)
             guard n > 0 else { return readFailed(n) }
             perform(machine.inputRead())
             process()
-            // Decrypted bytes left inside the session: the socket will not wake us for them.
-            if let tls, tls.pending, readEvent != nil { event_active(readEvent, Int32(EV_READ), 0) }
+            readAgainIfSessionHolds()
         }
+    }
+
+    /// Bytes a TLS session already read from the socket wake no read
+    /// event: look at them on the next pass.
+    func readAgainIfSessionHolds() {
+        if let tls, tls.pending, readEvent != nil { event_active(readEvent, Int32(EV_READ), 0) }
     }
 
     private func readFailed(_ n: Int) {
