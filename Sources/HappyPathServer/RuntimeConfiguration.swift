@@ -213,24 +213,14 @@ struct Endpoint: Sendable {
         if let serverName {
             let scheme = String(url[..<schemeEnd])
             let authority = String(origin.dropFirst(scheme.count).dropLast())
-            let (host, port) = Self.split(authority, defaultPort: scheme == "https://" ? 443 : 80)
+            // `host:port` or `[v6]:port`, read as a listen address is; no port: the scheme's.
+            let parsed = ListenAddress.parse(authority)
+            let port = parsed?.port ?? (scheme == "https://" ? 443 : 80)
+            let host = parsed.map { $0.host.contains(":") ? "[\($0.host)]" : $0.host } ?? authority
             origin = "\(scheme)\(serverName):\(port)/"
             connectTo = "\(serverName):\(port):\(host):\(port)"
         }
         self.origin = origin
         self.connectTo = connectTo
-    }
-
-    /// `host:port`, `[v6]:port` or a host alone.
-    private static func split(_ authority: String, defaultPort: Int) -> (host: String, port: Int) {
-        if authority.hasPrefix("["), let close = authority.firstIndex(of: "]") {
-            let host = String(authority[...close])
-            let rest = authority[authority.index(after: close)...]
-            return (host, rest.hasPrefix(":") ? Int(rest.dropFirst()) ?? defaultPort : defaultPort)
-        }
-        if let colon = authority.lastIndex(of: ":") {
-            return (String(authority[..<colon]), Int(authority[authority.index(after: colon)...]) ?? defaultPort)
-        }
-        return (authority, defaultPort)
     }
 }
