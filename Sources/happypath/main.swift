@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import HappyPathConfig
+import HappyPathCore
 import HappyPathDemo
 import HappyPathIO
 import HappyPathServer
@@ -176,29 +177,38 @@ struct Check: ParsableCommand {
 }
 
 extension Check {
-    /// Every TLS listener's certificate and key files: readable, a matching
-    /// pair, not expired (problems); expiring within 14 days (warnings).
+    /// Every certificate and key the file names (TLS listeners' pairs, an
+    /// upstream's client pair) and every upstream `tls.ca`: readable, a
+    /// matching pair, not expired (problems); expiring within 14 days (warnings).
     static func certificateProblems(_ configuration: Configuration, now: Date = Date()) -> (
         problems: [String], warnings: [String]
     ) {
         var problems: [String] = []
         var warnings: [String] = []
-        for listener in configuration.listeners {
-            for pair in listener.tls?.certificates ?? [] {
-                switch TLSServerContext.check(pair) {
-                case let .failure(error):
-                    problems.append("listen \(listener.address): \(error.description)")
-                case let .success(notAfter):
-                    let left = Double(notAfter) - now.timeIntervalSince1970
-                    let date = Date(timeIntervalSince1970: Double(notAfter)).formatted(.iso8601)
-                    if left <= 0 {
-                        problems.append("listen \(listener.address): the certificate \(pair.cert) expired at \(date)")
-                    } else if left < 14 * 86400 {
-                        warnings.append(
-                            "listen \(listener.address): the certificate \(pair.cert) expires at \(date), in \(Int(left / 86400)) day(s)")
-                    }
+        func check(_ pair: CertificatePair, _ place: String) {
+            switch TLSServerContext.check(pair) {
+            case let .failure(error):
+                problems.append("\(place): \(error.description)")
+            case let .success(notAfter):
+                let left = Double(notAfter) - now.timeIntervalSince1970
+                let date = Date(timeIntervalSince1970: Double(notAfter)).formatted(.iso8601)
+                if left <= 0 {
+                    problems.append("\(place): the certificate \(pair.cert) expired at \(date)")
+                } else if left < 14 * 86400 {
+                    warnings.append("\(place): the certificate \(pair.cert) expires at \(date), in \(Int(left / 86400)) day(s)")
                 }
             }
+        }
+        for listener in configuration.listeners {
+            for pair in listener.tls?.certificates ?? [] { check(pair, "listen \(listener.address)") }
+        }
+        for upstream in configuration.upstreams {
+            guard let tls = upstream.tls else { continue }
+            let place = "upstreams.\(upstream.name).tls"
+            if let ca = tls.ca, !FileManager.default.isReadableFile(atPath: ca) {
+                problems.append("\(place): cannot read the CA file \(ca)")
+            }
+            if let cert = tls.clientCert, let key = tls.clientKey { check(CertificatePair(cert: cert, key: key), place) }
         }
         return (problems, warnings)
     }

@@ -66,6 +66,20 @@ import Testing
         #expect(bad.err.contains("the certificate \(expired.cert) expired at 2020-01-02"))
         #expect(bad.err.contains("the private key \(stranger.key) does not belong to the certificate \(good.cert)"))
         #expect(bad.err.contains("cannot read the certificate /nonexistent/x.crt"))
+        // An upstream's CA file and client pair are read too.
+        let upstreams = try run([
+            "check", "--config",
+            try self.config(
+                """
+                listen: 127.0.0.1:0
+                upstreams:
+                  u: { endpoints: [https://127.0.0.1:9], tls: { ca: /nonexistent/ca.pem, client_cert: \(good.cert), client_key: \(stranger.key) } }
+                routes: [ { match: { path_prefix: / }, upstream: u } ]
+                """),
+        ])
+        #expect(upstreams.status == 1)
+        #expect(upstreams.err.contains("upstreams.u.tls: cannot read the CA file /nonexistent/ca.pem"))
+        #expect(upstreams.err.contains("upstreams.u.tls: the private key \(stranger.key) does not belong"))
     }
 
     @Test func anInvalidConfigExitsOneWithEveryProblemPositioned() throws {
