@@ -105,7 +105,7 @@ enum SocketAddress {
             let offset = family == AF_INET6 ? 8 : 4
             _ = inet_ntop(family == AF_INET6 ? AF_INET6 : AF_INET, raw.baseAddress! + offset, &text, socklen_t(text.count))
         }
-        return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return String(nulTerminated: text)
     }
 
     /// The local address of `fd` (`getsockname`), or "" if it cannot be read.
@@ -140,5 +140,12 @@ struct ConnectionAddresses {
         if let localText { return localText }
         localText = SocketAddress.local(of: fd)
         return localText!
+    }
+}
+
+extension String {
+    /// The text of a C buffer, up to its first NUL.
+    init(nulTerminated buffer: [CChar]) {
+        self.init(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

@@ -28,7 +28,7 @@ public final class TLSServerContext: @unchecked Sendable {
                 hp_tls_server_new(certs, keys, Int32(certificates.count), minimumTLS13 ? 1 : 0, &error, error.count)
             }
         }
-        guard let made else { throw TLSSetupError(description: Self.text(error)) }
+        guard let made else { throw TLSSetupError(description: String(nulTerminated: error)) }
         raw = made
         self.certificates = certificates
     }
@@ -47,11 +47,7 @@ public final class TLSServerContext: @unchecked Sendable {
         var error = [CChar](repeating: 0, count: 512)
         var notAfter: Int64 = 0
         let rc = hp_tls_check_pair(pair.cert, pair.key, &notAfter, &error, error.count)
-        return rc == 0 ? .success(notAfter) : .failure(TLSSetupError(description: text(error)))
-    }
-
-    private static func text(_ c: [CChar]) -> String {
-        String(decoding: c.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return rc == 0 ? .success(notAfter) : .failure(TLSSetupError(description: String(nulTerminated: error)))
     }
 
     private static func withCStrings<R>(

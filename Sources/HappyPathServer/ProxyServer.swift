@@ -152,23 +152,20 @@ public final class ProxyServer: @unchecked Sendable {
     /// it was refused (nothing changed then).
     public func reload(_ configuration: Configuration) -> [String] {
         guard let shared, let adminLoop else { return ["the server is not running"] }
-        let old = runtime.configuration
-        let problems = RestartOnlyKeys.changes(from: old, to: configuration, cores: Self.coreCount)
-        guard problems.isEmpty else {
+        func refused(_ problems: [String]) -> [String] {
             shared.events.publish(
                 "config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
             return problems
         }
+        let problems = RestartOnlyKeys.changes(from: runtime.configuration, to: configuration, cores: Self.coreCount)
+        guard problems.isEmpty else { return refused(problems) }
         // Certificates are read first: a pair that does not load refuses the
         // whole reload, and every listener keeps the ones it has.
         let contexts: [TLSServerContext?]
         do {
             contexts = try Self.certificates(configuration)
         } catch {
-            let problems = ["\(error.description); the certificates in use are kept"]
-            shared.events.publish(
-                "config_rejected", [("source", configuration.source), ("problems", problems.joined(separator: "; "))])
-            return problems
+            return refused(["\(error.description); the certificates in use are kept"])
         }
         shared.metrics.certificateExpiry(configuration, contexts)
         let newRuntime = RuntimeConfiguration(configuration)
