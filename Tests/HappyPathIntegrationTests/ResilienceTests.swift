@@ -197,18 +197,23 @@ import Testing
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
             defaults:
-              retry: { attempts: 8, backoff: { base: 1ms, max: 5ms }, budget: { ratio: 1.0, min_per_second: 1000 } }
+              timeout: 60s
+              retry: { attempts: 12, honor_retry_after: false, backoff: { base: 1ms, max: 5ms }, budget: { ratio: 1.0, min_per_second: 1000 } }
               circuit_breaker: { consecutive_failures: 1000, minimum_requests: 100000 }
             upstreams: { demo: { endpoints: [{{DEMO}}] } }
             routes: [ { match: { path_prefix: / }, upstream: demo } ]
             """)
-        let clients = try (0..<200).map { _ in try TestConnection(port: h.port, timeout: 20) }
+        // The demo's 503 carries Retry-After: 1; honoring it would make a
+        // request that fails five times in a row outlive a 10 s deadline on
+        // a slow (sanitized) build. The backoff alone is what this tests.
+        // Twelve tries: all failing has a chance of 200 × 0.25^12 ≈ 1e-5.
+        let clients = try (0..<200).map { _ in try TestConnection(port: h.port, timeout: 60) }
         for c in clients { try c.send("GET /flaky?fail=0.25&status=503 HTTP/1.1\r\nHost: x\r\n\r\n") }
         var ok = 0
         var others: [String] = []
         for c in clients {
             let r = try c.readResponse()
-            if r.status == 200 { ok += 1 } else { others.append("\(r.status) \(r.json["code"] ?? "")") }
+            if r.status == 200 { ok += 1 } else { others.append("\(r.status) \(r.json["code"] ?? "") \(r.json["detail"] ?? "")") }
         }
         #expect(ok == 200, "not 200: \(others)")
     }
