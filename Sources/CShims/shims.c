@@ -25,6 +25,9 @@ CURLcode hp_easy_get_long(CURL *easy, CURLINFO info, long *value) {
 CURLcode hp_easy_get_ptr(CURL *easy, CURLINFO info, void **value) {
     return curl_easy_getinfo(easy, info, value);
 }
+CURLcode hp_easy_get_socket(CURL *easy, CURLINFO info, curl_socket_t *value) {
+    return curl_easy_getinfo(easy, info, value);
+}
 CURLMcode hp_multi_set_long(CURLM *multi, CURLMoption option, long value) {
     return curl_multi_setopt(multi, option, value);
 }

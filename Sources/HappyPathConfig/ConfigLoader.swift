@@ -994,7 +994,7 @@ final class Reader {
             node, path,
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
-                "redirects", "upstream_errors", "rate_limit", "hedge", "fallback",
+                "redirects", "upstream_errors", "rate_limit", "hedge", "fallback", "upgrades", "upgrades_idle_timeout",
             ]
                 + Self.upstreamOnlyPolicyKeys)
         var match = RouteMatch(pathPrefix: "/")
@@ -1053,6 +1053,24 @@ final class Reader {
             r.fallback = fallback(fb, "\(path).fallback")
             if r.delivery.mode == .later {
                 error(f["fallback"]?.key, "\(path).fallback applies to routes that deliver now (delivery.mode: now), not later")
+            }
+        }
+        if let u = f["upgrades"]?.value, let list = strings(u, "\(path).upgrades") {
+            for token in list where token.isEmpty || !token.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
+                error(u, "\(path).upgrades: '\(token)' is not a protocol name (an Upgrade token such as websocket)")
+            }
+            r.upgrades = list.map { $0.lowercased() }
+            if r.delivery.mode == .later, !list.isEmpty {
+                error(f["upgrades"]?.key, "\(path).upgrades applies to routes that deliver now (delivery.mode: now), not later")
+            }
+            if let methods = match.methods, !methods.contains("GET"), !list.isEmpty {
+                error(f["upgrades"]?.key, "\(path).upgrades needs GET among match.methods: an upgrade is a GET request")
+            }
+        }
+        if let t = f["upgrades_idle_timeout"]?.value, let d = duration(t, "\(path).upgrades_idle_timeout") {
+            r.upgradesIdleTimeout = d
+            if r.upgrades.isEmpty {
+                error(f["upgrades_idle_timeout"]?.key, "\(path).upgrades_idle_timeout is set but the route has no upgrades")
             }
         }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {

@@ -152,6 +152,12 @@ public struct Route: Sendable {
     public var hedge: HedgeConfiguration?
     /// `fallback:` (nil: failures are answered with a problem body).
     public var fallback: FallbackConfiguration?
+    /// `upgrades:` the protocols a client may switch to on this route
+    /// (`Upgrade` tokens, lowercased: `websocket`). Empty: `Upgrade` is
+    /// dropped and the request is forwarded as a plain one.
+    public var upgrades: [String] = []
+    /// `upgrades_idle_timeout:` a tunnel with no byte either way this long is closed.
+    public var upgradesIdleTimeout: Duration = .seconds(300)
 }
 
 /// `redirects:` on a route.

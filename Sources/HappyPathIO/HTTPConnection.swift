@@ -31,12 +31,15 @@ final class HTTPConnection {
     var machine: Machine
 
     var input: RequestInput
-    private(set) var current: HTTPRequest?
+    var current: HTTPRequest?
     /// On a TLS listener: the session every byte goes through, and its handshake.
     var tls: TLSSession?
+    /// After a `101`: the tunnel this connection is the client end of
+    /// (HTTPConnection+Tunnel.swift). Its events go there, not to `machine`.
+    var tunnel: Tunnel?
 
     /// Bytes accepted for the client and not yet written.
-    private var output = OutputQueue()
+    var output = OutputQueue()
 
     // The response being written (staged head) lives here so its buffers
     // are reused from request to request.
@@ -114,6 +117,7 @@ final class HTTPConnection {
     // MARK: - Reading
 
     fileprivate func readable() {
+        if let tunnel { return tunnel.clientReadable() }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
         switch machine.readReady(buffered: input.buffered) {
         case .ignore:
@@ -220,6 +224,7 @@ final class HTTPConnection {
 
     /// Drain: close now if idle, else after the current answer.
     func drain() {
+        guard tunnel == nil else { return }  // tunnels close at drain_timeout (their owner's call)
         perform(machine.drain(buffered: input.buffered, outputPending: pendingOutput > 0))
     }
 
@@ -227,6 +232,7 @@ final class HTTPConnection {
     /// asked for the close).
     func close() {
         guard readEvent != nil else { return }
+        if let tunnel { return tunnel.clientGone() }  // which closes this connection
         _ = machine.closed()
         tls?.close(notify: tls?.machine.isEstablished ?? false)
         Glibc.close(forget())
@@ -251,7 +257,7 @@ final class HTTPConnection {
 
     /// Stops every event of the connection; returns the socket, which is
     /// the caller's to close or keep.
-    private func forget() -> Int32 {
+    func forget() -> Int32 {
         input.dropBody()
         for event in [readEvent, writeEvent, timerEvent] { if let event { event_free(event) } }
         (readEvent, writeEvent, timerEvent) = (nil, nil, nil)
@@ -293,6 +299,7 @@ final class HTTPConnection {
 
     fileprivate func writable() {
         guard readEvent != nil else { return }
+        if let tunnel { return tunnelWritable(tunnel) }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
         switch output.flush(to: fd, tls: tls) {
         case .again: return
@@ -309,6 +316,7 @@ final class HTTPConnection {
     }
 
     fileprivate func timerFired() {
+        guard tunnel == nil else { return }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.deadlinePassed()) }
         perform(machine.timerFired())
     }

@@ -277,6 +277,25 @@ public final class HTTPRequest {
 
     // MARK: - Leaving HTTP
 
+    /// The request is HTTP/1.1 (an upgrade needs it).
+    public var isHTTP11: Bool { head?.version == .http11 }
+
+    /// Answers `101 Switching Protocols` with `fields` and turns the
+    /// connection into the client end of a tunnel to `upstream`, which the
+    /// returned tunnel now owns (it closes both). The request is answered.
+    /// Nil if the client is gone (then `upstream` is the caller's to close).
+    public func switchProtocols(
+        fields: [HTTPField], to upstream: UpstreamUpgrade, limits: Tunnel.Machine.Limits, now: @escaping () -> Instant
+    ) -> Tunnel? {
+        guard let c = live else { return nil }
+        observer = nil
+        connection = nil
+        var head = "HTTP/1.1 101 Switching Protocols\r\n"
+        for field in fields { head += "\(field.name): \(field.value)\r\n" }
+        head += "\r\n"
+        return head.withUTF8 { c.startTunnel(self, head: UnsafeRawBufferPointer($0), upstream: upstream, limits: limits, now: now) }
+    }
+
     /// Takes the connection out of HTTP: the server stops reading, writing
     /// and timing it, forgets it, and returns its socket (non-blocking),
     /// which the caller now owns and must close. For a protocol that takes

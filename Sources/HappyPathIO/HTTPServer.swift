@@ -122,6 +122,17 @@ public final class HTTPServer {
     /// new connections use the new ones, open ones keep theirs.
     public var tls: TLSServerContext?
     let dateHeader = DateHeaderCache()
+    /// Where this server's tunnels read (one at a time, on its loop):
+    /// allocated by the first tunnel, kept for the server's life.
+    var tunnelScratch: UnsafeMutableRawPointer {
+        if let scratch { return scratch }
+        let made = UnsafeMutableRawPointer.allocate(byteCount: Tunnel.readSize, alignment: 16)
+        scratch = made
+        return made
+    }
+    private var scratch: UnsafeMutableRawPointer?
+
+    deinit { scratch?.deallocate() }
 
     public init(
         loop: EventLoop, host: String, port: Int, reusePort: Bool, limits: HTTPServerLimits,

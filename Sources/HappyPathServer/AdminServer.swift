@@ -120,7 +120,7 @@ final class AdminServer: HTTPServerDelegate {
         }
         request.reply(
             status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
-            body: shared.metrics.exposition(bodies: shared.bodies, connections: shared.connections))
+            body: shared.metrics.exposition(bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current))
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {

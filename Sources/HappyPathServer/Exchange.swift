@@ -10,7 +10,7 @@ import Logging
 /// client's connection, a connection slot or a place in the queue, a place
 /// in the parking lot, one timer — and feeds the results back as events.
 /// Every way out releases what is held in one place (`releaseAll`).
-final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTarget {
+final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarget {
     typealias ParkReason = ExchangeStateMachine.ParkReason
 
     /// The worker owns every exchange until `finished` (its `active`), and
@@ -31,6 +31,14 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     // What this exchange holds, released by `releaseAll`.
     private var transfer: UpstreamTransfer?
+    /// An upgrade request (the route's `upgrades`): its tries are
+    /// `UpstreamUpgrade`s, not libcurl transfers (docs/websocket.md).
+    let upgrade: UpgradeRequest?
+    private var upgradeTry: UpstreamUpgrade?
+    /// The fields of an upstream's `101`, while its head is read.
+    private var switching: [HTTPField]?
+    /// The `101` went to the client: the exchange ended in a tunnel.
+    private(set) var switched = false
     private var holdsSlot = false
     private var isQueued = false
     /// Where the worker's parking lot has it (nil: not parked).
@@ -87,8 +95,9 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     init(
         worker: ProxyWorker, request: any ExchangeClient, route: RuntimeRoute, upstream: RuntimeUpstream,
-        guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil
+        guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil, upgrade: UpgradeRequest? = nil
     ) {
+        self.upgrade = upgrade
         self.worker = worker
         self.request = request
         self.delivery = delivery
@@ -102,8 +111,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
                 hasIdempotencyKey: command.headers.contains("idempotency-key"),
-                refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: route.hedge?.maxExtra ?? 0))
-        if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, let store = worker.shared.stale {
+                refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))
+        if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, upgrade == nil,
+            let store = worker.shared.stale
+        {
             relay.kept = ResponseRelay.KeptAnswer(limit: store.maxEntryBytes)
         }
     }
@@ -150,6 +161,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         _ = machine.clientGone()
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
+        upgradeTry?.close()
+        upgradeTry = nil
         for hedge in hedges { worker.client.cancel(hedge.transfer) }
         hedges.removeAll()
         for loser in losers { worker.client.cancel(loser.transfer) }
@@ -184,6 +197,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         case .cancelTry:
             if let transfer { worker.client.cancel(transfer) }
             transfer = nil
+            upgradeTry?.close()
+            upgradeTry = nil
             releaseSlot()
             tryEnded(.failed(.init(.timeout, "timeout")))
         case .tokenRefused:
@@ -247,7 +262,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
             releaseAll()
             switch ending {
             case .completed:
-                finalStatus = relay.status
+                finalStatus = switched ? 101 : relay.status
                 if let kept = relay.kept, !kept.overflow { keepAnswer(fields: relay.endToEnd(kept.fields), body: kept.body) }
                 // An error streamed as it came (upstream_errors: pass) is
                 // counted under the code its problem would have had.
@@ -326,7 +341,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         while command.attempt < attempt { command = command.nextAttempt() }
         relay.reset()
         relay.holdLimit = route.passesErrors ? ResponseRelay.passHoldLimit : ErrorMapper.maxBody
-        if route.hedge != nil {
+        if route.hedge != nil, upgrade == nil {
             let now = worker.clock.now()
             tryStartedAt = now
             tryLimitAt = now + limit
@@ -340,7 +355,11 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
         let count = upstream.endpoints.count
         let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
         endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
-        transfer = start(endpoint: endpointIndex, limit: limit, token: authToken, handler: self)
+        if let upgrade {
+            upgradeTry = startUpgrade(upgrade, endpoint: endpointIndex, limit: limit)
+        } else {
+            transfer = start(endpoint: endpointIndex, limit: limit, token: authToken, handler: self)
+        }
         lastEndpoint = endpointIndex
     }
 
@@ -360,6 +379,46 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
                 connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
                 connectTo: endpoint.connectTo),
             handler: handler)
+    }
+
+    /// An upgrade try: its own connection, the head written by the proxy.
+    private func startUpgrade(_ upgrade: UpgradeRequest, endpoint index: Int, limit: Duration) -> UpstreamUpgrade {
+        let endpoint = upstream.endpoints[index]
+        var credentials: HTTPField?
+        if let token = authToken, let tokens { credentials = HTTPField(name: tokens.header, value: token.credential.reveal) }
+        let head = upgrade.head(
+            target: endpoint.basePath + command.target, origin: endpoint.origin, fields: command.headers.fields,
+            replacing: credentials)
+        let attempt = UpstreamUpgrade(
+            loop: worker.loop,
+            request: UpstreamUpgradeRequest(
+                origin: endpoint.origin, head: head, connectTimeout: min(upstream.connectTimeout, limit),
+                idleTimeout: worker.idleTimeout, tls: upstream.tls, connectTo: endpoint.connectTo),
+            handler: self)
+        attempt.start()
+        return attempt
+    }
+
+    /// The upstream switched: the `101` goes to the client, whose
+    /// connection becomes a tunnel to the upgrade's; the exchange ends as
+    /// a success.
+    func upstreamSwitched(_ connection: UpstreamUpgrade) {
+        upgradeTry = nil
+        releaseSlot()
+        let fields = upgrade?.answerFields(switching ?? [], requestID: command.requestID) ?? []
+        switching = nil
+        let clock = worker.clock
+        guard !isFinished, let client = request as? HTTPRequest,
+            let tunnel = client.switchProtocols(
+                fields: fields, to: connection, limits: .init(idle: route.upgradesIdleTimeout), now: { clock.now() })
+        else {
+            connection.close()
+            return tryEnded(.failed(.init(.reset, "the client left before the upgrade")))
+        }
+        switched = true
+        worker.tunnelOpened(tunnel, route: route, upstream: upstream)
+        perform(machine.streamingStarted(status: 101))
+        tryEnded(.answered(status: 101, retryAfter: nil, withToken: authToken != nil && tokens != nil))
     }
 
     /// A try ended: count it (metrics, breaker, endpoint), then let the machine decide.
@@ -460,6 +519,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     // MARK: - UpstreamResponseHandler
 
     func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        if status == 101, upgrade != nil { return switching = [] }
         if route.hedge != nil { headArrived(status: status) }
         relayStatus(status, reason: reason)
     }
@@ -481,6 +541,15 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if switching != nil {
+            let valid = name.allSatisfy({ HTTPBytes.isToken($0) }) && value.allSatisfy({ HTTPBytes.isFieldValue($0) })
+            // An invalid field is kept nameless: the head is refused when complete.
+            switching?.append(
+                valid
+                    ? HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self))
+                    : HTTPField(name: "", value: ""))
+            return
+        }
         if route.rewritesRedirects, RedirectRewriter.applies(to: name), let rewritten = redirect(name: name, value: value) {
             var rewritten = rewritten
             return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: request) }
@@ -522,6 +591,10 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     }
 
     func upstreamHeadersComplete() -> String? {
+        if let switching, let upgrade {
+            if switching.contains(where: { $0.name.isEmpty }) { return "the upstream's 101 carries an invalid field" }
+            return upgrade.refusal(of: switching)
+        }
         switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up
@@ -540,6 +613,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
 
     func upstreamFinished(_ failure: UpstreamFailure?) {
         transfer = nil
+        upgradeTry = nil
+        switching = nil
         releaseSlot()
         guard !isFinished else { return }
         guard let failure else {
@@ -824,6 +899,7 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     func requestOutputDrained(_ request: HTTPRequest) {
         relay.drained()
         transfer?.resume()
+        upgradeTry?.resume()
     }
 
     // MARK: - Releasing
@@ -844,6 +920,8 @@ final class Exchange: UpstreamResponseHandler, HTTPRequestObserver, LoopEventTar
     private func releaseAll() {
         if let transfer { worker.client.cancel(transfer) }
         transfer = nil
+        upgradeTry?.close()
+        upgradeTry = nil
         releaseSlot()
         if !hedges.isEmpty || !losers.isEmpty {
             let now = worker.clock.now()

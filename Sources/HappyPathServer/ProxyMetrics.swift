@@ -27,6 +27,10 @@ final class ProxyMetrics: Sendable {
             .milliseconds(5), .microseconds(7500), .milliseconds(10), .milliseconds(15), .milliseconds(25),
             .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
         ]
+        // Tunnels last from seconds to hours.
+        factory.durationHistogramBuckets["happypath_tunnel_duration_seconds"] = [
+            .seconds(1), .seconds(10), .seconds(60), .seconds(300), .seconds(900), .seconds(3600), .seconds(4 * 3600),
+        ]
         self.factory = factory
     }
 
@@ -58,7 +62,8 @@ final class ProxyMetrics: Sendable {
     /// Prometheus text exposition format.
     /// The text format; gauges that are read rather than kept (the body
     /// budget) are set just before.
-    func exposition(bodies: BodyBudget, connections: ConnectionBudget) -> String {
+    func exposition(bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0) -> String {
+        gauge("happypath_tunnels_open", []).record(tunnels)
         gauge("happypath_buffered_body_bytes", []).record(bodies.current)
         gauge("happypath_buffered_body_bytes_limit", []).record(bodies.limit)
         gauge("happypath_client_connections", []).record(connections.current)
@@ -203,6 +208,17 @@ final class WorkerMetrics {
 
     func tlsHandshakeFailed(reason: TLSHandshakeFailure) {
         rare("happypath_tls_handshake_failures_total", [("reason", reason.rawValue)]).increment()
+    }
+
+    /// A tunnel closed (docs/websocket.md): why, its bytes each way, how long it lasted.
+    func tunnelClosed(upstream: String, _ summary: Tunnel.Summary) {
+        rare("happypath_tunnels_total", [("upstream", upstream), ("reason", summary.reason.rawValue)]).increment()
+        rare("happypath_tunnel_bytes_total", [("upstream", upstream), ("direction", "to_upstream")])
+            .increment(by: summary.bytesToUpstream)
+        rare("happypath_tunnel_bytes_total", [("upstream", upstream), ("direction", "to_client")])
+            .increment(by: summary.bytesToClient)
+        metrics.timer("happypath_tunnel_duration_seconds", [("upstream", upstream)]).recordNanoseconds(
+            summary.duration.nanoseconds)
     }
 
     private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {

@@ -28,6 +28,8 @@ final class ProxyWorker: HTTPServerDelegate {
     let idleTimeout: Duration
     /// Exchanges in flight, retained here until they finish.
     private var active: [ObjectIdentifier: Exchange] = [:]
+    /// Tunnels open on this worker's connections (docs/websocket.md).
+    private var tunnels: [ObjectIdentifier: Tunnel] = [:]
     /// Swapped by a reload; exchanges keep the ones they started with.
     private(set) var runtime: RuntimeConfiguration
     private(set) var shared: SharedState
@@ -197,7 +199,8 @@ final class ProxyWorker: HTTPServerDelegate {
         let exchange = Exchange(
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex],
-            command: makeCommand(request, method: method, target: upstreamTarget, route: route))
+            command: makeCommand(request, method: method, target: upstreamTarget, route: route),
+            upgrade: UpgradeRequest.of(request, method: method, route: route))
         exchange.rateLimitFields = fields
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
@@ -473,10 +476,35 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Drain: no new connections; what is open is still served.
     func stopAccepting() { for s in servers { s.stopAccepting() } }
 
-    /// Drain timed out: every exchange still here gets its answer now.
+    /// Drain timed out: every exchange still here gets its answer now,
+    /// and every tunnel closes.
     func answerEverything() {
         stopping = true
         for exchange in Array(active.values) { exchange.answerNow() }
+        for tunnel in Array(tunnels.values) { tunnel.shutdown() }
+    }
+
+    /// An exchange ended in a tunnel: kept (and counted in flight, so a
+    /// drain waits for it until `drain_timeout`) until it closes.
+    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream) {
+        let id = ObjectIdentifier(tunnel)
+        tunnels[id] = tunnel
+        shared.inFlight.add(1)
+        shared.tunnels.add(1)
+        let name = upstream.name
+        tunnel.onClose = { [unowned self] summary in
+            tunnels[id] = nil
+            shared.inFlight.add(-1)
+            shared.tunnels.add(-1)
+            metrics.tunnelClosed(upstream: name, summary)
+            logger.info(
+                "tunnel closed",
+                metadata: [
+                    "upstream": "\(name)", "route": "\(route.label)", "reason": "\(summary.reason.rawValue)",
+                    "bytes_to_upstream": "\(summary.bytesToUpstream)", "bytes_to_client": "\(summary.bytesToClient)",
+                    "duration_ms": "\(summary.duration.nanoseconds / 1_000_000)",
+                ])
+        }
     }
 
     /// Drops everything in flight and closes the listener, in order: the
@@ -494,6 +522,7 @@ final class ProxyWorker: HTTPServerDelegate {
         for exchange in active.values { exchange.abandon() }
         shared.inFlight.add(-active.values.filter { $0.delivery == nil }.count)
         active.removeAll()
+        for tunnel in Array(tunnels.values) { tunnel.shutdown() }
         for refresh in refreshes.values { refresh.abandon() }
         refreshes.removeAll()
         lanes.removeAll()

@@ -32,7 +32,8 @@ public final class RuntimeConfiguration: Sendable {
                     ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                 rewritesRedirects: route.redirects == .rewrite,
                 passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass,
-                rateLimit: route.rateLimit, hedge: route.hedge, fallback: route.fallback)
+                rateLimit: route.rateLimit, hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
+                upgradesIdleTimeout: route.upgradesIdleTimeout)
         }
     }
 }
@@ -81,6 +82,10 @@ final class RuntimeRoute: Sendable {
     let hedge: HedgeConfiguration?
     /// `fallback:` (nil: none).
     let fallback: FallbackConfiguration?
+    /// `upgrades:` protocols a client may switch to (lowercased; empty: none).
+    let upgrades: [String]
+    /// `upgrades_idle_timeout`: a tunnel quiet both ways this long is closed.
+    let upgradesIdleTimeout: Duration
     /// `hedge: { after: p95 }`: how long tries took to their status, on
     /// every worker (nil for other routes: nothing recorded).
     private let tryLatency: Locked<LatencyWindow>?
@@ -110,8 +115,11 @@ final class RuntimeRoute: Sendable {
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
-        rateLimit: RateLimitConfiguration? = nil, hedge: HedgeConfiguration? = nil, fallback: FallbackConfiguration? = nil
+        rateLimit: RateLimitConfiguration? = nil, hedge: HedgeConfiguration? = nil, fallback: FallbackConfiguration? = nil,
+        upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300)
     ) {
+        self.upgrades = upgrades
+        self.upgradesIdleTimeout = upgradesIdleTimeout
         self.hedge = hedge
         self.fallback = fallback
         if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }

@@ -21,6 +21,8 @@ final class SharedState: @unchecked Sendable {
     let events: EventBus
     /// Exchanges in flight in the whole process (drain waits for zero).
     let inFlight: InFlightCount
+    /// Tunnels open on every worker (`happypath_tunnels_open`).
+    let tunnels: InFlightCount
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
     /// Client connections open (`limits.max_connections`).
@@ -55,6 +57,7 @@ final class SharedState: @unchecked Sendable {
             parked = ParkingCount(limit: maxParked)
         }
         inFlight = previous?.inFlight ?? InFlightCount()
+        tunnels = previous?.tunnels ?? InFlightCount()
         // The same for the body budget: bodies held now stay counted.
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes

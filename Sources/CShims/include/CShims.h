@@ -16,6 +16,7 @@ CURLcode hp_easy_set_write_cb(CURL *easy, CURLoption option,
 CURLcode hp_easy_set_closesocket_cb(CURL *easy, curl_closesocket_callback cb);
 CURLcode hp_easy_get_long(CURL *easy, CURLINFO info, long *value);
 CURLcode hp_easy_get_ptr(CURL *easy, CURLINFO info, void **value);
+CURLcode hp_easy_get_socket(CURL *easy, CURLINFO info, curl_socket_t *value);
 
 // MARK: - curl multi
 CURLMcode hp_multi_set_long(CURLM *multi, CURLMoption option, long value);
