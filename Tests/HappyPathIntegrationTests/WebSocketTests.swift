@@ -1,0 +1,193 @@
+import Foundation
+import HappyPathCore
+import HappyPathServer
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// WebSocket through the proxy (docs/websocket.md): a raw RFC 6455 client
+/// and upstream in Python, real sockets both sides.
+@Suite(.serialized) struct WebSocketTests {
+    /// The Python upstream (`WebSocketPeers.server`), killed with the test.
+    final class Upstream {
+        let process = Process()
+        let port: Int
+
+        init(tls: TestCertificates.Pair? = nil) throws {
+            let output = Pipe()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            process.arguments = ["-u", "-c", WebSocketPeers.server] + (tls.map { [$0.cert, $0.key] } ?? [])
+            process.standardOutput = output
+            try process.run()
+            var line = Data()
+            while !line.contains(UInt8(ascii: "\n")) {
+                let chunk = output.fileHandleForReading.availableData
+                guard !chunk.isEmpty else { break }
+                line.append(chunk)
+            }
+            guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+            else {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+                throw TestError("the WebSocket upstream did not start")
+            }
+            self.port = port
+        }
+
+        deinit {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    static func yaml(upstream: String, extra: String = "", listen: String = "127.0.0.1:0", idle: String = "5m") -> String {
+        """
+        listen: \(listen)
+        admin: { listen: 127.0.0.1:0 }
+        defaults: { reachability: { park_for: 0s }, retry: { backoff: { base: 1ms, max: 2ms } } }
+        upstreams:
+          ws: { endpoints: [\(upstream)] \(extra) }
+        routes:
+          - { match: { path_prefix: /plain/ }, upstream: ws }
+          - { match: { path_prefix: / }, upstream: ws, upgrades: [websocket], upgrades_idle_timeout: \(idle) }
+        """
+    }
+
+    /// Runs the Python client; its output lines.
+    func client(_ arguments: [String], timeout: Double = 60) throws -> [String] {
+        let r = try runProcess("/usr/bin/python3", ["-c", WebSocketPeers.client] + arguments, timeout: timeout)
+        guard r.status == 0 else { throw TestError("the WebSocket client failed: \(r.err)") }
+        return r.out.split(separator: "\n").map(String.init)
+    }
+
+    func series(_ name: String, _ reason: String) -> String {
+        "\(name){upstream=\"ws\",reason=\"\(reason)\"}"
+    }
+
+    @Test func tenMegabytesEachWayArriveWholeAndTheCloseHandshakeEndsBothSides() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])
+        defer { h.stop() }
+        let out = try client(["\(h.port)", "/chat/echo", "echo", "10000000"])
+        #expect(out.first == "xff 127.0.0.1", "the upgrade went upstream with the forwarded fields")
+        #expect(out.last == "echo True close True eof True")
+        let admin = AdminProbe(port: h.adminPort)
+        // The upstream answers the client's close frame and closes first.
+        waitUntil("the tunnel counted closed") { try admin.metric(series("happypath_tunnels_total", "upstream_closed")) == 1 }
+        let metrics = try admin.metrics()
+        #expect(metrics["happypath_tunnel_bytes_total{upstream=\"ws\",direction=\"to_upstream\"}"] ?? 0 > 10_000_000)
+        #expect(metrics["happypath_tunnel_bytes_total{upstream=\"ws\",direction=\"to_client\"}"] ?? 0 > 10_000_000)
+        #expect(metrics["happypath_tunnels_open"] == 0)
+        #expect(metrics["happypath_requests_total{route=\"/\",code=\"OK\"}"] == 1, "the upgrade counts as a request")
+    }
+
+    @Test func theUpstreamClosingFirstClosesTheClientAfterItsLastBytes() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])
+        defer { h.stop() }
+        // The upstream sends its 101, a frame and a close in one write: the
+        // frames after the head reach the client, then the end.
+        #expect(try client(["\(h.port)", "/close", "close"]).last == "closed-by-upstream True")
+        waitUntil("closed as the upstream's") {
+            try AdminProbe(port: h.adminPort).metric(series("happypath_tunnels_total", "upstream_closed")) == 1
+        }
+    }
+
+    @Test func theClientHangingUpClosesTheUpstream() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])
+        defer { h.stop() }
+        #expect(try client(["\(h.port)", "/echo", "hangup"]).last == "hung-up")
+        waitUntil("closed as the client's") {
+            try AdminProbe(port: h.adminPort).metric(series("happypath_tunnels_total", "client_closed")) == 1
+        }
+    }
+
+    @Test func anAnswerOtherThan101IsAnsweredAsAnyOther() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])
+        defer { h.stop() }
+        let out = try client(["\(h.port)", "/refuse", "echo"])
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(out.last!.utf8)) as? [String: Any])
+        #expect(answer["status"] as? Int == 403)
+        let body = try #require(try JSONSerialization.jsonObject(with: Data((answer["body"] as! String).utf8)) as? [String: Any])
+        #expect(body["code"] as? String == "FORBIDDEN", "normalized like any 403")
+        #expect((body["upstream_body"] as? [String: Any])?["error"] as? String == "no sockets for you")
+        #expect(answer["upgrade"] as? String == "-", "no Upgrade reaches the client")
+    }
+
+    @Test func aRouteWithoutUpgradesForwardsAPlainRequest() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])
+        defer { h.stop() }
+        let out = try client(["\(h.port)", "/plain/x", "echo"])
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(out.last!.utf8)) as? [String: Any])
+        #expect(answer["status"] as? Int == 200)
+        #expect(answer["body"] as? String == "plain /plain/x upgrade=-", "Upgrade was dropped as hop-by-hop")
+    }
+
+    @Test func anUnreachableUpstreamIsRetriedThenAnsweredWithTheUsualProblem() throws {
+        let down = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: down.url), holding: [down])
+        defer { h.stop() }
+        let out = try client(["\(h.port)", "/echo", "echo"])
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(out.last!.utf8)) as? [String: Any])
+        #expect(answer["status"] as? Int == 503)
+        let body = try #require(try JSONSerialization.jsonObject(with: Data((answer["body"] as! String).utf8)) as? [String: Any])
+        #expect(body["code"] as? String == "UPSTREAM_UNREACHABLE")
+        #expect(body["attempts"] as? Int == 3, "connect failures follow the route's retry rules")
+    }
+
+    @Test func fiveHundredIdleTunnelsStayOpenUntilTheIdleTimeoutClosesThem() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)", idle: "3s"), holding: [up])
+        defer { h.stop() }
+        let out = try client(["\(h.port)", "/echo", "many", "500", "\(h.adminPort)"], timeout: 120)
+        #expect(out.contains("open 500.0"), "\(out)")
+        #expect(out.contains("echoed 500"))
+        #expect(out.contains("idle-closed 500"))
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("every tunnel counted closed for idleness") { try admin.metric(series("happypath_tunnels_total", "idle")) == 500 }
+        #expect(try admin.metric("happypath_tunnels_open") == 0)
+    }
+
+    @Test func overTLSAtBothEnds() throws {
+        let certs = try TestCertificates()
+        let pair = try certs.make("ws", names: ["localhost"])
+        let up = try Upstream(tls: pair)
+        let yaml = Self.yaml(
+            upstream: "https://localhost:\(up.port)", extra: ", tls: { ca: \(pair.cert) }",
+            listen: "[{ address: 127.0.0.1:0, tls: { certificates: [{ cert: \(pair.cert), key: \(pair.key) }] } }]")
+        let h = try ProxyHarness(yaml, holding: [up])
+        defer { h.stop() }
+        let out = try client(["\(h.proxy.ports[0])", "/echo", "echo", "2000000", pair.cert])
+        #expect(out.last == "echo True close True eof True")
+    }
+
+    @Test func drainClosesOpenTunnelsAtItsTimeout() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])
+        defer { h.stop() }
+        // A tunnel stays open (its client idles) while the proxy drains.
+        let idle = Process()
+        idle.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        idle.arguments = ["-c", WebSocketPeers.client, "\(h.port)", "/echo", "many", "1", "\(h.adminPort)"]
+        let output = Pipe()
+        idle.standardOutput = output
+        try idle.run()
+        defer {
+            kill(idle.processIdentifier, SIGKILL)
+            idle.waitUntilExit()
+        }
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("the tunnel is open") { try admin.metric("happypath_tunnels_open") == 1 }
+        let started = ContinuousClock.now
+        h.proxy.drain(timeout: .milliseconds(300))
+        #expect(seconds(since: started) >= 0.25, "the drain waited for the tunnel until its timeout")
+        idle.waitUntilExit()
+        let printed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(printed.contains("idle-closed 1"), "the client saw its tunnel closed: \(printed)")
+    }
+}
