@@ -635,3 +635,42 @@ struct DeliverLaterConfigTests {
         #expect(e.map(\.message) == ["routes[0].outlier_detection belongs to the upstream (or defaults), not to a route"])
     }
 }
+
+// MARK: - Upgrades (issue 22, docs/websocket.md)
+
+@Suite struct UpgradeConfigTests {
+    static let base = """
+        upstreams:
+          u: { endpoints: [http://127.0.0.1:9000] }
+        routes:
+
+        """
+
+    @Test func upgradesAreLowercasedAndTheIdleTimeoutDefaultsToFiveMinutes() throws {
+        let c = try ConfigLoader.parse(
+            Self.base + "  - { match: { path_prefix: /ws/ }, upstream: u, upgrades: [WebSocket] }\n"
+                + "  - { match: { path_prefix: / }, upstream: u, upgrades: [websocket], upgrades_idle_timeout: 30s }",
+            file: "t.yaml")
+        #expect(c.routes[0].upgrades == ["websocket"])
+        #expect(c.routes[0].upgradesIdleTimeout == .seconds(300))
+        #expect(c.routes[1].upgradesIdleTimeout == .seconds(30))
+    }
+
+    @Test func aRouteWithoutUpgradesHasNone() throws {
+        let c = try ConfigLoader.parse(Self.base + "  - { match: { path_prefix: / }, upstream: u }", file: "t.yaml")
+        #expect(c.routes[0].upgrades.isEmpty)
+    }
+
+    @Test(arguments: [
+        ("upgrades: [\"web socket\"]", "routes[0].upgrades: 'web socket' is not a protocol name"),
+        ("upgrades: [websocket], delivery: { mode: later }", "routes[0].upgrades applies to routes that deliver now"),
+        ("upgrades: [websocket], match: { path_prefix: /, methods: [POST] }", "routes[0].upgrades needs GET among match.methods"),
+        ("upgrades_idle_timeout: 1m", "routes[0].upgrades_idle_timeout is set but the route has no upgrades"),
+        ("upgrades: [websocket], upgrades_idle_timeout: 0s", "routes[0].upgrades_idle_timeout must be longer than zero"),
+    ])
+    func mistakesAreNamed(_ keys: String, _ message: String) {
+        let match = keys.contains("match:") ? "" : "match: { path_prefix: / }, "
+        let e = errors(Self.base + "  - { \(match)upstream: u, \(keys) }")
+        #expect(e.map(\.description).contains { $0.contains(message) }, "\(e)")
+    }
+}

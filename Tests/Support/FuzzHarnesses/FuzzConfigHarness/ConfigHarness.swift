@@ -96,6 +96,8 @@ let template = """
         upstream: api
         hedge: { after: @81@, max_extra: @82@ }
         fallback: { serve_stale: @83@, on: [@84@, timeout], response: { status: @85@, content_type: @86@, body: @87@ } }
+        upgrades: [@101@]
+        upgrades_idle_timeout: @102@
     """
 
 let valid = [
@@ -110,6 +112,7 @@ let valid = [
     "/catalog/", "50ms", "1", "10m", "5xx", "200", "application/json", "degraded", "64MiB", "1MiB",
     "10000", "5", "10s", "50",
     "127.0.0.1:8443", "/etc/tls/api.crt", "/etc/tls/api.key", "1.3", "/etc/ssl/ca.pem", "true", "api.internal",
+    "websocket", "5m",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {
