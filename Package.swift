@@ -36,7 +36,7 @@ let package = Package(
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
         ),
-        .target(name: "CShims", dependencies: ["CLibevent", "CCurl"]),
+        .target(name: "CShims", dependencies: ["CLibevent", "CCurl"], linkerSettings: [.linkedLibrary("ssl")]),
         // OpenSSL (libssl-dev) behind opaque pointers: TLS termination.
         .target(name: "CTLS", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto")]),
         .systemLibrary(

@@ -2,6 +2,7 @@
 #include <sys/socket.h>
 #include <malloc.h>
 #include "CShims.h"
+#include <openssl/ssl.h>
 
 CURLcode hp_easy_set_long(CURL *easy, CURLoption option, long value) {
     return curl_easy_setopt(easy, option, value);
@@ -48,4 +49,15 @@ void hp_malloc_map_large_blocks(size_t bytes) {
 
 int hp_accept(int fd, struct sockaddr *addr, socklen_t *len) {
     return accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+}
+
+static CURLcode hp_moving_write_buffer(CURL *easy, void *ssl_ctx, void *userptr) {
+    (void)easy;
+    (void)userptr;
+    SSL_CTX_set_mode((SSL_CTX *)ssl_ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
+    return CURLE_OK;
+}
+
+CURLcode hp_easy_allow_moving_write_buffer(CURL *easy) {
+    return curl_easy_setopt(easy, CURLOPT_SSL_CTX_FUNCTION, hp_moving_write_buffer);
 }

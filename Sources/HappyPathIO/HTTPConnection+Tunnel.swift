@@ -25,12 +25,12 @@ extension HTTPConnection {
         _ = machine.closed()
         if let timerEvent { event_del(timerEvent) }
         if output.pending == 0, let writeEvent { event_del(writeEvent) }
-        let tunnel = Tunnel(connection: self, upstream: upstream, limits: limits, now: now)
-        self.tunnel = tunnel
         guard tunnelWrite(head) else {
-            tunnel.clientGone()
+            close()  // the client is gone; the upstream end stays the caller's
             return nil
         }
+        let tunnel = Tunnel(connection: self, upstream: upstream, limits: limits, now: now)
+        self.tunnel = tunnel
         let fromUpstream = upstream.takeLeftover()
         fromClient.withUnsafeBytes { c in fromUpstream.withUnsafeBytes { u in tunnel.start(fromClient: c, fromUpstream: u) } }
         return tunnel

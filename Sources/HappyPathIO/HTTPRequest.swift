@@ -282,7 +282,8 @@ public final class HTTPRequest {
 
     /// Answers `101 Switching Protocols` with `fields` and turns the
     /// connection into the client end of a tunnel to `upstream`, which the
-    /// returned tunnel now owns (it closes both). The request is answered.
+    /// returned tunnel now owns (it closes both; it may be closed already,
+    /// if the client went away as it opened). The request is answered.
     /// Nil if the client is gone (then `upstream` is the caller's to close).
     public func switchProtocols(
         fields: [HTTPField], to upstream: UpstreamUpgrade, limits: Tunnel.Machine.Limits, now: @escaping () -> Instant

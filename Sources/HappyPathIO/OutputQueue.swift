@@ -52,6 +52,7 @@ struct OutputQueue {
             buffer.append(UnsafeRawBufferPointer(rebasing: p[skip...]))
             skip = 0
         }
+        compact()
         return .queued
     }
 
@@ -65,11 +66,22 @@ struct OutputQueue {
             sent = 0
         }
         for p in pieces where p.count > 0 { buffer.append(p) }
+        compact()
         switch flush(to: -1, tls: tls) {
         case .drained: return .written
         case .progressed, .again: return .queued
         case .failed: return .failed
         }
+    }
+
+    /// Drops the bytes already written once they outweigh those waiting: a
+    /// queue that never quite empties (a tunnel toward a slightly slower
+    /// client) stays the size of what waits, not of all that passed. (The
+    /// TLS sessions allow a moved buffer between tries.)
+    private mutating func compact() {
+        guard sent >= 64 * 1024, sent >= buffer.count - sent else { return }
+        buffer.removeFirst(sent)
+        sent = 0
     }
 
     /// Writes what is queued, as far as the kernel (or the TLS session) takes it.
@@ -80,12 +92,16 @@ struct OutputQueue {
                 tls?.write(buffer.base + sent, buffer.count - sent) ?? Glibc.write(fd, buffer.base + sent, buffer.count - sent)
             if n <= 0 {
                 guard n < 0, errno == EAGAIN || errno == EINTR else { return .failed }
+                if progressed { compact() }
                 return progressed ? .progressed : .again
             }
             sent += n
             progressed = true
             // A plain socket that took less is full; a TLS session writes record by record.
-            if tls == nil, buffer.count > sent { return .progressed }
+            if tls == nil, buffer.count > sent {
+                compact()
+                return .progressed
+            }
         }
         buffer.count = 0
         sent = 0

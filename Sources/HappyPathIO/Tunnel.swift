@@ -129,7 +129,9 @@ public final class Tunnel {
             let n = connection.tunnelRead(into: scratch, count: Self.readSize)
             if n < 0 {
                 if errno == EAGAIN || errno == EINTR { return }
-                return perform(machine.failed(.client))
+                // A reset (or a TLS close without close_notify) ends the
+                // client's bytes: what is queued toward the upstream still goes.
+                return perform(machine.ended(.client, now: now()))
             }
             if n == 0 { return perform(machine.ended(.client, now: now())) }
             bytesToUpstream += n
@@ -145,10 +147,22 @@ public final class Tunnel {
             perform(machine.moved(from: .client, queued: pendingTowardUpstream, now: now()))
             if n < Self.readSize { break }
         }
-        connection.readAgainIfSessionHolds()
+        // Only while reading: a paused client's TLS bytes wait for the resume
+        // (which looks again), or this would wake itself forever.
+        if machine.isReading(.client) { connection.readAgainIfSessionHolds() }
     }
 
     private var pendingTowardUpstream: Int { towardUpstream.count - towardUpstreamSent }
+
+    /// Drops the bytes already sent once they outweigh those waiting, so a
+    /// queue that never quite empties (a steady stream to a slightly slower
+    /// upstream) stays the size of what waits, not of all that passed.
+    /// (The upstream's TLS allows a moved buffer between tries.)
+    private func compactTowardUpstream() {
+        guard towardUpstreamSent >= 64 * 1024, towardUpstreamSent >= pendingTowardUpstream else { return }
+        towardUpstream.removeFirst(towardUpstreamSent)
+        towardUpstreamSent = 0
+    }
 
     private func queueTowardUpstream(_ bytes: UnsafeRawBufferPointer) {
         if pendingTowardUpstream == 0 {
@@ -156,6 +170,7 @@ public final class Tunnel {
             towardUpstreamSent = 0
         }
         towardUpstream.append(bytes)
+        compactTowardUpstream()
         if let upstreamWrite { event_add(upstreamWrite, nil) }
     }
 
@@ -172,8 +187,10 @@ public final class Tunnel {
             if let upstreamWrite { event_del(upstreamWrite) }
             towardUpstream.count = 0
             towardUpstreamSent = 0
-            // A large burst leaves a large buffer: give it back.
-            if towardUpstream.capacity > 1024 * 1024 { towardUpstream.shrink(to: 256) }
+            // A burst leaves a large buffer: give it back.
+            towardUpstream.shrink(to: 256)
+        } else {
+            compactTowardUpstream()
         }
         perform(machine.flushed(toward: .upstream, queued: pendingTowardUpstream, now: now()))
     }
@@ -187,10 +204,10 @@ public final class Tunnel {
             switch upstream.receive(into: scratch, count: Self.readSize) {
             case .again:
                 return
-            case .ended:
+            case .ended, .failed:
+                // A read error (often a TLS close without close_notify) ends
+                // the upstream's bytes like an EOF: what is queued still goes.
                 return perform(machine.ended(.upstream, now: now()))
-            case .failed:
-                return perform(machine.failed(.upstream))
             case let .bytes(n):
                 bytesToClient += n
                 guard connection.tunnelWrite(UnsafeRawBufferPointer(start: scratch, count: n)) else {

@@ -117,6 +117,10 @@ public final class UpstreamUpgrade {
         hp_easy_set_long(easy, CURLOPT_NOSIGNAL, 1)
         hp_easy_set_long(easy, CURLOPT_TCP_NODELAY, 1)
         hp_easy_set_long(easy, CURLOPT_CONNECT_ONLY, 1)
+        // HTTP/1.1 only: an https upstream must not pick h2 by ALPN for a
+        // head written as HTTP/1.1 (libcurl offers h2 by default).
+        hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
+        hp_easy_allow_moving_write_buffer(easy)
         hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
         "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
         "*".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_NOPROXY, $0) }
@@ -252,6 +256,7 @@ public final class UpstreamUpgrade {
         ioEvent = event_new(
             loop.base, fd, Int16(EV_PERSIST | EV_READ), upgradeIOEventCallback, Unmanaged.passUnretained(self).toOpaque())
         phase = .sendingHead
+        armIdle()  // the connect took its own time: the answer gets the whole idle limit
         sendHead()
     }
 
@@ -319,24 +324,14 @@ public final class UpstreamUpgrade {
     /// Looks for a complete head in `received`; reports it when there is one.
     private func parseHead() {
         while phase == .readingHead {
-            let bytes = received.bytes
-            var end = -1
-            var i = max(0, scanned - 3)
-            while i + 3 < bytes.count {
-                if bytes[i] == 0x0D, bytes[i + 1] == 0x0A, bytes[i + 2] == 0x0D, bytes[i + 3] == 0x0A {
-                    end = i + 4
-                    break
-                }
-                i += 1
-            }
-            guard end > 0 else {
-                scanned = bytes.count
-                if bytes.count > Self.maxHeadBytes { fail(.badResponse("the upstream's answer head is too large")) }
+            guard let end = ResponseHeadReader.end(of: received.bytes, from: scanned) else {
+                scanned = received.count
+                if received.count > Self.maxHeadBytes { fail(.badResponse("the upstream's answer head is too large")) }
                 return
             }
             scanned = 0
             // Taken out first: what follows it is the body, or the tunnel's first bytes.
-            let head = Array(bytes[0..<end])
+            let head = Array(received.bytes[0..<end])
             received.removeFirst(end)
             let informational = head.withUnsafeBytes { report(head: $0) }
             if phase == .readingBody { return deliverBody() }
@@ -347,43 +342,29 @@ public final class UpstreamUpgrade {
 
     /// Reports one head to the handler. Returns true for a 1xx to skip.
     private func report(head: UnsafeRawBufferPointer) -> Bool {
-        guard let lineEnd = firstCRLF(head, from: 0),
-            let status = ResponseFraming.status(ofLine: UnsafeRawBufferPointer(rebasing: head[0..<lineEnd]))
-        else {
-            fail(.badResponse("the upstream's answer is not HTTP/1.1"))
+        var status = 0
+        var framing = ResponseFraming()
+        var chunked = false
+        var started = false
+        // The status is reported before the first field: the reader checks the status line first.
+        let read = ResponseHeadReader.read(head) { name, value in
+            guard phase == .readingHead, started else { return }
+            // The body's framing, by the rules every answer is read by (the
+            // handler refuses a head they refuse, before any body is read).
+            _ = framing.add(name: name, value: value)
+            if HTTPBytes.equals(name, "transfer-encoding") { chunked = true }
+            handler?.upstreamHeader(name: name, value: value)
+        } status: { code, reason in
+            status = code
+            guard code >= 200 || code == 101 else { return }
+            started = true
+            handler?.upstreamStatus(code, reason: reason)
+        }
+        guard case .success = read else {
+            if case let .failure(error) = read { fail(.badResponse(error.message)) }
             return false
         }
-        if status < 200, status != 101 { return true }
-        var reason = lineEnd
-        if lineEnd > 12 { reason = 13 }
-        handler?.upstreamStatus(status, reason: UnsafeRawBufferPointer(rebasing: head[reason..<lineEnd]))
-        var contentLength: Int?
-        var chunked = false
-        var start = lineEnd + 2
-        while start < head.count - 2, phase == .readingHead {
-            guard let end = firstCRLF(head, from: start) else { break }
-            let line = UnsafeRawBufferPointer(rebasing: head[start..<end])
-            start = end + 2
-            guard let first = line.first, first != 0x20, first != 0x09, let colon = line.firstIndex(of: 0x3A), colon > 0
-            else {
-                fail(.badResponse("the upstream sent an invalid field line (or obsolete line folding)"))
-                return false
-            }
-            var valueStart = colon + 1
-            var valueEnd = line.count
-            while valueStart < valueEnd, line[valueStart] == 0x20 || line[valueStart] == 0x09 { valueStart += 1 }
-            while valueEnd > valueStart, line[valueEnd - 1] == 0x20 || line[valueEnd - 1] == 0x09 { valueEnd -= 1 }
-            let name = UnsafeRawBufferPointer(rebasing: line[0..<colon])
-            let value = UnsafeRawBufferPointer(rebasing: line[valueStart..<valueEnd])
-            if HTTPBytes.equals(name, "content-length") {
-                var n = 0
-                for d in value where d >= 0x30 && d <= 0x39 && n < Int.max / 20 { n = n * 10 + Int(d - 0x30) }
-                contentLength = contentLength ?? n
-            } else if HTTPBytes.equals(name, "transfer-encoding") {
-                chunked = true
-            }
-            handler?.upstreamHeader(name: name, value: value)
-        }
+        guard started else { return true }
         guard phase == .readingHead else { return false }
         if let refusal = handler?.upstreamHeadersComplete() {
             fail(.badResponse(refusal))
@@ -400,21 +381,12 @@ public final class UpstreamUpgrade {
         } else if chunked {
             body = .chunked(
                 ChunkedDecoder(limits: RequestLimits(maxHeadBytes: Self.maxHeadBytes, maxBodyBytes: Int.max / 2)))
-        } else if let contentLength {
-            body = .length(contentLength)
+        } else if case let .success(length?) = framing.verdict() {
+            body = .length(length)
         } else {
             body = .toEnd
         }
         return false
-    }
-
-    private func firstCRLF(_ bytes: UnsafeRawBufferPointer, from: Int) -> Int? {
-        var i = from
-        while i + 1 < bytes.count {
-            if bytes[i] == 0x0D, bytes[i + 1] == 0x0A { return i }
-            i += 1
-        }
-        return nil
     }
 
     /// Hands body bytes to the handler, as far as it takes them.
@@ -516,7 +488,11 @@ public final class UpstreamUpgrade {
     /// Bytes the upstream sent after its `101` head, read with it: the
     /// first bytes of the tunnel toward the client. Taken once.
     public func takeLeftover() -> [UInt8] {
-        defer { received.count = 0 }
+        defer {
+            // Not read into again: its memory goes back.
+            received.count = 0
+            received.shrink(to: 64)
+        }
         return Array(received.bytes)
     }
 

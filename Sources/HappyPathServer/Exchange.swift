@@ -412,8 +412,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             let tunnel = client.switchProtocols(
                 fields: fields, to: connection, limits: .init(idle: route.upgradesIdleTimeout), now: { clock.now() })
         else {
+            // The client left as the upstream agreed: the upstream did its part.
             connection.close()
-            return tryEnded(.failed(.init(.reset, "the client left before the upgrade")))
+            return perform(machine.clientGone())
         }
         switched = true
         worker.tunnelOpened(tunnel, route: route, upstream: upstream)

@@ -487,6 +487,8 @@ final class ProxyWorker: HTTPServerDelegate {
     /// An exchange ended in a tunnel: kept (and counted in flight, so a
     /// drain waits for it until `drain_timeout`) until it closes.
     func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream) {
+        // The client may have gone as it opened (its first bytes could not be written).
+        guard !tunnel.isClosed else { return }
         let id = ObjectIdentifier(tunnel)
         tunnels[id] = tunnel
         shared.inFlight.add(1)

@@ -118,6 +118,25 @@ import Testing
         #expect(r.actions[3] == A(close: .upstreamClosed))
     }
 
+    @Test func bytesStillMovingPostponeTheLinger() {
+        let r = run([
+            .start(towardClient: 0, towardUpstream: 0), .ended(.client),
+            .wait(milliseconds: 1500), .moved(.upstream, queued: 0),  // the upstream still sends at 1.5 s
+            .wait(milliseconds: 500), .timer,  // 2 s: 0.5 s since the last byte
+            .wait(milliseconds: 1500), .timer,  // 3.5 s: 2 s since the last byte
+        ])
+        #expect(r.actions[3] == A(timer: .milliseconds(1500)))
+        #expect(r.actions[4] == A(close: .clientClosed))
+    }
+
+    @Test func aLingerThatEndsWithBytesStuckIsAnError() {
+        let r = run([
+            .start(towardClient: 0, towardUpstream: 0), .moved(.upstream, queued: 50), .ended(.upstream),
+            .wait(milliseconds: 2000), .timer,
+        ])
+        #expect(r.actions[3] == A(close: .error), "50 bytes never reached the client")
+    }
+
     @Test func aResetClosesBothAtOnce() {
         let r = run([.start(towardClient: 0, towardUpstream: 0), .moved(.client, queued: 10), .failed(.upstream), .ended(.client)])
         #expect(r.actions[2] == A(close: .error))

@@ -162,7 +162,7 @@ import Testing
             listen: "[{ address: 127.0.0.1:0, tls: { certificates: [{ cert: \(pair.cert), key: \(pair.key) }] } }]")
         let h = try ProxyHarness(yaml, holding: [up])
         defer { h.stop() }
-        let out = try client(["\(h.proxy.ports[0])", "/echo", "echo", "2000000", pair.cert])
+        let out = try client(["\(h.proxy.ports[0])", "/echo", "echo", "10000000", pair.cert])
         #expect(out.last == "echo True close True eof True")
     }
 

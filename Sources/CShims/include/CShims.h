@@ -17,6 +17,10 @@ CURLcode hp_easy_set_closesocket_cb(CURL *easy, curl_closesocket_callback cb);
 CURLcode hp_easy_get_long(CURL *easy, CURLINFO info, long *value);
 CURLcode hp_easy_get_ptr(CURL *easy, CURLINFO info, void **value);
 CURLcode hp_easy_get_socket(CURL *easy, CURLINFO info, curl_socket_t *value);
+// A TLS connection that may be written from a buffer that moved since a
+// write that had to wait (libcurl's OpenSSL backend does not allow it): a
+// tunnel's queue grows and compacts between tries.
+CURLcode hp_easy_allow_moving_write_buffer(CURL *easy);
 
 // MARK: - curl multi
 CURLMcode hp_multi_set_long(CURLM *multi, CURLMoption option, long value);

@@ -9,10 +9,12 @@
 ///   toward a side passes `highWater`, the other side is no longer read;
 ///   reading resumes when the queue drains to `lowWater`. A tunnel holds at
 ///   most about `highWater` plus one read per direction.
-/// - Ending: the end of one side's bytes (EOF) is passed on once the bytes
-///   queued toward the other side are written (`endWrite`: a half-close),
-///   and the other side is read until it ends too, or `linger` passes;
-///   then both close. An error on either side closes both at once.
+/// - Ending: the end of one side's bytes (EOF, or a read error) is passed
+///   on once the bytes queued toward the other side are written
+///   (`endWrite`: a half-close), and the other side is read until it ends
+///   too; then both close. While ending, `linger` without a byte moving
+///   closes both (with bytes still queued, as an error). A write that
+///   fails closes both at once.
 /// - Idle: no byte either way for `idle` closes both.
 public struct TunnelStateMachine: Sendable {
     public enum Side: Int, Sendable, Equatable, CaseIterable {
@@ -132,7 +134,7 @@ public struct TunnelStateMachine: Sendable {
     /// bytes now wait for its socket.
     public mutating func moved(from side: Side, queued waiting: Int, now: Instant) -> Actions {
         guard !isClosed else { return .none }
-        lastActivity = now
+        progressed(at: now)
         queued[side.other.rawValue] = waiting
         var a = Actions.none
         if waiting > limits.highWater, reading[side.rawValue] {
@@ -145,7 +147,7 @@ public struct TunnelStateMachine: Sendable {
     /// Writing toward `side` progressed: `queued` bytes still wait.
     public mutating func flushed(toward side: Side, queued waiting: Int, now: Instant) -> Actions {
         guard !isClosed else { return .none }
-        lastActivity = now
+        progressed(at: now)
         queued[side.rawValue] = waiting
         var a = Actions.none
         let source = side.other
@@ -160,7 +162,13 @@ public struct TunnelStateMachine: Sendable {
         return closeIfDone(a)
     }
 
-    /// `side` sent its last byte (EOF).
+    /// Bytes moved: the idle time, or the linger of an ending tunnel, starts again.
+    private mutating func progressed(at now: Instant) {
+        lastActivity = now
+        if case let .ending(first, _) = state { state = .ending(first: first, since: now) }
+    }
+
+    /// `side` sent its last byte (EOF, or its read failed).
     public mutating func ended(_ side: Side, now: Instant) -> Actions {
         guard !isClosed, !ended[side.rawValue] else { return .none }
         ended[side.rawValue] = true
@@ -181,8 +189,8 @@ public struct TunnelStateMachine: Sendable {
         return closeIfDone(a)
     }
 
-    /// Reading from or writing to `side` failed (a reset, a broken pipe):
-    /// nothing more can pass that way.
+    /// Writing to `side` failed (a reset, a broken pipe): nothing more can
+    /// pass that way.
     public mutating func failed(_ side: Side) -> Actions {
         guard !isClosed else { return .none }
         // Once a side ended its bytes, the tunnel was ending anyway: a reset
@@ -199,7 +207,8 @@ public struct TunnelStateMachine: Sendable {
             return .none
         case let .ending(_, since):
             guard now - since >= limits.linger else { return Actions(timer: limits.linger - (now - since)) }
-            return close(reasonOfEnding)
+            // Stuck with bytes that could not be delivered: not a clean end.
+            return close(queued[0] + queued[1] > 0 ? .error : reasonOfEnding)
         case .open:
             let quiet = now - lastActivity
             guard quiet >= limits.idle else { return Actions(timer: limits.idle - quiet) }

@@ -16,7 +16,47 @@ struct ResponseHeadCheck: CustomStringConvertible {
 public enum ResponseHeadHarness {
     /// Splits `bytes` into CRLF lines the way the upstream reader does, feeds
     /// them to ResponseFraming and traps on any broken invariant.
-    public static func check(_ bytes: [UInt8]) -> String { "\(checkHead(bytes))" }
+    public static func check(_ bytes: [UInt8]) -> String {
+        checkReader(bytes)
+        return "\(checkHead(bytes))"
+    }
+}
+
+/// The reader of the heads the proxy reads itself (an upgrade try's:
+/// ResponseHeadReader), on the same bytes: where a head ends, found at
+/// once or in two parts, is the first empty line; what it reads is what
+/// the line says.
+func checkReader(_ bytes: [UInt8]) {
+    bytes.withUnsafeBytes { raw in
+        var first: Int?
+        var i = 0
+        while i + 3 < raw.count, first == nil {
+            if raw[i] == 0x0D, raw[i + 1] == 0x0A, raw[i + 2] == 0x0D, raw[i + 3] == 0x0A { first = i + 4 }
+            i += 1
+        }
+        let end = ResponseHeadReader.end(of: raw, from: 0)
+        precondition(end == first, "head end \(String(describing: end)), the first empty line at \(String(describing: first))")
+        let split = raw.count / 2
+        let inParts =
+            ResponseHeadReader.end(of: UnsafeRawBufferPointer(rebasing: raw[0..<split]), from: 0)
+            ?? ResponseHeadReader.end(of: raw, from: split)
+        precondition(inParts == end, "read in two parts, the head ends elsewhere")
+        let head = UnsafeRawBufferPointer(rebasing: raw[0..<(end ?? raw.count)])
+        var sawStatus: Int?
+        let result = ResponseHeadReader.read(head) { name, value in
+            precondition(sawStatus != nil, "a field before the status")
+            precondition(!name.isEmpty && !name.contains(0x3A), "a field name that is empty or holds a colon")
+            precondition(name.first != 0x20 && name.first != 0x09, "a folded line read as a field")
+            precondition(!name.contains(0x0A) && !value.contains(0x0A) && !value.contains(0x0D), "a line break inside a field")
+            for edge in [value.first, value.last] { precondition(edge != 0x20 && edge != 0x09, "a value with spaces around it") }
+        } status: { status, _ in
+            sawStatus = status
+        }
+        if case let .success(h) = result {
+            precondition(h.status == sawStatus, "the status reported is not the one returned")
+            precondition((100...599).contains(h.status), "status \(h.status) out of range")
+        }
+    }
 }
 
 /// Splits, feeds, checks; returns what the head did.
