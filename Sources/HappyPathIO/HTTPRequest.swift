@@ -277,6 +277,9 @@ public final class HTTPRequest {
 
     // MARK: - Leaving HTTP
 
+    /// The request came over a TLS listener (`X-Forwarded-Proto: https`).
+    public var arrivedOverTLS: Bool { live?.tls != nil }
+
     /// The request is HTTP/1.1 (an upgrade needs it).
     public var isHTTP11: Bool { head?.version == .http11 }
 

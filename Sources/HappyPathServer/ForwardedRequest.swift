@@ -77,7 +77,9 @@ enum ForwardedRequest {
                 }
             }
         }
-        if !hasForwardedProto { headers.append(name: "X-Forwarded-Proto", value: "http" as StaticString) }
+        if !hasForwardedProto {
+            headers.append(name: "X-Forwarded-Proto", value: request.arrivedOverTLS ? "https" : "http" as StaticString)
+        }
         if !hasForwardedHost, let host { headers.append(name: "X-Forwarded-Host", value: host) }
         if !hasTraceparent {
             headers.append(name: "traceparent", valueLength: IdentifierGenerator.traceparentLength) {

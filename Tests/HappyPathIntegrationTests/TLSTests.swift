@@ -329,6 +329,21 @@ import Testing
         #expect(without.status == 502 || without.status == 503, "\(String(decoding: without.body, as: UTF8.self))")
     }
 
+    @Test func requestsOverTLSGoUpstreamAsHTTPS() throws {
+        let certs = try TestCertificates()
+        let api = try certs.make("api", names: ["localhost"])
+        let h = try ProxyHarness(Self.yaml([api]))
+        defer { h.stop() }
+        func forwardedProto(_ url: String) throws -> String? {
+            let r = try curl(["--cacert", api.cert, url])
+            let json = try JSONSerialization.jsonObject(with: Data(r.out.utf8)) as? [String: Any]
+            let pairs = (json?["headers"] as? [[String]] ?? []).map { ($0[0].lowercased(), $0[1]) }
+            return pairs.first { $0.0 == "x-forwarded-proto" }?.1
+        }
+        #expect(try forwardedProto("https://localhost:\(h.proxy.ports[0])/echo") == "https")
+        #expect(try forwardedProto("http://127.0.0.1:\(h.proxy.ports[1])/echo") == "http")
+    }
+
     @Test func aListenerWithAMissingCertificateDoesNotStart() throws {
         let yaml = Self.yaml([TestCertificates.Pair(cert: "/nonexistent/a.crt", key: "/nonexistent/a.key")])
         #expect(throws: (any Error).self) { _ = try ProxyHarness(yaml) }
