@@ -11,7 +11,11 @@ struct UpgradeRequest {
     let protocols: [String]
 
     static func of(_ request: HTTPRequest, method: String, route: RuntimeRoute) -> UpgradeRequest? {
-        guard !route.upgrades.isEmpty, method == "GET", request.isHTTP11 else { return nil }
+        // `Connection: upgrade` names a field, which the parser noted: a
+        // plain request on an upgrades route costs two checks, no scan.
+        guard !route.upgrades.isEmpty, request.connectionNominatesFields, method == "GET", request.isHTTP11 else {
+            return nil
+        }
         var connectionUpgrade = false
         var offered: [String] = []
         var hasBody = false

@@ -22,6 +22,8 @@ OUT=$OUT/shaping BENCH_PROFILE=shaping PORT_BASE=$(( ${PORT_BASE:-18680} + 20 ))
 echo "== the cost of hedging (armed, never due) and of keeping answers for serve_stale"
 OUT=$OUT/hedge BENCH_PROFILE=hedge PORT_BASE=$(( ${PORT_BASE:-18680} + 30 )) "$here/callgrind.sh" hedge="$bin" || exit 1
 OUT=$OUT/stale BENCH_PROFILE=stale PORT_BASE=$(( ${PORT_BASE:-18680} + 40 )) "$here/callgrind.sh" stale="$bin" || exit 1
+echo "== the cost of a route that also takes WebSocket (upgrades: [websocket]) for its plain requests"
+OUT=$OUT/upgrades BENCH_PROFILE=upgrades PORT_BASE=$(( ${PORT_BASE:-18680} + 50 )) "$here/callgrind.sh" upgrades="$bin" || exit 1
 echo "== system calls and allocations (perf trace -s, uprobes on libc; wrk -c64)"
 OUT=$OUT/per-request PORT_BASE=$(( ${PORT_BASE:-18680} + 10 )) "$here/per-request.sh" happypath="$bin" || exit 1
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
@@ -42,7 +44,7 @@ for row in csv.reader(open(f"{out}/per-request/all.tsv"), delimiter="\t"):
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for profile in ("shaping", "hedge", "stale"):
+for profile in ("shaping", "hedge", "stale", "upgrades"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -63,5 +65,8 @@ if "hedge" in instr and "happypath" in instr:
 if "stale" in instr and "happypath" in instr:
     extra = instr["stale"] - instr["happypath"]
     print(f"| instructions keeping every answer for serve_stale (profile stale) | | {instr['stale']:,.0f} ({extra:+,.0f}) | | |")
+if "upgrades" in instr and "happypath" in instr:
+    extra = instr["upgrades"] - instr["happypath"]
+    print(f"| instructions on a route with upgrades: [websocket], plain requests (profile upgrades) | | {instr['upgrades']:,.0f} ({extra:+,.0f}) | +500 | {'met' if extra <= 500 else '**short**'} |")
 PY
 echo "raw: $OUT"

@@ -13,6 +13,8 @@
 #     is not hedged.
 #   BENCH_PROFILE=stale: foundation plus `fallback: { serve_stale: 10m }`
 #     on the route: every answer is copied once and kept (what keeping costs).
+#   BENCH_PROFILE=upgrades: foundation plus `upgrades: [websocket]` on the
+#     route: what a plain request pays on a route that also takes WebSocket.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -78,6 +80,10 @@ case $profile in
     level=warning
     foundation_yaml "" "    fallback: { serve_stale: 10m }" > "$cfg"
     ;;
+  upgrades)
+    level=warning
+    foundation_yaml "" "    upgrades: [websocket]" > "$cfg"
+    ;;
   policies)
     level=info
     example=$here/../../config/happypath.yaml
@@ -89,7 +95,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086
