@@ -44,6 +44,11 @@ let package = Package(
             pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        .systemLibrary(
+            name: "CPostgres",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
 
         // MARK: - Pure Swift
         .target(name: "HappyPathCore", swiftSettings: hotPath),
@@ -62,7 +67,7 @@ let package = Package(
 
         // The deliver-later store: SQLite (WAL, group commit on a writer
         // thread). With HappyPathIO, the only Swift code that imports C.
-        .target(name: "HappyPathStore", dependencies: ["HappyPathCore", "CSQLite"], swiftSettings: hotPath),
+        .target(name: "HappyPathStore", dependencies: ["HappyPathCore", "CSQLite", "CPostgres"], swiftSettings: hotPath),
 
         // MARK: - Composition and executable
         .target(

@@ -11,12 +11,15 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
     public let message: String
     /// The system call's errno behind an I/O failure (0 if none or unknown).
     public let systemErrno: Int32
+    /// PostgreSQL's SQLSTATE of a refused statement ("" otherwise).
+    public let sqlState: String
     public var description: String { message }
 
-    init(_ code: Int32, _ message: String, systemErrno: Int32 = 0) {
+    init(_ code: Int32, _ message: String, systemErrno: Int32 = 0, sqlState: String = "") {
         self.code = code
         self.message = message
         self.systemErrno = systemErrno
+        self.sqlState = sqlState
     }
 
     /// What kind of failure it is, for `happypath_delivery_store_errors_total{kind}`.

@@ -34,7 +34,10 @@ import Testing
     }
 
     @Test(arguments: ["HTTP/2 200 OK\r\n\r\n", "ICY 200 OK\r\n\r\n", "HTTP/1.1 20 OK\r\n\r\n", "HTTP/1.1 200 OK\r\n folded\r\n\r\n",
-        "HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "HTTP/1.1 200 OK\r\n: empty name\r\n\r\n"])
+        "HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "HTTP/1.1 200 OK\r\n: empty name\r\n\r\n",
+        // Found by FuzzResponseHead: a bare CR inside a field line.
+        "HTTP/1.1 200 OK\r\nContent-Type: text\r\nContent-Length: 5\rth: 5\r\n\r\n",
+        "HTTP/1.1 200 O\nK\r\n\r\n", "HTTP/1.1 200 OK\r\nA: b\nc\r\n\r\n"])
     func malformedHeadsAreRefused(_ text: String) {
         guard case .failure = read(text).0 else {
             Issue.record("accepted: \(text)")

@@ -39,11 +39,14 @@ public enum ResponseHeadReader {
             let status = ResponseFraming.status(ofLine: UnsafeRawBufferPointer(rebasing: head[0..<lineEnd]))
         else { return .failure(ResponseFramingError(message: "The upstream's answer does not start with an HTTP/1.x status line.")) }
         let reason = lineEnd > 12 ? 13..<lineEnd : lineEnd..<lineEnd
+        // A bare CR or LF inside a line: a lenient reader would see two lines (RFC 9112 section 2.2).
+        guard !head[reason].contains(0x0D), !head[reason].contains(0x0A) else { return .failure(bareLineBreak) }
         statusLine(status, UnsafeRawBufferPointer(rebasing: head[reason]))
         var start = lineEnd + 2
         while let end = firstCRLF(head, from: start), end > start {
             let line = UnsafeRawBufferPointer(rebasing: head[start..<end])
             start = end + 2
+            guard !line.contains(0x0D), !line.contains(0x0A) else { return .failure(bareLineBreak) }
             guard line[0] != 0x20, line[0] != 0x09, let colon = line.firstIndex(of: 0x3A), colon > 0 else {
                 return .failure(
                     ResponseFramingError(message: "The upstream sent a field line that is not name: value (or folded onto the previous one)."))
@@ -56,6 +59,9 @@ public enum ResponseHeadReader {
         }
         return .success(Head(status: status, reason: reason))
     }
+
+    private static let bareLineBreak = ResponseFramingError(
+        message: "The upstream sent a bare CR or LF inside a line of its answer head.")
 
     private static func firstCRLF(_ bytes: UnsafeRawBufferPointer, from: Int) -> Int? {
         var i = from

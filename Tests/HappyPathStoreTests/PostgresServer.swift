@@ -1,0 +1,139 @@
+import Foundation
+import Testing
+
+@testable import HappyPathStore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A PostgreSQL server of the test's own (Debian's `postgresql`): a
+/// cluster made by `initdb` in a temporary folder, `postgres` listening on
+/// a private socket folder and a free loopback port, run as an
+/// unprivileged user (`postgres` when the tests run as root: the server
+/// refuses root). Stopped, and its folder removed, with the object.
+final class PostgresServer {
+    let folder: URL
+    private(set) var port: Int
+    private var process: Process?
+    private let user: String?
+    private let bin: String
+
+    /// `postgres://` for the test database, trust authentication on loopback.
+    var url: String { "postgres://happypath@127.0.0.1:\(port)/happypath?sslmode=disable&connect_timeout=5" }
+
+    init() throws {
+        guard let bin = Self.binaries() else { throw TestError("no PostgreSQL server here (Debian: apt-get install postgresql)") }
+        self.bin = bin
+        user = getuid() == 0 ? "postgres" : nil
+        folder = URL(fileURLWithPath: "/tmp").appendingPathComponent("hp-pg-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        if let user { _ = try Self.run("/bin/chown", [user, folder.path]) }
+        port = 0
+        let initdb = try Self.run(
+            "\(bin)/initdb",
+            ["-D", folder.appendingPathComponent("data").path, "-U", "happypath", "--auth=trust", "-E", "UTF8", "--no-sync"],
+            as: user)
+        guard initdb.status == 0 else { throw TestError("initdb failed: \(initdb.err)") }
+        try start()
+        let create = try PostgresConnection(url: url.replacingOccurrences(of: "/happypath?", with: "/postgres?"))
+        try create.execute("CREATE DATABASE happypath")
+    }
+
+    deinit { stop(remove: true) }
+
+    /// Starts the server (again, after `stop`) and waits until it takes connections.
+    func start() throws {
+        if port == 0 { port = Self.freePort() }
+        let p = Process()
+        let arguments = [
+            "\(bin)/postgres", "-D", folder.appendingPathComponent("data").path, "-k", folder.path, "-p", "\(port)",
+            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
+        ]
+        if let user {
+            p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            p.arguments = ["-u", user, "--"] + arguments
+        } else {
+            p.executableURL = URL(fileURLWithPath: arguments[0])
+            p.arguments = Array(arguments.dropFirst())
+        }
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle(forWritingAtPath: "/dev/null")
+        try p.run()
+        process = p
+        // pg_isready answers at once (no response until the server listens): asked until it says yes.
+        let deadline = Date().addingTimeInterval(30)
+        while true {
+            let ready = try Self.run("\(bin)/pg_isready", ["-h", "127.0.0.1", "-p", "\(port)", "-t", "1"])
+            if ready.status == 0 { break }
+            guard Date() < deadline, p.isRunning else { throw TestError("PostgreSQL did not start: \(ready.out)") }
+            Thread.sleep(forTimeInterval: 0.05)  // the polling interval, not a wait for anything
+        }
+    }
+
+    /// Stops the server (a fast shutdown: open sessions are ended).
+    func stop(remove: Bool = false) {
+        if let process {
+            // pg_ctl signals the server itself (runuser would not pass a signal on).
+            _ = try? Self.run(
+                "\(bin)/pg_ctl", ["stop", "-D", folder.appendingPathComponent("data").path, "-m", "fast", "-w", "-t", "30"],
+                as: user)
+            process.waitUntilExit()
+            self.process = nil
+        }
+        if remove { try? FileManager.default.removeItem(at: folder) }
+    }
+
+    /// Debian's newest server binaries.
+    static func binaries() -> String? {
+        let root = "/usr/lib/postgresql"
+        let versions = (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []
+        for version in versions.compactMap({ Int($0) }).sorted().reversed() {
+            let bin = "\(root)/\(version)/bin"
+            if access("\(bin)/postgres", X_OK) == 0 { return bin }
+        }
+        return nil
+    }
+
+    static func freePort() -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+        }
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    @discardableResult
+    static func run(_ path: String, _ arguments: [String], as user: String? = nil) throws -> (status: Int32, out: String, err: String) {
+        let p = Process()
+        if let user {
+            p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            p.arguments = ["-u", user, "--", path] + arguments
+        } else {
+            p.executableURL = URL(fileURLWithPath: path)
+            p.arguments = arguments
+        }
+        let out = Pipe()
+        let err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        try p.run()
+        let o = out.fileHandleForReading.readDataToEndOfFile()
+        let e = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return (p.terminationStatus, String(decoding: o, as: UTF8.self), String(decoding: e, as: UTF8.self))
+    }
+}
+
+struct TestError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
