@@ -31,7 +31,7 @@ final class Deliveries: Sendable {
     /// refused request would fill the log on the same disk.
     static let storeErrorLogEvery: Duration = .seconds(60)
 
-    let store: DeliveryStore
+    let store: any DeliveryStoring
     let settings: StorageConfiguration
     /// `status_path` and a slash: requests under it are status requests.
     let statusPrefix: String
@@ -52,7 +52,7 @@ final class Deliveries: Sendable {
     /// start so the series exist (at 0) before the first failure.
     private let storeErrorCounters: [StoreErrorKind: Prometheus.Counter]
 
-    init(store: DeliveryStore, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
+    init(store: any DeliveryStoring, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
         logger: Logger)
     {
         self.store = store
@@ -562,7 +562,7 @@ final class Deliveries: Sendable {
         let kept = store.counts
         let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(kept[$0])" }
         return "{\(counts.joined(separator: ",")),\"held_bytes\":\(store.heldBytes),"
-            + "\"max_bytes\":\(store.settings.maxBytes),"
+            + "\"max_bytes\":\(store.maxBytes),"
             + "\"rounds_in_flight\":\(inFlight.load(ordering: .relaxed)),\"store\":\(JSON.quote(settings.path)),"
             + "\"writable\":\(store.unavailable == nil)}"
     }
