@@ -561,10 +561,14 @@ final class Deliveries: Sendable {
     func stateJSON() -> String {
         let kept = store.counts
         let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(kept[$0])" }
-        return "{\(counts.joined(separator: ",")),\"held_bytes\":\(store.heldBytes),"
-            + "\"max_bytes\":\(store.maxBytes),"
-            + "\"rounds_in_flight\":\(inFlight.load(ordering: .relaxed)),\"store\":\(JSON.quote(settings.path)),"
-            + "\"writable\":\(store.unavailable == nil)}"
+        let held: Int = store.heldBytes
+        let max: Int = store.maxBytes
+        let rounds: Int = inFlight.load(ordering: .relaxed)
+        let writable: Bool = store.unavailable == nil
+        var json = "{" + counts.joined(separator: ",")
+        json += ",\"held_bytes\":\(held),\"max_bytes\":\(max),\"rounds_in_flight\":\(rounds)"
+        json += ",\"store\":\(JSON.quote(settings.path)),\"writable\":\(writable)}"
+        return json
     }
 }
 
