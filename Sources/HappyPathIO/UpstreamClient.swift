@@ -571,11 +571,21 @@ public final class UpstreamClient {
             return .reset(message)
         case CURLE_WEIRD_SERVER_REPLY, CURLE_UNSUPPORTED_PROTOCOL, CURLE_BAD_CONTENT_ENCODING:
             return .badResponse(message)
-        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CACERT_BADFILE,
-            CURLE_SSL_CIPHER, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_CRL_BADFILE:
+        case _ where Self.isTLSFailure(code):
             return .tls(message)
         default:
             return .other(message)
+        }
+    }
+
+    /// libcurl's codes for a TLS connection that failed (not retried: `UpstreamFailure.tls`).
+    static func isTLSFailure(_ code: CURLcode) -> Bool {
+        switch code {
+        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CACERT_BADFILE,
+            CURLE_SSL_CIPHER, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_CRL_BADFILE:
+            true
+        default:
+            false
         }
     }
 

@@ -235,14 +235,8 @@ public final class UpstreamUpgrade {
 
     private func classify(_ code: CURLcode) -> UpstreamFailure {
         let message = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(code))
-        switch code {
-        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CACERT_BADFILE,
-            CURLE_SSL_CIPHER, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_CRL_BADFILE:
-            return .tls(message)
-        default:
-            // Nothing was sent: whatever went wrong, it went wrong connecting.
-            return .connectFailed(message)
-        }
+        // Nothing was sent: whatever else went wrong, it went wrong connecting.
+        return UpstreamClient.isTLSFailure(code) ? .tls(message) : .connectFailed(message)
     }
 
     private func connected(_ fd: Int32) {
