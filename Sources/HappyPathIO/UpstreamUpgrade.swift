@@ -84,6 +84,12 @@ public final class UpstreamUpgrade {
     private var paused = false
     /// The connected socket (−1 before): for the tunnel's events.
     public private(set) var socket: Int32 = -1
+    /// A plain (`http://`) connection leaves libcurl at the switch: its
+    /// bytes are the socket's own, so the tunnel reads and writes a
+    /// duplicate of it, and libcurl's handles (a multi handle, its pair of
+    /// descriptors, the connection's state) are freed. True once that happened.
+    private var ownsSocket = false
+    private let plain: Bool
 
     /// The longest answer head read (the same bound as libcurl's).
     public static let maxHeadBytes = 100 * 1024
@@ -100,6 +106,7 @@ public final class UpstreamUpgrade {
         self.handler = handler
         head = request.head
         idleTimeout = request.idleTimeout
+        plain = request.origin.hasPrefix("http://")
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE))
         errorBuffer[0] = 0
         let me = Unmanaged.passUnretained(self).toOpaque()
@@ -162,6 +169,14 @@ public final class UpstreamUpgrade {
     public func close() {
         handler = nil
         phase = .done
+        releaseLibcurl()
+        if ownsSocket { Glibc.close(socket) }
+        ownsSocket = false
+        socket = -1
+    }
+
+    /// Frees libcurl's handles and this try's events (libcurl closes its socket).
+    private func releaseLibcurl() {
         for event in [ioEvent, curlEvent, curlTimer, idleTimer] { if let event { event_del(event) } }
         if let easy {
             curl_multi_remove_handle(multi, easy)
@@ -174,7 +189,16 @@ public final class UpstreamUpgrade {
         (ioEvent, curlEvent, curlTimer, idleTimer) = (nil, nil, nil, nil)
         if let connectToList { curl_slist_free_all(connectToList) }
         connectToList = nil
-        socket = -1
+    }
+
+    /// A plain connection's socket, kept past libcurl (see `ownsSocket`).
+    /// Stays with libcurl if it cannot be duplicated.
+    private func takeSocket() {
+        let copy = fcntl(socket, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { return }
+        releaseLibcurl()
+        socket = copy
+        ownsSocket = true
     }
 
     /// Continues a body the handler paused (`upstreamBody` returned false).
@@ -451,6 +475,7 @@ public final class UpstreamUpgrade {
         if let ioEvent { event_free(ioEvent) }
         ioEvent = nil
         if let idleTimer { event_del(idleTimer) }
+        if plain { takeSocket() }
         let handler = self.handler
         self.handler = nil
         handler?.upstreamSwitched(self)
@@ -499,6 +524,12 @@ public final class UpstreamUpgrade {
 
     /// Reads tunnel bytes into `buffer`.
     public func receive(into buffer: UnsafeMutableRawPointer, count: Int) -> IOResult {
+        if ownsSocket {
+            let n = read(socket, buffer, count)
+            if n > 0 { return .bytes(n) }
+            if n == 0 { return .ended }
+            return errno == EAGAIN || errno == EINTR ? .again : .failed
+        }
         guard let easy else { return .failed }
         var n = 0
         let code = curl_easy_recv(easy, buffer, count, &n)
@@ -509,6 +540,12 @@ public final class UpstreamUpgrade {
 
     /// Writes tunnel bytes; `.bytes(0)` or fewer than given: the socket is full.
     public func send(_ bytes: UnsafeRawBufferPointer) -> IOResult {
+        if ownsSocket {
+            guard let base = bytes.baseAddress, bytes.count > 0 else { return .bytes(0) }
+            let n = write(socket, base, bytes.count)
+            if n >= 0 { return .bytes(n) }
+            return errno == EAGAIN || errno == EINTR ? .bytes(0) : .failed
+        }
         guard let easy, let base = bytes.baseAddress else { return easy == nil ? .failed : .bytes(0) }
         var n = 0
         let code = curl_easy_send(easy, base, bytes.count, &n)
