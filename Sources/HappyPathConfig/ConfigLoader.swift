@@ -122,7 +122,30 @@ final class Reader {
 
     func error(_ node: Node?, _ message: String) {
         let mark = node?.mark
-        errors.append(ConfigError(file: file, line: mark?.line ?? 1, column: mark?.column ?? 1, message: message))
+        errors.append(
+            ConfigError(file: file, line: mark?.line ?? 1, column: mark?.column ?? 1, message: Self.oneLine(message)))
+    }
+
+    /// A message stays one line whatever it quotes from the file (a key
+    /// folded over several lines, a value with an escaped line break):
+    /// line breaks and other control characters are written as escapes.
+    static func oneLine(_ message: String) -> String {
+        guard message.unicodeScalars.contains(where: { isControl($0) }) else { return message }
+        var out = ""
+        for scalar in message.unicodeScalars {
+            switch scalar {
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where isControl(scalar): out += "\\u{" + String(scalar.value, radix: 16) + "}"
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+
+    private static func isControl(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028 || scalar.value == 0x2029
     }
 
     // MARK: - Structure
