@@ -451,24 +451,29 @@ public final class UpstreamClient {
         complete(transfer)
     }
 
-    private func makeHandle() -> EasyHandle {
-        let easy = curl_easy_init()!
-        let handle = EasyHandle(easy: easy)
+    /// What every handle of the proxy's has, a try's or an upgrade's:
+    /// no signals, no Nagle, HTTP/1.1 (also by ALPN), its error buffer, and
+    /// upstreams reached directly: no `http_proxy` from the environment,
+    /// and no proxy for any host (which also spares libcurl reading
+    /// `no_proxy` and `NO_PROXY` from the environment on every transfer).
+    static func configureCommon(_ easy: UnsafeMutableRawPointer, errorBuffer: UnsafeMutablePointer<CChar>) {
         hp_easy_set_long(easy, CURLOPT_NOSIGNAL, 1)
         hp_easy_set_long(easy, CURLOPT_TCP_NODELAY, 1)
         hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
+        hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
+        "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
+        "*".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_NOPROXY, $0) }
+    }
+
+    private func makeHandle() -> EasyHandle {
+        let easy = curl_easy_init()!
+        let handle = EasyHandle(easy: easy)
+        Self.configureCommon(easy, errorBuffer: handle.errorBuffer)
         hp_easy_set_long(easy, CURLOPT_PATH_AS_IS, 1)
         hp_easy_set_long(easy, CURLOPT_HTTP_CONTENT_DECODING, 0)
         // One receive takes a head and a mid-sized body together, so the
         // client gets them in one write instead of two.
         hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 64 * 1024)
-        hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, handle.errorBuffer)
-        // Upstreams are reached directly: no http_proxy from the environment
-        // (and no getenv on every transfer).
-        "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
-        // ...and no proxy for any host, which also spares libcurl reading
-        // no_proxy and NO_PROXY from the environment on every transfer.
-        "*".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_NOPROXY, $0) }
         hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
@@ -491,7 +496,16 @@ public final class UpstreamClient {
     }()
 
     private func apply(_ tls: UpstreamTLS?, to handle: EasyHandle) {
-        let easy = handle.easy
+        Self.apply(tls, to: handle.easy, defaultCA: defaultCA)
+        handle.tls = tls
+    }
+
+    /// An upstream's `tls` on a handle. A handle that served another
+    /// upstream gets libcurl's own CAs back (`defaultCA`); a fresh one
+    /// (nil) has them already.
+    static func apply(
+        _ tls: UpstreamTLS?, to easy: UnsafeMutableRawPointer, defaultCA: (file: String?, path: String?)?
+    ) {
         func set(_ option: CURLoption, _ value: String?) {
             if let value { value.withCString { _ = hp_easy_set_ptr(easy, option, $0) } } else { hp_easy_set_ptr(easy, option, nil) }
         }
@@ -499,7 +513,7 @@ public final class UpstreamClient {
             // Only these CAs: not the system's folder beside them.
             set(CURLOPT_CAINFO, ca)
             set(CURLOPT_CAPATH, nil)
-        } else {
+        } else if let defaultCA {
             set(CURLOPT_CAINFO, defaultCA.file)
             set(CURLOPT_CAPATH, defaultCA.path)
         }
@@ -508,7 +522,6 @@ public final class UpstreamClient {
         hp_easy_set_long(easy, CURLOPT_SSL_VERIFYHOST, verify ? 2 : 0)
         set(CURLOPT_SSLCERT, tls?.clientCert)
         set(CURLOPT_SSLKEY, tls?.clientKey)
-        handle.tls = tls
     }
 
     private func connect(_ handle: EasyHandle, to entry: String?) {

@@ -121,31 +121,13 @@ public final class UpstreamUpgrade {
 
         let easy = curl_easy_init()!
         self.easy = easy
-        hp_easy_set_long(easy, CURLOPT_NOSIGNAL, 1)
-        hp_easy_set_long(easy, CURLOPT_TCP_NODELAY, 1)
+        UpstreamClient.configureCommon(easy, errorBuffer: errorBuffer)
         hp_easy_set_long(easy, CURLOPT_CONNECT_ONLY, 1)
-        // HTTP/1.1 only: an https upstream must not pick h2 by ALPN for a
-        // head written as HTTP/1.1 (libcurl offers h2 by default).
-        hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
         hp_easy_allow_moving_write_buffer(easy)
-        hp_easy_set_ptr(easy, CURLOPT_ERRORBUFFER, errorBuffer)
-        "".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_PROXY, $0) }
-        "*".withCString { _ = hp_easy_set_ptr(easy, CURLOPT_NOPROXY, $0) }
         request.origin.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_URL, $0) }
         hp_easy_set_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout.millisecondsRoundedUp)))
-        if let tls = request.tls {
-            func set(_ option: CURLoption, _ value: String?) {
-                if let value { value.withCString { _ = hp_easy_set_ptr(easy, option, $0) } }
-            }
-            if let ca = tls.ca {
-                set(CURLOPT_CAINFO, ca)
-                hp_easy_set_ptr(easy, CURLOPT_CAPATH, nil)
-            }
-            hp_easy_set_long(easy, CURLOPT_SSL_VERIFYPEER, tls.verify ? 1 : 0)
-            hp_easy_set_long(easy, CURLOPT_SSL_VERIFYHOST, tls.verify ? 2 : 0)
-            set(CURLOPT_SSLCERT, tls.clientCert)
-            set(CURLOPT_SSLKEY, tls.clientKey)
-        }
+        // A fresh handle has libcurl's own CAs: only an upstream's `tls` changes anything.
+        if let tls = request.tls { UpstreamClient.apply(tls, to: easy, defaultCA: nil) }
         if let entry = request.connectTo {
             connectToList = entry.withCString { curl_slist_append(nil, $0) }
             hp_easy_set_ptr(easy, CURLOPT_CONNECT_TO, connectToList.map { UnsafeRawPointer($0) })

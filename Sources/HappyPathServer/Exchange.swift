@@ -37,6 +37,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     private var upgradeTry: UpstreamUpgrade?
     /// The fields of an upstream's `101`, while its head is read.
     private var switching: [HTTPField]?
+    /// One of them was not a valid field: the `101` is refused when its head completes.
+    private var switchingHasInvalidField = false
     /// The `101` went to the client: the exchange ended in a tunnel.
     private(set) var switched = false
     private var holdsSlot = false
@@ -520,7 +522,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     // MARK: - UpstreamResponseHandler
 
     func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
-        if status == 101, upgrade != nil { return switching = [] }
+        if status == 101, upgrade != nil {
+            switchingHasInvalidField = false
+            return switching = []
+        }
         if route.hedge != nil { headArrived(status: status) }
         relayStatus(status, reason: reason)
     }
@@ -543,12 +548,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
         if switching != nil {
-            let valid = name.allSatisfy({ HTTPBytes.isToken($0) }) && value.allSatisfy({ HTTPBytes.isFieldValue($0) })
-            // An invalid field is kept nameless: the head is refused when complete.
+            guard name.allSatisfy({ HTTPBytes.isToken($0) }), value.allSatisfy({ HTTPBytes.isFieldValue($0) }) else {
+                return switchingHasInvalidField = true
+            }
             switching?.append(
-                valid
-                    ? HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self))
-                    : HTTPField(name: "", value: ""))
+                HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
             return
         }
         if route.rewritesRedirects, RedirectRewriter.applies(to: name), let rewritten = redirect(name: name, value: value) {
@@ -593,7 +597,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     func upstreamHeadersComplete() -> String? {
         if let switching, let upgrade {
-            if switching.contains(where: { $0.name.isEmpty }) { return "the upstream's 101 carries an invalid field" }
+            if switchingHasInvalidField { return "the upstream's 101 carries an invalid field" }
             return upgrade.refusal(of: switching)
         }
         switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
