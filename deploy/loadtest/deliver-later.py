@@ -37,7 +37,7 @@ p.add_argument("--bin", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--requests", type=int, default=10000)
 p.add_argument("--threads", type=int, default=32)
-p.add_argument("--port-base", type=int, default=19610)
+p.add_argument("--port-base", type=int, default=0, help="ports BASE..BASE+2 (default: three free ports)")
 p.add_argument("--drain-timeout", type=float, default=180)
 p.add_argument("--max-bytes", default="", help="storage.max_bytes (e.g. 400KiB): a store that fills, so some are refused")
 p.add_argument("--kill-while-accepting", action="store_true",
@@ -45,7 +45,15 @@ p.add_argument("--kill-while-accepting", action="store_true",
 p.add_argument("--kill-at", default="0.2,0.6", help="fractions of accepted requests received upstream")
 args = p.parse_args()
 
-UP, PX, ADMIN = args.port_base, args.port_base + 1, args.port_base + 2
+if args.port_base:
+    UP, PX, ADMIN = args.port_base, args.port_base + 1, args.port_base + 2
+else:  # free a moment ago, and all different: no run meets another on a fixed port
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    UP, PX, ADMIN = (s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
 OUT = args.out
 os.makedirs(OUT, exist_ok=True)
 STORE = f"{OUT}/deliveries.db"

@@ -9,7 +9,7 @@
 #   make loadtest-deliver-later         (release build, 10,000 requests)
 #   make loadtest-short                 (debug build, --short: 2,000 requests)
 #
-# Ports 19610 (recording upstream), 19611 (proxy), 19612 (admin). Logs, the
+# Three free loopback ports (recording upstream, proxy, admin). Logs, the
 # config, the store and the upstream's record of arrivals go to
 # $OUT/deliver-later* (default /tmp/happypath-loadtest). REQUESTS overrides
 # the number of requests; MAX_BYTES (e.g. 400KiB) sets storage.max_bytes so

@@ -4,7 +4,7 @@
 #   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail [--short]
 #   make loadtest SCENARIO=flaky
 #
-# Starts the demo upstream and the proxy on loopback (ports 19600-19602),
+# Starts the demo upstream and the proxy on loopback (free ports, ports.sh),
 # drives them with wrk (report.lua), samples the proxy's /metrics while it
 # runs (sample.py), prints a table and writes an SVG chart and JSON data to
 # $OUT (default /tmp/happypath-loadtest). --short runs ~10 s and checks the
@@ -29,7 +29,8 @@ SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|ta
 SHORT=0; [ "${2:-}" = "--short" ] && SHORT=1
 BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"
-UP_PORT=19600; PX=19601; ADMIN=19602
+. "$HERE/ports.sh"
+read -r UP_PORT PX ADMIN <<<"$(free_ports 3)"
 DURATION=${DURATION:-30}; [ $SHORT = 1 ] && DURATION=${SHORT_DURATION:-10}
 CONNS=${CONNS:-32}
 UPSTREAM=${UPSTREAM:-}
@@ -40,7 +41,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 wait_http() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1"; exit 1; }
-start_demo() { "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >/dev/null 2>&1 & DEMO=$!; PIDS+=($DEMO); wait_http "http://127.0.0.1:$UP_PORT/healthz"; }
+start_demo() { "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >>"$OUT/$SCENARIO.demo.log" 2>&1 & DEMO=$!; PIDS+=($DEMO); wait_http "http://127.0.0.1:$UP_PORT/healthz"; alive $DEMO "the demo upstream"; }
 
 path=/ok
 defaults="{ }"
@@ -83,9 +84,10 @@ upstreams:
 routes:
   - { match: { path_prefix: / }, upstream: target }
 YAML
+: > "$OUT/$SCENARIO.demo.log"
 [ -z "$UPSTREAM" ] && start_demo
-"$BIN" serve --config "$OUT/$SCENARIO.yaml" --log-level warning >"$OUT/$SCENARIO.proxy.log" 2>&1 & PIDS+=($!)
-wait_http "http://127.0.0.1:$ADMIN/readyz"
+"$BIN" serve --config "$OUT/$SCENARIO.yaml" --log-level warning >"$OUT/$SCENARIO.proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY)
+wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $PROXY "the proxy"
 
 echo "== $SCENARIO: wrk -c$CONNS for ${DURATION}s on $path"
 wrk -t2 -c"$CONNS" -d"${DURATION}s" --timeout 30s -s "$HERE/report.lua" "http://127.0.0.1:$PX$path" > "$OUT/$SCENARIO.wrk.txt" 2>&1 & WRK=$!
@@ -115,7 +117,7 @@ fi
 
 # The scenario's promise, checked in --short mode.
 if [ $SHORT = 1 ]; then
-  python3 - "$OUT/$SCENARIO.json" "$SCENARIO" "$RPS" "${SLACK:-$CONNS}" <<'PY'
+  if python3 - "$OUT/$SCENARIO.json" "$SCENARIO" "$RPS" "${SLACK:-$CONNS}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["result"]
 scenario = sys.argv[2]
@@ -142,4 +144,13 @@ if problems:
     print(f"loadtest {scenario}: FAILED: " + "; ".join(problems)); sys.exit(1)
 print(f"loadtest {scenario}: promise kept")
 PY
+  then :
+  else
+    # What a failed run leaves to read: who was still running, and the logs' ends.
+    [ -n "${DEMO:-}" ] && { kill -0 "$DEMO" 2>/dev/null && echo "   demo upstream still running" || echo "   demo upstream NOT running"; }
+    kill -0 "$PROXY" 2>/dev/null && echo "   proxy still running" || echo "   proxy NOT running"
+    echo "   proxy log ($OUT/$SCENARIO.proxy.log), last lines:"; tail -n 15 "$OUT/$SCENARIO.proxy.log" | sed 's/^/     /'
+    [ -s "$OUT/$SCENARIO.demo.log" ] && { echo "   demo log:"; tail -n 5 "$OUT/$SCENARIO.demo.log" | sed 's/^/     /'; }
+    exit 1
+  fi
 fi

@@ -17,7 +17,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SHORT=0; [ "${1:-}" = "--short" ] && SHORT=1
 BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"
-UP1=19610; UP2=19611; PX=19612; ADMIN=19613
+. "$HERE/ports.sh"
+read -r UP1 UP2 PX ADMIN <<<"$(free_ports 4)"
 DURATION=${DURATION:-30}; [ $SHORT = 1 ] && DURATION=${SHORT_DURATION:-10}
 CONNS=${CONNS:-32}
 AFTER=${AFTER:-50ms}
@@ -33,7 +34,7 @@ hits() { curl -sf "http://127.0.0.1:$1/_demo/stats" | python3 -c 'import json,sy
 
 for port in $UP1 $UP2; do
   "$BIN" demo-upstream --listen 127.0.0.1:$port >/dev/null 2>&1 & PIDS+=($!)
-  wait_http "http://127.0.0.1:$port/healthz"
+  wait_http "http://127.0.0.1:$port/healthz"; alive $! "a demo upstream"
 done
 
 # One run: the proxy with `$1` on its route (empty: none), the load, the counts.
@@ -55,7 +56,7 @@ routes:
 YAML
   "$BIN" serve --config "$OUT/tail-$name.yaml" --log-level warning >"$OUT/tail-$name.proxy.log" 2>&1 & local proxy=$!
   PIDS+=($proxy)
-  wait_http "http://127.0.0.1:$ADMIN/readyz"
+  wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $proxy "the proxy"
   local before=$(( $(hits $UP1) + $(hits $UP2) ))
   # Exact per-request latencies (latency.py): wrk's latency statistics did
   # not add up here (measured: an average of 154 ms over 2,228 requests on 4

@@ -25,7 +25,9 @@ OUTAGE_S=${OUTAGE_S:-10}
 TOKEN_TTL=${TOKEN_TTL:-60}
 RELOAD_EVERY=${RELOAD_EVERY:-30}
 CONNS=${CONNS:-32}
-UP_PORT=${PORT_BASE:-19700}; PX=$((UP_PORT + 1)); ADMIN=$((UP_PORT + 2))
+. "$HERE/../loadtest/ports.sh"
+if [ -n "${PORT_BASE:-}" ]; then UP_PORT=$PORT_BASE; PX=$((UP_PORT + 1)); ADMIN=$((UP_PORT + 2))
+else read -r UP_PORT PX ADMIN <<<"$(free_ports 3)"; fi
 for tool in wrk python3 curl; do command -v $tool >/dev/null || { echo "missing $tool (make test-deps)"; exit 2; }; done
 [ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 
@@ -35,7 +37,7 @@ trap cleanup EXIT
 wait_http() { for _ in $(seq 200); do curl -sf -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1"; exit 1; }
 start_demo() {
   "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >>"$OUT/demo.log" 2>&1 & DEMO=$!; PIDS+=($DEMO)
-  wait_http "http://127.0.0.1:$UP_PORT/healthz"
+  wait_http "http://127.0.0.1:$UP_PORT/healthz"; alive $DEMO "the demo upstream"
 }
 
 # The route's deadline and park_for outlast an outage, so requests that
@@ -71,7 +73,7 @@ YAML
 : > "$OUT/demo.log"
 start_demo
 "$BIN" serve --config "$OUT/soak.yaml" --log-level warning >"$OUT/proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY)
-wait_http "http://127.0.0.1:$ADMIN/readyz"
+wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $PROXY "the proxy"
 
 echo "== soak: ${SOAK_S}s, wrk -c$CONNS on /private/flaky (25% 503), ${OUTAGE_S}s outage every ${OUTAGE_EVERY}s, token every ${TOKEN_TTL}s, SIGHUP every ${RELOAD_EVERY}s"
 : > "$OUT/events.txt"
