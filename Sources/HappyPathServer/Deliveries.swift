@@ -416,13 +416,15 @@ final class Deliveries: Sendable {
         }
     }
 
-    /// The `detail` of a 503 STORE_UNAVAILABLE: what the disk did, never `storage.max_bytes`.
+    /// The `detail` of a 503 STORE_UNAVAILABLE: what the disk or the database did, never `storage.max_bytes`.
     static func unavailableDetail(_ error: StoreError) -> String {
         let cause =
             switch error.kind {
             case .full: "the disk it is on is full"
             case .io: "the disk it is on failed a read or write (I/O error)"
             case .other: "SQLite refused the write"
+            case .unreachable: "its PostgreSQL database cannot be reached"
+            case .database: "PostgreSQL refused the write"
             }
         return "The delivery store cannot write (\(cause)); the request was not stored."
     }

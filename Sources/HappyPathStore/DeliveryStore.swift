@@ -1011,4 +1011,6 @@ enum DeliveryProblems {
     ).json()
     /// Put before the last round's own detail.
     static let expiredPrefix = "Not delivered within its delivery.max_age. The last round: "
+    /// The same, as it is written inside a JSON string (it holds nothing to escape).
+    static let expiredPrefixJSON = String(JSON.quote(expiredPrefix).dropFirst().dropLast())
 }

@@ -15,8 +15,13 @@ final class PostgresConnection {
 
     /// Connects to `url` (`postgres://user:password@host:port/db?sslmode=…`,
     /// or libpq's `key=value` form). The password is never part of an error.
-    init(url: String) throws(StoreError) {
-        connection = PQconnectdb(url)
+    /// Unless the URL says otherwise, a connection attempt gives up after
+    /// `connectTimeout` seconds (libpq's own default is to wait forever).
+    init(url: String, connectTimeout: Int = 5) throws(StoreError) {
+        // Later entries win: the URL (expanded from `dbname`) over the defaults before it.
+        let keys = ["connect_timeout", "application_name", "dbname"]
+        let values = [String(connectTimeout), "happypath", url]
+        connection = Self.withCStrings(keys) { k in Self.withCStrings(values) { v in PQconnectdbParams(k, v, 1) } }
         guard let connection, PQstatus(connection) == CONNECTION_OK else {
             let message = connection.map { Self.message(of: $0) } ?? "out of memory"
             if let connection { PQfinish(connection) }
@@ -28,6 +33,14 @@ final class PostgresConnection {
     }
 
     deinit { if let connection { PQfinish(connection) } }
+
+    /// A NULL-terminated array of C strings, valid inside `body`.
+    private static func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> R) -> R {
+        let copies = strings.map { strdup($0) }
+        defer { for c in copies { free(c) } }
+        let pointers: [UnsafePointer<CChar>?] = copies.map { UnsafePointer($0) } + [nil]
+        return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+    }
 
     /// The connection still works (it may have been cut by the server or the network).
     var isUsable: Bool { connection.map { PQstatus($0) == CONNECTION_OK } ?? false }
@@ -142,6 +155,25 @@ enum PostgresValue {
     case int(Int64)
     case bytes([UInt8])
     case null
+}
+
+extension PostgresValue {
+    /// A `text[]` parameter (write `$n::text[]`): each element quoted, so
+    /// no element can end the array or add one.
+    static func textArray(_ elements: [String]) -> PostgresValue {
+        let quoted = elements.map { e -> String in
+            var out = "\""
+            for c in e.unicodeScalars {
+                if c == "\"" || c == "\\" { out.unicodeScalars.append("\\") }
+                out.unicodeScalars.append(c)
+            }
+            return out + "\""
+        }
+        return .text("{" + quoted.joined(separator: ",") + "}")
+    }
+
+    static func optional(_ s: String?) -> PostgresValue { s.map { .text($0) } ?? .null }
+    static func optional(_ n: Int?) -> PostgresValue { n.map { .int(Int64($0)) } ?? .null }
 }
 
 /// A statement's result, as text (libpq's text format); freed with it.

@@ -27,6 +27,8 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
     /// SQLITE_IOERR from some other calls (growing the -shm file, a
     /// truncate): the errno decides then.
     public var kind: StoreErrorKind {
+        if code == PostgresConnection.connectFailed { return .unreachable }
+        if code == PostgresConnection.statementFailed { return .database }
         let noSpace = systemErrno == ENOSPC || systemErrno == EDQUOT
         switch code & 0xFF {
         case SQLITE_FULL: return .full
@@ -36,9 +38,10 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
         }
     }
 
-    /// The disk refused a write (full, or an I/O error): the store keeps
-    /// running and tries again, rather than stopping the proxy.
-    public var isDiskError: Bool { kind != .other }
+    /// The disk refused a write (full, or an I/O error), or the database
+    /// cannot be reached: the store keeps running and tries again, rather
+    /// than stopping the proxy.
+    public var isDiskError: Bool { kind != .other && kind != .database }
 }
 
 /// Why a write to the store failed, as the metric's `kind` label says it.
@@ -50,6 +53,10 @@ public enum StoreErrorKind: String, Sendable, CaseIterable {
     case io
     /// Anything else SQLite reports (a locked or corrupt file, ...).
     case other
+    /// PostgreSQL (`storage.url`) cannot be reached, or the connection was lost.
+    case unreachable
+    /// PostgreSQL refused a statement (see its SQLSTATE in the message).
+    case database
 }
 
 /// One SQLite connection, used by one thread at a time (opened with

@@ -10,20 +10,44 @@ import Testing
 
 @testable import HappyPathStore
 
-/// The store on a real SQLite file in a fresh directory, on a manual clock.
+/// Which store a test runs against: what every store must do is proven on both.
+enum StoreKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case sqlite, postgres
+    var testDescription: String { rawValue }
+}
+
+/// The store on a real SQLite file in a fresh directory, or in a fresh
+/// database of a real PostgreSQL server (`PostgresServer.shared`), on a manual clock.
 @Suite("Delivery store")
 struct DeliveryStoreTests {
     final class Fixture {
+        let kind: StoreKind
         let directory: String
         let clock = ManualClock()
         var path: String { directory + "/deliveries.db" }
+        /// `postgres`: this test's own database.
+        private(set) var url = ""
 
-        init() {
+        init(_ kind: StoreKind = .sqlite) {
+            self.kind = kind
             directory = NSTemporaryDirectory() + "happypath-store-" + UUID().uuidString
             try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         }
 
         deinit { try? FileManager.default.removeItem(atPath: directory) }
+
+        /// The store of `kind`: the same file or database each time it is opened.
+        func openAny(maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600)) throws -> any DeliveryStoring {
+            switch kind {
+            case .sqlite: return try open(maxBytes: maxBytes, retention: retention)
+            case .postgres:
+                if url.isEmpty { url = try PostgresServer.freshDatabase() }
+                let store = PostgresDeliveryStore(
+                    settings: PostgresStoreSettings(url: url, pool: 2, maxBytes: maxBytes, retention: retention), clock: clock)
+                store.start()
+                return store
+            }
+        }
 
         func open(
             maxBytes: Int = 1 << 20, retention: Duration = .seconds(3600), health: HealthLog? = nil
@@ -72,16 +96,16 @@ struct DeliveryStoreTests {
         return result.withLock { $0! }
     }
 
-    static func submit(_ store: DeliveryStore, _ d: NewDelivery) -> SubmitResult {
+    static func submit(_ store: any DeliveryStoring, _ d: NewDelivery) -> SubmitResult {
         wait { store.submit(d, reply: $0) }
     }
 
-    static func claim(_ store: DeliveryStore, limit: Int = 100, skipping: [String] = []) -> [ClaimedDelivery] {
+    static func claim(_ store: any DeliveryStoring, limit: Int = 100, skipping: [String] = []) -> [ClaimedDelivery] {
         let (claimed, _) = wait { reply in store.claim(limit: limit, skipping: skipping) { reply(($0, $1)) } }
         return claimed
     }
 
-    static func finish(_ store: DeliveryStore, _ id: String, _ outcome: DeliveryOutcome) {
+    static func finish(_ store: any DeliveryStoring, _ id: String, _ outcome: DeliveryOutcome) {
         let _: Bool = wait { reply in store.finish(id: id, outcome) { reply(true) } }
     }
 
@@ -240,9 +264,9 @@ struct DeliveryStoreTests {
         store.close()
     }
 
-    @Test func storedRequestComesBackWhole() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func storedRequestComesBackWhole(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         guard case .stored("d1") = Self.submit(store, f.delivery("d1", body: "hello")) else {
             Issue.record("not stored")
             return
@@ -262,9 +286,9 @@ struct DeliveryStoreTests {
         store.close()
     }
 
-    @Test func sameIdempotencyKeyGivesTheSameDelivery() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func sameIdempotencyKeyGivesTheSameDelivery(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         guard case .stored("a") = Self.submit(store, f.delivery("a", key: "k1")) else {
             Issue.record("not stored")
             return
@@ -293,9 +317,9 @@ struct DeliveryStoreTests {
         return d
     }
 
-    @Test func twoScopesWithTheSameKeyEachGetTheirOwnDelivery() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func twoScopesWithTheSameKeyEachGetTheirOwnDelivery(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         guard case .stored("alice") = Self.submit(store, keyed(f, "alice", key: "k", scope: "scope-a")),
             case .stored("bob") = Self.submit(store, keyed(f, "bob", key: "k", scope: "scope-b"))
         else {
@@ -309,9 +333,9 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 2)
     }
 
-    @Test func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         _ = Self.submit(store, keyed(f, "first", key: "k", scope: "s", body: "one"))
         guard case .keyReused = Self.submit(store, keyed(f, "second", key: "k", scope: "s", body: "two")) else {
             Issue.record("a different request with the same key was not refused")
@@ -403,9 +427,9 @@ struct DeliveryStoreTests {
         CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
         """
 
-    @Test func sameKeyInOneBatchIsStoredOnce() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func sameKeyInOneBatchIsStoredOnce(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         let results = Locked<[SubmitResult]>([])
         let done = DispatchSemaphore(value: 0)
         for i in 0..<20 {
@@ -420,9 +444,9 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 1)
     }
 
-    @Test func fullStoreRefusesAndKeepsWhatItHas() throws {
-        let f = Fixture()
-        let store = try f.open(maxBytes: 4096)
+    @Test(arguments: StoreKind.allCases) func fullStoreRefusesAndKeepsWhatItHas(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny(maxBytes: 4096)
         let big = String(repeating: "x", count: 1500)
         var stored = 0
         var full = 0
@@ -445,9 +469,9 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 2)
     }
 
-    @Test func retryWaitsForItsTimeAndDeadKeepsTheProblem() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func retryWaitsForItsTimeAndDeadKeepsTheProblem(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         _ = Self.submit(store, f.delivery("r"))
         let first = Self.claim(store)
         #expect(first.count == 1)
@@ -474,9 +498,9 @@ struct DeliveryStoreTests {
         }
     }
 
-    @Test func pastMaxAgeIsDeadWithAProblem() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func pastMaxAgeIsDeadWithAProblem(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         var d = f.delivery("old")
         d.expiresAt = f.clock.wallMilliseconds() + 1000
         _ = Self.submit(store, d)
@@ -490,9 +514,9 @@ struct DeliveryStoreTests {
         #expect(problem.contains("\"request_id\":\"req-old\"") && problem.contains("UPSTREAM_UNREACHABLE"))
     }
 
-    @Test func skippedUpstreamsAreNotClaimedAndWakeMakesThemDue() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func skippedUpstreamsAreNotClaimedAndWakeMakesThemDue(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         _ = Self.submit(store, f.delivery("h1"))
         _ = Self.submit(store, f.delivery("o1", upstream: "other"))
         #expect(Self.claim(store, skipping: ["hooks"]).map(\.id) == ["o1"])
@@ -518,9 +542,9 @@ struct DeliveryStoreTests {
         #expect(Self.claim(reopened).count == 10)
     }
 
-    @Test func purgeDropsOnlyFinishedPastRetention() throws {
-        let f = Fixture()
-        let store = try f.open(retention: .seconds(60))
+    @Test(arguments: StoreKind.allCases) func purgeDropsOnlyFinishedPastRetention(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny(retention: .seconds(60))
         _ = Self.submit(store, f.delivery("done"))
         _ = Self.submit(store, f.delivery("waiting"))
         let claimed = Self.claim(store, limit: 1)
@@ -532,9 +556,9 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 1)
     }
 
-    @Test func listsPageNewestFirstAndFilter() throws {
-        let f = Fixture()
-        let store = try f.open()
+    @Test(arguments: StoreKind.allCases) func listsPageNewestFirstAndFilter(kind: StoreKind) throws {
+        let f = Fixture(kind)
+        let store = try f.openAny()
         for i in 0..<5 { _ = Self.submit(store, f.delivery("l\(i)", upstream: i % 2 == 0 ? "hooks" : "other")) }
         let page1 = store.list(state: nil, upstream: nil, after: nil, limit: 2)
         #expect(page1.map(\.id) == ["l4", "l3"])
@@ -554,7 +578,7 @@ struct DeliveryStoreTests {
     }
 }
 
-extension DeliveryStore {
+extension DeliveryStoring {
     /// Tests: `id`'s record, read on the reader thread and waited for (nil
     /// also when the store cannot be read).
     func record(id: String) -> DeliveryRecord? {

@@ -137,3 +137,28 @@ struct TestError: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
 }
+
+extension PostgresServer {
+    /// One server for the whole test process, started on first use and
+    /// stopped (its folder removed) when the process exits; each test takes
+    /// a database of its own on it (`freshDatabase`).
+    nonisolated(unsafe) private static var running: PostgresServer?
+    nonisolated(unsafe) private static let shared: Result<PostgresServer, TestError> = {
+        do {
+            let server = try PostgresServer()
+            running = server
+            atexit { PostgresServer.running?.stop(remove: true) }
+            return .success(server)
+        } catch {
+            return .failure(TestError("\(error)"))
+        }
+    }()
+
+    /// The URL of a new, empty database on the shared server.
+    static func freshDatabase() throws -> String {
+        let server = try shared.get()
+        let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
+        try PostgresConnection(url: server.url).execute("CREATE DATABASE \(name)")
+        return server.url.replacingOccurrences(of: "/happypath?", with: "/\(name)?")
+    }
+}
