@@ -138,6 +138,8 @@ let package = Package(
         // (LifecycleTests runs it): nothing may be left behind.
         .target(name: "CHeapProbe", path: "Tests/Support/CHeapProbe"),
         .target(name: "SmallDisk", path: "Tests/Support/SmallDisk"),
+        // A PostgreSQL server of a test's own (initdb in /tmp, a free port), for the shared store's tests.
+        .target(name: "PostgresTestServer", path: "Tests/Support/PostgresTestServer"),
         .executableTarget(
             name: "LifecycleProbe",
             dependencies: [
@@ -151,7 +153,8 @@ let package = Package(
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore", "FuzzConnectionHarness"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
-        .testTarget(name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore", "SmallDisk"]),
+        .testTarget(
+            name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore", "SmallDisk", "PostgresTestServer"]),
         .testTarget(
             name: "HappyPathHTTPOracleTests",
             dependencies: [
@@ -172,7 +175,7 @@ let package = Package(
             name: "HappyPathIntegrationTests",
             dependencies: [
                 "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo", "HappyPathStore",
-                "SmallDisk", .product(name: "Logging", package: "swift-log"),
+                "SmallDisk", "PostgresTestServer", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

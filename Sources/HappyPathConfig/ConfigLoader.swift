@@ -47,7 +47,7 @@ public enum ConfigLoader {
     /// (needed when a route delivers later) whose directory this process
     /// cannot write is reported before `serve` would fail on it.
     public static func storageProblems(_ config: Configuration) -> [ConfigError] {
-        guard config.usesStore else { return [] }
+        guard config.usesStore, config.storage.url == nil else { return [] }
         let path = config.storage.path
         let directory = (path as NSString).deletingLastPathComponent.isEmpty
             ? "." : (path as NSString).deletingLastPathComponent
@@ -517,7 +517,33 @@ final class Reader {
 
     func storage(_ node: Node) -> StorageConfiguration {
         var s = StorageConfiguration()
-        let f = fields(node, "storage", known: ["path", "sync", "max_bytes", "retention", "status_path"])
+        let f = fields(
+            node, "storage",
+            known: ["path", "sync", "max_bytes", "retention", "status_path", "url", "pool", "lease", "required"])
+        if let u = string(f["url"]?.value, "storage.url") {
+            if !(u.hasPrefix("postgres://") || u.hasPrefix("postgresql://") || u.contains("=")) {
+                error(
+                    f["url"]?.value,
+                    "storage.url must be a PostgreSQL URL such as postgres://user:password@host:5432/db?sslmode=require "
+                        + "(or libpq's key=value form); for a file on this machine, set storage.path instead")
+            } else if f["path"] != nil {
+                error(f["url"]?.value, "storage.url and storage.path both set: a store is either a file (path) or PostgreSQL (url); keep one")
+            } else if f["sync"] != nil {
+                error(f["sync"]?.value, "storage.sync is SQLite's; with storage.url the durability of a commit is the server's synchronous_commit")
+            } else {
+                s.url = u
+            }
+        }
+        if let v = int(f["pool"]?.value, "storage.pool", min: 2, max: 64) { s.pool = v }
+        if let v = duration(f["lease"]?.value, "storage.lease") {
+            if v < .seconds(1) { error(f["lease"]?.value, "storage.lease must be at least 1s") } else { s.lease = v }
+        }
+        if let v = bool(f["required"]?.value, "storage.required") { s.required = v }
+        if s.url == nil {
+            for key in ["pool", "lease", "required"] where f[key] != nil {
+                error(f[key]?.value, "storage.\(key) applies to a PostgreSQL store only: set storage.url, or remove it")
+            }
+        }
         if let p = string(f["path"]?.value, "storage.path") {
             if p.isEmpty || p.hasSuffix("/") {
                 error(f["path"]?.value, "storage.path must name a file, such as /var/lib/happypath/deliveries.db")

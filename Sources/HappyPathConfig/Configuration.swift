@@ -1,3 +1,4 @@
+import Foundation
 import HappyPathCore
 import HappyPathPolicies
 
@@ -205,6 +206,35 @@ public struct StorageConfiguration: Sendable, Equatable {
     public var retention: Duration = .seconds(24 * 3600)
     /// `GET {status_path}/{id}` on the proxy's listener answers a delivery's status.
     public var statusPath = "/_happypath/deliveries"
+    /// `storage.url`: a PostgreSQL database shared by every replica, instead of the file at `path`.
+    public var url: String?
+    /// Connections to it: one writes, the rest read (status URLs, listings).
+    public var pool = 4
+    /// A claimed delivery whose replica stopped renewing it (it died) is
+    /// queued again this long after the last renewal.
+    public var lease: Duration = .seconds(30)
+    /// Not ready (`/readyz` 503) while the database cannot be reached. False:
+    /// the proxy stays ready, since routes that deliver now still work.
+    public var required = false
+
+    /// What logs and `/admin/state` name the store by: the file, or the URL without its password.
+    public var name: String { url.map(Self.redact) ?? path }
+
+    /// `postgres://user:secret@host/db` as `postgres://user:***@host/db`; a `password=` value as `***`.
+    public static func redact(_ url: String) -> String {
+        var out = url
+        if let scheme = out.range(of: "://"), let at = out[scheme.upperBound...].firstIndex(of: "@"),
+            let colon = out[scheme.upperBound..<at].firstIndex(of: ":")
+        {
+            out.replaceSubrange(out.index(after: colon)..<at, with: "***")
+        }
+        if let key = out.range(of: "password=") {
+            let end = out[key.upperBound...].firstIndex(where: { $0 == "&" || $0 == " " }) ?? out.endIndex
+            out.replaceSubrange(key.upperBound..<end, with: "***")
+        }
+        return out
+    }
+
     /// Where `path` is written in the file (1, 1 when it is the default), for messages.
     public var pathLine = 1
     public var pathColumn = 1

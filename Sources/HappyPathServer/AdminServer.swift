@@ -85,6 +85,14 @@ final class AdminServer: HTTPServerDelegate {
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
         case "/readyz":
             if ready.value.load(ordering: .acquiring) {
+                // storage.required: not ready while the store cannot write.
+                if runtime.configuration.storage.required, let store = shared.deliveries?.store, !store.writable {
+                    let why = store.unavailable?.message ?? "not connected to the database yet"
+                    request.reply(
+                        status: 503, headers: Self.json,
+                        body: "{\"status\":\"not ready\",\"reason\":\(JSON.quote("the delivery store cannot write (storage.required): " + why))}\n")
+                    return
+                }
                 request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ready\"}\n")
             } else {
                 request.reply(status: 503, headers: Self.json, body: "{\"status\":\"not ready\"}\n")

@@ -74,7 +74,7 @@ final class Deliveries: Sendable {
         if store.recovered > 0 {
             logger.warning(
                 "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
-                metadata: ["count": "\(store.recovered)", "store": "\(settings.path)"])
+                metadata: ["count": "\(store.recovered)", "store": "\(settings.name)"])
         }
     }
 
@@ -127,7 +127,7 @@ final class Deliveries: Sendable {
                 logger.error(
                     "the delivery store cannot write: later routes answer 503 STORE_UNAVAILABLE until it can",
                     metadata: [
-                        "kind": "\(error.kind.rawValue)", "error": "\(error.message)", "store": "\(settings.path)",
+                        "kind": "\(error.kind.rawValue)", "error": "\(error.message)", "store": "\(settings.name)",
                         "failures_not_logged": "\(unlogged)",
                     ])
             }
@@ -142,11 +142,11 @@ final class Deliveries: Sendable {
             if requeued > 0 {
                 logger.warning(
                     "deliveries that were in flight when the proxy stopped are queued again (they may arrive twice)",
-                    metadata: ["count": "\(requeued)", "store": "\(settings.path)"])
+                    metadata: ["count": "\(requeued)", "store": "\(settings.name)"])
                 events.publish("deliveries_recovered", [("count", String(requeued))])
             }
             if was {
-                logger.info("the delivery store writes again", metadata: ["store": "\(settings.path)"])
+                logger.info("the delivery store writes again", metadata: ["store": "\(settings.name)"])
                 events.publish("delivery_store_available", [])
             }
             kick()
@@ -569,7 +569,7 @@ final class Deliveries: Sendable {
         let writable: Bool = store.unavailable == nil
         var json = "{" + counts.joined(separator: ",")
         json += ",\"held_bytes\":\(held),\"max_bytes\":\(max),\"rounds_in_flight\":\(rounds)"
-        json += ",\"store\":\(JSON.quote(settings.path)),\"writable\":\(writable)}"
+        json += ",\"store\":\(JSON.quote(settings.name)),\"writable\":\(writable)}"
         return json
     }
 }

@@ -69,11 +69,22 @@ public final class ProxyServer: @unchecked Sendable {
         self.shared = shared
         if config.usesStore {
             let writes = shared.metrics.timer("happypath_delivery_store_write_seconds", [])
-            let store = try DeliveryStore(
-                settings: StoreSettings(
-                    path: config.storage.path, sync: config.storage.sync,
-                    maxBytes: config.storage.maxBytes, retention: config.storage.retention),
-                clock: clock, onWrite: { writes.recordNanoseconds(Int64($0 * 1e9)) })
+            let onWrite: @Sendable (Double) -> Void = { writes.recordNanoseconds(Int64($0 * 1e9)) }
+            let s = config.storage
+            // A PostgreSQL store connects on its own thread: the proxy starts
+            // even when the database cannot be reached (later routes then
+            // answer 503 STORE_UNAVAILABLE until it can).
+            let store: any DeliveryStoring =
+                if let url = s.url {
+                    PostgresDeliveryStore(
+                        settings: PostgresStoreSettings(
+                            url: url, pool: s.pool, lease: s.lease, maxBytes: s.maxBytes, retention: s.retention),
+                        clock: clock, onWrite: onWrite)
+                } else {
+                    try DeliveryStore(
+                        settings: StoreSettings(path: s.path, sync: s.sync, maxBytes: s.maxBytes, retention: s.retention),
+                        clock: clock, onWrite: onWrite)
+                }
             let deliveries = Deliveries(
                 store: store, settings: config.storage, loop: adminLoop, shared: shared, clock: clock, logger: logger)
             self.deliveries = deliveries

@@ -36,6 +36,10 @@ enum RestartOnlyKeys {
             // The store is opened once, at start, and only if a route needs it.
             if new.storage.path != old.storage.path { keys.append("storage.path") }
             if new.storage.sync != old.storage.sync { keys.append("storage.sync") }
+            if new.storage.url != old.storage.url { keys.append("storage.url") }
+            if new.storage.pool != old.storage.pool { keys.append("storage.pool") }
+            if new.storage.lease != old.storage.lease { keys.append("storage.lease") }
+            if new.storage.required != old.storage.required { keys.append("storage.required") }
             if new.storage.maxBytes != old.storage.maxBytes { keys.append("storage.max_bytes") }
             if new.storage.retention != old.storage.retention { keys.append("storage.retention") }
             if new.storage.statusPath != old.storage.statusPath { keys.append("storage.status_path") }

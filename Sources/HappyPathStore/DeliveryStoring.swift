@@ -12,6 +12,8 @@ public protocol DeliveryStoring: AnyObject, Sendable {
     var recovered: Int { get }
     /// Why the store cannot write now (nil: the last write succeeded).
     var unavailable: StoreError? { get }
+    /// Writes can go in now: nothing failed, and (a database) it is connected.
+    var writable: Bool { get }
     /// Payload bytes of deliveries not yet delivered, as of the last commit.
     var heldBytes: Int { get }
     /// Rows by upstream and state, as of the last commit.
@@ -42,6 +44,10 @@ public protocol DeliveryStoring: AnyObject, Sendable {
         state: DeliveryState?, upstream: String?, after: Int64?, limit: Int,
         reply: @escaping @Sendable (Result<[DeliveryRecord], StoreError>) -> Void)
     func stats(reply: @escaping @Sendable (StoreStats) -> Void)
+}
+
+extension DeliveryStoring {
+    public var writable: Bool { unavailable == nil }
 }
 
 extension DeliveryStore: DeliveryStoring {

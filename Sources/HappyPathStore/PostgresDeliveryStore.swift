@@ -92,6 +92,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     private let failure = Locked<StoreError?>(nil)
     private let takenBack = Locked(0)
     private let crashed = Locked(false)
+    private let connected = Locked(false)
     private var onHealth: @Sendable (StoreHealth) -> Void = { _ in }
 
     public init(settings: PostgresStoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void = { _ in }) {
@@ -112,6 +113,8 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     /// when this store first connected.
     public var recovered: Int { takenBack.withLock { $0 } }
     public var unavailable: StoreError? { failure.withLock { $0 } }
+    /// Connected, and the last write went in.
+    public var writable: Bool { connected.withLock { $0 } && unavailable == nil }
     public var heldBytes: Int { held.withLock { $0 } }
     public var counts: DeliveryCounts { kept.withLock { $0 } }
     public var maxBytes: Int { settings.maxBytes }
@@ -233,6 +236,9 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
                 batch = deferred + batch
                 deferred = []
             }
+            // Leases first: a claim in this batch must not take back this
+            // replica's own rounds for want of a renewal.
+            if writer != nil { maintain() }
             if !batch.isEmpty { commit(batch) }
             if writer != nil { maintain() }
         }
@@ -254,6 +260,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
             let returned = try w.takeBackExpiredLeases(now: clock.wallMilliseconds()).count
             let (counts, bytes) = try w.count()
             writer = w
+            connected.withLock { $0 = true }
             backoff = settings.reconnectMin
             held.withLock { $0 = bytes }
             kept.withLock { $0 = counts }
@@ -273,6 +280,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     /// The connection failed or could not be made: no writer until the next try.
     private func lost(_ error: StoreError) {
         writer = nil
+        connected.withLock { $0 = false }
         nextConnect = clock.now() + backoff
         backoff = min(backoff * 2, settings.reconnectMax)
         failed(error)
@@ -406,8 +414,8 @@ final class PostgresWriter {
 
     let connection: PostgresConnection
     let leaseMilliseconds: Int64
-    /// Every upstream name the table holds (as last counted) or this
-    /// replica stored: the claims look at each one's queue.
+    /// The upstreams with queued rows, as of the last claim: the claims
+    /// look at each one's queue.
     private(set) var upstreams: Set<String> = []
     private var claimRotation = 0
 
@@ -428,12 +436,28 @@ final class PostgresWriter {
         var bytes = 0
         for i in 0..<rows.count {
             let upstream = rows.text(i, 0) ?? ""
-            upstreams.insert(upstream)
             bytes += Int(rows.int(i, 3) ?? 0)
             guard let state = DeliveryState(rawValue: Int(rows.int(i, 1) ?? -1)) else { continue }
             counts.add(Int(rows.int(i, 2) ?? 0), state, upstream: upstream)
         }
         return (counts, bytes)
+    }
+
+    /// The upstreams with queued rows, whichever replica stored them: one
+    /// index probe per upstream (a loose scan of `happypath_delivery_due`),
+    /// not a pass over the queue, however long a backlog is.
+    func refreshUpstreams() throws(StoreError) {
+        let rows = try connection.execute(
+            """
+            WITH RECURSIVE u AS (
+              (SELECT upstream FROM happypath_delivery WHERE state = 0 ORDER BY upstream LIMIT 1)
+              UNION ALL
+              SELECT (SELECT d.upstream FROM happypath_delivery d WHERE d.state = 0 AND d.upstream > u.upstream
+                      ORDER BY d.upstream LIMIT 1)
+              FROM u WHERE u.upstream IS NOT NULL)
+            SELECT upstream FROM u WHERE upstream IS NOT NULL
+            """)
+        upstreams = Set((0..<rows.count).compactMap { rows.text($0, 0) })
     }
 
     /// Rows whose lease ran out (their replica stopped renewing it) go back to the queue, due now.
@@ -521,7 +545,6 @@ final class PostgresWriter {
                 work.tally.held += bytes
                 work.tally.counts.add(1, .queued, upstream: d.upstream)
             }
-            upstreams.insert(d.upstream)
             let id = d.id
             return { reply(.stored(id: id)) }
 
@@ -542,6 +565,7 @@ final class PostgresWriter {
                 expired.append((rows.text(i, 0) ?? "", upstream))
                 work.tally.counts.move(upstream: upstream, from: .queued, to: .dead)
             }
+            try refreshUpstreams()
             var claimed: [ClaimedDelivery] = []
             let eligible = upstreams.filter { !skipping.contains($0) }.sorted()
             let first = eligible.isEmpty ? 0 : claimRotation % eligible.count

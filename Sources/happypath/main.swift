@@ -159,14 +159,30 @@ struct Check: ParsableCommand {
     @Option(help: "Config file (default: config/happypath.yaml, else /etc/happypath/happypath.yaml).")
     var config: String?
 
+    @Flag(help: "Also connect to what the file names outside this machine: the PostgreSQL store (storage.url).")
+    var connect = false
+
     func run() throws {
         let file = config ?? ConfigLoader.defaultPath()
         let configuration = loadConfiguration(file)
-        let storage = ConfigLoader.storageProblems(configuration)
+        var storage = ConfigLoader.storageProblems(configuration).map(\.description)
+        if connect, let url = configuration.storage.url {
+            let name = StorageConfiguration.redact(url)
+            do {
+                let (found, supported) = try PostgresDeliveryStore.probe(url: url)
+                if found > supported {
+                    storage.append("\(file): storage.url: \(name) holds delivery store schema version \(found), newer than this build's \(supported)")
+                } else {
+                    print("storage.url: connected to \(name) (schema version \(found == 0 ? "none yet: created at start" : String(found)))")
+                }
+            } catch {
+                storage.append("\(file): storage.url: \(error.message) (\(name))")
+            }
+        }
         let (tlsProblems, warnings) = Self.certificateProblems(configuration)
         for warning in warnings { FileHandle.standardError.write(Data("\(file): warning: \(warning)\n".utf8)) }
         if !storage.isEmpty || !tlsProblems.isEmpty {
-            for problem in storage { FileHandle.standardError.write(Data((problem.description + "\n").utf8)) }
+            for problem in storage { FileHandle.standardError.write(Data((problem + "\n").utf8)) }
             for problem in tlsProblems { FileHandle.standardError.write(Data("\(file): \(problem)\n".utf8)) }
             Foundation.exit(Exit.invalidConfigOrArguments)
         }

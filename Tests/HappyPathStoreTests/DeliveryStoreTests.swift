@@ -2,6 +2,7 @@ import CSQLite
 import Foundation
 import HappyPathCore
 import SmallDisk
+import PostgresTestServer
 import Testing
 
 #if canImport(Glibc)

@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import PostgresTestServer
 import Testing
 
 @testable import HappyPathStore

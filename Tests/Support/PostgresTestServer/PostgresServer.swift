@@ -1,7 +1,4 @@
 import Foundation
-import Testing
-
-@testable import HappyPathStore
 
 #if canImport(Glibc)
     import Glibc
@@ -12,18 +9,18 @@ import Testing
 /// a private socket folder and a free loopback port, run as an
 /// unprivileged user (`postgres` when the tests run as root: the server
 /// refuses root). Stopped, and its folder removed, with the object.
-final class PostgresServer {
-    let folder: URL
-    private(set) var port: Int
+public final class PostgresServer: @unchecked Sendable {
+    public let folder: URL
+    public private(set) var port: Int
     private var process: Process?
     private let user: String?
     private let bin: String
 
     /// `postgres://` for the test database, trust authentication on loopback.
-    var url: String { "postgres://happypath@127.0.0.1:\(port)/happypath?sslmode=disable&connect_timeout=5" }
+    public var url: String { "postgres://happypath@127.0.0.1:\(port)/happypath?sslmode=disable&connect_timeout=5" }
 
-    init() throws {
-        guard let bin = Self.binaries() else { throw TestError("no PostgreSQL server here (Debian: apt-get install postgresql)") }
+    public init() throws {
+        guard let bin = Self.binaries() else { throw PostgresServerError("no PostgreSQL server here (Debian: apt-get install postgresql)") }
         self.bin = bin
         user = getuid() == 0 ? "postgres" : nil
         folder = URL(fileURLWithPath: "/tmp").appendingPathComponent("hp-pg-\(UUID().uuidString.prefix(8))")
@@ -34,16 +31,15 @@ final class PostgresServer {
             "\(bin)/initdb",
             ["-D", folder.appendingPathComponent("data").path, "-U", "happypath", "--auth=trust", "-E", "UTF8", "--no-sync"],
             as: user)
-        guard initdb.status == 0 else { throw TestError("initdb failed: \(initdb.err)") }
+        guard initdb.status == 0 else { throw PostgresServerError("initdb failed: \(initdb.err)") }
         try start()
-        let create = try PostgresConnection(url: url.replacingOccurrences(of: "/happypath?", with: "/postgres?"))
-        try create.execute("CREATE DATABASE happypath")
+        try createDatabase("happypath")
     }
 
     deinit { stop(remove: true) }
 
     /// Starts the server (again, after `stop`) and waits until it takes connections.
-    func start() throws {
+    public func start() throws {
         if port == 0 { port = Self.freePort() }
         let p = Process()
         let arguments = [
@@ -66,13 +62,13 @@ final class PostgresServer {
         while true {
             let ready = try Self.run("\(bin)/pg_isready", ["-h", "127.0.0.1", "-p", "\(port)", "-t", "1"])
             if ready.status == 0 { break }
-            guard Date() < deadline, p.isRunning else { throw TestError("PostgreSQL did not start: \(ready.out)") }
+            guard Date() < deadline, p.isRunning else { throw PostgresServerError("PostgreSQL did not start: \(ready.out)") }
             Thread.sleep(forTimeInterval: 0.05)  // the polling interval, not a wait for anything
         }
     }
 
     /// Stops the server (a fast shutdown: open sessions are ended).
-    func stop(remove: Bool = false) {
+    public func stop(remove: Bool = false) {
         if let process {
             // pg_ctl signals the server itself (runuser would not pass a signal on).
             _ = try? Self.run(
@@ -85,7 +81,7 @@ final class PostgresServer {
     }
 
     /// Debian's newest server binaries.
-    static func binaries() -> String? {
+    public static func binaries() -> String? {
         let root = "/usr/lib/postgresql"
         let versions = (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []
         for version in versions.compactMap({ Int($0) }).sorted().reversed() {
@@ -95,7 +91,7 @@ final class PostgresServer {
         return nil
     }
 
-    static func freePort() -> Int {
+    public static func freePort() -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(fd) }
         var address = sockaddr_in()
@@ -112,7 +108,7 @@ final class PostgresServer {
     }
 
     @discardableResult
-    static func run(_ path: String, _ arguments: [String], as user: String? = nil) throws -> (status: Int32, out: String, err: String) {
+    public static func run(_ path: String, _ arguments: [String], as user: String? = nil) throws -> (status: Int32, out: String, err: String) {
         let p = Process()
         if let user {
             p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
@@ -133,9 +129,9 @@ final class PostgresServer {
     }
 }
 
-struct TestError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
+public struct PostgresServerError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
 }
 
 extension PostgresServer {
@@ -143,22 +139,28 @@ extension PostgresServer {
     /// stopped (its folder removed) when the process exits; each test takes
     /// a database of its own on it (`freshDatabase`).
     nonisolated(unsafe) private static var running: PostgresServer?
-    nonisolated(unsafe) private static let shared: Result<PostgresServer, TestError> = {
+    nonisolated(unsafe) private static let shared: Result<PostgresServer, PostgresServerError> = {
         do {
             let server = try PostgresServer()
             running = server
             atexit { PostgresServer.running?.stop(remove: true) }
             return .success(server)
         } catch {
-            return .failure(TestError("\(error)"))
+            return .failure(PostgresServerError("\(error)"))
         }
     }()
 
     /// The URL of a new, empty database on the shared server.
-    static func freshDatabase() throws -> String {
+    public static func freshDatabase() throws -> String {
         let server = try shared.get()
         let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
-        try PostgresConnection(url: server.url).execute("CREATE DATABASE \(name)")
+        try server.createDatabase(name)
         return server.url.replacingOccurrences(of: "/happypath?", with: "/\(name)?")
+    }
+
+    /// `createdb` (Debian's `postgresql-client`, which the server package brings).
+    public func createDatabase(_ name: String) throws {
+        let made = try Self.run("\(bin)/createdb", ["-h", "127.0.0.1", "-p", "\(port)", "-U", "happypath", name])
+        guard made.status == 0 else { throw PostgresServerError("createdb \(name) failed: \(made.err)") }
     }
 }
