@@ -65,9 +65,12 @@ unit-test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-xctest
 
-# Validates deploy/k8s/*.yaml offline against the Kubernetes schemas (strict).
+# Validates deploy/k8s/*.yaml (a StatefulSet, a SQLite store per pod) and
+# deploy/k8s-postgres/*.yaml (a Deployment on the shared PostgreSQL store)
+# offline against the Kubernetes schemas (strict).
 deploy-check: test-deps build
 	deploy/check-manifests.sh $$($(SWIFT) build --show-bin-path)/happypath
+	K8S_DIR=deploy/k8s-postgres deploy/check-manifests.sh $$($(SWIFT) build --show-bin-path)/happypath
 
 # Builds the runtime image of deploy/Dockerfile with buildah/podman (no Docker
 # engine needed), runs it, and sends a request through it. Needs root.

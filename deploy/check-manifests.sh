@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Validates every manifest in deploy/k8s offline against the Kubernetes JSON
 # schemas (kubernetes-validate --strict: unknown fields are errors), lints the
-# YAML, checks what the schemas cannot see (where the delivery store lives and
-# that the objects point at one another), and checks the ConfigMap's embedded
-# config with `happypath check`.
+# YAML, checks what the schemas cannot see (where the delivery store lives: a
+# SQLite file on a volume of each pod's own, or a PostgreSQL URL from a
+# Secret; and that the objects point at one another), and checks the
+# ConfigMap's embedded config with `happypath check`.
 # Usage: deploy/check-manifests.sh [path/to/happypath]
 # K8S_DIR=other/dir checks another set of manifests (the same checks).
 set -euo pipefail
@@ -62,6 +63,31 @@ def mount_of(mounts, path):
             best = m
     return best
 
+def store_url(config_text):
+    """storage.url of a happypath config (the shared PostgreSQL store), or None."""
+    cfg = yaml.safe_load(config_text) or {}
+    url = (cfg.get("storage") or {}).get("url")
+    return None if url is None else str(url)
+
+def check_refs(wf, w, spec, labels, wname):
+    """The objects that point at the workload find it."""
+    if w["kind"] == "StatefulSet":
+        svcs = named("Service", spec.get("serviceName", ""))
+        if not svcs:
+            fail(f"{wf}: serviceName {spec.get('serviceName')!r} is not a Service of these manifests")
+        elif svcs[0]["spec"].get("clusterIP") != "None" or not matches(svcs[0]["spec"].get("selector", {}), labels):
+            fail(f"{wf}: Service {spec['serviceName']} must be headless (clusterIP: None) and select the pods")
+    if not any(matches(s["spec"].get("selector", {}), labels) and s["spec"].get("clusterIP") != "None"
+               for _, s in objects("Service")):
+        fail(f"{wf}: no Service with a virtual IP selects the pods (the one clients use)")
+    for hf, h in objects("HorizontalPodAutoscaler"):
+        ref = h["spec"]["scaleTargetRef"]
+        if (ref.get("kind"), ref.get("name")) != (w["kind"], w["metadata"]["name"]):
+            fail(f"{hf}: HorizontalPodAutoscaler targets {ref.get('kind')}/{ref.get('name')}, not {wname}")
+    for pf, p in objects("PodDisruptionBudget"):
+        if not matches(p["spec"].get("selector", {}), labels):
+            fail(f"{pf}: PodDisruptionBudget {p['metadata']['name']} does not select the pods of {wname}")
+
 # The proxy's workload: the one whose pods run the happypath image.
 workloads = [(f, d) for f, d in docs if d.get("kind") in ("StatefulSet", "Deployment")
              and any("happypath" in c.get("image", "") for c in d["spec"]["template"]["spec"]["containers"])]
@@ -77,10 +103,6 @@ for wf, w in workloads:
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     claims = {t["metadata"]["name"]: t for t in spec.get("volumeClaimTemplates", [])}
 
-    # Durable state per replica: only a StatefulSet gives each pod its own volume back.
-    if w["kind"] != "StatefulSet":
-        fail(f"{wf}: {wname} holds a delivery store per pod; it must be a StatefulSet with volumeClaimTemplates")
-
     # The config the pod reads is the ConfigMap checked here.
     args = c.get("args", [])
     config_file = args[args.index("--config") + 1] if "--config" in args else "/etc/happypath/happypath.yaml"
@@ -94,6 +116,33 @@ for wf, w in workloads:
     if key not in cms[0].get("data", {}):
         fail(f"{wf}: ConfigMap {cm_name} has no key {key!r} for --config {config_file}")
         continue
+    url = store_url(cms[0]["data"][key])
+    if url is not None:
+        # The shared store: nothing per pod; the URL (with its password) from a Secret.
+        var = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", url.strip())
+        if not var:
+            fail(f"ConfigMap {cm_name}: storage.url is written in the ConfigMap; make it ${{VAR}} and put the URL in a Secret")
+        else:
+            name = var.group(1)
+            secret = None
+            for e in c.get("env", []):
+                ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+                if e.get("name") == name and ref:
+                    secret = (ref["name"], ref["key"])
+            for e in c.get("envFrom", []):
+                sref = e.get("secretRef")
+                for sd in named("Secret", sref["name"]) if sref else []:
+                    if name in (sd.get("stringData") or {}) or name in (sd.get("data") or {}):
+                        secret = (sref["name"], name)
+            if secret is None:
+                fail(f"{wf}: storage.url is ${{{name}}}, which no Secret of these manifests gives the container")
+            elif not errors:
+                print(f"store: PostgreSQL (storage.url from Secret {secret[0]} key {secret[1]}), shared by every replica of {wname}")
+        check_refs(wf, w, spec, labels, wname)
+        continue
+    # Durable state per replica: only a StatefulSet gives each pod its own volume back.
+    if w["kind"] != "StatefulSet":
+        fail(f"{wf}: {wname} holds a delivery store per pod; it must be a StatefulSet with volumeClaimTemplates")
     store = store_path(cms[0]["data"][key], f"ConfigMap {cm_name} {key}")
     if store is None:
         continue
@@ -138,23 +187,7 @@ for wf, w in workloads:
         if t is None or t.get("readOnly"):
             fail(f"{wf}: readOnlyRootFilesystem and no writable volume at /tmp (SQLite's temporary files)")
 
-    # The objects that point at the workload find it.
-    if w["kind"] == "StatefulSet":
-        svcs = named("Service", spec.get("serviceName", ""))
-        if not svcs:
-            fail(f"{wf}: serviceName {spec.get('serviceName')!r} is not a Service of these manifests")
-        elif svcs[0]["spec"].get("clusterIP") != "None" or not matches(svcs[0]["spec"].get("selector", {}), labels):
-            fail(f"{wf}: Service {spec['serviceName']} must be headless (clusterIP: None) and select the pods")
-    if not any(matches(s["spec"].get("selector", {}), labels) and s["spec"].get("clusterIP") != "None"
-               for _, s in objects("Service")):
-        fail(f"{wf}: no Service with a virtual IP selects the pods (the one clients use)")
-    for hf, h in objects("HorizontalPodAutoscaler"):
-        ref = h["spec"]["scaleTargetRef"]
-        if (ref.get("kind"), ref.get("name")) != (w["kind"], w["metadata"]["name"]):
-            fail(f"{hf}: HorizontalPodAutoscaler targets {ref.get('kind')}/{ref.get('name')}, not {wname}")
-    for pf, p in objects("PodDisruptionBudget"):
-        if not matches(p["spec"].get("selector", {}), labels):
-            fail(f"{pf}: PodDisruptionBudget {p['metadata']['name']} does not select the pods of {wname}")
+    check_refs(wf, w, spec, labels, wname)
     if not errors:
         size = claims[m["name"]]["spec"]["resources"]["requests"]["storage"]
         print(f"store: {store} on {wname} volume {m['name']} ({'/'.join(claims[m['name']]['spec']['accessModes'])}, {size},"
@@ -170,6 +203,14 @@ if k8s_dir == "deploy/k8s":
             binds = [v.split(":") for v in svc.get("volumes", []) if isinstance(v, str)]
             cfg_src = next((b[0] for b in binds if len(b) > 1 and b[1] == "/etc/happypath/happypath.yaml"), None)
             text = open(posixpath.join("deploy", cfg_src)).read() if cfg_src else ""
+            if store_url(text) is not None:
+                env = svc.get("environment") or {}
+                var = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", store_url(text).strip())
+                if not var or var.group(1) not in env:
+                    fail(f"{cf}: service {sname}: storage.url must be ${{VAR}} with VAR in the service's environment")
+                else:
+                    print(f"store: {cf} service {sname} shares PostgreSQL ({var.group(1)})")
+                continue
             store = store_path(text, f"{cf} {sname}")
             if store is None:
                 continue
@@ -195,6 +236,6 @@ import sys, yaml
 doc = yaml.safe_load(open(sys.argv[2] + "/configmap.yaml"))
 open(sys.argv[1], "w").write(doc["data"]["happypath.yaml"])
 PY
-  API_CLIENT_ID=check API_CLIENT_SECRET=check "$bin" check --config "$cfg"
+  HAPPYPATH_STORE_URL=postgres://check@localhost/check API_CLIENT_ID=check API_CLIENT_SECRET=check "$bin" check --config "$cfg"
 fi
 echo "deploy-check: ${#manifests[@]} manifests valid for Kubernetes $K8S_VERSION (strict)"

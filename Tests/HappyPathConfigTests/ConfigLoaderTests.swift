@@ -354,6 +354,37 @@ struct DeliverLaterConfigTests {
         #expect(e.allSatisfy { $0.hasPrefix("t.yaml:") && $0.split(separator: ":").count >= 4 }, "FILE:LINE:COL: message")
     }
 
+    @Test func aSharedStoreIsReadAndNamedWithoutItsPassword() throws {
+        let later = "  - { match: { path_prefix: /h }, upstream: hooks, delivery: { mode: later } }"
+        let c = try parse(
+            "storage: { url: 'postgres://hp:s3cret@db:5432/hp?sslmode=require', pool: 6, lease: 45s, required: true }\n"
+                + Self.base + later)
+        #expect(c.storage.url == "postgres://hp:s3cret@db:5432/hp?sslmode=require")
+        #expect(c.storage.pool == 6 && c.storage.lease == .seconds(45) && c.storage.required)
+        #expect(c.storage.name == "postgres://hp:***@db:5432/hp?sslmode=require")
+        #expect(ConfigLoader.storageProblems(c).isEmpty, "no file to check")
+        #expect(StorageConfiguration.redact("host=db user=hp password=s3cret dbname=hp") == "host=db user=hp password=*** dbname=hp")
+        let defaults = try parse("storage: { url: 'postgres://db/hp' }\n" + Self.base + later)
+        #expect(defaults.storage.pool == 4 && defaults.storage.lease == .seconds(30) && !defaults.storage.required)
+        #expect(try parse(Self.base + later).storage.url == nil)
+    }
+
+    @Test func aSharedStoreKeyOutOfPlaceIsNamed() {
+        let cases: [(String, String)] = [
+            ("storage: { url: 'mysql://db/x' }", "storage.url must be a PostgreSQL URL"),
+            ("storage: { url: 'postgres://db/x', path: /tmp/d.db }", "storage.url and storage.path both set"),
+            ("storage: { url: 'postgres://db/x', sync: normal }", "storage.sync is SQLite's"),
+            ("storage: { url: 'postgres://db/x', pool: 1 }", "storage.pool"),
+            ("storage: { url: 'postgres://db/x', lease: 500ms }", "storage.lease must be at least 1s"),
+            ("storage: { pool: 4 }", "storage.pool applies to a PostgreSQL store only"),
+            ("storage: { required: true }", "storage.required applies to a PostgreSQL store only"),
+        ]
+        for (storage, message) in cases {
+            let e = errors(storage + "\n" + Self.base + "  - { match: { path_prefix: / }, upstream: hooks }")
+            #expect(e.contains { $0.contains(message) }, "\(storage): \(e)")
+        }
+    }
+
     @Test func modeNowNeedsNoStore() throws {
         let c = try parse(Self.base + "  - { match: { path_prefix: / }, upstream: hooks }")
         #expect(!c.usesStore)

@@ -97,6 +97,25 @@ struct SharedStoreTests {
         #expect(b.waitForExit())
     }
 
+    /// `happypath check --connect` reaches the database, or says why not
+    /// (never with the password).
+    @Test func checkConnectReachesTheDatabaseOrSaysWhyNot() throws {
+        let url = try PostgresServer.freshDatabase()
+        func check(_ url: String) throws -> (status: Int32, out: String, err: String) {
+            let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
+            defer { try? FileManager.default.removeItem(at: file) }
+            try Self.yaml(upstream: "http://127.0.0.1:9", url: url).write(to: file, atomically: true, encoding: .utf8)
+            return try runProcess(happypathBinary, ["check", "--connect", "--config", file.path], timeout: 30)
+        }
+        let ok = try check(url)
+        #expect(ok.status == 0, "\(ok.err)")
+        #expect(ok.out.contains("storage.url: connected to postgres://happypath@127.0.0.1:") && ok.out.contains("none yet"), "\(ok.out)")
+        let down = try check("postgres://happypath:s3cret@127.0.0.1:\(PostgresServer.freePort())/x?connect_timeout=2")
+        #expect(down.status == 1)
+        #expect(down.err.contains("storage.url: cannot connect to PostgreSQL") && down.err.contains(":***@"), "\(down.err)")
+        #expect(!down.err.contains("s3cret"))
+    }
+
     /// The database stopped and started while the proxy runs: requests are
     /// refused with 503 STORE_UNAVAILABLE meanwhile (not ready, with
     /// `storage.required`), everything accepted before is delivered after.
