@@ -491,13 +491,64 @@ final class PostgresWriter {
     {
         var replies: [() -> Void] = []
         var staged = work
+        defer { pending = [] }
         try connection.transaction { () throws(StoreError) in
             for op in ops {
+                if case let .submit(d, _, _) = op, d.idempotencyKey == nil {
+                } else {
+                    try flushInserts(now: now, work: &staged)
+                }
                 if let reply = try apply(op, now: now, settings: settings, work: &staged) { replies.append(reply) }
             }
+            try flushInserts(now: now, work: &staged)
         }
         work = staged
         return replies
+    }
+
+    /// A stored request's fate, known once its batch's `INSERT` ran.
+    final class Inserted {
+        var yes = true
+    }
+
+    /// Requests without an `Idempotency-Key` waiting to go in, together, in
+    /// one multi-row `INSERT` (one round trip to the database for the lot).
+    private var pending: [(delivery: NewDelivery, bytes: Int, outcome: Inserted)] = []
+    static let insertColumns = 15
+
+    private func flushInserts(now: Int64, work: inout Work) throws(StoreError) {
+        guard !pending.isEmpty else { return }
+        var values: [String] = []
+        var parameters: [PostgresValue] = []
+        parameters.reserveCapacity(pending.count * Self.insertColumns)
+        for (d, bytes, _) in pending {
+            let n = parameters.count
+            values.append("(" + (1...Self.insertColumns).map { "$\(n + $0)" }.joined(separator: ", ") + ", $\(n + 14), $\(n + 14))")
+            parameters += Self.insertValues(d, bytes: bytes, now: now)
+        }
+        let rows = try connection.execute(
+            """
+            INSERT INTO happypath_delivery (id, upstream, route, idem_scope, idem_key, idem_fingerprint, request_id,
+              method, target, headers, body, payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
+            VALUES \(values.joined(separator: ", ")) ON CONFLICT DO NOTHING RETURNING id
+            """, parameters)
+        let inserted = Set((0..<rows.count).compactMap { rows.text($0, 0) })
+        for (d, bytes, outcome) in pending where !inserted.contains(d.id) {
+            // Another row has this id (never in practice: 128 random bits).
+            outcome.yes = false
+            work.tally.held -= bytes
+            work.tally.counts.add(-1, .queued, upstream: d.upstream)
+        }
+        pending = []
+    }
+
+    static func insertValues(_ d: NewDelivery, bytes: Int, now: Int64) -> [PostgresValue] {
+        let body = d.body.count == 0 ? [] : Array(UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
+        return [
+            .text(d.id), .text(d.upstream), .text(d.route), .optional(d.idempotencyScope), .optional(d.idempotencyKey),
+            .optional(d.fingerprint), .text(d.requestID), .text(d.method), .text(d.target), .bytes(d.headers),
+            .bytes(body), .int(Int64(bytes)), .int(Int64(d.maxAttempts)), .int(now), .int(d.expiresAt),
+        ]
     }
 
     /// Runs an `UPDATE … RETURNING upstream`; each row moved from `old` to `new`.
@@ -524,19 +575,27 @@ final class PostgresWriter {
                 let max = settings.maxBytes
                 return { reply(.full(heldBytes: before, maxBytes: max)) }
             }
-            let body = d.body.count == 0 ? [] : Array(UnsafeRawBufferPointer(start: d.body.baseAddress, count: d.body.count))
+            let id = d.id
+            if d.idempotencyKey == nil {
+                // With the others of its batch, in one INSERT (`flushInserts`).
+                let outcome = Inserted()
+                pending.append((d, bytes, outcome))
+                work.tally.held += bytes
+                work.tally.counts.add(1, .queued, upstream: d.upstream)
+                return {
+                    reply(
+                        outcome.yes
+                            ? .stored(id: id)
+                            : .failed(StoreError(PostgresConnection.statementFailed, "a delivery with the id \(id) is already stored")))
+                }
+            }
             let inserted = try connection.execute(
                 """
                 INSERT INTO happypath_delivery (id, upstream, route, idem_scope, idem_key, idem_fingerprint, request_id,
                   method, target, headers, body, payload_bytes, max_attempts, next_attempt_at, expires_at, created_at, updated_at)
                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $14, $14)
                 ON CONFLICT DO NOTHING
-                """,
-                [
-                    .text(d.id), .text(d.upstream), .text(d.route), .optional(d.idempotencyScope), .optional(d.idempotencyKey),
-                    .optional(d.fingerprint), .text(d.requestID), .text(d.method), .text(d.target), .bytes(d.headers),
-                    .bytes(body), .int(Int64(bytes)), .int(Int64(d.maxAttempts)), .int(now), .int(d.expiresAt),
-                ]
+                """, Self.insertValues(d, bytes: bytes, now: now)
             ).changed > 0
             if !inserted, let key = d.idempotencyKey, let existing = try existing(scope: d.idempotencyScope, key: key) {
                 return Self.repeated(existing, d, reply)
@@ -545,7 +604,6 @@ final class PostgresWriter {
                 work.tally.held += bytes
                 work.tally.counts.add(1, .queued, upstream: d.upstream)
             }
-            let id = d.id
             return { reply(.stored(id: id)) }
 
         case let .claim(limit, skipping, reply):
