@@ -143,7 +143,8 @@ check: build
 #    request, happypath beside nginx. Needs root (uprobes).
 #  bench-tls: TLS keep-alive requests and handshakes, happypath beside nginx.
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
-#  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal).
+#  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal),
+#    then on PostgreSQL (one proxy; two proxies on one database; over a backlog).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
@@ -169,6 +170,7 @@ bench-resilience: bench-deps release
 # deliver); wrk -c64 and -c256; store write p99 from /metrics; fsyncs (perf). Bar: 5,000/s.
 bench-deliver-later: test-deps release
 	env $(BENCH_ENV) deploy/bench/deliver-later.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+	env $(BENCH_ENV) deploy/bench/deliver-later-postgres.py $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 clean:
 	rm -rf .build

@@ -16,11 +16,18 @@ final class PostgresConnection {
     /// Connects to `url` (`postgres://user:password@host:port/db?sslmode=…`,
     /// or libpq's `key=value` form). The password is never part of an error.
     /// Unless the URL says otherwise, a connection attempt gives up after
-    /// `connectTimeout` seconds (libpq's own default is to wait forever).
+    /// `connectTimeout` seconds (libpq's own default is to wait forever), a
+    /// server that vanished without closing the connection is noticed
+    /// within about 30 s (TCP keepalives, `tcp_user_timeout`), and a
+    /// statement stuck behind a lock fails after 30 s (`statement_timeout`):
+    /// no store thread waits forever.
     init(url: String, connectTimeout: Int = 5) throws(StoreError) {
         // Later entries win: the URL (expanded from `dbname`) over the defaults before it.
-        let keys = ["connect_timeout", "application_name", "dbname"]
-        let values = [String(connectTimeout), "happypath", url]
+        let keys = [
+            "connect_timeout", "application_name", "keepalives", "keepalives_idle", "keepalives_interval",
+            "keepalives_count", "tcp_user_timeout", "options", "dbname",
+        ]
+        let values = [String(connectTimeout), "happypath", "1", "10", "5", "3", "30000", "-c statement_timeout=30000", url]
         connection = Self.withCStrings(keys) { k in Self.withCStrings(values) { v in PQconnectdbParams(k, v, 1) } }
         guard let connection, PQstatus(connection) == CONNECTION_OK else {
             let message = connection.map { Self.message(of: $0) } ?? "out of memory"
