@@ -118,7 +118,7 @@ public enum ProblemCode: String, Sendable, CaseIterable {
         case .versionNotSupported: "Use HTTP/1.1."
         case .methodNotAllowed: "Use one of the methods in the Allow header."
         case .upstreamPaused: "Wait for the time given in Retry-After, then try again."
-        case .storeUnavailable: "Try again later, with backoff; the gateway's disk is not taking writes."
+        case .storeUnavailable: "Try again later, with backoff; the gateway's store is not taking writes."
         case .idempotencyKeyReused: "Send a new Idempotency-Key for a new request; resend a request only unchanged."
         }
     }

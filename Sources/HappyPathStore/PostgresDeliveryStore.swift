@@ -105,6 +105,9 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
         nextRenew = now
         nextRecount = now
         readers = PostgresReadPool(url: settings.url, threads: max(1, settings.pool - 1))
+        // Reads are answered from the start, as with SQLite: a status URL may
+        // be asked before the writer starts (each reader connects on first use).
+        readers.start()
     }
 
     deinit { close() }
@@ -124,7 +127,6 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     /// Starts the writer (which connects first) and the readers.
     public func start() {
         guard thread == nil else { return }
-        readers.start()
         let box = Unmanaged.passRetained(self)
         var t = pthread_t()
         let rc = pthread_create(
@@ -765,10 +767,19 @@ final class PostgresWriter {
 
 // MARK: - Reads
 
-/// The reads, on a reader thread's connection.
+/// The reads, on a reader thread's connection. Before the writer has
+/// created the table (a replica's first seconds on a new database), there
+/// is nothing to read, which is no error.
 enum PostgresReads {
+    static let undefinedTable = "42P01"
+
     static func record(_ c: PostgresConnection, id: String) throws(StoreError) -> DeliveryRecord? {
-        let rows = try c.execute("SELECT \(PostgresWriter.columns) FROM happypath_delivery WHERE id = $1", [.text(id)])
+        let rows: PostgresRows
+        do {
+            rows = try c.execute("SELECT \(PostgresWriter.columns) FROM happypath_delivery WHERE id = $1", [.text(id)])
+        } catch where error.sqlState == undefinedTable {
+            return nil
+        }
         return rows.count > 0 ? record(rows, 0) : nil
     }
 
@@ -791,9 +802,14 @@ enum PostgresReads {
         }
         parameters.append(.int(Int64(limit)))
         let filter = conditions.isEmpty ? "" : "WHERE " + conditions.joined(separator: " AND ")
-        let rows = try c.execute(
-            "SELECT \(PostgresWriter.columns) FROM happypath_delivery \(filter) ORDER BY seq DESC LIMIT $\(parameters.count)",
-            parameters)
+        let rows: PostgresRows
+        do {
+            rows = try c.execute(
+                "SELECT \(PostgresWriter.columns) FROM happypath_delivery \(filter) ORDER BY seq DESC LIMIT $\(parameters.count)",
+                parameters)
+        } catch where error.sqlState == undefinedTable {
+            return []
+        }
         return (0..<rows.count).map { record(rows, $0) }
     }
 

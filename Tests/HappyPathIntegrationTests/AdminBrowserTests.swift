@@ -102,7 +102,7 @@ import Testing
     }
 
     @Test func crossSitePostsAreRefusedAndAScriptsPostWorks() throws {
-        let store = DeliverLaterTests.StoreDirectory()
+        let store = try DeliverLaterTests.StoreDirectory()
         let upstream = RefusingPort()
         let h = try ProxyHarness(DeliverLaterTests.yaml(upstream: upstream.url, store: store), holding: [upstream])
         let port = h.adminPort

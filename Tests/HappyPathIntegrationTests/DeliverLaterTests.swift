@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import PostgresTestServer
 import Testing
 
 @testable import HappyPathStore
@@ -16,9 +17,36 @@ import Testing
 struct DeliverLaterTests {
     static let ok = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
+    /// Which store the proxy keeps its deliveries in: the tests that hold
+    /// for any store run on both.
+    enum StoreKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+        case sqlite, postgres
+        var testDescription: String { rawValue }
+    }
+
+    /// A fresh store: a file in a new directory, or a new database on the
+    /// tests' PostgreSQL server (`PostgresServer.freshDatabase`).
     final class StoreDirectory {
         let path = NSTemporaryDirectory() + "happypath-dl-" + UUID().uuidString
         var file: String { path + "/deliveries.db" }
+        let url: String?
+
+        init(_ kind: StoreKind = .sqlite) throws {
+            url = kind == .postgres ? try PostgresServer.freshDatabase() : nil
+        }
+
+        /// A column's values that are not null, read from the store itself.
+        func column(_ name: String) throws -> [String] {
+            if let url { return try PostgresServer.query(url, "SELECT \(name) FROM happypath_delivery WHERE \(name) IS NOT NULL") }
+            return try DeliverLaterTests.column(name, in: file)
+        }
+
+        /// The config's `storage` block, with `extra` keys.
+        func yaml(_ extra: String) -> String {
+            if let url { return "storage: { url: '\(url)' \(extra) }" }
+            return "storage: { path: \(file) \(extra) }"
+        }
+
         deinit { try? FileManager.default.removeItem(atPath: path) }
     }
 
@@ -29,7 +57,7 @@ struct DeliverLaterTests {
         """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
-        storage: { path: \(store.file) \(storage) }
+        \(store.yaml(storage))
         defaults: { reachability: { park_for: 200ms } }
         upstreams:
           hooks:
@@ -65,8 +93,8 @@ struct DeliverLaterTests {
         return out
     }
 
-    @Test func storedThenDeliveredWithItsRequestIDAndAKey() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func storedThenDeliveredWithItsRequestIDAndAKey(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let upstream = ScriptedUpstream(responses: [Self.ok]).started()
         let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(upstream.port)", store: store))
         h.scripted.append(upstream)
@@ -97,8 +125,8 @@ struct DeliverLaterTests {
         #expect(s["attempts"] as? Int == 1 && s["status"] as? Int == 200 && s["request_id"] as? String == "req-42")
     }
 
-    @Test func theClientsIdempotencyKeyIsKeptAndASecondSendIsTheSameDelivery() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func theClientsIdempotencyKeyIsKeptAndASecondSendIsTheSameDelivery(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
         let first = try HTTP.request(
@@ -120,8 +148,8 @@ struct DeliverLaterTests {
 
     /// Two clients (their own `Authorization`) that happen to pick the same
     /// key each get their own delivery, and each is delivered with it.
-    @Test func twoClientsWithTheSameKeyEachGetTheirOwnDelivery() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func twoClientsWithTheSameKeyEachGetTheirOwnDelivery(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
         let alice = try HTTP.request(
@@ -151,14 +179,14 @@ struct DeliverLaterTests {
         let bodies = upstream.appRequests.map { String(decoding: $0.body, as: UTF8.self) }
         #expect(bodies.sorted() == ["alice", "bob"])
         // The credential is in the key's scope only as a hash.
-        let scopes = try Self.column("idem_scope", in: store.file)
+        let scopes = try store.column("idem_scope")
         #expect(scopes.count == 2 && scopes.allSatisfy { $0.count == 64 && !$0.contains("alice") && !$0.contains("bob") })
     }
 
     /// One client reusing its key for a different request gets 422, and
     /// nothing is stored; its first request is unaffected.
-    @Test func aKeyReusedWithAnotherBodyIsRefusedWith422() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func aKeyReusedWithAnotherBodyIsRefusedWith422(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
         let headers = [("Idempotency-Key", "order-2"), ("Authorization", "Bearer carol")]
@@ -192,8 +220,8 @@ struct DeliverLaterTests {
 
     /// Without `Authorization`, the route's `delivery.idempotency.client_header`
     /// tells clients apart.
-    @Test func theConfiguredClientHeaderScopesKeysWithoutAuthorization() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func theConfiguredClientHeaderScopesKeysWithoutAuthorization(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(
             Self.yaml(upstream: port.url, store: store, delivery: ", idempotency: { client_header: X-Api-Key }"),
@@ -222,8 +250,8 @@ struct DeliverLaterTests {
         return out
     }
 
-    @Test func queuedWhileTheUpstreamIsDownThenEveryOneArrivesOnce() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func queuedWhileTheUpstreamIsDownThenEveryOneArrivesOnce(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
         let admin = AdminProbe(port: h.adminPort)
@@ -252,8 +280,8 @@ struct DeliverLaterTests {
         #expect(bodies == Set((0..<30).map { "event \($0)" }))
     }
 
-    @Test func aRefusalFromTheUpstreamIsDeadWithItsProblemAndCanBeReplayed() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func aRefusalFromTheUpstreamIsDeadWithItsProblemAndCanBeReplayed(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let refusal =
             "HTTP/1.1 422 Unprocessable Content\r\nContent-Type: application/json\r\nContent-Length: 24\r\n\r\n{\"error\":\"bad order id\"}"
         let upstream = ScriptedUpstream(responses: [refusal, Self.ok]).started()
@@ -283,8 +311,8 @@ struct DeliverLaterTests {
         #expect(try admin.metric("happypath_deliveries_total{upstream=\"hooks\",outcome=\"dead\"}") == 1)
     }
 
-    @Test func aFullStoreAnswersOverloadedAndKeepsWhatItHolds() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func aFullStoreAnswersOverloadedAndKeepsWhatItHolds(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(
             Self.yaml(upstream: port.url, store: store, storage: ", max_bytes: 1MiB"), holding: [port])
@@ -308,12 +336,14 @@ struct DeliverLaterTests {
         #expect(upstream.appRequests.count == 3, "the refused one was never stored, so never sent")
     }
 
-    @Test func unknownDeliveriesAndWrongMethodsAreClearErrors() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func unknownDeliveriesAndWrongMethodsAreClearErrors(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let port = RefusingPort()
         let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
         let missing = try HTTP.request(port: h.port, "/_happypath/deliveries/dlv_nope")
-        #expect(missing.status == 404 && Self.json(missing)["code"] as? String == "NOT_FOUND")
+        #expect(
+            missing.status == 404 && Self.json(missing)["code"] as? String == "NOT_FOUND",
+            "\(missing.status) \(String(decoding: missing.body, as: UTF8.self))")
         let post = try HTTP.request(port: h.port, "POST", "/_happypath/deliveries/dlv_nope", body: [])
         #expect(post.status == 400)
         let badFilter = try HTTP.request(port: h.adminPort, "/admin/deliveries?state=lost")
@@ -325,7 +355,7 @@ struct DeliverLaterTests {
     /// Nothing lost across `kill -9`: the proxy as a process, killed twice
     /// while delivering, restarted on the same store each time.
     @Test func nothingAcceptedIsLostWhenTheProxyIsKilledTwice() throws {
-        let store = StoreDirectory()
+        let store = try StoreDirectory()
         let port = RefusingPort()
         let config = Self.yaml(upstream: port.url, store: store, delivery: ", max_attempts: 1000")
         var proxy = try ServeProcess(config: config, logLevel: "info")
@@ -395,8 +425,8 @@ struct DeliverLaterTests {
     /// SIGTERM while rounds are running: they finish (no new ones start),
     /// the process exits 0, and after a restart the rest is delivered with
     /// nothing sent twice.
-    @Test func sigtermLetsRunningRoundsFinishAndLosesNothing() throws {
-        let store = StoreDirectory()
+    @Test(arguments: StoreKind.allCases) func sigtermLetsRunningRoundsFinishAndLosesNothing(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
         let upstream = ScriptedUpstream(responses: ["DELAY:300\n" + Self.ok]).started()
         defer { upstream.stop() }
         let config = Self.yaml(upstream: "http://127.0.0.1:\(upstream.port)", store: store)

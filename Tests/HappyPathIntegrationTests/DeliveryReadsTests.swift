@@ -54,7 +54,7 @@ struct DeliveryReadsTests {
     /// on the worker loops (the old `GROUP BY state` took about 80 ms per
     /// scrape, under a lock the status reads waited for).
     @Test func scrapesOverALargeBacklogDoNotDelayProxiedRequests() throws {
-        let directory = DeliverLaterTests.StoreDirectory()
+        let directory = try DeliverLaterTests.StoreDirectory()
         try FileManager.default.createDirectory(atPath: directory.path, withIntermediateDirectories: true)
         try Self.fillBacklog(path: directory.file, count: Self.backlog)
         let h = try ProxyHarness(

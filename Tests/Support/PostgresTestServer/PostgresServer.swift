@@ -158,6 +158,14 @@ extension PostgresServer {
         return server.url.replacingOccurrences(of: "/happypath?", with: "/\(name)?")
     }
 
+    /// The first column of `sql`'s rows in the database at `url`, as text (`psql`).
+    public static func query(_ url: String, _ sql: String) throws -> [String] {
+        guard let bin = binaries() else { throw PostgresServerError("no PostgreSQL client here") }
+        let r = try run("\(bin)/psql", [url, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        guard r.status == 0 else { throw PostgresServerError("psql: \(r.err)") }
+        return r.out.split(separator: "\n", omittingEmptySubsequences: true).map(String.init)
+    }
+
     /// `createdb` (Debian's `postgresql-client`, which the server package brings).
     public func createDatabase(_ name: String) throws {
         let made = try Self.run("\(bin)/createdb", ["-h", "127.0.0.1", "-p", "\(port)", "-U", "happypath", name])
