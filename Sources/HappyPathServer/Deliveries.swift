@@ -66,7 +66,7 @@ final class Deliveries: Sendable {
         var counters: [StoreErrorKind: Prometheus.Counter] = [:]
         let errors = MetricNameDescriptor(
             namespace: "happypath", metricName: "delivery_store_errors", unitName: "total",
-            helpText: "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), other.")
+            helpText: "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), unreachable (its database), database (a refused statement), other.")
         for kind in StoreErrorKind.allCases {
             counters[kind] = shared.metrics.registry.makeCounter(descriptor: errors, labels: [("kind", kind.rawValue)])
         }

@@ -12,10 +12,10 @@ import Prometheus
 /// servers in one process (tests) do not share series.
 final class ProxyMetrics: Sendable {
     let registry = PrometheusCollectorRegistry()
-    let factory: PrometheusMetricsFactory
+    let factory: HelpfulMetricsFactory
 
     init() {
-        var factory = PrometheusMetricsFactory(registry: registry)
+        var factory = HelpfulMetricsFactory(registry: registry)
         factory.defaultDurationHistogramBuckets = [
             .milliseconds(1), .microseconds(2500), .milliseconds(5), .milliseconds(10), .milliseconds(25),
             .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),

@@ -1,0 +1,101 @@
+import CoreMetrics
+import Prometheus
+
+/// What each series means, as its `# HELP` line says it (docs/operations.md,
+/// "Metrics", says the same at more length). Every series the proxy
+/// exports has one: `MetricHelpTests` scrapes a proxy that has seen every
+/// kind of traffic and fails on a `# TYPE` without its `# HELP`, and on
+/// anything `promtool check metrics` reports.
+enum MetricHelp {
+    static let text: [String: String] = [
+        "happypath_requests_total":
+            "Client requests answered, by route and code (OK for the upstream's own 2xx/3xx, else the error code).",
+        "happypath_request_duration_seconds": "Time from a client request's arrival to its answer, by route.",
+        "happypath_upstream_tries_total": "Tries sent upstream, by upstream and outcome.",
+        "happypath_retries_total": "Tries that were retries, by upstream.",
+        "happypath_circuit_state": "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open.",
+        "happypath_parked_commands": "Requests parked now, waiting for their upstream, by upstream and reason.",
+        "happypath_replayed_commands_total": "Parked requests replayed once their upstream could take them, by upstream.",
+        "happypath_token_refreshes_total": "Upstream credential refreshes, by upstream and result.",
+        "happypath_requests_refused_total": "Requests the HTTP/1.1 edge refused before routing, by rule and status.",
+        "happypath_accept_capped_total": "Times a listener stopped accepting because limits.max_connections was reached.",
+        "happypath_accept_paused_total": "Times a listener paused because the process ran out of descriptors or socket memory.",
+        "happypath_client_connections": "Client connections open in the process now.",
+        "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",
+        "happypath_buffered_body_bytes": "Request and response body bytes buffered in the process now.",
+        "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
+        "happypath_tls_handshakes_total": "TLS handshakes completed on TLS listeners, by protocol version.",
+        "happypath_tls_handshake_failures_total": "TLS handshakes that failed, by reason.",
+        "happypath_tls_certificate_expiry_seconds": "When each listener certificate expires, as Unix time in seconds.",
+        "happypath_tunnels_open": "WebSocket (upgrade) tunnels open now.",
+        "happypath_tunnels_total": "Tunnels closed, by upstream and reason.",
+        "happypath_tunnel_bytes_total": "Bytes tunnels carried, by upstream and direction.",
+        "happypath_tunnel_duration_seconds": "How long tunnels lasted, by upstream.",
+        "happypath_deliveries_total": "Deliver-later requests by upstream and outcome (accepted, duplicate, refused, delivered, dead, ...).",
+        "happypath_deliveries_queued": "Deliveries not yet delivered or dead (queued and in flight), by upstream.",
+        "happypath_delivery_oldest_queued_seconds": "Age of the oldest delivery not yet delivered or dead, by upstream.",
+        "happypath_delivery_store_write_seconds": "Time from a request handed to the delivery store to its durable commit.",
+        "happypath_delivery_store_bytes": "Bytes the delivery store holds that count against storage.max_bytes.",
+        "happypath_delivery_store_max_bytes": "storage.max_bytes: bytes the delivery store holds at most.",
+        "happypath_hedges_total": "Hedged tries by route and outcome (won, lost, skipped).",
+        "happypath_fallback_total": "Answers a route's fallback gave instead of an error, by route, kind and reason.",
+    ]
+}
+
+/// swift-metrics' factory for the proxy's registry, like
+/// `PrometheusMetricsFactory` but giving each series its `# HELP` text
+/// (`MetricHelp`). Histogram buckets per name, as there.
+struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
+    let registry: PrometheusCollectorRegistry
+    var defaultDurationHistogramBuckets: [Duration] = []
+    var durationHistogramBuckets: [String: [Duration]] = [:]
+    var defaultValueHistogramBuckets: [Double] = [0.01, 0.1, 1, 10, 100]
+
+    private func descriptor(_ label: String) -> MetricNameDescriptor {
+        MetricNameDescriptor(metricName: label, unitName: "", helpText: MetricHelp.text[label] ?? "")
+    }
+
+    func makeCounter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.CounterHandler {
+        registry.makeCounter(descriptor: descriptor(label), labels: dimensions)
+    }
+
+    func makeFloatingPointCounter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.FloatingPointCounterHandler {
+        registry.makeCounter(descriptor: descriptor(label), labels: dimensions)
+    }
+
+    func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any CoreMetrics.RecorderHandler {
+        guard aggregate else { return registry.makeGauge(descriptor: descriptor(label), labels: dimensions) }
+        return registry.makeValueHistogram(descriptor: descriptor(label), labels: dimensions, buckets: defaultValueHistogramBuckets)
+    }
+
+    func makeMeter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.MeterHandler {
+        registry.makeGauge(descriptor: descriptor(label), labels: dimensions)
+    }
+
+    func makeTimer(label: String, dimensions: [(String, String)]) -> any CoreMetrics.TimerHandler {
+        registry.makeDurationHistogram(
+            descriptor: descriptor(label), labels: dimensions,
+            buckets: durationHistogramBuckets[label] ?? defaultDurationHistogramBuckets)
+    }
+
+    func destroyCounter(_ handler: any CoreMetrics.CounterHandler) {
+        if let counter = handler as? Prometheus.Counter { registry.unregisterCounter(counter) }
+    }
+
+    func destroyFloatingPointCounter(_ handler: any CoreMetrics.FloatingPointCounterHandler) {
+        if let counter = handler as? Prometheus.Counter { registry.unregisterCounter(counter) }
+    }
+
+    func destroyRecorder(_ handler: any CoreMetrics.RecorderHandler) {
+        if let gauge = handler as? Prometheus.Gauge { registry.unregisterGauge(gauge) }
+        if let histogram = handler as? ValueHistogram { registry.unregisterValueHistogram(histogram) }
+    }
+
+    func destroyMeter(_ handler: any CoreMetrics.MeterHandler) {
+        if let gauge = handler as? Prometheus.Gauge { registry.unregisterGauge(gauge) }
+    }
+
+    func destroyTimer(_ handler: any CoreMetrics.TimerHandler) {
+        if let histogram = handler as? DurationHistogram { registry.unregisterDurationHistogram(histogram) }
+    }
+}
