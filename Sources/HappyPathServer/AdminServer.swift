@@ -128,7 +128,9 @@ final class AdminServer: HTTPServerDelegate {
         }
         request.reply(
             status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
-            body: shared.metrics.exposition(bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current))
+            body: shared.metrics.exposition(
+                bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current,
+                parkedLimit: runtime.configuration.limits.maxParked))
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {

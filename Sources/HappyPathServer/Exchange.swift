@@ -467,7 +467,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         // the retry budget, bounds what reaches the upstream, so it spends
         // no budget (under load the budget would turn parked clients' retries into 429s).
         let action = machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) {
-            pacedAnswer || guardian.withdrawRetry(at: now)
+            pacedAnswer || withdrawRetry(at: now)
         }
         // A hedge is still out: the request goes on with it.
         if machine.state == .trying, !hedges.isEmpty {
@@ -736,7 +736,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             admit: {
                 slot = admitHedge(at: now)
                 return slot
-            }, budget: { guardian.withdrawRetry(at: now) })
+            }, budget: { withdrawRetry(at: now) })
         guard case let .send(attempt, limit) = decision else {
             if slot { worker.releaseSlot(guardian: guardian) }
             if case .skip = decision { worker.metrics.hedge(route: route, outcome: "skipped") }
@@ -750,6 +750,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         try_.transfer = start(endpoint: index, limit: limit, token: authToken, handler: try_)
         hedges.append(try_)
         if machine.mayHedge { hedgeDueAt = route.hedgeDue(sentAt: now) }
+    }
+
+    /// A retry or hedge from the upstream's budget; a refusal is counted
+    /// (`happypath_retry_budget_exhausted_total`).
+    private func withdrawRetry(at now: Instant) -> Bool {
+        if guardian.withdrawRetry(at: now) { return true }
+        worker.metrics.retryBudgetExhausted(upstream: upstream.name)
+        return false
     }
 
     /// What a hedge needs besides the budget: the upstream not paused and

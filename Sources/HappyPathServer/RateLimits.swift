@@ -267,7 +267,7 @@ final class RateLimitMetrics: Sendable {
     func queueDepth(route: String, _ depth: Int) {
         registry.makeGauge(
             descriptor: MetricNameDescriptor(
-                namespace: "happypath", metricName: "rate_limit_queue_depth",
+                namespace: "happypath", metricName: "rate_limit_queue_depth", unitName: "",
                 helpText: "Requests waiting in a route's rate-limit queue for their token, in the whole process."),
             labels: [("route", route)]
         ).set(Double(depth))
