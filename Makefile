@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev 
 TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -59,7 +59,13 @@ run: release
 # Every test: unit and loopback integration tests, the Kubernetes manifests,
 # each load-test scenario in its short form (about 10 s each), a one-minute
 # soak, and the whole suite again under ThreadSanitizer and AddressSanitizer.
-test: deploy-check loadtest-short soak-short unit-test fuzz-short sanitize
+test: deploy-check rules-check loadtest-short soak-short unit-test fuzz-short sanitize
+
+# The alert rules (deploy/prometheus): valid, and each alert fires on the
+# synthetic series of happypath-rules.test.yaml and stays quiet on the others.
+rules-check: test-deps
+	promtool check rules deploy/prometheus/happypath-rules.yaml
+	cd deploy/prometheus && promtool test rules happypath-rules.test.yaml
 
 unit-test: deps
 	$(SWIFT) build --build-tests

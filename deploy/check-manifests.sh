@@ -193,6 +193,15 @@ for wf, w in workloads:
         print(f"store: {store} on {wname} volume {m['name']} ({'/'.join(claims[m['name']]['spec']['accessModes'])}, {size},"
               f" one per replica), writable by fsGroup {psc['fsGroup']}")
 
+# A PrometheusRule carries the alert rules of deploy/prometheus (which
+# `make rules-check` tests with promtool), unchanged.
+for pf, pr in objects("PrometheusRule"):
+    rules = yaml.safe_load(open("deploy/prometheus/happypath-rules.yaml"))
+    if pr.get("spec") != rules:
+        fail(f"{pf}: its groups differ from deploy/prometheus/happypath-rules.yaml; run python3 deploy/prometheus/prometheusrule.py")
+    else:
+        print(f"alerts: {pf} has the {sum(len(g['rules']) for g in rules['groups'])} rules of deploy/prometheus/happypath-rules.yaml")
+
 # The compose files that run the proxy keep the store on a named volume too.
 if k8s_dir == "deploy/k8s":
     for cf in sorted(glob.glob("deploy/compose*.yaml")):
