@@ -338,8 +338,15 @@ final class Reader {
         var out: [Listener] = []
         for (i, item) in items.enumerated() {
             let path = "listen[\(i)]"
+            // The same address twice could never bind (port 0, a port of
+            // its own for each, aside).
+            func listedTwice(_ a: ListenAddress, _ node: Node, _ what: String) -> Bool {
+                guard a.port != 0, let earlier = out.first(where: { $0.address == a }) else { return false }
+                error(node, "\(what): \(a) is listed twice (also as \(earlier.address))")
+                return true
+            }
             if case .scalar = item {
-                if let a = address(item, path) { out.append(Listener(address: a)) }
+                if let a = address(item, path), !listedTwice(a, item, path) { out.append(Listener(address: a)) }
                 continue
             }
             let lf = fields(item, path, known: ["address", "tls"])
@@ -350,10 +357,7 @@ final class Reader {
             guard let a = address(addressNode, "\(path).address") else { continue }
             var listener = Listener(address: a)
             if let tlsNode = lf["tls"]?.value { listener.tls = tlsSettings(tlsNode, "\(path).tls") }
-            if let earlier = out.first(where: { $0.address == a }) {
-                error(addressNode, "\(path).address: \(a) is listed twice (also as \(earlier.address))")
-                continue
-            }
+            if listedTwice(a, addressNode, "\(path).address") { continue }
             out.append(listener)
         }
         return out.isEmpty ? nil : out

@@ -63,6 +63,7 @@ import Testing
         ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], min_version: \"1.1\" } } ]", "min_version must be \"1.2\" or \"1.3\""),
         ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], alpn: [h2] } } ]", "speaks http/1.1 only"),
         ("listen: [ \"0.0.0.0:8080\", { address: \"0.0.0.0:8080\" } ]", "is listed twice"),
+        ("listen: [ \"0.0.0.0:8080\", \"0.0.0.0:8080\" ]", "listen[1]: 0.0.0.0:8080 is listed twice"),
         ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], ciphers: x } } ]", "unknown key 'listen[0].tls.ciphers'"),
         ("listen: [ nonsense ]", "listen[0]: 'nonsense' is not HOST:PORT"),
     ])

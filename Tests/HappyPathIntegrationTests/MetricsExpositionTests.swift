@@ -11,33 +11,126 @@ import Testing
 /// installs) finds nothing to report.
 @Suite("Metrics exposition", .serialized)
 struct MetricsExpositionTests {
-    static func yaml(store: String) -> String {
+    /// Routes for every kind of traffic: answers and client errors, deliver
+    /// later (delivered, and queued for an upstream that is down), a rate
+    /// limit, hedges, a fallback, credentials, retries a tight budget refuses
+    /// and a breaker that opens, parking, and an upstream with pacing.
+    static func yaml(store: String, down: Int, tls: TestCertificates.Pair) -> String {
         """
-        listen: 127.0.0.1:0
+        listen:
+          - 127.0.0.1:0
+          - { address: 127.0.0.1:0, tls: { certificates: [ { cert: \(tls.cert), key: \(tls.key) } ] } }
         admin: { listen: 127.0.0.1:0 }
         storage: { path: \(store) }
         upstreams:
-          demo: { endpoints: ["{{DEMO}}"] }
+          demo:
+            endpoints: ["{{DEMO}}"]
+            pacing: { on: [429] }
+          authed:
+            endpoints: ["{{DEMO}}"]
+            auth: { kind: oauth2_client_credentials, token_url: "{{DEMO}}/_demo/token?ttl=60", client_id: t, client_secret: t }
+          fragile:
+            endpoints: ["{{DEMO}}"]
+            retry: { attempts: 3, backoff: { base: 1ms, max: 1ms }, budget: { ratio: 0.01, min_per_second: 1 } }
+            circuit_breaker: { consecutive_failures: 100, minimum_requests: 1000 }
+          down:
+            endpoints: [http://127.0.0.1:\(down)]
+            connect_timeout: 200ms
+            reachability: { park_for: 300ms }
         routes:
-          - match: { path_prefix: /later/ }
-            upstream: demo
-            strip_prefix: /later
-            delivery: { mode: later }
+          - { match: { path_prefix: /later/ }, upstream: demo, strip_prefix: /later, delivery: { mode: later } }
+          - { match: { path_prefix: /later-down/ }, upstream: down, strip_prefix: /later-down, delivery: { mode: later } }
           - match: { path_prefix: /limited/ }
             upstream: demo
             strip_prefix: /limited
             rate_limit: { rate: 1/m, burst: 1, over_limit: reject }
-          - match: { path_prefix: /hedged/ }
-            upstream: demo
-            strip_prefix: /hedged
-            hedge: { after: 1ms }
+          - { match: { path_prefix: /hedged/ }, upstream: demo, strip_prefix: /hedged, hedge: { after: 1ms } }
           - match: { path_prefix: /fallback/ }
             upstream: demo
             strip_prefix: /fallback
             fallback: { response: { status: 200, content_type: application/json, body: '{}' } }
-          - match: { path_prefix: / }
-            upstream: demo
+          - { match: { path_prefix: /authed/ }, upstream: authed, strip_prefix: /authed }
+          - { match: { path_prefix: /fragile/ }, upstream: fragile, strip_prefix: /fragile }
+          - { match: { path_prefix: /down/ }, upstream: down, strip_prefix: /down }
+          - { match: { path_prefix: / }, upstream: demo }
         """
+    }
+
+    /// The scrape of a proxy that has seen all of that traffic.
+    static func scrape() throws -> String {
+        let directory = NSTemporaryDirectory() + "happypath-metrics-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let down = RefusingPort()
+        let certs = try TestCertificates()
+        let tls = try certs.make("metrics", names: ["localhost"])
+        let h = try ProxyHarness(Self.yaml(store: directory + "/deliveries.db", down: down.port, tls: tls), holding: [down])
+        for path in [
+            "/ok", "/status/404", "/limited/ok", "/limited/ok", "/hedged/slow?ms=20", "/fallback/status/503",
+            "/authed/private/ok", "/down/ok",
+        ] + Array(repeating: "/fragile/status/502", count: 20) {
+            _ = try HTTP.request(port: h.port, path)
+        }
+        _ = try HTTP.request(port: h.port, "POST", "/later/echo", body: Array("{}".utf8))
+        _ = try HTTP.request(port: h.port, "POST", "/later-down/x", body: Array("{}".utf8))
+        _ = try EdgeHardeningTests.raw(h.port, "GET / HTTP/1.1\r\n\r\n")  // no Host: refused by the edge
+        let admin = AdminProbe(port: h.adminPort)
+        guard
+            waitUntil("the delivery to the demo delivered", {
+                try admin.metric("happypath_deliveries_total{upstream=\"demo\",outcome=\"delivered\"}") == 1
+            })
+        else { throw TestError("nothing delivered") }
+        return String(decoding: try HTTP.request(port: h.adminPort, "/metrics").body, as: UTF8.self)
+    }
+
+    /// Series names in a scrape, each with the label names it carries.
+    static func series(_ text: String) -> [String: Set<String>] {
+        var out: [String: Set<String>] = [:]
+        for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+            let head = line.split(separator: " ")[0]
+            let name = String(head.prefix { $0 != "{" })
+            var labels = out[name] ?? []
+            if let open = head.firstIndex(of: "{") {
+                for pair in head[head.index(after: open)...].dropLast().split(separator: ",") {
+                    labels.insert(String(pair.prefix { $0 != "=" }))
+                }
+            }
+            out[name] = labels
+        }
+        return out
+    }
+
+    /// What in `expr` the scrape does not have: a metric it does not
+    /// export, a label matched on a metric that does not carry it, a
+    /// `by (...)` label none of the expression's metrics carries.
+    /// (`job` and `instance` are the scrape's own labels.)
+    static func unknownSelectors(_ expr: String, _ exported: [String: Set<String>]) -> [String] {
+        var problems: [String] = []
+        let targetLabels: Set = ["job", "instance"]
+        var metricsHere: [String] = []
+        let selector = try! Regex(#"\b((?:happypath|process)_[a-z_]+)\s*(\{([^}]*)\})?"#)
+        for match in expr.matches(of: selector) {
+            let name = String(match.output[1].substring ?? "")
+            metricsHere.append(name)
+            guard let labels = exported[name] else {
+                problems.append("\(name): not exported")
+                continue
+            }
+            if let matchers = match.output[3].substring {
+                for m in matchers.matches(of: try! Regex(#"([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)"#)) {
+                    let label = String(m.output[1].substring ?? "")
+                    if !labels.contains(label), !targetLabels.contains(label) { problems.append("\(name): no label \(label)") }
+                }
+            }
+        }
+        for by in expr.matches(of: try! Regex(#"\bby\s*\(([^)]*)\)"#)) {
+            for label in (by.output[1].substring ?? "").split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) })
+            where !label.isEmpty && !targetLabels.contains(label) {
+                if !metricsHere.contains(where: { exported[$0]?.contains(label) == true }) {
+                    problems.append("by (\(label)): no metric of the expression carries it")
+                }
+            }
+        }
+        return problems
     }
 
     /// The families in an exposition: name -> (TYPE, HELP).
@@ -55,28 +148,17 @@ struct MetricsExpositionTests {
     }
 
     @Test func everyFamilyHasItsHelpAndPromtoolFindsNothing() throws {
-        let directory = NSTemporaryDirectory() + "happypath-metrics-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let h = try ProxyHarness(Self.yaml(store: directory + "/deliveries.db"))
-        for path in [
-            "/ok", "/status/404", "/flaky?fail=0.5&status=503", "/flaky?fail=0.5&status=503", "/limited/ok", "/limited/ok",
-            "/hedged/slow?ms=20", "/fallback/status/503",
-        ] {
-            _ = try HTTP.request(port: h.port, path)
-        }
-        _ = try HTTP.request(port: h.port, "POST", "/later/echo", body: Array("{}".utf8))
-        _ = try EdgeHardeningTests.raw(h.port, "GET / HTTP/1.1\r\n\r\n")  // no Host: refused by the edge
-        let admin = AdminProbe(port: h.adminPort)
-        guard waitUntil("the delivery delivered", { try admin.metric("happypath_deliveries_total{upstream=\"demo\",outcome=\"delivered\"}") == 1 })
-        else { return }
-        let text = String(decoding: try HTTP.request(port: h.adminPort, "/metrics").body, as: UTF8.self)
+        let text = try Self.scrape()
 
         let families = Self.families(text)
         for name in [
             "happypath_requests_total", "happypath_request_duration_seconds", "happypath_upstream_tries_total",
             "happypath_retries_total", "happypath_deliveries_total", "happypath_delivery_store_write_seconds",
             "happypath_rate_limited_total", "happypath_hedges_total", "happypath_fallback_total",
-            "happypath_requests_refused_total", "happypath_client_connections",
+            "happypath_requests_refused_total", "happypath_client_connections", "happypath_retry_budget_exhausted_total",
+            "happypath_circuit_state", "happypath_parked_commands", "happypath_token_refreshes_total",
+            "happypath_upstream_paused_seconds", "happypath_deliveries_queued", "happypath_delivery_oldest_queued_seconds",
+            "process_cpu_seconds_total", "process_open_fds", "happypath_tls_certificate_expiry_seconds",
         ] {
             #expect(families[name]?.type != nil, "\(name) is not in the scrape")
         }
@@ -92,6 +174,54 @@ struct MetricsExpositionTests {
         }
         let checked = try runProcess(promtool, ["check", "metrics"], input: text)
         #expect(checked.status == 0 && checked.out.isEmpty && checked.err.isEmpty, "promtool: \(checked.out) \(checked.err)")
+    }
+
+    /// Every query of the Grafana dashboard, and every alert rule, refers
+    /// only to metrics and labels the proxy exports.
+    @Test func theDashboardAndTheAlertsAskOnlyForWhatIsExported() throws {
+        let exported = Self.series(try Self.scrape())
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let dashboard = try JSONSerialization.jsonObject(
+            with: Data(contentsOf: root.appendingPathComponent("deploy/grafana/happypath.json"))) as? [String: Any] ?? [:]
+        var exprs: [String] = []
+        for panel in dashboard["panels"] as? [[String: Any]] ?? [] {
+            for target in panel["targets"] as? [[String: Any]] ?? [] { exprs.append(target["expr"] as? String ?? "") }
+        }
+        let templating = (dashboard["templating"] as? [String: Any])?["list"] as? [[String: Any]] ?? []
+        for variable in templating {
+            if let query = (variable["query"] as? [String: Any])?["query"] as? String { exprs.append(query) }
+        }
+        #expect(exprs.count > 25)
+        for expr in exprs {
+            let problems = Self.unknownSelectors(expr, exported)
+            #expect(problems.isEmpty, "dashboard: \(expr): \(problems)")
+        }
+        // The alert rules, the same way (the file is YAML: its expr lines are enough here).
+        let rules = try String(contentsOf: root.appendingPathComponent("deploy/prometheus/happypath-rules.yaml"), encoding: .utf8)
+        var ruleExprs: [String] = []
+        var current: String?
+        for line in rules.split(separator: "\n", omittingEmptySubsequences: false) {
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            if trimmed.hasPrefix("expr:") {
+                if let c = current { ruleExprs.append(c) }
+                let rest = trimmed.dropFirst(5).trimmingCharacters(in: .whitespaces)
+                current = rest == "|" ? "" : rest
+            } else if let c = current, line.hasPrefix("          "), !trimmed.hasPrefix("#") {
+                current = c + " " + trimmed
+            } else if let c = current {
+                ruleExprs.append(c)
+                current = nil
+            }
+        }
+        #expect(ruleExprs.count == 11)
+        for expr in ruleExprs {
+            let problems = Self.unknownSelectors(expr, exported)
+            #expect(problems.isEmpty, "rules: \(expr): \(problems)")
+        }
+        // The check itself: a metric or a label that is not there is found.
+        #expect(!Self.unknownSelectors("rate(happypath_nothing_total[5m])", exported).isEmpty)
+        #expect(!Self.unknownSelectors("sum by (colour) (happypath_requests_total{route=\"/\"})", exported).isEmpty)
+        #expect(!Self.unknownSelectors("happypath_requests_total{colour=\"red\"}", exported).isEmpty)
     }
 
     /// Every series docs/operations.md lists has its help text.
