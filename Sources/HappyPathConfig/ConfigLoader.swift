@@ -433,7 +433,7 @@ final class Reader {
             root, "",
             known: [
                 "listen", "workers", "admin", "limits", "normalize", "drain_timeout", "defaults", "upstreams", "routes",
-                "storage", "trusted_proxies",
+                "storage", "trusted_proxies", "tracing",
             ])
         if let node = f["listen"]?.value, let l = listeners(node) { config.listeners = l }
         if let w = f["workers"]?.value {
@@ -488,6 +488,7 @@ final class Reader {
         }
         if let d = duration(f["drain_timeout"]?.value, "drain_timeout", allowZero: true) { config.drainTimeout = d }
         if let storage = f["storage"]?.value { config.storage = self.storage(storage) }
+        if let tracing = f["tracing"]?.value { config.tracing = self.tracing(tracing) }
         if let defaults = f["defaults"] {
             config.defaults = policies(fields(defaults.value, "defaults", known: Self.policyKeys), "defaults")
         }
@@ -517,6 +518,28 @@ final class Reader {
             )
         }
         return config
+    }
+
+    /// `tracing`: OpenTelemetry spans over OTLP/HTTP (docs/operations.md, "Tracing").
+    func tracing(_ node: Node) -> TracingConfiguration? {
+        let f = fields(node, "tracing", known: ["otlp_endpoint", "sample_ratio", "service_name"])
+        var t = TracingConfiguration(endpoint: "")
+        guard let e = string(f["otlp_endpoint"]?.value, "tracing.otlp_endpoint") else {
+            if f["otlp_endpoint"] == nil {
+                error(node, "tracing needs otlp_endpoint, the collector's OTLP/HTTP traces URL (http://otel-collector:4318/v1/traces)")
+            }
+            return nil
+        }
+        guard e.hasPrefix("http://") || e.hasPrefix("https://"), e.count > 8 else {
+            error(f["otlp_endpoint"]?.value, "tracing.otlp_endpoint must be an http:// or https:// URL, such as http://otel-collector:4318/v1/traces")
+            return nil
+        }
+        t.endpoint = e
+        if let r = double(f["sample_ratio"]?.value, "tracing.sample_ratio", min: 0, max: 1) { t.sampleRatio = r }
+        if let n = string(f["service_name"]?.value, "tracing.service_name") {
+            if n.isEmpty { error(f["service_name"]?.value, "tracing.service_name must not be empty") } else { t.serviceName = n }
+        }
+        return t
     }
 
     func storage(_ node: Node) -> StorageConfiguration {

@@ -28,6 +28,8 @@ public struct Configuration: Sendable {
     public var routes: [Route]
     /// The deliver-later store, opened only if a route has `delivery.mode: later`.
     public var storage = StorageConfiguration()
+    /// `tracing`: nil, none (the default; it then costs nothing).
+    public var tracing: TracingConfiguration?
     /// `trusted_proxies`: X-Forwarded-For hops from these networks are
     /// skipped when the proxy looks for a client's address (rate limits).
     public var trustedProxies: [IPRange] = []
@@ -192,6 +194,18 @@ public struct DeliverySettings: Sendable, Equatable {
     public var idempotencyClientHeader: String?
 
     public init() {}
+}
+
+/// The top-level `tracing` block: OpenTelemetry spans sent over OTLP/HTTP.
+public struct TracingConfiguration: Sendable, Equatable {
+    /// The collector's OTLP/HTTP traces URL (protobuf), e.g. http://otel-collector:4318/v1/traces.
+    public var endpoint: String
+    /// Share of requests without a sampled `traceparent` that are traced;
+    /// a request whose `traceparent` says sampled always is (parent-based).
+    public var sampleRatio = 1.0
+    public var serviceName = "happypath"
+
+    public init(endpoint: String) { self.endpoint = endpoint }
 }
 
 /// The top-level `storage` block: where deliver-later requests are kept.

@@ -122,6 +122,10 @@ final class AdminServer: HTTPServerDelegate {
     /// `/metrics`, with the delivery store's gauges from `stats` (read before).
     private func metrics(_ request: HTTPRequest, stats: StoreStats?) {
         if let stats { shared.deliveries?.recordGauges(stats, into: shared.metrics) }
+        if let exporter = shared.tracer?.exporter {
+            shared.metrics.spans(
+                exported: exporter.exported.load(ordering: .relaxed), dropped: exporter.dropped.load(ordering: .relaxed))
+        }
         let now = clock.now()
         for g in shared.guards where g.pacing != nil {
             shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)

@@ -97,8 +97,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     init(
         worker: ProxyWorker, request: any ExchangeClient, route: RuntimeRoute, upstream: RuntimeUpstream,
-        guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil, upgrade: UpgradeRequest? = nil
+        guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil, upgrade: UpgradeRequest? = nil,
+        trace: RequestTrace? = nil
     ) {
+        self.trace = trace
         self.upgrade = upgrade
         self.worker = worker
         self.request = request
@@ -123,6 +125,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     var isFinished: Bool { machine.state == .finished }
 
+    /// A traced request's spans so far (nil: not traced, the usual case).
+    private(set) var trace: RequestTrace?
+
     func start() {
         request.observer = self
         guardian.recordRequest(at: worker.clock.now())
@@ -144,6 +149,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func replay() {
         guard parked != nil else { return }
         parked = nil
+        if trace != nil { trace?.parkedChanged(false, at: worker.clock.now()) }
         timer?.disarm()
         perform(machine.replay())
     }
@@ -195,6 +201,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             if reason == .unreachable { guardian.suspect.store(true, ordering: .relaxed) }
             guard worker.park(self, reason: reason) else { return perform(machine.parkRefused()) }
             parked = reason
+            if trace != nil { trace?.parkedChanged(true, at: worker.clock.now()) }
             arm(after: limit)
         case .cancelTry:
             if let transfer { worker.client.cancel(transfer) }
@@ -374,6 +381,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         var credentials: HTTPField?
         // The one place a credential is revealed: the header injected into the try.
         if let token, let tokens { credentials = HTTPField(name: tokens.header, value: token.credential.reveal) }
+        if trace != nil {
+            trace?.tryStarted(
+                spanID: Tracer.nonZero(worker.ids.next()), endpoint: endpoint.origin, attempt: command.attempt,
+                hedge: handler !== self, at: worker.clock.now())
+        }
         return worker.client.start(
             UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
@@ -410,10 +422,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         let fields = upgrade?.answerFields(switching ?? [], requestID: command.requestID) ?? []
         switching = nil
         let clock = worker.clock
+        // Counted open before the 101 leaves: a client that has its 101 and
+        // reads /metrics at once finds its tunnel counted.
+        worker.shared.tunnels.add(1)
         guard !isFinished, let client = request as? HTTPRequest,
             let tunnel = client.switchProtocols(
                 fields: fields, to: connection, limits: .init(idle: route.upgradesIdleTimeout), now: { clock.now() })
         else {
+            worker.shared.tunnels.add(-1)
             // The client left as the upstream agreed: the upstream did its part.
             connection.close()
             return perform(machine.clientGone())
@@ -440,6 +456,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             end = .failed(.init(.invalidResponse, "the response broke off after its head (\(failure.message))"))
         }
         let outcome = machine.outcome(of: end)
+        if trace != nil {
+            var status: Int?
+            if case let .answered(s, _, _) = end { status = s }
+            trace?.tryEnded(lostHedge: false, outcome: outcome.metricLabel, status: status, at: now)
+        }
         let breakerOpen: Bool
         var pacedAnswer = false
         if guardian.hasPacing, case let .answered(status, retryAfter, withToken) = end,
@@ -858,6 +879,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     }
 
     private func lose(_ hedge: HedgeTry, outcome: Outcome? = nil) {
+        if trace != nil {
+            trace?.tryEnded(lostHedge: true, outcome: outcome?.metricLabel ?? "lost", status: nil, at: worker.clock.now())
+        }
         worker.client.detach(hedge.transfer)
         losers.append(Loser(transfer: hedge.transfer, holdsSlot: true, endpointIndex: hedge.endpointIndex, outcome: outcome))
         worker.metrics.hedge(route: route, outcome: "lost")

@@ -9,7 +9,8 @@ enum ForwardedRequest {
     /// The command for `request`, which takes its body.
     static func command(
         from request: HTTPRequest, method: String, target: String, route: RuntimeRoute, upstream: String,
-        deadline: Instant, ids: inout IdentifierGenerator
+        deadline: Instant, ids: inout IdentifierGenerator, tracer: Tracer? = nil, trace: inout RequestTrace?,
+        now: Instant = Instant(nanoseconds: 0)
     ) -> Command {
         // Room for every field (each gains an 8-byte prefix) and the five
         // added ones, so the block is allocated once.
@@ -20,6 +21,7 @@ enum ForwardedRequest {
         var hasForwardedProto = false
         var hasForwardedHost = false
         var hasTraceparent = false
+        var incoming: UnsafeRawBufferPointer?
         // Fields a `Connection` header names are hop-by-hop for this request
         // (one pass over the head, however many tokens it lists).
         let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
@@ -38,6 +40,11 @@ enum ForwardedRequest {
                 return  // the edge already answered 100-continue
             case 11 where HTTPBytes.equals(name, "traceparent"):
                 hasTraceparent = true
+                // Traced: the proxy's own span becomes the upstream's parent (written below).
+                if tracer != nil {
+                    incoming = value
+                    return
+                }
             case 12 where HTTPBytes.equals(name, "x-request-id"):
                 if requestID == nil { requestID = validRequestID(value) }
                 return  // added back below, exactly once
@@ -81,7 +88,15 @@ enum ForwardedRequest {
             headers.append(name: "X-Forwarded-Proto", value: request.arrivedOverTLS ? "https" : "http" as StaticString)
         }
         if !hasForwardedHost, let host { headers.append(name: "X-Forwarded-Host", value: host) }
-        if !hasTraceparent {
+        if let tracer {
+            trace = tracer.begin(incoming: incoming.flatMap(TraceContext.parse), ids: &ids, at: now)
+            if let trace {
+                headers.append(name: "traceparent", value: trace.context.traceparent(span: trace.context.spanID))
+            } else if let incoming {
+                headers.append(name: "traceparent", value: incoming)  // not sampled: passed on as it came
+            }
+        }
+        if !hasTraceparent, trace == nil {
             headers.append(name: "traceparent", valueLength: IdentifierGenerator.traceparentLength) {
                 ids.writeTraceparent(into: $0)
             }
@@ -115,7 +130,10 @@ enum ForwardedRequest {
 
     /// A stored delivery's command, routed again under `runtime` (the
     /// configuration may have changed since it was stored).
-    static func command(for delivery: ClaimedDelivery, runtime: RuntimeConfiguration, now: Instant) -> Routed {
+    static func command(
+        for delivery: ClaimedDelivery, runtime: RuntimeConfiguration, now: Instant, tracer: Tracer? = nil,
+        ids: inout IdentifierGenerator, trace: inout RequestTrace?
+    ) -> Routed {
         let (path, query) = Router.split(target: delivery.target)
         guard let routeIndex = runtime.router.route(path: path, method: delivery.method) else {
             return .undeliverable(
@@ -135,10 +153,44 @@ enum ForwardedRequest {
                     .badRequest, requestID: delivery.requestID,
                     detail: "The stored path \(path) is not a normalized path (dot-segments); the delivery cannot be sent."))
         }
+        var lines = delivery.headers
+        if let tracer {
+            // A traced round: a trace of its own, linked to the accepted request's.
+            let (kept, stored) = Self.withoutTraceparent(lines)
+            trace = tracer.beginRound(accepted: stored.flatMap(TraceContext.parse), ids: &ids, at: now)
+            if let trace {
+                lines = kept + Array("traceparent: \(trace.context.traceparent(span: trace.context.spanID))\r\n".utf8)
+            }
+        }
         let command = Command(
             requestID: delivery.requestID, method: delivery.method, target: target,
-            headers: HeaderBlock(lines: delivery.headers), body: delivery.body, routeIndex: route.index,
+            headers: HeaderBlock(lines: lines), body: delivery.body, routeIndex: route.index,
             upstream: runtime.upstreams[route.upstreamIndex].name, deadline: now + route.timeout)
         return .command(command, route)
+    }
+
+    /// Stored `name: value\r\n` lines without their `traceparent`, and its value.
+    static func withoutTraceparent(_ lines: [UInt8]) -> (kept: [UInt8], traceparent: String?) {
+        var kept: [UInt8] = []
+        kept.reserveCapacity(lines.count)
+        var found: String?
+        var start = 0
+        var i = 0
+        while i < lines.count {
+            if lines[i] == 0x0A {
+                let line = lines[start...i]
+                let name = "traceparent:".utf8
+                if line.count > name.count, zip(line, name).allSatisfy({ $0 | 0x20 == $1 | 0x20 }) {
+                    let value = line.dropFirst(name.count).drop { $0 == 0x20 || $0 == 0x09 }
+                    found = String(decoding: value.prefix { $0 != 0x0D && $0 != 0x0A }, as: UTF8.self)
+                } else {
+                    kept += line
+                }
+                start = i + 1
+            }
+            i += 1
+        }
+        if start < lines.count { kept += lines[start...] }
+        return (kept, found)
     }
 }

@@ -14,6 +14,9 @@ enum MetricHelp {
         "happypath_upstream_tries_total": "Tries sent upstream, by upstream and outcome.",
         "happypath_retries_total": "Tries that were retries, by upstream.",
         "happypath_retry_budget_exhausted_total": "Retries and hedges the upstream's retry budget refused, by upstream.",
+        "happypath_trace_spans_exported_total": "Spans the OTLP exporter sent to the collector (tracing).",
+        "happypath_trace_spans_dropped_total":
+            "Spans dropped: the exporter's queue was full, or the collector did not take an export (tracing).",
         "happypath_parked_commands_limit": "limits.max_parked: requests the process parks at most.",
         "process_start_time_seconds": "Start time of the process since the Unix epoch, in seconds.",
         "process_cpu_seconds_total": "User and system CPU time the process spent, in seconds.",

@@ -100,6 +100,17 @@ final class ProxyMetrics: Sendable {
         ).set(seconds)
     }
 
+    /// The exporter's counts so far, as counters (they only grow).
+    func spans(exported: Int, dropped: Int) {
+        let (e, d) = spanCounts.withLock { c -> (Int, Int) in
+            defer { c = (exported, dropped) }
+            return (max(0, exported - c.exported), max(0, dropped - c.dropped))
+        }
+        counter("happypath_trace_spans_exported_total", []).increment(by: e)
+        counter("happypath_trace_spans_dropped_total", []).increment(by: d)
+    }
+    private let spanCounts = Locked<(exported: Int, dropped: Int)>((0, 0))
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }

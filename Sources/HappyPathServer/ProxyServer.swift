@@ -90,6 +90,12 @@ public final class ProxyServer: @unchecked Sendable {
             self.deliveries = deliveries
             shared.deliveries = deliveries
         }
+        if let tracing = config.tracing {
+            let tracer = Tracer(tracing, version: ProxyServer.version, clock: clock)
+            tracer.exporter.start()
+            shared.tracer = tracer
+            self.tracer = tracer
+        }
         let contexts = try Self.certificates(config)
         shared.metrics.certificateExpiry(config, contexts)
         var listeners = zip(config.listeners, contexts).map { l, tls in
@@ -242,6 +248,11 @@ public final class ProxyServer: @unchecked Sendable {
 
     /// Stops accepting, drops what is in flight, and ends the loops. Returns
     /// when every loop thread has ended. Safe to call more than once.
+    /// The exporter of spans (`tracing`), stopped after the loops.
+    private var tracer: Tracer?
+    /// The version spans name their instrumentation scope with.
+    public static let version = "0.1.0"
+
     public func stop() {
         let already = stopped.withLock { s -> Bool in
             defer { s = true }
@@ -271,6 +282,9 @@ public final class ProxyServer: @unchecked Sendable {
         }
         deliveries?.close()
         deliveries = nil
+        // The spans of the requests answered during the drain go out last.
+        tracer?.exporter.stop()
+        tracer = nil
         // Every loop has stopped. What holds an event on a loop's base goes
         // first (workers with their listeners, libcurl clients and requests;
         // the admin side), then each loop's idle timers; the bases are freed

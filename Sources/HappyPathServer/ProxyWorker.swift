@@ -187,7 +187,14 @@ final class ProxyWorker: HTTPServerDelegate {
         _ request: HTTPRequest, route: RuntimeRoute, method: String, target upstreamTarget: String, fields: RateLimitFields?
     ) {
         if route.delivery.mode == .later {
-            let command = makeCommand(request, method: method, target: upstreamTarget, route: route)
+            let (command, trace) = makeCommand(request, method: method, target: upstreamTarget, route: route)
+            if let trace, let tracer = shared.tracer {
+                // The accepting request's span: until the request is handed to the store.
+                tracer.exporter.submit(
+                    trace.spans(
+                        tracer: tracer, endedAt: clock.now(), method: method, route: route.label,
+                        upstream: runtime.upstreams[route.upstreamIndex].name, status: 0, code: "DELIVER_LATER", attempts: 0))
+            }
             guard let deliveries else {
                 // A reload cannot add a later route without the store (RestartOnlyKeys); kept safe anyway.
                 return ProblemResponder.answer(
@@ -196,11 +203,11 @@ final class ProxyWorker: HTTPServerDelegate {
             }
             return deliveries.accept(request, command: command, route: route, worker: self)
         }
+        let (command, trace) = makeCommand(request, method: method, target: upstreamTarget, route: route)
         let exchange = Exchange(
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
-            guardian: shared.guards[route.upstreamIndex],
-            command: makeCommand(request, method: method, target: upstreamTarget, route: route),
-            upgrade: UpgradeRequest.of(request, method: method, route: route))
+            guardian: shared.guards[route.upstreamIndex], command: command,
+            upgrade: UpgradeRequest.of(request, method: method, route: route), trace: trace)
         exchange.rateLimitFields = fields
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
@@ -262,10 +269,16 @@ final class ProxyWorker: HTTPServerDelegate {
         ForwardedRequest.validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
     }
 
-    private func makeCommand(_ request: HTTPRequest, method: String, target: String, route: RuntimeRoute) -> Command {
-        ForwardedRequest.command(
+    private func makeCommand(_ request: HTTPRequest, method: String, target: String, route: RuntimeRoute)
+        -> (Command, RequestTrace?)
+    {
+        var trace: RequestTrace?
+        let now = clock.now()
+        let command = ForwardedRequest.command(
             from: request, method: method, target: target, route: route,
-            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: clock.now() + route.timeout, ids: &ids)
+            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: now + route.timeout, ids: &ids,
+            tracer: shared.tracer, trace: &trace, now: now)
+        return (command, trace)
     }
 
     // MARK: - Exchanges
@@ -436,13 +449,16 @@ final class ProxyWorker: HTTPServerDelegate {
     func deliver(_ delivery: ClaimedDelivery) {
         guard let deliveries else { return }
         if stopping { return deliveries.roundFailed(delivery, .postpone(at: clock.wallMilliseconds())) }
-        switch ForwardedRequest.command(for: delivery, runtime: runtime, now: clock.now()) {
+        var trace: RequestTrace?
+        switch ForwardedRequest.command(
+            for: delivery, runtime: runtime, now: clock.now(), tracer: shared.tracer, ids: &ids, trace: &trace)
+        {
         case let .undeliverable(problem):
             deliveries.roundFailed(delivery, .dead(status: nil, problem: problem.json()))
         case let .command(command, route):
             let exchange = Exchange(
                 worker: self, request: DeliverySink(), route: route, upstream: runtime.upstreams[route.upstreamIndex],
-                guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery)
+                guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery, trace: trace)
             active[ObjectIdentifier(exchange)] = exchange
             exchange.start()
         }
@@ -450,6 +466,13 @@ final class ProxyWorker: HTTPServerDelegate {
 
     func finished(_ exchange: Exchange) {
         guard active.removeValue(forKey: ObjectIdentifier(exchange)) != nil else { return }
+        if let trace = exchange.trace, let tracer = shared.tracer {
+            tracer.exporter.submit(
+                trace.spans(
+                    tracer: tracer, endedAt: clock.now(), method: exchange.command.method, route: exchange.route.label,
+                    upstream: exchange.upstream.name, status: exchange.finalStatus, code: exchange.finalCode,
+                    attempts: exchange.command.attempt))
+        }
         let duration = clock.now() - exchange.startedAt
         if let delivery = exchange.delivery {
             deliveries?.roundEnded(exchange, delivery: delivery, random: Double(ids.next() % 1_000_000) / 1_000_000)
@@ -485,14 +508,17 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     /// An exchange ended in a tunnel: kept (and counted in flight, so a
-    /// drain waits for it until `drain_timeout`) until it closes.
+    /// drain waits for it until `drain_timeout`) until it closes. Already
+    /// counted in `happypath_tunnels_open` (before its 101 was written).
     func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream) {
         // The client may have gone as it opened (its first bytes could not be written).
-        guard !tunnel.isClosed else { return }
+        guard !tunnel.isClosed else {
+            shared.tunnels.add(-1)
+            return
+        }
         let id = ObjectIdentifier(tunnel)
         tunnels[id] = tunnel
         shared.inFlight.add(1)
-        shared.tunnels.add(1)
         let name = upstream.name
         tunnel.onClose = { [unowned self] summary in
             tunnels[id] = nil

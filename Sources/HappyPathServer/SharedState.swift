@@ -34,6 +34,8 @@ final class SharedState: @unchecked Sendable {
     /// The deliver-later dispatcher (nil: no route delivers later). Set
     /// before any loop runs and carried over by a reload.
     var deliveries: Deliveries?
+    /// `tracing` (nil: none). Set before any loop runs and carried over by a reload.
+    var tracer: Tracer?
     /// Set before any loop runs (and carried over by a reload); then
     /// read-only until the server stops and calls `forgetWorkers()`: each
     /// worker holds the shared state, so this list keeps both alive until then.
@@ -65,6 +67,7 @@ final class SharedState: @unchecked Sendable {
         connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxConnections)
         connections.limit = runtime.configuration.limits.maxConnections
         workers = previous?.workers ?? []
+        tracer = previous?.tracer
         deliveries = previous?.deliveries
         let limits = runtime.configuration.limits
         stale =

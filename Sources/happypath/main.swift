@@ -12,7 +12,7 @@ import Logging
     import Glibc
 #endif
 
-let happypathVersion = "0.1.0"
+let happypathVersion = ProxyServer.version
 
 struct HappyPath: ParsableCommand {
     static let configuration = CommandConfiguration(

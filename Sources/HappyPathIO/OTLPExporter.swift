@@ -1,0 +1,160 @@
+internal import CCurl
+internal import CShims
+import HappyPathCore
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Sends finished spans to an OpenTelemetry collector over OTLP/HTTP
+/// (protobuf), from a thread of its own: workers hand spans over with
+/// `submit`, which takes a lock for an append and never waits for the
+/// network. The queue is bounded: when it is full (the collector is slow
+/// or gone), new spans are dropped and counted, never the worker's time.
+/// Every `interval`, or as soon as `batch` spans wait, the thread encodes
+/// them (`OTLPEncoder`) and POSTs them with a libcurl easy handle of its
+/// own (a 5 s limit per export); a failed export drops its spans (counted).
+///
+/// `@unchecked Sendable`: the queue is behind a pthread mutex and
+/// condition; the curl handle is the exporter thread's only.
+public final class OTLPExporter: @unchecked Sendable {
+    public let endpoint: String
+    private let serviceName: String
+    private let version: String
+    private let maxQueue: Int
+    private let batch: Int
+    private let interval: Duration
+
+    private var mutex = pthread_mutex_t()
+    private var condition = pthread_cond_t()
+    private var queue: [Span] = []
+    private var stopping = false
+    private var thread: pthread_t?
+
+    /// Spans sent (the collector answered 2xx), dropped (queue full, or
+    /// an export that failed), and exports that failed.
+    public let exported = Atomic<Int>(0)
+    public let dropped = Atomic<Int>(0)
+    public let failedExports = Atomic<Int>(0)
+
+    public init(
+        endpoint: String, serviceName: String, version: String, maxQueue: Int = 4096, batch: Int = 512,
+        interval: Duration = .seconds(1)
+    ) {
+        self.endpoint = endpoint
+        self.serviceName = serviceName
+        self.version = version
+        self.maxQueue = maxQueue
+        self.batch = batch
+        self.interval = interval
+        pthread_mutex_init(&mutex, nil)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(&condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(&condition)
+        pthread_mutex_destroy(&mutex)
+    }
+
+    public func start() {
+        guard thread == nil else { return }
+        let box = Unmanaged.passRetained(self)
+        var t = pthread_t()
+        let rc = pthread_create(
+            &t, nil,
+            { raw in
+                let exporter = Unmanaged<OTLPExporter>.fromOpaque(raw!).takeRetainedValue()
+                exporter.run()
+                return nil
+            }, box.toOpaque())
+        precondition(rc == 0, "cannot start the trace exporter's thread")
+        thread = t
+    }
+
+    /// Sends what is queued (one last export), then ends the thread.
+    public func stop() {
+        pthread_mutex_lock(&mutex)
+        stopping = true
+        let t = thread
+        thread = nil
+        pthread_mutex_unlock(&mutex)
+        pthread_cond_signal(&condition)
+        if let t { pthread_join(t, nil) }
+    }
+
+    /// Hands spans over; drops them (counted) if the queue is full.
+    public func submit(_ spans: [Span]) {
+        pthread_mutex_lock(&mutex)
+        let room = maxQueue - queue.count
+        let taken = min(room, spans.count)
+        if taken == spans.count { queue += spans } else if taken > 0 { queue += spans.prefix(taken) }
+        let wake = queue.count >= batch
+        pthread_mutex_unlock(&mutex)
+        if taken < spans.count { dropped.wrappingAdd(spans.count - taken, ordering: .relaxed) }
+        if wake { pthread_cond_signal(&condition) }
+    }
+
+    private func run() {
+        let easy = curl_easy_init()
+        defer { curl_easy_cleanup(easy) }
+        while let spans = take() {
+            if !spans.isEmpty { send(spans, with: easy) }
+        }
+    }
+
+    /// Waits up to `interval` (or for a full batch); nil once stopping and empty.
+    private func take() -> [Span]? {
+        pthread_mutex_lock(&mutex)
+        defer { pthread_mutex_unlock(&mutex) }
+        if queue.count < batch, !stopping {
+            var ts = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &ts)
+            let end = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec) + interval.nanoseconds
+            var deadline = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
+            while queue.count < batch, !stopping {
+                if pthread_cond_timedwait(&condition, &mutex, &deadline) == ETIMEDOUT { break }
+            }
+        }
+        if stopping, queue.isEmpty { return nil }
+        let n = min(queue.count, batch)
+        let spans = Array(queue.prefix(n))
+        queue.removeFirst(n)
+        return spans
+    }
+
+    private func send(_ spans: [Span], with easy: UnsafeMutableRawPointer?) {
+        guard let easy else {
+            dropped.wrappingAdd(spans.count, ordering: .relaxed)
+            return
+        }
+        let body = OTLPEncoder.exportRequest(spans, serviceName: serviceName, version: version)
+        var headers: UnsafeMutablePointer<curl_slist>? = nil
+        headers = curl_slist_append(headers, "Content-Type: application/x-protobuf")
+        defer { curl_slist_free_all(headers) }
+        let ok = body.withUnsafeBytes { raw -> Bool in
+            hp_easy_set_ptr(easy, CURLOPT_URL, endpoint)
+            hp_easy_set_long(easy, CURLOPT_POST, 1)
+            hp_easy_set_ptr(easy, CURLOPT_POSTFIELDS, raw.baseAddress)
+            hp_easy_set_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(raw.count))
+            hp_easy_set_ptr(easy, CURLOPT_HTTPHEADER, headers)
+            hp_easy_set_long(easy, CURLOPT_TIMEOUT_MS, 5000)
+            hp_easy_set_long(easy, CURLOPT_NOSIGNAL, 1)
+            hp_easy_set_write_cb(easy, CURLOPT_WRITEFUNCTION, { _, size, count, _ in size * count })
+            guard curl_easy_perform(easy) == CURLE_OK else { return false }
+            var status = 0
+            hp_easy_get_long(easy, CURLINFO_RESPONSE_CODE, &status)
+            return (200..<300).contains(status)
+        }
+        if ok {
+            exported.wrappingAdd(spans.count, ordering: .relaxed)
+        } else {
+            failedExports.wrappingAdd(1, ordering: .relaxed)
+            dropped.wrappingAdd(spans.count, ordering: .relaxed)
+        }
+    }
+}
