@@ -369,6 +369,27 @@ struct DeliverLaterConfigTests {
         #expect(try parse(Self.base + later).storage.url == nil)
     }
 
+    @Test func tracingIsReadAndItsMistakesAreNamed() throws {
+        let route = "  - { match: { path_prefix: / }, upstream: hooks }"
+        let c = try parse(
+            "tracing: { otlp_endpoint: 'http://otel:4318/v1/traces', sample_ratio: 0.1, service_name: edge }\n" + Self.base + route)
+        #expect(c.tracing?.endpoint == "http://otel:4318/v1/traces" && c.tracing?.sampleRatio == 0.1)
+        #expect(c.tracing?.serviceName == "edge")
+        let d = try parse("tracing: { otlp_endpoint: 'https://otel/v1/traces' }\n" + Self.base + route)
+        #expect(d.tracing?.sampleRatio == 1 && d.tracing?.serviceName == "happypath")
+        #expect(try parse(Self.base + route).tracing == nil)
+        for (tracing, message) in [
+            ("tracing: { sample_ratio: 0.5 }", "tracing needs otlp_endpoint"),
+            ("tracing: { otlp_endpoint: 'otel:4318' }", "tracing.otlp_endpoint must be an http:// or https:// URL"),
+            ("tracing: { otlp_endpoint: 'http://otel:4318/v1/traces', sample_ratio: 2 }", "tracing.sample_ratio"),
+            ("tracing: { otlp_endpoint: 'http://otel:4318/v1/traces', service_name: '' }", "tracing.service_name must not be empty"),
+            ("tracing: { otlp_endpoint: 'http://otel:4318/v1/traces', sampler: always }", "unknown key"),
+        ] {
+            let e = errors(tracing + "\n" + Self.base + route)
+            #expect(e.contains { $0.contains(message) }, "\(tracing): \(e)")
+        }
+    }
+
     @Test func aSharedStoreKeyOutOfPlaceIsNamed() {
         let cases: [(String, String)] = [
             ("storage: { url: 'mysql://db/x' }", "storage.url must be a PostgreSQL URL"),
