@@ -15,6 +15,8 @@
 #     on the route: every answer is copied once and kept (what keeping costs).
 #   BENCH_PROFILE=upgrades: foundation plus `upgrades: [websocket]` on the
 #     route: what a plain request pays on a route that also takes WebSocket.
+#   BENCH_PROFILE=tracing0 / tracing1: foundation plus `tracing` toward a
+#     collector that is not there, sample_ratio 0 / 1.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -84,6 +86,14 @@ case $profile in
     level=warning
     foundation_yaml "" "    upgrades: [websocket]" > "$cfg"
     ;;
+  tracing0|tracing1)
+    # Tracing to a collector that is not there (the exports fail, counted):
+    # sample_ratio 0 (no request traced: the sampling decision alone) or 1
+    # (every request: its spans built, queued, encoded, the export tried).
+    level=warning
+    foundation_yaml "" "" > "$cfg"
+    echo "tracing: { otlp_endpoint: 'http://127.0.0.1:9/v1/traces', sample_ratio: ${profile#tracing} }" >> "$cfg"
+    ;;
   policies)
     level=info
     example=$here/../../config/happypath.yaml
@@ -95,7 +105,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086
