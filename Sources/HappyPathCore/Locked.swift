@@ -44,3 +44,24 @@ public final class Locked<Value>: @unchecked Sendable {
         _modify { yield &value }
     }
 }
+
+/// A thread of its own running `body` (a store's writer or readers, the
+/// trace exporter): what `body` captures stays alive until it returns.
+/// Join it with `pthread_join`.
+public func startThread(_ what: String, _ body: @escaping () -> Void) -> pthread_t {
+    let box = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
+    var t = pthread_t()
+    let rc = pthread_create(
+        &t, nil,
+        { raw in
+            Unmanaged<ThreadBody>.fromOpaque(raw!).takeRetainedValue().body()
+            return nil
+        }, box)
+    precondition(rc == 0, "cannot start \(what): pthread_create failed (\(rc))")
+    return t
+}
+
+private final class ThreadBody {
+    let body: () -> Void
+    init(_ body: @escaping () -> Void) { self.body = body }
+}

@@ -63,17 +63,7 @@ public final class OTLPExporter: @unchecked Sendable {
 
     public func start() {
         guard thread == nil else { return }
-        let box = Unmanaged.passRetained(self)
-        var t = pthread_t()
-        let rc = pthread_create(
-            &t, nil,
-            { raw in
-                let exporter = Unmanaged<OTLPExporter>.fromOpaque(raw!).takeRetainedValue()
-                exporter.run()
-                return nil
-            }, box.toOpaque())
-        precondition(rc == 0, "cannot start the trace exporter's thread")
-        thread = t
+        thread = startThread("the trace exporter's thread") { self.run() }
     }
 
     /// Sends what is queued (one last export), then ends the thread.

@@ -318,17 +318,7 @@ public final class DeliveryStore: @unchecked Sendable {
     /// Starts the writer thread.
     public func start() {
         guard thread == nil else { return }
-        let box = Unmanaged.passRetained(self)
-        var t = pthread_t()
-        let rc = pthread_create(
-            &t, nil,
-            { raw in
-                let store = Unmanaged<DeliveryStore>.fromOpaque(raw!).takeRetainedValue()
-                store.runWriter()
-                return nil
-            }, box.toOpaque())
-        precondition(rc == 0, "cannot start the store's writer thread")
-        thread = t
+        thread = startThread("the store's writer thread") { self.runWriter() }
     }
 
     /// Commits what is waiting, puts rounds in flight back to `queued`, and

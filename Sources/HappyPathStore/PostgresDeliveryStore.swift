@@ -127,17 +127,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     /// Starts the writer (which connects first) and the readers.
     public func start() {
         guard thread == nil else { return }
-        let box = Unmanaged.passRetained(self)
-        var t = pthread_t()
-        let rc = pthread_create(
-            &t, nil,
-            { raw in
-                let store = Unmanaged<PostgresDeliveryStore>.fromOpaque(raw!).takeRetainedValue()
-                store.runWriter()
-                return nil
-            }, box.toOpaque())
-        precondition(rc == 0, "cannot start the store's writer thread")
-        thread = t
+        thread = startThread("the store's writer thread") { self.runWriter() }
     }
 
     /// Commits what is waiting, puts this replica's rounds in flight back in
@@ -862,17 +852,7 @@ final class PostgresReadPool: @unchecked Sendable {
         defer { pthread_mutex_unlock(&mutex) }
         guard threads.isEmpty, !stopping else { return }
         for _ in 0..<count {
-            let box = Unmanaged.passRetained(self)
-            var t = pthread_t()
-            let rc = pthread_create(
-                &t, nil,
-                { raw in
-                    let pool = Unmanaged<PostgresReadPool>.fromOpaque(raw!).takeRetainedValue()
-                    pool.run()
-                    return nil
-                }, box.toOpaque())
-            precondition(rc == 0, "cannot start the store's reader threads")
-            threads.append(t)
+            threads.append(startThread("the store's reader threads") { self.run() })
         }
         running = true
     }

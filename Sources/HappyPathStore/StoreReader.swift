@@ -1,4 +1,5 @@
 import CSQLite
+import HappyPathCore
 
 #if canImport(Glibc)
     import Glibc
@@ -47,17 +48,7 @@ final class StoreReader: @unchecked Sendable {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
         guard thread == nil, !stopping else { return }
-        let box = Unmanaged.passRetained(self)
-        var t = pthread_t()
-        let rc = pthread_create(
-            &t, nil,
-            { raw in
-                let reader = Unmanaged<StoreReader>.fromOpaque(raw!).takeRetainedValue()
-                reader.run()
-                return nil
-            }, box.toOpaque())
-        precondition(rc == 0, "cannot start the store's reader thread")
-        thread = t
+        thread = startThread("the store's reader thread") { self.run() }
         running = true
     }
 

@@ -17,7 +17,7 @@ struct SharedStoreTests {
         """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
-        storage: { url: '\(url)', lease: 2s \(storage) }
+        storage: { url: '\(url)', lease: 5s \(storage) }
         defaults: { reachability: { park_for: 200ms } }
         upstreams:
           hooks:
