@@ -145,7 +145,7 @@ public final class HTTPRequest {
         let framed = c.machine.responseStarted(status: status, contentLength: body.utf8.count, whole: true)
         c.response.composeHead(
             status: status, contentLength: framed.contentLength, chunked: false, close: framed.close, server: c.server)
-        body.withUTF8 { b in
+        _ = body.withUTF8 { b in
             c.write([
                 c.response.headOut.bytes,
                 framed.hasBody ? UnsafeRawBufferPointer(b) : UnsafeRawBufferPointer(start: nil, count: 0),

@@ -81,6 +81,7 @@ let template = """
             recovery_suggestion: @54@
             recovery_options: [@55@]
             retryable: @56@
+    tracing: { otlp_endpoint: @103@, sample_ratio: @104@, service_name: @105@ }
     storage: { path: @63@, sync: @64@, max_bytes: @65@, retention: @66@, status_path: @67@ }
     routes:
       - match: { path_prefix: @57@, methods: [@58@] }
@@ -112,7 +113,7 @@ let valid = [
     "/catalog/", "50ms", "1", "10m", "5xx", "200", "application/json", "degraded", "64MiB", "1MiB",
     "10000", "5", "10s", "50",
     "127.0.0.1:8443", "/etc/tls/api.crt", "/etc/tls/api.key", "1.3", "/etc/ssl/ca.pem", "true", "api.internal",
-    "websocket", "5m",
+    "websocket", "5m", "http://otel:4318/v1/traces", "0.1", "edge",
 ]
 
 func render(replacing slot: Int?, with value: String) -> String {
