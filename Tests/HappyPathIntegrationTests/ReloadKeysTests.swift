@@ -123,6 +123,21 @@ import Testing
         #expect(keys == ["storage.path", "storage.sync", "storage.max_bytes", "storage.retention", "storage.status_path"])
     }
 
+    /// `tracing`, and the shared store's keys while a route delivers later, are named on reload.
+    @Test func tracingAndTheSharedStoresKeysAreNamedOnReload() throws {
+        var old = try ConfigLoader.parse(unreachable(maxParked: 0, port: 1), file: "a.yaml")
+        old.routes[0].delivery.mode = .later
+        old.storage.url = "postgres://db/a"
+        var new = old
+        new.tracing = TracingConfiguration(endpoint: "http://otel:4318/v1/traces")
+        new.storage.url = "postgres://db/b"
+        new.storage.pool += 1
+        new.storage.lease += .seconds(1)
+        new.storage.required.toggle()
+        let keys = RestartOnlyKeys.changes(from: old, to: new, cores: 3).map { String($0.prefix { $0 != " " }) }
+        #expect(keys == ["tracing", "storage.url", "storage.pool", "storage.lease", "storage.required"])
+    }
+
     @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))
     func allowRemoteFollowsTheReload() throws {
         let remote = nonLoopbackIPv4()!
