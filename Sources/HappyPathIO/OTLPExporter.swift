@@ -49,11 +49,7 @@ public final class OTLPExporter: @unchecked Sendable {
         self.batch = batch
         self.interval = interval
         pthread_mutex_init(&mutex, nil)
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(&condition, &attributes)
-        pthread_condattr_destroy(&attributes)
+        initMonotonicCondition(&condition)
     }
 
     deinit {
@@ -102,10 +98,7 @@ public final class OTLPExporter: @unchecked Sendable {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
         if queue.count < batch, !stopping {
-            var ts = timespec()
-            clock_gettime(CLOCK_MONOTONIC, &ts)
-            let end = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec) + interval.nanoseconds
-            var deadline = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
+            var deadline = monotonicDeadline(after: interval.nanoseconds)
             while queue.count < batch, !stopping {
                 if pthread_cond_timedwait(&condition, &mutex, &deadline) == ETIMEDOUT { break }
             }

@@ -108,16 +108,17 @@ struct RequestTrace: Sendable {
     ) -> [Span] {
         var parkedTotal = parked
         if let since = parkedSince { parkedTotal += now - since }
-        var server = Span(
+        var attributes: [(String, Span.Value)] = [
+            ("http.request.method", .string(method)), ("http.route", .string(route)), ("happypath.code", .string(code)),
+            ("happypath.attempts", .int(Int64(attempts))), ("happypath.upstream", .string(upstream)),
+            ("happypath.parked_ms", .int(parkedTotal.nanoseconds / 1_000_000)),
+        ]
+        // No status yet: an accepted deliver-later request is handed to the store.
+        if status != 0 { attributes.append(("http.response.status_code", .int(Int64(status)))) }
+        let server = Span(
             trace: context, spanID: context.spanID, parentID: parentID, name: "\(method) \(route)", kind: .server,
-            start: tracer.wall(startedAt), end: tracer.wall(now),
-            attributes: [
-                ("http.request.method", .string(method)), ("http.route", .string(route)),
-                ("http.response.status_code", .int(Int64(status))), ("happypath.code", .string(code)),
-                ("happypath.attempts", .int(Int64(attempts))), ("happypath.upstream", .string(upstream)),
-                ("happypath.parked_ms", .int(parkedTotal.nanoseconds / 1_000_000)),
-            ], failed: status >= 500, links: links)
-        if status == 0 { server.attributes.removeAll { $0.0 == "http.response.status_code" } }
+            start: tracer.wall(startedAt), end: tracer.wall(now), attributes: attributes, failed: status >= 500,
+            links: links)
         var out = [server]
         for t in tries {
             var attributes: [(String, Span.Value)] = [

@@ -597,11 +597,7 @@ final class WriterQueue: @unchecked Sendable {
 
     init() {
         pthread_mutex_init(&mutex, nil)
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(&condition, &attributes)
-        pthread_condattr_destroy(&attributes)
+        initMonotonicCondition(&condition)
     }
 
     deinit {
@@ -630,12 +626,7 @@ final class WriterQueue: @unchecked Sendable {
     func take(linger: Int64, max: Int, wait: Int64? = nil) -> [Op]? {
         pthread_mutex_lock(&mutex)
         defer { pthread_mutex_unlock(&mutex) }
-        var until = timespec()
-        if let wait {
-            clock_gettime(CLOCK_MONOTONIC, &until)
-            let end = Int64(until.tv_sec) * 1_000_000_000 + Int64(until.tv_nsec) + wait
-            until = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
-        }
+        var until = wait.map(monotonicDeadline(after:)) ?? timespec()
         while ops.isEmpty {
             if stopping { return nil }
             if wait != nil {
@@ -647,10 +638,7 @@ final class WriterQueue: @unchecked Sendable {
             }
         }
         if !stopping, ops.count < max {
-            var ts = timespec()
-            clock_gettime(CLOCK_MONOTONIC, &ts)
-            let end = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec) + linger
-            var deadline = timespec(tv_sec: Int(end / 1_000_000_000), tv_nsec: Int(end % 1_000_000_000))
+            var deadline = monotonicDeadline(after: linger)
             while !stopping, ops.count < max {
                 if pthread_cond_timedwait(&condition, &mutex, &deadline) == ETIMEDOUT { break }
             }

@@ -109,6 +109,7 @@ final class PostgresConnection {
     }
 
     /// Runs `body` in a transaction: committed if it returns, rolled back if it throws.
+    @discardableResult
     func transaction<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
         try execute("BEGIN")
         do {

@@ -352,10 +352,11 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
         claims = work.claims
         held.withLock { $0 = work.tally.held }
         kept.withLock { $0 = work.tally.counts }
-        if failure.withLock({ $0 }) != nil {
-            failure.withLock { $0 = nil }
-            onHealth(.writable(requeued: 0))
+        let wasFailing = failure.withLock { f in
+            defer { f = nil }
+            return f != nil
         }
+        if wasFailing { onHealth(.writable(requeued: 0)) }
     }
 
     /// Ops that could not be written. A round's end waits for the database
