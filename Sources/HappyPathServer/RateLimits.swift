@@ -12,7 +12,9 @@ import Synchronization
 final class RouteRateLimit: Sendable {
     let configuration: RateLimitConfiguration
     let label: String
-    private let limiter: Mutex<RateLimiter>
+    /// `Locked` (a pthread mutex), not `Synchronization.Mutex`: ThreadSanitizer
+    /// cannot see a futex's critical sections and reported this one as a race.
+    private let limiter: Locked<RateLimiter>
     /// Requests waiting for their token, in the whole process (`max_queue`).
     let queued = Atomic<Int>(0)
     /// `RateLimit-Policy`: the sustained rate as quota per window
@@ -26,7 +28,7 @@ final class RouteRateLimit: Sendable {
         self.configuration = configuration
         self.label = label
         maxWait = min(configuration.maxWait, timeout)
-        limiter = Mutex(RateLimiter(configuration))
+        limiter = Locked(RateLimiter(configuration))
         policyField = HTTPField(
             name: "RateLimit-Policy",
             value: "\"default\";q=\(configuration.count);w=\(Int(configuration.period.seconds))")
