@@ -120,6 +120,9 @@ let package = Package(
         .target(
             name: "FuzzConfigHarness", dependencies: ["HappyPathConfig"],
             path: "Tests/Support/FuzzHarnesses/FuzzConfigHarness"),
+        .target(
+            name: "FuzzOutsideValuesHarness", dependencies: ["HappyPathCore", "HappyPathPolicies"],
+            path: "Tests/Support/FuzzHarnesses/FuzzOutsideValuesHarness"),
         // The client connection's state machine driven without sockets, its invariants checked.
         .target(
             name: "FuzzConnectionHarness", dependencies: ["HappyPathCore"],
@@ -133,6 +136,7 @@ let package = Package(
         .executableTarget(name: "FuzzConfig", dependencies: ["FuzzSupport", "FuzzConfigHarness"]),
         .executableTarget(name: "FuzzDifferential", dependencies: ["FuzzSupport", "FuzzDifferentialHarness"]),
         .executableTarget(name: "FuzzConnection", dependencies: ["FuzzSupport", "FuzzConnectionHarness"]),
+        .executableTarget(name: "FuzzOutsideValues", dependencies: ["FuzzSupport", "FuzzOutsideValuesHarness"]),
 
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
@@ -168,7 +172,7 @@ let package = Package(
             name: "HappyPathFuzzSeedTests",
             dependencies: [
                 "FuzzRequestParserHarness", "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness",
-                "FuzzConnectionHarness",
+                "FuzzConnectionHarness", "FuzzOutsideValuesHarness",
             ]
         ),
         .testTarget(

@@ -791,7 +791,10 @@ final class Reader {
             let rp = "\(path).retry"
             let rf = fields(
                 r, rp,
-                known: ["attempts", "per_try_timeout", "on", "backoff", "honor_retry_after", "budget", "methods"])
+                known: [
+                    "attempts", "per_try_timeout", "on", "backoff", "honor_retry_after", "max_retry_after", "budget",
+                    "methods",
+                ])
             p.retry.attempts = int(rf["attempts"]?.value, "\(rp).attempts", min: 1, max: 100)
             p.retry.perTryTimeout = duration(rf["per_try_timeout"]?.value, "\(rp).per_try_timeout")
             if let on = rf["on"]?.value, let list = strings(on, "\(rp).on") {
@@ -811,6 +814,10 @@ final class Reader {
                 }
             }
             p.retry.honorRetryAfter = bool(rf["honor_retry_after"]?.value, "\(rp).honor_retry_after")
+            p.retry.maxRetryAfter = duration(rf["max_retry_after"]?.value, "\(rp).max_retry_after")
+            if let cap = p.retry.maxRetryAfter, cap < .seconds(1) {
+                error(rf["max_retry_after"]?.value, "\(rp).max_retry_after must be at least 1s")
+            }
             if let b = rf["budget"]?.value {
                 let bf = fields(b, "\(rp).budget", known: ["ratio", "min_per_second"])
                 p.retry.budgetRatio = double(bf["ratio"]?.value, "\(rp).budget.ratio", min: 0, max: 1)

@@ -296,6 +296,7 @@ public struct RetrySettings: Sendable, Equatable {
     public var backoffMax: Duration?
     public var jitter: Jitter?
     public var honorRetryAfter: Bool?
+    public var maxRetryAfter: Duration?
     public var budgetRatio: Double?
     public var budgetMinPerSecond: Int?
     public var methods: [String]?
@@ -305,7 +306,7 @@ public struct RetrySettings: Sendable, Equatable {
             attempts: attempts ?? b.attempts, perTryTimeout: perTryTimeout ?? b.perTryTimeout, on: on ?? b.on,
             backoffBase: backoffBase ?? b.backoffBase, backoffMax: backoffMax ?? b.backoffMax,
             jitter: jitter ?? b.jitter, honorRetryAfter: honorRetryAfter ?? b.honorRetryAfter,
-            budgetRatio: budgetRatio ?? b.budgetRatio, budgetMinPerSecond: budgetMinPerSecond ?? b.budgetMinPerSecond,
+            maxRetryAfter: maxRetryAfter ?? b.maxRetryAfter, budgetRatio: budgetRatio ?? b.budgetRatio, budgetMinPerSecond: budgetMinPerSecond ?? b.budgetMinPerSecond,
             methods: methods ?? b.methods)
     }
 }
@@ -444,7 +445,7 @@ extension PolicySettings {
         p.retry = RetrySettings(
             attempts: retry.attempts, perTryTimeout: retry.perTryTimeout, on: inDocumentedOrder(retry.on),
             backoffBase: retry.backoffBase, backoffMax: retry.backoffMax, jitter: retry.jitter ? .full : Jitter.none,
-            honorRetryAfter: retry.honorRetryAfter, budgetRatio: RetryBudget.defaultRatio,
+            honorRetryAfter: retry.honorRetryAfter, maxRetryAfter: retry.maxRetryAfter, budgetRatio: RetryBudget.defaultRatio,
             budgetMinPerSecond: RetryBudget.defaultMinPerSecond, methods: inDocumentedOrder(retry.methods))
         let breaker = CircuitBreakerStateMachine.Configuration()
         p.circuitBreaker = CircuitBreakerSettings(
@@ -494,6 +495,7 @@ extension RetryPolicy.Configuration {
         c.backoffMax = resolved(settings.backoffMax, "retry.backoff.max")
         c.jitter = resolved(settings.jitter, "retry.backoff.jitter") == .full
         c.honorRetryAfter = resolved(settings.honorRetryAfter, "retry.honor_retry_after")
+        c.maxRetryAfter = resolved(settings.maxRetryAfter, "retry.max_retry_after")
         c.methods = Set(resolved(settings.methods, "retry.methods"))
         self = c
     }

@@ -14,12 +14,17 @@ public struct Instant: Comparable, Hashable, Sendable {
 
     public static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.nanoseconds < rhs.nanoseconds }
 
+    /// Saturating: an instant past the range is the range's end, not a
+    /// wrapped one in the past (values from outside are clamped before
+    /// they get here; this is the second line).
     public static func + (lhs: Instant, rhs: Duration) -> Instant {
-        Instant(nanoseconds: lhs.nanoseconds &+ rhs.nanoseconds)
+        let (sum, overflow) = lhs.nanoseconds.addingReportingOverflow(rhs.nanoseconds)
+        return Instant(nanoseconds: overflow ? (rhs.nanoseconds > 0 ? .max : .min) : sum)
     }
 
     public static func - (lhs: Instant, rhs: Duration) -> Instant {
-        Instant(nanoseconds: lhs.nanoseconds &- rhs.nanoseconds)
+        let (difference, overflow) = lhs.nanoseconds.subtractingReportingOverflow(rhs.nanoseconds)
+        return Instant(nanoseconds: overflow ? (rhs.nanoseconds > 0 ? .min : .max) : difference)
     }
 
     public static func - (lhs: Instant, rhs: Instant) -> Duration {
@@ -31,7 +36,10 @@ extension Duration {
     /// Whole nanoseconds, saturating; durations here are far below the range.
     public var nanoseconds: Int64 {
         let (seconds, attoseconds) = components
-        return seconds &* 1_000_000_000 &+ attoseconds / 1_000_000_000
+        // Past about 292 years either way: the nearest bound, never a wrapped value.
+        if seconds >= 9_223_372_036 { return .max }
+        if seconds <= -9_223_372_036 { return .min }
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 
     /// Whole milliseconds, rounded up so a short positive wait never becomes zero.

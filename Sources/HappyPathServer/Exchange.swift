@@ -110,6 +110,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         self.guardian = guardian
         self.command = command
         startedAt = worker.clock.now()
+        relay.clock = worker.clock
+        relay.retryAfterCap = route.retry.configuration.maxRetryAfter
         machine = ExchangeStateMachine(
             .init(
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
@@ -645,7 +647,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         guard !isFinished else { return }
         guard let failure else {
             guard relay.headComplete else { return tryEnded(.failed(.init(.reset, Self.closedInHead))) }
-            let retryAfter = relay.retryAfter.flatMap { RetryAfter.parse($0, nowUnixSeconds: worker.clock.wallSeconds()) }
+            let retryAfter = relay.retryAfterSeconds.map { Duration.seconds($0) }
             return tryEnded(.answered(status: relay.status, retryAfter: retryAfter, withToken: authToken != nil && tokens != nil))
         }
         tryEnded(.failed(failure.tryFailure))
@@ -692,11 +694,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             let now = worker.clock.now()
             if let entry = store.lookup(key: staleKey, at: now, requestValue: { request.header($0) }) {
                 worker.metrics.fallback(route: route, kind: "stale", reason: reason.rawValue)
-                var age = (now - entry.receivedAt).nanoseconds / 1_000_000_000
+                // Both terms are at most OutsideValues.maxSeconds (the time kept is
+                // under serve_stale), so the sum cannot overflow; it is clamped again.
+                var age = min(OutsideValues.maxSeconds, max(0, (now - entry.receivedAt).components.seconds))
                 var fields = entry.fields.filter { field in
-                    // The upstream's own Age is added to the time kept here (RFC 9111 section 4.2.3).
+                    // The upstream's own Age is added to the time kept here (RFC 9111
+                    // section 4.2.3); a malformed one counts as absent.
                     guard field.name.lowercased() == "age" else { return true }
-                    age += Int64(field.value.filter { $0 != " " && $0 != "\t" }) ?? 0
+                    age = min(OutsideValues.maxSeconds, age + (OutsideValues.deltaSeconds(field.value) ?? 0))
                     return false
                 }
                 fields.append(HTTPField(name: "Age", value: String(age)))

@@ -39,7 +39,7 @@ struct ExchangeProblem {
         case let .circuitOpen(retryAfter):
             return problem(
                 .circuitOpen, "The circuit breaker for '\(upstream)' is open after repeated failures.",
-                retryAfter: Int((retryAfter.nanoseconds + 999_999_999) / 1_000_000_000))
+                retryAfter: Int(OutsideValues.wholeSeconds(retryAfter)))
         case let .parkExpired(reason, waited, byDeadline):
             let limit =
                 byDeadline
@@ -92,7 +92,7 @@ struct ExchangeProblem {
     /// pause's time left.
     private func pausedProblem(_ why: String) -> Problem {
         let cause = pause?.cause ?? 503
-        let left = pause.map { Int(($0.left.nanoseconds + 999_999_999) / 1_000_000_000) } ?? 1
+        let left = pause.map { Int(OutsideValues.wholeSeconds($0.left)) } ?? 1
         var p = Problem(
             cause == 429 ? .rateLimited : .upstreamPaused, requestID: requestID,
             detail: "'\(upstream)' asked for a pause (HTTP \(cause) with Retry-After). " + why, upstream: upstream)
@@ -101,7 +101,7 @@ struct ExchangeProblem {
     }
 
     private func retryAfterSeconds(_ relay: ResponseRelay, wallSeconds: Int64) -> Int? {
-        guard let text = relay.retryAfter, let d = RetryAfter.parse(text, nowUnixSeconds: wallSeconds) else { return nil }
-        return Int((d.nanoseconds + 999_999_999) / 1_000_000_000)
+        // Read (and clamped to retry.max_retry_after) by the relay as it arrived.
+        relay.retryAfterSeconds.map { Int($0) }
     }
 }

@@ -20,8 +20,9 @@ enum ForwardedRequest {
         var forwardedFor: [UnsafeRawBufferPointer] = []
         var hasForwardedProto = false
         var hasForwardedHost = false
-        var hasTraceparent = false
+        var traceparents = 0
         var incoming: UnsafeRawBufferPointer?
+        var tracestate: [UnsafeRawBufferPointer] = []
         // Fields a `Connection` header names are hop-by-hop for this request
         // (one pass over the head, however many tokens it lists).
         let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
@@ -38,13 +39,13 @@ enum ForwardedRequest {
                 return
             case 6 where HTTPBytes.equals(name, "expect"):
                 return  // the edge already answered 100-continue
+            case 10 where HTTPBytes.equals(name, "tracestate"):
+                tracestate.append(value)  // passed on below only with a valid traceparent
+                return
             case 11 where HTTPBytes.equals(name, "traceparent"):
-                hasTraceparent = true
-                // Traced: the proxy's own span becomes the upstream's parent (written below).
-                if tracer != nil {
-                    incoming = value
-                    return
-                }
+                traceparents += 1
+                incoming = value  // checked below; the proxy's own span may take its place
+                return
             case 12 where HTTPBytes.equals(name, "x-request-id"):
                 if requestID == nil { requestID = validRequestID(value) }
                 return  // added back below, exactly once
@@ -88,18 +89,23 @@ enum ForwardedRequest {
             headers.append(name: "X-Forwarded-Proto", value: request.arrivedOverTLS ? "https" : "http" as StaticString)
         }
         if !hasForwardedHost, let host { headers.append(name: "X-Forwarded-Host", value: host) }
-        if let tracer {
-            trace = tracer.begin(incoming: incoming.flatMap(TraceContext.parse), ids: &ids, at: now)
-            if let trace {
-                headers.append(name: "traceparent", value: trace.context.traceparent(span: trace.context.spanID))
-            } else if let incoming {
-                headers.append(name: "traceparent", value: incoming)  // not sampled: passed on as it came
-            }
-        }
-        if !hasTraceparent, trace == nil {
+        // W3C Trace Context: one valid `traceparent` is the request's context.
+        // An invalid one (malformed, upper-case, all-zero, version ff, a
+        // field too many) or two of them are not passed on, nor is their
+        // `tracestate`: the request starts a trace of its own, traced or not.
+        let context = traceparents == 1 ? incoming.flatMap(TraceContext.parse) : nil
+        if let tracer { trace = tracer.begin(incoming: context, ids: &ids, at: now) }
+        if let trace {
+            headers.append(name: "traceparent", value: trace.context.traceparent(span: trace.context.spanID))
+        } else if context != nil, let incoming {
+            headers.append(name: "traceparent", value: incoming)  // valid, not traced here: passed on as it came
+        } else {
             headers.append(name: "traceparent", valueLength: IdentifierGenerator.traceparentLength) {
                 ids.writeTraceparent(into: $0)
             }
+        }
+        if context != nil {
+            for value in tracestate { headers.append(name: "tracestate", value: value) }
         }
 
         return Command(

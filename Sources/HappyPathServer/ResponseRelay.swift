@@ -27,8 +27,14 @@ struct ResponseRelay {
     /// The head arrived whole and passed the framing checks (libcurl may
     /// report a response cut short inside its head as complete).
     private(set) var headComplete = false
-    /// The held answer's `Retry-After`, as sent.
-    private(set) var retryAfter: String?
+    /// The answer's `Retry-After` in whole seconds, read by `RetryAfter`
+    /// and clamped to `retryAfterCap`: the field is passed on rewritten
+    /// as this integer, or dropped when it is malformed (or a second one).
+    private(set) var retryAfterSeconds: Int64?
+    /// `retry.max_retry_after` of the route.
+    var retryAfterCap = RetryAfter.defaultMax
+    /// The wall clock, read only when a `Retry-After` date arrives.
+    var clock: any Clock = MonotonicClock()
     /// The held answer's `RateLimit` field (pacing reads its reset).
     private(set) var rateLimit: String?
     private(set) var heldBody: [UInt8] = []
@@ -107,7 +113,7 @@ struct ResponseRelay {
         status = 0
         reason = nil
         headComplete = false
-        retryAfter = nil
+        retryAfterSeconds = nil
         rateLimit = nil
         framing = ResponseFraming()
         upstreamConnection.removeAll(keepingCapacity: true)
@@ -150,12 +156,28 @@ struct ResponseRelay {
             }
             return
         }
+        if name.count == 11, HTTPBytes.equals(name, "retry-after") {
+            // Never passed on as it came: a plain non-negative integer, at most the cap, or nothing.
+            guard retryAfterSeconds == nil,
+                let seconds = RetryAfter.seconds(value, nowUnixSeconds: clock.wallSeconds(), max: retryAfterCap)
+            else { return }
+            retryAfterSeconds = seconds
+            var text = String(seconds)
+            text.withUTF8 { header(known: name, value: UnsafeRawBufferPointer($0), to: request) }
+            return
+        }
+        header(known: name, value: value, to: request)
+    }
+
+    /// A field that passed the checks, as the mode wants it.
+    private mutating func header<C: ExchangeClient>(
+        known name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, to request: C
+    ) {
         switch mode {
         case .streaming:
             request.addResponseHeader(name: name, value: value)
             kept?.add(name: name, value: value)
         case .holding:
-            if HTTPBytes.equals(name, "retry-after") { retryAfter = String(decoding: value, as: UTF8.self) }
             if HTTPBytes.equals(name, "ratelimit") { rateLimit = String(decoding: value, as: UTF8.self) }
             heldFields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         case .waiting:

@@ -49,6 +49,7 @@ final class TokenSource: Sendable {
         state.withLock { _ = $0.succeeded(credential: credential, expiresIn: response.expiresIn, at: now) }
     }
     func failed() { state.withLock { $0.failed() } }
+    func reserveRequest(at now: Instant) -> Duration { state.withLock { $0.reserveRequest(at: now) } }
     func expiresIn(at now: Instant) -> Duration? { state.withLock { $0.expiresIn(at: now) } }
 
     /// Every credential this upstream has been or may be sent, for taking
@@ -119,7 +120,7 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     private var body: [UInt8] = []
     private var timer: LoopEvent?
     private var transfer: UpstreamTransfer?
-    private enum Use: Int { case backoff, timeout }
+    private enum Use: Int { case backoff, timeout, spacing }
 
     init(worker: ProxyWorker, guardian: UpstreamGuard, source: TokenSource) {
         self.worker = worker
@@ -137,8 +138,16 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
         transfer = nil
     }
 
+    /// The next try, once the upstream's token requests are spaced out
+    /// (`TokenStateMachine.requestSpacing`).
     private func send() {
         tries += 1
+        let wait = source.reserveRequest(at: worker.clock.now())
+        guard wait > .zero else { return transmit() }
+        arm(.spacing, after: wait)
+    }
+
+    private func transmit() {
         status = 0
         body.removeAll()
         guard let request = source.tokenRequest() else {
@@ -205,6 +214,7 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     func loopEventFired(_ event: LoopEvent) {
         switch Use(rawValue: event.tag) {
         case .backoff: send()
+        case .spacing: transmit()
         case .timeout:
             if let transfer { worker.client.cancel(transfer) }
             transfer = nil

@@ -8,6 +8,7 @@ import Foundation
 import FuzzConfigHarness
 import FuzzConnectionHarness
 import FuzzDifferentialHarness
+import FuzzOutsideValuesHarness
 import FuzzRequestParserHarness
 import FuzzResponseHeadHarness
 import Testing
@@ -20,6 +21,7 @@ let harnesses: [String: @Sendable ([UInt8]) -> String] = [
     "FuzzDifferential": DifferentialHarness.check,
     "FuzzConfig": ConfigHarness.check,
     "FuzzConnection": ConnectionHarness.check,
+    "FuzzOutsideValues": OutsideValuesHarness.check,
 ]
 
 /// Tests/FuzzSeeds, found from this file's place in the repository.

@@ -110,3 +110,76 @@ import Testing
         #expect(m.expiresIn(at: clock.now()) == .seconds(45))
     }
 }
+
+/// Issue 30: token lifetimes from a misbehaving endpoint.
+@Suite struct TokenLifetimeBoundsTests {
+    /// Below the 1 s floor a token is held for the floor.
+    @Test func aLifetimeBelowTheFloorIsHeldForTheFloor() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .zero)
+        _ = m.use(at: clock.now())
+        let t = m.succeeded(credential: Secret("Bearer a"), expiresIn: .milliseconds(0), at: clock.now())
+        #expect(t.expiresAt == clock.now() + .seconds(1))
+        #expect(m.use(at: clock.now()) == .use(t))
+        clock.advance(by: .milliseconds(999))
+        if case .wait = m.use(at: clock.now()) { Issue.record("expired before the floor") }
+    }
+
+    /// A lifetime shorter than refresh_ahead refreshes once per token, at
+    /// half its lifetime, not on every request.
+    @Test func aLifetimeShorterThanRefreshAheadRefreshesOncePerToken() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .seconds(30))
+        _ = m.use(at: clock.now())
+        let t1 = m.succeeded(credential: Secret("Bearer 1"), expiresIn: .seconds(10), at: clock.now())
+        #expect(m.use(at: clock.now()) == .use(t1))
+        clock.advance(by: .seconds(4))
+        #expect(m.use(at: clock.now()) == .use(t1))  // before half its lifetime
+        clock.advance(by: .seconds(1))
+        #expect(m.use(at: clock.now()) == .useAndRefresh(t1))
+        let t2 = m.succeeded(credential: Secret("Bearer 2"), expiresIn: .seconds(10), at: clock.now())
+        // The fresh token is not refreshed on the next requests.
+        for _ in 0..<100 { #expect(m.use(at: clock.now()) == .use(t2)) }
+    }
+
+    @Test func aFailedRefreshAheadMayBeTriedAgain() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .seconds(30))
+        _ = m.use(at: clock.now())
+        let t = m.succeeded(credential: Secret("Bearer 1"), expiresIn: .seconds(100), at: clock.now())
+        clock.advance(by: .seconds(75))
+        #expect(m.use(at: clock.now()) == .useAndRefresh(t))
+        #expect(m.use(at: clock.now()) == .use(t))
+        m.failed()
+        #expect(m.use(at: clock.now()) == .useAndRefresh(t))
+    }
+
+    /// Token requests are spaced 250 ms apart, retries included.
+    @Test func tokenRequestsAreSpacedOut() {
+        let clock = ManualClock()
+        var m = TokenStateMachine(refreshAhead: .zero)
+        #expect(m.reserveRequest(at: clock.now()) == .zero)
+        #expect(m.reserveRequest(at: clock.now()) == .milliseconds(250))
+        #expect(m.reserveRequest(at: clock.now()) == .milliseconds(500))
+        clock.advance(by: .seconds(2))
+        #expect(m.reserveRequest(at: clock.now()) == .zero)
+        clock.advance(by: .milliseconds(100))
+        #expect(m.reserveRequest(at: clock.now()) == .milliseconds(150))
+    }
+
+    /// expires_in as a token endpoint may send it, read into a bounded lifetime.
+    @Test(arguments: [
+        ("1e16", Duration?.some(.seconds(315_360_000))), ("1e308", .some(.seconds(315_360_000))),
+        ("0.0001", .some(.seconds(1))), ("3600", .some(.seconds(3600))), ("0", nil), ("-5", nil),
+        ("\"Infinity\"", nil), ("\"NaN\"", nil), ("\"inf\"", nil), ("\"0x10\"", nil), ("\"120\"", .some(.seconds(120))),
+        ("\"1e16\"", .some(.seconds(315_360_000))), ("null", nil), ("\"\u{663}\"", nil),
+    ])
+    func expiresInIsBounded(_ json: String, _ expected: Duration?) {
+        let body = Array(#"{"access_token":"t","expires_in":\#(json)}"#.utf8)
+        guard case let .success(r) = TokenResponse.oauth2(body) else {
+            Issue.record("not parsed: \(json)")
+            return
+        }
+        #expect(r.expiresIn == expected, "expires_in \(json)")
+    }
+}

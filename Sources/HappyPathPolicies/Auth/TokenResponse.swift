@@ -81,10 +81,19 @@ public struct TokenResponse: Sendable, Equatable {
         token.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
     }
 
+    /// `expires_in`: a JSON number or a string of one, read by
+    /// `OutsideValues.lifetimeSeconds`: below one second it is one second,
+    /// past ten years ten years; zero, negative, NaN, infinite or not a
+    /// number is absent (the token does not expire).
     static func seconds(_ value: Any?) -> Duration? {
         switch value {
-        case let n as NSNumber: return n.doubleValue > 0 ? .milliseconds(Int64(n.doubleValue * 1000)) : nil
-        case let s as String: return Double(s).flatMap { $0 > 0 ? .milliseconds(Int64($0 * 1000)) : nil }
+        case let n as NSNumber:
+            return OutsideValues.lifetimeSeconds(n.doubleValue)
+        case let s as String:
+            // Digits, a sign, a point and an exponent only: `Double` would also read "inf", "nan" and hex.
+            guard s.utf8.count <= 64, s.utf8.allSatisfy({ (0x30...0x39).contains($0) || "+-.eE".utf8.contains($0) })
+            else { return nil }
+            return OutsideValues.lifetimeSeconds(Double(s))
         default: return nil
         }
     }

@@ -9,6 +9,22 @@ public struct TokenStateMachine: Sendable {
     public private(set) var token: Token?
     public private(set) var refreshing = false
     private var generation = 0
+    /// When the token held now is refreshed ahead of its expiry: the later
+    /// of `expiry - refresh_ahead` and half its lifetime, so a lifetime
+    /// shorter than `refresh_ahead` refreshes once per token, not on every
+    /// request. Nil: no refresh ahead (none due, or it was started).
+    private var refreshAt: Instant?
+    /// The refresh ahead running now was due then (a failure puts it back).
+    private var aheadDue: Instant?
+    /// When the next token request may be sent (see `reserveRequest`).
+    private var nextRequestAt: Instant?
+
+    /// The shortest lifetime a token is held for: an `expires_in` below it
+    /// is read as it (`OutsideValues.lifetimeSeconds`).
+    public static let minimumLifetime: Duration = .seconds(1)
+    /// Token requests to one endpoint are spaced at least this far apart,
+    /// whatever it answers: at most four a second per upstream.
+    public static let requestSpacing: Duration = .milliseconds(250)
 
     public init(refreshAhead: Duration, initial: Token? = nil) {
         self.refreshAhead = refreshAhead
@@ -31,7 +47,9 @@ public struct TokenStateMachine: Sendable {
         guard let token, token.expiresAt.map({ now < $0 }) ?? true else {
             return .wait(start: begin())
         }
-        if let expiry = token.expiresAt, now >= expiry - refreshAhead, begin() {
+        if let due = refreshAt, now >= due, begin() {
+            refreshAt = nil
+            aheadDue = due
             return .useAndRefresh(token)
         }
         return .use(token)
@@ -61,14 +79,32 @@ public struct TokenStateMachine: Sendable {
     @discardableResult
     public mutating func succeeded(credential: Secret, expiresIn: Duration?, at now: Instant) -> Token {
         refreshing = false
+        aheadDue = nil
         generation += 1
-        let t = Token(credential: credential, expiresAt: expiresIn.map { now + $0 }, generation: generation)
+        // The lifetime was bounded where it was read; the floor holds here too.
+        let lifetime = expiresIn.map { max($0, Self.minimumLifetime) }
+        let t = Token(credential: credential, expiresAt: lifetime.map { now + $0 }, generation: generation)
         token = t
+        refreshAt = lifetime.map { now + max($0 - refreshAhead, $0 / 2) }
         return t
     }
 
+    /// A token request is about to go out: how long it must wait first so
+    /// that requests stay `requestSpacing` apart (zero: send now). Each
+    /// call takes the next slot, retries included.
+    public mutating func reserveRequest(at now: Instant) -> Duration {
+        let slot = max(now, nextRequestAt ?? now)
+        nextRequestAt = slot + Self.requestSpacing
+        return slot - now
+    }
+
     /// The refresh failed for good; the next use starts another.
-    public mutating func failed() { refreshing = false }
+    public mutating func failed() {
+        refreshing = false
+        // A failed refresh ahead may be tried again by the next use (spaced by `reserveRequest`).
+        if let due = aheadDue { refreshAt = due }
+        aheadDue = nil
+    }
 
     /// Seconds until expiry, for `/admin/state` (never the token).
     public func expiresIn(at now: Instant) -> Duration? { token?.expiresAt.map { $0 - now } }

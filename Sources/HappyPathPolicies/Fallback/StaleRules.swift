@@ -119,9 +119,8 @@ public enum StaleRules {
                 case "public": isPublic = true
                 case "s-maxage": sharedMaxAge = true
                 case "stale-if-error":
-                    if let argument, !argument.isEmpty, argument.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
-                        // Delta-seconds beyond 2^31 mean "a very long time" (RFC 9111 section 1.2.2).
-                        let seconds = argument.utf8.count > 10 ? Int64(Int32.max) : min(Int64(argument)!, Int64(Int32.max))
+                    // Delta-seconds past ten years read as ten years ("a very long time", RFC 9111 section 1.2.2).
+                    if let argument, let seconds = OutsideValues.deltaSeconds(argument.utf8) {
                         staleIfError = min(staleIfError ?? seconds, seconds)
                     }
                 default: break

@@ -74,11 +74,15 @@ public struct UpstreamPause: Sendable, Equatable {
 /// (draft-ietf-httpapi-ratelimit-headers) whose remaining quota `r` is 0,
 /// with its reset `t` in seconds.
 public enum PacingSignal {
-    public static func wait(retryAfter: String?, rateLimit: String?, nowUnixSeconds: Int64) -> Duration? {
-        if let retryAfter, let d = RetryAfter.parse(retryAfter, nowUnixSeconds: nowUnixSeconds) { return d }
+    /// Every number is read by `OutsideValues` (a `t` past ten years is ten
+    /// years, the caller caps it at `max_pause`); `max` caps a Retry-After.
+    public static func wait(
+        retryAfter: String?, rateLimit: String?, nowUnixSeconds: Int64, max: Duration = RetryAfter.defaultMax
+    ) -> Duration? {
+        if let retryAfter, let d = RetryAfter.parse(retryAfter, nowUnixSeconds: nowUnixSeconds, max: max) { return d }
         guard let rateLimit else { return nil }
-        var remaining: Int?
-        var reset: Int?
+        var remaining: Int64?
+        var reset: Int64?
         // `"policy";r=0;t=30` (several policies may be listed, comma-separated).
         for item in rateLimit.split(separator: ",") {
             remaining = nil
@@ -87,7 +91,7 @@ public enum PacingSignal {
                 let kv = parameter.split(separator: "=", maxSplits: 1)
                 guard kv.count == 2 else { continue }
                 let key = kv[0].filter { $0 != " " && $0 != "\t" }
-                let value = Int(kv[1].filter { $0 != " " && $0 != "\t" })
+                let value = OutsideValues.deltaSeconds(kv[1])
                 if key == "r" { remaining = value }
                 if key == "t" { reset = value }
             }

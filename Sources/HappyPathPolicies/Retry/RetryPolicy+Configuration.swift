@@ -21,6 +21,10 @@ extension RetryPolicy {
         public var jitter: Bool = true
         /// An upstream's `Retry-After` sets the next delay. Default true.
         public var honorRetryAfter: Bool = true
+        /// The longest `Retry-After` honoured or passed on: a longer one (or
+        /// a later date) is read as this, and the field is always written
+        /// back as whole seconds. Default 1h.
+        public var maxRetryAfter: Duration = RetryAfter.defaultMax
         /// Methods retried after the request may have reached the upstream. Default GET, HEAD, OPTIONS, PUT, DELETE.
         public var methods: Set<String> = ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]
 
@@ -32,6 +36,7 @@ extension RetryPolicy {
             if attempts < 1 { problems.append("retry.attempts must be at least 1") }
             if perTryTimeout <= .zero { problems.append("retry.per_try_timeout must be longer than zero") }
             if backoffMax < backoffBase { problems.append("retry.backoff.max must not be shorter than backoff.base") }
+            if maxRetryAfter < .seconds(1) { problems.append("retry.max_retry_after must be at least 1s") }
             return problems
         }
     }

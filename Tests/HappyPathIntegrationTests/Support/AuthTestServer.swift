@@ -29,6 +29,9 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
         var echoTokenErrors = false
         /// Token answers carry a rotated refresh token: this followed by a count.
         var refreshPrefix: String?
+        /// Token answers say this JSON text as `expires_in` (instead of 3600):
+        /// `1e16`, `"Infinity"`, `0.0001`, as a misbehaving endpoint would.
+        var expiresInJSON: String?
     }
 
     private let loop = EventLoop()
@@ -85,7 +88,11 @@ final class AuthTestServer: HTTPServerDelegate, @unchecked Sendable {
             s.valid = "\(s.tokenPrefix)\(s.issued)"
             return (200, s.valid, s.refreshPrefix.map { "\($0)\(s.issued)" })
         }
-        if let token {
+        if let token, let raw = state.withLock({ $0.expiresInJSON }) {
+            request.reply(
+                status: 200, headers: json,
+                body: #"{"access_token":"\#(token)","token_type":"Bearer","expires_in":\#(raw)}"#)
+        } else if let token {
             var answer: [String: Any] = ["access_token": token, "token_type": "Bearer", "expires_in": 3600]
             if let refresh { answer["refresh_token"] = refresh }
             request.reply(status: 200, headers: json, body: Self.json(answer))

@@ -1,0 +1,106 @@
+// The check of the FuzzOutsideValues target, in a library so that the fuzz
+// executable and the seed replay tests (HappyPathFuzzSeedTests) run the same
+// code. The first byte picks the reader, the rest is the value as it came
+// from outside (a seed file is `<kind letter><value>`, e.g. `r9223372036`).
+// Each reader must not trap, and its result must be within its bound.
+import Foundation
+import HappyPathCore
+import HappyPathPolicies
+
+public enum OutsideValuesHarness {
+    /// Wall clocks the dates are read against: now, the epoch, and the far ends.
+    static let clocks: [Int64] = [1_700_000_000, 0, -1, .max, .min, HTTPDate.latest, HTTPDate.earliest]
+
+    public static func check(_ bytes: [UInt8]) -> String {
+        guard let kind = bytes.first else { return "empty" }
+        let value = Array(bytes.dropFirst())
+        let text = String(decoding: value, as: UTF8.self)
+        switch kind {
+        case UInt8(ascii: "d"):  // delta-seconds: Age, max-age, stale-if-error, RateLimit t
+            for cap in [0, 1, 3600, OutsideValues.maxSeconds, .max, .min] as [Int64] {
+                if let s = OutsideValues.deltaSeconds(value, cap: cap) {
+                    precondition(s >= 0 && s <= max(0, min(cap, OutsideValues.maxSeconds)), "delta-seconds \(s) past cap \(cap)")
+                    precondition(value.contains { $0 >= 0x30 && $0 <= 0x39 }, "delta-seconds read from no digit")
+                }
+            }
+            return "\(OutsideValues.deltaSeconds(value).map(String.init) ?? "absent")"
+        case UInt8(ascii: "r"):  // Retry-After
+            var out = "absent"
+            for now in clocks {
+                for cap in [Duration.seconds(1), .seconds(3600), .seconds(Int64.max), .zero, .nanoseconds(-5)] {
+                    guard let s = RetryAfter.seconds(value, nowUnixSeconds: now, max: cap) else { continue }
+                    precondition(s >= 0 && s <= OutsideValues.wholeSeconds(cap), "Retry-After \(s) past \(cap)")
+                    let d = RetryAfter.parse(text, nowUnixSeconds: now, max: cap)
+                    precondition(d == .seconds(s), "the two readers differ")
+                    _ = Instant(nanoseconds: .max - 5) + (d ?? .zero)  // saturates, never traps
+                    out = "\(s)"
+                }
+            }
+            return out
+        case UInt8(ascii: "h"):  // HTTP-date
+            guard let date = HTTPDate.parse(value) else { return "absent" }
+            precondition(date >= HTTPDate.earliest && date <= HTTPDate.latest, "date \(date) outside years 0000-9999")
+            return "\(date)"
+        case UInt8(ascii: "l"):  // RateLimit, with and without a Retry-After
+            for now in clocks {
+                if let d = PacingSignal.wait(retryAfter: nil, rateLimit: text, nowUnixSeconds: now) {
+                    precondition(d >= .zero && d <= .seconds(OutsideValues.maxSeconds), "RateLimit wait \(d) out of range")
+                }
+                if let d = PacingSignal.wait(retryAfter: text, rateLimit: text, nowUnixSeconds: now) {
+                    precondition(d >= .zero && d <= .seconds(OutsideValues.maxSeconds), "pacing wait \(d) out of range")
+                }
+            }
+            return "ok"
+        case UInt8(ascii: "e"):  // expires_in, as JSON (the value is the JSON text after `"expires_in":`)
+            let body = Array("{\"access_token\":\"t\",\"expires_in\":".utf8) + value + Array("}".utf8)
+            let asString = Array("{\"access_token\":\"t\",\"expires_in\":\"".utf8) + value + Array("\"}".utf8)
+            var out = "absent"
+            for json in [body, asString] {
+                guard case let .success(response) = TokenResponse.oauth2(json), let lifetime = response.expiresIn else {
+                    continue
+                }
+                precondition(
+                    lifetime >= TokenStateMachine.minimumLifetime && lifetime <= .seconds(OutsideValues.maxSeconds),
+                    "expires_in read as \(lifetime)")
+                // A token with it, used and refreshed ahead at the far ends of the clock.
+                for start: Int64 in [0, 1_000_000_000, Int64.max / 2] {
+                    var machine = TokenStateMachine(refreshAhead: .seconds(30))
+                    let now = Instant(nanoseconds: start)
+                    machine.succeeded(credential: Secret("Bearer t"), expiresIn: lifetime, at: now)
+                    _ = machine.use(at: now + lifetime)
+                    _ = machine.reserveRequest(at: now)
+                    _ = machine.expiresIn(at: now)
+                }
+                out = "\(lifetime)"
+            }
+            return out
+        case UInt8(ascii: "f"):  // a floating-point lifetime as 8 raw bytes (NaN, infinities, extremes)
+            var raw: UInt64 = 0
+            for byte in value.prefix(8) { raw = raw << 8 | UInt64(byte) }
+            let seconds = Double(bitPattern: raw)
+            if let d = OutsideValues.lifetimeSeconds(seconds) {
+                precondition(seconds.isFinite && seconds > 0, "a lifetime from \(seconds)")
+                precondition(d >= .seconds(1) && d <= .seconds(OutsideValues.maxSeconds), "lifetime \(d)")
+            }
+            let duration = Duration.seconds(seconds.isFinite ? max(-9e18, min(9e18, seconds)) : 0)
+            _ = duration.nanoseconds
+            _ = OutsideValues.wholeSeconds(duration)
+            return "ok"
+        case UInt8(ascii: "c"):  // Cache-Control, for stale-if-error
+            let decision = StaleRules.decide(
+                method: "GET", status: 200, fields: [HTTPField(name: "Cache-Control", value: text)],
+                requestHasCredentials: false, serveStale: .seconds(3600))
+            if let decision { precondition(decision.keepFor > .zero && decision.keepFor <= .seconds(3600), "kept too long") }
+            return decision.map { "\($0.keepFor)" } ?? "not kept"
+        case UInt8(ascii: "t"):  // traceparent
+            guard let context = value.withUnsafeBytes({ TraceContext.parse($0) }) else { return "invalid" }
+            precondition(context.traceHigh | context.traceLow != 0 && context.spanID != 0, "an all-zero id read as valid")
+            precondition(value.count >= 55 && !value.prefix(55).contains { $0 >= 0x41 && $0 <= 0x46 }, "upper case or short read as valid")
+            let again = TraceContext.parse(context.traceparent(span: context.spanID))
+            precondition(again?.traceHigh == context.traceHigh && again?.spanID == context.spanID, "no round trip")
+            return "valid"
+        default:
+            return "no reader for \(kind)"
+        }
+    }
+}
