@@ -17,6 +17,11 @@ public struct PostgresStoreSettings: Sendable {
     public var retention: Duration
     /// After a lost connection, the first try again; then doubled up to `reconnectMax`.
     public var reconnectMin: Duration
+    /// The longest wait between tries while the database is down. Kept
+    /// short (1 s): a try against a server that is not there costs a
+    /// refused connection, and `later` routes answer again within about a
+    /// second of the database coming back (with a cap of 30 s, a restart
+    /// that took 16 s left them refusing for 15 s more).
     public var reconnectMax: Duration
     /// How often the counts (and the bytes held) are counted again from the
     /// table, which every replica writes.
@@ -24,7 +29,7 @@ public struct PostgresStoreSettings: Sendable {
 
     public init(
         url: String, pool: Int = 4, lease: Duration = .seconds(30), maxBytes: Int, retention: Duration,
-        reconnectMin: Duration = .seconds(1), reconnectMax: Duration = .seconds(30), recountEvery: Duration = .seconds(2)
+        reconnectMin: Duration = .milliseconds(500), reconnectMax: Duration = .seconds(1), recountEvery: Duration = .seconds(2)
     ) {
         self.url = url
         self.pool = pool
@@ -61,8 +66,8 @@ public struct PostgresStoreSettings: Sendable {
 ///
 /// The database unreachable (at start or later): every write is refused
 /// with `.failed` (the proxy answers 503 STORE_UNAVAILABLE), round ends are
-/// kept and written once it is back, and the writer connects again after 1 s,
-/// doubling up to 30 s. Nothing accepted is lost: a 202 was answered only
+/// kept and written once it is back, and the writer connects again after
+/// 0.5 s, then every second. Nothing accepted is lost: a 202 was answered only
 /// after its commit.
 ///
 /// `@unchecked Sendable`: its `var`s are the writer thread's (set before that
