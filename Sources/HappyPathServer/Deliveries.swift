@@ -222,16 +222,21 @@ final class Deliveries: Sendable {
                 return false
             }.map(\.name)
         }
-        store.claim(limit: room, skipping: skipping) { [self] claimed, expired in
-            self.claimed(claimed, expired: expired, room: room)
+        store.claim(limit: room, skipping: skipping) { [self] claimed, setAside in
+            self.claimed(claimed, setAside: setAside, room: room)
         }
     }
 
     /// On the store's writer thread.
-    private func claimed(_ claimed: [ClaimedDelivery], expired: [(id: String, upstream: String)], room: Int) {
-        for e in expired {
+    private func claimed(_ claimed: [ClaimedDelivery], setAside: [SetAside], room: Int) {
+        for e in setAside {
             count(upstream: e.upstream, outcome: "dead")
-            events.publish("delivery_dead", [("id", e.id), ("upstream", e.upstream), ("reason", "max_age")])
+            if e.reason == .crashedTheProxy {
+                logger.error(
+                    "delivery set aside: a round of it was in flight when the proxy crashed, at two starts in a row (it crashed the proxy)",
+                    metadata: ["id": "\(e.id)", "upstream": "\(e.upstream)", "reason": "\(e.reason.rawValue)"])
+            }
+            events.publish("delivery_dead", [("id", e.id), ("upstream", e.upstream), ("reason", e.reason.rawValue)])
         }
         inFlight.wrappingAdd(claimed.count, ordering: .relaxed)
         claiming.store(false, ordering: .releasing)

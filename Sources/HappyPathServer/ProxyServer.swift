@@ -282,8 +282,21 @@ public final class ProxyServer: @unchecked Sendable {
         }
         deliveries?.close()
         deliveries = nil
-        // The spans of the requests answered during the drain go out last.
-        tracer?.exporter.stop()
+        // The spans of the requests answered during the drain go out last,
+        // within the exporter's flush budget (2 s): a collector that never
+        // answers cannot hold the stop past it.
+        if let exporter = tracer?.exporter {
+            exporter.stop()
+            let dropped = exporter.dropped.load(ordering: .relaxed)
+            if dropped > 0 {
+                logger.warning(
+                    "spans were not exported: the collector did not take them, or the flush at stop ran out of time",
+                    metadata: [
+                        "dropped": "\(dropped)", "dropped_at_stop": "\(exporter.droppedAtStop.load(ordering: .relaxed))",
+                        "flush_budget": "\(exporter.flushBudget.configText)", "endpoint": "\(exporter.endpoint)",
+                    ])
+            }
+        }
         tracer = nil
         // Every loop has stopped. What holds an event on a loop's base goes
         // first (workers with their listeners, libcurl clients and requests;

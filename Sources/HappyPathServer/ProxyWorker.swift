@@ -503,6 +503,11 @@ final class ProxyWorker: HTTPServerDelegate {
     /// and every tunnel closes.
     func answerEverything() {
         stopping = true
+        // Requests still waiting for a rate-limit token: their turn comes
+        // after the drain, so they get their 503 now, not a closed connection.
+        for waiting in Array(queued.values) {
+            waiting.answerNow(RouteProblems.shuttingDown(requestID: requestID(of: waiting.request)))
+        }
         for exchange in Array(active.values) { exchange.answerNow() }
         for tunnel in Array(tunnels.values) { tunnel.shutdown() }
     }

@@ -241,6 +241,18 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
 
     func requestOutputDrained(_ request: HTTPRequest) {}
 
+    /// The drain ended before its turn: it leaves the queue (its token goes
+    /// back) with `problem` as its answer.
+    func answerNow(_ problem: Problem) {
+        timer?.recycle()
+        timer = nil
+        request.observer = nil
+        if !gone { limit.cancel(key: key, at: worker.clock.now()) }
+        worker.leftQueue(self, served: false)
+        if gone { return request.abort() }
+        ProblemResponder.respond(request, problem)
+    }
+
     /// The worker is shutting down: no answer.
     func abandon() {
         timer?.recycle()

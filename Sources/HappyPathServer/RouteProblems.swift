@@ -44,4 +44,12 @@ enum RouteProblems {
         problem.retryAfterSeconds = retryAfter
         return problem
     }
+
+    /// A request still waiting in a rate-limit queue when the drain ends:
+    /// the answer every request left in flight then gets.
+    static func shuttingDown(requestID: String) -> Problem {
+        var problem = Problem(.upstreamUnavailable, requestID: requestID, detail: "The proxy is shutting down; try again.")
+        problem.retryAfterSeconds = 1
+        return problem
+    }
 }

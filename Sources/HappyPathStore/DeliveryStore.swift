@@ -147,6 +147,20 @@ public enum DeliveryOutcome: Sendable {
     case postpone(at: Int64)
 }
 
+/// Why the store itself made a delivery dead (a round's own end is
+/// `DeliveryPolicy`'s to decide).
+public enum SetAsideReason: String, Sendable {
+    /// Its `delivery.max_age` passed while it waited.
+    case maxAge = "max_age"
+    /// A round of it was in flight when the process died (with the shared
+    /// store: its lease ran out on a replica that died) at two starts in a
+    /// row: it may be what kills the proxy, so it is not sent a third time.
+    case crashedTheProxy = "crashed_the_proxy"
+}
+
+/// A delivery the store made dead, reported by the next claim.
+public typealias SetAside = (id: String, upstream: String, reason: SetAsideReason)
+
 public enum ReplayResult: Sendable {
     case replayed
     case notDead(DeliveryState)
@@ -215,6 +229,9 @@ public final class DeliveryStore: @unchecked Sendable {
     public static let lingerNanoseconds: Int64 = 1_000_000
     public static let maxBatch = 256
     public static let defaultReopenInterval: Duration = .seconds(1)
+    /// Starts in a row that found a round of one delivery in flight (its
+    /// process died during it) before it is set aside, not sent again.
+    public static let interruptedRoundsBeforeSetAside = 2
     /// What a delivered delivery's row (id, key, times, status) is counted as.
     static let deliveredRowBytes = 256
 
@@ -246,7 +263,10 @@ public final class DeliveryStore: @unchecked Sendable {
     private let failure = Locked<StoreError?>(nil)
     /// Told when writes start failing or work again (set before `start`).
     private var onHealth: @Sendable (StoreHealth) -> Void = { _ in }
-    /// Rows put back from `in_flight` to `queued` when the store opened.
+    /// Tests only (`crash`): `close` leaves the file as `kill -9` would.
+    private var crashed = false
+    /// Rows put back from `in_flight` to `queued` when the store opened
+    /// (those set aside instead are not counted: the next claim reports them).
     public private(set) var recovered = 0
 
     /// Throws if the store cannot be used at all (its directory cannot be
@@ -331,10 +351,10 @@ public final class DeliveryStore: @unchecked Sendable {
         }
         reader.stop()
         if let writer {
-            if (try? writer.recover(now: clock.wallMilliseconds())) != nil {
+            if !crashed, (try? writer.requeueAtStop(now: clock.wallMilliseconds())) != nil {
                 kept.withLock { $0.requeueInFlight() }
             }
-            try? writer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if !crashed { try? writer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)") }
             self.writer = nil
         }
         // The observer is usually its owner (Deliveries holds the store, the
@@ -361,7 +381,7 @@ public final class DeliveryStore: @unchecked Sendable {
     /// queued ones past their `max_age`. The reply gets both.
     public func claim(
         limit: Int, skipping: [String],
-        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ expired: [(id: String, upstream: String)]) -> Void
+        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ setAside: [SetAside]) -> Void
     ) {
         queue.push(.claim(limit: limit, skipping: skipping, reply: reply))
     }
@@ -383,6 +403,13 @@ public final class DeliveryStore: @unchecked Sendable {
     /// Queued deliveries of `upstream` become due now (it recovered).
     public func wake(upstream: String) {
         queue.push(.wake(upstream: upstream))
+    }
+
+    /// Tests only: stops as a process killed with -9 would, its rounds left
+    /// `in_flight` in the file (a clean stop puts them back in the queue).
+    func crash() {
+        crashed = true
+        close()
     }
 
     /// Tests only: runs `sql` on the writer's connection (such as `PRAGMA
@@ -581,7 +608,7 @@ final class WriterQueue: @unchecked Sendable {
         case submit(NewDelivery, enqueued: Instant, reply: @Sendable (SubmitResult) -> Void)
         case claim(
             limit: Int, skipping: [String],
-            reply: @Sendable ([ClaimedDelivery], [(id: String, upstream: String)]) -> Void)
+            reply: @Sendable ([ClaimedDelivery], [SetAside]) -> Void)
         case finish(id: String, outcome: DeliveryOutcome, reply: (@Sendable () -> Void)?)
         case replay(id: String, expiresAt: Int64, reply: @Sendable (ReplayResult) -> Void)
         case purge(reply: @Sendable (Int) -> Void)
@@ -668,6 +695,8 @@ final class Writer {
     /// included: its deliveries are routed again when they are sent).
     private(set) var upstreams: Set<String> = []
     private var claimRotation = 0
+    /// Deliveries set aside when the store opened, for the next claim to report.
+    private var setAside: [SetAside] = []
 
     init(settings: StoreSettings) throws(StoreError) {
         let c = try SQLiteConnection(path: settings.path, readOnly: false)
@@ -718,28 +747,30 @@ final class Writer {
             """)
         delivered = try c.prepare(
             """
-            UPDATE delivery SET state = 2, updated_at = ?2, last_status = ?3, last_problem = NULL,
+            UPDATE delivery SET state = 2, updated_at = ?2, last_status = ?3, last_problem = NULL, interrupted = 0,
               headers = NULL, body = NULL, payload_bytes = \(DeliveryStore.deliveredRowBytes)
             WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         requeue = try c.prepare(
             """
-            UPDATE delivery SET state = 0, updated_at = ?2, next_attempt_at = ?3, last_status = ?4, last_problem = ?5
+            UPDATE delivery SET state = 0, updated_at = ?2, next_attempt_at = ?3, last_status = ?4, last_problem = ?5,
+              interrupted = 0
             WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         dead = try c.prepare(
             """
-            UPDATE delivery SET state = 3, updated_at = ?2, last_status = ?3, last_problem = ?4 WHERE id = ?1 AND state = 1
-            RETURNING upstream
+            UPDATE delivery SET state = 3, updated_at = ?2, last_status = ?3, last_problem = ?4, interrupted = 0
+            WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         postpone = try c.prepare(
             """
-            UPDATE delivery SET state = 0, attempts = attempts - 1, updated_at = ?2, next_attempt_at = ?3
+            UPDATE delivery SET state = 0, attempts = attempts - 1, updated_at = ?2, next_attempt_at = ?3, interrupted = 0
             WHERE id = ?1 AND state = 1 RETURNING upstream
             """)
         replay = try c.prepare(
             """
-            UPDATE delivery SET state = 0, attempts = 0, updated_at = ?2, next_attempt_at = ?2, expires_at = ?3
+            UPDATE delivery SET state = 0, attempts = 0, updated_at = ?2, next_attempt_at = ?2, expires_at = ?3,
+              interrupted = 0
             WHERE id = ?1 AND state = 3 RETURNING upstream
             """)
         purge = try c.prepare(
@@ -751,10 +782,40 @@ final class Writer {
         wake = try c.prepare("UPDATE delivery SET next_attempt_at = ?2 WHERE state = 0 AND upstream = ?1 AND next_attempt_at > ?2")
     }
 
-    /// Rounds that were in flight when the process ended go back to `queued`.
+    /// At open: rounds still in flight were cut short by the process's
+    /// death (`kill -9`, a crash). Each such start counts in the row's
+    /// `interrupted`; at `interruptedRoundsBeforeSetAside` in a row the
+    /// delivery is set aside (dead: it may be what kills the proxy), the
+    /// others go back to `queued`, due now. Returns those queued again.
     func recover(now: Int64) throws(StoreError) -> Int {
-        try connection.execute("UPDATE delivery SET state = 0, next_attempt_at = \(now) WHERE state = 1")
-        return connection.changes
+        try connection.execute("BEGIN IMMEDIATE")
+        do {
+            let s = try connection.prepare(
+                """
+                UPDATE delivery SET state = 3, updated_at = ?1, interrupted = interrupted + 1,
+                  last_problem = json_set(?2, '$.request_id', request_id)
+                WHERE state = 1 AND interrupted + 1 >= ?3 RETURNING id, upstream
+                """)
+            s.bind(1, now)
+            s.bind(2, DeliveryProblems.crashedTheProxy)
+            s.bind(3, DeliveryStore.interruptedRoundsBeforeSetAside)
+            while try s.step() { setAside.append((s.string(0) ?? "", s.string(1) ?? "", .crashedTheProxy)) }
+            s.reset()
+            try connection.execute(
+                "UPDATE delivery SET state = 0, next_attempt_at = \(now), interrupted = interrupted + 1 WHERE state = 1")
+            let requeued = connection.changes
+            try connection.execute("COMMIT")
+            return requeued
+        } catch {
+            try? connection.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// At a clean stop: rounds still in flight go back to `queued`. They did
+    /// not crash the proxy, so their count of interrupted rounds starts again.
+    func requeueAtStop(now: Int64) throws(StoreError) {
+        try connection.execute("UPDATE delivery SET state = 0, next_attempt_at = \(now), interrupted = 0 WHERE state = 1")
     }
 
     func heldBytes() throws(StoreError) -> Int {
@@ -831,7 +892,8 @@ final class Writer {
             return { reply(.stored(id: id)) }
 
         case let .claim(limit, skipping, reply):
-            var expired: [(id: String, upstream: String)] = []
+            var expired = setAside
+            setAside = []
             do {
                 let s = expire
                 defer { s.reset() }
@@ -840,7 +902,7 @@ final class Writer {
                 s.bind(3, DeliveryProblems.expiredPrefix)
                 while try s.step() {
                     let upstream = s.string(1) ?? ""
-                    expired.append((s.string(0) ?? "", upstream))
+                    expired.append((s.string(0) ?? "", upstream, .maxAge))
                     tally.counts.move(upstream: upstream, from: .queued, to: .dead)
                 }
             }
@@ -991,4 +1053,12 @@ enum DeliveryProblems {
     static let expiredPrefix = "Not delivered within its delivery.max_age. The last round: "
     /// The same, as it is written inside a JSON string (it holds nothing to escape).
     static let expiredPrefixJSON = String(JSON.quote(expiredPrefix).dropFirst().dropLast())
+    /// Set aside: a round of it was in flight at two deaths of the proxy in a row.
+    static let crashedTheProxy = Problem(
+        .badGateway, requestID: "",
+        detail: "Set aside: it crashed the proxy. A round of this delivery was in flight when the proxy stopped "
+            + "without warning (kill -9, a crash, a replica lost with its lease) at two starts in a row, so it is "
+            + "not sent a third time by itself. Look for the cause in the proxy's log before those starts, then "
+            + "replay it."
+    ).json()
 }

@@ -29,10 +29,12 @@ public protocol DeliveryStoring: AnyObject, Sendable {
 
     func submit(_ delivery: NewDelivery, reply: @escaping @Sendable (SubmitResult) -> Void)
     /// Up to `limit` due deliveries, none of `skipping`'s upstreams; first
-    /// marks dead the queued ones past their `max_age`.
+    /// marks dead the queued ones past their `max_age`. `setAside` has those
+    /// and the deliveries the store set aside since the last claim (their
+    /// rounds crashed the proxy twice in a row).
     func claim(
         limit: Int, skipping: [String],
-        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ expired: [(id: String, upstream: String)]) -> Void)
+        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ setAside: [SetAside]) -> Void)
     func finish(id: String, _ outcome: DeliveryOutcome, reply: (@Sendable () -> Void)?)
     func replay(id: String, expiresAt: Int64, reply: @escaping @Sendable (ReplayResult) -> Void)
     func purge(reply: @escaping @Sendable (Int) -> Void)

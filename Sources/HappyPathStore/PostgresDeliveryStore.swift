@@ -17,6 +17,11 @@ public struct PostgresStoreSettings: Sendable {
     public var retention: Duration
     /// After a lost connection, the first try again; then doubled up to `reconnectMax`.
     public var reconnectMin: Duration
+    /// The longest wait between tries while the database is down. Kept
+    /// short (1 s): a try against a server that is not there costs a
+    /// refused connection, and `later` routes answer again within about a
+    /// second of the database coming back (with a cap of 30 s, a restart
+    /// that took 16 s left them refusing for 15 s more).
     public var reconnectMax: Duration
     /// How often the counts (and the bytes held) are counted again from the
     /// table, which every replica writes.
@@ -24,7 +29,7 @@ public struct PostgresStoreSettings: Sendable {
 
     public init(
         url: String, pool: Int = 4, lease: Duration = .seconds(30), maxBytes: Int, retention: Duration,
-        reconnectMin: Duration = .seconds(1), reconnectMax: Duration = .seconds(30), recountEvery: Duration = .seconds(2)
+        reconnectMin: Duration = .milliseconds(500), reconnectMax: Duration = .seconds(1), recountEvery: Duration = .seconds(2)
     ) {
         self.url = url
         self.pool = pool
@@ -61,8 +66,8 @@ public struct PostgresStoreSettings: Sendable {
 ///
 /// The database unreachable (at start or later): every write is refused
 /// with `.failed` (the proxy answers 503 STORE_UNAVAILABLE), round ends are
-/// kept and written once it is back, and the writer connects again after 1 s,
-/// doubling up to 30 s. Nothing accepted is lost: a 202 was answered only
+/// kept and written once it is back, and the writer connects again after
+/// 0.5 s, then every second. Nothing accepted is lost: a 202 was answered only
 /// after its commit.
 ///
 /// `@unchecked Sendable`: its `var`s are the writer thread's (set before that
@@ -150,7 +155,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
 
     public func claim(
         limit: Int, skipping: [String],
-        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ expired: [(id: String, upstream: String)]) -> Void
+        reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ setAside: [SetAside]) -> Void
     ) {
         queue.push(.claim(limit: limit, skipping: skipping, reply: reply))
     }
@@ -249,7 +254,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
             // Rounds that ran on through the outage keep their leases, if
             // no other replica took them back meanwhile.
             if !claims.isEmpty { try w.renew(Array(claims.keys), until: clock.wallMilliseconds() + w.leaseMilliseconds) }
-            let returned = try w.takeBackExpiredLeases(now: clock.wallMilliseconds()).count
+            let returned = try w.takeBackExpiredLeases(now: clock.wallMilliseconds()).requeued.count
             let (counts, bytes) = try w.count()
             writer = w
             connected.withLock { $0 = true }
@@ -411,6 +416,8 @@ final class PostgresWriter {
     /// look at each one's queue.
     private(set) var upstreams: Set<String> = []
     private var claimRotation = 0
+    /// Deliveries set aside when leases were taken back, for the next claim to report.
+    private var setAside: [SetAside] = []
 
     init(settings: PostgresStoreSettings) throws(StoreError) {
         connection = try PostgresConnection(url: settings.url)
@@ -453,14 +460,30 @@ final class PostgresWriter {
         upstreams = Set((0..<rows.count).compactMap { rows.text($0, 0) })
     }
 
-    /// Rows whose lease ran out (their replica stopped renewing it) go back to the queue, due now.
-    func takeBackExpiredLeases(now: Int64) throws(StoreError) -> [String] {
+    /// Rows whose lease ran out (their replica stopped renewing it: it died)
+    /// go back to the queue, due now; the upstreams of those rows. A lease
+    /// lost counts as a round interrupted by a crash, as in the SQLite store:
+    /// at `interruptedRoundsBeforeSetAside` in a row the delivery is set
+    /// aside (dead) instead, reported by the next claim. Needs a transaction
+    /// (a claim's), or runs as two.
+    func takeBackExpiredLeases(now: Int64) throws(StoreError) -> (requeued: [String], setAside: [String]) {
+        let dead = try connection.execute(
+            """
+            UPDATE happypath_delivery SET state = 3, updated_at = $1, lease_until = NULL, interrupted = interrupted + 1,
+              last_problem = replace($2, '"request_id":""', '"request_id":' || to_json(request_id)::text)
+            WHERE state = 1 AND lease_until <= $1 AND interrupted + 1 >= $3 RETURNING id, upstream
+            """,
+            [
+                .int(now), .text(DeliveryProblems.crashedTheProxy),
+                .int(Int64(DeliveryStore.interruptedRoundsBeforeSetAside)),
+            ])
+        for i in 0..<dead.count { setAside.append((dead.text(i, 0) ?? "", dead.text(i, 1) ?? "", .crashedTheProxy)) }
         let rows = try connection.execute(
             """
-            UPDATE happypath_delivery SET state = 0, next_attempt_at = $1, lease_until = NULL
+            UPDATE happypath_delivery SET state = 0, next_attempt_at = $1, lease_until = NULL, interrupted = interrupted + 1
             WHERE state = 1 AND lease_until <= $1 RETURNING upstream
             """, [.int(now)])
-        return (0..<rows.count).map { rows.text($0, 0) ?? "" }
+        return ((0..<rows.count).map { rows.text($0, 0) ?? "" }, (0..<dead.count).map { dead.text($0, 1) ?? "" })
     }
 
     func renew(_ ids: [String], until: Int64) throws(StoreError) {
@@ -472,7 +495,7 @@ final class PostgresWriter {
     func release(_ ids: [String], now: Int64) throws(StoreError) -> Int {
         try connection.execute(
             """
-            UPDATE happypath_delivery SET state = 0, next_attempt_at = $1, lease_until = NULL
+            UPDATE happypath_delivery SET state = 0, next_attempt_at = $1, lease_until = NULL, interrupted = 0
             WHERE state = 1 AND id = ANY($2::text[])
             """, [.int(now), .textArray(ids)]
         ).changed
@@ -600,10 +623,11 @@ final class PostgresWriter {
             return { reply(.stored(id: id)) }
 
         case let .claim(limit, skipping, reply):
-            for upstream in try takeBackExpiredLeases(now: now) {
-                work.tally.counts.move(upstream: upstream, from: .inFlight, to: .queued)
-            }
-            var expired: [(id: String, upstream: String)] = []
+            let takenBack = try takeBackExpiredLeases(now: now)
+            for upstream in takenBack.requeued { work.tally.counts.move(upstream: upstream, from: .inFlight, to: .queued) }
+            for upstream in takenBack.setAside { work.tally.counts.move(upstream: upstream, from: .inFlight, to: .dead) }
+            var expired = setAside
+            setAside = []
             let rows = try connection.execute(
                 """
                 UPDATE happypath_delivery SET state = 3, updated_at = $1, last_problem = CASE
@@ -613,7 +637,7 @@ final class PostgresWriter {
                 """, [.int(now), .text(DeliveryProblems.expiredUnsent), .text(DeliveryProblems.expiredPrefixJSON)])
             for i in 0..<rows.count {
                 let upstream = rows.text(i, 1) ?? ""
-                expired.append((rows.text(i, 0) ?? "", upstream))
+                expired.append((rows.text(i, 0) ?? "", upstream, .maxAge))
                 work.tally.counts.move(upstream: upstream, from: .queued, to: .dead)
             }
             try refreshUpstreams()
@@ -663,7 +687,7 @@ final class PostgresWriter {
                 if try moved(
                     """
                     UPDATE happypath_delivery SET state = 2, updated_at = $2, last_status = $4, last_problem = NULL,
-                      headers = ''::bytea, body = ''::bytea, payload_bytes = \(DeliveryStore.deliveredRowBytes), lease_until = NULL
+                      interrupted = 0, headers = ''::bytea, body = ''::bytea, payload_bytes = \(DeliveryStore.deliveredRowBytes), lease_until = NULL
                     WHERE \(mine) RETURNING upstream
                     """, round + [.int(Int64(status))], from: .inFlight, to: .delivered, &work.tally.counts) > 0
                 {
@@ -673,7 +697,7 @@ final class PostgresWriter {
                 _ = try moved(
                     """
                     UPDATE happypath_delivery SET state = 0, updated_at = $2, next_attempt_at = $4, last_status = $5,
-                      last_problem = $6, lease_until = NULL
+                      last_problem = $6, lease_until = NULL, interrupted = 0
                     WHERE \(mine) RETURNING upstream
                     """, round + [.int(at), .optional(status), .text(problem)], from: .inFlight, to: .queued,
                     &work.tally.counts)
@@ -681,14 +705,14 @@ final class PostgresWriter {
                 _ = try moved(
                     """
                     UPDATE happypath_delivery SET state = 3, updated_at = $2, last_status = $4, last_problem = $5,
-                      lease_until = NULL
+                      lease_until = NULL, interrupted = 0
                     WHERE \(mine) RETURNING upstream
                     """, round + [.optional(status), .text(problem)], from: .inFlight, to: .dead, &work.tally.counts)
             case let .postpone(at):
                 _ = try moved(
                     """
                     UPDATE happypath_delivery SET state = 0, attempts = attempts - 1, updated_at = $2, next_attempt_at = $4,
-                      lease_until = NULL
+                      lease_until = NULL, interrupted = 0
                     WHERE \(mine) RETURNING upstream
                     """, round + [.int(at)], from: .inFlight, to: .queued, &work.tally.counts)
             }
@@ -697,7 +721,8 @@ final class PostgresWriter {
         case let .replay(id, expiresAt, reply):
             if try moved(
                 """
-                UPDATE happypath_delivery SET state = 0, attempts = 0, updated_at = $2, next_attempt_at = $2, expires_at = $3
+                UPDATE happypath_delivery SET state = 0, attempts = 0, updated_at = $2, next_attempt_at = $2, expires_at = $3,
+                  interrupted = 0
                 WHERE id = $1 AND state = 3 RETURNING upstream
                 """, [.text(id), .int(now), .int(expiresAt)], from: .dead, to: .queued, &work.tally.counts) > 0
             {

@@ -52,6 +52,10 @@ enum PostgresSchema {
                 CREATE INDEX happypath_delivery_done ON happypath_delivery (updated_at) WHERE state >= 2;
                 CREATE INDEX happypath_delivery_pending ON happypath_delivery (upstream, created_at) WHERE state < 2;
                 """),
+        Step(
+            version: 2,
+            summary: "interrupted: rounds of the delivery cut short by a replica's death, in a row (a crash loop is set aside)",
+            sql: "ALTER TABLE happypath_delivery ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0"),
     ]
 
     static var version: Int { ladder.count }

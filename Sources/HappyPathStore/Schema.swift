@@ -24,6 +24,12 @@ enum Schema {
             version: 2,
             summary: "idem_scope and idem_fingerprint: a key is unique per scope, no longer per upstream",
             apply: migrateTo2),
+        SchemaMigration(
+            version: 3,
+            summary: "interrupted: the starts in a row that found a round of the delivery in flight (a crash loop is set aside)",
+            apply: { c throws(StoreError) in
+                try c.execute("ALTER TABLE delivery ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0")
+            }),
     ]
 
     /// The newest schema this build knows.

@@ -422,6 +422,50 @@ struct DeliverLaterTests {
         #expect(proxy.waitForExit())
     }
 
+    /// A delivery whose round is in flight each time the proxy is killed
+    /// (an upstream that takes the request and never answers; `kill -9`
+    /// while it waits), at two starts in a row, is set aside at the next
+    /// start: dead, reason `crashed_the_proxy`, a log line with its id, and
+    /// never sent a third time.
+    @Test func aDeliveryInFlightAtTwoKillsInARowIsSetAsideNotSentAThirdTime() throws {
+        let store = try StoreDirectory()
+        let upstream = ScriptedUpstream(responses: ["HOLD"]).started()
+        defer { upstream.stop() }
+        let config = Self.yaml(upstream: "http://127.0.0.1:\(upstream.port)", store: store)
+            .replacingOccurrences(of: "timeout: 2s", with: "timeout: 60s")
+        var proxy = try ServeProcess(config: config, logLevel: "info")
+        guard let port = proxy.listeningPort() else { return }
+        let accepted = try HTTP.request(port: port, "POST", "/hooks/boom", body: Array("boom".utf8))
+        let id = try #require(Self.json(accepted)["id"] as? String)
+        for round in 1...2 {
+            guard waitUntil("round \(round) reaches the upstream", { upstream.appRequests.count == round }) else { return }
+            kill(proxy.pid, SIGKILL)
+            _ = proxy.waitForExit()
+            proxy = try ServeProcess(config: config, logLevel: "info")
+            guard proxy.listeningPort() != nil else { return }
+        }
+        guard let adminPort = proxy.adminPort(), let proxyPort = proxy.listeningPort() else { return }
+        guard
+            waitUntil("the log line that sets it aside", {
+                proxy.errors.split(separator: "\n").contains { $0.contains("crashed the proxy") && $0.contains(id) }
+            })
+        else { return }
+        let line = try #require(proxy.errors.split(separator: "\n").first { $0.contains("crashed the proxy") })
+        let logged = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? [:]
+        #expect(logged["id"] as? String == id && logged["reason"] as? String == "crashed_the_proxy", "\(line)")
+        let status = Self.json(try HTTP.request(port: proxyPort, "/_happypath/deliveries/\(id)"))
+        #expect(status["state"] as? String == "dead" && status["attempts"] as? Int == 2, "\(status)")
+        let error = status["error"] as? [String: Any] ?? [:]
+        #expect((error["detail"] as? String ?? "").contains("crashed the proxy"), "\(error)")
+        let dead = Self.json(try HTTP.request(port: adminPort, "/admin/deliveries?state=dead"))
+        #expect((dead["deliveries"] as? [[String: Any]])?.map { $0["id"] as? String } == [id])
+        let state = try AdminProbe(port: adminPort).state()["deliveries"] as? [String: Any]
+        #expect(state?["dead"] as? Int == 1 && state?["queued"] as? Int == 0 && state?["in_flight"] as? Int == 0)
+        #expect(upstream.appRequests.count == 2, "never sent a third time")
+        proxy.signal(SIGTERM)
+        #expect(proxy.waitForExit())
+    }
+
     /// SIGTERM while rounds are running: they finish (no new ones start),
     /// the process exits 0, and after a restart the rest is delivered with
     /// nothing sent twice.

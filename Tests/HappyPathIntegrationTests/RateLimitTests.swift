@@ -179,4 +179,35 @@ import Testing
         #expect(eventually { (try? HTTP.request(port: h.adminPort, "/admin/state").text.contains("\"queued\":0")) == true })
         #expect(upstream.appRequests.count == 1)
     }
+
+    /// SIGTERM while a client waits in a queue longer than the drain: when
+    /// `drain_timeout` ends it gets its 503 (the proxy is shutting down),
+    /// like every other request still in flight, not a closed connection.
+    @Test func aRequestQueuedWhenTheDrainEndsGetsItsServiceUnavailable() throws {
+        let upstream = ScriptedUpstream(response: http(200, "ok")).started()
+        defer { upstream.stop() }
+        let serve = try ServeProcess(
+            config: Self.config(
+                upstream: upstream.port, limit: "{ rate: 12/m, burst: 1, key: route, over_limit: queue, max_wait: 8s }",
+                top: "drain_timeout: 200ms"),
+            logLevel: "info")
+        guard let port = serve.listeningPort(), let adminPort = serve.adminPort() else { return }
+        #expect(try HTTP.request(port: port, "/limited/first").status == 200)
+        let waiting = try TestConnection(port: port)
+        try waiting.send("GET /limited/waits HTTP/1.1\r\nHost: x\r\n\r\n")
+        guard
+            waitUntil("the request waits in the queue", {
+                try HTTP.request(port: adminPort, "/admin/state").text.contains("\"queued\":1")
+            })
+        else { return }
+        serve.signal(SIGTERM)
+        let answer = try waiting.readResponse()
+        #expect(answer.status == 503)
+        #expect(answer.json["code"] as? String == "UPSTREAM_UNAVAILABLE")
+        #expect(answer.json["detail"] as? String == "The proxy is shutting down; try again.")
+        #expect(answer.header("Retry-After") == "1")
+        #expect(serve.waitForExit())
+        #expect(serve.process.terminationStatus == 0)
+        #expect(upstream.appRequests.count == 1, "the queued request was never sent")
+    }
 }

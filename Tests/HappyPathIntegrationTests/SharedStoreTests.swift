@@ -160,4 +160,39 @@ struct SharedStoreTests {
         proxy.signal(SIGTERM)
         #expect(proxy.waitForExit())
     }
+
+    /// The database down for longer than a doubling backoff would take to
+    /// grow past 10 s (1, 2, 4, 8 s: its fifth try would come 15 s after the
+    /// first failure, the sixth at 31 s): once it is back, `later` routes
+    /// answer 202 again within about 2 s, not after the next doubled wait.
+    @Test func laterRoutesAnswerAgainWithinTwoSecondsOfTheDatabaseComingBack() throws {
+        let server = try PostgresServer()
+        let port = RefusingPort()
+        let proxy = try ServeProcess(config: Self.yaml(upstream: port.url, url: server.url), logLevel: "info")
+        guard let proxyPort = proxy.listeningPort(), let adminPort = proxy.adminPort() else { return }
+        guard
+            waitUntil("accepting", { try HTTP.request(port: proxyPort, "POST", "/hooks/n", body: [1]).status == 202 })
+        else { return }
+        server.stop()
+        let admin = AdminProbe(port: adminPort)
+        guard
+            waitUntil("the writer noticed the outage", {
+                try admin.metric("happypath_delivery_store_errors_total{kind=\"unreachable\"}") >= 1
+            })
+        else { return }
+        // What is tested is a long outage: the database stays down 17 s.
+        let down = ContinuousClock.now
+        waitUntil("17 s of outage", timeout: 30) { seconds(since: down) >= 17 }
+        try server.start()
+        let back = ContinuousClock.now
+        guard
+            waitUntil("accepting again", timeout: 40, {
+                try HTTP.request(port: proxyPort, "POST", "/hooks/n", body: [2], timeout: 5).status == 202
+            })
+        else { return }
+        let took = seconds(since: back)
+        #expect(took < 2.5, "202 again \(took) s after the database came back")
+        proxy.signal(SIGTERM)
+        #expect(proxy.waitForExit())
+    }
 }

@@ -2,6 +2,10 @@ import Foundation
 import HappyPathCore
 import Testing
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// OpenTelemetry traces end to end: the real proxy exporting over OTLP/HTTP
 /// to a real receiver that decodes the protobuf with `opentelemetry-proto`,
 /// and a real upstream that records the `traceparent` it received.
@@ -122,4 +126,60 @@ struct TracingEndToEndTests {
         let sent = upstream.appRequests.last.flatMap { Self.traceparent(of: $0.head) }
         #expect(sent == "00-\(round["trace_id"] as? String ?? "")-\(round["span_id"] as? String ?? "")-01")
     }
+
+    /// A collector that takes the connection and never answers: SIGTERM
+    /// still ends the process within the exporter's flush budget (2 s) and
+    /// the drain, far inside Kubernetes' 30 s grace, and the spans it could
+    /// not send are counted in the log line it leaves.
+    @Test func aSilentCollectorDoesNotHoldUpTheStop() throws {
+        let collector = SilentListener()
+        let upstream = ScriptedUpstream(response: Self.ok).started()
+        defer { upstream.stop() }
+        let serve = try ServeProcess(
+            config: Self.yaml(otlp: "http://127.0.0.1:\(collector.port)/v1/traces", upstream: upstream.port, ratio: 1),
+            logLevel: "info")
+        guard let port = serve.listeningPort() else { return }
+        // Three batches' worth of spans (two per request) at least: one export
+        // hangs on the collector while the others wait their turn.
+        for _ in 0..<700 { _ = try HTTP.request(port: port, "/api/x") }
+        guard waitUntil("the exporter connected to the collector", { collector.connections() >= 1 }) else { return }
+        let start = ContinuousClock.now
+        serve.signal(SIGTERM)
+        let exited = serve.waitForExit(timeout: 10)
+        let took = seconds(since: start)
+        #expect(took < 5, "SIGTERM to exit: \(took) s")
+        guard exited else { return }
+        #expect(serve.process.terminationStatus == 0)
+        let line = serve.errors.split(separator: "\n").first { $0.contains("spans were not exported") }
+        let object = line.flatMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+        let dropped = Int(object?["dropped"] as? String ?? "") ?? (object?["dropped"] as? Int ?? 0)
+        #expect(dropped >= 1000, "\(line ?? "no line")")
+    }
+}
+
+/// A loopback socket that listens and never accepts: the kernel completes
+/// each connection and takes what is sent, and nothing ever answers.
+final class SilentListener {
+    let port: Int
+    private let fd: Int32
+
+    init() {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        precondition(fd >= 0, "socket: errno \(errno)")
+        port = bindLoopback(fd)
+        precondition(port > 0 && listen(fd, 64) == 0, "bind, listen: errno \(errno)")
+    }
+
+    /// Connections the kernel completed and holds for an accept that never comes.
+    func connections() -> Int {
+        // /proc/net/tcp: local address and port in hex, state 01 (ESTABLISHED).
+        let hexPort = String(format: ":%04X", port)
+        let table = readSmallFile("/proc/net/tcp") ?? ""
+        return table.split(separator: "\n").filter { line in
+            let fields = line.split(separator: " ")
+            return fields.count > 3 && fields[1].hasSuffix(hexPort) && fields[3] == "01"
+        }.count
+    }
+
+    deinit { close(fd) }
 }

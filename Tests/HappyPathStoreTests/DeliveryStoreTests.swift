@@ -543,6 +543,60 @@ struct DeliveryStoreTests {
         #expect(Self.claim(reopened).count == 10)
     }
 
+    /// A delivery whose round was in flight when the process died, at two
+    /// starts in a row, is set aside (dead, `crashed_the_proxy`) instead of
+    /// being sent a third time; a round that ends between two crashes, a
+    /// replay or a clean stop starts the count again.
+    @Test func aRoundInFlightAtTwoCrashesInARowIsSetAside() throws {
+        let f = Fixture()
+        do {
+            let store = try f.open()
+            _ = Self.submit(store, f.delivery("boom"))
+            _ = Self.submit(store, f.delivery("calm"))
+            #expect(Self.claim(store).count == 2)
+            store.crash()
+        }
+        // After the first crash both are queued again and sent again.
+        do {
+            let store = try f.open()
+            #expect(store.recovered == 2)
+            let second = Self.claim(store)
+            #expect(Set(second.map(\.id)) == ["boom", "calm"] && second.allSatisfy { $0.attempts == 2 })
+            // calm's second round ends: its next crash is a first one again.
+            Self.finish(store, "calm", .retry(at: f.clock.wallMilliseconds(), status: 503, problem: "{}"))
+            #expect(Self.claim(store).map(\.id) == ["calm"])
+            store.crash()
+        }
+        // The second crash in a row during a round of boom.
+        let store = try f.open()
+        #expect(store.recovered == 1, "calm only")
+        let (claimed, setAside) = Self.wait { reply in store.claim(limit: 10, skipping: []) { reply(($0, $1)) } }
+        #expect(claimed.map(\.id) == ["calm"])
+        #expect(setAside.map(\.id) == ["boom"] && setAside.map(\.reason) == [.crashedTheProxy])
+        #expect(store.counts[.dead] == 1 && store.counts[.inFlight] == 1)
+        let record = try #require(store.record(id: "boom"))
+        #expect(record.state == .dead && record.attempts == 2)
+        let problem = try #require(record.lastProblem)
+        #expect(problem.contains("crashed the proxy") && problem.contains("\"request_id\":\"req-boom\""), "\(problem)")
+        // Replayed, it starts again from nothing; a clean stop does too.
+        let replayed = Self.wait { store.replay(id: "boom", expiresAt: f.clock.wallMilliseconds() + 60_000, reply: $0) }
+        guard case .replayed = replayed else {
+            Issue.record("not replayed: \(replayed)")
+            return
+        }
+        #expect(Self.claim(store).map(\.id) == ["boom"])
+        store.close()
+        do {
+            let store = try f.open()
+            #expect(store.recovered == 0 && store.counts[.queued] == 2)
+            #expect(Self.claim(store).count == 2)
+            store.crash()
+        }
+        let reopened = try f.open()
+        #expect(reopened.recovered == 2 && reopened.counts[.dead] == 0, "one crash each since the count began again")
+        reopened.close()
+    }
+
     @Test(arguments: StoreKind.allCases) func purgeDropsOnlyFinishedPastRetention(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny(retention: .seconds(60))

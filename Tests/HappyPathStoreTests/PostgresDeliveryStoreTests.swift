@@ -79,6 +79,32 @@ struct PostgresDeliveryStoreTests {
         b.close()
     }
 
+    /// A round whose lease ran out on a dead replica counts as one that
+    /// crashed its proxy: the second in a row sets the delivery aside
+    /// (dead, `crashed_the_proxy`) instead of sending it a third time.
+    @Test func aRoundLostWithTwoDeadReplicasInARowIsSetAside() throws {
+        let r = try Replicas()
+        let a = r.open(lease: .seconds(30))
+        _ = T.submit(a, r.delivery("boom"))
+        #expect(T.claim(a).map(\.id) == ["boom"])
+        a.crash()
+        r.clock.advance(by: .seconds(31))
+        let b = r.open(lease: .seconds(30))
+        let second = T.claim(b)
+        #expect(second.map(\.id) == ["boom"] && second.first?.attempts == 2)
+        b.crash()
+        r.clock.advance(by: .seconds(31))
+        let c = r.open(lease: .seconds(30))
+        let (claimed, setAside) = T.wait { reply in c.claim(limit: 10, skipping: []) { reply(($0, $1)) } }
+        #expect(claimed.isEmpty)
+        #expect(setAside.map(\.id) == ["boom"] && setAside.map(\.reason) == [.crashedTheProxy])
+        let record = try #require(c.record(id: "boom"))
+        #expect(record.state == .dead && record.attempts == 2)
+        let problem = try #require(record.lastProblem)
+        #expect(problem.contains("crashed the proxy") && problem.contains("\"request_id\":\"req-boom\""), "\(problem)")
+        c.close()
+    }
+
     @Test func aReplicaThatStopsCleanlyGivesItsRoundsBackAtOnce() throws {
         let r = try Replicas()
         let a = r.open()
