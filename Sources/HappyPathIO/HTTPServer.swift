@@ -247,16 +247,7 @@ public final class HTTPServer {
                 default: return  // EAGAIN: nothing more to accept
                 }
             }
-            var session: TLSSession?
-            if let tls {
-                // Out of memory for a session: the connection is dropped, as for EMFILE.
-                guard let made = TLSSession(context: tls, fd: fd) else {
-                    Glibc.close(fd)
-                    limits.connections?.release(1)
-                    continue
-                }
-                session = made
-            }
+            let session = tls.map { TLSSession(context: $0, fd: fd) }
             let connection = HTTPConnection(server: self, fd: fd, peer: storage, tls: session)
             connections[ObjectIdentifier(connection)] = connection
             connection.start()
