@@ -510,10 +510,13 @@ final class ProxyWorker: HTTPServerDelegate {
     /// An exchange ended in a tunnel: kept (and counted in flight, so a
     /// drain waits for it until `drain_timeout`) until it closes. Already
     /// counted in `happypath_tunnels_open` (before its 101 was written).
-    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream) {
+    /// `slotOf`: the upstream whose connection slot the tunnel holds, given
+    /// back (to the longest-waiting request, if any) when it closes.
+    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream, slotOf guardian: UpstreamGuard?) {
         // The client may have gone as it opened (its first bytes could not be written).
         guard !tunnel.isClosed else {
             shared.tunnels.add(-1)
+            if let guardian { releaseSlot(guardian: guardian) }
             return
         }
         let id = ObjectIdentifier(tunnel)
@@ -524,6 +527,7 @@ final class ProxyWorker: HTTPServerDelegate {
             tunnels[id] = nil
             shared.inFlight.add(-1)
             shared.tunnels.add(-1)
+            if let guardian { releaseSlot(guardian: guardian) }
             metrics.tunnelClosed(upstream: name, summary)
             logger.info(
                 "tunnel closed",
