@@ -76,6 +76,8 @@ final class TLSSession {
     private var session: UnsafeMutableRawPointer?
     /// OpenSSL's session was made (it may since have been closed).
     private var opened = false
+    /// The client's first bytes came and OpenSSL took over.
+    var started: Bool { opened }
     /// The socket wakes only once a ClientHello's header is whole (SO_RCVLOWAT).
     private var lowered: Int32 = 0
     var machine = TLSSessionStateMachine()

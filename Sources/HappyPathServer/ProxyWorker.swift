@@ -110,6 +110,7 @@ final class ProxyWorker: HTTPServerDelegate {
 
     func tlsHandshake(version: Int) { metrics.tlsHandshake(version: version) }
     func tlsHandshakeFailed(reason: TLSHandshakeFailure) { metrics.tlsHandshakeFailed(reason: reason) }
+    func silentConnectionClosed() { metrics.silentConnectionClosed() }
 
     // MARK: - HTTPServerDelegate
 
