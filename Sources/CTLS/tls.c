@@ -1,8 +1,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -158,6 +160,43 @@ int hp_tls_check_pair(const char *cert, const char *key, long long *expiry, char
     *expiry = not_after(SSL_CTX_get0_certificate(ctx));
     SSL_CTX_free(ctx);
     return 0;
+}
+
+// OpenSSL sizes its handshake buffer from the length a ClientHello
+// declares (up to 131,396 bytes, CLIENT_HELLO_MAX_LENGTH) as soon as it has
+// read the message's header, and keeps it until the handshake ends or the
+// deadline passes; nothing configurable lowers that bound. So the length is
+// looked at here first, with MSG_PEEK, and a connection that has sent
+// nothing costs no OpenSSL state at all.
+int hp_tls_hello_check(int fd, size_t max_hello, int *lowered) {
+    unsigned char b[9];
+    ssize_t n = recv(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
+    int rc = HP_TLS_DONE;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return HP_TLS_WANT_READ;
+    if (n > 0 && b[0] == 22) {  // a handshake record
+        if (n < (ssize_t)sizeof b) {
+            // A trickled header: wake when it is whole (or the peer ends),
+            // not at each byte (the read event is level-triggered).
+            if (!*lowered) {
+                int want = (int)sizeof b;
+                setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want);
+                *lowered = 1;
+            }
+            return HP_TLS_WANT_READ;
+        }
+        size_t fragment = ((size_t)b[3] << 8) | b[4];
+        size_t declared = ((size_t)b[6] << 16) | ((size_t)b[7] << 8) | b[8];
+        if (b[5] == 1) {  // ClientHello
+            if (fragment < 4) rc = HP_TLS_FAILED - HP_TLS_FAIL_PROTOCOL;
+            else if (declared > max_hello) rc = HP_TLS_FAILED - HP_TLS_FAIL_TOO_LARGE;
+        }
+    }
+    if (*lowered) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+        *lowered = 0;
+    }
+    return rc;
 }
 
 void *hp_tls_session_new(hp_tls_server *server, int fd) {

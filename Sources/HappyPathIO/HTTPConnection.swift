@@ -38,6 +38,13 @@ final class HTTPConnection {
     /// (HTTPConnection+Tunnel.swift). Its events go there, not to `machine`.
     var tunnel: Tunnel?
 
+    /// Nothing read from the client yet: the connection is in its server's
+    /// list of silent ones (oldest first, linked through these two), which
+    /// at the connection cap gives up its oldest to make room.
+    var isSilent = false
+    var silentOlder: HTTPConnection?
+    var silentNewer: HTTPConnection?
+
     /// Bytes accepted for the client and not yet written.
     var output = OutputQueue()
 
@@ -67,7 +74,12 @@ final class HTTPConnection {
         writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), httpConnectionWriteCallback, me)
         timerEvent = event_new(base, -1, 0, httpConnectionTimerCallback, me)
         event_add(readEvent, nil)
-        if let tls { return handshake(tls.machine.start()) }
+        if let tls {
+            handshake(tls.machine.start())
+            // The ClientHello came with the connection and OpenSSL has read it.
+            if tls.started { server.spoke(self) }
+            return
+        }
         perform(machine.start())
     }
 
@@ -117,6 +129,7 @@ final class HTTPConnection {
     // MARK: - Reading
 
     fileprivate func readable() {
+        if isSilent { server.spoke(self) }
         if let tunnel { return tunnel.clientReadable() }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
         switch machine.readReady(buffered: input.buffered) {

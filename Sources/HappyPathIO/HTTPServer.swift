@@ -66,6 +66,9 @@ public protocol HTTPServerDelegate: AnyObject {
     func tlsHandshake(version: Int)
     /// A TLS handshake failed; the connection is closed.
     func tlsHandshakeFailed(reason: TLSHandshakeFailure)
+    /// At the connection cap, a connection that never sent a byte was
+    /// closed to make room for a new one.
+    func silentConnectionClosed()
 }
 
 extension HTTPServerDelegate {
@@ -74,6 +77,7 @@ extension HTTPServerDelegate {
     public func acceptCapped(limit: Int) {}
     public func tlsHandshake(version: Int) {}
     public func tlsHandshakeFailed(reason: TLSHandshakeFailure) {}
+    public func silentConnectionClosed() {}
 }
 
 public enum SocketError: Error, CustomStringConvertible {
@@ -103,7 +107,7 @@ public final class HTTPServer {
     let loop: EventLoop
     let requestLimits: RequestLimits
     let connectionLimits: HTTP1ServerConnectionStateMachine.Limits
-    private var listenFD: Int32 = -1
+    fileprivate var listenFD: Int32 = -1
     private var acceptEvent: OpaquePointer?
     /// Re-arms the accept event after an EMFILE pause.
     private var resumeEvent: OpaquePointer?
@@ -118,6 +122,11 @@ public final class HTTPServer {
     public static let capRecheck: Duration = .milliseconds(50)
     /// Accepting stopped at the connection cap (not for lack of descriptors).
     private var capped = false
+    /// The connections that have not sent a byte, oldest first (a list
+    /// linked through the connections): at the cap the oldest is closed to
+    /// make room for a client waiting in the backlog.
+    fileprivate var silentOldest: HTTPConnection?
+    fileprivate var silentNewest: HTTPConnection?
     /// A TLS listener's certificates (nil: plain HTTP). A reload swaps them:
     /// new connections use the new ones, open ones keep theirs.
     public var tls: TLSServerContext?
@@ -216,7 +225,11 @@ public final class HTTPServer {
     fileprivate func acceptReady() {
         // A bounded batch per wake-up, so one busy listener cannot starve the loop.
         for _ in 0..<64 {
-            if let budget = limits.connections, !budget.reserve(1) {
+            if let budget = limits.connections, !budget.reserve(1),
+                // At the cap, a connection that has never sent a byte gives
+                // its place to a client waiting in the backlog.
+                !(backlogWaiting() && closeOldestSilent() && budget.reserve(1))
+            {
                 // At the cap: the connection stays in the kernel's backlog.
                 capped = true
                 event_del(acceptEvent)
@@ -247,18 +260,10 @@ public final class HTTPServer {
                 default: return  // EAGAIN: nothing more to accept
                 }
             }
-            var session: TLSSession?
-            if let tls {
-                // Out of memory for a session: the connection is dropped, as for EMFILE.
-                guard let made = TLSSession(context: tls, fd: fd) else {
-                    Glibc.close(fd)
-                    limits.connections?.release(1)
-                    continue
-                }
-                session = made
-            }
+            let session = tls.map { TLSSession(context: $0, fd: fd) }
             let connection = HTTPConnection(server: self, fd: fd, peer: storage, tls: session)
             connections[ObjectIdentifier(connection)] = connection
+            joinSilent(connection)
             connection.start()
             if draining { connection.drain() }
         }
@@ -271,12 +276,61 @@ public final class HTTPServer {
 
     func connectionClosed(_ connection: HTTPConnection) {
         guard connections.removeValue(forKey: ObjectIdentifier(connection)) != nil else { return }
+        leaveSilent(connection)
         limits.connections?.release(1)
         if capped {
             // A place is free: accept again now rather than at the next recheck.
             if let resumeEvent { event_del(resumeEvent) }
             resumeAccepting()
         }
+    }
+}
+
+// MARK: - Connections that never sent a byte
+
+extension HTTPServer {
+    /// A connection just accepted: silent until its first byte is read.
+    fileprivate func joinSilent(_ connection: HTTPConnection) {
+        connection.isSilent = true
+        connection.silentOlder = silentNewest
+        silentNewest?.silentNewer = connection
+        silentNewest = connection
+        if silentOldest == nil { silentOldest = connection }
+    }
+
+    /// The connection sent its first byte (or closed): never closed to make room.
+    func spoke(_ connection: HTTPConnection) { leaveSilent(connection) }
+
+    fileprivate func leaveSilent(_ connection: HTTPConnection) {
+        guard connection.isSilent else { return }
+        connection.isSilent = false
+        if let older = connection.silentOlder { older.silentNewer = connection.silentNewer } else { silentOldest = connection.silentNewer }
+        if let newer = connection.silentNewer { newer.silentOlder = connection.silentOlder } else { silentNewest = connection.silentOlder }
+        (connection.silentOlder, connection.silentNewer) = (nil, nil)
+    }
+
+    /// Closes the oldest connection that has sent nothing: nothing read and
+    /// nothing waiting in its socket (bytes there, whose read event has not
+    /// run yet, take a connection off the list instead). False if none is left.
+    fileprivate func closeOldestSilent() -> Bool {
+        while let oldest = silentOldest {
+            leaveSilent(oldest)
+            var byte: UInt8 = 0
+            let n = recv(oldest.fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+            if n > 0 { continue }
+            oldest.close()
+            delegate?.silentConnectionClosed()
+            return true
+        }
+        return false
+    }
+
+    /// A client waits in the listener's backlog (checked before a silent
+    /// connection is closed for it).
+    fileprivate func backlogWaiting() -> Bool {
+        guard listenFD >= 0, silentOldest != nil else { return false }
+        var p = pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0)
+        return poll(&p, 1, 0) == 1 && p.revents & Int16(POLLIN) != 0
     }
 }
 

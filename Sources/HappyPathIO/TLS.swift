@@ -65,24 +65,50 @@ public final class TLSServerContext: @unchecked Sendable {
 /// socket's conventions (a byte count; -1 with `errno` EAGAIN for "not
 /// now", another errno for a failure; 0 for the end), so the connection
 /// reads and writes through either the same way.
+///
+/// OpenSSL's session is made only when the client's first bytes are there
+/// and its ClientHello declares at most `maxClientHello` bytes: a
+/// connection that says nothing costs no more than a plain one (docs/tls.md).
 final class TLSSession {
     /// Held for the session's life (the SNI callback reads it mid-handshake).
     let context: TLSServerContext
+    private let fd: Int32
     private var session: UnsafeMutableRawPointer?
+    /// OpenSSL's session was made (it may since have been closed).
+    private var opened = false
+    /// The client's first bytes came and OpenSSL took over.
+    var started: Bool { opened }
+    /// The socket wakes only once a ClientHello's header is whole (SO_RCVLOWAT).
+    private var lowered: Int32 = 0
     var machine = TLSSessionStateMachine()
     /// A read or handshake step needs the socket writable (rare: a TLS 1.3
     /// key update while the send buffer is full).
     private(set) var readWantsWrite = false
 
-    init?(context: TLSServerContext, fd: Int32) {
-        guard let s = hp_tls_session_new(context.raw, fd) else { return nil }
+    /// The largest ClientHello accepted, 16 KiB. OpenSSL would make room
+    /// for up to 131,396 bytes on a declared length alone; browsers send
+    /// 0.5 to 2 KiB (a post-quantum key share included).
+    static let maxClientHello = 16 * 1024
+
+    init(context: TLSServerContext, fd: Int32) {
         self.context = context
-        session = s
+        self.fd = fd
     }
 
     deinit { hp_tls_session_free(session, 0) }
 
     func handshake() -> TLSSessionStateMachine.StepResult {
+        if !opened {
+            let checked = hp_tls_hello_check(fd, Self.maxClientHello, &lowered)
+            guard checked == Int32(HP_TLS_DONE) else {
+                return checked == Int32(HP_TLS_WANT_READ) ? .wantRead : .failed(Self.failure(Int32(HP_TLS_FAILED) - checked))
+            }
+            opened = true
+            // Out of memory for a session: the connection fails as a protocol error.
+            guard let made = hp_tls_session_new(context.raw, fd) else { return .failed(.protocol) }
+            session = made
+        }
+        guard let session else { return .failed(.protocol) }
         let rc = hp_tls_handshake(session)
         switch rc {
         case Int32(HP_TLS_DONE): return .done(version: Int(hp_tls_version(session)))
@@ -99,6 +125,7 @@ final class TLSSession {
         case Int32(HP_TLS_FAIL_NO_SHARED_CIPHER): .noSharedCipher
         case Int32(HP_TLS_FAIL_ALPN): .alpn
         case Int32(HP_TLS_FAIL_CLOSED): .closed
+        case Int32(HP_TLS_FAIL_TOO_LARGE): .tooLarge
         default: .protocol
         }
     }
@@ -125,6 +152,7 @@ final class TLSSession {
     func close(notify: Bool) {
         hp_tls_session_free(session, notify ? 1 : 0)
         session = nil
+        opened = true
     }
 
     private func translate(_ rc: Int32) -> Int {

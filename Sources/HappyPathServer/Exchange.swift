@@ -420,6 +420,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// a success.
     func upstreamSwitched(_ connection: UpstreamUpgrade) {
         upgradeTry = nil
+        // The tunnel keeps the try's upstream connection open, so it keeps
+        // the try's slot of the upstream's max_connections until it closes.
+        let slot = holdsSlot ? guardian : nil
+        holdsSlot = false
         releaseSlot()
         let fields = upgrade?.answerFields(switching ?? [], requestID: command.requestID) ?? []
         switching = nil
@@ -432,12 +436,13 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 fields: fields, to: connection, limits: .init(idle: route.upgradesIdleTimeout), now: { clock.now() })
         else {
             worker.shared.tunnels.add(-1)
+            if let slot { worker.releaseSlot(guardian: slot) }
             // The client left as the upstream agreed: the upstream did its part.
             connection.close()
             return perform(machine.clientGone())
         }
         switched = true
-        worker.tunnelOpened(tunnel, route: route, upstream: upstream)
+        worker.tunnelOpened(tunnel, route: route, upstream: upstream, slotOf: slot)
         perform(machine.streamingStarted(status: 101))
         tryEnded(.answered(status: 101, retryAfter: nil, withToken: authToken != nil && tokens != nil))
     }

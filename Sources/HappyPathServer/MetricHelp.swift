@@ -29,6 +29,8 @@ enum MetricHelp {
         "happypath_token_refreshes_total": "Upstream credential refreshes, by upstream and result.",
         "happypath_requests_refused_total": "Requests the HTTP/1.1 edge refused before routing, by rule and status.",
         "happypath_accept_capped_total": "Times a listener stopped accepting because limits.max_connections was reached.",
+        "happypath_silent_connections_closed_total":
+            "Client connections that never sent a byte, closed at limits.max_connections to make room for a new one.",
         "happypath_accept_paused_total": "Times a listener paused because the process ran out of descriptors or socket memory.",
         "happypath_client_connections": "Client connections open in the process now.",
         "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",

@@ -182,6 +182,9 @@ final class WorkerMetrics {
     }
     private var acceptCappedCounter: CoreMetrics.Counter?
 
+    /// At the cap, a connection that never sent a byte was closed to make room.
+    func silentConnectionClosed() { rare("happypath_silent_connections_closed_total", []).increment() }
+
     func acceptPaused() {
         let c = acceptPausedCounter ?? metrics.counter("happypath_accept_paused_total", [])
         acceptPausedCounter = c

@@ -110,6 +110,7 @@ final class ProxyWorker: HTTPServerDelegate {
 
     func tlsHandshake(version: Int) { metrics.tlsHandshake(version: version) }
     func tlsHandshakeFailed(reason: TLSHandshakeFailure) { metrics.tlsHandshakeFailed(reason: reason) }
+    func silentConnectionClosed() { metrics.silentConnectionClosed() }
 
     // MARK: - HTTPServerDelegate
 
@@ -515,10 +516,13 @@ final class ProxyWorker: HTTPServerDelegate {
     /// An exchange ended in a tunnel: kept (and counted in flight, so a
     /// drain waits for it until `drain_timeout`) until it closes. Already
     /// counted in `happypath_tunnels_open` (before its 101 was written).
-    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream) {
+    /// `slotOf`: the upstream whose connection slot the tunnel holds, given
+    /// back (to the longest-waiting request, if any) when it closes.
+    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream, slotOf guardian: UpstreamGuard?) {
         // The client may have gone as it opened (its first bytes could not be written).
         guard !tunnel.isClosed else {
             shared.tunnels.add(-1)
+            if let guardian { releaseSlot(guardian: guardian) }
             return
         }
         let id = ObjectIdentifier(tunnel)
@@ -529,6 +533,7 @@ final class ProxyWorker: HTTPServerDelegate {
             tunnels[id] = nil
             shared.inFlight.add(-1)
             shared.tunnels.add(-1)
+            if let guardian { releaseSlot(guardian: guardian) }
             metrics.tunnelClosed(upstream: name, summary)
             logger.info(
                 "tunnel closed",

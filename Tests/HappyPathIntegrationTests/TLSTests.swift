@@ -191,6 +191,35 @@ import Testing
         silent.removeAll()
     }
 
+    /// OpenSSL makes room at once for all a ClientHello declares (up to
+    /// 131,396 bytes): a ClientHello that declares more than 16 KiB is
+    /// refused on its first bytes (`too_large`), not held until
+    /// `client_timeout`; handshakes of a normal size go on as before.
+    @Test(arguments: [131_396, 16 * 1024 + 1])
+    func aClientHelloDeclaringMoreThan16KiBIsRefusedAtOnce(declared: Int) throws {
+        let certs = try TestCertificates()
+        let api = try certs.make("api", names: ["localhost"])
+        let h = try ProxyHarness(Self.yaml([api], clientTimeout: "30s"), workers: 1)
+        defer { h.stop() }
+        let port = h.proxy.ports[0]
+        let admin = AdminProbe(port: h.adminPort)
+        // A handshake record (TLS 1.0 record version, 16 KiB of fragment
+        // announced), a ClientHello header declaring `declared` bytes, then
+        // the start of its body; nothing more.
+        let length = [UInt8(declared >> 16), UInt8((declared >> 8) & 0xFF), UInt8(declared & 0xFF)]
+        let hello = try TestConnection(port: port, timeout: 10)
+        let started = ContinuousClock.now
+        try hello.send([0x16, 0x03, 0x01, 0x40, 0x00, 0x01] + length + [0x03, 0x03] + [UInt8](repeating: 7, count: 32))
+        #expect(hello.closedByPeer(), "closed without an answer")
+        #expect(seconds(since: started) < 5, "at once, not at client_timeout (30 s)")
+        #expect(
+            eventually { ((try? admin.metric("happypath_tls_handshake_failures_total{reason=\"too_large\"}")) ?? 0) == 1 })
+        #expect(eventually { ((try? admin.metric("happypath_client_connections")) ?? 1) == 0 })
+        // A real handshake, ClientHello and all, is served as before.
+        let served = try curl(["--cacert", api.cert, "https://localhost:\(port)/status/200", "-o", "/dev/null", "-w", "%{http_code}"])
+        #expect(served.out == "200", "\(served.err)")
+    }
+
     @Test func aReloadServesNewCertificatesToNewConnectionsAndRefusesABrokenPairByName() throws {
         let certs = try TestCertificates()
         let old = try certs.make("old", names: ["localhost"])

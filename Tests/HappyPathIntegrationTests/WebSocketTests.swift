@@ -142,7 +142,7 @@ import Testing
 
     @Test func fiveHundredIdleTunnelsStayOpenUntilTheIdleTimeoutClosesThem() throws {
         let up = try Upstream()
-        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)", idle: "3s"), holding: [up])
+        let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)", extra: ", max_connections: 1000", idle: "3s"), holding: [up])
         defer { h.stop() }
         let out = try client(["\(h.port)", "/echo", "many", "500", "\(h.adminPort)"], timeout: 120)
         #expect(out.contains("open 500.0"), "\(out)")
@@ -151,6 +151,48 @@ import Testing
         let admin = AdminProbe(port: h.adminPort)
         waitUntil("every tunnel counted closed for idleness") { try admin.metric(series("happypath_tunnels_total", "idle")) == 500 }
         #expect(try admin.metric("happypath_tunnels_open") == 0)
+    }
+
+    /// A tunnel is an open connection to its upstream: it holds one of the
+    /// upstream's `max_connections` slots until it closes. An upgrade at
+    /// the limit waits in the upstream's queue like any request, one past
+    /// the queue gets 503 OVERLOADED, and a tunnel that closes hands its
+    /// slot to the upgrade that has waited longest.
+    @Test func tunnelsCountAgainstTheUpstreamsMaxConnections() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(
+            Self.yaml(upstream: "http://127.0.0.1:\(up.port)", extra: ", max_connections: 2"), workers: 1, holding: [up])
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        func upgrade() throws -> TestConnection {
+            let c = try TestConnection(port: h.port, timeout: 10)
+            try c.send(
+                "GET /chat/echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                    + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+            return c
+        }
+        var first: TestConnection? = try upgrade()
+        #expect(try Edge.readRawHead(first!).hasPrefix("HTTP/1.1 101 "))
+        let second = try upgrade()
+        #expect(try Edge.readRawHead(second).hasPrefix("HTTP/1.1 101 "))
+        // Both slots are held by the tunnels: the next two upgrades wait for one.
+        let third = try upgrade()
+        waitUntil("the third upgrade waits") { try admin.inFlight() == 3 }
+        let fourth = try upgrade()
+        waitUntil("the fourth upgrade waits") { try admin.inFlight() == 4 }
+        // Slots and queue are full: the usual overloaded answer.
+        let fifth = try upgrade()
+        let refused = try fifth.readResponse()
+        #expect(refused.status == 503)
+        #expect(refused.json["code"] as? String == "OVERLOADED")
+        #expect(try admin.metric("happypath_tunnels_open") == 2)
+
+        // A tunnel closes: its slot goes to the upgrade that waited longest.
+        first = nil
+        #expect(try Edge.readRawHead(third).hasPrefix("HTTP/1.1 101 "))
+        waitUntil("two tunnels open again") { try admin.metric("happypath_tunnels_open") == 2 }
+        #expect(try admin.inFlight() == 3, "two tunnels, and the fourth upgrade still waiting")
+        _ = (first, second, fourth)
     }
 
     @Test func overTLSAtBothEnds() throws {

@@ -27,6 +27,7 @@ enum {
     HP_TLS_FAIL_NO_SHARED_CIPHER = 4,
     HP_TLS_FAIL_ALPN = 5,            // the client offers ALPN, but not http/1.1
     HP_TLS_FAIL_CLOSED = 6,          // the peer hung up mid-handshake
+    HP_TLS_FAIL_TOO_LARGE = 7,       // a ClientHello that declares more than the bound
 };
 
 // The contexts of one listener: `count` certificate and key files (PEM;
@@ -43,6 +44,19 @@ long long hp_tls_server_not_after(const hp_tls_server *server, int index);
 // Checks a certificate and key pair without keeping it: 0 and its notAfter,
 // or -1 with a message.
 int hp_tls_check_pair(const char *cert, const char *key, long long *not_after, char *err, size_t errlen);
+
+// Looks at (does not read) the first bytes a client sent on `fd`, before
+// any OpenSSL state exists for it: HP_TLS_WANT_READ while fewer than a
+// record header and a handshake header (9 bytes) of a handshake record
+// are there (then the socket wakes only when 9 are, or at its end:
+// SO_RCVLOWAT, and `*lowered` is set); HP_TLS_FAILED minus
+// HP_TLS_FAIL_TOO_LARGE for a ClientHello that declares more than
+// `max_hello` bytes, or minus HP_TLS_FAIL_PROTOCOL for one whose header does
+// not fit its first record (its length cannot be checked); else
+// HP_TLS_DONE: hand the socket to OpenSSL (which also says what anything
+// other than a ClientHello is). Once past the wait, a lowered SO_RCVLOWAT
+// is put back.
+int hp_tls_hello_check(int fd, size_t max_hello, int *lowered);
 
 // A server session on the non-blocking socket `fd`.
 void *hp_tls_session_new(hp_tls_server *server, int fd);

@@ -12,6 +12,8 @@ public enum TLSHandshakeFailure: String, Sendable, CaseIterable {
     case alpn
     /// The client hung up during the handshake.
     case closed
+    /// A ClientHello that declares more than 16 KiB, refused on its first bytes.
+    case tooLarge = "too_large"
     /// Anything else the client got wrong.
     case `protocol`
 }
