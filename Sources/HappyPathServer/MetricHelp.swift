@@ -29,6 +29,7 @@ enum MetricHelp {
         "happypath_token_refreshes_total": "Upstream credential refreshes, by upstream and result.",
         "happypath_requests_refused_total": "Requests the HTTP/1.1 edge refused before routing, by rule and status.",
         "happypath_accept_capped_total": "Times a listener stopped accepting because limits.max_connections was reached.",
+        "happypath_admin_accept_capped_total": "Times the admin listener stopped accepting because it held its 64 connections.",
         "happypath_accept_paused_total": "Times a listener paused because the process ran out of descriptors or socket memory.",
         "happypath_client_connections": "Client connections open in the process now.",
         "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",
