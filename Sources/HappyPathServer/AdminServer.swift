@@ -148,6 +148,7 @@ final class AdminServer: HTTPServerDelegate {
             shared.metrics.spans(
                 exported: exporter.exported.load(ordering: .relaxed), dropped: exporter.dropped.load(ordering: .relaxed))
         }
+        shared.metrics.eventSubscribersDropped(shared.events.dropped.load(ordering: .relaxed))
         let now = clock.now()
         for g in shared.guards where g.pacing != nil {
             shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
