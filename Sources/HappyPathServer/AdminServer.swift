@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import HappyPathConfig
 import HappyPathCore
@@ -14,6 +15,14 @@ import Synchronization
 /// what a browser could have been tricked into sending (a foreign `Host`, a
 /// cross-site POST: `AdminAccessPolicy`), `admin.allowed_hosts` read the
 /// same way.
+///
+/// Anyone who can reach the port can hold its connections, so they are
+/// bounded like the proxy listener's, with fixed limits of their own: at
+/// most `maxConnections` at once (more wait in the kernel's backlog), a
+/// head within `headDeadline`, `limits.max_header_bytes` (at most 16 KiB),
+/// 100 header fields, bodies of 64 KiB counted in `limits.max_buffered_bytes`.
+/// An idle flood on this port then holds a few dozen descriptors, never
+/// the ones the proxy port needs.
 final class AdminServer: HTTPServerDelegate {
     private let ready: ReadyFlag
     private var shared: SharedState
@@ -34,9 +43,22 @@ final class AdminServer: HTTPServerDelegate {
         self.clock = clock
         server = try HTTPServer(
             loop: loop, host: configuration.admin.listen.host, port: configuration.admin.listen.port, reusePort: false,
-            limits: HTTPServerLimits(maxHeaderBytes: 16 * 1024, maxBodyBytes: 64 * 1024, timeout: .seconds(3600)),
+            limits: HTTPServerLimits(
+                maxHeaderBytes: min(16 * 1024, configuration.limits.maxHeaderBytes), maxBodyBytes: 64 * 1024,
+                timeout: Self.headDeadline, bodyBudget: shared.bodies,
+                connections: ConnectionBudget(limit: Self.maxConnections)),
             delegate: self)
     }
+
+    /// Connections the admin listener holds at once: a scraper, probes,
+    /// a few operators and their `/admin/events` streams fit many times
+    /// over; more wait in the kernel's backlog until one closes.
+    static let maxConnections = 64
+    /// A head must arrive whole within this (else 408), and a connection
+    /// is closed after this long idle, or when its client has not read
+    /// its output for this long (an `/admin/events` stream included). An
+    /// hour before, which let idle connections pile up.
+    static let headDeadline: Duration = .seconds(5)
 
     static let json = [HTTPField(name: "Content-Type", value: "application/json")]
 
@@ -126,6 +148,7 @@ final class AdminServer: HTTPServerDelegate {
             shared.metrics.spans(
                 exported: exporter.exported.load(ordering: .relaxed), dropped: exporter.dropped.load(ordering: .relaxed))
         }
+        shared.metrics.eventSubscribersDropped(shared.events.dropped.load(ordering: .relaxed))
         let now = clock.now()
         for g in shared.guards where g.pacing != nil {
             shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
@@ -136,6 +159,14 @@ final class AdminServer: HTTPServerDelegate {
                 bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current,
                 parkedLimit: runtime.configuration.limits.maxParked))
     }
+
+    /// The admin listener holds `maxConnections`: counted, so a flood shows.
+    func acceptCapped(limit: Int) {
+        let c = acceptCappedCounter ?? shared.metrics.counter("happypath_admin_accept_capped_total", [])
+        acceptCappedCounter = c
+        c.increment()
+    }
+    private var acceptCappedCounter: CoreMetrics.Counter?
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         ProblemResponder.respond(

@@ -31,6 +31,8 @@ enum MetricHelp {
         "happypath_accept_capped_total": "Times a listener stopped accepting because limits.max_connections was reached.",
         "happypath_silent_connections_closed_total":
             "Client connections that never sent a byte, closed at limits.max_connections to make room for a new one.",
+        "happypath_admin_accept_capped_total": "Times the admin listener stopped accepting because it held its 64 connections.",
+        "happypath_event_subscribers_dropped_total": "/admin/events subscribers dropped because more than 1 MiB waited unread for them.",
         "happypath_accept_paused_total": "Times a listener paused because the process ran out of descriptors or socket memory.",
         "happypath_client_connections": "Client connections open in the process now.",
         "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",

@@ -111,6 +111,16 @@ final class ProxyMetrics: Sendable {
     }
     private let spanCounts = Locked<(exported: Int, dropped: Int)>((0, 0))
 
+    /// `/admin/events` subscribers dropped for not reading, as the bus counts them.
+    func eventSubscribersDropped(_ total: Int) {
+        let d = droppedSubscribers.withLock { last -> Int in
+            defer { last = max(last, total) }
+            return max(0, total - last)
+        }
+        counter("happypath_event_subscribers_dropped_total", []).increment(by: d)
+    }
+    private let droppedSubscribers = Locked(0)
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }

@@ -31,6 +31,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var admin: LoopBound<AdminServer>?
     private var healthChecker: LoopBound<HealthChecker>?
     private var shared: SharedState?
+    /// The event bus of `/admin/events` (nil before `start`): the tests publish on it.
+    var events: EventBus? { shared?.events }
     /// The deliver-later store and dispatcher, if a route delivers later.
     private var deliveries: Deliveries?
     private let ready = ReadyFlag()

@@ -143,7 +143,8 @@ final class ProxyWorker: HTTPServerDelegate {
         }
         var fields: RateLimitFields?
         if let limit = route.rateLimit {
-            let key = RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies)
+            let key = RateLimitBucketKey(
+                RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies))
             let now = clock.now()
             switch limit.admit(key: key, at: now) {
             case let .pass(limitFields):

@@ -41,9 +41,10 @@ final class RouteRateLimit: Sendable {
         case refuse(retryAfterSeconds: Int, fields: RateLimitFields)
     }
 
-    /// Takes or reserves a token for `key`. A queued request beyond
-    /// `max_queue` is refused (its reservation given back).
-    func admit(key: String, at now: Instant) -> Decision {
+    /// Takes or reserves a token for `key` (made, and a long key hashed,
+    /// before the lock). A queued request beyond `max_queue` is refused
+    /// (its reservation given back).
+    func admit(key: RateLimitBucketKey, at now: Instant) -> Decision {
         let admitted = limiter.withLock { $0.admitWithState(key: key, at: now, maxWait: maxWait) }
         switch admitted.decision {
         case .pass:
@@ -68,12 +69,12 @@ final class RouteRateLimit: Sendable {
     func dequeued() { queued.wrappingSubtract(1, ordering: .relaxed) }
 
     /// A queued request left before its turn: its token goes back.
-    func cancel(key: String, at now: Instant) {
+    func cancel(key: RateLimitBucketKey, at now: Instant) {
         limiter.withLock { $0.cancel(key: key, at: now) }
     }
 
     /// The fields for `key` as its bucket is now.
-    func fields(key: String, at now: Instant) -> RateLimitFields {
+    func fields(key: RateLimitBucketKey, at now: Instant) -> RateLimitFields {
         let state = limiter.withLock { $0.state(key: key, at: now) }
         return fields(remaining: state.remaining, untilFullNs: state.untilFull.nanoseconds)
     }
@@ -194,14 +195,14 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
     let request: HTTPRequest
     let route: RuntimeRoute
     let limit: RouteRateLimit
-    let key: String
+    let key: RateLimitBucketKey
     let target: String
     let queuedAt: Instant
     private var timer: LoopEvent?
     private var gone = false
 
     init(
-        worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: String,
+        worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: RateLimitBucketKey,
         target: String, at now: Instant
     ) {
         self.worker = worker

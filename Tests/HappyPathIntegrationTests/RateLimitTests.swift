@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathDemo
 import Testing
 
 #if canImport(Glibc)
@@ -161,6 +162,63 @@ import Testing
         defer { h.stop(); upstream.stop() }
         let answers = Self.concurrent(6, port: h.port, "/limited/q").compactMap { $0?.status }.sorted()
         #expect(answers == [200, 200, 200, 429, 429, 429])
+    }
+
+    /// Issue 30: a `header:` key is the client's to choose, up to
+    /// `limits.max_header_bytes`. Kept whole, 6,000 distinct 32 KiB API keys
+    /// took about 210 MB; a long key is kept as its digest, so 2,000 of
+    /// them (64 MB of keys) leave the proxy's resident memory nearly where
+    /// it was, and each still has a bucket of its own.
+    @Test func manyDistinctLongKeysKeepTheKeyStorageBounded() throws {
+        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
+        demo.start()
+        defer { demo.stop() }
+        let serve = try ServeProcess(
+            config: """
+                listen: 127.0.0.1:0
+                workers: 1
+                admin: { listen: 127.0.0.1:0 }
+                upstreams: { demo: { endpoints: [http://127.0.0.1:\(demo.port)] } }
+                routes:
+                  - match: { path_prefix: / }
+                    upstream: demo
+                    rate_limit: { rate: 1/m, burst: 1, key: "header:X-Api-Key" }
+                """, logLevel: nil)
+        let port = try #require(serve.listeningPort())
+        let admin = AdminProbe(port: try #require(serve.adminPort()))
+        let filler = String(repeating: "k", count: 32 * 1024 - 16)
+        let client = try TestConnection(port: port)
+        /// `count` requests with keys `first...`, one connection kept alive; their statuses.
+        func send(keys first: Int, count: Int) throws -> [Int] {
+            var statuses: [Int] = []
+            for i in first..<(first + count) {
+                try client.send("GET /ok HTTP/1.1\r\nHost: x\r\nX-Api-Key: \(i)-\(filler)\r\n\r\n")
+                statuses.append(try client.readResponse().status)
+            }
+            return statuses
+        }
+        func keys() throws -> Int {
+            let limits = try admin.state()["rate_limits"] as? [[String: Any]] ?? []
+            return limits.first?["keys"] as? Int ?? -1
+        }
+        func residentBytes() -> Int {
+            let status = readSmallFile("/proc/\(serve.pid)/status") ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+        }
+        // Warm up (the connection's buffers, the allocator's arenas), then measure.
+        #expect(try send(keys: 0, count: 200).allSatisfy { $0 == 200 })
+        #expect(try keys() == 200)
+        let before = residentBytes()
+        #expect(try send(keys: 200, count: 2000).allSatisfy { $0 == 200 }, "each new key has a full bucket")
+        #expect(try keys() == 2200)
+        let grown = residentBytes() - before
+        // Not exact (the allocator keeps what it likes): kept whole, the
+        // 2,000 keys alone are 64 MiB; kept as digests, a few hundred KiB.
+        #expect(grown < 16 * 1024 * 1024, "resident memory grew by \(grown / 1024) KiB")
+        // A long key maps to the same bucket every time: its one token is spent.
+        #expect(try send(keys: 1234, count: 1) == [429])
+        #expect(try send(keys: 0, count: 1) == [429])
     }
 
     /// A client that goes away while queued leaves the queue at once: it is

@@ -94,4 +94,58 @@ import Testing
         for i in 0..<50 { _ = l.admit(key: "flood\(i)", at: later, maxWait: .zero) }
         #expect(l.keys == 3)
     }
+
+    // MARK: - Long keys (issue 30)
+
+    /// Two long keys that differ only in their last byte: a bucket each.
+    @Test func twoDistinctLongKeysGetDistinctBuckets() {
+        var l = Self.limiter(.reject, burst: 1)
+        let stem = String(repeating: "k", count: 32 * 1024)
+        #expect(l.admit(key: stem + "a", at: Self.t0, maxWait: .zero) == .pass(remaining: 0))
+        #expect(l.admit(key: stem + "b", at: Self.t0, maxWait: .zero) == .pass(remaining: 0))
+        #expect(l.keys == 2)
+        #expect(RateLimitBucketKey(stem + "a") != RateLimitBucketKey(stem + "b"))
+    }
+
+    /// A long key finds its bucket again (its token is spent), and the
+    /// same key always makes the same digest.
+    @Test func aLongKeyMapsStably() {
+        var l = Self.limiter(.reject, burst: 1)
+        let key = String(repeating: "API-KEY-", count: 4096)
+        #expect(l.admit(key: key, at: Self.t0, maxWait: .zero) == .pass(remaining: 0))
+        #expect(l.admit(key: String(key), at: Self.t0, maxWait: .zero) == .refuse(retryAfter: .milliseconds(100)))
+        #expect(l.keys == 1)
+        #expect(RateLimitBucketKey(key) == RateLimitBucketKey(String(repeating: "API-KEY-", count: 4096)))
+    }
+
+    /// Up to 64 bytes a key is kept as it is; longer, as its digest, which
+    /// no short key can equal.
+    @Test(arguments: [0, 1, 64, 65, 65536])
+    func aKeyIsKeptWholeUpTo64BytesElseAsItsDigest(length: Int) {
+        let key = String(repeating: "x", count: length)
+        let kept = RateLimitBucketKey(key)
+        if length <= RateLimitBucketKey.maxPlainBytes {
+            #expect(kept == .plain(key))
+            #expect(kept.heldBytes == length)
+        } else {
+            guard case .digest = kept else { return #expect(Bool(false), "\(kept)") }
+            #expect(kept.heldBytes == 0)
+        }
+    }
+
+    /// What the keys hold is bounded by max_keys × 64 bytes, whatever the
+    /// keys' length: 1,000 distinct 32 KiB keys hold nothing beyond their
+    /// slots, and evicted keys give their bytes back.
+    @Test func theKeysMemoryIsBoundedByMaxKeys() {
+        var l = Self.limiter(.reject, maxKeys: 100)
+        let filler = String(repeating: "k", count: 32 * 1024)
+        for i in 0..<1000 { _ = l.admit(key: "\(i)-" + filler, at: Self.t0 + .seconds(i), maxWait: .zero) }
+        #expect(l.keys == 100)
+        #expect(l.keyBytes == 0)
+        for i in 0..<1000 { _ = l.admit(key: "short-\(i)", at: Self.t0 + .seconds(2000 + i), maxWait: .zero) }
+        #expect(l.keys == 100)
+        // The hundred kept are the last hundred short keys, 9 or 10 bytes each.
+        #expect(l.keyBytes == 100 * 9)
+        #expect(l.keyBytes <= 100 * RateLimitBucketKey.maxPlainBytes)
+    }
 }

@@ -12,14 +12,19 @@ import HappyPathCore
 /// If none is idle after two sweeps, the oldest unmarked one goes anyway:
 /// its key starts again with a full bucket, which is the most a flood of
 /// new keys can win.
+///
+/// Keys are kept as `RateLimitBucketKey`s (a long one as its digest), so
+/// the limiter's memory is bounded by `maxKeys` whatever the keys' length.
 public struct RateLimiter: Sendable {
     public let configuration: RateLimitConfiguration
-    private var buckets: [String: Int] = [:]
+    private var buckets: [RateLimitBucketKey: Int] = [:]
     private var slots: [Slot] = []
     private var hand = 0
+    /// Bytes the kept keys hold besides their slots (`heldBytes`).
+    public private(set) var keyBytes = 0
 
     private struct Slot: Sendable {
-        var key: String
+        var key: RateLimitBucketKey
         var bucket: TokenBucket
         var used: Bool
     }
@@ -45,7 +50,7 @@ public struct RateLimiter: Sendable {
     /// - Parameter maxWait: the longest a queued request may wait (the
     ///   route's `max_wait`, or less if its deadline is sooner).
     public mutating func admit(key: String, at now: Instant, maxWait: Duration) -> Decision {
-        admitWithState(key: key, at: now, maxWait: maxWait).decision
+        admitWithState(key: RateLimitBucketKey(key), at: now, maxWait: maxWait).decision
     }
 
     /// The decision, with the key's bucket as it is after it (for the
@@ -56,7 +61,7 @@ public struct RateLimiter: Sendable {
         public let untilFullNs: Int64
     }
 
-    public mutating func admitWithState(key: String, at now: Instant, maxWait: Duration) -> Admitted {
+    public mutating func admitWithState(key: RateLimitBucketKey, at now: Instant, maxWait: Duration) -> Admitted {
         let i = slot(for: key, at: now)
         slots[i].used = true
         let decision: Decision
@@ -81,7 +86,9 @@ public struct RateLimiter: Sendable {
     }
 
     /// A queued request left before its turn: its token goes back.
-    public mutating func cancel(key: String, at now: Instant) {
+    public mutating func cancel(key: String, at now: Instant) { cancel(key: RateLimitBucketKey(key), at: now) }
+
+    public mutating func cancel(key: RateLimitBucketKey, at now: Instant) {
         guard let i = buckets[key] else { return }
         slots[i].bucket.giveBack(at: now)
     }
@@ -89,19 +96,25 @@ public struct RateLimiter: Sendable {
     /// Tokens left for `key` and how long until its bucket is full again
     /// (the `RateLimit` field of an answer).
     public func state(key: String, at now: Instant) -> (remaining: Int, untilFull: Duration) {
+        state(key: RateLimitBucketKey(key), at: now)
+    }
+
+    public func state(key: RateLimitBucketKey, at now: Instant) -> (remaining: Int, untilFull: Duration) {
         guard let i = buckets[key] else { return (configuration.burst, .zero) }
         return (slots[i].bucket.remaining(at: now), slots[i].bucket.untilFull(at: now))
     }
 
-    private mutating func slot(for key: String, at now: Instant) -> Int {
+    private mutating func slot(for key: RateLimitBucketKey, at now: Instant) -> Int {
         if let i = buckets[key] { return i }
         let bucket = TokenBucket(interval: configuration.interval, burst: configuration.burst, now: now)
+        keyBytes += key.heldBytes
         if slots.count < configuration.maxKeys {
             slots.append(Slot(key: key, bucket: bucket, used: false))
             buckets[key] = slots.count - 1
             return slots.count - 1
         }
         let victim = evict(at: now)
+        keyBytes -= slots[victim].key.heldBytes
         buckets[slots[victim].key] = nil
         slots[victim] = Slot(key: key, bucket: bucket, used: false)
         buckets[key] = victim
