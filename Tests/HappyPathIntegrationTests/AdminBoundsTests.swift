@@ -54,13 +54,16 @@ import Testing
         })
         #expect(get("/ok", on: port)?.status == 200, "the proxy port answers during the flood")
 
-        // The head deadline: the silent client is closed without a word,
-        // the one whose head stalled gets its 408.
+        // The silent client is closed without a word: at the head deadline,
+        // or sooner, as the oldest silent connection when the cap makes
+        // room for a client waiting in the backlog (docs/http1.md).
         #expect(Edge.readToEnd(silent) == [], "closed with nothing written")
-        let waited = seconds(since: opened)
+        #expect(seconds(since: opened) < 20, "the silent client held on past the deadline")
+        // The one whose head stalled gets its 408 at the head deadline.
         #expect(try partial.readResponse().status == 408)
+        let waited = seconds(since: opened)
         // Not exact, it depends on time: closed at the deadline, not an hour later.
-        #expect(waited >= AdminServer.headDeadline.seconds * 0.9 && waited < 20, "closed after \(waited) s")
+        #expect(waited >= AdminServer.headDeadline.seconds * 0.9 && waited < 20, "408 after \(waited) s")
 
         flood.removeAll()
         #expect(waitUntil("the admin listener to answer again") { get("/healthz", on: admin)?.status == 200 })

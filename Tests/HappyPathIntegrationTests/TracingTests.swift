@@ -14,8 +14,13 @@ struct TracingEndToEndTests {
     static let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     static let unavailable = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
 
-    static func yaml(otlp: String, upstream: Int, ratio: Double) -> String {
+    /// `storage`: the later route's store (default a fresh file in /tmp, never the shared default path).
+    static func yaml(
+        otlp: String, upstream: Int, ratio: Double,
+        storage: String = NSTemporaryDirectory() + "hp-tracing-\(UUID().uuidString).db"
+    ) -> String {
         """
+        storage: { path: \(storage) }
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
         tracing: { otlp_endpoint: \(otlp), sample_ratio: \(ratio), service_name: checkout-gateway }
@@ -106,7 +111,7 @@ struct TracingEndToEndTests {
         let upstream = ScriptedUpstream(responses: [Self.ok]).started()
         let directory = NSTemporaryDirectory() + "happypath-tracing-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let yaml = Self.yaml(otlp: receiver.url, upstream: upstream.port, ratio: 1) + "\nstorage: { path: \(directory)/d.db }\n"
+        let yaml = Self.yaml(otlp: receiver.url, upstream: upstream.port, ratio: 1, storage: "\(directory)/d.db")
         let h = try ProxyHarness(yaml, holding: [upstream])
         defer { h.stop() }
         _ = try HTTP.request(port: h.port, "/api/root")
