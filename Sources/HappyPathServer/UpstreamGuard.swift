@@ -88,8 +88,9 @@ final class UpstreamGuard: Sendable {
     /// lock only while one is.
     @inline(__always)
     func pausedFor(client: String, at now: Instant) -> Duration? {
-        if let left = pausedFor(at: now), clientsPausedUntil.load(ordering: .relaxed) <= now.nanoseconds { return left }
-        return pauseHolding(client: client, at: now)?.left
+        guard pause != nil else { return nil }
+        if clientsPausedUntil.load(ordering: .relaxed) <= now.nanoseconds { return pausedFor(at: now) }
+        return pause?.withLock { $0.pause(for: client, at: now)?.left }
     }
 
     /// The pause that holds a request from `client`, with the status that
