@@ -711,9 +711,9 @@ final class Reader {
         return c
     }
 
-    /// `pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }`.
+    /// `pacing: { on: [429, 503], max_pause: 60s, while_paused: wait, scope_429: client, max_clients: 10000 }`.
     func pacing(_ node: Node, _ path: String) -> PacingConfiguration {
-        let f = fields(node, path, known: ["on", "max_pause", "while_paused"])
+        let f = fields(node, path, known: ["on", "max_pause", "while_paused", "scope_429", "max_clients"])
         var p = PacingConfiguration()
         if let on = f["on"]?.value, let list = strings(on, "\(path).on") {
             var statuses = Set<Int>()
@@ -730,6 +730,8 @@ final class Reader {
         if let v = choice(f["while_paused"]?.value, "\(path).while_paused", PacingConfiguration.WhilePaused.self) {
             p.whilePaused = v
         }
+        if let v = choice(f["scope_429"]?.value, "\(path).scope_429", PacingConfiguration.Scope.self) { p.scope429 = v }
+        if let v = int(f["max_clients"]?.value, "\(path).max_clients", min: 1, max: 10_000_000) { p.maxClients = v }
         return p
     }
 

@@ -151,7 +151,11 @@ final class AdminServer: HTTPServerDelegate {
         shared.metrics.eventSubscribersDropped(shared.events.dropped.load(ordering: .relaxed))
         let now = clock.now()
         for g in shared.guards where g.pacing != nil {
-            shared.metrics.paused(upstream: g.name, seconds: g.pausedFor(at: now)?.seconds ?? 0)
+            shared.metrics.paused(upstream: g.name, scope: .upstream, seconds: g.pausedFor(at: now)?.seconds ?? 0)
+            guard g.pausesClients else { continue }
+            let clients = g.clientPauses(at: now)
+            shared.metrics.paused(upstream: g.name, scope: .client, seconds: clients.longest?.seconds ?? 0)
+            shared.metrics.pausedClients(upstream: g.name, count: clients.count)
         }
         request.reply(
             status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
@@ -376,6 +380,7 @@ final class AdminServer: HTTPServerDelegate {
             if let left = guardian.pausedFor(at: now) {
                 paused = JSON.quote(Date().addingTimeInterval(left.seconds).formatted(.iso8601))
             }
+            let pausedClients = guardian.clientPauses(at: now).count
             var token = "null"
             if let source = guardian.tokens {
                 let expires = source.expiresIn(at: now).map { String(Int($0.seconds.rounded())) } ?? "null"
@@ -389,7 +394,8 @@ final class AdminServer: HTTPServerDelegate {
                 """
                 {"name":\(JSON.quote(upstream.name)),"reachable":\(guardian.reachable.load(ordering: .relaxed)),\
                 "circuit_breaker":\(breakerJSON),"endpoints":[\(endpoints.joined(separator: ","))],\
-                "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused)}
+                "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused),\
+                "paused_clients":\(pausedClients)}
                 """)
         }
         let limits = runtime.routes.compactMap { route -> String? in

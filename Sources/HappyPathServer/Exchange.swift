@@ -87,6 +87,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// Fields added to whatever answer the client gets (a rate-limited
     /// route's `RateLimit-Policy` and `RateLimit`); empty for most routes.
     var rateLimitFields: RateLimitFields?
+    /// Whom the upstream's 429 is about (`pacing.scope_429: client`): the
+    /// route's rate-limit key, else the client's address; set by the worker
+    /// before `start`. A 429 to this request pauses only requests with the
+    /// same key.
+    var pacingKey = ""
     private(set) var finalStatus = 0
     private(set) var finalCode = "OK"
     /// The problem answered, if the request failed.
@@ -203,6 +208,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             if reason == .unreachable { guardian.suspect.store(true, ordering: .relaxed) }
             guard worker.park(self, reason: reason) else { return perform(machine.parkRefused()) }
             parked = reason
+            if reason == .paused { worker.parkedForPause(self) }
             if trace != nil { trace?.parkedChanged(true, at: worker.clock.now()) }
             arm(after: limit)
         case .cancelTry:
@@ -233,7 +239,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 return end()
             }
             var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
-            if let left = guardian.pausedFor(at: worker.clock.now()) { builder.pause = (guardian.pauseCause, left) }
+            builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
             var problem = builder.build(
                 failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
             // The upstream's words may carry what the proxy sent it (an echoed
@@ -307,8 +313,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         let now: Instant
 
         func pause() -> Admission.Pause {
-            // One atomic load while not paused (none without pacing).
-            guard exchange.guardian.pausedFor(at: now) != nil else { return .none }
+            // Two atomic loads while nothing is paused (none without pacing).
+            guard exchange.guardian.pausedFor(client: exchange.pacingKey, at: now) != nil else { return .none }
             return exchange.guardian.pacing?.whilePaused == .fail ? .fail : .wait
         }
 
@@ -506,15 +512,21 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     }
 
     /// A status in `pacing.on` with a wait (Retry-After, or an exhausted
-    /// RateLimit field) pauses the whole upstream; every worker hears of a
-    /// new pause. Returns whether this answer is pacing.
+    /// RateLimit field) pauses the whole upstream (every worker hears of a
+    /// new pause), or, a 429 under `scope_429: client`, this request's
+    /// client key (its requests find it as they are admitted). Returns
+    /// whether this answer is pacing.
     private func paced(_ status: Int, _ retryAfter: Duration?, at now: Instant) -> Bool {
         guard guardian.pacing?.on.contains(status) == true else { return false }
         let wait =
             retryAfter
             ?? PacingSignal.wait(retryAfter: nil, rateLimit: relay.rateLimit, nowUnixSeconds: worker.clock.wallSeconds())
         guard wait != nil else { return false }
-        if case let .paused(until) = guardian.paced(status: status, wait: wait, at: now) {
+        // `startedAt`: an answer to a request older than a reload that ended
+        // the pause early is stale, and revives nothing.
+        if case let .paused(until, nil) = guardian.paced(
+            status: status, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
+        {
             worker.shared.paused(guardian, until: until)
         }
         return true
@@ -795,7 +807,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// reachable, its breaker closed (a half-open breaker's probes are not
     /// hedged), a token if it takes one, and a connection slot free now.
     private func admitHedge(at now: Instant) -> Bool {
-        guard guardian.pausedFor(at: now) == nil, guardian.reachable.load(ordering: .relaxed) else { return false }
+        guard guardian.pausedFor(client: pacingKey, at: now) == nil, guardian.reachable.load(ordering: .relaxed) else {
+            return false
+        }
         if tokens != nil, authToken == nil { return false }
         switch guardian.admit(at: now) {
         case .allow: break

@@ -1,3 +1,4 @@
+import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies
 
@@ -17,8 +18,11 @@ extension ProxyWorker {
         /// Tries in flight on this worker, and the queue waiting for a slot.
         var slots: ConcurrencyLimiter<Exchange>
         private var probeTimer: LoopEvent?
-        /// Fires when the upstream's pause (pacing) should be over.
+        /// Fires when the upstream's pause (pacing), or the first of its
+        /// clients' pauses that requests here wait for, should be over.
         private var pauseTimer: LoopEvent?
+        /// When `pauseTimer` fires (nil: not armed).
+        private var pauseDueAt: Instant?
         private static let pauseTag = 1
 
         init(worker: ProxyWorker, guardian: UpstreamGuard, slots: ConcurrencyLimiter<Exchange>.Configuration) {
@@ -38,16 +42,21 @@ extension ProxyWorker {
             event.arm(after: after)
         }
 
-        /// The end of the pause in `after` (a later, longer pause re-arms).
-        func armPause(after: Duration) {
+        /// A pause ends at `due`: the timer fires then, unless it is armed
+        /// to fire before (a pause that ends later is seen when it fires:
+        /// `pauseDue` arms again for what is left).
+        func armPause(at due: Instant, now: Instant) {
+            if let pauseDueAt, pauseDueAt <= due, pauseTimer != nil { return }
             let event = pauseTimer ?? worker.loop.takeEvent(target: self, tag: Self.pauseTag)
             pauseTimer = event
-            event.arm(after: after)
+            pauseDueAt = due
+            event.arm(after: due > now ? due - now : .zero)
         }
 
         func cancelPause() {
             pauseTimer?.recycle()
             pauseTimer = nil
+            pauseDueAt = nil
         }
 
         func cancelTimers() {

@@ -89,15 +89,30 @@ final class ProxyMetrics: Sendable {
         counter("happypath_replayed_commands_total", [("upstream", upstream)]).increment(by: count)
     }
 
-    /// `happypath_upstream_paused_seconds{upstream}`: how long the pause
-    /// still lasts (0: not paused); set at scrape time and when a pause ends.
-    func paused(upstream: String, seconds: Double) {
+    /// `happypath_upstream_paused_seconds{upstream,scope}`: how long the
+    /// pause still lasts (0: not paused); `scope="upstream"` the whole
+    /// upstream's, `scope="client"` the longest of its clients' own (a 429
+    /// under `scope_429: client`). Set at scrape time and when a pause ends.
+    func paused(upstream: String, scope: PacingConfiguration.Scope, seconds: Double) {
         registry.makeGauge(
             descriptor: MetricNameDescriptor(
                 namespace: "happypath", metricName: "upstream_paused", unitName: "seconds",
-                helpText: "Seconds left in the pause an upstream asked for (pacing: 429/503 with Retry-After); 0 when not paused."),
-            labels: [("upstream", upstream)]
+                helpText:
+                    "Seconds left in the pause an upstream asked for (pacing: 429/503 with Retry-After); scope upstream: the whole upstream, scope client: the longest of one client's; 0 when not paused."
+            ),
+            labels: [("upstream", upstream), ("scope", scope.rawValue)]
         ).set(seconds)
+    }
+
+    /// `happypath_upstream_paused_clients{upstream}`: client keys whose own
+    /// 429 holds them now (at most `pacing.max_clients`); set at scrape time.
+    func pausedClients(upstream: String, count: Int) {
+        registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "happypath", metricName: "upstream_paused_clients", unitName: "",
+                helpText: "Client keys an upstream's 429 paused (pacing.scope_429: client) whose pause is in force now."),
+            labels: [("upstream", upstream)]
+        ).set(Double(count))
     }
 
     /// The exporter's counts so far, as counters (they only grow).

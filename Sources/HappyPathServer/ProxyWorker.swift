@@ -142,16 +142,19 @@ final class ProxyWorker: HTTPServerDelegate {
             return
         }
         var fields: RateLimitFields?
+        var key: String?
         if let limit = route.rateLimit {
-            let key = RateLimitBucketKey(
+            // A long key is its digest from here on: the bucket, the queue and pacing keep it bounded.
+            let limitKey = RateLimitBucketKey(
                 RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies))
+            key = limitKey.text
             let now = clock.now()
-            switch limit.admit(key: key, at: now) {
+            switch limit.admit(key: limitKey, at: now) {
             case let .pass(limitFields):
                 fields = limitFields
             case let .wait(delay):
                 let waiting = QueuedRequest(
-                    worker: self, request: request, route: route, limit: limit, key: key, target: upstreamTarget, at: now)
+                    worker: self, request: request, route: route, limit: limit, key: limitKey, target: upstreamTarget, at: now)
                 queued[ObjectIdentifier(waiting)] = waiting
                 shared.inFlight.add(1)
                 rateLimitMetrics.limited(route: route.label, outcome: "queued")
@@ -161,7 +164,7 @@ final class ProxyWorker: HTTPServerDelegate {
                 return rateLimited(request, route: route, retryAfter: retryAfter, fields: limitFields)
             }
         }
-        dispatch(request, route: route, method: method, target: upstreamTarget, fields: fields)
+        dispatch(request, route: route, method: method, target: upstreamTarget, fields: fields, key: key)
     }
 
     /// A request's turn came after its wait in a rate-limit queue, or it left.
@@ -174,7 +177,9 @@ final class ProxyWorker: HTTPServerDelegate {
         let now = clock.now()
         rateLimitMetrics.waited(route: waiting.route.label, now - waiting.queuedAt)
         let fields = waiting.limit.fields(key: waiting.key, at: now)
-        dispatch(waiting.request, route: waiting.route, method: waiting.request.method, target: waiting.target, fields: fields)
+        dispatch(
+            waiting.request, route: waiting.route, method: waiting.request.method, target: waiting.target, fields: fields,
+            key: waiting.key.text)
     }
 
     /// Over the route's rate limit: 429 RATE_LIMITED with when to come back.
@@ -184,9 +189,11 @@ final class ProxyWorker: HTTPServerDelegate {
         ProblemResponder.respond(request, problem, extraHeaders: fields.fields)
     }
 
-    /// The request goes on: stored for later, or an exchange with its upstream.
+    /// The request goes on: stored for later, or an exchange with its
+    /// upstream. `key`: its rate-limit key, if the route has a limit.
     private func dispatch(
-        _ request: HTTPRequest, route: RuntimeRoute, method: String, target upstreamTarget: String, fields: RateLimitFields?
+        _ request: HTTPRequest, route: RuntimeRoute, method: String, target upstreamTarget: String, fields: RateLimitFields?,
+        key: String?
     ) {
         if route.delivery.mode == .later {
             let (command, trace) = makeCommand(request, method: method, target: upstreamTarget, route: route)
@@ -211,9 +218,19 @@ final class ProxyWorker: HTTPServerDelegate {
             guardian: shared.guards[route.upstreamIndex], command: command,
             upgrade: UpgradeRequest.of(request, method: method, route: route), trace: trace)
         exchange.rateLimitFields = fields
+        if exchange.guardian.pausesClients { exchange.pacingKey = pacingKey(request, route: route, rateLimitKey: key) }
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
         exchange.start()
+    }
+
+    /// Whom an upstream's 429 to this request is about: the client as the
+    /// route's rate limit knows it (its `key`: a header's value, or the
+    /// address), else its address after `trusted_proxies`. A limit keyed
+    /// by `route` makes the route's clients one: a 429 holds that route.
+    private func pacingKey(_ request: HTTPRequest, route: RuntimeRoute, rateLimitKey: String?) -> String {
+        if let rateLimitKey { return rateLimitKey.isEmpty ? "r:" + route.label : rateLimitKey }
+        return RateLimitKey.clientIP(request, trusted: runtime.configuration.trustedProxies)
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
@@ -394,26 +411,43 @@ final class ProxyWorker: HTTPServerDelegate {
     /// The upstream paused itself until `at`: this worker wakes what it
     /// parked for the pause then (a later, longer pause re-arms).
     func schedulePauseEnd(guardian: UpstreamGuard, at until: Instant) {
+        lane(guardian).armPause(at: until, now: clock.now())
+    }
+
+    /// `exchange` parked for a pause (the upstream's or its client's own):
+    /// its lane wakes at that pause's end, if not before.
+    func parkedForPause(_ exchange: Exchange) {
         let now = clock.now()
-        lane(guardian).armPause(after: until > now ? until - now : .zero)
+        guard let left = exchange.guardian.pausedFor(client: exchange.pacingKey, at: now) else { return }
+        lane(exchange.guardian).armPause(at: now + left, now: now)
     }
 
     func pauseDue(_ l: Lane) {
         let now = clock.now()
-        // Extended since: wait for the new end.
-        if let left = l.guardian.pausedFor(at: now) { return l.armPause(after: left) }
         l.cancelPause()
-        if l.guardian.endPause(at: now) { shared.metrics.paused(upstream: l.guardian.name, seconds: 0) }
-        replayPaused(l)
+        // Extended since: wait for the new end.
+        if let left = l.guardian.pausedFor(at: now) { return l.armPause(at: now + left, now: now) }
+        if l.guardian.endPause(at: now) { shared.metrics.paused(upstream: l.guardian.name, scope: .upstream, seconds: 0) }
+        replayPaused(l, at: now)
     }
 
-    /// Requests parked for the pause go, in the order they arrived (the
-    /// concurrency limit still applies: the slot queue takes the rest).
-    private func replayPaused(_ l: Lane) {
-        let paused = l.parked.takeAll(for: [.paused], places: shared.parked)
+    /// Requests parked for a pause that is over go, in the order they
+    /// arrived (the concurrency limit still applies: the slot queue takes
+    /// the rest); those whose client's own pause lasts stay, and the lane
+    /// wakes again at the first of their ends.
+    private func replayPaused(_ l: Lane, at now: Instant) {
+        let guardian = l.guardian
+        let paused = l.parked.takeAll(for: [.paused], places: shared.parked) {
+            guardian.pausedFor(client: $0.pacingKey, at: now) == nil
+        }
+        var next: Duration?
+        for held in l.parked.waiters(for: .paused) {
+            if let left = guardian.pausedFor(client: held.pacingKey, at: now) { next = min(next ?? left, left) }
+        }
+        if let next { l.armPause(at: now + next, now: now) }
         guard !paused.isEmpty else { return }
-        leftLot(paused, guardian: l.guardian)
-        shared.metrics.replayed(upstream: l.guardian.name, count: paused.count)
+        leftLot(paused, guardian: guardian)
+        shared.metrics.replayed(upstream: guardian.name, count: paused.count)
         for exchange in paused { exchange.replay() }
     }
 
@@ -432,7 +466,7 @@ final class ProxyWorker: HTTPServerDelegate {
         for (key, l) in lanes where !kept.contains(key) {
             // A reload that changed the upstream ends its pause: what waited goes now.
             if l.guardian.endPause(at: clock.now(), early: true) {
-                shared.metrics.paused(upstream: l.guardian.name, seconds: 0)
+                shared.metrics.paused(upstream: l.guardian.name, scope: .upstream, seconds: 0)
             }
             l.cancelPause()
             let parked = l.parked.takeAll(places: shared.parked)
@@ -461,6 +495,9 @@ final class ProxyWorker: HTTPServerDelegate {
             let exchange = Exchange(
                 worker: self, request: DeliverySink(), route: route, upstream: runtime.upstreams[route.upstreamIndex],
                 guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery, trace: trace)
+            // The dispatcher is one client of the upstream: a 429 to a
+            // round holds the rounds, not the clients sending live requests.
+            exchange.pacingKey = "deliver-later"
             active[ObjectIdentifier(exchange)] = exchange
             exchange.start()
         }

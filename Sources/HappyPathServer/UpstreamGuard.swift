@@ -29,10 +29,17 @@ final class UpstreamGuard: Sendable {
     let pacing: PacingConfiguration?
     /// `pacing != nil`, read without copying the configuration.
     var hasPacing: Bool { pause != nil }
+    /// Whether a 429 pauses one client key (`scope_429: client`), read
+    /// without copying the configuration: the worker finds a request's key
+    /// only then.
+    let pausesClients: Bool
     private let pause: Locked<UpstreamPause>?
     /// The pause's end as monotonic nanoseconds (0: not paused), read on
     /// every admission without the lock.
     private let pausedUntil = Atomic<Int64>(0)
+    /// The latest end of any client's pause (0: none): before it, an
+    /// admission takes the lock to look its key up; after it, none does.
+    private let clientsPausedUntil = Atomic<Int64>(0)
     /// Outlier ejection (`outlier_detection`); taken only with two
     /// endpoints or more.
     private let outliers: Locked<OutlierDetector>
@@ -61,12 +68,13 @@ final class UpstreamGuard: Sendable {
         self.logger = logger
         pacing = definition.pacing
         pause = definition.pacing.map { Locked(UpstreamPause($0)) }
+        pausesClients = definition.pacing?.scope429 == .client
     }
 
     // MARK: - Pacing
 
-    /// How long the upstream's pause still lasts (nil: not paused): one
-    /// atomic load, and nothing at all for an upstream without `pacing`.
+    /// How long the whole upstream's pause still lasts (nil: not paused):
+    /// one atomic load, and nothing at all for an upstream without `pacing`.
     @inline(__always)
     func pausedFor(at now: Instant) -> Duration? {
         guard pause != nil else { return nil }
@@ -75,38 +83,84 @@ final class UpstreamGuard: Sendable {
         return .nanoseconds(until - now.nanoseconds)
     }
 
-    /// The status that paused the upstream (429 or 503).
+    /// How long a request from `client` is still held: the upstream's pause
+    /// or the client's own. Two atomic loads while no client is paused; the
+    /// lock only while one is.
+    @inline(__always)
+    func pausedFor(client: String, at now: Instant) -> Duration? {
+        guard pause != nil else { return nil }
+        if clientsPausedUntil.load(ordering: .relaxed) <= now.nanoseconds { return pausedFor(at: now) }
+        return pause?.withLock { $0.pause(for: client, at: now)?.left }
+    }
+
+    /// The pause that holds a request from `client`, with the status that
+    /// caused it (for its answer's code and `Retry-After`).
+    func pauseHolding(client: String, at now: Instant) -> (cause: Int, left: Duration)? {
+        guard let pause else { return nil }
+        if clientsPausedUntil.load(ordering: .relaxed) <= now.nanoseconds {
+            guard let left = pausedFor(at: now) else { return nil }
+            return (pause.withLock { $0.cause }, left)
+        }
+        return pause.withLock { $0.pause(for: client, at: now) }
+    }
+
+    /// The status that paused the whole upstream (429 or 503).
     var pauseCause: Int { pause?.withLock { $0.cause } ?? 0 }
 
-    /// An answer of this upstream: does it pause it? Returns the change
-    /// (the pause starts, or is extended); the caller tells the workers.
-    func paced(status: Int, wait: Duration?, at now: Instant) -> UpstreamPause.Change {
+    /// Client keys paused now, and the longest time one has left (for `/metrics` and `/admin/state`).
+    func clientPauses(at now: Instant) -> (count: Int, longest: Duration?) {
+        guard let pause, clientsPausedUntil.load(ordering: .relaxed) > now.nanoseconds else { return (0, nil) }
+        return pause.withLock { p in
+            let longest = p.clients.values.max().flatMap { $0 > now ? $0 - now : nil }
+            return (p.pausedClients(at: now), longest)
+        }
+    }
+
+    /// An answer of this upstream to a request from `client` that arrived
+    /// at `sentAt`: does it pause the upstream, or that client? Returns the
+    /// change; for a new pause of the whole upstream the caller tells the
+    /// workers (a client's pause is waited for by its own requests, each
+    /// arming its lane's timer as it parks).
+    func paced(status: Int, wait: Duration?, client: String, sentAt: Instant, at now: Instant) -> UpstreamPause.Change {
         guard let pause, pacing?.on.contains(status) == true else { return .none }
-        let change = pause.withLock { $0.answered(status: status, wait: wait, at: now) }
+        let (change, clientsUntil) = pause.withLock { p in
+            (p.answered(status: status, wait: wait, client: client, sentAt: sentAt, at: now), p.clientsUntil)
+        }
         switch change {
         case .none: break
-        case let .paused(until), let .extended(until):
+        case let .paused(until, nil), let .extended(until, nil):
             pausedUntil.store(until.nanoseconds, ordering: .relaxed)
+        case .paused, .extended:
+            clientsPausedUntil.store(clientsUntil?.nanoseconds ?? 0, ordering: .relaxed)
         }
-        if case let .paused(until) = change {
+        switch change {
+        case let .paused(until, nil):
             let seconds = max(0, (until - now).seconds)
             logger.warning(
                 "upstream paused: it asked for no requests until then",
                 metadata: ["upstream": "\(name)", "status": "\(status)", "for_s": "\(seconds)"])
             events.publish(
                 "upstream_paused", [("upstream", name), ("status", String(status)), ("for_s", String(Int(seconds.rounded(.up))))])
+        case let .paused(until, client?):
+            // One line per client would let a client write the log: debug only.
+            logger.debug(
+                "client paused: the upstream asked for no requests from it until then",
+                metadata: ["upstream": "\(name)", "client": "\(client)", "for_s": "\(max(0, (until - now).seconds))"])
+        default: break
         }
         return change
     }
 
-    /// The pause is over (its end came), or a reload ended it (`early`).
-    /// True for the one caller that ended it: it tells the others.
+    /// The pause is over (its end came), or a reload ended it (`early`,
+    /// which ends every client's pause too).
+    /// True for the one caller that ended the upstream's pause: it tells the others.
     func endPause(at now: Instant, early: Bool = false) -> Bool {
         guard let pause else { return false }
         let ended = pause.withLock { p -> Bool in
             guard p.end(at: now, early: early) else { return false }
             return true
         }
+        if early { clientsPausedUntil.store(0, ordering: .relaxed) }
         guard ended else { return false }
         pausedUntil.store(0, ordering: .relaxed)
         logger.info("upstream resumed", metadata: ["upstream": "\(name)", "early": "\(early)"])

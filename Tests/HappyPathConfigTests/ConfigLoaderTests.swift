@@ -726,3 +726,37 @@ struct DeliverLaterConfigTests {
         #expect(e.map(\.description).contains { $0.contains(message) }, "\(e)")
     }
 }
+
+/// `pacing` on an upstream (docs/shaping.md), issue 31: whom a 429 pauses.
+@Suite struct PacingConfigTests {
+    static func upstream(_ pacing: String) -> String {
+        minimal.replacingOccurrences(
+            of: "endpoints: [http://127.0.0.1:9000]", with: "endpoints: [http://127.0.0.1:9000]\n    pacing: \(pacing)")
+    }
+
+    @Test func aFourTwentyNinePausesOneClientByDefault() throws {
+        let c = try ConfigLoader.parse(Self.upstream("{ on: [429, 503] }"), file: "t.yaml")
+        #expect(c.upstreams[0].pacing?.scope429 == .client)
+        #expect(c.upstreams[0].pacing?.maxClients == 10_000)
+        #expect(PacingConfiguration().scope(of: 429) == .client)
+        #expect(PacingConfiguration().scope(of: 503) == .upstream)
+    }
+
+    @Test func everyKeyIsRead() throws {
+        let c = try ConfigLoader.parse(
+            Self.upstream("{ on: [429], max_pause: 5s, while_paused: fail, scope_429: upstream, max_clients: 50 }"),
+            file: "t.yaml")
+        let p = try #require(c.upstreams[0].pacing)
+        #expect(p.on == [429] && p.maxPause == .seconds(5) && p.whilePaused == .fail)
+        #expect(p.scope429 == .upstream && p.maxClients == 50)
+    }
+
+    @Test(arguments: [
+        ("{ scope_429: everyone }", "upstreams.api.pacing.scope_429 must be one of client, upstream, got 'everyone'"),
+        ("{ max_clients: 0 }", "upstreams.api.pacing.max_clients"),
+    ])
+    func mistakesAreNamed(pacing: String, message: String) {
+        let found = errors(Self.upstream(pacing)).map(\.description)
+        #expect(found.contains { $0.contains(message) }, "\(found)")
+    }
+}

@@ -237,7 +237,7 @@ struct MetricsExpositionTests {
         // The ones registered with a descriptor of their own carry their text there.
         let described: Set = [
             "happypath_rate_limited_total", "happypath_rate_limit_queue_depth", "happypath_rate_limit_queue_wait_seconds",
-            "happypath_upstream_paused_seconds", "happypath_delivery_store_errors_total",
+            "happypath_upstream_paused_seconds", "happypath_upstream_paused_clients", "happypath_delivery_store_errors_total",
         ]
         for name in names.sorted() where !described.contains(name) {
             #expect(MetricHelp.text[name] != nil, "\(name) has no help text in MetricHelp")

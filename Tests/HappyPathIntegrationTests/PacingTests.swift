@@ -66,8 +66,11 @@ import Testing
         return results.withLock { $0 }
     }
 
+    /// The upstream is paused, or (a 429 under `scope_429: client`, the
+    /// default) a client: every client here is 127.0.0.1, one key.
     static func paused(_ h: ProxyHarness) -> Bool {
-        (try? HTTP.request(port: h.adminPort, "/admin/state").text.contains("\"paused_until\":\"")) == true
+        guard let state = try? HTTP.request(port: h.adminPort, "/admin/state").text else { return false }
+        return state.contains("\"paused_until\":\"") || !state.contains("\"paused_clients\":0")
     }
 
     /// The issue's scenario: one 429 with Retry-After: 2, twenty clients.
@@ -92,7 +95,8 @@ import Testing
         // the clock the proxy measured it on).
         if let start = times.first { #expect(times.dropFirst().allSatisfy { $0.timeIntervalSince(start) >= 1.8 }) }
         let events = try HTTP.request(port: h.adminPort, "/metrics").text
-        #expect(events.contains("happypath_upstream_paused_seconds{upstream=\"u\"} 0"), "\(events)")
+        #expect(events.contains("happypath_upstream_paused_seconds{upstream=\"u\",scope=\"client\"} 0"), "\(events)")
+        #expect(events.contains("happypath_upstream_paused_seconds{upstream=\"u\",scope=\"upstream\"} 0"), "\(events)")
         // The breaker did not count the 429 as a failure.
         let state = try HTTP.request(port: h.adminPort, "/admin/state").text
         #expect(state.contains("\"circuit_breaker\":{\"state\":\"closed\"}"))

@@ -72,10 +72,13 @@ public struct ParkingLot<Waiter: AnyObject> {
     }
 
     /// Takes out every request parked for one of `reasons` (the upstream
-    /// recovered, its pause ended, its token was refreshed), gives their
-    /// places back and returns them in arrival order, to be replayed.
-    public mutating func takeAll(for reasons: Set<Reason>, places: ParkingCount) -> [Waiter] {
-        let leaving = ordered(entries.values.filter { reasons.contains($0.reason) })
+    /// recovered, its pause ended, its token was refreshed) that `leaves`
+    /// lets go (a pause may still hold some: their client's own), gives
+    /// their places back and returns them in arrival order, to be replayed.
+    public mutating func takeAll(
+        for reasons: Set<Reason>, places: ParkingCount, where leaves: (Waiter) -> Bool = { _ in true }
+    ) -> [Waiter] {
+        let leaving = ordered(entries.values.filter { reasons.contains($0.reason) && leaves($0.waiter) })
         for entry in leaving {
             entries[ObjectIdentifier(entry.waiter)] = nil
             places.give()

@@ -37,6 +37,16 @@ public enum RateLimitBucketKey: Hashable, Sendable {
         self = .digest(word(0), word(1), word(2), word(3))
     }
 
+    /// The key as text of bounded length (at most 71 bytes): itself, or
+    /// `sha256:` and the digest's first 128 bits in hex. What pacing keeps
+    /// as the client key (`pacing.scope_429: client`).
+    public var text: String {
+        switch self {
+        case let .plain(key): key
+        case let .digest(a, b, _, _): "sha256:" + IdentifierGenerator.hex(a) + IdentifierGenerator.hex(b)
+        }
+    }
+
     /// Bytes the key holds outside the bucket's own slot (a plain key's
     /// characters; a digest is inline).
     public var heldBytes: Int {
