@@ -28,6 +28,10 @@ import Testing
         """
     }
 
+    /// A budget that lets every request of these tests be hedged (a hedge
+    /// spends from `ratio` only: docs/retry.md, "What it costs the upstream").
+    static let roomyBudget = ", budget: { ratio: 1 }"
+
     /// Every GET is answered by the fast endpoint in well under the slow
     /// one's time; each try sent to the slow one is cancelled (its
     /// connection closed) once the hedge won, and counted as lost.
@@ -71,6 +75,31 @@ import Testing
             port: h.port, "POST", "/orders", headers: [("Idempotency-Key", "k-1")], body: Array("{}".utf8), timeout: 10)
         #expect(keyed.status == 201)
         #expect(slow.appRequests.count + other.appRequests.count == 3)  // the keyed one was hedged
+    }
+
+    /// An empty `Idempotency-Key` (or one of blanks) is not a key: a POST
+    /// with it reaches a slow upstream exactly once (never hedged), and an
+    /// upstream's 503 to it is the client's answer (never retried).
+    @Test(arguments: ["", " \t "]) func aPostWithAnEmptyIdempotencyKeyGoesOutOnce(key: String) throws {
+        let slow = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
+        let other = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
+        let h = try ProxyHarness(Self.config([slow.port, other.port], budget: Self.roomyBudget), workers: 1)
+        defer { h.stop(); slow.stop(); other.stop() }
+        let r = try HTTP.request(
+            port: h.port, "POST", "/orders", headers: [("Idempotency-Key", key)], body: Array("{}".utf8), timeout: 10)
+        #expect(r.status == 201)
+        #expect(r.header("X-Happypath-Attempts") == "1")
+        #expect(slow.appRequests.count + other.appRequests.count == 1)
+
+        let busy = ScriptedUpstream(response: http(503, "busy")).started()
+        let busyToo = ScriptedUpstream(response: http(503, "busy")).started()
+        let b = try ProxyHarness(Self.config([busy.port, busyToo.port], budget: Self.roomyBudget), workers: 1)
+        defer { b.stop(); busy.stop(); busyToo.stop() }
+        let refused = try HTTP.request(
+            port: b.port, "POST", "/orders", headers: [("Idempotency-Key", key)], body: Array("{}".utf8), timeout: 10)
+        #expect(refused.status == 503)
+        #expect(refused.header("X-Happypath-Attempts") == "1")
+        #expect(busy.appRequests.count + busyToo.appRequests.count == 1)
     }
 
     /// A retry budget with nothing left means no hedge: the slow try is
