@@ -83,8 +83,11 @@ import Testing
         var r = M(settings)
         _ = r.start()
         _ = r.admitted(.send(probe: false), at: Self.t0)
-        let after503 = r.tryEnded(Self.answered(503), breakerOpen: false, at: Self.t0 + .milliseconds(100), random: 0) { true }
-        #expect(after503 == (repeatable ? .backOff(.milliseconds(50)) : .answer(.upstreamAnswer(status: 503), abandonProbe: false)))
+        let after503 = r.tryEnded(Self.answered(503), breakerOpen: false, at: Self.t0 + .milliseconds(100), random: 0) {
+            true
+        }
+        let answered503 = M.Action.answer(.upstreamAnswer(status: 503), abandonProbe: false)
+        #expect(after503 == (repeatable ? .backOff(.milliseconds(50)) : answered503))
     }
 
     @Test func skippedWhenAttemptsAdmissionOrBudgetSaySo() {
