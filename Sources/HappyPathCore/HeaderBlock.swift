@@ -167,10 +167,14 @@ public final class HeaderBlock: @unchecked Sendable {
 
 extension HeaderBlock {
     /// The fields as `Name: value\r\n` lines: how a stored delivery keeps them.
-    public var lines: [UInt8] {
+    public var lines: [UInt8] { lines(dropping: nil) }
+
+    /// The same, without the fields named `name` (given in lower case).
+    public func lines(dropping name: StaticString?) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(byteCount)
         forEach { n, v, _ in
+            if let name, HTTPBytes.equals(n, name) { return }
             out.append(contentsOf: n)
             out.append(UInt8(ascii: ":"))
             out.append(UInt8(ascii: " "))

@@ -316,8 +316,10 @@ final class Deliveries: Sendable {
     /// Stores the request, then answers 202 (or 503 OVERLOADED if it could not be stored).
     func accept(_ request: HTTPRequest, command: Command, route: RuntimeRoute, worker: ProxyWorker) {
         let id = Self.newID()
-        let clientKey = command.headers.value(for: "idempotency-key")
-        var headers = command.headers.lines
+        // A blank Idempotency-Key is no key (IdempotencyKey): the delivery's
+        // own id takes its place, so the upstream sees one key, never an empty one.
+        let clientKey = IdempotencyKey.value(in: command.headers)
+        var headers = clientKey == nil ? command.headers.lines(dropping: "idempotency-key") : command.headers.lines
         if clientKey == nil { headers.append(contentsOf: Array("Idempotency-Key: \(id)\r\n".utf8)) }
         let upstream = command.upstream
         // The key's scope and the request's fingerprint, hashed only when

@@ -121,7 +121,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             .init(
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
-                hasIdempotencyKey: command.headers.contains("idempotency-key"),
+                idempotencyKey: IdempotencyKey.value(in: command.headers),
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))
         if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, upgrade == nil,
             let store = worker.shared.stale
@@ -779,7 +779,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             admit: {
                 slot = admitHedge(at: now)
                 return slot
-            }, budget: { withdrawRetry(at: now) })
+            }, budget: { withdrawHedge(at: now) })
         guard case let .send(attempt, limit) = decision else {
             if slot { worker.releaseSlot(guardian: guardian) }
             if case .skip = decision { worker.metrics.hedge(route: route, outcome: "skipped") }
@@ -795,11 +795,22 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         if machine.mayHedge { hedgeDueAt = route.hedgeDue(sentAt: now) }
     }
 
-    /// A retry or hedge from the upstream's budget; a refusal is counted
+    /// A retry from the upstream's budget; a refusal is counted
     /// (`happypath_retry_budget_exhausted_total`).
     private func withdrawRetry(at now: Instant) -> Bool {
         if guardian.withdrawRetry(at: now) { return true }
         worker.metrics.retryBudgetExhausted(upstream: upstream.name)
+        return false
+    }
+
+    /// A hedge from the upstream's budget (its ratio only, no floor). A
+    /// refusal counts as the budget exhausted only if a retry would be
+    /// refused too: a quiet route's hedges waiting for traffic are only
+    /// `skipped`, not a sign of a failing upstream (the alert on
+    /// `happypath_retry_budget_exhausted_total`).
+    private func withdrawHedge(at now: Instant) -> Bool {
+        if guardian.withdrawHedge(at: now) { return true }
+        if !guardian.retryAvailable(at: now) { worker.metrics.retryBudgetExhausted(upstream: upstream.name) }
         return false
     }
 

@@ -13,7 +13,8 @@ enum MetricHelp {
         "happypath_request_duration_seconds": "Time from a client request's arrival to its answer, by route.",
         "happypath_upstream_tries_total": "Tries sent upstream, by upstream and outcome.",
         "happypath_retries_total": "Tries that were retries, by upstream.",
-        "happypath_retry_budget_exhausted_total": "Retries and hedges the upstream's retry budget refused, by upstream.",
+        "happypath_retry_budget_exhausted_total":
+            "Retries the upstream's retry budget refused (and hedges, when it had no retry left either), by upstream.",
         "happypath_trace_spans_exported_total": "Spans the OTLP exporter sent to the collector (tracing).",
         "happypath_trace_spans_dropped_total":
             "Spans dropped: the exporter's queue was full, or the collector did not take an export (tracing).",

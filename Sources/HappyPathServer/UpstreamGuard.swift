@@ -196,6 +196,12 @@ final class UpstreamGuard: Sendable {
 
     func withdrawRetry(at now: Instant) -> Bool { budget.withLock { $0.tryWithdraw(at: now) } }
 
+    /// A hedge spends from the same budget, but only from its ratio (no floor).
+    func withdrawHedge(at now: Instant) -> Bool { budget.withLock { $0.tryWithdrawHedge(at: now) } }
+
+    /// A retry would be granted now (nothing taken).
+    func retryAvailable(at now: Instant) -> Bool { budget.withLock { $0.retryAvailable(at: now) } }
+
     /// `preferred`, or the next endpoint after it that is not ejected (all
     /// ejected: `preferred` anyway).
     func pickEndpoint(preferred: Int, at now: Instant) -> Int {

@@ -146,6 +146,29 @@ struct DeliverLaterTests {
         #expect(metrics["happypath_deliveries_total{upstream=\"hooks\",outcome=\"accepted\"}"] == 1)
     }
 
+    /// An empty `Idempotency-Key` is no key: two such POSTs with different
+    /// bodies are two deliveries (not one key reused), and each reaches the
+    /// upstream with its delivery's own id as its one key.
+    @Test(arguments: StoreKind.allCases) func anEmptyIdempotencyKeyIsNoKey(kind: StoreKind) throws {
+        let store = try StoreDirectory(kind)
+        let port = RefusingPort()
+        let h = try ProxyHarness(Self.yaml(upstream: port.url, store: store), holding: [port])
+        let first = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay", headers: [("Idempotency-Key", "")], body: Array("a".utf8))
+        let second = try HTTP.request(
+            port: h.port, "POST", "/hooks/pay", headers: [("Idempotency-Key", " ")], body: Array("b".utf8))
+        #expect(first.status == 202 && second.status == 202, "\(first.text) \(second.text)")
+        let ids = [Self.json(first)["id"] as? String, Self.json(second)["id"] as? String].compactMap { $0 }
+        #expect(ids.count == 2 && ids[0] != ids[1])
+        let upstream = ScriptedUpstream(comingUpOn: port) { _ in Self.ok }.started()
+        h.scripted.append(upstream)
+        guard waitUntil("both delivered", { try ids.allSatisfy { try Self.status(h, $0)["state"] as? String == "delivered" } })
+        else { return }
+        let keys = upstream.appRequests.map { $0.head.lowercased().components(separatedBy: "idempotency-key:").count - 1 }
+        #expect(keys == [1, 1])
+        #expect(Set(upstream.appRequests.map { Self.fields($0.head)["idempotency-key"] ?? "" }) == Set(ids))
+    }
+
     /// Two clients (their own `Authorization`) that happen to pick the same
     /// key each get their own delivery, and each is delivered with it.
     @Test(arguments: StoreKind.allCases) func twoClientsWithTheSameKeyEachGetTheirOwnDelivery(kind: StoreKind) throws {

@@ -9,7 +9,9 @@ import Testing
     /// One worker (the harness's `workers`, which wins over the file's), so
     /// the first request's first try goes to the first endpoint and round
     /// robin alternates from there.
-    static func config(_ endpoints: [Int], hedge: String = "{ after: 50ms }", budget: String = "") -> String {
+    /// `budget` is added to `retry:`; by default one that lets every request
+    /// be hedged (these tests send one or a few).
+    static func config(_ endpoints: [Int], hedge: String = "{ after: 50ms }", budget: String = roomyBudget) -> String {
         """
         listen: 127.0.0.1:0
         workers: 1
@@ -27,6 +29,10 @@ import Testing
             hedge: \(hedge)
         """
     }
+
+    /// A budget that lets every request of these tests be hedged (a hedge
+    /// spends from `ratio` only: docs/retry.md, "What it costs the upstream").
+    static let roomyBudget = ", budget: { ratio: 1 }"
 
     /// Every GET is answered by the fast endpoint in well under the slow
     /// one's time; each try sent to the slow one is cancelled (its
@@ -71,6 +77,73 @@ import Testing
             port: h.port, "POST", "/orders", headers: [("Idempotency-Key", "k-1")], body: Array("{}".utf8), timeout: 10)
         #expect(keyed.status == 201)
         #expect(slow.appRequests.count + other.appRequests.count == 3)  // the keyed one was hedged
+    }
+
+    /// An empty `Idempotency-Key` (or one of blanks) is not a key: a POST
+    /// with it reaches a slow upstream exactly once (never hedged), and an
+    /// upstream's 503 to it is the client's answer (never retried).
+    @Test(arguments: ["", " \t "]) func aPostWithAnEmptyIdempotencyKeyGoesOutOnce(key: String) throws {
+        let slow = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
+        let other = ScriptedUpstream(response: "DELAY:300\n" + http(201, "made")).started()
+        let h = try ProxyHarness(Self.config([slow.port, other.port]), workers: 1)
+        defer { h.stop(); slow.stop(); other.stop() }
+        let r = try HTTP.request(
+            port: h.port, "POST", "/orders", headers: [("Idempotency-Key", key)], body: Array("{}".utf8), timeout: 10)
+        #expect(r.status == 201)
+        #expect(r.header("X-Happypath-Attempts") == "1")
+        #expect(slow.appRequests.count + other.appRequests.count == 1)
+
+        let busy = ScriptedUpstream(response: http(503, "busy")).started()
+        let busyToo = ScriptedUpstream(response: http(503, "busy")).started()
+        let b = try ProxyHarness(Self.config([busy.port, busyToo.port]), workers: 1)
+        defer { b.stop(); busy.stop(); busyToo.stop() }
+        let refused = try HTTP.request(
+            port: b.port, "POST", "/orders", headers: [("Idempotency-Key", key)], body: Array("{}".utf8), timeout: 10)
+        #expect(refused.status == 503)
+        #expect(refused.header("X-Happypath-Attempts") == "1")
+        #expect(busy.appRequests.count + busyToo.appRequests.count == 1)
+    }
+
+    /// What hedging costs a slow upstream at a modest rate, with the default
+    /// budget (ratio 0.2, min_per_second 10): half the answers take 300 ms,
+    /// so half the requests are due a hedge (two, with max_extra 2), but
+    /// hedges spend only the ratio, never the floor: the upstream receives
+    /// at most N × (1 + 0.2) tries (docs/retry.md, "What it costs the
+    /// upstream"; no try fails here, so no retry spends the floor). Without
+    /// that it received every hedge (about 2× N).
+    @Test func hedgesAddAtMostTheBudgetsRatioToASlowUpstream() throws {
+        func halfSlow() -> ScriptedUpstream {
+            let seen = Locked(0)
+            return ScriptedUpstream(answering: { _ in
+                let n = seen.withLock { count in
+                    count += 1
+                    return count
+                }
+                return (n % 2 == 1 ? "DELAY:300\n" : "") + http(200, "ok")
+            }).started()
+        }
+        let a = halfSlow()
+        let b = halfSlow()
+        let h = try ProxyHarness(
+            Self.config([a.port, b.port], hedge: "{ after: 50ms, max_extra: 2 }", budget: ""), workers: 1)
+        defer { h.stop(); a.stop(); b.stop() }
+        let n = 20
+        // One client, back to back: 5 to 10 requests a second, all within the budget's 10 s window.
+        let start = ContinuousClock.now
+        for i in 0..<n { #expect(try HTTP.request(port: h.port, "/r/\(i)", timeout: 10).status == 200) }
+        #expect(seconds(since: start) < 9)
+        // Every hedge sent is counted (won or lost) once its try is over.
+        let admin = AdminProbe(port: h.adminPort)
+        func hedgesSent() -> Int {
+            let won = (try? admin.metric("happypath_hedges_total{route=\"/\",outcome=\"won\"}")) ?? 0
+            let lost = (try? admin.metric("happypath_hedges_total{route=\"/\",outcome=\"lost\"}")) ?? 0
+            return Int(won + lost)
+        }
+        let received = { a.appRequests.count + b.appRequests.count }
+        #expect(eventually(5) { received() == n + hedgesSent() })
+        let bound = n + Int(0.2 * Double(n))
+        #expect(received() <= bound, "the upstream received \(received()) tries for \(n) requests (bound \(bound))")
+        #expect(hedgesSent() >= 1)  // hedging still works within the ratio
     }
 
     /// A retry budget with nothing left means no hedge: the slow try is

@@ -61,6 +61,35 @@ import Testing
         #expect(asked == hedged)
     }
 
+    /// An `Idempotency-Key` with nothing in it is not a key: a POST that
+    /// carries one is neither hedged nor retried after it may have reached
+    /// the upstream; a key with a value makes it both.
+    @Test(arguments: [("", false), ("   ", false), ("\t", false), (" \t ", false), ("k-1", true), (" k ", true)])
+    func aPostWithAnEmptyIdempotencyKeyIsNeitherHedgedNorRetried(key: String, repeatable: Bool) {
+        var retry = RetryPolicy.Configuration()
+        retry.jitter = false
+        retry.backoffBase = .milliseconds(50)
+        let settings = M.Settings(
+            deadline: Self.t0 + .seconds(5), retry: RetryPolicy(retry), parkFor: .zero, parkWhileOpen: false, endpoints: 2,
+            method: "POST", idempotencyKey: key, refreshOn: [], hedgeMaxExtra: 1)
+        #expect(settings.hasIdempotencyKey == repeatable)
+        var m = M(settings)
+        _ = m.start()
+        _ = m.admitted(.send(probe: false), at: Self.t0)
+        #expect(m.mayHedge == repeatable)
+        let hedge = m.hedgeDue(at: Self.t0 + .milliseconds(50), admit: { true }, budget: { true })
+        #expect(hedge == (repeatable ? .send(attempt: 2, limit: .seconds(3)) : .none))
+        // Its first try got a 503: a keyed request is tried again, one with an empty key gets the 503.
+        var r = M(settings)
+        _ = r.start()
+        _ = r.admitted(.send(probe: false), at: Self.t0)
+        let after503 = r.tryEnded(Self.answered(503), breakerOpen: false, at: Self.t0 + .milliseconds(100), random: 0) {
+            true
+        }
+        let answered503 = M.Action.answer(.upstreamAnswer(status: 503), abandonProbe: false)
+        #expect(after503 == (repeatable ? .backOff(.milliseconds(50)) : answered503))
+    }
+
     @Test func skippedWhenAttemptsAdmissionOrBudgetSaySo() {
         var one = Self.machine(attempts: 1)
         #expect(one.hedgeDue(at: Self.t0, admit: { true }, budget: { true }) == .skip(.attempts))

@@ -132,6 +132,46 @@ import Testing
         #expect(granted == 20)
     }
 
+    /// A slow upstream at 5 requests a second, every request due a hedge:
+    /// the floor (10 a second) would grant them all; hedges get only the
+    /// ratio, so over the 10 s window they add at most 20 % to the load.
+    @Test func hedgesSpendOnlyTheRatioNotTheFloor() {
+        let clock = ManualClock()
+        var budget = RetryBudget(ratio: 0.2, minPerSecond: 10, windowSeconds: 10)
+        var hedges = 0
+        for i in 0..<50 {
+            if i > 0 { clock.advance(by: .milliseconds(200)) }
+            budget.recordRequest(at: clock.now())
+            if budget.tryWithdrawHedge(at: clock.now()) { hedges += 1 }
+        }
+        #expect(hedges == 10)
+        // Retries still have the floor and the ratio (100 + 10), less what the hedges spent.
+        var retries = 0
+        for _ in 0..<200 where budget.tryWithdraw(at: clock.now()) { retries += 1 }
+        #expect(retries == 100)
+        // With the ratio spent by retries, no hedge.
+        budget.recordRequest(at: clock.now())
+        let spentHedge = budget.tryWithdrawHedge(at: clock.now())
+        #expect(!spentHedge)
+    }
+
+    /// A quiet upstream: one request, no hedge at the default ratio, one
+    /// at ratio 1 (hedging at most doubles the load).
+    @Test func aQuietUpstreamIsHedgedOnlyWithinTheRatio() {
+        let clock = ManualClock()
+        var byDefault = RetryBudget(ratio: 0.2, minPerSecond: 10)
+        byDefault.recordRequest(at: clock.now())
+        let quietHedge = byDefault.tryWithdrawHedge(at: clock.now())
+        #expect(!quietHedge && byDefault.retryAvailable(at: clock.now()))  // skipped, not exhausted
+        let quietRetry = byDefault.tryWithdraw(at: clock.now())
+        #expect(quietRetry)
+        var whole = RetryBudget(ratio: 1, minPerSecond: 0)
+        whole.recordRequest(at: clock.now())
+        let one = whole.tryWithdrawHedge(at: clock.now())
+        let two = whole.tryWithdrawHedge(at: clock.now())
+        #expect(one && !two)
+    }
+
     @Test func oldTrafficLeavesTheWindow() {
         let clock = ManualClock()
         var budget = RetryBudget(ratio: 0.5, minPerSecond: 0, windowSeconds: 2)

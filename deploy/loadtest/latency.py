@@ -3,23 +3,34 @@
 the tail is the point (tail.sh). CONNS threads, each on one keep-alive
 connection, send GET URL back to back for DURATION seconds; prints one JSON
 line: requests, answered (2xx/3xx), errors, p50/p95/p99/max in ms (from
-every request's own time, no histogram).
+every request's own time, no histogram). With RATE, a modest open load
+instead: RATE requests a second in all, each thread starting its requests
+on a fixed schedule (a late answer delays only its own thread's next).
 
-    latency.py http://127.0.0.1:19612/slow?ms=1000 CONNS DURATION
+    latency.py http://127.0.0.1:19612/slow?ms=1000 CONNS DURATION [RATE]
 """
 import http.client, json, sys, threading, time, urllib.parse
 
 url, conns, duration = urllib.parse.urlsplit(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+rate = float(sys.argv[4]) if len(sys.argv) > 4 else None
 target = url.path + ("?" + url.query if url.query else "")
 lock = threading.Lock()
 samples, statuses, errors = [], {}, [0]
 end = time.monotonic() + duration
 
 
-def client():
+def client(index):
     connection = None
     mine, codes, failed = [], {}, 0
+    sent = 0
     while time.monotonic() < end:
+        if rate:
+            # This thread's next slot: requests index, index + conns, ... of the whole schedule.
+            due = begin + (sent * conns + index) / rate
+            if due >= end:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+            sent += 1
         try:
             if connection is None:
                 connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
@@ -44,7 +55,8 @@ def client():
             statuses[code] = statuses.get(code, 0) + n
 
 
-threads = [threading.Thread(target=client) for _ in range(conns)]
+begin = end - duration
+threads = [threading.Thread(target=client, args=(i,)) for i in range(conns)]
 for t in threads:
     t.start()
 for t in threads:

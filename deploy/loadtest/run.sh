@@ -21,7 +21,9 @@
 # either; they count against retry.attempts (5 here).
 # To test your own service: UPSTREAM=http://host:port PATH_UNDER_TEST=/api/x run.sh steady
 # tail: two endpoints, 5 % of answers take 1 s; the same load without and
-# with hedge: { after: 50ms } (deploy/loadtest/tail.sh says what it promises).
+# with hedge: { after: 50ms }, then 5 requests/s on a slow upstream with
+# hedging, upstream tries per client request checked against the retry
+# budget's bound (deploy/loadtest/tail.sh says what it promises).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|tail [--short]}

@@ -7,11 +7,19 @@
 # 1 s. The same load ($CONNS keep-alive clients back to back for $DURATION s,
 # deploy/loadtest/latency.py, which times every request) runs twice through the
 # proxy: once on a route without `hedge`, once with `hedge: { after: 50ms }`.
-# Printed: p50/p95/p99 of each run, what the upstreams received per answered
-# request (their own /_demo/stats counts), and happypath_hedges_total.
+# A third run puts a slow upstream under a modest rate: $SLOW_RATE requests a
+# second (open load) for $SLOW_DURATION s on /slow?ms=300&p=0.5 (half the
+# answers take 300 ms), hedge: { after: 50ms, max_extra: 2 }: half the
+# requests are due one or two hedges, and only the retry budget's ratio
+# pays for them (docs/retry.md, "What it costs the upstream").
+# Printed: p50/p95/p99 of each run, what the upstreams received per client
+# request and per answered request (their own /_demo/stats counts), and
+# happypath_hedges_total.
 # Promise (checked with --short, exit 1 if broken): p99 with hedging at
-# least 5x lower than without, and the upstream load per answered request
-# at most 10 % higher.
+# least 5x lower than without; the upstream load per answered request at
+# most 10 % higher; and in every run upstream tries per client request
+# within the documented bound: no try fails here, so at most 1 + ratio
+# (the budget's ratio, 0.2 by default; 1 without hedging).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SHORT=0; [ "${1:-}" = "--short" ] && SHORT=1
@@ -23,6 +31,12 @@ DURATION=${DURATION:-30}; [ $SHORT = 1 ] && DURATION=${SHORT_DURATION:-10}
 CONNS=${CONNS:-32}
 AFTER=${AFTER:-50ms}
 PATH_UNDER_TEST="/slow?ms=1000&p=0.05"
+SLOW_PATH="/slow?ms=300&p=0.5"
+SLOW_RATE=${SLOW_RATE:-5}
+# Within one budget window (10 s), where the documented bound is exact.
+SLOW_DURATION=${SLOW_DURATION:-8}
+# The budget's ratio these runs use (retry.budget's default).
+RATIO=0.2
 for tool in python3 curl; do command -v $tool >/dev/null || { echo "missing $tool: apt-get install -y python3 curl"; exit 2; }; done
 [ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 
@@ -37,9 +51,10 @@ for port in $UP1 $UP2; do
   wait_http "http://127.0.0.1:$port/healthz"; alive $! "a demo upstream"
 done
 
-# One run: the proxy with `$1` on its route (empty: none), the load, the counts.
+# One run: the proxy with `$2` on its route (empty: none), the load
+# (latency.py's arguments after the URL), the counts.
 run() {
-  local name=$1 hedge=$2
+  local name=$1 hedge=$2 path=$3; shift 3
   cat > "$OUT/tail-$name.yaml" <<YAML
 listen: 127.0.0.1:$PX
 admin: { listen: 127.0.0.1:$ADMIN }
@@ -61,7 +76,7 @@ YAML
   # Exact per-request latencies (latency.py): wrk's latency statistics did
   # not add up here (measured: an average of 154 ms over 2,228 requests on 4
   # connections in 5 s, more time than the connections had).
-  python3 "$HERE/latency.py" "http://127.0.0.1:$PX$PATH_UNDER_TEST" "$CONNS" "$DURATION" > "$OUT/tail-$name.load.json"
+  python3 "$HERE/latency.py" "http://127.0.0.1:$PX$path" "$@" > "$OUT/tail-$name.load.json"
   local after=$(( $(hits $UP1) + $(hits $UP2) ))
   curl -sf "http://127.0.0.1:$ADMIN/metrics" | grep '^happypath_hedges_total' > "$OUT/tail-$name.hedges.txt" || true
   kill "$proxy"; wait "$proxy" 2>/dev/null || true
@@ -74,30 +89,46 @@ for line in open(sys.argv[3]):
     outcome = series.split('outcome="')[1].split('"')[0]
     hedges[outcome] = hedges.get(outcome, 0) + int(float(value))
 answered = load["requests"] - load["non_2xx_3xx"]
+# Client requests: every one that got an answer, or an error on its socket.
+sent = load["requests"] + load["socket_errors"]
 print(json.dumps({"run": sys.argv[4], **load, "answered": answered, "upstream_received": int(sys.argv[2]),
+                  "upstream_per_request": int(sys.argv[2]) / max(1, sent),
                   "upstream_per_answer": int(sys.argv[2]) / max(1, answered), "hedges": hedges}))
 PY
 }
 
 echo "== tail: $CONNS clients for ${DURATION}s on $PATH_UNDER_TEST, two endpoints; without, then with hedge: { after: $AFTER }"
-run plain ""
-run hedged "hedge: { after: $AFTER, max_extra: 1 }"
-python3 - "$OUT/tail-plain.json" "$OUT/tail-hedged.json" "$SHORT" <<'PY'
+run plain "" "$PATH_UNDER_TEST" "$CONNS" "$DURATION"
+run hedged "hedge: { after: $AFTER, max_extra: 1 }" "$PATH_UNDER_TEST" "$CONNS" "$DURATION"
+echo "== then $SLOW_RATE requests/s for ${SLOW_DURATION}s on $SLOW_PATH with hedge: { after: 50ms, max_extra: 2 }"
+run slow-hedged "hedge: { after: 50ms, max_extra: 2 }" "$SLOW_PATH" 8 "$SLOW_DURATION" "$SLOW_RATE"
+python3 - "$OUT/tail-plain.json" "$OUT/tail-hedged.json" "$OUT/tail-slow-hedged.json" "$SHORT" "$RATIO" <<'PY'
 import json, sys
-plain, hedged = (json.load(open(p)) for p in sys.argv[1:3])
-short = sys.argv[3] == "1"
-print(f'{"":22} {"requests":>9} {"p50 ms":>8} {"p95 ms":>8} {"p99 ms":>8} {"max ms":>8} {"errors":>7} {"upstream/answer":>16}')
-for r in (plain, hedged):
+plain, hedged, slow = (json.load(open(p)) for p in sys.argv[1:4])
+short = sys.argv[4] == "1"
+budget_ratio = float(sys.argv[5])
+print(f'{"":22} {"requests":>9} {"p50 ms":>8} {"p95 ms":>8} {"p99 ms":>8} {"max ms":>8} {"errors":>7} '
+      f'{"upstream":>9} {"upstream/request":>17} {"upstream/answer":>16}')
+for r in (plain, hedged, slow):
     print(f'{r["run"]:22} {r["requests"]:>9} {r["p50_ms"]:>8.1f} {r["p95_ms"]:>8.1f} {r["p99_ms"]:>8.1f} {r["max_ms"]:>8.1f} '
-          f'{r["non_2xx_3xx"] + r["socket_errors"]:>7} {r["upstream_per_answer"]:>16.3f}')
-print(f'hedges (with hedge): {hedged["hedges"]}')
+          f'{r["non_2xx_3xx"] + r["socket_errors"]:>7} {r["upstream_received"]:>9} {r["upstream_per_request"]:>17.3f} '
+          f'{r["upstream_per_answer"]:>16.3f}')
+print(f'hedges (with hedge): {hedged["hedges"]}; (slow upstream, modest rate): {slow["hedges"]}')
 ratio = plain["p99_ms"] / max(hedged["p99_ms"], 0.001)
 extra = hedged["upstream_per_answer"] / max(plain["upstream_per_answer"], 0.001) - 1
 print(f'p99 {ratio:.1f}x lower with hedging; upstream load per answer {extra * 100:+.1f} %')
+# The documented bound (docs/retry.md, "What it costs the upstream"): no try
+# fails in these runs, so upstream tries <= client requests x (1 + ratio).
+bounds = {plain["run"]: 1.0, hedged["run"]: 1 + budget_ratio, slow["run"]: 1 + budget_ratio}
+print("upstream tries per client request (bound): "
+      + ", ".join(f'{r["run"]} {r["upstream_per_request"]:.3f} (<= {bounds[r["run"]]:.2f})' for r in (plain, hedged, slow)))
 problems = []
-if not plain["requests"] or not hedged["requests"]: problems.append("no requests completed")
-for r in (plain, hedged):
+if not plain["requests"] or not hedged["requests"] or not slow["requests"]: problems.append("no requests completed")
+for r in (plain, hedged, slow):
     if r["non_2xx_3xx"] or r["socket_errors"]: problems.append(f'{r["run"]}: {r["non_2xx_3xx"] + r["socket_errors"]} errors')
+    if r["upstream_per_request"] > bounds[r["run"]] + 1e-9:
+        problems.append(f'{r["run"]}: {r["upstream_per_request"]:.3f} upstream tries per client request '
+                        f'(documented bound: {bounds[r["run"]]:.2f})')
 if ratio < 5: problems.append(f"p99 only {ratio:.1f}x lower with hedging (promise: 5x)")
 if extra > 0.10: problems.append(f"upstream load {extra * 100:+.1f} % with hedging (promise: at most +10 %)")
 if short:

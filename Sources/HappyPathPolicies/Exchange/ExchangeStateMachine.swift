@@ -65,6 +65,8 @@ public struct ExchangeStateMachine: Sendable {
         /// Endpoints of the upstream: an unreachable one is followed by another at once.
         public var endpoints: Int
         public var method: String
+        /// The request carries an `Idempotency-Key` with a value (an empty
+        /// one is not a key: `IdempotencyKey.isKey`).
         public var hasIdempotencyKey: Bool
         /// The statuses that mean the upstream refused the injected token
         /// (`auth.refresh_on`); empty when the proxy injects none.
@@ -89,6 +91,18 @@ public struct ExchangeStateMachine: Sendable {
             self.hedgeMaxExtra =
                 hedgeMaxExtra > 0 && (hasIdempotencyKey || retry.configuration.methods.contains { $0 == method })
                 ? hedgeMaxExtra : 0
+        }
+
+        /// The same, from the request's `Idempotency-Key` value as sent (nil:
+        /// none): only a value with something in it makes the request a keyed one.
+        public init(
+            deadline: Instant, retry: RetryPolicy, parkFor: Duration, parkWhileOpen: Bool, endpoints: Int, method: String,
+            idempotencyKey: String?, refreshOn: Set<Int>, hedgeMaxExtra: Int = 0
+        ) {
+            self.init(
+                deadline: deadline, retry: retry, parkFor: parkFor, parkWhileOpen: parkWhileOpen, endpoints: endpoints,
+                method: method, hasIdempotencyKey: IdempotencyKey.isKey(idempotencyKey), refreshOn: refreshOn,
+                hedgeMaxExtra: hedgeMaxExtra)
         }
     }
 
