@@ -117,16 +117,17 @@ import Testing
     }
 
     /// Answers the rules forbid keeping are never served: `no-store`,
-    /// `private`, `Set-Cookie`, and one user's answer (a request with
-    /// credentials) unless the upstream declared it public.
+    /// `private`, `Set-Cookie`, `no-cache`, `Vary: *`, with or without
+    /// credentials on the request. (An answer to one user's credentials
+    /// that may be kept goes to those credentials only: FallbackKeyTests.)
     @Test(arguments: [
         (["Cache-Control: no-store"], [(String, String)]()),
         (["Cache-Control: private, max-age=60"], []),
         (["Set-Cookie: session=abc"], []),
         (["Cache-Control: no-cache"], []),
         (["Vary: *"], []),
-        ([], [("Authorization", "Bearer alice")]),
-        ([], [("Cookie", "session=alice")]),
+        (["Cache-Control: private, max-age=60"], [("Authorization", "Bearer alice")]),
+        (["Set-Cookie: session=abc"], [("Cookie", "session=alice")]),
     ])
     func answersThatMustNotBeKeptAreNeverServed(headers: [String], credentials: [(String, String)]) throws {
         let up = Switchable(ok: http(200, "{\"items\":[1,2]}", headers: headers))

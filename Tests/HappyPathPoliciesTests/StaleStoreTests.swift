@@ -39,16 +39,6 @@ import Testing
         #expect(Self.decide(["Cache-Control": "ext=\"a\\\"no-store\", public"]) != nil)
     }
 
-    /// With credentials on the request: only an answer the upstream
-    /// declared shareable (`public`, `s-maxage`).
-    @Test func credentialsNeedPublicOrSharedMaxAge() {
-        #expect(Self.decide([:], credentials: true) == nil)
-        #expect(Self.decide(["Cache-Control": "max-age=60"], credentials: true) == nil)
-        #expect(Self.decide(["Cache-Control": "public"], credentials: true) != nil)
-        #expect(Self.decide(["Cache-Control": "s-maxage=30"], credentials: true) != nil)
-        #expect(Self.decide(["Cache-Control": "public, private"], credentials: true) == nil)
-    }
-
     @Test func staleIfErrorCapsTheTime() {
         #expect(Self.decide(["Cache-Control": "max-age=5, stale-if-error=30"])?.keepFor == .seconds(30))
         #expect(Self.decide(["Cache-Control": "stale-if-error=3600"])?.keepFor == .seconds(600))

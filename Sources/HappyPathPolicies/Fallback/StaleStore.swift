@@ -61,8 +61,8 @@ public struct StaleEntry: Sendable {
 /// every worker (each call takes one lock). Bounded by `maxBytes`: a new
 /// answer that does not fit pushes out the least recently used (kept or
 /// answered) first, each in O(1), from a doubly linked list threaded
-/// through an array of slots. Under one key (upstream, method, target)
-/// sit up to `maxVariants` answers told apart by their `Vary` values. Every byte an
+/// through an array of slots. Under one key (`StaleKey`) sit up to
+/// `maxVariants` answers told apart by their `Vary` values. Every byte an
 /// entry keeps counts (`StaleEntry.size` and its key), so `maxBytes`
 /// bounds the memory kept, whatever the request's fields.
 public final class StaleStore: Sendable {
@@ -77,11 +77,22 @@ public final class StaleStore: Sendable {
 
     public let maxBytes: Int
     public let maxEntryBytes: Int
+    /// Mixed into every credential hash (`StaleKey`), so a hash kept here
+    /// cannot be matched against a list of likely tokens elsewhere. One per
+    /// process: the store outlives reloads, and so do its keys.
+    public let salt: [UInt8]
     private let state = Locked(State())
 
-    public init(maxBytes: Int, maxEntryBytes: Int) {
+    /// - Parameter salt: nil: 32 random bytes.
+    public init(maxBytes: Int, maxEntryBytes: Int, salt: [UInt8]? = nil) {
         self.maxBytes = max(0, maxBytes)
         self.maxEntryBytes = max(0, maxEntryBytes)
+        if let salt {
+            self.salt = salt
+        } else {
+            var random = SystemRandomNumberGenerator()
+            self.salt = (0..<32).map { _ in UInt8.random(in: 0...255, using: &random) }
+        }
     }
 
     /// Keeps `entry` under `key`, in place of the variant with the same
@@ -108,23 +119,31 @@ public final class StaleStore: Sendable {
     /// (`requestValue(name)`), if it has not expired; it becomes the most
     /// recently used. Expired answers met on the way are dropped.
     public func lookup(key: String, at now: Instant, requestValue: (String) -> String?) -> StaleEntry? {
+        lookup(keys: [key], at: now, requestValue: requestValue)
+    }
+
+    /// The most recently received of the answers that fit under any of
+    /// `keys` (a request's own credentials' and the shared ones).
+    public func lookup(keys: [String], at now: Instant, requestValue: (String) -> String?) -> StaleEntry? {
         state.withLock { s in
-            guard let list = s.variants[key] else { return nil }
-            for slot in list {
-                guard let entry = s.slots[slot].entry else { continue }
-                if entry.expiresAt <= now {
-                    s.remove(slot)
-                    continue
-                }
-                let matches = zip(entry.varyNames, entry.varyValues).allSatisfy { name, kept in
-                    requestValue(name).map(Self.trim) == kept
-                }
-                if matches {
-                    s.touch(slot)
-                    return entry
+            var best: Int?
+            for key in keys {
+                guard let list = s.variants[key] else { continue }
+                for slot in list {
+                    guard let entry = s.slots[slot].entry else { continue }
+                    if entry.expiresAt <= now {
+                        s.remove(slot)
+                        continue
+                    }
+                    let matches = zip(entry.varyNames, entry.varyValues).allSatisfy { name, kept in
+                        requestValue(name).map(Self.trim) == kept
+                    }
+                    if matches, best.map({ entry.receivedAt > s.slots[$0].entry!.receivedAt }) ?? true { best = slot }
                 }
             }
-            return nil
+            guard let best else { return nil }
+            s.touch(best)
+            return s.slots[best].entry
         }
     }
 
