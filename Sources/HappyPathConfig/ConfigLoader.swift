@@ -677,9 +677,9 @@ final class Reader {
         return h
     }
 
-    /// `fallback: { serve_stale: 10m, on: [timeout, …], response: { status, content_type, body } }`.
+    /// `fallback: { serve_stale: 10m, on: [timeout, …], response: { status, content_type, body }, private_headers: [X-Api-Key] }`.
     func fallback(_ node: Node, _ path: String) -> FallbackConfiguration? {
-        let f = fields(node, path, known: ["serve_stale", "on", "response"])
+        let f = fields(node, path, known: ["serve_stale", "on", "response", "private_headers"])
         var c = FallbackConfiguration()
         if let v = duration(f["serve_stale"]?.value, "\(path).serve_stale") { c.serveStale = v }
         if let on = f["on"]?.value, let list = strings(on, "\(path).on") {
@@ -703,6 +703,23 @@ final class Reader {
             }
             let body = string(rf["body"]?.value, "\(path).response.body") ?? ""
             c.response = .init(status: status, contentType: type, body: body)
+        }
+        if let list = f["private_headers"]?.value, let names = strings(list, "\(path).private_headers") {
+            var seen = Set<String>()
+            c.privateHeaders = []
+            for name in names {
+                if name.isEmpty || !name.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
+                    error(list, "\(path).private_headers lists header names (such as X-Api-Key), got '\(name)'")
+                } else if !seen.insert(name.lowercased()).inserted {
+                    error(list, "\(path).private_headers lists '\(name)' twice")
+                } else {
+                    c.privateHeaders.append(name)
+                }
+            }
+            if c.privateHeaders.count > 32 {
+                error(list, "\(path).private_headers lists at most 32 names, got \(c.privateHeaders.count)")
+            }
+            if c.serveStale == nil { error(f["private_headers"]?.key, "\(path).private_headers applies only with serve_stale") }
         }
         if c.serveStale == nil, c.response == nil {
             error(node, "\(path) needs serve_stale (how long to keep the last good answer), response (a fixed answer), or both")

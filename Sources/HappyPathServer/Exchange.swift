@@ -674,28 +674,40 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     // MARK: - Fallback
 
-    /// Where a GET's answer is kept: the upstream, the method and the
-    /// target as sent (after strip_prefix); the answer's `Vary` fields tell
-    /// apart the variants under it. HEAD is answered from the GET's.
-    private var staleKey: String { upstream.name + " GET " + command.target }
+    /// Where a GET's answer is kept and looked for (`StaleKey`): the
+    /// upstream, the target as sent (after strip_prefix), the client-facing
+    /// scheme and authority with the forwarding fields the client sent,
+    /// and a hash of its credentials; the answer's `Vary` fields tell apart
+    /// the variants under a key. HEAD is answered from the GET's.
+    private func staleKeys(_ staleKey: StaleKey, salt: [UInt8]) -> StaleKey.Keys {
+        var reader = staleKey.reader(salt: salt)
+        var scheme = "http"
+        if let request = request as? HTTPRequest {
+            request.forEachRawHeader { reader.field(name: $0, value: $1) }
+            if request.arrivedOverTLS { scheme = "https" }
+        }
+        return reader.keys(upstream: upstream.name, target: command.target, scheme: scheme)
+    }
 
     /// The answer streamed whole to the client: kept for later, if the
     /// rules allow (a status worth keeping, no `no-store`, `private` or
-    /// `Set-Cookie`, nothing of one user's kept for another).
+    /// `Set-Cookie`), for everyone or only for the same credentials.
     private func keepAnswer(fields: [HTTPField], body: [UInt8]) {
-        guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale else { return }
-        let credentialed = request.header("Authorization") != nil || request.header("Cookie") != nil
+        guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale, let staleKey = route.staleKey
+        else { return }
+        let keys = staleKeys(staleKey, salt: store.salt)
         guard
             let decision = StaleRules.decide(
-                method: command.method, status: relay.status, fields: fields, requestHasCredentials: credentialed,
+                method: command.method, status: relay.status, fields: fields, requestHasCredentials: keys.credentials != nil,
                 serveStale: serveStale)
         else { return }
         let now = worker.clock.now()
         let entry = StaleEntry(
             status: relay.status, reason: relay.reason, fields: fields, body: body, receivedAt: now,
             expiresAt: now + decision.keepFor, varyNames: decision.varyNames,
-            varyValues: decision.varyNames.map { request.header($0) }, path: clientPath)
-        store.keep(entry, key: staleKey)
+            varyValues: decision.varyNames.map { staleKey.varyValue(name: $0, value: request.header($0), salt: store.salt) },
+            path: clientPath)
+        store.keep(entry, key: keys.keep(shared: decision.shared))
     }
 
     /// The path the client asked for (for purges by prefix).
@@ -707,9 +719,15 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// The kept answer, else the fixed one; false: neither (the problem is answered).
     private func answerFallback(_ fallback: FallbackConfiguration, _ reason: FallbackConfiguration.Reason) -> Bool {
         let method = command.method
-        if fallback.serveStale != nil, method == "GET" || method == "HEAD", let store = worker.shared.stale {
+        if fallback.serveStale != nil, method == "GET" || method == "HEAD", let store = worker.shared.stale,
+            let staleKey = route.staleKey
+        {
             let now = worker.clock.now()
-            if let entry = store.lookup(key: staleKey, at: now, requestValue: { request.header($0) }) {
+            let keys = staleKeys(staleKey, salt: store.salt)
+            let found = store.lookup(keys: keys.lookup, at: now) {
+                staleKey.varyValue(name: $0, value: request.header($0), salt: store.salt)
+            }
+            if let entry = found {
                 worker.metrics.fallback(route: route, kind: "stale", reason: reason.rawValue)
                 // Both terms are at most OutsideValues.maxSeconds (the time kept is
                 // under serve_stale), so the sum cannot overflow; it is clamped again.

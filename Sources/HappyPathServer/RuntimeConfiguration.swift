@@ -82,6 +82,8 @@ final class RuntimeRoute: Sendable {
     let hedge: HedgeConfiguration?
     /// `fallback:` (nil: none).
     let fallback: FallbackConfiguration?
+    /// What its kept answers are filed under (nil: it keeps none).
+    let staleKey: StaleKey?
     /// `upgrades:` protocols a client may switch to (lowercased; empty: none).
     let upgrades: [String]
     /// `upgrades_idle_timeout`: a tunnel quiet both ways this long is closed.
@@ -122,6 +124,13 @@ final class RuntimeRoute: Sendable {
         self.upgradesIdleTimeout = upgradesIdleTimeout
         self.hedge = hedge
         self.fallback = fallback
+        if let fallback, fallback.serveStale != nil {
+            var rateLimitHeader: String?
+            if case .header(let name)? = rateLimit?.key { rateLimitHeader = name }
+            staleKey = StaleKey(privateHeaders: fallback.privateHeaders, rateLimitHeader: rateLimitHeader)
+        } else {
+            staleKey = nil
+        }
         if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }
         if case let .fixed(after) = hedge?.after { hedgeAfterNanoseconds = after.nanoseconds } else { hedgeAfterNanoseconds = nil }
         self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }

@@ -558,6 +558,16 @@ struct DeliverLaterConfigTests {
         #expect(plain.routes[0].hedge?.after == .fixed(.milliseconds(50)) && plain.routes[0].hedge?.maxExtra == 1)
         #expect(plain.routes[0].fallback?.on.count == 6)
         #expect(plain.routes[0].fallback?.response == nil)
+        #expect(plain.routes[0].fallback?.privateHeaders == ["X-Api-Key"])
+    }
+
+    /// `fallback.private_headers` replaces the default list (issue 31).
+    @Test func privateHeadersAreRead() throws {
+        let c = try ConfigLoader.parse(
+            Self.route("fallback: { serve_stale: 1m, private_headers: [X-Api-Key, X-Tenant-Token] }"), file: "t.yaml")
+        #expect(c.routes[0].fallback?.privateHeaders == ["X-Api-Key", "X-Tenant-Token"])
+        let none = try ConfigLoader.parse(Self.route("fallback: { serve_stale: 1m, private_headers: [] }"), file: "t.yaml")
+        #expect(none.routes[0].fallback?.privateHeaders == [])
     }
 
     @Test(arguments: [
@@ -570,6 +580,9 @@ struct DeliverLaterConfigTests {
         ("fallback: { serve_stale: 1m, on: [teapot] }", "routes[0].fallback.on lists ways of failing (timeout, unreachable, 5xx, circuit-open, overloaded, paused), got 'teapot'"),
         ("fallback: { response: { status: 99 } }", "routes[0].fallback.response.status must be between 200 and 599, got 99"),
         ("fallback: { serve_stale: 1m }\n    delivery: { mode: later }", "routes[0].fallback applies to routes that deliver now"),
+        ("fallback: { serve_stale: 1m, private_headers: ['X Key'] }", "routes[0].fallback.private_headers lists header names (such as X-Api-Key), got 'X Key'"),
+        ("fallback: { serve_stale: 1m, private_headers: [X-Key, x-key] }", "routes[0].fallback.private_headers lists 'x-key' twice"),
+        ("fallback: { response: { body: x }, private_headers: [X-Key] }", "routes[0].fallback.private_headers applies only with serve_stale"),
     ])
     func mistakesAreNamed(extra: String, message: String) {
         let found = errors(Self.route(extra)).map(\.description)

@@ -117,16 +117,17 @@ import Testing
     }
 
     /// Answers the rules forbid keeping are never served: `no-store`,
-    /// `private`, `Set-Cookie`, and one user's answer (a request with
-    /// credentials) unless the upstream declared it public.
+    /// `private`, `Set-Cookie`, `no-cache`, `Vary: *`, with or without
+    /// credentials on the request. (An answer to one user's credentials
+    /// that may be kept goes to those credentials only: FallbackKeyTests.)
     @Test(arguments: [
         (["Cache-Control: no-store"], [(String, String)]()),
         (["Cache-Control: private, max-age=60"], []),
         (["Set-Cookie: session=abc"], []),
         (["Cache-Control: no-cache"], []),
         (["Vary: *"], []),
-        ([], [("Authorization", "Bearer alice")]),
-        ([], [("Cookie", "session=alice")]),
+        (["Cache-Control: private, max-age=60"], [("Authorization", "Bearer alice")]),
+        (["Set-Cookie: session=abc"], [("Cookie", "session=alice")]),
     ])
     func answersThatMustNotBeKeptAreNeverServed(headers: [String], credentials: [(String, String)]) throws {
         let up = Switchable(ok: http(200, "{\"items\":[1,2]}", headers: headers))
@@ -264,5 +265,60 @@ import Testing
             }
         }
         #expect(maxSeen > 32 * 1024)  // it did keep answers, up to near the limit
+    }
+
+    /// `stale_max_bytes` holds on everything kept: 10 times the cap in
+    /// distinct 60 KiB `User-Agent` values under `Vary: User-Agent`. The
+    /// counted bytes stay under the cap, the entries kept with their values
+    /// fit in it, and the process's resident memory grows by little more.
+    @Test func theCapHoldsOnVaryValuesAtTenTimesIt() throws {
+        #expect(
+            FileManager.default.isExecutableFile(atPath: happypathBinary),
+            "\(happypathBinary) is built by `swift build --build-tests`")
+        let up = ScriptedUpstream(answering: { _ in http(200, "ok", headers: ["Vary: User-Agent"]) }).started()
+        defer { up.stop() }
+        let cap = 2 << 20
+        let serve = try ServeProcess(
+            config: """
+                listen: 127.0.0.1:0
+                admin: { listen: 127.0.0.1:0 }
+                limits: { stale_max_bytes: 2MiB, stale_max_entry: 1MiB, max_header_bytes: 128KiB }
+                upstreams: { u: { endpoints: [http://127.0.0.1:\(up.port)] } }
+                routes: [ { match: { path_prefix: / }, upstream: u, fallback: { serve_stale: 10m } } ]
+                """, logLevel: "info")
+        let port = try #require(serve.listeningPort())
+        let admin = AdminProbe(port: try #require(serve.adminPort()))
+        func residentBytes() -> Int {
+            let status = readSmallFile("/proc/\(serve.pid)/status") ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+        }
+        let huge = 60 * 1024
+        let connection = try TestConnection(port: port, timeout: 10)
+        func send(_ i: Int) throws {
+            let agent = "agent-\(i)-" + String(repeating: "a", count: huge)
+            try connection.send("GET /item/\(i) HTTP/1.1\r\nHost: shop.example\r\nUser-Agent: \(agent)\r\n\r\n")
+            let r = try connection.readResponse()
+            if r.status != 200 { throw TestError("request \(i): \(r.status) \(r.text)") }
+        }
+        // Warm up: buffers, pools and the store's first entries.
+        for i in 0..<40 { try send(i) }
+        #expect(eventually(5) { (try? admin.inFlight()) == 0 })
+        let before = residentBytes()
+        let total = 10 * cap / huge
+        for i in 40..<total {
+            try send(i)
+            if i % 50 == 49 || i == total - 1 {
+                #expect(eventually(5) { (try? admin.inFlight()) == 0 })
+                let fallback = try admin.state()["fallback"] as? [String: Any]
+                let bytes = fallback?["bytes"] as? Int ?? -1
+                let entries = fallback?["entries"] as? Int ?? -1
+                #expect(bytes > 0 && bytes <= cap, "after \(i + 1): \(bytes) bytes counted")
+                #expect(entries > 0 && entries * huge <= cap, "after \(i + 1): \(entries) entries of 60 KiB each kept")
+            }
+        }
+        let grown = residentBytes() - before
+        #expect(before > 0)
+        #expect(grown < 4 * cap, "resident memory grew by \(grown / 1024) KiB with a cap of \(cap / 1024) KiB")
     }
 }

@@ -39,16 +39,6 @@ import Testing
         #expect(Self.decide(["Cache-Control": "ext=\"a\\\"no-store\", public"]) != nil)
     }
 
-    /// With credentials on the request: only an answer the upstream
-    /// declared shareable (`public`, `s-maxage`).
-    @Test func credentialsNeedPublicOrSharedMaxAge() {
-        #expect(Self.decide([:], credentials: true) == nil)
-        #expect(Self.decide(["Cache-Control": "max-age=60"], credentials: true) == nil)
-        #expect(Self.decide(["Cache-Control": "public"], credentials: true) != nil)
-        #expect(Self.decide(["Cache-Control": "s-maxage=30"], credentials: true) != nil)
-        #expect(Self.decide(["Cache-Control": "public, private"], credentials: true) == nil)
-    }
-
     @Test func staleIfErrorCapsTheTime() {
         #expect(Self.decide(["Cache-Control": "max-age=5, stale-if-error=30"])?.keepFor == .seconds(30))
         #expect(Self.decide(["Cache-Control": "stale-if-error=3600"])?.keepFor == .seconds(600))
@@ -153,6 +143,55 @@ import Testing
         #expect(store.lookup(key: "k9999", at: Self.t0, requestValue: Self.none) != nil)  // newest: kept
         #expect(store.lookup(key: "k0", at: Self.t0, requestValue: Self.none) == nil)  // oldest: gone
         #expect(store.usage.bytes > 48 * 1024)
+    }
+
+    /// Everything an entry keeps counts against the bound: 10 times the
+    /// bound in distinct 60 KiB `Vary` values (a `Vary: User-Agent` answer
+    /// keeps the request's whole field) never holds more than the bound,
+    /// counted or kept; nor do 60 KiB keys.
+    @Test func varyValuesAndKeysCountAgainstTheBound() {
+        let cap = 1 << 20
+        let store = StaleStore(maxBytes: cap, maxEntryBytes: cap)
+        let huge = 60 * 1024
+        for i in 0..<(10 * cap / huge) {
+            let agent = "\(i) " + String(repeating: "a", count: huge)
+            store.keep(Self.entry("x", path: "/p/\(i)", vary: ["user-agent"], values: [agent]), key: "k\(i)")
+            let usage = store.usage
+            if usage.bytes > cap || usage.entries * huge > cap {
+                Issue.record("after \(i + 1): \(usage.entries) entries of 60 KiB values counted as \(usage.bytes) bytes")
+                break
+            }
+        }
+        let keys = StaleStore(maxBytes: cap, maxEntryBytes: cap)
+        for i in 0..<(10 * cap / huge) {
+            keys.keep(Self.entry("x", path: "/p/\(i)"), key: "\(i) " + String(repeating: "k", count: huge))
+            if keys.usage.bytes > cap || keys.usage.entries * huge > cap {
+                Issue.record("after \(i + 1): \(keys.usage.entries) entries with 60 KiB keys")
+                break
+            }
+        }
+        // A Vary value larger than an entry may be: not kept.
+        let small = StaleStore(maxBytes: cap, maxEntryBytes: 4096)
+        let kept = small.keep(Self.entry("x", vary: ["user-agent"], values: [String(repeating: "a", count: 8192)]), key: "k")
+        #expect(!kept)
+        #expect(small.usage == (0, 0))
+    }
+
+    /// A body copied as it streamed may have room for twice its bytes:
+    /// what is kept holds no more room than it counts.
+    @Test func aKeptBodyHoldsWhatItCounts() throws {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1 << 20)
+        var body: [UInt8] = []
+        body.reserveCapacity(256 * 1024)
+        body.append(contentsOf: Array("hello".utf8))
+        let entry = StaleEntry(
+            status: 200, reason: nil, fields: [HTTPField(name: "Content-Type", value: "text/plain")], body: body,
+            receivedAt: Self.t0, expiresAt: Self.t0 + .seconds(60), varyNames: [], varyValues: [], path: "/a")
+        #expect(store.keep(entry, key: "k"))
+        let kept = try #require(store.lookup(key: "k", at: Self.t0, requestValue: Self.none))
+        #expect(kept.body == Array("hello".utf8))
+        #expect(kept.body.capacity < 1024, "\(kept.body.capacity)")
+        #expect(store.usage.bytes >= kept.body.capacity && store.usage.bytes < 2048, "\(store.usage.bytes)")
     }
 
     @Test func purgeByPathPrefix() {

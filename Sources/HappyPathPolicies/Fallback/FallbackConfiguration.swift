@@ -35,10 +35,19 @@ public struct FallbackConfiguration: Sendable, Equatable {
         }
     }
 
+    /// Request fields that carry a credential besides `Authorization`,
+    /// `Cookie`, `Proxy-Authorization` and the `rate_limit` key's header,
+    /// which always do (`private_headers`; setting it replaces this).
+    public static let defaultPrivateHeaders = ["X-Api-Key"]
+
     /// How long the last good answer to a GET is kept (nil: none kept).
     public var serveStale: Duration?
     public var on: Set<Reason> = Set(Reason.allCases)
     public var response: FixedResponse?
+    /// `private_headers`: more credential fields. An answer to a request
+    /// with any credential is kept apart for those very values, unless the
+    /// upstream declared it shareable (docs/fallback.md).
+    public var privateHeaders: [String] = FallbackConfiguration.defaultPrivateHeaders
 
     public init() {}
 }

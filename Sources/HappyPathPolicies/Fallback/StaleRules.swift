@@ -14,16 +14,22 @@ public enum StaleRules {
         public var keepFor: Duration
         /// The request fields the answer varies on (`Vary`), lower-cased, in order.
         public var varyNames: [String]
+        /// Kept for every request to the same authority and target
+        /// (`StaleKey.Keys.shared`); false: only for a request with the
+        /// same credentials (`StaleKey.Keys.credentials`).
+        public var shared: Bool
 
-        public init(keepFor: Duration, varyNames: [String]) {
+        public init(keepFor: Duration, varyNames: [String], shared: Bool = true) {
             self.keepFor = keepFor
             self.varyNames = varyNames
+            self.shared = shared
         }
     }
 
     /// - Parameters:
     ///   - fields: the answer's end-to-end fields, as relayed.
-    ///   - requestHasCredentials: the request carried `Authorization` or a `Cookie`.
+    ///   - requestHasCredentials: the request carried one of the route's
+    ///     credential fields (`StaleKey.credentialNames`).
     ///   - serveStale: the route's `fallback.serve_stale`.
     /// - Returns: nil when the answer must not be kept.
     public static func decide(
@@ -46,14 +52,17 @@ public enum StaleRules {
         }
         if directives.noStore || directives.isPrivate || directives.noCache { return nil }
         // One user's answer is never kept for another: only the upstream
-        // can say an answer to a request with credentials is everyone's.
-        if requestHasCredentials, !directives.isPublic, !directives.sharedMaxAge { return nil }
+        // can say an answer to a request with credentials is everyone's
+        // (RFC 9111 section 3.5). Otherwise it is kept for those very
+        // credentials alone, which makes that part of the store a private
+        // cache of theirs.
+        let shared = !requestHasCredentials || directives.isPublic || directives.sharedMaxAge
         var keepFor = serveStale
         if let seconds = directives.staleIfError {
             guard seconds > 0 else { return nil }
             keepFor = min(keepFor, .seconds(seconds))
         }
-        return Decision(keepFor: keepFor, varyNames: vary)
+        return Decision(keepFor: keepFor, varyNames: vary, shared: shared)
     }
 
     /// ASCII letters compared without case, no allocation (`lower` is lower-case).

@@ -26,7 +26,15 @@ public struct StaleEntry: Sendable {
         self.status = status
         self.reason = reason
         self.fields = fields
-        self.body = body
+        // A body copied as it streamed may hold twice the room it needs:
+        // what it holds is what counts, so the slack is given back first.
+        if body.capacity - body.count > body.count / 8 + 64 {
+            self.body = [UInt8](unsafeUninitializedCapacity: body.count) { buffer, count in
+                count = buffer.initialize(fromContentsOf: body)
+            }
+        } else {
+            self.body = body
+        }
         self.receivedAt = receivedAt
         self.expiresAt = expiresAt
         self.varyNames = varyNames
@@ -34,11 +42,17 @@ public struct StaleEntry: Sendable {
         self.path = path
     }
 
-    /// What it counts against `stale_max_bytes`: body, fields, path, and a
-    /// fixed overhead for the bookkeeping (the key is added by the store).
+    /// What it counts against `stale_max_bytes`: everything it keeps — the
+    /// body's room, the fields, the `Vary` names and the request's values
+    /// of them (a `Vary: User-Agent` answer keeps that whole field), the
+    /// reason phrase, the path — with `StaleStore.perPart` for each field
+    /// and `Vary` name and value, and `StaleStore.overhead` for the entry.
+    /// The key is added by the store.
     var size: Int {
-        var n = body.count + path.utf8.count + StaleStore.overhead
-        for field in fields { n += field.name.utf8.count + field.value.utf8.count }
+        var n = body.capacity + path.utf8.count + (reason?.count ?? 0) + StaleStore.overhead
+        for field in fields { n += field.name.utf8.count + field.value.utf8.count + StaleStore.perPart }
+        for name in varyNames { n += name.utf8.count + StaleStore.perPart }
+        for value in varyValues { n += (value?.utf8.count ?? 0) + StaleStore.perPart }
         return n
     }
 }
@@ -47,21 +61,38 @@ public struct StaleEntry: Sendable {
 /// every worker (each call takes one lock). Bounded by `maxBytes`: a new
 /// answer that does not fit pushes out the least recently used (kept or
 /// answered) first, each in O(1), from a doubly linked list threaded
-/// through an array of slots. Under one key (upstream, method, target)
-/// sit up to `maxVariants` answers told apart by their `Vary` values.
+/// through an array of slots. Under one key (`StaleKey`) sit up to
+/// `maxVariants` answers told apart by their `Vary` values. Every byte an
+/// entry keeps counts (`StaleEntry.size` and its key), so `maxBytes`
+/// bounds the memory kept, whatever the request's fields.
 public final class StaleStore: Sendable {
-    /// Bookkeeping counted per entry besides its bytes.
+    /// Bookkeeping counted per entry besides its bytes (its slot, its
+    /// place in the key's list, the key's dictionary entry).
     public static let overhead = 128
+    /// Counted per field, per `Vary` name and value, and for the key: the
+    /// room of its array slot and its allocation's header.
+    public static let perPart = 48
     /// Variants kept under one key; the oldest goes first.
     public static let maxVariants = 8
 
     public let maxBytes: Int
     public let maxEntryBytes: Int
+    /// Mixed into every credential hash (`StaleKey`), so a hash kept here
+    /// cannot be matched against a list of likely tokens elsewhere. One per
+    /// process: the store outlives reloads, and so do its keys.
+    public let salt: [UInt8]
     private let state = Locked(State())
 
-    public init(maxBytes: Int, maxEntryBytes: Int) {
+    /// - Parameter salt: nil: 32 random bytes.
+    public init(maxBytes: Int, maxEntryBytes: Int, salt: [UInt8]? = nil) {
         self.maxBytes = max(0, maxBytes)
         self.maxEntryBytes = max(0, maxEntryBytes)
+        if let salt {
+            self.salt = salt
+        } else {
+            var random = SystemRandomNumberGenerator()
+            self.salt = (0..<32).map { _ in UInt8.random(in: 0...255, using: &random) }
+        }
     }
 
     /// Keeps `entry` under `key`, in place of the variant with the same
@@ -69,7 +100,7 @@ public final class StaleStore: Sendable {
     /// it is larger than `maxEntryBytes` or the whole store.
     @discardableResult
     public func keep(_ entry: StaleEntry, key: String) -> Bool {
-        let size = entry.size + key.utf8.count
+        let size = entry.size + key.utf8.count + Self.perPart
         return state.withLock { s in
             if let same = s.variants[key]?.first(where: {
                 s.slots[$0].entry?.varyNames == entry.varyNames && s.slots[$0].entry?.varyValues == entry.varyValues
@@ -88,23 +119,31 @@ public final class StaleStore: Sendable {
     /// (`requestValue(name)`), if it has not expired; it becomes the most
     /// recently used. Expired answers met on the way are dropped.
     public func lookup(key: String, at now: Instant, requestValue: (String) -> String?) -> StaleEntry? {
+        lookup(keys: [key], at: now, requestValue: requestValue)
+    }
+
+    /// The most recently received of the answers that fit under any of
+    /// `keys` (a request's own credentials' and the shared ones).
+    public func lookup(keys: [String], at now: Instant, requestValue: (String) -> String?) -> StaleEntry? {
         state.withLock { s in
-            guard let list = s.variants[key] else { return nil }
-            for slot in list {
-                guard let entry = s.slots[slot].entry else { continue }
-                if entry.expiresAt <= now {
-                    s.remove(slot)
-                    continue
-                }
-                let matches = zip(entry.varyNames, entry.varyValues).allSatisfy { name, kept in
-                    requestValue(name).map(Self.trim) == kept
-                }
-                if matches {
-                    s.touch(slot)
-                    return entry
+            var best: Int?
+            for key in keys {
+                guard let list = s.variants[key] else { continue }
+                for slot in list {
+                    guard let entry = s.slots[slot].entry else { continue }
+                    if entry.expiresAt <= now {
+                        s.remove(slot)
+                        continue
+                    }
+                    let matches = zip(entry.varyNames, entry.varyValues).allSatisfy { name, kept in
+                        requestValue(name).map(Self.trim) == kept
+                    }
+                    if matches, best.map({ entry.receivedAt > s.slots[$0].entry!.receivedAt }) ?? true { best = slot }
                 }
             }
-            return nil
+            guard let best else { return nil }
+            s.touch(best)
+            return s.slots[best].entry
         }
     }
 
@@ -160,6 +199,9 @@ public final class StaleStore: Sendable {
                 slot = slots.count
                 slots.append(Slot())
             }
+            // The slots under one key share the dictionary's copy of it:
+            // each new answer's own copy is let go, not kept beside it.
+            let key = variants.index(forKey: key).map { variants.keys[$0] } ?? key
             slots[slot] = Slot(entry: entry, key: key, size: size)
             variants[key, default: []].append(slot)
             link(slot)
