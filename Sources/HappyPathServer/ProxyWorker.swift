@@ -153,7 +153,9 @@ final class ProxyWorker: HTTPServerDelegate {
                 case let .pass(limitFields):
                     fields = limitFields
                 case let .wait(delay, ticket):
-                    return enqueue(request, route: route, limit: limit, key: key, ticket: ticket, target: upstreamTarget, delay: delay, at: now)
+                    return enqueue(
+                        request, route: route, limit: limit, key: key, ticket: ticket, target: upstreamTarget, delay: delay,
+                        at: now)
                 case let .refuse(retryAfter, limitFields):
                     return rateLimited(request, route: route, retryAfter: retryAfter, fields: limitFields)
                 }

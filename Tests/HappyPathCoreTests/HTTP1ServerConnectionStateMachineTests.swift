@@ -68,6 +68,8 @@ import Testing
     static func arm(_ w: M.Wait, _ step: M.Step = .none) -> A { A(timer: .arm(w), step: step) }
     static let dispatch = A(timer: .cancel, step: .dispatch)
     static let linger = A(timer: .arm(.linger), step: .halfClose)
+    /// A head whose 5-byte body has not arrived.
+    static let post5 = "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"
     static let close = A(step: .close)
 
     static let scenarios: [Scenario] = [
@@ -127,10 +129,10 @@ import Testing
                 Step(.answered(), arm(.idle), .idle),
             ]),
         Scenario(
-            name: "a head held before its body (rate limit): no body storage, no client wait, read-ahead bounded; released, the body is read",
+            name: "a head held before its body (rate limit): no storage, no client wait, read-ahead bounded; released: read",
             steps: [
                 Step(.start, arm(.idle)),
-                Step(.bytes("POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"), A(timer: .arm(.head), step: .startBody), .head),
+                Step(.bytes(post5), A(timer: .arm(.head), step: .startBody), .head),
                 Step(.holdBody, A(timer: .cancel), .admitting),
                 Step(.admission(true), .none, .admitting),
                 Step(.readReady(buffered: 50), plan: .input),
@@ -144,7 +146,7 @@ import Testing
             name: "a held head answered (429): the body is never read and the connection ends",
             steps: [
                 Step(.start, arm(.idle)),
-                Step(.bytes("POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"), A(timer: .arm(.head), step: .startBody)),
+                Step(.bytes(post5), A(timer: .arm(.head), step: .startBody)),
                 Step(.holdBody, A(timer: .cancel), .admitting),
                 Step(.answered(), linger, .lingering),
                 Step(.releaseBody, .none, .lingering),
@@ -153,7 +155,7 @@ import Testing
             name: "a held head's client leaves: closed, the request is told",
             steps: [
                 Step(.start, arm(.idle)),
-                Step(.bytes("POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"), A(timer: .arm(.head), step: .startBody)),
+                Step(.bytes(post5), A(timer: .arm(.head), step: .startBody)),
                 Step(.holdBody, A(timer: .cancel), .admitting),
                 Step(.eof, A(step: .close), .closed),
             ]),
