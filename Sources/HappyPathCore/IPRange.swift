@@ -70,20 +70,75 @@ public struct IPRange: Sendable, Equatable, CustomStringConvertible {
 /// trusted proxy, the rightmost X-Forwarded-For hop that is not one. With
 /// no trusted proxies, X-Forwarded-For changes nothing: a client cannot
 /// pick its own address by sending one.
+///
+/// The address found is in one canonical form (`normalized`), so that
+/// one client is one rate-limit key however a hop was written: a load
+/// balancer that appends `203.0.113.7:51234` (address and source port)
+/// names the same client on every connection, not a new one per port.
 public enum ClientAddress {
     /// - Parameter forwardedFor: the X-Forwarded-For values as received, in order.
     public static func resolve(peer: String, forwardedFor: [String], trusted: [IPRange]) -> String {
+        let peer = canonicalPeer(peer)
         guard !trusted.isEmpty, trusted.contains(where: { $0.contains(peer) }) else { return peer }
         var hops: [Substring] = []
         for value in forwardedFor { hops += value.split(separator: ",") }
         for hop in hops.reversed() {
-            let address = hop.trimmingSpaces
+            let text = hop.trimmingSpaces
             // Not an address (garbage, "unknown"): the chain cannot be followed further.
-            guard IPRange.address(address) != nil else { return address.isEmpty ? peer : address }
+            guard let address = normalized(text) else { return text.isEmpty ? peer : text }
             if !trusted.contains(where: { $0.contains(address) }) { return address }
         }
         // Every hop is a trusted proxy: the leftmost is as far as it goes.
-        return hops.first.map(\.trimmingSpaces) ?? peer
+        return hops.first.map { normalized($0.trimmingSpaces) ?? $0.trimmingSpaces } ?? peer
+    }
+
+    /// One client address in one form, or nil if `text` is not an address:
+    /// a port is dropped (`192.0.2.1:8080`, `[2001:db8::1]:8080`), so are
+    /// brackets (`[2001:db8::1]`); IPv6 is written as RFC 5952 says
+    /// (lowercase, zeros compressed: `2001:DB8:0:0::1` is `2001:db8::1`);
+    /// an IPv4-mapped IPv6 address is its IPv4 address (`::ffff:192.0.2.1`
+    /// is `192.0.2.1`: a dual-stack listener sees IPv4 clients that way).
+    /// A bare IPv6 address has no port: `2001:db8::1` is not read as
+    /// `2001:db8:` port 1.
+    public static func normalized(_ text: String) -> String? {
+        var host = Substring(text)
+        if host.hasPrefix("[") {
+            // `[v6]` or `[v6]:port`.
+            guard let close = host.firstIndex(of: "]") else { return nil }
+            let rest = host[host.index(after: close)...]
+            guard rest.isEmpty || isPort(rest.dropFirst()) && rest.first == ":" else { return nil }
+            host = host[host.index(after: host.startIndex)..<close]
+        } else if let colon = host.firstIndex(of: ":"), host.lastIndex(of: ":") == colon {
+            // One colon: `v4:port` (IPv6 has at least two).
+            guard isPort(host[host.index(after: colon)...]) else { return nil }
+            host = host[..<colon]
+        }
+        guard let bytes = IPRange.address(String(host)) else { return nil }
+        return Self.text(of: bytes)
+    }
+
+    /// The TCP peer's address as the socket gave it: already canonical
+    /// when it is IPv4 (`inet_ntop`), so only IPv6 text is looked at (an
+    /// IPv4 client of a dual-stack listener shows as `::ffff:192.0.2.1`).
+    public static func canonicalPeer(_ peer: String) -> String {
+        guard peer.utf8.contains(UInt8(ascii: ":")) else { return peer }
+        return normalized(peer) ?? peer
+    }
+
+    /// The canonical text of 16 address bytes (an IPv4-mapped one as IPv4).
+    static func text(of bytes: [UInt8]) -> String {
+        if bytes[0..<10].allSatisfy({ $0 == 0 }), bytes[10] == 0xFF, bytes[11] == 0xFF {
+            return "\(bytes[12]).\(bytes[13]).\(bytes[14]).\(bytes[15])"
+        }
+        var v6 = in6_addr()
+        withUnsafeMutableBytes(of: &v6) { for i in 0..<16 { $0[i] = bytes[i] } }
+        var out = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+        guard inet_ntop(AF_INET6, &v6, &out, socklen_t(out.count)) != nil else { return "" }
+        return String(decoding: out.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    private static func isPort(_ digits: Substring) -> Bool {
+        !digits.isEmpty && digits.count <= 5 && digits.allSatisfy { $0 >= "0" && $0 <= "9" } && Int(digits)! <= 65535
     }
 }
 

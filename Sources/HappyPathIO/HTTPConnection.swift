@@ -177,7 +177,17 @@ final class HTTPConnection {
 
     private func startBody() {
         guard let head = machine.head else { return }
-        begin(head.version, isHead: head.isHead)
+        let request = current ?? begin(head.version, isHead: head.isHead)
+        if !request.screened, let delegate = server.delegate {
+            request.screened = true
+            if delegate.holdsBody(request) {
+                // Judged at the head (a rate limit): nothing of the body is
+                // read into storage, nor taken from the budget, until the
+                // delegate lets it come (`HTTPRequest.readBody`) — or answers.
+                perform(machine.holdBody())
+                return delegate.bodyHeld(request)
+            }
+        }
         var buffered = 0
         if case let .contentLength(n) = head.framing {
             // The whole body is kept (for retries and replays): it must fit
@@ -212,6 +222,12 @@ final class HTTPConnection {
 
     /// The body read, handed over once (the request keeps no copy).
     func takeBody() -> RequestBody { input.takeBody() }
+
+    /// The delegate lets the body of the head it held come now.
+    func releaseBody(_ request: HTTPRequest) {
+        guard current === request, readEvent != nil else { return }
+        perform(machine.releaseBody())
+    }
 
     /// A request the edge will not serve: the delegate answers it, then the
     /// connection closes.

@@ -20,6 +20,12 @@ public final class HTTPRequest {
     /// a side table, slowing every retain and release of it.
     public var observer: HTTPRequestObserver?
     private var lostReported = false
+    /// The delegate was asked whether it holds this head's body (`holdsBody`).
+    var screened = false
+    /// Free for the delegate: what it decided at the head, before the body
+    /// was read (a rate limit's token taken then), for when it serves the
+    /// request.
+    public var headDecision: AnyObject?
     private var cachedMethod: String?
     private var cachedTarget: String?
 
@@ -247,6 +253,10 @@ public final class HTTPRequest {
         }
         release(c)
     }
+
+    /// A head held by the delegate (`HTTPServerDelegate.holdsBody`): its
+    /// body is read now, then the request is served as usual.
+    public func readBody() { live?.releaseBody(self) }
 
     /// Drops the client connection without completing the response (the
     /// body was cut short upstream: the client must see a broken response,

@@ -56,6 +56,15 @@ public protocol HTTPServerDelegate: AnyObject {
     /// if the delegate answered it already (the client is then not invited
     /// to send the body, and the connection closes after the answer).
     func admit(_ request: HTTPRequest) -> Bool
+    /// A request head with a body, before any of the body is kept or its
+    /// size taken from the body budget: true if the delegate holds it
+    /// (`bodyHeld` follows at once).
+    func holdsBody(_ request: HTTPRequest) -> Bool
+    /// A head the delegate holds: it answers it (the connection closes
+    /// after the answer; the body is never read), or calls
+    /// `request.readBody()`, now or later, and is handed the request by
+    /// `serve` once its body is read. The client waits are off meanwhile.
+    func bodyHeld(_ request: HTTPRequest)
     /// Accepting stopped for `pause` because the process is out of file
     /// descriptors (EMFILE/ENFILE) or memory; it resumes by itself.
     func acceptPaused(errno: Int32, pause: Duration)
@@ -73,6 +82,8 @@ public protocol HTTPServerDelegate: AnyObject {
 
 extension HTTPServerDelegate {
     public func admit(_ request: HTTPRequest) -> Bool { true }
+    public func holdsBody(_ request: HTTPRequest) -> Bool { false }
+    public func bodyHeld(_ request: HTTPRequest) { request.readBody() }
     public func acceptPaused(errno: Int32, pause: Duration) {}
     public func acceptCapped(limit: Int) {}
     public func tlsHandshake(version: Int) {}

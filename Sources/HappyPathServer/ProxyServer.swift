@@ -187,7 +187,8 @@ public final class ProxyServer: @unchecked Sendable {
             return refused(["\(error.description); the certificates in use are kept"])
         }
         shared.metrics.certificateExpiry(configuration, contexts)
-        let newRuntime = RuntimeConfiguration(configuration)
+        // Routes whose rate limit did not change keep their buckets and queues.
+        let newRuntime = RuntimeConfiguration(configuration, previous: runtime)
         let newShared = SharedState(runtime: newRuntime, logger: logger, events: shared.events, previous: shared)
         deliveries?.update(shared: newShared)
         for worker in workers {

@@ -144,27 +144,86 @@ final class ProxyWorker: HTTPServerDelegate {
         var fields: RateLimitFields?
         var key: String?
         if let limit = route.rateLimit {
-            // A long key is its digest from here on: the bucket, the queue and pacing keep it bounded.
-            let limitKey = RateLimitBucketKey(
-                RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies))
-            key = limitKey.text
-            let now = clock.now()
-            switch limit.admit(key: limitKey, at: now) {
-            case let .pass(limitFields):
-                fields = limitFields
-            case let .wait(delay):
-                let waiting = QueuedRequest(
-                    worker: self, request: request, route: route, limit: limit, key: limitKey, target: upstreamTarget, at: now)
-                queued[ObjectIdentifier(waiting)] = waiting
-                shared.inFlight.add(1)
-                rateLimitMetrics.limited(route: route.label, outcome: "queued")
-                rateLimitMetrics.queueDepth(route: route.label, limit.queued.load(ordering: .relaxed))
-                return waiting.start(after: delay)
-            case let .refuse(retryAfter, limitFields):
-                return rateLimited(request, route: route, retryAfter: retryAfter, fields: limitFields)
+            if let decided = request.headDecision {
+                // A request with a body: judged at its head, before the body was read.
+                let admission = unsafeDowncast(decided, to: HeadAdmission.self)
+                fields = admission.fields
+                key = admission.key
+            } else {
+                // A long key is its digest from here on: the bucket, the queue and pacing keep it bounded.
+                let limitKey = rateLimitKey(request, limit)
+                key = limitKey.text
+                let now = clock.now()
+                switch limit.admit(key: limitKey, at: now) {
+                case let .pass(limitFields):
+                    fields = limitFields
+                case let .wait(delay, ticket):
+                    return enqueue(
+                        request, route: route, limit: limit, key: limitKey, ticket: ticket, target: upstreamTarget,
+                        delay: delay, at: now)
+                case let .refuse(retryAfter, limitFields):
+                    return rateLimited(request, route: route, retryAfter: retryAfter, fields: limitFields)
+                }
             }
         }
         dispatch(request, route: route, method: method, target: upstreamTarget, fields: fields, key: key)
+    }
+
+    private func rateLimitKey(_ request: HTTPRequest, _ limit: RouteRateLimit) -> RateLimitBucketKey {
+        RateLimitBucketKey(RateLimitKey.of(request, limit.configuration.key, trusted: runtime.configuration.trustedProxies))
+    }
+
+    /// Waits in the route's queue for its turn (`target` nil: a head whose body is read after it).
+    private func enqueue(
+        _ request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: RateLimitBucketKey, ticket: UInt64,
+        target: String?, delay: Duration, at now: Instant
+    ) {
+        let waiting = QueuedRequest(
+            worker: self, request: request, route: route, limit: limit, key: key, ticket: ticket, target: target, at: now)
+        queued[ObjectIdentifier(waiting)] = waiting
+        shared.inFlight.add(1)
+        rateLimitMetrics.limited(route: route.label, outcome: "queued")
+        rateLimitMetrics.queueDepth(route: route.label, limit.queued.load(ordering: .relaxed))
+        waiting.start(after: delay)
+    }
+
+    /// The limited route `holdsBody` found for the head now held (same pass).
+    private var heldRoute: RuntimeRoute?
+
+    /// A request with a body on a rate-limited route is judged at its head:
+    /// a client over the limit is refused (or waits) before any of its body
+    /// is kept, so its stalled uploads cannot take the body budget from
+    /// other clients. What `serve` answers before the limit (no route, a
+    /// refused TRACE, a prefix that leaves a dot-segment) is left to it.
+    func holdsBody(_ request: HTTPRequest) -> Bool {
+        guard runtime.hasRateLimits, !request.isAsteriskForm else { return false }
+        let (path, query) = Router.split(target: request.target)
+        if let deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
+        let method = request.method
+        guard let routeIndex = runtime.router.route(path: path, method: method) else { return false }
+        let route = runtime.routes[routeIndex]
+        guard route.rateLimit != nil, route.allowTrace || method.utf8.count != 5 || !RouteProblems.echoesRequest(method),
+            Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) != nil
+        else { return false }
+        heldRoute = route
+        return true
+    }
+
+    func bodyHeld(_ request: HTTPRequest) {
+        guard let route = heldRoute, let limit = route.rateLimit else { return request.readBody() }
+        heldRoute = nil
+        let key = rateLimitKey(request, limit)
+        let now = clock.now()
+        switch limit.admit(key: key, at: now) {
+        case let .pass(fields):
+            request.headDecision = HeadAdmission(fields, key: key)
+            request.readBody()
+        case let .wait(delay, ticket):
+            enqueue(request, route: route, limit: limit, key: key, ticket: ticket, target: nil, delay: delay, at: now)
+        case let .refuse(retryAfter, fields):
+            // Answered at the head: the connection closes after the 429 and the body is never read.
+            rateLimited(request, route: route, retryAfter: retryAfter, fields: fields)
+        }
     }
 
     /// A request's turn came after its wait in a rate-limit queue, or it left.
@@ -177,8 +236,13 @@ final class ProxyWorker: HTTPServerDelegate {
         let now = clock.now()
         rateLimitMetrics.waited(route: waiting.route.label, now - waiting.queuedAt)
         let fields = waiting.limit.fields(key: waiting.key, at: now)
+        guard let target = waiting.target else {
+            // Its turn came at its head: now its body, then `serve`.
+            waiting.request.headDecision = HeadAdmission(fields, key: waiting.key)
+            return waiting.request.readBody()
+        }
         dispatch(
-            waiting.request, route: waiting.route, method: waiting.request.method, target: waiting.target, fields: fields,
+            waiting.request, route: waiting.route, method: waiting.request.method, target: target, fields: fields,
             key: waiting.key.text)
     }
 

@@ -5,16 +5,18 @@ import HappyPathPolicies
 import Prometheus
 import Synchronization
 
-/// One route's rate limit, shared by every worker: its buckets behind one
-/// lock (taken once per request on the route), the number of requests
-/// waiting in its queue, and the fields it adds to answers. Made with the
-/// runtime configuration, so a reload starts every bucket full again.
+/// One route's rate limit, shared by every worker: its buckets and their
+/// queues behind one lock (taken once per request on the route), the
+/// number of requests waiting in its queue, and the fields it adds to
+/// answers. A reload that leaves the route and its `rate_limit` as they
+/// were keeps this object (`RuntimeConfiguration.init(_:previous:)`), so
+/// its buckets stay as drained as they are and its queue keeps its order.
 final class RouteRateLimit: Sendable {
     let configuration: RateLimitConfiguration
     let label: String
     /// `Locked` (a pthread mutex), not `Synchronization.Mutex`: ThreadSanitizer
     /// cannot see a futex's critical sections and reported this one as a race.
-    private let limiter: Locked<RateLimiter>
+    private let state: Locked<State>
     /// Requests waiting for their token, in the whole process (`max_queue`).
     let queued = Atomic<Int>(0)
     /// `RateLimit-Policy`: the sustained rate as quota per window
@@ -24,20 +26,33 @@ final class RouteRateLimit: Sendable {
     /// `max_wait`, or the route's timeout if that is shorter.
     let maxWait: Duration
 
+    private struct State {
+        var limiter: RateLimiter
+        /// The queued requests by ticket, each on its worker's loop: told
+        /// when the one before them left and their turn moved up.
+        var waiters: [UInt64: LoopBound<QueuedRequest>] = [:]
+    }
+
     init(_ configuration: RateLimitConfiguration, label: String, timeout: Duration) {
         self.configuration = configuration
         self.label = label
         maxWait = min(configuration.maxWait, timeout)
-        limiter = Locked(RateLimiter(configuration))
+        state = Locked(State(limiter: RateLimiter(configuration)))
         policyField = HTTPField(
             name: "RateLimit-Policy",
             value: "\"default\";q=\(configuration.count);w=\(Int(configuration.period.seconds))")
         policyValueBytes = Array(policyField.value.utf8)
     }
 
+    /// Whether a reload may keep this limit for a route with these settings.
+    func isSame(as configuration: RateLimitConfiguration, label: String, timeout: Duration) -> Bool {
+        self.configuration == configuration && self.label == label && maxWait == min(configuration.maxWait, timeout)
+    }
+
     enum Decision {
         case pass(fields: RateLimitFields)
-        case wait(Duration)
+        /// Queued: `ticket` is its place (`enqueue`, `served`, `leave`).
+        case wait(Duration, ticket: UInt64)
         case refuse(retryAfterSeconds: Int, fields: RateLimitFields)
     }
 
@@ -45,19 +60,19 @@ final class RouteRateLimit: Sendable {
     /// before the lock). A queued request beyond `max_queue` is refused
     /// (its reservation given back).
     func admit(key: RateLimitBucketKey, at now: Instant) -> Decision {
-        let admitted = limiter.withLock { $0.admitWithState(key: key, at: now, maxWait: maxWait) }
+        let admitted = state.withLock { $0.limiter.admitWithState(key: key, at: now, maxWait: maxWait) }
         switch admitted.decision {
         case .pass:
             return .pass(fields: fields(remaining: admitted.remaining, untilFullNs: admitted.untilFullNs))
         case let .wait(delay):
             if queued.wrappingAdd(1, ordering: .relaxed).newValue > configuration.maxQueue {
                 queued.wrappingSubtract(1, ordering: .relaxed)
-                cancel(key: key, at: now)
+                leave(ticket: admitted.ticket, key: key, at: now)
                 return .refuse(
                     retryAfterSeconds: Self.seconds(delay.nanoseconds),
                     fields: fields(remaining: 0, untilFullNs: admitted.untilFullNs))
             }
-            return .wait(delay)
+            return .wait(delay, ticket: admitted.ticket)
         case let .refuse(retryAfter):
             return .refuse(
                 retryAfterSeconds: Self.seconds(retryAfter.nanoseconds),
@@ -65,22 +80,51 @@ final class RouteRateLimit: Sendable {
         }
     }
 
+    /// Registers a queued request (on its worker's loop) to hear when it
+    /// moves up. Returns when its token is due now: someone in front may
+    /// have left between `admit` and this call.
+    func enqueue(_ waiting: QueuedRequest, ticket: UInt64, on loop: EventLoop) -> Instant? {
+        let bound = LoopBound(waiting, on: loop)
+        return state.withLock { s in
+            guard let due = s.limiter.waiting(key: waiting.key).first(where: { $0.ticket == ticket })?.due else { return nil }
+            s.waiters[ticket] = bound
+            return due
+        }
+    }
+
     /// A queued request left the queue (its turn came, or it went away).
     func dequeued() { queued.wrappingSubtract(1, ordering: .relaxed) }
 
-    /// A queued request left before its turn: its token goes back.
-    func cancel(key: RateLimitBucketKey, at now: Instant) {
-        limiter.withLock { $0.cancel(key: key, at: now) }
+    /// A queued request's turn came (it used its token), or the worker
+    /// is shutting down: out of the queue, nobody else moves.
+    func served(ticket: UInt64, key: RateLimitBucketKey) {
+        state.withLock {
+            $0.limiter.served(ticket: ticket, key: key)
+            $0.waiters[ticket] = nil
+        }
+    }
+
+    /// A queued request left before its turn: its token goes back and each
+    /// request behind it on the same key moves up to the turn of the one
+    /// before it (told on its own loop).
+    func leave(ticket: UInt64, key: RateLimitBucketKey, at now: Instant) {
+        let moved: [(LoopBound<QueuedRequest>, Instant)] = state.withLock { s in
+            s.waiters[ticket] = nil
+            return s.limiter.leave(ticket: ticket, key: key, at: now).compactMap { w in
+                s.waiters[w.ticket].map { ($0, w.due) }
+            }
+        }
+        for (waiting, due) in moved { waiting.loop.execute(with: waiting) { $0.moveUp(to: due) } }
     }
 
     /// The fields for `key` as its bucket is now.
     func fields(key: RateLimitBucketKey, at now: Instant) -> RateLimitFields {
-        let state = limiter.withLock { $0.state(key: key, at: now) }
+        let state = state.withLock { $0.limiter.state(key: key, at: now) }
         return fields(remaining: state.remaining, untilFullNs: state.untilFull.nanoseconds)
     }
 
     /// Buckets kept now (`/admin/state`).
-    var keys: Int { limiter.withLock { $0.keys } }
+    var keys: Int { state.withLock { $0.limiter.keys } }
 
     /// The fields for an answer after a token was taken: the policy, and
     /// what is left with when the bucket is full again (in whole seconds).
@@ -178,7 +222,7 @@ enum RateLimitKey {
 
     static func clientIP(_ request: HTTPRequest, trusted: [IPRange]) -> String {
         let peer = request.peerAddress
-        guard !trusted.isEmpty else { return peer }
+        guard !trusted.isEmpty else { return ClientAddress.canonicalPeer(peer) }
         var forwarded: [String] = []
         request.forEachHeader { name, value in
             if name.count == 15, name.lowercased() == "x-forwarded-for" { forwarded.append(value) }
@@ -189,27 +233,33 @@ enum RateLimitKey {
 
 /// A request waiting in a route's queue for its token (`over_limit:
 /// queue`). It holds no upstream connection, only a pooled timer; a client
-/// that goes away leaves the queue at once and gives its token back.
+/// that goes away leaves the queue at once and gives its token back, and
+/// the requests behind it on its key move up (`moveUp`). A request with a
+/// body waits at its head (`target` nil): the body is read after its turn.
 final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
     let worker: ProxyWorker
     let request: HTTPRequest
     let route: RuntimeRoute
     let limit: RouteRateLimit
     let key: RateLimitBucketKey
-    let target: String
+    let ticket: UInt64
+    /// Where it goes upstream; nil for a head whose body is not read yet
+    /// (`serve` routes it again once the body is in).
+    let target: String?
     let queuedAt: Instant
     private var timer: LoopEvent?
     private var gone = false
 
     init(
         worker: ProxyWorker, request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: RateLimitBucketKey,
-        target: String, at now: Instant
+        ticket: UInt64, target: String?, at now: Instant
     ) {
         self.worker = worker
         self.request = request
         self.route = route
         self.limit = limit
         self.key = key
+        self.ticket = ticket
         self.target = target
         queuedAt = now
     }
@@ -218,7 +268,19 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
         request.observer = self
         let event = worker.loop.takeEvent(target: self)
         timer = event
+        // Registered to hear of moves; someone in front may have left already.
+        if let due = limit.enqueue(self, ticket: ticket, on: worker.loop) {
+            let now = worker.clock.now()
+            return event.arm(after: due > now ? due - now : .zero)
+        }
         event.arm(after: delay)
+    }
+
+    /// Someone in front on the same key left: its turn is at `due` now.
+    func moveUp(to due: Instant) {
+        guard let timer, !gone else { return }
+        let now = worker.clock.now()
+        timer.arm(after: due > now ? due - now : .zero)
     }
 
     func loopEventFired(_ event: LoopEvent) {
@@ -229,6 +291,7 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
             request.abort()
             return worker.leftQueue(self, served: false)
         }
+        limit.served(ticket: ticket, key: key)
         worker.leftQueue(self, served: true)
     }
 
@@ -236,7 +299,7 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
         // Inside the connection's teardown: leave on the next pass.
         guard !gone else { return }
         gone = true
-        limit.cancel(key: key, at: worker.clock.now())
+        limit.leave(ticket: ticket, key: key, at: worker.clock.now())
         timer?.arm(after: .zero)
     }
 
@@ -248,7 +311,7 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
         timer?.recycle()
         timer = nil
         request.observer = nil
-        if !gone { limit.cancel(key: key, at: worker.clock.now()) }
+        if !gone { limit.leave(ticket: ticket, key: key, at: worker.clock.now()) }
         worker.leftQueue(self, served: false)
         if gone { return request.abort() }
         ProblemResponder.respond(request, problem)
@@ -259,7 +322,22 @@ final class QueuedRequest: LoopEventTarget, HTTPRequestObserver {
         timer?.recycle()
         timer = nil
         request.observer = nil
+        if !gone { limit.served(ticket: ticket, key: key) }  // out of the route's queue, nobody told
         request.abort()
+    }
+}
+
+/// A limited route's verdict on a request with a body, given at its head
+/// (before the body was read): the token it took, as the fields for its
+/// answer (`HTTPRequest.headDecision`).
+final class HeadAdmission {
+    let fields: RateLimitFields
+    /// The request's rate-limit key, bounded (`RateLimitBucketKey.text`): pacing's client key.
+    let key: String
+
+    init(_ fields: RateLimitFields, key: RateLimitBucketKey) {
+        self.fields = fields
+        self.key = key.text
     }
 }
 

@@ -11,8 +11,16 @@ public final class RuntimeConfiguration: Sendable {
     let router: Router
     let routes: [RuntimeRoute]
     let upstreams: [RuntimeUpstream]
+    /// Some route has a `rate_limit` (heads with a body are judged before it is read).
+    let hasRateLimits: Bool
 
-    public init(_ configuration: Configuration) {
+    /// - Parameter previous: the configuration a reload replaces. A route
+    ///   that is the same route there (the same `match` and `upstream`, and
+    ///   so the same metrics label) with the same `rate_limit` (and the
+    ///   same `timeout`, which bounds its `max_wait`) keeps its
+    ///   `RouteRateLimit`: its buckets as drained as they were and its queue
+    ///   in order. Any other route's limit starts with full buckets.
+    public init(_ configuration: Configuration, previous: RuntimeConfiguration? = nil) {
         self.configuration = configuration
         router = configuration.router
         let upstreams = configuration.upstreams.map { RuntimeUpstream($0, defaults: configuration.defaults) }
@@ -22,8 +30,9 @@ public final class RuntimeConfiguration: Sendable {
             let policies = configuration.resolvedPolicies(forRoute: i)
             let prefix = route.match.pathPrefix
             let shared = configuration.routes.filter { $0.match.pathPrefix == prefix }.count > 1
+            let label = shared ? "\(prefix)#\(i)" : prefix
             return RuntimeRoute(
-                index: i, label: shared ? "\(prefix)#\(i)" : prefix,
+                index: i, label: label,
                 upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(resolved: policies.retry)),
                 parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors,
@@ -32,13 +41,32 @@ public final class RuntimeConfiguration: Sendable {
                     ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
                 rewritesRedirects: route.redirects == .rewrite,
                 passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass,
-                rateLimit: route.rateLimit, hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
+                rateLimit: route.rateLimit,
+                keptRateLimit: previous?.keptRateLimit(for: route, label: label, timeout: policies.timeout),
+                hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
                 upgradesIdleTimeout: route.upgradesIdleTimeout)
         }
+        hasRateLimits = routes.contains { $0.rateLimit != nil }
     }
 }
 
 extension RuntimeConfiguration {
+    /// This configuration's limit for the same route as `route` of the
+    /// next configuration, if its settings are unchanged (see `init`).
+    fileprivate func keptRateLimit(for route: Route, label: String, timeout: Duration) -> RouteRateLimit? {
+        guard let wanted = route.rateLimit else { return nil }
+        for old in routes {
+            guard let limit = old.rateLimit else { continue }
+            let oldRoute = configuration.routes[old.index]
+            if oldRoute.match == route.match, oldRoute.upstream == route.upstream,
+                limit.isSame(as: wanted, label: label, timeout: timeout)
+            {
+                return limit
+            }
+        }
+        return nil
+    }
+
     /// libcurl's caps for one worker's connection pool, from the upstreams'
     /// `max_connections` split across the workers: per host, the largest
     /// upstream's share; idle connections kept, room for every endpoint's
@@ -117,8 +145,8 @@ final class RuntimeRoute: Sendable {
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
-        rateLimit: RateLimitConfiguration? = nil, hedge: HedgeConfiguration? = nil, fallback: FallbackConfiguration? = nil,
-        upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300)
+        rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
+        fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300)
     ) {
         self.upgrades = upgrades
         self.upgradesIdleTimeout = upgradesIdleTimeout
@@ -133,7 +161,7 @@ final class RuntimeRoute: Sendable {
         }
         if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }
         if case let .fixed(after) = hedge?.after { hedgeAfterNanoseconds = after.nanoseconds } else { hedgeAfterNanoseconds = nil }
-        self.rateLimit = rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }
+        self.rateLimit = keptRateLimit ?? rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }
         self.rewritesRedirects = rewritesRedirects
         self.passesErrors = passesErrors
         self.delivery = delivery

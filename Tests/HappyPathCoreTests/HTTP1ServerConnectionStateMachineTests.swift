@@ -17,6 +17,9 @@ import Testing
         case readReady(buffered: Int)
         case bodyStarted(buffered: Int)
         case admission(Bool)
+        /// The delegate holds the head before its body's storage (a rate limit), then lets it come.
+        case holdBody
+        case releaseBody
         case bodyRead(Int)
         /// Chunked body bytes (the pending ones) are decoded; `fits`: the budget takes them.
         case chunks(String, fits: Bool = true)
@@ -65,6 +68,8 @@ import Testing
     static func arm(_ w: M.Wait, _ step: M.Step = .none) -> A { A(timer: .arm(w), step: step) }
     static let dispatch = A(timer: .cancel, step: .dispatch)
     static let linger = A(timer: .arm(.linger), step: .halfClose)
+    /// A head whose 5-byte body has not arrived.
+    static let post5 = "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"
     static let close = A(step: .close)
 
     static let scenarios: [Scenario] = [
@@ -122,6 +127,37 @@ import Testing
                 Step(.readReady(buffered: 0), plan: .body(remaining: 2)),
                 Step(.bodyRead(2), dispatch, .dispatched),
                 Step(.answered(), arm(.idle), .idle),
+            ]),
+        Scenario(
+            name: "a head held before its body (rate limit): no storage, no client wait, read-ahead bounded; released: read",
+            steps: [
+                Step(.start, arm(.idle)),
+                Step(.bytes(post5), A(timer: .arm(.head), step: .startBody), .head),
+                Step(.holdBody, A(timer: .cancel), .admitting),
+                Step(.admission(true), .none, .admitting),
+                Step(.readReady(buffered: 50), plan: .input),
+                Step(.readReady(buffered: limits.readAhead), plan: .pause),
+                Step(.releaseBody, A(reading: true, step: .startBody), .head),
+                Step(.bodyStarted(buffered: 2), arm(.body), .body),
+                Step(.bodyRead(3), dispatch, .dispatched),
+                Step(.answered(), arm(.idle), .idle),
+            ]),
+        Scenario(
+            name: "a held head answered (429): the body is never read and the connection ends",
+            steps: [
+                Step(.start, arm(.idle)),
+                Step(.bytes(post5), A(timer: .arm(.head), step: .startBody)),
+                Step(.holdBody, A(timer: .cancel), .admitting),
+                Step(.answered(), linger, .lingering),
+                Step(.releaseBody, .none, .lingering),
+            ]),
+        Scenario(
+            name: "a held head's client leaves: closed, the request is told",
+            steps: [
+                Step(.start, arm(.idle)),
+                Step(.bytes(post5), A(timer: .arm(.head), step: .startBody)),
+                Step(.holdBody, A(timer: .cancel), .admitting),
+                Step(.eof, A(step: .close), .closed),
             ]),
         Scenario(
             name: "Expect: 100-continue answered from inside the admission: no invitation, the connection ends",
@@ -314,6 +350,8 @@ import Testing
             case let .readReady(buffered): got = .plan(m.readReady(buffered: buffered))
             case let .bodyStarted(buffered): got = .actions(m.bodyStarted(buffered: buffered))
             case let .admission(granted): got = .actions(m.admission(granted))
+            case .holdBody: got = .actions(m.holdBody())
+            case .releaseBody: got = .actions(m.releaseBody())
             case let .bodyRead(n): got = .actions(m.bodyRead(n))
             case let .chunks(text, fits):
                 let bytes = Array(text.utf8)

@@ -39,3 +39,43 @@ import Testing
         #expect(ClientAddress.resolve(peer: "10.0.0.2", forwardedFor: [], trusted: Self.trusted) == "10.0.0.2")
     }
 }
+
+/// Issue 31: one client is one rate-limit key however its address was
+/// written (a hop with its source port used to be a new bucket per port).
+@Suite struct ClientAddressNormalizationTests {
+    @Test(arguments: [
+        ("192.0.2.1", "192.0.2.1"), ("192.0.2.1:8080", "192.0.2.1"), ("192.0.2.1:1", "192.0.2.1"),
+        ("[2001:db8::1]", "2001:db8::1"), ("[2001:db8::1]:443", "2001:db8::1"), ("2001:DB8:0:0:0:0:0:1", "2001:db8::1"),
+        ("2001:db8:0:0:1:0:0:1", "2001:db8::1:0:0:1"), ("::ffff:192.0.2.1", "192.0.2.1"), ("[::ffff:192.0.2.1]:80", "192.0.2.1"),
+        ("::FFFF:c000:0201", "192.0.2.1"), ("::1", "::1"), ("[::1]:9", "::1"), ("2001:db8::1", "2001:db8::1"),
+    ])
+    func oneFormPerAddress(written: String, canonical: String) {
+        #expect(ClientAddress.normalized(written) == canonical)
+    }
+
+    @Test(arguments: [
+        "unknown", "", "192.0.2.1:", "192.0.2.1:http", "192.0.2.1:65536", "192.0.2.1:-1", "[2001:db8::1", "[2001:db8::1]x",
+        "[2001:db8::1]:", "[192.0.2.1]:80x", "_hidden", "192.0.2.1:80:80",
+    ])
+    func whatIsNotAnAddressIsNil(written: String) { #expect(ClientAddress.normalized(written) == nil) }
+
+    static let trusted = [IPRange("10.0.0.0/8")!]
+
+    @Test(arguments: [
+        "198.51.100.7", "198.51.100.7:50123", "198.51.100.7:50124", "[::ffff:198.51.100.7]:1", " 198.51.100.7:9 ",
+    ])
+    func aForwardedHopWithItsPortIsTheBareAddress(hop: String) {
+        let xff = ["\(hop), 10.1.1.1:3000"]
+        #expect(ClientAddress.resolve(peer: "10.0.0.2", forwardedFor: xff, trusted: Self.trusted) == "198.51.100.7")
+    }
+
+    @Test func aTrustedHopWrittenWithAPortIsStillSkipped() {
+        let xff = ["[2001:DB8::7]:1, 10.1.1.1:3000"]
+        #expect(ClientAddress.resolve(peer: "::ffff:10.0.0.2", forwardedFor: xff, trusted: Self.trusted) == "2001:db8::7")
+    }
+
+    @Test func aMappedPeerIsItsIPv4Address() {
+        #expect(ClientAddress.resolve(peer: "::ffff:203.0.113.9", forwardedFor: [], trusted: []) == "203.0.113.9")
+        #expect(ClientAddress.canonicalPeer("203.0.113.9") == "203.0.113.9")
+    }
+}

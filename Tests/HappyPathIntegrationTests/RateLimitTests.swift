@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathConfig
 import HappyPathCore
 import HappyPathDemo
 import Testing
@@ -267,5 +268,161 @@ import Testing
         #expect(serve.waitForExit())
         #expect(serve.process.terminationStatus == 0)
         #expect(upstream.appRequests.count == 1, "the queued request was never sent")
+    }
+
+    // MARK: - One client, one bucket, fair order (issue 31)
+
+    /// A load balancer that writes its hops as `address:port` names the
+    /// same client on every connection: one bucket, not one per source
+    /// port (and an IPv6 hop in brackets, with a port or in another
+    /// spelling, is the same address too).
+    @Test func forwardedHopsThatDifferOnlyByPortShareOneBucket() throws {
+        let upstream = ScriptedUpstream(response: http(200, "ok")).started()
+        let h = try ProxyHarness(
+            Self.config(upstream: upstream.port, limit: "{ rate: 1/m, burst: 1 }", top: "trusted_proxies: [127.0.0.0/8]"))
+        defer { h.stop(); upstream.stop() }
+        func status(_ xff: String) throws -> Int {
+            try HTTP.request(port: h.port, "/limited/a", headers: [("X-Forwarded-For", xff)]).status
+        }
+        #expect(try status("203.0.113.1:50001") == 200)
+        #expect(try status("203.0.113.1:50002") == 429)
+        #expect(try status("203.0.113.1") == 429)
+        #expect(try status("[::ffff:203.0.113.1]:7") == 429)
+        #expect(try status("[2001:db8::1]:443") == 200)
+        #expect(try status("2001:DB8:0::1") == 429)
+        #expect(upstream.appRequests.count == 2)
+    }
+
+    /// A, B and C wait in a queue of one token a second; B's client goes
+    /// away: C is sent at B's turn (2 s after the first), not at its own
+    /// (3 s), and never before B's turn.
+    @Test func whenAQueuedClientLeavesTheOnesBehindItMoveUp() throws {
+        let arrivals = Locked<[String: ContinuousClock.Instant]>([:])
+        let upstream = ScriptedUpstream(answering: { head in
+            let path = head.split(separator: " ").dropFirst().first.map(String.init) ?? ""
+            arrivals.withLock { $0[path] = ContinuousClock.now }
+            return http(200, "ok")
+        }).started()
+        let h = try ProxyHarness(
+            Self.config(upstream: upstream.port, limit: "{ rate: 1/s, burst: 1, key: route, over_limit: queue, max_wait: 8s }"))
+        defer { h.stop(); upstream.stop() }
+        func queued(_ n: Int) -> Bool {
+            (try? HTTP.request(port: h.adminPort, "/admin/state").text.contains("\"queued\":\(n)}")) == true
+        }
+        #expect(try HTTP.request(port: h.port, "/limited/first").status == 200)
+        var clients: [String: TestConnection] = [:]
+        for name in ["a", "b", "c"] {
+            let c = try TestConnection(port: h.port)
+            try c.send("GET /limited/\(name) HTTP/1.1\r\nHost: x\r\n\r\n")
+            clients[name] = c
+            guard waitUntil("\(name) waits in the queue", { queued(["a": 1, "b": 2, "c": 3][name]!) }) else { return }
+        }
+        clients["b"] = nil  // B hangs up
+        guard waitUntil("B left the queue", { queued(2) }) else { return }
+        #expect(try clients["a"]!.readResponse().status == 200)
+        #expect(try clients["c"]!.readResponse().status == 200)
+        let times = arrivals.withLock { $0 }
+        #expect(times["/limited/b"] == nil, "B was never sent")
+        guard let first = times["/limited/first"], let c = times["/limited/c"] else { return #expect(Bool(false), "\(times)") }
+        let after = c - first
+        // Its token is due 2 s after the first's (B's turn); it used to wait for its own, 3 s.
+        #expect(after >= .milliseconds(1900), "C was sent \(after) after the first")
+        #expect(after < .milliseconds(2600), "C was sent \(after) after the first, not at B's turn")
+    }
+
+    /// A reload that leaves a route's limit as it was keeps its bucket: a
+    /// client that drained it is still limited. A reload that changes the
+    /// limit starts a fresh one. (One worker, and a marker route the new
+    /// configuration adds, to know when the worker has it.)
+    @Test func aReloadKeepsTheBucketsOfAnUnchangedLimit() throws {
+        let upstream = ScriptedUpstream(response: http(200, "ok")).started()
+        func yaml(burst: Int, marker: String) -> String {
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              u: { endpoints: [http://127.0.0.1:\(upstream.port)] }
+            routes:
+              - match: { path_prefix: /\(marker)/ }
+                upstream: u
+                rate_limit: { rate: 7/m, burst: 100, key: route }
+              - match: { path_prefix: /limited/ }
+                upstream: u
+                rate_limit: { rate: 1/m, burst: \(burst), key: route }
+              - match: { path_prefix: / }
+                upstream: u
+            """
+        }
+        let h = try ProxyHarness(yaml(burst: 2, marker: "one"), workers: 1)
+        defer { h.stop(); upstream.stop() }
+        func reload(burst: Int, marker: String) throws -> Bool {
+            #expect(h.proxy.reload(try ConfigLoader.parse(yaml(burst: burst, marker: marker), file: "test.yaml")).isEmpty)
+            return waitUntil("the worker has the new configuration") {
+                try HTTP.request(port: h.port, "/\(marker)/x").header("RateLimit-Policy") == "\"default\";q=7;w=60"
+            }
+        }
+        #expect(try HTTP.request(port: h.port, "/limited/a").status == 200)
+        #expect(try HTTP.request(port: h.port, "/limited/a").status == 200)
+        #expect(try HTTP.request(port: h.port, "/limited/a").status == 429)
+        // Same limit (another route added beside it): still drained.
+        guard try reload(burst: 2, marker: "two") else { return }
+        let kept = try HTTP.request(port: h.port, "/limited/a")
+        #expect(kept.status == 429, "an unchanged limit started a full bucket again")
+        #expect(kept.header("RateLimit")?.hasPrefix("\"default\";r=0;") == true)
+        // A changed limit: a fresh bucket of the new size.
+        guard try reload(burst: 3, marker: "three") else { return }
+        let fresh = try HTTP.request(port: h.port, "/limited/a")
+        #expect(fresh.status == 200)
+        #expect(fresh.header("RateLimit") == "\"default\";r=2;t=60")
+    }
+
+    /// An over-limit client that starts large uploads and stalls takes
+    /// nothing from the body budget: its requests are judged at the head,
+    /// refused (`reject`) or held unread in the queue (`queue`), and
+    /// another client's upload still goes through, not 503 OVERLOADED.
+    @Test(arguments: ["reject", "queue"])
+    func anOverLimitClientsStalledUploadsDoNotTakeTheBodyBudget(overLimit: String) throws {
+        let upstream = ScriptedUpstream(answering: { _ in http(200, "ok") }).started()
+        let wait = overLimit == "queue" ? ", max_wait: 1m" : ""
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            limits: { max_buffered_bytes: 1MiB, max_request_body: 1MiB }
+            upstreams:
+              u: { endpoints: [http://127.0.0.1:\(upstream.port)] }
+            routes:
+              - match: { path_prefix: /up/ }
+                upstream: u
+                timeout: 2m
+                rate_limit: { rate: 6/m, burst: 1, key: "header:X-Api-Key", over_limit: \(overLimit)\(wait) }
+            """)
+        defer { h.stop(); upstream.stop() }
+        func state() throws -> [String: Any] { try HTTP.request(port: h.adminPort, "/admin/state").json }
+        let small = [UInt8](repeating: 0x61, count: 10)
+        #expect(try HTTP.request(port: h.port, "POST", "/up/x", headers: [("X-Api-Key", "greedy")], body: small).status == 200)
+        // Four uploads of 512 KiB each (two would fill the budget), a few bytes sent, then nothing.
+        var stalled: [TestConnection] = []
+        for _ in 0..<4 {
+            let c = try TestConnection(port: h.port)
+            try c.send("POST /up/big HTTP/1.1\r\nHost: x\r\nX-Api-Key: greedy\r\nContent-Length: 524288\r\n\r\nabcd")
+            stalled.append(c)
+        }
+        if overLimit == "reject" {
+            for c in stalled {
+                let r = try c.readResponse()
+                #expect(r.status == 429)
+                #expect(r.json["code"] as? String == "RATE_LIMITED")
+            }
+        } else {
+            waitUntil("the four uploads wait in the queue") {
+                ((try state()["rate_limits"] as? [[String: Any]])?.first?["queued"] as? Int) == 4
+            }
+        }
+        #expect(try state()["buffered_bytes"] as? Int == 0)
+        let other = try HTTP.request(
+            port: h.port, "POST", "/up/x", headers: [("X-Api-Key", "modest")], body: [UInt8](repeating: 0x62, count: 300 * 1024))
+        #expect(other.status == 200, "\(other.status) \(other.json)")
+        #expect(upstream.appRequests.count == 2)
     }
 }

@@ -95,6 +95,48 @@ import Testing
         #expect(l.keys == 3)
     }
 
+    // MARK: - The queue's order (issue 31)
+
+    /// A, B and C wait 100, 200 and 300 ms; B leaves: C moves up to B's
+    /// turn (not only the next arrival), A keeps its own, and D, arriving
+    /// after, gets the turn C had.
+    @Test func aRequestThatLeavesLetsEveryoneBehindItMoveUp() {
+        var l = Self.limiter(.queue, burst: 1)
+        let key = RateLimitBucketKey("a")
+        let wait = Duration.seconds(1)
+        #expect(l.admit(key: "a", at: Self.t0, maxWait: wait) == .pass(remaining: 0))
+        let a = l.admitWithState(key: key, at: Self.t0, maxWait: wait)
+        let b = l.admitWithState(key: key, at: Self.t0, maxWait: wait)
+        let c = l.admitWithState(key: key, at: Self.t0, maxWait: wait)
+        #expect([a, b, c].map(\.decision) == [.wait(.milliseconds(100)), .wait(.milliseconds(200)), .wait(.milliseconds(300))])
+        #expect(Set([a.ticket, b.ticket, c.ticket]).count == 3)
+        let left = Self.t0 + .milliseconds(50)
+        let moved = l.leave(ticket: b.ticket, key: key, at: left)
+        #expect(moved == [RateLimiter.Waiter(ticket: c.ticket, due: Self.t0 + .milliseconds(200))])
+        #expect(l.waiting(key: key).map(\.due) == [Self.t0 + .milliseconds(100), Self.t0 + .milliseconds(200)])
+        #expect(l.admit(key: "a", at: left, maxWait: wait) == .wait(.milliseconds(250)))
+    }
+
+    /// A request whose turn came leaves without moving anyone; one that
+    /// leaves last moves nobody; another key's queue is untouched.
+    @Test func servedAndLastLeaversMoveNobody() {
+        var l = Self.limiter(.queue, burst: 1)
+        let (x, y) = (RateLimitBucketKey("x"), RateLimitBucketKey("y"))
+        _ = l.admitWithState(key: x, at: Self.t0, maxWait: .seconds(1))
+        _ = l.admitWithState(key: y, at: Self.t0, maxWait: .seconds(1))
+        let x1 = l.admitWithState(key: x, at: Self.t0, maxWait: .seconds(1))
+        let x2 = l.admitWithState(key: x, at: Self.t0, maxWait: .seconds(1))
+        let y1 = l.admitWithState(key: y, at: Self.t0, maxWait: .seconds(1))
+        l.served(ticket: x1.ticket, key: x)
+        #expect(l.waiting(key: x).map(\.ticket) == [x2.ticket])
+        #expect(l.leave(ticket: x2.ticket, key: x, at: Self.t0).isEmpty)
+        #expect(l.waiting(key: x).isEmpty)
+        #expect(l.waiting(key: y) == [RateLimiter.Waiter(ticket: y1.ticket, due: Self.t0 + .milliseconds(100))])
+        // Leaving twice, or with a ticket never given, changes nothing.
+        #expect(l.leave(ticket: x2.ticket, key: x, at: Self.t0).isEmpty)
+        #expect(l.leave(ticket: 999, key: y, at: Self.t0).isEmpty)
+    }
+
     // MARK: - Long keys (issue 30)
 
     /// Two long keys that differ only in their last byte: a bucket each.

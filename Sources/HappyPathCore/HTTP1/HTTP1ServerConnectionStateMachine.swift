@@ -34,7 +34,10 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         case head
         /// `Expect: 100-continue` with no body byte yet: the delegate decides
         /// whether the client is invited to send it. An answer given now ends
-        /// the connection (the body may or may not follow).
+        /// the connection (the body may or may not follow). Also a head the
+        /// delegate holds before its body's storage is reserved (`holdBody`:
+        /// a rate limit judged at the head): what the client sends meanwhile
+        /// is read ahead into the read buffer only, as far as `readAhead`.
         case admitting
         /// Reading the current request's body.
         case body
@@ -196,6 +199,8 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
     public private(set) var requestEnd = 0
     private var bodyRemaining = 0
     private var chunked: ChunkedDecoder?
+    /// The head is held by the delegate (`holdBody`) before its body's storage.
+    public private(set) var bodyHeld = false
     /// The current request has been handed to the delegate and not answered.
     public private(set) var requestOpen = false
 
@@ -332,6 +337,33 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         return arm(.body)
     }
 
+    /// The delegate holds a head with a body (`.startBody` not yet
+    /// performed: no storage reserved, nothing of the process's body budget
+    /// taken) until `releaseBody`, or answers it, which ends the connection.
+    /// The client waits are off meanwhile: the delegate's hold is bounded
+    /// by its own timer.
+    public mutating func holdBody() -> Actions {
+        guard state == .head, head != nil, !bodyHeld else { return .none }
+        state = .admitting
+        bodyHeld = true
+        opened()
+        return Actions(timer: timerWhileAnswering())
+    }
+
+    /// The held head's body may be read now: its storage is reserved next
+    /// (`.startBody`), and reading resumes if the read-ahead had stopped it.
+    public mutating func releaseBody() -> Actions {
+        guard state == .admitting, bodyHeld else { return .none }
+        bodyHeld = false
+        state = .head
+        var a = Actions(step: .startBody)
+        if readPaused {
+            readPaused = false
+            a.reading = true
+        }
+        return a
+    }
+
     private mutating func askAdmission() -> Actions {
         // The delegate has the request now; an answer given from inside
         // the admission ends the connection.
@@ -356,7 +388,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
     /// The delegate's verdict on an `Expect: 100-continue` request: true
     /// invites the body; false means it answered the request already.
     public mutating func admission(_ granted: Bool) -> Actions {
-        guard state == .admitting else { return .none }
+        guard state == .admitting, !bodyHeld else { return .none }
         guard granted else {
             closeAfterResponse = true
             state = .dispatched
@@ -499,6 +531,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         let keepAlive = head?.keepAlive ?? false
         head = nil
         chunked = nil
+        bodyHeld = false
         if !keepAlive || closeAfterResponse || draining || peerClosed || state == .admitting {
             state = .dispatched
             if outputPending {
@@ -624,6 +657,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
         readPaused = false
         writeInterest = false
         chunked = nil
+        bodyHeld = false
         requestOpen = false
         return Actions(step: .close)
     }

@@ -15,6 +15,13 @@ import HappyPathCore
 ///
 /// Keys are kept as `RateLimitBucketKey`s (a long one as its digest), so
 /// the limiter's memory is bounded by `maxKeys` whatever the keys' length.
+///
+/// With `over_limit: queue`, each bucket also keeps its waiting requests
+/// (a ticket and the instant its token is due), in arrival order. Their
+/// tokens were reserved one interval apart; when one leaves before its
+/// turn, each one behind it moves up to the instant of the one before it
+/// (`leave`), so a departure shortens the waits of everyone behind, not
+/// only of whoever arrives next.
 public struct RateLimiter: Sendable {
     public let configuration: RateLimitConfiguration
     private var buckets: [RateLimitBucketKey: Int] = [:]
@@ -23,10 +30,21 @@ public struct RateLimiter: Sendable {
     /// Bytes the kept keys hold besides their slots (`heldBytes`).
     public private(set) var keyBytes = 0
 
+    private var nextTicket: UInt64 = 1
+
     private struct Slot: Sendable {
         var key: RateLimitBucketKey
         var bucket: TokenBucket
         var used: Bool
+        /// Requests waiting for a token reserved in this bucket, in arrival order.
+        var waiting: [Waiter] = []
+    }
+
+    /// A request waiting in a bucket's queue.
+    public struct Waiter: Sendable, Equatable {
+        public let ticket: UInt64
+        /// When its token is due.
+        public var due: Instant
     }
 
     public init(_ configuration: RateLimitConfiguration) {
@@ -59,12 +77,15 @@ public struct RateLimiter: Sendable {
         public let decision: Decision
         public let remaining: Int
         public let untilFullNs: Int64
+        /// For `.wait`: the request's place in its bucket's queue (`served`, `leave`).
+        public var ticket: UInt64 = 0
     }
 
     public mutating func admitWithState(key: RateLimitBucketKey, at now: Instant, maxWait: Duration) -> Admitted {
         let i = slot(for: key, at: now)
         slots[i].used = true
         let decision: Decision
+        var ticket: UInt64 = 0
         switch configuration.overLimit {
         case .reject:
             switch slots[i].bucket.take(at: now) {
@@ -73,7 +94,14 @@ public struct RateLimiter: Sendable {
             }
         case .queue:
             if let wait = slots[i].bucket.reserve(at: now, maxWait: maxWait) {
-                decision = wait == .zero ? .pass(remaining: slots[i].bucket.remaining(at: now)) : .wait(wait)
+                if wait == .zero {
+                    decision = .pass(remaining: slots[i].bucket.remaining(at: now))
+                } else {
+                    decision = .wait(wait)
+                    ticket = nextTicket
+                    nextTicket &+= 1
+                    slots[i].waiting.append(Waiter(ticket: ticket, due: now + wait))
+                }
             } else {
                 // The wait is the time until the queue in front has drained
                 // and a token is due: what the client should wait before trying again.
@@ -82,15 +110,47 @@ public struct RateLimiter: Sendable {
             }
         }
         let bucket = slots[i].bucket
-        return Admitted(decision: decision, remaining: bucket.remaining(at: now), untilFullNs: bucket.untilFullNs(at: now))
+        return Admitted(
+            decision: decision, remaining: bucket.remaining(at: now), untilFullNs: bucket.untilFullNs(at: now),
+            ticket: ticket)
     }
 
-    /// A queued request left before its turn: its token goes back.
-    public mutating func cancel(key: String, at now: Instant) { cancel(key: RateLimitBucketKey(key), at: now) }
+    /// The latest request queued for `key` left before its turn: its token
+    /// goes back (nobody is behind it).
+    public mutating func cancel(key: String, at now: Instant) {
+        let key = RateLimitBucketKey(key)
+        guard let i = buckets[key], let last = slots[i].waiting.last else { return }
+        _ = leave(ticket: last.ticket, key: key, at: now)
+    }
 
-    public mutating func cancel(key: RateLimitBucketKey, at now: Instant) {
-        guard let i = buckets[key] else { return }
+    /// A queued request's turn came: it leaves the queue, having used its token.
+    public mutating func served(ticket: UInt64, key: RateLimitBucketKey) {
+        guard let i = buckets[key], let j = slots[i].waiting.firstIndex(where: { $0.ticket == ticket }) else { return }
+        slots[i].waiting.remove(at: j)
+    }
+
+    /// A queued request left before its turn (its client went away, the
+    /// queue was full, the drain ended): its token goes back, and each
+    /// request queued behind it on the same key moves up to the instant of
+    /// the one before it. Returns those that moved, with their new instants
+    /// (the caller re-arms their timers).
+    public mutating func leave(ticket: UInt64, key: RateLimitBucketKey, at now: Instant) -> [Waiter] {
+        guard let i = buckets[key], let j = slots[i].waiting.firstIndex(where: { $0.ticket == ticket }) else { return [] }
+        var due = slots[i].waiting[j].due
+        slots[i].waiting.remove(at: j)
+        var moved: [Waiter] = []
+        for k in j..<slots[i].waiting.count {
+            swap(&due, &slots[i].waiting[k].due)
+            moved.append(slots[i].waiting[k])
+        }
         slots[i].bucket.giveBack(at: now)
+        return moved
+    }
+
+    /// The requests waiting for `key`'s tokens, in arrival order.
+    public func waiting(key: RateLimitBucketKey) -> [Waiter] {
+        guard let i = buckets[key] else { return [] }
+        return slots[i].waiting
     }
 
     /// Tokens left for `key` and how long until its bucket is full again
