@@ -422,6 +422,26 @@ struct DeliverLaterTests {
         }
         guard let adminPort = proxy.adminPort() else { return }
         let admin = AdminProbe(port: adminPort)
+        // A round in flight at both kills (requeued at the first, claimed
+        // again before the second) is set aside as one that may have crashed
+        // the proxy: dead, not lost. The operator's replay delivers it.
+        guard
+            waitUntil("every accepted request delivered or set aside", timeout: 120, {
+                let d = try admin.state()["deliveries"] as? [String: Any]
+                let delivered = d?["delivered"] as? Int ?? 0
+                let dead = d?["dead"] as? Int ?? 0
+                return delivered + dead == total && d?["queued"] as? Int == 0 && d?["in_flight"] as? Int == 0
+            })
+        else { return }
+        let setAside = (Self.json(try HTTP.request(port: adminPort, "/admin/deliveries?state=dead&limit=1000"))["deliveries"]
+            as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+        #expect(setAside.count <= recovered, "only rounds in flight at a kill are set aside")
+        for id in setAside {
+            let status = Self.json(try HTTP.request(port: adminPort, "/admin/deliveries/\(id)"))
+            let detail = (status["error"] as? [String: Any])?["detail"] as? String ?? ""
+            #expect(detail.contains("crashed the proxy"), "\(id) dead for another reason: \(detail)")
+            #expect(try HTTP.request(port: adminPort, "POST", "/admin/deliveries/\(id)/replay").status == 200)
+        }
         guard
             waitUntil("every accepted request delivered", timeout: 120, {
                 let d = try admin.state()["deliveries"] as? [String: Any]

@@ -118,15 +118,23 @@ func checkHead(_ bytes: [UInt8]) -> ResponseHeadCheck {
 }
 
 /// The same fields as an answer `fallback.serve_stale` might keep: what
-/// is kept for a request with credentials is kept without; a Set-Cookie
-/// or `Vary: *` is never kept; the time is within the route's.
+/// is kept for a request with credentials is kept without, for as long
+/// and under the same `Vary` (for everyone only if it said `public` or
+/// `s-maxage`, else for the same credentials alone); what is kept for a
+/// request without them is everyone's; a Set-Cookie or `Vary: *` is never
+/// kept; the time is within the route's.
 func checkStaleRules(status: Int, fields: [HTTPField]) {
     let serveStale = Duration.seconds(600)
     let open = StaleRules.decide(method: "GET", status: status, fields: fields, requestHasCredentials: false, serveStale: serveStale)
     let credentialed = StaleRules.decide(
         method: "GET", status: status, fields: fields, requestHasCredentials: true, serveStale: serveStale)
-    if let credentialed { precondition(open == credentialed, "kept for a user, not for everyone: \(credentialed)") }
+    if let credentialed {
+        precondition(
+            open?.keepFor == credentialed.keepFor && open?.varyNames == credentialed.varyNames,
+            "kept for a user, not for everyone: \(credentialed)")
+    }
     guard let open else { return }
+    precondition(open.shared, "an answer to a request without credentials kept for one user only")
     precondition(StaleRules.keptStatuses.contains(status), "status \(status) kept")
     precondition(open.keepFor > .zero && open.keepFor <= serveStale, "kept for \(open.keepFor)")
     precondition(!fields.contains { $0.name.lowercased() == "set-cookie" }, "a Set-Cookie answer kept")
