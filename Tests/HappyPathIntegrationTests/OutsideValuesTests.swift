@@ -132,22 +132,8 @@ import Testing
         let auth = try AuthTestServer()
         defer { auth.stop() }
         auth.state.withLock { $0.expiresInJSON = expiresIn }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            defaults: { timeout: 5s, reachability: { park_for: 4s } }
-            upstreams:
-              api:
-                endpoints: [http://127.0.0.1:\(auth.port)]
-                auth:
-                  kind: oauth2_client_credentials
-                  token_url: http://127.0.0.1:\(auth.port)/token
-                  client_id: proxy
-                  client_secret: s
-                  refresh_ahead: 30s
-            routes: [ { match: { path_prefix: / }, upstream: api } ]
-            """)
+        // The auth suite's proxy: oauth2_client_credentials, refresh_ahead at its default of 30 s.
+        let h = try AuthTests().harness(auth)
         defer { h.stop() }
         let start = ContinuousClock.now
         for i in 0..<40 {
