@@ -35,20 +35,28 @@ public struct TraceContext: Sendable, Equatable {
         return v.withUTF8 { parse(UnsafeRawBufferPointer($0)) }
     }
 
-    /// Lower-case hex digits only (W3C: upper case is invalid).
-    private static func hex(_ bytes: UnsafeRawBufferPointer, _ at: Int, _ count: Int) -> UInt64? {
-        var v: UInt64 = 0
-        for i in at..<(at + count) {
-            let c = bytes[i]
-            let d: UInt8
-            switch c {
-            case 0x30...0x39: d = c - 0x30
-            case 0x61...0x66: d = c - 0x61 + 10
-            default: return nil
-            }
-            v = v << 4 | UInt64(d)
+    /// Each byte's value as a lower-case hex digit, 0xFF for any other byte
+    /// (W3C: upper case is invalid). Every request that carries a
+    /// `traceparent` is checked, traced or not, so this is a table.
+    private static let hexDigit: [UInt8] = (0...255).map { c -> UInt8 in
+        switch c {
+        case 0x30...0x39: UInt8(c - 0x30)
+        case 0x61...0x66: UInt8(c - 0x61 + 10)
+        default: 0xFF
         }
-        return v
+    }
+
+    private static func hex(_ bytes: UnsafeRawBufferPointer, _ at: Int, _ count: Int) -> UInt64? {
+        hexDigit.withUnsafeBufferPointer { table in
+            var v: UInt64 = 0
+            var bad: UInt8 = 0
+            for i in at..<(at + count) {
+                let d = table[Int(bytes[i])]
+                bad |= d & 0xF0
+                v = v << 4 | UInt64(d & 0x0F)
+            }
+            return bad == 0 ? v : nil
+        }
     }
 
     /// The `traceparent` value naming `span` in this trace (version 00).
