@@ -319,6 +319,8 @@ import Testing
         }
         let grown = residentBytes() - before
         #expect(before > 0)
-        #expect(grown < 4 * cap, "resident memory grew by \(grown / 1024) KiB with a cap of \(cap / 1024) KiB")
+        if residentMemoryIsMeaningful {
+            #expect(grown < 4 * cap, "resident memory grew by \(grown / 1024) KiB with a cap of \(cap / 1024) KiB")
+        }
     }
 }

@@ -216,7 +216,7 @@ import Testing
         let grown = residentBytes() - before
         // Not exact (the allocator keeps what it likes): kept whole, the
         // 2,000 keys alone are 64 MiB; kept as digests, a few hundred KiB.
-        #expect(grown < 16 * 1024 * 1024, "resident memory grew by \(grown / 1024) KiB")
+        if residentMemoryIsMeaningful { #expect(grown < 16 * 1024 * 1024, "resident memory grew by \(grown / 1024) KiB") }
         // A long key maps to the same bucket every time: its one token is spent.
         #expect(try send(keys: 1234, count: 1) == [429])
         #expect(try send(keys: 0, count: 1) == [429])
