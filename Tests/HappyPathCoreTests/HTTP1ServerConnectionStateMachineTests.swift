@@ -382,7 +382,7 @@ import Testing
         let length: Int?
         var whole = false
         let head: M.ResponseHead
-        let framing: M.ResponseFraming
+        let framing: M.BodyFraming
         var testDescription: String { "\(request.prefix(16)) \(status) \(length.map(String.init) ?? "-")\(whole ? " whole" : "")" }
     }
 

@@ -139,7 +139,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
     }
 
     /// How an answer is framed on the wire.
-    public enum ResponseFraming: Sendable, Equatable {
+    public enum BodyFraming: Sendable, Equatable {
         /// No body (HEAD, 1xx, 204, 304, or a whole reply written at once).
         case none
         /// `Content-Length`: at most `remaining` more bytes.
@@ -215,7 +215,7 @@ public struct HTTP1ServerConnectionStateMachine: Sendable {
     private var draining = false
 
     // The answer being written.
-    public private(set) var framing = ResponseFraming.none
+    public private(set) var framing = BodyFraming.none
 
     /// Requests handed to the delegate and answers ended, for invariants.
     public private(set) var requestsDispatched = 0
