@@ -47,6 +47,18 @@ import Testing
         #expect(outcome(request(["Content-Length: \(value)"])).refusal == .badContentLength)
     }
 
+    /// A tab around the number: whitespace to RFC 9110, an error to llhttp,
+    /// so two servers would frame the request two ways (a fuzzer found it).
+    @Test(arguments: ["Content-Length: 5\t", "Content-Length:\t5", "Content-Length: 5\t\t\t\t\t\t", "Content-Length: \t5 "])
+    func refusesContentLengthWithATabAroundIt(line: String) {
+        #expect(outcome(request([line])).refusal == .badContentLength)
+    }
+
+    @Test func acceptsSpacesAroundContentLength() throws {
+        let p = try #require(outcome(request(["Content-Length:   5   "])).request)
+        #expect(p.head.framing == .contentLength(5))
+    }
+
     @Test func refusesContentLengthWithNonASCIIDigits() {
         // U+0665 ARABIC-INDIC DIGIT FIVE
         #expect(outcome(request(["Content-Length: \u{0665}"])).refusal == .badContentLength)

@@ -267,6 +267,12 @@ public enum RequestHeadParser {
                 }
             case 14 where HTTPBytes.equals(name, "content-length"):
                 sawContentLength = true
+                // A tab around the number is whitespace to RFC 9110 but an
+                // error to llhttp (Node and the servers built on it): the
+                // request could be framed two ways, so it is refused.
+                if buffer[(field.nameEnd + 1)..<field.valueStart].contains(0x09) || buffer[field.valueEnd..<e].contains(0x09) {
+                    return .failure(.badContentLength)
+                }
                 switch parseContentLength(value, previous: contentLength) {
                 case let .success(n): contentLength = n
                 case let .failure(err): return .failure(err)
