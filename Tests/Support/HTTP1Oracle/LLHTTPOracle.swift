@@ -157,6 +157,20 @@ public func compareFramings(_ ours: Framing, _ llhttp: LLHTTPFraming, input: [UI
         return differ("request \(k) framed differently")
     }
     let oursRefusal: HTTP1Refusal? = if case let .refused(r) = ours.end { r } else { nil }
+    // RFC 9110 8.6: a list of identical Content-Length values MAY be read as
+    // one, and the edge does; llhttp calls the comma an invalid character.
+    if case .error(.invalidContentLength) = llhttp.end, ours.requests.count >= llhttp.requests.count,
+        fieldLine(in: input, named: "content-length:", where: { $0.contains(UInt8(ascii: ",")) })
+    {
+        return nil
+    }
+    // RFC 9110 5.6.1: a recipient MUST ignore empty list elements, and the
+    // edge does (`Transfer-Encoding: chunked,`); llhttp refuses them.
+    if case .error = llhttp.end, ours.requests.count >= llhttp.requests.count,
+        fieldLine(in: input, named: "transfer-encoding:", where: hasEmptyListElement)
+    {
+        return nil
+    }
 
     if ours.requests.count > llhttp.requests.count {
         // The edge framed a request llhttp did not: fine only if llhttp refused it for a narrower grammar.
@@ -205,4 +219,32 @@ public func differential(_ bytes: [UInt8]) -> (ours: Framing, llhttp: LLHTTPFram
     let ours = frameAll(bytes)
     let theirs = llhttpFrameAll(bytes)
     return (ours, theirs, compareFramings(ours, theirs, input: bytes))
+}
+
+/// Whether a line of `input` starts with `name` (a field name and its
+/// colon, lower-case; compared without case) and its value passes `test`.
+func fieldLine(in input: [UInt8], named name: String, where test: (ArraySlice<UInt8>) -> Bool) -> Bool {
+    let name = Array(name.utf8)
+    var lineStart = 0
+    while lineStart + name.count <= input.count {
+        var end = lineStart
+        while end < input.count, input[end] != 0x0A { end += 1 }
+        if end - lineStart >= name.count,
+            zip(input[lineStart..<(lineStart + name.count)], name).allSatisfy({ $0 | 0x20 == $1 | 0x20 }),
+            test(input[(lineStart + name.count)..<end])
+        {
+            return true
+        }
+        lineStart = end + 1
+    }
+    return false
+}
+
+/// A comma-separated value with an empty element: nothing but whitespace
+/// before the first comma, after the last, or between two.
+func hasEmptyListElement(_ value: ArraySlice<UInt8>) -> Bool {
+    let trimmed = value.filter { $0 != 0x20 && $0 != 0x09 && $0 != 0x0D }
+    guard trimmed.contains(UInt8(ascii: ",")) else { return false }
+    return trimmed.first == UInt8(ascii: ",") || trimmed.last == UInt8(ascii: ",")
+        || zip(trimmed, trimmed.dropFirst()).contains { $0 == UInt8(ascii: ",") && $1 == UInt8(ascii: ",") }
 }
