@@ -160,11 +160,9 @@ public struct UpstreamPause: Sendable, Equatable {
 /// with its reset `t` in seconds.
 public enum PacingSignal {
     /// Every number is read by `OutsideValues` (a `t` past ten years is ten
-    /// years, the caller caps it at `max_pause`); `max` caps a Retry-After.
-    public static func wait(
-        retryAfter: String?, rateLimit: String?, nowUnixSeconds: Int64, max: Duration = RetryAfter.defaultMax
-    ) -> Duration? {
-        if let retryAfter, let d = RetryAfter.parse(retryAfter, nowUnixSeconds: nowUnixSeconds, max: max) { return d }
+    /// years; the caller caps the wait at `max_pause`).
+    public static func wait(retryAfter: String?, rateLimit: String?, nowUnixSeconds: Int64) -> Duration? {
+        if let retryAfter, let d = RetryAfter.parse(retryAfter, nowUnixSeconds: nowUnixSeconds) { return d }
         guard let rateLimit else { return nil }
         var remaining: Int64?
         var reset: Int64?
