@@ -6,18 +6,28 @@
 /// header that promises nothing.
 public enum IdempotencyKey {
     /// Whether `value` is a key: it holds a byte other than SP or HTAB.
-    public static func isKey(_ value: String?) -> Bool {
-        guard let value else { return false }
-        return value.utf8.contains { $0 != UInt8(ascii: " ") && $0 != UInt8(ascii: "\t") }
+    public static func isKey(_ value: String?) -> Bool { value.map { isKey($0.utf8) } ?? false }
+
+    static func isKey<C: Collection<UInt8>>(_ bytes: C) -> Bool {
+        bytes.contains { $0 != UInt8(ascii: " ") && $0 != UInt8(ascii: "\t") }
+    }
+
+    /// Whether `headers` carry a key (what the retry and hedge rules ask,
+    /// on every request): read in place, nothing decoded.
+    public static func isPresent(in headers: HeaderBlock) -> Bool {
+        var found = false
+        headers.forEach { name, value, _ in
+            if !found, HTTPBytes.equals(name, "idempotency-key"), isKey(value) { found = true }
+        }
+        return found
     }
 
     /// The first `Idempotency-Key` field of `headers` that holds a key, or nil.
     public static func value(in headers: HeaderBlock) -> String? {
         var found: String?
         headers.forEach { name, value, _ in
-            guard found == nil, HTTPBytes.equals(name, "idempotency-key") else { return }
-            let text = String(decoding: value, as: UTF8.self)
-            if isKey(text) { found = text }
+            guard found == nil, HTTPBytes.equals(name, "idempotency-key"), isKey(value) else { return }
+            found = String(decoding: value, as: UTF8.self)
         }
         return found
     }

@@ -121,7 +121,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             .init(
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
-                idempotencyKey: IdempotencyKey.value(in: command.headers),
+                hasIdempotencyKey: IdempotencyKey.isPresent(in: command.headers),
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))
         if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, upgrade == nil,
             let store = worker.shared.stale
