@@ -79,14 +79,16 @@ public enum ClientAddress {
     /// - Parameter forwardedFor: the X-Forwarded-For values as received, in order.
     public static func resolve(peer: String, forwardedFor: [String], trusted: [IPRange]) -> String {
         let peer = canonicalPeer(peer)
-        guard !trusted.isEmpty, trusted.contains(where: { $0.contains(peer) }) else { return peer }
+        // Each address is parsed once and compared as bytes with every range.
+        func isTrusted(_ bytes: [UInt8]) -> Bool { trusted.contains { $0.contains(bytes: bytes) } }
+        guard !trusted.isEmpty, let peerBytes = IPRange.address(peer), isTrusted(peerBytes) else { return peer }
         var hops: [Substring] = []
         for value in forwardedFor { hops += value.split(separator: ",") }
         for hop in hops.reversed() {
             let text = hop.trimmingSpaces
             // Not an address (garbage, "unknown"): the chain cannot be followed further.
-            guard let address = normalized(text) else { return text.isEmpty ? peer : text }
-            if !trusted.contains(where: { $0.contains(address) }) { return address }
+            guard let (address, bytes) = parsed(text) else { return text.isEmpty ? peer : text }
+            if !isTrusted(bytes) { return address }
         }
         // Every hop is a trusted proxy: the leftmost is as far as it goes.
         return hops.first.map { normalized($0.trimmingSpaces) ?? $0.trimmingSpaces } ?? peer
@@ -100,7 +102,10 @@ public enum ClientAddress {
     /// is `192.0.2.1`: a dual-stack listener sees IPv4 clients that way).
     /// A bare IPv6 address has no port: `2001:db8::1` is not read as
     /// `2001:db8:` port 1.
-    public static func normalized(_ text: String) -> String? {
+    public static func normalized(_ text: String) -> String? { parsed(text)?.text }
+
+    /// `normalized`, with the address's 16 bytes.
+    static func parsed(_ text: String) -> (text: String, bytes: [UInt8])? {
         var host = Substring(text)
         if host.hasPrefix("[") {
             // `[v6]` or `[v6]:port`.
@@ -114,7 +119,7 @@ public enum ClientAddress {
             host = host[..<colon]
         }
         guard let bytes = IPRange.address(String(host)) else { return nil }
-        return Self.text(of: bytes)
+        return (Self.text(of: bytes), bytes)
     }
 
     /// The TCP peer's address as the socket gave it: already canonical
