@@ -170,7 +170,7 @@ struct ResponseRelay {
     }
 
     /// A field that passed the checks, as the mode wants it.
-    private mutating func header<C: ExchangeClient>(
+    @inline(__always) private mutating func header<C: ExchangeClient>(
         known name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, to request: C
     ) {
         switch mode {
