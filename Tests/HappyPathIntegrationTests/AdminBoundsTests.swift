@@ -34,11 +34,7 @@ import Testing
         let admin = try #require(serve.adminPort())
         func get(_ path: String, on port: Int) -> TestResponse? { try? HTTP.request(port: port, path, timeout: 5) }
         #expect(waitUntil("the first answer") { get("/ok", on: port)?.status == 200 })
-        let pid = serve.pid
-        func openDescriptors() -> Int {
-            (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? 0
-        }
-        let before = openDescriptors()
+        let before = serve.openDescriptors
 
         // One admin client says nothing, one starts a head and stops.
         let opened = ContinuousClock.now
@@ -50,7 +46,7 @@ import Testing
         for _ in 0..<(limit + 20) { flood.append(try TestConnection(port: admin, timeout: 2)) }
         // The admin listener takes what its cap allows (the rest wait in the backlog).
         #expect(waitUntil("the admin listener to hold its cap of connections") {
-            openDescriptors() >= before + AdminServer.maxConnections
+            serve.openDescriptors >= before + AdminServer.maxConnections
         })
         #expect(get("/ok", on: port)?.status == 200, "the proxy port answers during the flood")
 

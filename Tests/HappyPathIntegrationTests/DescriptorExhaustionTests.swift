@@ -37,21 +37,17 @@ import Testing
         let started = ContinuousClock.now
         var held: [TestConnection] = []
         for _ in 0..<(limit + 20) { held.append(try TestConnection(port: port, timeout: 2)) }
-        let pid = serve.pid
-        func openDescriptors() -> Int {
-            (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? 0
-        }
         #expect(waitUntil("'cannot accept connections' in the log") { serve.errors.contains("cannot accept connections") })
         // Out of descriptors: the table was full when accept() failed. Not
         // exact later on: the proxy's own upstream and health-check sockets
         // come and go on their own schedule, so a sample may fall one short.
-        #expect(waitUntil("the descriptor table to be full") { openDescriptors() >= limit - 1 })
+        #expect(waitUntil("the descriptor table to be full") { serve.openDescriptors >= limit - 1 })
         // Paused, not spinning: the process is nearly idle while the backlog waits.
-        let cpuBefore = cpuTicks(pid)
+        let cpuBefore = cpuTicks(serve.pid)
         let sampleStart = ContinuousClock.now
         // Not an ordering sleep: the span over which the proxy's CPU time is measured.
         Thread.sleep(forTimeInterval: 1)
-        let cpuUsed = Double(cpuTicks(pid) - cpuBefore) / Double(sysconf(Int32(_SC_CLK_TCK)))
+        let cpuUsed = Double(cpuTicks(serve.pid) - cpuBefore) / Double(sysconf(Int32(_SC_CLK_TCK)))
         // A bound on CPU time, so not exact: paused, the proxy wakes twice a
         // second to fail one accept (well under a 10 ms tick of CPU);
         // spinning, it would take whatever share of a core it can get, which

@@ -288,11 +288,6 @@ import Testing
                 """, logLevel: "info")
         let port = try #require(serve.listeningPort())
         let admin = AdminProbe(port: try #require(serve.adminPort()))
-        func residentBytes() -> Int {
-            let status = readSmallFile("/proc/\(serve.pid)/status") ?? ""
-            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
-            return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
-        }
         let huge = 60 * 1024
         let connection = try TestConnection(port: port, timeout: 10)
         func send(_ i: Int) throws {
@@ -304,7 +299,7 @@ import Testing
         // Warm up: buffers, pools and the store's first entries.
         for i in 0..<40 { try send(i) }
         #expect(eventually(5) { (try? admin.inFlight()) == 0 })
-        let before = residentBytes()
+        let before = serve.residentBytes
         let total = 10 * cap / huge
         for i in 40..<total {
             try send(i)
@@ -317,7 +312,7 @@ import Testing
                 #expect(entries > 0 && entries * huge <= cap, "after \(i + 1): \(entries) entries of 60 KiB each kept")
             }
         }
-        let grown = residentBytes() - before
+        let grown = serve.residentBytes - before
         #expect(before > 0)
         if residentMemoryIsMeaningful {
             #expect(grown < 4 * cap, "resident memory grew by \(grown / 1024) KiB with a cap of \(cap / 1024) KiB")

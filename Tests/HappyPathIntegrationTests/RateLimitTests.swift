@@ -202,18 +202,13 @@ import Testing
             let limits = try admin.state()["rate_limits"] as? [[String: Any]] ?? []
             return limits.first?["keys"] as? Int ?? -1
         }
-        func residentBytes() -> Int {
-            let status = readSmallFile("/proc/\(serve.pid)/status") ?? ""
-            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
-            return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
-        }
         // Warm up (the connection's buffers, the allocator's arenas), then measure.
         #expect(try send(keys: 0, count: 200).allSatisfy { $0 == 200 })
         #expect(try keys() == 200)
-        let before = residentBytes()
+        let before = serve.residentBytes
         #expect(try send(keys: 200, count: 2000).allSatisfy { $0 == 200 }, "each new key has a full bucket")
         #expect(try keys() == 2200)
-        let grown = residentBytes() - before
+        let grown = serve.residentBytes - before
         // Not exact (the allocator keeps what it likes): kept whole, the
         // 2,000 keys alone are 64 MiB; kept as digests, a few hundred KiB.
         if residentMemoryIsMeaningful { #expect(grown < 16 * 1024 * 1024, "resident memory grew by \(grown / 1024) KiB") }

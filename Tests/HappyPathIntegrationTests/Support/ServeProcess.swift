@@ -56,6 +56,19 @@ final class ServeProcess {
     var output: String { stdout.text }
     var errors: String { stderr.text }
 
+    /// Descriptors the process holds now (`/proc/PID/fd`).
+    var openDescriptors: Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? 0
+    }
+
+    /// The process's resident memory now, in bytes (`VmRSS`; see
+    /// `residentMemoryIsMeaningful`).
+    var residentBytes: Int {
+        let status = readSmallFile("/proc/\(pid)/status") ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+    }
+
     /// Replaces the config file (for a SIGHUP).
     func rewriteConfig(_ yaml: String) throws { try yaml.write(to: configFile, atomically: true, encoding: .utf8) }
 
