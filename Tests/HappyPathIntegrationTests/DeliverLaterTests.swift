@@ -413,8 +413,10 @@ struct DeliverLaterTests {
             kill(proxy.pid, SIGKILL)
             _ = proxy.waitForExit()
             proxy = try ServeProcess(config: config, logLevel: "info")
-            guard proxy.listeningPort() != nil else { return }
-            // Logged before the proxy says it listens: the rounds in flight at the kill.
+            // Logged on stderr before `proxy started` (the same stream, so in
+            // order; stdout's `listening on` may be read first): the rounds
+            // in flight at the kill.
+            guard proxy.listeningPort() != nil, proxy.adminPort() != nil else { return }
             for line in proxy.errors.split(separator: "\n") where line.contains("queued again") {
                 let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
                 recovered += (object?["count"] as? Int) ?? Int(object?["count"] as? String ?? "") ?? 0
