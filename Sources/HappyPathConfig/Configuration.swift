@@ -2,9 +2,9 @@ import Foundation
 import HappyPathCore
 import HappyPathPolicies
 
-/// A validated configuration. Policy settings keep "not set" (nil) apart from
-/// their defaults so that a route inherits from its upstream, which inherits
-/// from `defaults`; `resolvedPolicies(forRoute:)` does the merge.
+/// A validated configuration. Policy settings keep "not set" apart from
+/// their defaults (`Partial`) so that a route inherits from its upstream,
+/// which inherits from `defaults`; `resolvedPolicies(forRoute:)` does the merge.
 public struct Configuration: Sendable {
     /// The file this came from, for messages and `/admin/state`.
     public var source: String
@@ -256,117 +256,54 @@ public struct StorageConfiguration: Sendable, Equatable {
     public init() {}
 }
 
-// MARK: - Policy settings (every field optional: nil = inherit)
+// MARK: - Policy settings (what one level sets; the rest inherits)
 
+/// The policies one level of the file sets: `defaults`, an upstream, or a
+/// route. Each is its policy's own configuration struct inside a `Partial`,
+/// which keeps "not set" apart from the defaults written beside the fields;
+/// `merged(over:)` is the one inheritance (route → upstream → `defaults`)
+/// and `resolved()` puts the defaults under what is left.
 public struct PolicySettings: Sendable, Equatable {
-    public var timeout: Duration?
-    public var retry = RetrySettings()
-    public var circuitBreaker = CircuitBreakerSettings()
-    public var reachability = ReachabilitySettings()
-    public var healthCheck = HealthCheckSettings()
+    public var timeout = Partial<TimeoutConfiguration>()
+    public var retry = Partial<RetryPolicy.Configuration>()
+    /// `retry.budget`, an upstream's (or `defaults`'); never a route's.
+    public var retryBudget = Partial<RetryBudget.Configuration>()
+    /// An upstream's (or `defaults`'); never a route's.
+    public var circuitBreaker = Partial<CircuitBreakerStateMachine.Configuration>()
+    public var reachability = Partial<ReachabilityConfiguration>()
+    /// An upstream's (or `defaults`'); never a route's.
+    public var healthCheck = Partial<HealthCheckConfiguration>()
     /// `outlier_detection:`, an upstream's (or `defaults`'); never a route's.
-    public var outlierDetection = OutlierDetectionSettings()
+    public var outlierDetection = Partial<OutlierDetector.Configuration>()
     public var errors: [ErrorMapping] = []
 
     public init() {}
 
     /// `self` over `base`: each field set here wins, the rest come from `base`.
-    public func over(_ base: PolicySettings) -> PolicySettings {
+    public func merged(over base: PolicySettings) -> PolicySettings {
         var out = PolicySettings()
-        out.timeout = timeout ?? base.timeout
-        out.retry = retry.over(base.retry)
-        out.circuitBreaker = circuitBreaker.over(base.circuitBreaker)
-        out.reachability = reachability.over(base.reachability)
-        out.healthCheck = healthCheck.over(base.healthCheck)
-        out.outlierDetection = outlierDetection.over(base.outlierDetection)
+        out.timeout = timeout.merged(over: base.timeout)
+        out.retry = retry.merged(over: base.retry)
+        out.retryBudget = retryBudget.merged(over: base.retryBudget)
+        out.circuitBreaker = circuitBreaker.merged(over: base.circuitBreaker)
+        out.reachability = reachability.merged(over: base.reachability)
+        out.healthCheck = healthCheck.merged(over: base.healthCheck)
+        out.outlierDetection = outlierDetection.merged(over: base.outlierDetection)
         out.errors = errors + base.errors
         return out
     }
+
+    /// Every policy complete: the fields set here, the documented defaults elsewhere.
+    public func resolved() -> ResolvedPolicies {
+        ResolvedPolicies(
+            timeout: timeout.resolved().timeout, retry: retry.resolved(), retryBudget: retryBudget.resolved(),
+            circuitBreaker: circuitBreaker.resolved(), reachability: reachability.resolved(),
+            healthCheck: healthCheck.resolved(), outlierDetection: outlierDetection.resolved(), errors: errors)
+    }
 }
 
+/// `retry.backoff.jitter` as the file writes it (`RetryPolicy.Configuration.jitter`).
 public enum Jitter: String, Sendable, CaseIterable { case full, none }
-public enum WhileOpen: String, Sendable, CaseIterable { case park, fail }
-
-public struct RetrySettings: Sendable, Equatable {
-    public var attempts: Int?
-    public var perTryTimeout: Duration?
-    /// `connect-failure`, `reset`, `timeout`, or status codes as text.
-    public var on: [String]?
-    public var backoffBase: Duration?
-    public var backoffMax: Duration?
-    public var jitter: Jitter?
-    public var honorRetryAfter: Bool?
-    public var maxRetryAfter: Duration?
-    public var budgetRatio: Double?
-    public var budgetMinPerSecond: Int?
-    public var methods: [String]?
-
-    func over(_ b: RetrySettings) -> RetrySettings {
-        RetrySettings(
-            attempts: attempts ?? b.attempts, perTryTimeout: perTryTimeout ?? b.perTryTimeout, on: on ?? b.on,
-            backoffBase: backoffBase ?? b.backoffBase, backoffMax: backoffMax ?? b.backoffMax,
-            jitter: jitter ?? b.jitter, honorRetryAfter: honorRetryAfter ?? b.honorRetryAfter,
-            maxRetryAfter: maxRetryAfter ?? b.maxRetryAfter, budgetRatio: budgetRatio ?? b.budgetRatio, budgetMinPerSecond: budgetMinPerSecond ?? b.budgetMinPerSecond,
-            methods: methods ?? b.methods)
-    }
-}
-
-public struct CircuitBreakerSettings: Sendable, Equatable {
-    public var consecutiveFailures: Int?
-    public var failureRate: Double?
-    public var minimumRequests: Int?
-    public var window: Duration?
-    public var openFor: Duration?
-    public var halfOpenProbes: Int?
-    public var whileOpen: WhileOpen?
-
-    func over(_ b: CircuitBreakerSettings) -> CircuitBreakerSettings {
-        CircuitBreakerSettings(
-            consecutiveFailures: consecutiveFailures ?? b.consecutiveFailures, failureRate: failureRate ?? b.failureRate,
-            minimumRequests: minimumRequests ?? b.minimumRequests, window: window ?? b.window,
-            openFor: openFor ?? b.openFor, halfOpenProbes: halfOpenProbes ?? b.halfOpenProbes,
-            whileOpen: whileOpen ?? b.whileOpen)
-    }
-}
-
-public struct ReachabilitySettings: Sendable, Equatable {
-    public var parkFor: Duration?
-
-    func over(_ b: ReachabilitySettings) -> ReachabilitySettings { ReachabilitySettings(parkFor: parkFor ?? b.parkFor) }
-}
-
-/// `outlier_detection: { consecutive_failures, base_ejection, max_ejected_percent }`.
-public struct OutlierDetectionSettings: Sendable, Equatable {
-    public var consecutiveFailures: Int?
-    public var baseEjection: Duration?
-    public var maxEjectedPercent: Int?
-
-    public init(consecutiveFailures: Int? = nil, baseEjection: Duration? = nil, maxEjectedPercent: Int? = nil) {
-        self.consecutiveFailures = consecutiveFailures
-        self.baseEjection = baseEjection
-        self.maxEjectedPercent = maxEjectedPercent
-    }
-
-    func over(_ b: OutlierDetectionSettings) -> OutlierDetectionSettings {
-        OutlierDetectionSettings(
-            consecutiveFailures: consecutiveFailures ?? b.consecutiveFailures, baseEjection: baseEjection ?? b.baseEjection,
-            maxEjectedPercent: maxEjectedPercent ?? b.maxEjectedPercent)
-    }
-}
-
-public struct HealthCheckSettings: Sendable, Equatable {
-    public var path: String?
-    public var interval: Duration?
-    public var timeout: Duration?
-    public var unhealthyAfter: Int?
-    public var healthyAfter: Int?
-
-    func over(_ b: HealthCheckSettings) -> HealthCheckSettings {
-        HealthCheckSettings(
-            path: path ?? b.path, interval: interval ?? b.interval, timeout: timeout ?? b.timeout,
-            unhealthyAfter: unhealthyAfter ?? b.unhealthyAfter, healthyAfter: healthyAfter ?? b.healthyAfter)
-    }
-}
 
 public enum AuthKind: String, Sendable, CaseIterable {
     case none, `static`
@@ -420,122 +357,35 @@ public struct ErrorMapping: Sendable, Equatable {
     public var retryable: Bool?
 }
 
-// MARK: - Built-in defaults and resolution
+// MARK: - Resolution
 
-/// The policy values one route runs with, after route → upstream → defaults →
-/// built-in defaults.
-public struct ResolvedPolicies: Sendable {
+/// The policy values one route (or upstream) runs with, after route →
+/// upstream → defaults → the policies' own defaults. Equatable so a reload
+/// can tell an upstream whose policies did not change.
+public struct ResolvedPolicies: Sendable, Equatable {
     public var timeout: Duration
-    public var retry: RetrySettings
-    public var circuitBreaker: CircuitBreakerSettings
-    public var reachability: ReachabilitySettings
-    public var healthCheck: HealthCheckSettings
+    public var retry: RetryPolicy.Configuration
+    public var retryBudget: RetryBudget.Configuration
+    public var circuitBreaker: CircuitBreakerStateMachine.Configuration
+    public var reachability: ReachabilityConfiguration
+    public var healthCheck: HealthCheckConfiguration
+    public var outlierDetection: OutlierDetector.Configuration
     public var errors: [ErrorMapping]
-}
-
-extension PolicySettings {
-    /// The built-in defaults (docs/configuration.md), used where nothing is
-    /// configured. The one place they are written: retry and breaker values
-    /// come from the policies' own `Configuration()`, the rest is here.
-    /// Every resolved setting is complete (see `resolved`).
-    public static let builtIn: PolicySettings = {
-        var p = PolicySettings()
-        p.timeout = .seconds(10)
-        let retry = RetryPolicy.Configuration()
-        p.retry = RetrySettings(
-            attempts: retry.attempts, perTryTimeout: retry.perTryTimeout, on: inDocumentedOrder(retry.on),
-            backoffBase: retry.backoffBase, backoffMax: retry.backoffMax, jitter: retry.jitter ? .full : Jitter.none,
-            honorRetryAfter: retry.honorRetryAfter, maxRetryAfter: retry.maxRetryAfter, budgetRatio: RetryBudget.defaultRatio,
-            budgetMinPerSecond: RetryBudget.defaultMinPerSecond, methods: inDocumentedOrder(retry.methods))
-        let breaker = CircuitBreakerStateMachine.Configuration()
-        p.circuitBreaker = CircuitBreakerSettings(
-            consecutiveFailures: breaker.consecutiveFailures, failureRate: breaker.failureRate,
-            minimumRequests: breaker.minimumRequests, window: breaker.window, openFor: breaker.openFor,
-            halfOpenProbes: breaker.halfOpenProbes, whileOpen: .park)
-        p.reachability = ReachabilitySettings(parkFor: .seconds(10))
-        let outliers = OutlierDetector.Configuration()
-        p.outlierDetection = OutlierDetectionSettings(
-            consecutiveFailures: outliers.consecutiveFailures, baseEjection: outliers.baseEjection,
-            maxEjectedPercent: outliers.maxEjectedPercent)
-        p.healthCheck = HealthCheckSettings(
-            path: "/healthz", interval: .seconds(2), timeout: .seconds(1), unhealthyAfter: 3, healthyAfter: 1)
-        return p
-    }()
-}
-
-/// A set of `retry.on` or `retry.methods` values as the docs list them.
-private func inDocumentedOrder(_ values: Set<String>) -> [String] {
-    let order = ["connect-failure", "reset", "timeout", "GET", "HEAD", "OPTIONS", "PUT", "DELETE", "POST", "PATCH"]
-    return values.sorted { a, b in
-        let i = order.firstIndex(of: a) ?? order.count
-        let j = order.firstIndex(of: b) ?? order.count
-        return i != j ? i < j : a < b
-    }
-}
-
-/// A setting after resolution over `PolicySettings.builtIn`, which sets
-/// every key: nil here is a missing built-in default, a programming error.
-public func resolved<T>(_ value: T?, _ key: StaticString) -> T {
-    guard let value else { preconditionFailure("no built-in default for \(key)") }
-    return value
-}
-
-extension RetryPolicy.Configuration {
-    /// The policy for resolved settings (over `PolicySettings.builtIn`).
-    public init(resolved settings: RetrySettings) {
-        // Set on a copy, not on `self`: inside an initializer Swift does not
-        // run property observers, and `on`'s observer keeps `statuses` (the
-        // set looked up on every answer) in step. Set on `self`, a 429 or 408
-        // in `retry.on` was never retried.
-        var c = Self()
-        c.attempts = resolved(settings.attempts, "retry.attempts")
-        c.perTryTimeout = resolved(settings.perTryTimeout, "retry.per_try_timeout")
-        c.on = Set(resolved(settings.on, "retry.on"))
-        c.backoffBase = resolved(settings.backoffBase, "retry.backoff.base")
-        c.backoffMax = resolved(settings.backoffMax, "retry.backoff.max")
-        c.jitter = resolved(settings.jitter, "retry.backoff.jitter") == .full
-        c.honorRetryAfter = resolved(settings.honorRetryAfter, "retry.honor_retry_after")
-        c.maxRetryAfter = resolved(settings.maxRetryAfter, "retry.max_retry_after")
-        c.methods = Set(resolved(settings.methods, "retry.methods"))
-        self = c
-    }
-}
-
-extension CircuitBreakerStateMachine.Configuration {
-    /// The breaker for resolved settings (over `PolicySettings.builtIn`).
-    public init(resolved b: CircuitBreakerSettings) {
-        self.init()
-        consecutiveFailures = resolved(b.consecutiveFailures, "circuit_breaker.consecutive_failures")
-        failureRate = resolved(b.failureRate, "circuit_breaker.failure_rate")
-        minimumRequests = resolved(b.minimumRequests, "circuit_breaker.minimum_requests")
-        window = resolved(b.window, "circuit_breaker.window")
-        openFor = resolved(b.openFor, "circuit_breaker.open_for")
-        halfOpenProbes = resolved(b.halfOpenProbes, "circuit_breaker.half_open_probes")
-    }
-}
-
-extension OutlierDetector.Configuration {
-    /// Ejection for resolved settings (over `PolicySettings.builtIn`).
-    public init(resolved o: OutlierDetectionSettings) {
-        // Set on a copy: inside an initializer Swift runs no property
-        // observers, and `baseEjection`'s keeps its nanoseconds in step.
-        var c = Self()
-        c.consecutiveFailures = resolved(o.consecutiveFailures, "outlier_detection.consecutive_failures")
-        c.baseEjection = resolved(o.baseEjection, "outlier_detection.base_ejection")
-        c.maxEjectedPercent = resolved(o.maxEjectedPercent, "outlier_detection.max_ejected_percent")
-        self = c
-    }
 }
 
 extension Configuration {
     public func resolvedPolicies(forRoute index: Int) -> ResolvedPolicies {
         let route = routes[index]
         let upstreamPolicies = upstream(named: route.upstream)?.policies ?? PolicySettings()
-        var merged = route.policies.over(upstreamPolicies).over(defaults).over(.builtIn)
-        merged.errors = route.errors + upstreamPolicies.errors
-        return ResolvedPolicies(
-            timeout: resolved(merged.timeout, "timeout"), retry: merged.retry, circuitBreaker: merged.circuitBreaker,
-            reachability: merged.reachability, healthCheck: merged.healthCheck, errors: merged.errors)
+        var out = route.policies.merged(over: upstreamPolicies).merged(over: defaults).resolved()
+        out.errors = route.errors + upstreamPolicies.errors
+        return out
+    }
+
+    /// An upstream's own policies (the breaker, the budget, health checks,
+    /// ejection): the upstream's over `defaults`.
+    public func resolvedPolicies(forUpstream upstream: Upstream) -> ResolvedPolicies {
+        upstream.policies.merged(over: defaults).resolved()
     }
 }
 

@@ -511,7 +511,7 @@ struct DeliverLaterConfigTests {
             routes:
               - { match: { path_prefix: / }, upstream: u }
             """, file: "t.yaml")
-        let retry = RetryPolicy.Configuration(resolved: c.resolvedPolicies(forRoute: 0).retry)
+        let retry = c.resolvedPolicies(forRoute: 0).retry
         #expect(retry.statuses == [429, 408, 503])
     }
 }
@@ -594,13 +594,13 @@ struct DeliverLaterConfigTests {
 @Suite struct OutlierDetectionConfigTests {
     /// An upstream's settings over `defaults` over the built-in values, as the proxy resolves them.
     static func resolved(_ c: Configuration, _ upstream: Int = 0) -> OutlierDetector.Configuration {
-        OutlierDetector.Configuration(resolved: c.upstreams[upstream].policies.over(c.defaults).over(.builtIn).outlierDetection)
+        c.resolvedPolicies(forUpstream: c.upstreams[upstream]).outlierDetection
     }
 
     @Test func notConfiguredItKeepsTheFormerFixedValues() throws {
         let c = try ConfigLoader.parse(minimal, file: "f.yaml")
-        #expect(c.upstreams[0].policies.outlierDetection == OutlierDetectionSettings())
-        let builtIn = PolicySettings.builtIn.outlierDetection
+        #expect(c.upstreams[0].policies.outlierDetection == Partial())
+        let builtIn = PolicySettings().resolved().outlierDetection
         #expect(builtIn.consecutiveFailures == 5)
         #expect(builtIn.baseEjection == .seconds(10))
         #expect(builtIn.maxEjectedPercent == 50)

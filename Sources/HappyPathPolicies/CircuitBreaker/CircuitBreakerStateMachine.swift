@@ -3,7 +3,7 @@ import HappyPathCore
 /// The breaker of one upstream as a pure state machine: events in, state and
 /// decisions out; the clock is passed in with each event.
 public struct CircuitBreakerStateMachine: Sendable {
-    public struct Configuration: Sendable, Equatable {
+    public struct Configuration: PolicyConfiguration {
         /// Opens after this many failures in a row. Default 5.
         public var consecutiveFailures: Int = 5
         /// ...or when this share of the window's requests failed. Default 0.5.
@@ -16,8 +16,18 @@ public struct CircuitBreakerStateMachine: Sendable {
         public var openFor: Duration = .seconds(5)
         /// Probes let through at once while half-open; all must succeed to close. Default 1.
         public var halfOpenProbes: Int = 1
+        /// What a request finds while the breaker is open. Default `park`.
+        public var whileOpen: WhileOpen = .park
 
         public init() {}
+    }
+
+    /// `circuit_breaker.while_open`.
+    public enum WhileOpen: String, Sendable, CaseIterable {
+        /// Wait parked (up to `reachability.park_for`) for the probe that closes it.
+        case park
+        /// Answered at once: 503 CIRCUIT_OPEN.
+        case fail
     }
 
     public enum State: Sendable, Equatable {

@@ -9,7 +9,7 @@ extension OutlierDetector {
     /// meaning: Envoy makes each ejection of the same host longer (base ×
     /// the times it was ejected, up to a cap); here every ejection lasts
     /// `baseEjection`, however often the endpoint was ejected before.
-    public struct Configuration: Sendable, Equatable {
+    public struct Configuration: PolicyConfiguration {
         /// Failed tries in a row (connect failures, resets, timeouts, and
         /// the statuses that fail a try) that eject an endpoint. Default 5.
         public var consecutiveFailures: Int = 5

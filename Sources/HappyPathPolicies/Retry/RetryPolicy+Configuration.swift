@@ -2,7 +2,7 @@ import HappyPathCore
 
 extension RetryPolicy {
     /// Every field's default is the documented one (docs/retry.md, docs/configuration.md).
-    public struct Configuration: Sendable, Equatable {
+    public struct Configuration: PolicyConfiguration {
         /// Tries in total, the first included. Default 3.
         public var attempts: Int = 3
         /// One try's limit. Default 3s.

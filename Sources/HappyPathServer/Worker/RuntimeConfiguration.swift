@@ -23,7 +23,9 @@ public final class RuntimeConfiguration: Sendable {
     public init(_ configuration: Configuration, previous: RuntimeConfiguration? = nil) {
         self.configuration = configuration
         router = configuration.router
-        let upstreams = configuration.upstreams.map { RuntimeUpstream($0, defaults: configuration.defaults) }
+        let upstreams = configuration.upstreams.map {
+            RuntimeUpstream($0, policies: configuration.resolvedPolicies(forUpstream: $0))
+        }
         self.upstreams = upstreams
         routes = configuration.routes.indices.map { i in
             let route = configuration.routes[i]
@@ -34,8 +36,8 @@ public final class RuntimeConfiguration: Sendable {
             return RuntimeRoute(
                 index: i, label: label,
                 upstreamIndex: upstreams.firstIndex { $0.name == route.upstream }!,
-                stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(.init(resolved: policies.retry)),
-                parkFor: resolved(policies.reachability.parkFor, "reachability.park_for"), errors: policies.errors,
+                stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(policies.retry),
+                parkFor: policies.reachability.parkFor, errors: policies.errors,
                 delivery: route.delivery, allowTrace: route.allowTrace,
                 allowedMethods: route.match.methods.map { Array($0).sorted() }
                     ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
@@ -186,12 +188,12 @@ final class RuntimeUpstream: Sendable {
     /// `tls:` as libcurl takes it (nil: its defaults).
     let tls: UpstreamTLS?
 
-    /// Upstream-level policies (upstream over defaults over built-in):
-    /// the breaker, the budget and health checks belong to the upstream.
-    let policies: PolicySettings
-    let whileOpen: WhileOpen
+    /// Upstream-level policies (upstream over defaults over the policies'
+    /// own defaults): the breaker, the budget and health checks belong to the upstream.
+    let policies: ResolvedPolicies
+    let whileOpen: CircuitBreakerStateMachine.WhileOpen
 
-    init(_ upstream: Upstream, defaults: PolicySettings) {
+    init(_ upstream: Upstream, policies: ResolvedPolicies) {
         name = upstream.name
         let serverName = upstream.tls?.serverName
         endpoints = upstream.endpoints.map { Endpoint($0, serverName: serverName) }
@@ -200,36 +202,20 @@ final class RuntimeUpstream: Sendable {
         }
         connectTimeout = upstream.connectTimeout
         maxConnections = upstream.maxConnections
-        policies = upstream.policies.over(defaults).over(.builtIn)
-        whileOpen = resolved(policies.circuitBreaker.whileOpen, "circuit_breaker.while_open")
-        breakerConfiguration = CircuitBreakerStateMachine.Configuration(resolved: policies.circuitBreaker)
-        outlierDetection = OutlierDetector.Configuration(resolved: policies.outlierDetection)
-        budget = (
-            resolved(policies.retry.budgetRatio, "retry.budget.ratio"),
-            resolved(policies.retry.budgetMinPerSecond, "retry.budget.min_per_second")
-        )
-        let h = policies.healthCheck
-        healthCheck = HealthCheck(
-            path: resolved(h.path, "health_check.path"), interval: resolved(h.interval, "health_check.interval"),
-            timeout: resolved(h.timeout, "health_check.timeout"),
-            unhealthyAfter: resolved(h.unhealthyAfter, "health_check.unhealthy_after"),
-            healthyAfter: resolved(h.healthyAfter, "health_check.healthy_after"))
+        self.policies = policies
+        whileOpen = policies.circuitBreaker.whileOpen
+        breakerConfiguration = policies.circuitBreaker
+        outlierDetection = policies.outlierDetection
+        budget = policies.retryBudget
+        healthCheck = policies.healthCheck
     }
 
     let breakerConfiguration: CircuitBreakerStateMachine.Configuration
-    /// `outlier_detection` (upstream over defaults over built-in).
+    /// `outlier_detection` (upstream over defaults).
     let outlierDetection: OutlierDetector.Configuration
     /// The retry budget: ratio and floor per second.
-    let budget: (ratio: Double, minPerSecond: Int)
-    let healthCheck: HealthCheck
-
-    struct HealthCheck: Sendable {
-        let path: String
-        let interval: Duration
-        let timeout: Duration
-        let unhealthyAfter: Int
-        let healthyAfter: Int
-    }
+    let budget: RetryBudget.Configuration
+    let healthCheck: HealthCheckConfiguration
 }
 
 /// `http://host:port/base` split into what libcurl connects to and the path

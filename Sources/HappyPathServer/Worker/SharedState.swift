@@ -124,7 +124,7 @@ extension UpstreamGuard {
     /// and never turned into text.
     struct Fingerprint: Equatable, Sendable {
         let definition: Upstream
-        let policies: PolicySettings
+        let policies: ResolvedPolicies
     }
 }
 
