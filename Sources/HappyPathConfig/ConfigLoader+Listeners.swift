@@ -1,0 +1,89 @@
+import Foundation
+import HappyPathCore
+import HappyPathPolicies
+import Yams
+
+/// `listen`: the addresses the proxy accepts clients on, plain or TLS.
+extension Reader {
+    func address(_ node: Node?, _ path: String) -> ListenAddress? {
+        guard let s = text(node, path) else { return nil }
+        guard let a = ListenAddress.parse(s) else {
+            error(node, "\(path): '\(s)' is not HOST:PORT (e.g. 127.0.0.1:8080 or [::1]:8080)")
+            return nil
+        }
+        return a
+    }
+
+    /// `listen`: `HOST:PORT`, or a list of listeners, each `HOST:PORT` or
+    /// `{ address, tls }`.
+    func listeners(_ node: Node) -> [Listener]? {
+        if case .scalar = node { return address(node, "listen").map { [Listener(address: $0)] } }
+        guard let items = sequence(node, "listen") else { return nil }
+        guard !items.isEmpty else {
+            error(node, "listen must name at least one address (HOST:PORT)")
+            return nil
+        }
+        var out: [Listener] = []
+        for (i, item) in items.enumerated() {
+            let path = "listen[\(i)]"
+            // The same address twice could never bind (port 0, a port of
+            // its own for each, aside).
+            func listedTwice(_ a: ListenAddress, _ node: Node, _ what: String) -> Bool {
+                guard a.port != 0, let earlier = out.first(where: { $0.address == a }) else { return false }
+                error(node, "\(what): \(a) is listed twice (also as \(earlier.address))")
+                return true
+            }
+            if case .scalar = item {
+                if let a = address(item, path), !listedTwice(a, item, path) { out.append(Listener(address: a)) }
+                continue
+            }
+            let lf = fields(item, path, known: ["address", "tls"])
+            guard let addressNode = lf["address"]?.value else {
+                error(item, "\(path) needs an address (HOST:PORT)")
+                continue
+            }
+            guard let a = address(addressNode, "\(path).address") else { continue }
+            var listener = Listener(address: a)
+            if let tlsNode = lf["tls"]?.value { listener.tls = tlsSettings(tlsNode, "\(path).tls") }
+            if listedTwice(a, addressNode, "\(path).address") { continue }
+            out.append(listener)
+        }
+        return out.isEmpty ? nil : out
+    }
+
+    func tlsSettings(_ node: Node, _ path: String) -> TLSListenerSettings? {
+        let tf = fields(node, path, known: ["certificates", "min_version", "alpn"])
+        var pairs: [CertificatePair] = []
+        if let list = tf["certificates"]?.value, let items = sequence(list, "\(path).certificates") {
+            for (i, item) in items.enumerated() {
+                let p = "\(path).certificates[\(i)]"
+                let cf = fields(item, p, known: ["cert", "key"])
+                guard let cert = string(cf["cert"]?.value, "\(p).cert"), let key = string(cf["key"]?.value, "\(p).key") else {
+                    if cf["cert"] == nil || cf["key"] == nil { error(item, "\(p) needs both cert and key (PEM files)") }
+                    continue
+                }
+                pairs.append(CertificatePair(cert: cert, key: key))
+            }
+        }
+        guard !pairs.isEmpty else {
+            error(node, "\(path).certificates must list at least one { cert, key } pair")
+            return nil
+        }
+        var settings = TLSListenerSettings(certificates: pairs)
+        if let v = tf["min_version"]?.value {
+            let text = self.text(v, "\(path).min_version")
+            if let text, let version = TLSMinimumVersion(rawValue: text) {
+                settings.minVersion = version
+            } else if let text {
+                error(v, "\(path).min_version must be \"1.2\" or \"1.3\", got '\(text)'")
+            }
+        }
+        if let a = tf["alpn"]?.value, let protocols = strings(a, "\(path).alpn") {
+            if protocols != ["http/1.1"] {
+                error(a, "\(path).alpn: the proxy speaks http/1.1 only; write [http/1.1] or leave alpn out")
+            }
+            settings.alpn = protocols
+        }
+        return settings
+    }
+}

@@ -1,0 +1,177 @@
+import Foundation
+import HappyPathCore
+import HappyPathPolicies
+import Yams
+
+/// `upstreams.NAME`: endpoints, connections, credentials, pacing and TLS.
+extension Reader {
+    func upstream(name: String, _ node: Node) -> Upstream? {
+        let path = "upstreams.\(name)"
+        let f = fields(
+            node, path,
+            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing", "tls"]
+                + Self.policyKeys)
+        var u = Upstream(name: name, endpoints: [])
+        if let e = f["endpoints"] {
+            for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
+                guard let s = text(item, "\(path).endpoints[\(i)]") else { continue }
+                if let url = endpoint(s) {
+                    // The base path is put in front of every (normalized)
+                    // target: it must be a normalized path itself, with no
+                    // query or fragment, or it would undo that normalization.
+                    let afterScheme = url[url.range(of: "://")!.upperBound...]
+                    let base = afterScheme.firstIndex(of: "/").map { String(afterScheme[$0...]) } ?? ""
+                    if base.contains("?") || base.contains("#") || afterScheme.contains("?") || afterScheme.contains("#") {
+                        error(item, "\(path).endpoints[\(i)]: '\(s)' has a query or fragment; an endpoint is an origin and a base path only")
+                    } else if !base.isEmpty, case let .success(normal) = PathNormalizer.normalize(base), normal != base {
+                        error(item, "\(path).endpoints[\(i)]: the base path '\(base)' is not normalized; write it as '\(normal)'")
+                    } else if !base.isEmpty, case let .failure(refusal) = PathNormalizer.normalize(base) {
+                        error(item, "\(path).endpoints[\(i)]: the base path '\(base)' is not a valid path: \(refusal.detail)")
+                    }
+                    u.endpoints.append(url)
+                } else {
+                    error(item, "\(path).endpoints[\(i)]: '\(s)' is not an http:// or https:// URL with a host")
+                }
+            }
+            if u.endpoints.isEmpty && errors.isEmpty { error(e.value, "\(path).endpoints must list at least one URL") }
+        } else {
+            error(node, "\(path) needs 'endpoints', e.g. [http://127.0.0.1:9000]")
+        }
+        if let v = duration(f["connect_timeout"]?.value, "\(path).connect_timeout") { u.connectTimeout = v }
+        if let v = int(f["max_connections"]?.value, "\(path).max_connections", min: 1) { u.maxConnections = v }
+        if let a = f["auth"]?.value { u.auth = auth(a, "\(path).auth") }
+        u.policies = policies(f, path)
+        if let e = f["errors"]?.value { u.policies.errors = errorMappings(e, "\(path).errors") }
+        if let m = choice(f["upstream_errors"]?.value, "\(path).upstream_errors", UpstreamErrorsMode.self) {
+            u.upstreamErrors = m
+        }
+        if let p = f["pacing"]?.value { u.pacing = pacing(p, "\(path).pacing") }
+        if let t = f["tls"] {
+            u.tls = upstreamTLS(t.value, "\(path).tls")
+            if !u.endpoints.isEmpty, !u.endpoints.allSatisfy({ $0.hasPrefix("https://") }) {
+                error(t.key, "\(path).tls applies to https:// endpoints; every endpoint of the upstream must be one")
+            }
+        }
+        return u
+    }
+
+    func endpoint(_ s: String) -> String? {
+        var url = s
+        while url.hasSuffix("/") { url.removeLast() }
+        for scheme in ["http://", "https://"] where url.lowercased().hasPrefix(scheme) {
+            let rest = url.dropFirst(scheme.count)
+            guard let host = rest.split(separator: "/", maxSplits: 1).first, !host.isEmpty else { return nil }
+            if let colon = host.lastIndex(of: ":"), !host.hasSuffix("]") {
+                guard let port = Int(host[host.index(after: colon)...]), (1...65535).contains(port) else { return nil }
+            }
+            return url
+        }
+        return nil
+    }
+
+    /// `upstreams.NAME.tls`: how the proxy's connections to the upstream verify it.
+    func upstreamTLS(_ node: Node, _ path: String) -> UpstreamTLSSettings {
+        let f = fields(node, path, known: ["ca", "verify", "client_cert", "client_key", "server_name"])
+        var t = UpstreamTLSSettings()
+        t.ca = string(f["ca"]?.value, "\(path).ca")
+        if let v = bool(f["verify"]?.value, "\(path).verify") { t.verify = v }
+        t.clientCert = string(f["client_cert"]?.value, "\(path).client_cert")
+        t.clientKey = string(f["client_key"]?.value, "\(path).client_key")
+        if (t.clientCert == nil) != (t.clientKey == nil) {
+            error(node, "\(path): client_cert and client_key go together (a client certificate and its key)")
+        }
+        if let n = f["server_name"]?.value, let name = string(n, "\(path).server_name") {
+            let allowed = !name.isEmpty && name.unicodeScalars.allSatisfy {
+                ("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "-" || $0 == "."
+            }
+            if allowed { t.serverName = name.lowercased() } else { error(n, "\(path).server_name: '\(name)' is not a host name") }
+        }
+        return t
+    }
+
+    func auth(_ node: Node, _ path: String) -> AuthSettings {
+        let f = fields(
+            node, path,
+            known: [
+                "kind", "header", "scheme", "value", "token_url", "client_id", "client_secret", "refresh_token",
+                "scope", "audience", "login_url", "login_body", "login_content_type", "token_pointer",
+                "expires_in_pointer", "refresh_on", "refresh_ahead",
+            ])
+        var a = AuthSettings()
+        guard let kind = choice(f["kind"]?.value, "\(path).kind", AuthKind.self) else {
+            if f["kind"] == nil {
+                error(node, "\(path) needs 'kind' (none, static, oauth2_client_credentials, oauth2_refresh_token, login)")
+            }
+            return a
+        }
+        a.kind = kind
+        if let v = string(f["header"]?.value, "\(path).header") { a.header = v }
+        a.scheme = string(f["scheme"]?.value, "\(path).scheme")
+        a.value = secret(f["value"]?.value, "\(path).value")
+        a.tokenURL = string(f["token_url"]?.value, "\(path).token_url")
+        a.clientID = string(f["client_id"]?.value, "\(path).client_id")
+        a.clientSecret = secret(f["client_secret"]?.value, "\(path).client_secret")
+        a.refreshToken = secret(f["refresh_token"]?.value, "\(path).refresh_token")
+        a.scope = string(f["scope"]?.value, "\(path).scope")
+        a.audience = string(f["audience"]?.value, "\(path).audience")
+        a.loginURL = string(f["login_url"]?.value, "\(path).login_url")
+        a.loginBody = secret(f["login_body"]?.value, "\(path).login_body")
+        a.loginContentType = string(f["login_content_type"]?.value, "\(path).login_content_type")
+        a.tokenPointer = string(f["token_pointer"]?.value, "\(path).token_pointer")
+        a.expiresInPointer = string(f["expires_in_pointer"]?.value, "\(path).expires_in_pointer")
+        if let r = f["refresh_on"]?.value, let list = strings(r, "\(path).refresh_on") {
+            a.refreshOn = list.compactMap { item in
+                guard let code = Int(item), (400...599).contains(code) else {
+                    error(r, "\(path).refresh_on: '\(item)' is not a 4xx or 5xx status")
+                    return nil
+                }
+                return code
+            }
+        }
+        if let d = duration(f["refresh_ahead"]?.value, "\(path).refresh_ahead", allowZero: true) { a.refreshAhead = d }
+        let required: [String]
+        switch kind {
+        case .none: required = []
+        case .static: required = ["value"]
+        case .oauth2ClientCredentials: required = ["token_url", "client_id", "client_secret"]
+        case .oauth2RefreshToken: required = ["token_url", "refresh_token"]
+        case .login: required = ["login_url", "token_pointer"]
+        }
+        for key in required where f[key] == nil {
+            error(node, "\(path): kind \(kind.rawValue) needs '\(key)'")
+        }
+        for key in ["token_url", "login_url"] {
+            if let n = f[key]?.value, let url = text(n, "\(path).\(key)"), endpoint(url) == nil {
+                error(n, "\(path).\(key): '\(url)' is not an http:// or https:// URL")
+            }
+        }
+        if let p = a.tokenPointer, !p.hasPrefix("/") {
+            error(f["token_pointer"]?.value, "\(path).token_pointer must start with /")
+        }
+        return a
+    }
+
+    /// `pacing: { on: [429, 503], max_pause: 60s, while_paused: wait, scope_429: client, max_clients: 10000 }`.
+    func pacing(_ node: Node, _ path: String) -> PacingConfiguration {
+        let f = fields(node, path, known: ["on", "max_pause", "while_paused", "scope_429", "max_clients"])
+        var p = PacingConfiguration()
+        if let on = f["on"]?.value, let list = strings(on, "\(path).on") {
+            var statuses = Set<Int>()
+            for item in list {
+                if let s = Int(item), (400...599).contains(s) {
+                    statuses.insert(s)
+                } else {
+                    error(on, "\(path).on lists statuses from 400 to 599 (such as 429, 503), got '\(item)'")
+                }
+            }
+            p.on = statuses
+        }
+        if let v = duration(f["max_pause"]?.value, "\(path).max_pause") { p.maxPause = v }
+        if let v = choice(f["while_paused"]?.value, "\(path).while_paused", PacingConfiguration.WhilePaused.self) {
+            p.whilePaused = v
+        }
+        if let v = choice(f["scope_429"]?.value, "\(path).scope_429", PacingConfiguration.Scope.self) { p.scope429 = v }
+        if let v = int(f["max_clients"]?.value, "\(path).max_clients", min: 1, max: 10_000_000) { p.maxClients = v }
+        return p
+    }
+}
