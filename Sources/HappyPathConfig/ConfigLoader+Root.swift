@@ -48,7 +48,7 @@ extension Reader {
             }
             if let v = duration(lf["client_timeout"]?.value, "limits.client_timeout") { config.limits.clientTimeout = v }
             if let v = int(lf["max_parked"]?.value, "limits.max_parked", min: 0) { config.limits.maxParked = v }
-            if let v = int(lf["max_connections"]?.value, "limits.max_connections", min: 1) { config.limits.maxConnections = v }
+            if let v = int(lf["max_connections"]?.value, "limits.max_connections", min: 1) { config.limits.maxClientConnections = v }
             if let v = size(lf["max_buffered_bytes"]?.value, "limits.max_buffered_bytes") {
                 config.limits.maxBufferedBytes = v
             }

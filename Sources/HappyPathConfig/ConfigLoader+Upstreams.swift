@@ -38,7 +38,7 @@ extension Reader {
             error(node, "\(path) needs 'endpoints', e.g. [http://127.0.0.1:9000]")
         }
         if let v = duration(f["connect_timeout"]?.value, "\(path).connect_timeout") { u.connectTimeout = v }
-        if let v = int(f["max_connections"]?.value, "\(path).max_connections", min: 1) { u.maxConnections = v }
+        if let v = int(f["max_connections"]?.value, "\(path).max_connections", min: 1) { u.maxConnectionsPerEndpoint = v }
         if let a = f["auth"]?.value { u.auth = auth(a, "\(path).auth") }
         u.policies = policies(f, path)
         if let e = f["errors"]?.value { u.policies.errors = errorMappings(e, "\(path).errors") }

@@ -75,8 +75,8 @@ public struct Limits: Sendable {
     public var maxParked: Int = 10_000
     /// Client connections open in the whole process; above it the
     /// listeners stop accepting (clients wait in the kernel's backlog)
-    /// until one closes.
-    public var maxConnections: Int = 10_000
+    /// until one closes. `limits.max_connections` in the file.
+    public var maxClientConnections: Int = 10_000
     /// Request bodies held in memory by the whole process (each body is
     /// kept whole for retries and replays); a body that does not fit is
     /// answered 503 OVERLOADED before it is read.
@@ -98,7 +98,10 @@ public struct Upstream: Sendable, Equatable {
     /// Base URLs such as `http://127.0.0.1:9000`, without a trailing slash.
     public var endpoints: [String]
     public var connectTimeout: Duration = .seconds(1)
-    public var maxConnections: Int = 256
+    /// Tries in flight per endpoint (split across the workers), open
+    /// tunnels included; beyond, a bounded queue, then 503 OVERLOADED.
+    /// `max_connections` in the file: not `limits.max_connections`.
+    public var maxConnectionsPerEndpoint: Int = 256
     public var auth: AuthSettings = .none
     public var policies: PolicySettings = PolicySettings()
     /// Its routes' default for `upstream_errors` (nil: `normalize`).

@@ -73,7 +73,7 @@ let minimal = """
         #expect(c.limits.maxHeaderBytes == 64 * 1024)
         #expect(c.limits.clientTimeout == .seconds(30))
         #expect(c.limits.maxParked == 10_000)
-        #expect(c.limits.maxConnections == 10_000)
+        #expect(c.limits.maxClientConnections == 10_000)
         let p = c.resolvedPolicies(forRoute: 0)
         #expect(p.timeout == .seconds(10))
         #expect(p.retry.attempts == 3)
@@ -81,12 +81,12 @@ let minimal = """
         #expect(p.circuitBreaker.whileOpen == .park)
         #expect(p.reachability.parkFor == .seconds(10))
         #expect(c.upstreams[0].connectTimeout == .seconds(1))
-        #expect(c.upstreams[0].maxConnections == 256)
+        #expect(c.upstreams[0].maxConnectionsPerEndpoint == 256)
     }
 
     @Test func maxConnectionsIsReadAndMustBePositive() throws {
         let c = try ConfigLoader.parse("limits: { max_connections: 5 }\n" + minimal, file: "f.yaml")
-        #expect(c.limits.maxConnections == 5)
+        #expect(c.limits.maxClientConnections == 5)
         let e = errors("limits: { max_connections: 0 }\n" + minimal)
         #expect(e.count == 1)
         #expect(e.first?.message.contains("limits.max_connections") == true)

@@ -61,7 +61,7 @@ final class UpstreamGuard: Sendable {
         self.events = events
         outliers = Locked(OutlierDetector(endpoints: endpointCount, configuration: upstream.outlierDetection))
         self.endpointCount = endpointCount
-        connections = upstream.maxConnections * endpointCount
+        connections = upstream.maxConnectionsPerEndpoint * endpointCount
         ejectionTime = upstream.outlierDetection.baseEjection
         self.breaker = Locked(CircuitBreakerStateMachine(breaker))
         budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))

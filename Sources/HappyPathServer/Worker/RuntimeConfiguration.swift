@@ -74,8 +74,8 @@ extension RuntimeConfiguration {
     /// upstream's share; idle connections kept, room for every endpoint's
     /// share. A reload recomputes them (`UpstreamClient.setConnectionLimits`).
     func connectionCaps(workers: Int) -> (perHost: Int, cached: Int) {
-        let perHost = upstreams.map(\.maxConnections).max() ?? 256
-        let total = upstreams.reduce(0) { $0 + $1.maxConnections * $1.endpoints.count }
+        let perHost = upstreams.map(\.maxConnectionsPerEndpoint).max() ?? 256
+        let total = upstreams.reduce(0) { $0 + $1.maxConnectionsPerEndpoint * $1.endpoints.count }
         return (max(1, perHost / workers), max(16, total / workers))
     }
 }
@@ -184,7 +184,8 @@ final class RuntimeUpstream: Sendable {
     let name: String
     let endpoints: [Endpoint]
     let connectTimeout: Duration
-    let maxConnections: Int
+    /// `max_connections`: tries in flight per endpoint, across the workers.
+    let maxConnectionsPerEndpoint: Int
     /// `tls:` as libcurl takes it (nil: its defaults).
     let tls: UpstreamTLS?
 
@@ -201,7 +202,7 @@ final class RuntimeUpstream: Sendable {
             UpstreamTLS(ca: $0.ca, verify: $0.verify, clientCert: $0.clientCert, clientKey: $0.clientKey)
         }
         connectTimeout = upstream.connectTimeout
-        maxConnections = upstream.maxConnections
+        maxConnectionsPerEndpoint = upstream.maxConnectionsPerEndpoint
         self.policies = policies
         whileOpen = policies.circuitBreaker.whileOpen
         breakerConfiguration = policies.circuitBreaker

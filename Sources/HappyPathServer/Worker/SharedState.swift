@@ -64,8 +64,8 @@ final class SharedState: @unchecked Sendable {
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes
         // Connections open now stay counted; a lower cap stops new ones only.
-        connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxConnections)
-        connections.limit = runtime.configuration.limits.maxConnections
+        connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxClientConnections)
+        connections.limit = runtime.configuration.limits.maxClientConnections
         workers = previous?.workers ?? []
         tracer = previous?.tracer
         deliveries = previous?.deliveries
