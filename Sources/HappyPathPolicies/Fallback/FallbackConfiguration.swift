@@ -40,9 +40,11 @@ public struct FallbackConfiguration: Sendable, Equatable {
     /// which always do (`private_headers`; setting it replaces this).
     public static let defaultPrivateHeaders = ["X-Api-Key"]
 
-    /// How long the last good answer to a GET is kept (nil: none kept).
+    /// How long the last good answer to a GET is kept. Default nil: none kept.
     public var serveStale: Duration?
+    /// The ways of failing it answers. Default all of them.
     public var on: Set<Reason> = Set(Reason.allCases)
+    /// Default nil: without a kept answer, the problem body.
     public var response: FixedResponse?
     /// `private_headers`: more credential fields. An answer to a request
     /// with any credential is kept apart for those very values, unless the

@@ -13,10 +13,14 @@ public struct HedgeConfiguration: Sendable, Equatable {
         case p95
     }
 
+    /// How long a try goes unanswered before a hedge (`after:`, required:
+    /// a duration or `p95`).
     public var after: Delay
+    /// The shortest `p95` wait. Default 10ms.
     public var min: Duration = .milliseconds(10)
+    /// The longest `p95` wait, and the wait until enough tries were seen. Default 1s.
     public var max: Duration = .seconds(1)
-    /// Extra tries in flight at once, beside the first.
+    /// Extra tries in flight at once, beside the first (1 to 8). Default 1.
     public var maxExtra = 1
 
     public init(after: Delay) { self.after = after }

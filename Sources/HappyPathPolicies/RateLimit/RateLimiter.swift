@@ -226,11 +226,18 @@ public struct RateLimitConfiguration: Sendable, Equatable {
     public var count: Int
     /// The period of `rate` (1 s, 1 min or 1 h).
     public var period: Duration
+    /// Tokens a bucket holds. Default one second's worth of `rate` (at least 1).
     public var burst: Int
+    /// Whose bucket a request takes from. Default `client_ip`.
     public var key: Key = .clientIP
+    /// Default `reject`.
     public var overLimit: OverLimit = .reject
+    /// `queue`: the longest wait for a token; a longer one (or one past the
+    /// route's `timeout`) is refused with 429. Default 2s.
     public var maxWait: Duration = .seconds(2)
+    /// `queue`: requests waiting at once in the process; more are refused. Default 1000.
     public var maxQueue = 1000
+    /// Buckets kept; a new key beyond it takes the place of an idle one. Default 100,000.
     public var maxKeys = 100_000
 
     public init(count: Int, period: Duration, burst: Int) {

@@ -192,7 +192,6 @@ final class RuntimeUpstream: Sendable {
     /// Upstream-level policies (upstream over defaults over the policies'
     /// own defaults): the breaker, the budget and health checks belong to the upstream.
     let policies: ResolvedPolicies
-    let whileOpen: CircuitBreakerStateMachine.WhileOpen
 
     init(_ upstream: Upstream, policies: ResolvedPolicies) {
         name = upstream.name
@@ -204,19 +203,15 @@ final class RuntimeUpstream: Sendable {
         connectTimeout = upstream.connectTimeout
         maxConnectionsPerEndpoint = upstream.maxConnectionsPerEndpoint
         self.policies = policies
-        whileOpen = policies.circuitBreaker.whileOpen
-        breakerConfiguration = policies.circuitBreaker
-        outlierDetection = policies.outlierDetection
-        budget = policies.retryBudget
-        healthCheck = policies.healthCheck
     }
 
-    let breakerConfiguration: CircuitBreakerStateMachine.Configuration
+    var whileOpen: CircuitBreakerStateMachine.WhileOpen { policies.circuitBreaker.whileOpen }
+    var breakerConfiguration: CircuitBreakerStateMachine.Configuration { policies.circuitBreaker }
     /// `outlier_detection` (upstream over defaults).
-    let outlierDetection: OutlierDetector.Configuration
+    var outlierDetection: OutlierDetector.Configuration { policies.outlierDetection }
     /// The retry budget: ratio and floor per second.
-    let budget: RetryBudget.Configuration
-    let healthCheck: HealthCheckConfiguration
+    var budget: RetryBudget.Configuration { policies.retryBudget }
+    var healthCheck: HealthCheckConfiguration { policies.healthCheck }
 }
 
 /// `http://host:port/base` split into what libcurl connects to and the path
