@@ -92,7 +92,11 @@ extension Reader {
             let hp = "\(path).health_check"
             let hf = fields(h, hp, known: ["path", "interval", "timeout", "unhealthy_after", "healthy_after"])
             if let s = string(hf["path"]?.value, "\(hp).path") {
-                if s.hasPrefix("/") { p.healthCheck.set(\.path, s) } else { error(hf["path"]?.value, "\(hp).path must start with /") }
+                if s.hasPrefix("/") {
+                    p.healthCheck.set(\.path, s)
+                } else {
+                    error(hf["path"]?.value, "\(hp).path must start with /")
+                }
             }
             p.healthCheck.set(\.interval, duration(hf["interval"]?.value, "\(hp).interval"))
             p.healthCheck.set(\.timeout, duration(hf["timeout"]?.value, "\(hp).timeout"))

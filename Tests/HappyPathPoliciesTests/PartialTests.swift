@@ -15,10 +15,11 @@ import Testing
 
     /// route over upstream over defaults: the first level that sets a field
     /// gives it; a field none sets keeps the configuration's default.
-    @Test(arguments: [
-        // (route, upstream, defaults) attempts → resolved attempts
-        (nil, nil, nil, 3), (nil, nil, 5, 5), (nil, 2, 5, 2), (4, 2, 5, 4), (4, nil, nil, 4), (1, nil, 5, 1),
-    ] as [(Int?, Int?, Int?, Int)])
+    @Test(
+        arguments: [
+            // (route, upstream, defaults) attempts → resolved attempts
+            (nil, nil, nil, 3), (nil, nil, 5, 5), (nil, 2, 5, 2), (4, 2, 5, 4), (4, nil, nil, 4), (1, nil, 5, 1),
+        ] as [(Int?, Int?, Int?, Int)])
     func theNearestLevelThatSetsAFieldWins(route: Int?, upstream: Int?, defaults: Int?, expected: Int) {
         let merged = Self.retry(attempts: route).merged(over: Self.retry(attempts: upstream))
             .merged(over: Self.retry(attempts: defaults))
@@ -67,7 +68,10 @@ import Testing
         (Self.retry(attempts: 2), Self.retry(attempts: 4), false),
         // The same resolved values, but one sets the field and one does not.
         (Self.retry(attempts: 3), Retry(), false),
-        (Self.retry(attempts: 2, perTry: .seconds(1)), Self.retry(perTry: .seconds(1)).merged(over: Self.retry(attempts: 2)), true),
+        (
+            Self.retry(attempts: 2, perTry: .seconds(1)), Self.retry(perTry: .seconds(1)).merged(over: Self.retry(attempts: 2)),
+            true
+        ),
     ])
     func equalMeansTheSameFieldsSetToTheSameValues(a: Retry, b: Retry, equal: Bool) {
         #expect((a == b) == equal)
