@@ -177,10 +177,10 @@ extension Reader {
         return out
     }
 
-    func delivery(_ node: Node, _ path: String) -> DeliverySettings {
-        var d = DeliverySettings()
+    func delivery(_ node: Node, _ path: String) -> DeliveryPolicy.Configuration {
+        var d = DeliveryPolicy.Configuration()
         let f = fields(node, path, known: ["mode", "max_age", "max_attempts", "backoff", "idempotency"])
-        if let m = choice(f["mode"]?.value, "\(path).mode", DeliveryMode.self) { d.mode = m }
+        if let m = choice(f["mode"]?.value, "\(path).mode", DeliveryPolicy.Mode.self) { d.mode = m }
         if let v = duration(f["max_age"]?.value, "\(path).max_age") { d.maxAge = v }
         if let v = int(f["max_attempts"]?.value, "\(path).max_attempts", min: 1, max: 1_000_000) { d.maxAttempts = v }
         if let b = f["backoff"]?.value {

@@ -144,7 +144,7 @@ public struct Route: Sendable {
     public var stripPrefix: String?
     public var policies: PolicySettings = PolicySettings()
     public var errors: [ErrorMapping] = []
-    public var delivery = DeliverySettings()
+    public var delivery = DeliveryPolicy.Configuration()
     /// TRACE is answered 405 unless the route allows it (`allow_trace`):
     /// an upstream echoing the request would reflect credentials and cookies.
     public var allowTrace = false
@@ -174,29 +174,6 @@ public enum RedirectMode: String, Sendable, CaseIterable {
     case rewrite
     /// Sent as the upstream wrote them.
     case keep
-}
-
-/// `mode: now` answers with the upstream's response (the default); `later`
-/// stores the request, answers 202, and delivers it in the background.
-public enum DeliveryMode: String, Sendable, CaseIterable { case now, later }
-
-/// A route's `delivery` block (docs/deliver-later.md).
-public struct DeliverySettings: Sendable, Equatable {
-    public var mode = DeliveryMode.now
-    /// Undelivered this long after it was accepted: dead.
-    public var maxAge: Duration = .seconds(24 * 3600)
-    /// Delivery rounds (each with the route's own retries) before it is dead.
-    public var maxAttempts = 50
-    /// Between rounds: exponential from `backoffBase`, capped at `backoffMax`,
-    /// each wait drawn between half the step and the whole step.
-    public var backoffBase: Duration = .seconds(1)
-    public var backoffMax: Duration = .seconds(600)
-    /// `delivery.idempotency.client_header`: who a client is, for the scope
-    /// of its `Idempotency-Key`, when it sends no `Authorization` (such as
-    /// `X-Api-Key`). Nil (the default): such clients share the route's scope.
-    public var idempotencyClientHeader: String?
-
-    public init() {}
 }
 
 /// The top-level `tracing` block: OpenTelemetry spans sent over OTLP/HTTP.

@@ -315,7 +315,7 @@ final class AdminServer: HTTPServerDelegate {
         let (routePath, _) = Router.split(target: record.target)
         let maxAge = runtime.router.route(path: routePath, method: record.method).map {
             runtime.routes[$0].delivery.maxAge
-        } ?? DeliverySettings().maxAge
+        } ?? DeliveryPolicy.Configuration().maxAge
         let loop = adminLoop
         let box = LoopBound((request: request, server: self), on: adminLoop)
         deliveries.replay(id: id, maxAge: maxAge) { result in

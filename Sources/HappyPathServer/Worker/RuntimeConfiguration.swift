@@ -97,7 +97,7 @@ final class RuntimeRoute: Sendable {
     /// Error mappings: the route's, then its upstream's.
     let errors: [ErrorMapping]
     /// `now`, or `later`: stored, answered 202, delivered in the background.
-    let delivery: DeliverySettings
+    let delivery: DeliveryPolicy.Configuration
     /// TRACE is forwarded (`allow_trace`); else answered 405 by the proxy.
     let allowTrace: Bool
     /// For the `Allow` header of that 405: the route's methods.
@@ -145,7 +145,7 @@ final class RuntimeRoute: Sendable {
 
     init(
         index: Int, label: String, upstreamIndex: Int, stripPrefix: String?, timeout: Duration, retry: RetryPolicy,
-        parkFor: Duration, errors: [ErrorMapping], delivery: DeliverySettings = DeliverySettings(),
+        parkFor: Duration, errors: [ErrorMapping], delivery: DeliveryPolicy.Configuration = DeliveryPolicy.Configuration(),
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
         rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
         fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300)
