@@ -7,9 +7,7 @@ import Testing
 /// would be asked, with no HTTP/1.1 connection anywhere.
 @Suite struct HTTPRequestTests {
     @Test func readsItsHeadThroughTheStreamAndKeepsMethodAndTarget() {
-        let stream = RecordingStream()
-        let request = HTTPRequest(stream: stream)
-        stream.carried = request
+        let (stream, request) = RecordingStream.carrying()
         #expect(request.method == "POST")
         #expect(request.target == "/orders?id=7")
         #expect(request.method == "POST")
@@ -25,9 +23,7 @@ import Testing
     }
 
     @Test func streamsAnAnswerThenWritesNothingMore() {
-        let stream = RecordingStream()
-        let request = HTTPRequest(stream: stream)
-        stream.carried = request
+        let (stream, request) = RecordingStream.carrying()
         request.addResponseHeader("Content-Type", "text/plain")
         request.startReply(status: 200, contentLength: 5)
         request.send(UnsafeRawBufferPointer(start: nil, count: 0))
@@ -39,9 +35,7 @@ import Testing
     }
 
     @Test func aWholeReplyIsOneWriteThenTheRequestIsReleased() {
-        let stream = RecordingStream()
-        let request = HTTPRequest(stream: stream)
-        stream.carried = request
+        let (stream, request) = RecordingStream.carrying()
         let observer = Observer()
         request.observer = observer
         request.reply(status: 404, headers: [HTTPField(name: "Cache-Control", value: "no-store")], body: "gone")
@@ -91,6 +85,14 @@ private final class RecordingStream: ClientStream {
     weak var carried: HTTPRequest?
     var calls: [String] = []
     private let fields: [(String, String)] = [("Host", "example.test"), ("X-Tenant", "blue")]
+
+    /// A stream and the request it carries.
+    static func carrying() -> (RecordingStream, HTTPRequest) {
+        let stream = RecordingStream()
+        let request = HTTPRequest(stream: stream)
+        stream.carried = request
+        return (stream, request)
+    }
 
     private func carries(_ request: HTTPRequest) -> Bool { carried === request }
 
