@@ -83,6 +83,7 @@ public protocol ClientStream: AnyObject {
     func end(_ request: HTTPRequest) -> Bool
     /// Breaks the answer off (an upstream body cut short: the client must
     /// see a broken answer, not a complete one), without telling the request.
+    /// Nothing for a request this stream does not carry now.
     func cancel(_ request: HTTPRequest)
     /// Bytes of the answer queued and not yet taken by the client.
     func pendingOutput(for request: HTTPRequest) -> Int

@@ -170,7 +170,9 @@ extension HTTPConnection: ClientStream {
 
     /// Closes the connection without telling the request.
     func cancel(_ request: HTTPRequest) {
-        if current === request { current = nil }
+        // Not this connection's request (any more): nothing of it is left to break off.
+        guard current === request else { return }
+        current = nil
         close()
     }
 

@@ -8,8 +8,15 @@ import HappyPathCore
 /// answer, and after the client is gone, every method here is a no-op, so a
 /// late upstream callback cannot write into another request's answer.
 public final class HTTPRequest {
-    /// Strong while the request is open; cleared when it is answered.
-    private var stream: (any ClientStream)?
+    /// The request's transport, kept for the request's life: a `let`, so a
+    /// call through it costs no retain and release (a `var` would, as the
+    /// call could clear it), which on the hot path is most of a call's cost.
+    /// The stream acts only for the request it carries now, so after the
+    /// answer every call through it is a no-op. It ends the cycle with the
+    /// request when it lets go of it (after the answer, at its close).
+    private let stream: any ClientStream
+    /// Not yet answered, aborted, or taken out of HTTP.
+    private var open = true
     /// The request's handler, held until the request is answered or
     /// aborted (then dropped, which ends the handler ↔ request cycle). Not
     /// weak: a weak reference would move the handler's reference counts to
@@ -32,7 +39,7 @@ public final class HTTPRequest {
 
     public var method: String {
         if let cachedMethod { return cachedMethod }
-        guard let m = stream?.method(of: self) else { return "GET" }
+        guard let m = stream.method(of: self) else { return "GET" }
         cachedMethod = m
         return m
     }
@@ -43,23 +50,23 @@ public final class HTTPRequest {
     /// decoded: docs/http1.md, "Paths"), which routes match and upstreams receive.
     public var target: String {
         if let cachedTarget { return cachedTarget }
-        guard let t = stream?.target(of: self) else { return "/" }
+        guard let t = stream.target(of: self) else { return "/" }
         cachedTarget = t
         return t
     }
 
-    public var isAsteriskForm: Bool { stream?.head(of: self)?.isAsteriskForm ?? false }
+    public var isAsteriskForm: Bool { stream.head(of: self)?.isAsteriskForm ?? false }
 
     /// Size of the request head as received (request line and fields).
-    public var headBytes: Int { stream?.head(of: self)?.size ?? 0 }
+    public var headBytes: Int { stream.head(of: self)?.size ?? 0 }
 
     /// Whether `Connection` names other fields (they are hop-by-hop then).
-    public var connectionNominatesFields: Bool { stream?.head(of: self)?.connectionNominatesFields ?? false }
+    public var connectionNominatesFields: Bool { stream.head(of: self)?.connectionNominatesFields ?? false }
 
     /// Calls `body` with each request field, in arrival order, as bytes in
     /// the stream's buffer (valid only during the call): no copy per field.
     public func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void) {
-        stream?.forEachField(of: self, body)
+        stream.forEachField(of: self, body)
     }
 
     /// Each request field as strings, in arrival order.
@@ -86,24 +93,24 @@ public final class HTTPRequest {
 
     /// The fields that a `Connection` header of this request names, by
     /// index in `forEachRawHeader` order (linear in the head's size).
-    public func nominatedFields() -> [Bool] { stream?.nominatedFields(of: self) ?? [] }
+    public func nominatedFields() -> [Bool] { stream.nominatedFields(of: self) }
 
     /// The client's address, as text.
-    public var peerAddress: String { stream?.peerAddress ?? "" }
+    public var peerAddress: String { open ? stream.peerAddress : "" }
 
     /// The address the client connected to, as text (the listener's own,
     /// or the interface's for a wildcard listener).
-    public var localAddress: String { stream?.localAddress ?? "" }
+    public var localAddress: String { open ? stream.localAddress : "" }
 
     /// The whole request body (read before `serve`), handed over once.
-    public func takeBody() -> RequestBody { stream?.takeBody(of: self) ?? .empty }
+    public func takeBody() -> RequestBody { stream.takeBody(of: self) }
 
     // MARK: - Whole replies
 
     /// Sends a complete response (the staged headers, then `headers`) and
     /// releases the request.
     public func reply(status: Int, headers: [HTTPField] = [], body: String? = nil) {
-        guard let stream else { return }
+        guard open else { return }
         for field in headers { addResponseHeader(field.name, field.value) }
         var body = body ?? ""
         let written = body.withUTF8 { stream.writeWhole(status: status, body: UnsafeRawBufferPointer($0), for: self) }
@@ -113,10 +120,9 @@ public final class HTTPRequest {
     // MARK: - Streamed replies
 
     /// Forgets every response header staged so far (a new try starts clean).
-    public func clearResponseHeaders() { stream?.clearStagedFields(for: self) }
+    public func clearResponseHeaders() { stream.clearStagedFields(for: self) }
 
     public func addResponseHeader(_ name: String, _ value: String) {
-        guard let stream else { return }
         var name = name
         var value = value
         name.withUTF8 { n in
@@ -128,13 +134,13 @@ public final class HTTPRequest {
 
     /// Stages a header from raw bytes (as libcurl hands them over), copied.
     public func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
-        stream?.stageField(name: name, value: value, for: self)
+        stream.stageField(name: name, value: value, for: self)
     }
 
     /// Drops the staged headers that a `Connection` value names
     /// (an upstream's own hop-by-hop fields).
     public func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {
-        stream?.removeStagedFields(nominatedBy: connectionValue, for: self)
+        stream.removeStagedFields(nominatedBy: connectionValue, for: self)
     }
 
     /// Stages the status line and headers; they leave with the first body
@@ -143,7 +149,7 @@ public final class HTTPRequest {
     /// - Parameter reason: the upstream's own reason phrase, when it is not
     ///   the standard one (checked by the caller: field-value bytes only).
     public func startReply(status: Int, contentLength: Int? = nil, reason: [UInt8]? = nil) {
-        stream?.writeHead(status: status, contentLength: contentLength, reason: reason, for: self)
+        stream.writeHead(status: status, contentLength: contentLength, reason: reason, for: self)
     }
 
     /// Writes an informational answer (`103 Early Hints` and the like) at
@@ -151,42 +157,42 @@ public final class HTTPRequest {
     /// Not to a client that does not know 1xx (HTTP/1.0), and never once
     /// the final answer has started.
     public func sendInformational(status: Int, fields: UnsafeRawBufferPointer) {
-        stream?.writeInformational(status: status, fields: fields, for: self)
+        stream.writeInformational(status: status, fields: fields, for: self)
     }
 
     /// Writes body bytes. With `notifyWhenDrained`, the observer hears
     /// `requestOutputDrained` once everything queued so far is written.
     public func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool = false) {
-        stream?.writeBodyPart(bytes, notifyWhenDrained: notifyWhenDrained, for: self)
+        stream.writeBodyPart(bytes, notifyWhenDrained: notifyWhenDrained, for: self)
     }
 
     /// Bytes queued for the client and not yet written.
-    public var pendingOutput: Int { stream?.pendingOutput(for: self) ?? 0 }
+    public var pendingOutput: Int { stream.pendingOutput(for: self) }
 
     /// Finishes a streamed reply and releases the request. A body shorter
     /// than its announced length cannot end well: the stream breaks it off.
     public func endReply() {
-        guard let stream, stream.end(self) else { return }
+        guard open, stream.end(self) else { return }
         release()
     }
 
     /// A head held by the delegate (`HTTPServerDelegate.holdsBody`): its
     /// body is read now, then the request is served as usual.
-    public func readBody() { stream?.resumeReading(for: self) }
+    public func readBody() { stream.resumeReading(for: self) }
 
     /// Drops the client connection without completing the response (the
     /// body was cut short upstream: the client must see a broken response,
     /// not a complete one). Releases the request.
     public func abort() {
         observer = nil
-        guard let stream else { return }
-        self.stream = nil
+        guard open else { return }
+        open = false
         stream.cancel(self)
     }
 
     private func release() {
         observer = nil
-        stream = nil
+        open = false
     }
 
     // MARK: - From the stream
@@ -204,9 +210,10 @@ public final class HTTPRequest {
     // MARK: - Leaving HTTP
 
     /// The request came over a TLS listener (`X-Forwarded-Proto: https`).
-    public var arrivedOverTLS: Bool { stream?.head(of: self)?.isSecure ?? false }
+    public var arrivedOverTLS: Bool { stream.head(of: self)?.isSecure ?? false }
 
-    /// The stream, when it is an HTTP/1.1 connection carrying this request:
+    /// The stream, when it is an HTTP/1.1 connection carrying this request
+    /// (a dynamic cast: only the few requests that may leave HTTP pay it):
     /// only there can a request leave HTTP (a `101`, a socket handed over).
     private var http1: HTTPConnection? {
         guard let connection = stream as? HTTPConnection, connection.carries(self) else { return nil }
@@ -226,7 +233,7 @@ public final class HTTPRequest {
     ) -> Tunnel? {
         guard let c = http1 else { return nil }
         observer = nil
-        stream = nil
+        open = false
         var head = "HTTP/1.1 101 Switching Protocols\r\n"
         for field in fields { head += "\(field.name): \(field.value)\r\n" }
         head += "\r\n"
@@ -246,7 +253,7 @@ public final class HTTPRequest {
     /// request is answered either way.
     public func takeOverConnection() -> Int32? {
         guard let c = http1 else { return nil }
-        stream = nil
+        open = false
         return c.detach(self)
     }
 }
