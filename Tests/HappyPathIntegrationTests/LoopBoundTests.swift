@@ -6,7 +6,7 @@ import Testing
 
 /// `LoopBound` and `EventLoop.inEventLoop`: a value bound to a loop is
 /// read on that loop's thread, and touching it from another thread while
-/// the loop runs stops a debug build (the tests are one).
+/// the loop runs stops the process (in release builds too).
 @Suite struct LoopBoundTests {
     /// Runs `body` on `loop` and waits for its answer.
     private func onLoop<T: Sendable>(_ loop: EventLoop, _ body: @escaping @Sendable () -> T) -> T {
@@ -36,6 +36,17 @@ import Testing
         #expect(loop.inEventLoop, "stopped, it is its holder's again")
         loop.close()
         other.close()
+    }
+
+    @Test func aLoopsThreadCarriesItsName() throws {
+        let loop = EventLoop()
+        loop.start(name: "named-loop-with-a-long-name")
+        let comm = onLoop(loop) { try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8) }
+        // Linux keeps 15 bytes of a thread's name.
+        #expect(comm == "named-loop-with\n")
+        loop.execute { loop.stop() }
+        loop.join()
+        loop.close()
     }
 
     @Test func aBoundValueIsReadAndChangedOnItsLoop() {

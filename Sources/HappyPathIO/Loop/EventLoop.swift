@@ -129,7 +129,15 @@ public final class EventLoop: @unchecked Sendable {
         assert(inEventLoop, "touched off its event loop's thread", file: file, line: line)
     }
 
-    /// Starts a thread that runs the loop.
+    /// Stops the process when called off the loop's thread, in every build
+    /// (as swift-nio's `preconditionInEventLoop`): what `LoopBound` stands
+    /// on. Two atomic loads and `pthread_self`.
+    @inlinable
+    public func preconditionInEventLoop(file: StaticString = #fileID, line: UInt = #line) {
+        precondition(inEventLoop, "touched off its event loop's thread", file: file, line: line)
+    }
+
+    /// Starts a thread that runs the loop, named `name` (its first 15 bytes).
     public func start(name: String) {
         // Crosses to the new thread as a C argument, not as a Sendable value.
         final class Box {
@@ -150,7 +158,9 @@ public final class EventLoop: @unchecked Sendable {
             }, box)
         precondition(rc == 0, "pthread_create failed: \(rc)")
         thread = tid
-        _ = name
+        // Seen in `top -H`, gdb and /proc/<pid>/task/*/comm. Linux takes 15
+        // bytes at most (and refuses the whole name if it is longer).
+        _ = hp_thread_set_name(tid, String(decoding: name.utf8.prefix(15), as: UTF8.self))
     }
 
     /// Asks the loop to return after the current pass. Safe from any thread.

@@ -4,10 +4,11 @@
 /// reader thread and is answered back on its own loop.
 ///
 /// `LoopBound` is `Sendable` whatever `Value` is; what makes that true is
-/// the check on every access (`EventLoop.assertInEventLoop`), which stops
-/// a debug build and the tests at the first access from the wrong thread.
-/// A release build does not check. Copies share one value (it lives in a
-/// box), so a change made through one is seen through all of them.
+/// the check on every access (`EventLoop.preconditionInEventLoop`), which
+/// stops the process at the first access from the wrong thread, in release
+/// builds too (as swift-nio's `NIOLoopBound`): a thread identity compare,
+/// a few instructions (docs/performance.md). Copies share one value (it
+/// lives in a box), so a change made through one is seen through all of them.
 ///
 /// Made on the loop's thread (or while the loop is not running, when
 /// setting it up) with `init(_:on:)`; a value made elsewhere that nothing
@@ -24,7 +25,7 @@ public struct LoopBound<Value>: @unchecked Sendable {
 
     /// On `loop`'s thread, or before it runs.
     public init(_ value: Value, on loop: EventLoop) {
-        loop.assertInEventLoop()
+        loop.preconditionInEventLoop()
         self.loop = loop
         box = Box(value)
     }
@@ -40,15 +41,15 @@ public struct LoopBound<Value>: @unchecked Sendable {
     @inlinable
     public var value: Value {
         get {
-            loop.assertInEventLoop()
+            loop.preconditionInEventLoop()
             return box.value
         }
         nonmutating _modify {
-            loop.assertInEventLoop()
+            loop.preconditionInEventLoop()
             yield &box.value
         }
         nonmutating set {
-            loop.assertInEventLoop()
+            loop.preconditionInEventLoop()
             box.value = newValue
         }
     }

@@ -27,7 +27,7 @@ final class HTTPConnection {
     var writeEvent: OpaquePointer?
     var timerEvent: OpaquePointer?
 
-    /// Decides; `HTTPRequest` reports the answer's head, bytes and end to it.
+    /// Decides; the answer's head, bytes and end (HTTPConnection+ClientStream.swift) are reported to it.
     var machine: Machine
 
     var input: RequestInput
@@ -113,8 +113,8 @@ final class HTTPConnection {
             tls?.shutdown()
             shutdown(fd, Int32(SHUT_WR))
         case .close: close()
-        case .clientLost: current?.connectionLost()
-        case .notifyDrained: current?.outputDrained()
+        case .clientLost: current?.streamCancelled()
+        case .notifyDrained: current?.streamDrained()
         case .checkDrained: event_active(writeEvent, Int32(EV_WRITE), 0)
         }
     }
@@ -183,7 +183,7 @@ final class HTTPConnection {
             if delegate.holdsBody(request) {
                 // Judged at the head (a rate limit): nothing of the body is
                 // read into storage, nor taken from the budget, until the
-                // delegate lets it come (`HTTPRequest.readBody`) — or answers.
+                // delegate lets it come (`HTTPRequest.readBody`, `resumeReading`) — or answers.
                 perform(machine.holdBody())
                 return delegate.bodyHeld(request)
             }
@@ -207,7 +207,7 @@ final class HTTPConnection {
     /// A new request: the one this connection answers now.
     @discardableResult
     private func begin(_ version: HTTPVersion, isHead: Bool) -> HTTPRequest {
-        let request = HTTPRequest(connection: self)
+        let request = HTTPRequest(stream: self)
         current = request
         response.reset(version: version, isHead: isHead)
         return request
@@ -218,15 +218,6 @@ final class HTTPConnection {
         let request = current ?? begin(head.version, isHead: head.isHead)
         if case .chunked = head.framing { input.finishChunked() }
         if let delegate = server.delegate { delegate.serve(request) } else { request.reply(status: 503) }
-    }
-
-    /// The body read, handed over once (the request keeps no copy).
-    func takeBody() -> RequestBody { input.takeBody() }
-
-    /// The delegate lets the body of the head it held come now.
-    func releaseBody(_ request: HTTPRequest) {
-        guard current === request, readEvent != nil else { return }
-        perform(machine.releaseBody())
     }
 
     /// A request the edge will not serve: the delegate answers it, then the
@@ -268,7 +259,7 @@ final class HTTPConnection {
         server.connectionClosed(self)
         if let request = current {
             current = nil
-            request.connectionLost()
+            request.streamCancelled()
         }
     }
 
@@ -292,12 +283,6 @@ final class HTTPConnection {
         (readEvent, writeEvent, timerEvent) = (nil, nil, nil)
         defer { fd = -1 }
         return fd
-    }
-
-    /// The request's own code gives up on it (`abort`): close without telling it.
-    func abort(_ request: HTTPRequest) {
-        if current === request { current = nil }
-        close()
     }
 
     // MARK: - Writing

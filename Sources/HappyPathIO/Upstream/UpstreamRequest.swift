@@ -1,0 +1,109 @@
+import HappyPathCore
+
+/// One try against one endpoint, as libcurl will send it.
+public struct UpstreamRequest {
+    /// `scheme://host:port/` of the endpoint: what libcurl connects to.
+    public var origin: String
+    /// Sent verbatim as the request target (endpoint path + command target).
+    public var target: String
+    public var method: String
+    /// Sent as they are, in order (the block stays alive for the try).
+    public var headers: HeaderBlock
+    /// Sent instead of any field of the same name in `headers` (credentials).
+    public var replacing: HTTPField?
+    public var body: RequestBody
+    /// Whether a body (possibly empty, with `Content-Length: 0`) is sent.
+    public var sendsBody: Bool
+    /// How long the connection attempt may take.
+    public var connectTimeout: Duration
+    /// A response that stalls (no byte from upstream) this long is cut. The
+    /// deadline for the response head is the caller's: a timer of its own,
+    /// so a long body streaming to a slow client is not cut by it.
+    public var idleTimeout: Duration
+    /// How an https:// origin is verified (nil: libcurl's defaults).
+    public var tls: UpstreamTLS?
+    /// `HOST:PORT:CONNECT-HOST:CONNECT-PORT`: the origin names one host
+    /// (SNI, verification, `Host`), the connection goes to another.
+    public var connectTo: String?
+
+    public init(
+        origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,
+        body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration, tls: UpstreamTLS? = nil,
+        connectTo: String? = nil
+    ) {
+        self.tls = tls
+        self.connectTo = connectTo
+        self.origin = origin
+        self.target = target
+        self.method = method
+        self.headers = headers
+        self.replacing = replacing
+        self.body = body
+        self.sendsBody = sendsBody
+        self.connectTimeout = connectTimeout
+        self.idleTimeout = idleTimeout
+    }
+}
+
+/// An upstream's TLS settings (`upstreams.NAME.tls`), made once per
+/// configuration and applied to a pooled handle only when they differ from
+/// what the handle last used.
+public final class UpstreamTLS: Sendable {
+    let ca: String?
+    let verify: Bool
+    let clientCert: String?
+    let clientKey: String?
+
+    public init(ca: String?, verify: Bool, clientCert: String?, clientKey: String?) {
+        self.ca = ca
+        self.verify = verify
+        self.clientCert = clientCert
+        self.clientKey = clientKey
+    }
+}
+
+/// How a try failed, typed where it arises (libcurl's result) so policies
+/// and error rendering never look at curl codes.
+public enum UpstreamFailure: Error, Sendable, Equatable {
+    /// No connection: refused, unresolvable, or connect timed out. The
+    /// request never left, so it is always safe to try again.
+    case connectFailed(String)
+    /// The try ran out of time after the request was sent.
+    case timeout
+    /// The connection dropped before the response was complete.
+    case reset(String)
+    /// What came back was not valid HTTP.
+    case badResponse(String)
+    /// The TLS connection failed: the certificate was not verified, or no
+    /// common protocol or cipher (not transient: not retried).
+    case tls(String)
+    /// Anything else libcurl reports.
+    case other(String)
+
+}
+
+/// Receives one try's response, on the loop thread, from inside libcurl's
+/// callbacks (so it must not call back into the client except `resume`
+/// later, from a libevent callback).
+public protocol UpstreamResponseHandler: AnyObject {
+    /// The final (non-1xx) status line arrived; `reason` is its reason
+    /// phrase as sent (possibly empty), valid only during the call.
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer)
+    /// A header of the final response; the bytes are valid only during the call.
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
+    /// A complete informational (1xx) answer other than 100 and 101, its
+    /// fields as `Name: value\r\n` lines (checked: token names, no control
+    /// bytes, hop-by-hop fields dropped), valid only during the call. At most
+    /// `UpstreamTransfer.maxInformational` per try, each at most
+    /// `maxInformationalBytes`; the rest are dropped.
+    func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer)
+    /// The final response's head is complete. A non-nil reason refuses it:
+    /// the try ends as `.badResponse(reason)` and its connection is closed,
+    /// never reused (its framing cannot be trusted).
+    func upstreamHeadersComplete() -> String?
+    /// Body bytes. Return false to pause: the bytes are not consumed and come
+    /// again after `UpstreamTransfer.resume()`.
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
+    /// The try ended: nil on a complete response.
+    func upstreamFinished(_ failure: UpstreamFailure?)
+}
