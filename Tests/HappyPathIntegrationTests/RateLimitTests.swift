@@ -183,7 +183,7 @@ import Testing
                 routes:
                   - match: { path_prefix: / }
                     upstream: demo
-                    rate_limit: { rate: 1/m, burst: 1, key: "header:X-Api-Key" }
+                    rate_limit: { rate: 1/h, burst: 1, key: "header:X-Api-Key" }
                 """, logLevel: nil)
         let port = try #require(serve.listeningPort())
         let admin = AdminProbe(port: try #require(serve.adminPort()))
