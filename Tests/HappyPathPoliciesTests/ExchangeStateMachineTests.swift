@@ -31,9 +31,16 @@ import Testing
         case streaming(Int)
         /// The streaming try failed before its first byte reached the client.
         case streamUnsent
+        /// A try ended; a `.withdrawRetry` it asks for is granted.
         case ended(M.TryEnd, breakerOpen: Bool = false)
-        /// The budget has no retry left for this end.
+        /// The budget has no retry left for this end (`.withdrawRetry` refused).
         case endedWithoutBudget(M.TryEnd)
+        /// A try ended, and nothing more: the action is what `tryEnded` returns.
+        case endedOnly(M.TryEnd)
+        /// A pacing answer ended the try: a retry spends no budget.
+        case endedPaced(M.TryEnd)
+        /// The answer to `.withdrawRetry`.
+        case retryBudget(granted: Bool)
         case timer
         case replay
         case tokenRefreshFailed(String)
@@ -101,6 +108,62 @@ import Testing
                 Step(.admitted(.send(probe: false)), .send(attempt: 2, limit: .seconds(3)), .trying),
                 Step(.streaming(200), .stream),
                 Step(.ended(ok()), .finish(.completed, abandonProbe: false)),
+            ]),
+        Scenario(
+            "a retry asks the budget first, then backs off",
+            history: ["503"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.endedOnly(ok(503)), .withdrawRetry, .awaitingRetryBudget),
+                Step(.timer, .none, .awaitingRetryBudget),
+                Step(.retryBudget(granted: true), .backOff(.milliseconds(50)), .backingOff),
+                Step(.retryBudget(granted: true), .none, .backingOff),
+                Step(.wait(.milliseconds(50))),
+                Step(.timer, .admit, .admitting),
+            ]),
+        Scenario(
+            "the budget refuses the retry: the last answer is mapped",
+            history: ["503"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.endedOnly(ok(503)), .withdrawRetry),
+                Step(.retryBudget(granted: false), .answer(.upstreamAnswer(status: 503), abandonProbe: false), .finished),
+            ]),
+        Scenario(
+            "the budget refuses the retry of a reset: unavailable",
+            history: ["connection reset"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.endedOnly(failed(.reset)), .withdrawRetry),
+                Step(.retryBudget(granted: false), .answer(.unavailable, abandonProbe: false), .finished),
+            ]),
+        Scenario(
+            "a retry after a pacing answer spends no budget",
+            history: ["503"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.endedPaced(ok(503)), .backOff(.milliseconds(50)), .backingOff),
+            ]),
+        Scenario(
+            "a budget answer with no retry waiting is ignored",
+            [
+                Step(.start, .admit),
+                Step(.retryBudget(granted: true), .none, .admitting),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.retryBudget(granted: false), .none, .trying),
+            ]),
+        Scenario(
+            "the client leaves while the budget is asked",
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.endedOnly(failed(.reset)), .withdrawRetry),
+                Step(.clientGone, .finish(.clientClosed, abandonProbe: false), .finished),
+                Step(.retryBudget(granted: true), .none, .finished),
             ]),
         Scenario(
             "three 503s: attempts exhausted, the last answer is mapped",
@@ -510,7 +573,7 @@ import Testing
                 refreshOn: scenario.route.refreshOn))
         for (i, step) in scenario.steps.enumerated() {
             let now = clock.now()
-            let action: Action
+            var action: Action
             switch step.event {
             case .start: action = machine.start()
             case let .admitted(verdict): action = machine.admitted(verdict, at: now)
@@ -520,8 +583,16 @@ import Testing
             case .streamUnsent:
                 machine.streamFailedBeforeFirstByte()
                 action = .none
-            case let .ended(end, open): action = machine.tryEnded(end, breakerOpen: open, at: now, random: 0.5) { true }
-            case let .endedWithoutBudget(end): action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5) { false }
+            case let .ended(end, open):
+                action = machine.tryEnded(end, breakerOpen: open, at: now, random: 0.5)
+                if action == .withdrawRetry { action = machine.retryBudget(granted: true) }
+            case let .endedWithoutBudget(end):
+                action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5)
+                if action == .withdrawRetry { action = machine.retryBudget(granted: false) }
+            case let .endedOnly(end): action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5)
+            case let .endedPaced(end):
+                action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5, retrySpendsBudget: false)
+            case let .retryBudget(granted): action = machine.retryBudget(granted: granted)
             case .timer: action = machine.timerFired(at: now)
             case .replay: action = machine.replay()
             case let .tokenRefreshFailed(reason): action = machine.tokenRefreshFailed(reason)

@@ -198,6 +198,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             send(attempt: attempt, limit: limit)
         case let .waitForSlot(limit):
             arm(after: limit)
+        case .withdrawRetry:
+            perform(machine.retryBudget(granted: withdrawRetry(at: worker.clock.now())))
         case let .backOff(delay):
             worker.metrics.retry(upstream: upstream.name)
             arm(after: delay)
@@ -500,9 +502,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         // A retry after a pacing answer waits for the pause: the pause, not
         // the retry budget, bounds what reaches the upstream, so it spends
         // no budget (under load the budget would turn parked clients' retries into 429s).
-        let action = machine.tryEnded(end, breakerOpen: breakerOpen, at: now, random: random) {
-            pacedAnswer || withdrawRetry(at: now)
-        }
+        let action = machine.tryEnded(
+            end, breakerOpen: breakerOpen, at: now, random: random, retrySpendsBudget: !pacedAnswer)
         // A hedge is still out: the request goes on with it.
         if machine.state == .trying, !hedges.isEmpty {
             if machine.mayHedge { hedgeDueAt = route.hedgeDue(sentAt: now) }
@@ -701,12 +702,12 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// it if the attempts, the upstream and the budget allow.
     private func hedgeDue(_ hedge: HedgeConfiguration, at now: Instant) {
         var slot = false
-        let decision = machine.hedgeDue(
-            at: now,
-            admit: {
-                slot = admitHedge(at: now)
-                return slot
-            }, budget: { withdrawHedge(at: now) })
+        var decision = machine.hedgeDue(at: now)
+        if decision == .admit {
+            slot = admitHedge(at: now)
+            decision = machine.hedgeAdmitted(slot)
+        }
+        if decision == .withdrawBudget { decision = machine.hedgeBudget(granted: withdrawHedge(at: now)) }
         guard case let .send(attempt, limit) = decision else {
             if slot { worker.releaseSlot(guardian: guardian) }
             if case .skip = decision { worker.metrics.hedge(route: route, outcome: "skipped") }
@@ -795,7 +796,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             let end = ExchangeStateMachine.TryEnd.answered(
                 status: status, retryAfter: nil, withToken: winner.token != nil && tokens != nil)
             lose(winner, outcome: machine.outcome(of: end))
-            _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0) { false }
+            _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0)
             return scheduleReap()
         }
         worker.metrics.hedge(route: route, outcome: "won")
@@ -823,7 +824,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         let end = ExchangeStateMachine.TryEnd.failed(failure?.tryFailure ?? .init(.reset, Self.closedInHead))
         _ = report(machine.outcome(of: end), endpoint: loser.endpointIndex, at: now)
         worker.metrics.hedge(route: route, outcome: "lost")
-        _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0) { false }
+        _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0)
     }
 
     /// The hedge goes on as the exchange's one try (it won, or the try it
