@@ -31,21 +31,42 @@ import Testing
 
     static func answered(_ status: Int) -> M.TryEnd { .answered(status: status, retryAfter: nil, withToken: false) }
 
+    /// A due hedge as the driver walks it: `hedgeDue`, then admission if
+    /// asked, then the budget if asked, each answered with the given value.
+    struct Hedged {
+        var decision: M.HedgeDecision
+        var admitAsked = false
+        var budgetAsked = false
+    }
+
+    static func hedge(_ m: inout M, at now: Instant, admit: Bool = true, budget: Bool = true) -> Hedged {
+        var hedged = Hedged(decision: m.hedgeDue(at: now))
+        if hedged.decision == .admit {
+            hedged.admitAsked = true
+            hedged.decision = m.hedgeAdmitted(admit)
+        }
+        if hedged.decision == .withdrawBudget {
+            hedged.budgetAsked = true
+            hedged.decision = m.hedgeBudget(granted: budget)
+        }
+        return hedged
+    }
+
     @Test func aHedgeGoesBesideTheTryInFlight() {
         var m = Self.machine()
         #expect(m.mayHedge)
         let now = Self.t0 + .milliseconds(50)
-        #expect(m.hedgeDue(at: now, admit: { true }, budget: { true }) == .send(attempt: 2, limit: .seconds(3)))
+        #expect(Self.hedge(&m, at: now, admit: true, budget: true).decision == .send(attempt: 2, limit: .seconds(3)))
         #expect(m.inFlight == 2)
         #expect(m.hedges == 1)
         // max_extra 1: no second hedge while this one is out.
         #expect(!m.mayHedge)
-        #expect(m.hedgeDue(at: now, admit: { true }, budget: { true }) == .none)
+        #expect(Self.hedge(&m, at: now, admit: true, budget: true).decision == .none)
         // The hedge's head wins: the first try is cancelled; one try goes on.
         m.othersCancelled()
         #expect(m.inFlight == 1)
         #expect(m.streamingStarted(status: 200) == .stream)
-        #expect(m.tryEnded(Self.answered(200), breakerOpen: false, at: now, random: 0) { true } == .finish(.completed, abandonProbe: false))
+        #expect(m.tryEnded(Self.answered(200), breakerOpen: false, at: now, random: 0) == .finish(.completed, abandonProbe: false))
         #expect(m.attempt == 2)
     }
 
@@ -56,8 +77,9 @@ import Testing
         var m = Self.machine(method: method, idempotencyKey: key)
         #expect(m.mayHedge == hedged)
         var asked = false
-        let decision = m.hedgeDue(at: Self.t0, admit: { asked = true; return true }, budget: { true })
-        #expect(decision == (hedged ? .send(attempt: 2, limit: .seconds(3)) : .none))
+        let hedge = Self.hedge(&m, at: Self.t0)
+        asked = hedge.admitAsked
+        #expect(hedge.decision == (hedged ? .send(attempt: 2, limit: .seconds(3)) : .none))
         #expect(asked == hedged)
     }
 
@@ -77,28 +99,27 @@ import Testing
         _ = m.start()
         _ = m.admitted(.send(probe: false), at: Self.t0)
         #expect(m.mayHedge == repeatable)
-        let hedge = m.hedgeDue(at: Self.t0 + .milliseconds(50), admit: { true }, budget: { true })
+        let hedge = Self.hedge(&m, at: Self.t0 + .milliseconds(50), admit: true, budget: true).decision
         #expect(hedge == (repeatable ? .send(attempt: 2, limit: .seconds(3)) : .none))
         // Its first try got a 503: a keyed request is tried again, one with an empty key gets the 503.
         var r = M(settings)
         _ = r.start()
         _ = r.admitted(.send(probe: false), at: Self.t0)
-        let after503 = r.tryEnded(Self.answered(503), breakerOpen: false, at: Self.t0 + .milliseconds(100), random: 0) {
-            true
-        }
+        var after503 = r.tryEnded(Self.answered(503), breakerOpen: false, at: Self.t0 + .milliseconds(100), random: 0)
+        if after503 == .withdrawRetry { after503 = r.retryBudget(granted: true) }
         let answered503 = M.Action.answer(.upstreamAnswer(status: 503), abandonProbe: false)
         #expect(after503 == (repeatable ? .backOff(.milliseconds(50)) : answered503))
     }
 
     @Test func skippedWhenAttemptsAdmissionOrBudgetSaySo() {
         var one = Self.machine(attempts: 1)
-        #expect(one.hedgeDue(at: Self.t0, admit: { true }, budget: { true }) == .skip(.attempts))
+        #expect(Self.hedge(&one, at: Self.t0, admit: true, budget: true).decision == .skip(.attempts))
         var closed = Self.machine()
-        var budgetAsked = false
-        #expect(closed.hedgeDue(at: Self.t0, admit: { false }, budget: { budgetAsked = true; return true }) == .skip(.admission))
-        #expect(!budgetAsked)  // a refused hedge spends no budget
+        let refused = Self.hedge(&closed, at: Self.t0, admit: false)
+        #expect(refused.decision == .skip(.admission))
+        #expect(!refused.budgetAsked)  // a refused hedge spends no budget
         var broke = Self.machine()
-        #expect(broke.hedgeDue(at: Self.t0, admit: { true }, budget: { false }) == .skip(.budget))
+        #expect(Self.hedge(&broke, at: Self.t0, admit: true, budget: false).decision == .skip(.budget))
         #expect(broke.inFlight == 1)
         #expect(broke.attempt == 1)
     }
@@ -108,35 +129,36 @@ import Testing
     /// goes through the retry rules as usual.
     @Test func aFailureBesideAnotherTryIsNotedNotAnswered() {
         var m = Self.machine()
-        _ = m.hedgeDue(at: Self.t0, admit: { true }, budget: { true })
+        _ = Self.hedge(&m, at: Self.t0, admit: true, budget: true).decision
         let now = Self.t0 + .milliseconds(100)
-        #expect(m.tryEnded(Self.answered(503), breakerOpen: false, at: now, random: 0) { true } == .none)
+        #expect(m.tryEnded(Self.answered(503), breakerOpen: false, at: now, random: 0) == .none)
         #expect(m.state == .trying)
         #expect(m.inFlight == 1)
-        #expect(m.tryEnded(.failed(.init(.reset, "m")), breakerOpen: false, at: now, random: 0) { true } == .backOff(.milliseconds(100)))
+        #expect(m.tryEnded(.failed(.init(.reset, "m")), breakerOpen: false, at: now, random: 0) == .withdrawRetry)
+        #expect(m.retryBudget(granted: true) == .backOff(.milliseconds(100)))
         #expect(m.history == ["503", "connection reset"])
         // The retry goes out as try 3 (the hedge was try 2), and may be hedged again.
         _ = m.timerFired(at: now + .milliseconds(100))
         #expect(m.admitted(.send(probe: false), at: now + .milliseconds(100)) == .send(attempt: 3, limit: .seconds(3)))
         #expect(m.mayHedge)
-        #expect(m.hedgeDue(at: now, admit: { true }, budget: { true }) == .skip(.attempts))
+        #expect(Self.hedge(&m, at: now, admit: true, budget: true).decision == .skip(.attempts))
     }
 
     /// A try timing out beside a hedge: noted, the hedge goes on.
     @Test func aTimeoutBesideAHedge() {
         var m = Self.machine()
-        _ = m.hedgeDue(at: Self.t0, admit: { true }, budget: { true })
+        _ = Self.hedge(&m, at: Self.t0, admit: true, budget: true).decision
         #expect(m.timerFired(at: Self.t0 + .seconds(3)) == .cancelTry)
-        #expect(m.tryEnded(.failed(.init(.timeout, "timeout")), breakerOpen: false, at: Self.t0 + .seconds(3), random: 0) { true } == .none)
+        #expect(m.tryEnded(.failed(.init(.timeout, "timeout")), breakerOpen: false, at: Self.t0 + .seconds(3), random: 0) == .none)
         #expect(m.state == .trying)
         #expect(m.history == ["timeout"])
     }
 
     @Test func twoExtrasAtOnce() {
         var m = Self.machine(attempts: 4, maxExtra: 2)
-        #expect(m.hedgeDue(at: Self.t0, admit: { true }, budget: { true }) == .send(attempt: 2, limit: .seconds(3)))
+        #expect(Self.hedge(&m, at: Self.t0, admit: true, budget: true).decision == .send(attempt: 2, limit: .seconds(3)))
         #expect(m.mayHedge)
-        #expect(m.hedgeDue(at: Self.t0, admit: { true }, budget: { true }) == .send(attempt: 3, limit: .seconds(3)))
+        #expect(Self.hedge(&m, at: Self.t0, admit: true, budget: true).decision == .send(attempt: 3, limit: .seconds(3)))
         #expect(!m.mayHedge)
         #expect(m.inFlight == 3)
         m.othersCancelled()
@@ -147,9 +169,47 @@ import Testing
     @Test func notDueOutsideTrying() {
         var m = Self.machine()
         _ = m.clientGone()
-        #expect(m.hedgeDue(at: Self.t0, admit: { true }, budget: { true }) == .none)
+        #expect(Self.hedge(&m, at: Self.t0, admit: true, budget: true).decision == .none)
         var late = Self.machine()
-        #expect(late.hedgeDue(at: Self.t0 + .seconds(5), admit: { true }, budget: { true }) == .none)
+        #expect(Self.hedge(&late, at: Self.t0 + .seconds(5), admit: true, budget: true).decision == .none)
+    }
+
+    /// The steps of a due hedge, one event each: admission is asked after
+    /// the attempt count, the budget only after admission; an answer with
+    /// no question pending is ignored.
+    @Test func aDueHedgeAsksAdmissionThenTheBudget() {
+        var m = Self.machine()
+        #expect(m.hedgeAdmitted(true) == .none)
+        #expect(m.hedgeBudget(granted: true) == .none)
+        #expect(m.hedgeDue(at: Self.t0) == .admit)
+        #expect(m.hedgeBudget(granted: true) == .none, "the budget before admission")
+        #expect(m.inFlight == 1)
+        #expect(m.hedgeDue(at: Self.t0) == .admit)
+        #expect(m.hedgeAdmitted(true) == .withdrawBudget)
+        #expect(m.inFlight == 1)
+        #expect(m.hedgeBudget(granted: true) == .send(attempt: 2, limit: .seconds(3)))
+        #expect(m.inFlight == 2)
+        #expect(m.hedgeBudget(granted: true) == .none, "answered once")
+        #expect(m.attempt == 2)
+    }
+
+    @Test func aRefusedBudgetSkipsTheHedgeAndSpendsNoAttempt() {
+        var m = Self.machine()
+        #expect(m.hedgeDue(at: Self.t0) == .admit)
+        #expect(m.hedgeAdmitted(true) == .withdrawBudget)
+        #expect(m.hedgeBudget(granted: false) == .skip(.budget))
+        #expect(m.attempt == 1)
+        #expect(m.hedges == 0)
+        #expect(m.hedgeAdmitted(true) == .none)
+    }
+
+    /// The try ended while the hedge was being admitted: nothing goes.
+    @Test func noHedgeOnceTheTryEnded() {
+        var m = Self.machine()
+        #expect(m.hedgeDue(at: Self.t0) == .admit)
+        _ = m.clientGone()
+        #expect(m.hedgeAdmitted(true) == .none)
+        #expect(m.hedgeBudget(granted: true) == .none)
     }
 
     /// The delay: fixed, or the observed p95 clamped (max until enough was seen).

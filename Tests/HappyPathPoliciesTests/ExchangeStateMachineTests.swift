@@ -31,9 +31,16 @@ import Testing
         case streaming(Int)
         /// The streaming try failed before its first byte reached the client.
         case streamUnsent
+        /// A try ended; a `.withdrawRetry` it asks for is granted.
         case ended(M.TryEnd, breakerOpen: Bool = false)
-        /// The budget has no retry left for this end.
+        /// The budget has no retry left for this end (`.withdrawRetry` refused).
         case endedWithoutBudget(M.TryEnd)
+        /// A try ended, and nothing more: the action is what `tryEnded` returns.
+        case endedOnly(M.TryEnd)
+        /// A pacing answer ended the try: a retry spends no budget.
+        case endedPaced(M.TryEnd)
+        /// The answer to `.withdrawRetry`.
+        case retryBudget(granted: Bool)
         case timer
         case replay
         case tokenRefreshFailed(String)
@@ -495,7 +502,7 @@ import Testing
             ]),
     ]
 
-    @Test(arguments: scenarios)
+    @Test(arguments: scenarios + budgetScenarios)
     func lifeOfARequest(_ scenario: Scenario) {
         let clock = ManualClock(start: Self.t0)
         var retry = RetryPolicy.Configuration()
@@ -510,7 +517,7 @@ import Testing
                 refreshOn: scenario.route.refreshOn))
         for (i, step) in scenario.steps.enumerated() {
             let now = clock.now()
-            let action: Action
+            var action: Action
             switch step.event {
             case .start: action = machine.start()
             case let .admitted(verdict): action = machine.admitted(verdict, at: now)
@@ -520,8 +527,16 @@ import Testing
             case .streamUnsent:
                 machine.streamFailedBeforeFirstByte()
                 action = .none
-            case let .ended(end, open): action = machine.tryEnded(end, breakerOpen: open, at: now, random: 0.5) { true }
-            case let .endedWithoutBudget(end): action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5) { false }
+            case let .ended(end, open):
+                action = machine.tryEnded(end, breakerOpen: open, at: now, random: 0.5)
+                if action == .withdrawRetry { action = machine.retryBudget(granted: true) }
+            case let .endedWithoutBudget(end):
+                action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5)
+                if action == .withdrawRetry { action = machine.retryBudget(granted: false) }
+            case let .endedOnly(end): action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5)
+            case let .endedPaced(end):
+                action = machine.tryEnded(end, breakerOpen: false, at: now, random: 0.5, retrySpendsBudget: false)
+            case let .retryBudget(granted): action = machine.retryBudget(granted: granted)
             case .timer: action = machine.timerFired(at: now)
             case .replay: action = machine.replay()
             case let .tokenRefreshFailed(reason): action = machine.tokenRefreshFailed(reason)

@@ -4,8 +4,8 @@ import HappyPathCore
 /// machine: events in (an admission verdict, a try's end, a timer, the
 /// client hanging up, a replay, drain), one `Action` out for the driver
 /// (`Exchange`) to perform on the real transfer, client connection and
-/// timer. Time, randomness and the retry budget are passed in, so its tests
-/// walk every path on a manual clock.
+/// timer. Time and randomness are passed in and the retry budget is asked
+/// for as an action, so its tests walk every path on a manual clock.
 ///
 /// ```
 ///            ┌──────── backOff ◀──────────┐ (a retryable failure)
@@ -21,8 +21,12 @@ import HappyPathCore
 ///
 /// The driver performs each action and reports back with the next event:
 /// `.admit` → `admitted(_:at:)`; `.send` → the try's end via `tryEnded`
-/// (or `streamingStarted` first); `.waitForSlot`, `.backOff`, `.park` and
-/// `.send` arm the one timer → `timerFired`.
+/// (or `streamingStarted` first); `.withdrawRetry` → `retryBudget(granted:)`;
+/// `.waitForSlot`, `.backOff`, `.park` and `.send` arm the one timer →
+/// `timerFired`. A due hedge goes the same way: `hedgeDue` → `.admit` →
+/// `hedgeAdmitted(_:)` → `.withdrawBudget` → `hedgeBudget(granted:)`. The
+/// machine never calls into the driver: what only the driver can find out
+/// (a budget, a free slot) is an action, and its answer the next event.
 public struct ExchangeStateMachine: Sendable {
     public enum ParkReason: String, CaseIterable, Sendable {
         /// The upstream cannot be reached (connect failures, health checks).
@@ -43,6 +47,9 @@ public struct ExchangeStateMachine: Sendable {
         case queued
         /// A try is in flight; nothing went to the client yet.
         case trying
+        /// A retry is due: waiting for the retry budget's answer
+        /// (`retryBudget(granted:)`: `backingOff`, or the problem).
+        case awaitingRetryBudget
         /// Waiting out the backoff before the next try.
         case backingOff
         /// Waiting for the upstream to recover, until `until` (park_for or the deadline).
@@ -189,6 +196,9 @@ public struct ExchangeStateMachine: Sendable {
         case send(attempt: Int, limit: Duration)
         /// The timer for `limit`: how long to wait in the queue for a slot.
         case waitForSlot(limit: Duration)
+        /// The retry rules would try again: withdraw one retry from the
+        /// upstream's budget and report `retryBudget(granted:)`.
+        case withdrawRetry
         /// The timer for the backoff before the next try.
         case backOff(Duration)
         /// Park the request (then `replay`), arm the timer for `limit`;
@@ -229,6 +239,12 @@ public struct ExchangeStateMachine: Sendable {
     /// Hedges sent so far (they count in `attempt` too).
     public private(set) var hedges = 0
     private var refreshedOnce = false
+    /// The retry waiting for the budget's answer: its backoff, and the
+    /// outcome the problem is built from if the budget refuses.
+    private var pendingRetry: (delay: Duration, outcome: Outcome)?
+    /// The hedge being asked for (`hedgeDue` to `hedgeBudget`): its limit,
+    /// and whether it was admitted (the budget is asked next).
+    private var pendingHedge: (limit: Duration, admitted: Bool)?
     private var parkedSince: Instant?
     private var parkDeadline: Instant?
 
@@ -316,6 +332,13 @@ public struct ExchangeStateMachine: Sendable {
     public enum HedgeDecision: Sendable, Equatable {
         /// Nothing to do: no try in flight any more, or hedging is off.
         case none
+        /// Ask whether the upstream takes another try now (not paused,
+        /// reachable, breaker closed, a free slot, a token) and report
+        /// `hedgeAdmitted(_:)`.
+        case admit
+        /// Withdraw one hedge from the upstream's budget and report
+        /// `hedgeBudget(granted:)`.
+        case withdrawBudget
         /// Send try number `attempt` beside the others, with its own `limit`.
         case send(attempt: Int, limit: Duration)
         case skip(HedgeSkip)
@@ -326,18 +349,35 @@ public struct ExchangeStateMachine: Sendable {
     public var mayHedge: Bool { state == .trying && inFlight <= settings.hedgeMaxExtra }
 
     /// The hedge timer fired: another try beside the one(s) in flight?
-    /// - Parameters:
-    ///   - admit: the upstream takes another try now (not paused, reachable,
-    ///     breaker closed, a free slot, a token); asked after the attempt
-    ///     count and before the budget.
-    ///   - budget: withdraws one retry from the upstream's budget; asked last.
-    public mutating func hedgeDue(at now: Instant, admit: () -> Bool, budget: () -> Bool) -> HedgeDecision {
+    /// After the attempt count, the driver is asked to admit it (`.admit`),
+    /// then, only if admitted, for the budget: a refused hedge spends none.
+    public mutating func hedgeDue(at now: Instant) -> HedgeDecision {
+        pendingHedge = nil
         guard mayHedge else { return .none }
         let limit = min(settings.retry.configuration.perTryTimeout, remaining(at: now))
         guard limit > .zero else { return .none }
         guard attempt < settings.retry.configuration.attempts else { return .skip(.attempts) }
-        guard admit() else { return .skip(.admission) }
-        guard budget() else { return .skip(.budget) }
+        pendingHedge = (limit, false)
+        return .admit
+    }
+
+    /// The answer to `hedgeDue`'s `.admit`.
+    public mutating func hedgeAdmitted(_ admitted: Bool) -> HedgeDecision {
+        guard let pending = pendingHedge, !pending.admitted, mayHedge else { return .none }
+        guard admitted else {
+            pendingHedge = nil
+            return .skip(.admission)
+        }
+        pendingHedge = (pending.limit, true)
+        return .withdrawBudget
+    }
+
+    /// The answer to `.withdrawBudget`: the hedge goes, or is skipped.
+    public mutating func hedgeBudget(granted: Bool) -> HedgeDecision {
+        guard let pending = pendingHedge, pending.admitted, mayHedge else { return .none }
+        pendingHedge = nil
+        let limit = pending.limit
+        guard granted else { return .skip(.budget) }
         attempt += 1
         hedges += 1
         inFlight += 1
@@ -379,9 +419,11 @@ public struct ExchangeStateMachine: Sendable {
     /// - Parameters:
     ///   - breakerOpen: the breaker is open after this try was counted.
     ///   - random: in [0, 1), for the backoff's jitter.
-    ///   - budget: withdraws one retry from the upstream's budget; asked last.
+    ///   - retrySpendsBudget: a retry after this end needs the retry budget
+    ///     (`.withdrawRetry`, asked last); false after a pacing answer,
+    ///     whose pause, not the budget, bounds what reaches the upstream.
     public mutating func tryEnded(
-        _ end: TryEnd, breakerOpen: Bool, at now: Instant, random: Double, budget: () -> Bool
+        _ end: TryEnd, breakerOpen: Bool, at now: Instant, random: Double, retrySpendsBudget: Bool = true
     ) -> Action {
         let outcome = outcome(of: end)
         let wasProbe = probe
@@ -440,14 +482,29 @@ public struct ExchangeStateMachine: Sendable {
             RetryPolicy.Failure(
                 outcome: outcome, attempt: attempt, method: settings.method, hasIdempotencyKey: settings.hasIdempotencyKey,
                 neverSent: outcome == .unreachable, retryAfter: retryAfter),
-            remaining: remaining(at: now), random: random, budget: budget)
+            remaining: remaining(at: now), random: random, budget: { true })
         switch decision {
         case let .retry(after: delay):
-            state = .backingOff
-            return .backOff(delay)
+            guard retrySpendsBudget else {
+                state = .backingOff
+                return .backOff(delay)
+            }
+            state = .awaitingRetryBudget
+            pendingRetry = (delay, outcome)
+            return .withdrawRetry
         case .giveUp:
             return fail(finalFailure(outcome))
         }
+    }
+
+    /// The answer to `.withdrawRetry`: the retry waits out its backoff, or
+    /// (the budget is spent) the last try's failure is the answer.
+    public mutating func retryBudget(granted: Bool) -> Action {
+        guard state == .awaitingRetryBudget, let (delay, outcome) = pendingRetry else { return .none }
+        pendingRetry = nil
+        guard granted else { return fail(finalFailure(outcome)) }
+        state = .backingOff
+        return .backOff(delay)
     }
 
     /// The one timer fired.
@@ -462,7 +519,7 @@ public struct ExchangeStateMachine: Sendable {
             return fail(.timeout, abandonProbe: probe)
         case let .parked(reason, _):
             return fail(parkExpired(reason, at: now))
-        case .admitting, .streaming, .finished:
+        case .admitting, .awaitingRetryBudget, .streaming, .finished:
             return .none
         }
     }

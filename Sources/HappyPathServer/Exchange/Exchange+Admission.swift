@@ -1,0 +1,63 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+
+// MARK: - Admission
+
+/// Whether the next try may go: `Admission.decide` asks the gates below in
+/// order, and its verdict is the machine's next event.
+extension Exchange {
+    /// Deadline → pause → reachability → credentials → breaker → slot, as one decision.
+    func admit() {
+        var gates = Gates(exchange: self, now: worker.clock.now())
+        let verdict = Admission.decide(
+            remaining: machine.remaining(at: gates.now), parkWhileOpen: machine.settings.parkWhileOpen, gates: &gates)
+        perform(machine.admitted(verdict, at: gates.now))
+    }
+
+    struct Gates: Admission.Gates {
+        let exchange: Exchange
+        let now: Instant
+
+        func pause() -> Admission.Pause {
+            // Two atomic loads while nothing is paused (none without pacing).
+            guard exchange.guardian.pausedFor(client: exchange.pacingKey, at: now) != nil else { return .none }
+            return exchange.guardian.pacing?.whilePaused == .fail ? .fail : .wait
+        }
+
+        func isReachable() -> Bool { exchange.guardian.reachable.load(ordering: .relaxed) }
+
+        func hasCredentials() -> Bool {
+            guard let tokens = exchange.tokens else { return true }
+            switch tokens.use(at: now) {
+            case let .use(token):
+                exchange.authToken = token
+                return true
+            case let .useAndRefresh(token):
+                exchange.authToken = token
+                exchange.worker.startRefresh(guardian: exchange.guardian)
+                return true
+            case let .wait(start):
+                if start { exchange.worker.startRefresh(guardian: exchange.guardian) }
+                return false
+            }
+        }
+
+        func breaker() -> CircuitBreakerStateMachine.Admission { exchange.guardian.admit(at: now) }
+
+        func slot() -> Admission.Slot {
+            switch exchange.worker.acquireSlot(exchange, guardian: exchange.guardian) {
+            case .granted:
+                exchange.holdsSlot = true
+                return .acquired
+            case .queued:
+                exchange.isQueued = true
+                return .queued
+            case .overloaded:
+                return .full
+            }
+        }
+
+        func abandonProbe() { exchange.abandonProbe() }
+    }
+}

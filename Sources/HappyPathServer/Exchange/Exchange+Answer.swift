@@ -1,0 +1,77 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+
+// MARK: - Answering
+
+/// What the client gets when the machine gives up (`.answer`): the route's
+/// fallback, the upstream's own answer passed through, or a problem, as
+/// `ExchangeAnswer` decides; and how an answer is written whole.
+extension Exchange {
+    /// The machine answered `failure`: everything held is already released.
+    func answer(_ failure: ExchangeStateMachine.Failure) {
+        let decision = ExchangeAnswer.decide(
+            .init(
+                failure: failure, fallbackOn: route.fallback?.on, passesErrors: route.passesErrors, heldStatus: relay.status,
+                heldBodyComplete: relay.heldBodyComplete))
+        if let reason = decision.fallback, let fallback = route.fallback, answerFallback(fallback, reason) { return end() }
+        var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
+        builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
+        var problem = builder.build(
+            failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
+        // The upstream's words may carry what the proxy sent it (an echoed
+        // Authorization header, a token endpoint repeating its form): none
+        // of its credentials leave in a problem. Only upstreams with
+        // credentials pay for the search, and only here, on the error path.
+        let scrubber = tokens?.scrubber(sent: authToken)
+        if let scrubber { problem = problem.scrubbed(by: scrubber) }
+        worker.logger.debug(
+            "request failed",
+            metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
+        finalStatus = problem.status
+        finalCode = problem.code
+        self.problem = problem
+        switch decision.otherwise {
+        case let .passThrough(status):
+            // upstream_errors: pass: the upstream's own answer, whole
+            // (a 404 or 410 is kept for serve_stale like any answer).
+            finalStatus = status
+            relay.answered(bytes: passHeldAnswer())
+            if relay.kept != nil { keepAnswer(fields: relay.heldEndToEndFields, body: relay.heldBody) }
+        case let .problemKeepingUpstreamFields(status):
+            // The body is replaced; the fields clients act on are kept.
+            var kept = ErrorMapper.keptFields(
+                relay.heldEndToEndFields, status: status, proxyRetryAfter: problem.retryAfterSeconds != nil)
+            // An upstream may echo a credential in a field as well as in its body.
+            if let scrubber { kept = kept.map { HTTPField(name: $0.name, value: scrubber.scrub($0.value)) } }
+            relay.answered(
+                bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? [])))
+        case .problem:
+            relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? []))
+        }
+        end()
+    }
+
+    /// Sends the held answer as the upstream gave it (status, reason,
+    /// end-to-end fields, body) plus the proxy's own two fields. Returns the
+    /// body's size.
+    func passHeldAnswer() -> Int {
+        relay.heldBody.withUnsafeBytes {
+            answerWhole(status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0)
+        }
+        return relay.heldBody.count
+    }
+
+    /// An answer written whole, not relayed: `fields`, the proxy's own two
+    /// and the route's `RateLimit` fields, then `body`.
+    func answerWhole(status: Int, reason: [UInt8]?, fields: [HTTPField], body: UnsafeRawBufferPointer) {
+        request.clearResponseHeaders()
+        for field in fields { request.addResponseHeader(field.name, field.value) }
+        request.addResponseHeader("X-Request-Id", command.requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        rateLimitFields?.stage(on: request)
+        request.startReply(status: status, contentLength: body.count, reason: reason)
+        if !body.isEmpty { request.send(body, notifyWhenDrained: false) }
+        request.endReply()
+    }
+}

@@ -1,0 +1,109 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+
+// MARK: - UpstreamResponseHandler
+
+/// The try's answer as libcurl (or an upgrade's connection) hands it over:
+/// each part goes to `ResponseRelay`, which holds what the exchange must
+/// look at and streams the rest to the client; the try's end goes to the
+/// machine (`tryEnded`).
+extension Exchange {
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        if status == 101, upgrade != nil { return switchingStarted() }
+        if route.hedge != nil { headArrived(status: status) }
+        relayStatus(status, reason: reason)
+    }
+
+    func relayStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        // Held: what the exchange must look at before the client sees it.
+        // With upstream_errors: pass, only what the retry rules or a token
+        // refresh could act on; any other error streams as it comes.
+        let hold = route.passesErrors ? failsTry(status) : status >= 400 || route.retry.configuration.statuses.contains(status)
+        relay.begin(status: status, reason: reason, hold: hold, to: request)
+    }
+
+    /// A status the retry rules, pacing or a token refresh act on: the try
+    /// failed, it is not an answer (it wins no hedge race, and with
+    /// `upstream_errors: pass` it is held while the exchange decides).
+    func failsTry(_ status: Int) -> Bool {
+        route.retry.configuration.statuses.contains(status)
+            || (guardian.hasPacing && guardian.pacing?.on.contains(status) == true)
+            || (tokens != nil && machine.settings.refreshOn.contains(status))
+    }
+
+    /// An upstream's 103 Early Hints (or another 1xx) goes to the client
+    /// at once, as RFC 9110 section 15.2 asks of a proxy: before any final
+    /// answer has started, and only to an HTTP/1.1 client.
+    func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer) {
+        guard !isFinished, relay.mode == .waiting else { return }
+        request.sendInformational(status: status, fields: fields)
+    }
+
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if switching != nil { return switchingField(name: name, value: value) }
+        if route.rewritesRedirects, RedirectRewriter.applies(to: name), let rewritten = redirect(name: name, value: value) {
+            var rewritten = rewritten
+            return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: request) }
+        }
+        relay.header(name: name, value: value, to: request)
+    }
+
+    /// A redirect to the endpoint this try went to, as a path on the proxy
+    /// (`redirects: rewrite`, the default).
+    private func redirect(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> String? {
+        guard endpointIndex >= 0 else { return nil }
+        let endpoint = upstream.endpoints[endpointIndex]
+        let rewriter = RedirectRewriter(
+            endpointOrigin: endpoint.origin, basePath: endpoint.basePath, stripPrefix: route.stripPrefix)
+        return rewriter.rewrite(String(decoding: value, as: UTF8.self), isRefresh: name.count == 7)
+    }
+
+    func upstreamHeadersComplete() -> String? {
+        if let switching, let upgrade { return switchingRefusal(switching, upgrade) }
+        switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
+        case let .refused(reason):
+            return reason  // a failed try: BAD_GATEWAY once the retry rules give up
+        case .held:
+            return nil
+        case .streamed:
+            perform(machine.streamingStarted(status: relay.status))
+            return nil
+        }
+    }
+
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard !isFinished else { return true }
+        return relay.body(bytes, to: request)
+    }
+
+    func upstreamFinished(_ failure: UpstreamFailure?) {
+        transfer = nil
+        upgradeTry = nil
+        switching = nil
+        releaseSlot()
+        guard !isFinished else { return }
+        guard let failure else {
+            guard relay.headComplete else { return tryEnded(.failed(.init(.reset, Self.closedInHead))) }
+            let retryAfter = relay.retryAfterSeconds.map { Duration.seconds($0) }
+            return tryEnded(.answered(status: relay.status, retryAfter: retryAfter, withToken: authToken != nil && tokens != nil))
+        }
+        tryEnded(.failed(failure.tryFailure))
+    }
+
+    static let closedInHead = "the connection closed inside the response head"
+}
+
+extension UpstreamFailure {
+    var tryFailure: ExchangeStateMachine.TryFailure {
+        switch self {
+        case let .connectFailed(message): .init(.unreachable, message)
+        case .timeout: .init(.timeout, "timeout")
+        case let .reset(message), let .other(message): .init(.reset, message)
+        case let .badResponse(message): .init(.invalidResponse, message)
+        case let .tls(message): .init(.tls, message)
+        }
+    }
+
+    var message: String { tryFailure.message }
+}
