@@ -50,6 +50,8 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
 
     private var items: [Item] = []
     private var stopping = false
+    /// `take` hands nothing out until `release` (see `init`).
+    private var held: Bool
     private var threads: [pthread_t] = []
     /// `take`s waiting for a first item.
     private var idleWaiters = 0
@@ -57,10 +59,15 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
     private var fillWaiters = 0
     private var fillTarget = Int.max
 
-    /// `capacity`: the most items waiting at once (at least 1).
-    public init(name: String, capacity: Int = .max) {
+    /// `capacity`: the most items waiting at once (at least 1). `held`:
+    /// `take` waits, whatever is pushed, until `release` (a store starts
+    /// its writer thread as it opens, with the thread's state handed to it
+    /// there, and lets it work from `start`); stopped before `release`,
+    /// `take` returns nil at once and what was pushed is never handed out.
+    public init(name: String, capacity: Int = .max, held: Bool = false) {
         self.name = name
         self.capacity = max(1, capacity)
+        self.held = held
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
         pthread_mutex_init(mutex, nil)
@@ -85,9 +92,24 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
 
     // MARK: - Threads
 
+    /// Starts one thread running `work(self)`, which may own what it
+    /// captures (`sending`: the caller keeps no other way to reach it).
+    /// Does nothing once started or stopped.
+    public func start(_ work: sending @escaping (JobQueue<Item>) -> Void) {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        guard threads.isEmpty, !stopping else { return }
+        let threadName = name
+        threads.append(
+            startThread(threadName) { [self] in
+                nameCurrentThread(threadName)
+                work(self)
+            })
+    }
+
     /// Starts `count` threads, each running `work(self)`; what `work`
     /// captures lives until the threads end. Does nothing once started or stopped.
-    public func start(threads count: Int = 1, _ work: @escaping @Sendable (JobQueue<Item>) -> Void) {
+    public func start(threads count: Int, _ work: @escaping @Sendable (JobQueue<Item>) -> Void) {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         guard threads.isEmpty, !stopping else { return }
@@ -99,6 +121,14 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
                     work(self)
                 })
         }
+    }
+
+    /// Lets `take` hand items out (a queue made `held`).
+    public func release() {
+        pthread_mutex_lock(mutex)
+        held = false
+        pthread_mutex_unlock(mutex)
+        pthread_cond_broadcast(arrived)
     }
 
     /// Refuses new items, lets the threads take what waits, and joins them.
@@ -170,6 +200,12 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
         let max = Swift.max(1, max)
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
+        if held {
+            idleWaiters += 1
+            while held, !stopping { pthread_cond_wait(arrived, mutex) }
+            idleWaiters -= 1
+            if held { return nil }
+        }
         switch gather {
         case let .linger(linger, idle):
             var until = idle.map(monotonicDeadline(after:)) ?? timespec()

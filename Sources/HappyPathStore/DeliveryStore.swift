@@ -50,10 +50,11 @@ public struct StoreSettings: Sendable {
 /// opened for writing at start, the store starts without its writer
 /// connection, refuses every write, and tries to open it again every
 /// `reopenInterval`; what the file holds stays there until it can.
-/// `@unchecked Sendable`: its `var`s are the writer thread's (set before
-/// that thread starts, then touched only there); what callers read is in
-/// `Locked` or atomics, and operations reach the writer through a `JobQueue`.
-public final class DeliveryStore: @unchecked Sendable {
+///
+/// The writer thread owns its connection and state (`SQLiteWriterLoop`);
+/// what callers read is in `StoreShared`; the reader thread's connection
+/// is its own (`StoreReader`).
+public final class DeliveryStore: Sendable {
     public static let lingerNanoseconds: Int64 = 1_000_000
     public static let maxBatch = 256
     public static let defaultReopenInterval: Duration = .seconds(1)
@@ -65,37 +66,13 @@ public final class DeliveryStore: @unchecked Sendable {
 
     public let settings: StoreSettings
     private let clock: Clock
-    /// Called on the writer thread with each stored request's write latency (seconds).
-    private let onWrite: @Sendable (Double) -> Void
-
-    /// Operations for the writer thread, which is the queue's.
-    private let queue = JobQueue<WriterOp>(name: "store-writer")
-    /// Writer-thread state: the connection and its statements (nil while
-    /// the file cannot be opened for writing).
-    private var writer: Writer?
-    /// Writer-thread state: when to try opening the writer again (or to
-    /// write the deferred round ends again).
-    private var nextReopen: Instant
-    /// Writer-thread state: round ends the disk refused. Each is written
-    /// again every `reopenInterval` until it goes in, so a round's end is not
-    /// lost (its row would stay `in_flight` until the next start); their
-    /// replies (a round slot freed) wait for it.
-    private var deferred: [WriterOp] = []
+    /// Operations for the writer thread, which is the queue's: started as
+    /// the store opens, working from `start`.
+    private let queue = JobQueue<WriterOp>(name: "store-writer", held: true)
     /// The reads' thread and its read-only connection.
     private let reader: StoreReader
-    /// Payload bytes held, kept by the writer, read by anyone.
-    private let held: Locked<Int>
-    /// Rows by upstream and state, kept by the writer, read by anyone.
-    private let kept = Locked(DeliveryCounts())
-    /// The last write's failure, cleared once a write succeeds.
-    private let failure = Locked<StoreError?>(nil)
-    /// Told when writes start failing or work again (set before `start`).
-    private var onHealth: @Sendable (StoreHealth) -> Void = { _ in }
-    /// Tests only (`crash`): `close` leaves the file as `kill -9` would.
-    private var crashed = false
-    /// Rows put back from `in_flight` to `queued` when the store opened
-    /// (those set aside instead are not counted: the next claim reports them).
-    public private(set) var recovered = 0
+    /// What the writer publishes (bytes held, counts, failure), read by anyone.
+    private let shared = StoreShared()
 
     /// Throws if the store cannot be used at all (its directory cannot be
     /// made, the file is not a store, or a newer schema). A disk that
@@ -106,8 +83,6 @@ public final class DeliveryStore: @unchecked Sendable {
     {
         self.settings = settings
         self.clock = clock
-        self.onWrite = onWrite
-        nextReopen = clock.now() + settings.reopenInterval
         try Self.createDirectory(containing: settings.path)
         // The file holds clients' headers (credentials among them): readable
         // by this user only. SQLite gives its -wal and -shm files the same mode.
@@ -116,36 +91,28 @@ public final class DeliveryStore: @unchecked Sendable {
             fchmod(fd, 0o600)
             Glibc.close(fd)
         }
-        held = Locked(0)
         reader = StoreReader(path: settings.path)
+        let loop = SQLiteWriterLoop(settings: settings, clock: clock, onWrite: onWrite, shared: shared)
         do {
-            try openWriter()
+            try loop.open()
         } catch where error.isDiskError {
-            let refused = error
-            failure.withLock { $0 = refused }
+            shared.failure.withLock { $0 = error }
         }
         reader.start()
+        queue.start { queue in loop.run(queue) }
     }
 
-    /// Opens the writer connection: recovers rounds left in flight, counts
-    /// what is held. On the caller's thread at init, then on the writer thread.
-    private func openWriter() throws(StoreError) {
-        let writer = try Writer(settings: settings)
-        recovered = try writer.recover(now: clock.wallMilliseconds())
-        let bytes = try writer.heldBytes()
-        let counts = try writer.countRows()
-        held.withLock { $0 = bytes }
-        kept.withLock { $0 = counts }
-        self.writer = writer
-    }
+    /// Rows put back from `in_flight` to `queued` when the store opened
+    /// (those set aside instead are not counted: the next claim reports them).
+    public var recovered: Int { shared.recovered.withLock { $0 } }
 
     /// Why the store cannot write now (nil: the last write succeeded).
-    public var unavailable: StoreError? { failure.withLock { $0 } }
+    public var unavailable: StoreError? { shared.failure.withLock { $0 } }
 
     /// `handler` hears, on the writer thread, when writes fail and when they
     /// work again. Set it before `start`.
     public func observe(_ handler: @escaping @Sendable (StoreHealth) -> Void) {
-        onHealth = handler
+        shared.observe(handler)
     }
 
     deinit { close() }
@@ -163,34 +130,26 @@ public final class DeliveryStore: @unchecked Sendable {
         }
     }
 
-    /// Starts the writer thread.
+    /// Lets the writer thread work (it was started as the store opened).
     public func start() {
-        queue.start { [self] _ in runWriter() }
+        queue.release()
     }
 
     /// Commits what is waiting, puts rounds in flight back to `queued`, and
-    /// ends the writer thread. Safe to call more than once.
+    /// ends the writer thread (which does both). Safe to call more than once.
     public func close() {
-        queue.stop()
+        // The reader's connection closes first, so that the writer's last
+        // checkpoint finds no reader.
         reader.stop()
-        if let writer {
-            if !crashed, (try? writer.requeueAtStop(now: clock.wallMilliseconds())) != nil {
-                kept.withLock { $0.requeueInFlight() }
-            }
-            if !crashed { try? writer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)") }
-            self.writer = nil
-        }
-        // The observer is usually its owner (Deliveries holds the store, the
-        // handler holds Deliveries): let go of it, or the two keep each
-        // other alive after the proxy stopped (LeakSanitizer saw the cycle).
-        onHealth = { _ in }
+        queue.stop()
+        shared.forgetObserver()
     }
 
-    public var heldBytes: Int { held.withLock { $0 } }
+    public var heldBytes: Int { shared.held.withLock { $0 } }
 
     /// Rows by upstream and state as of the last commit: a copy of a value
     /// behind a lock, no SQLite (all zero while the store could not be opened).
-    public var counts: DeliveryCounts { kept.withLock { $0 } }
+    public var counts: DeliveryCounts { shared.kept.withLock { $0 } }
 
     // MARK: - Writes (group-committed on the writer thread)
 
@@ -231,7 +190,7 @@ public final class DeliveryStore: @unchecked Sendable {
     /// Tests only: stops as a process killed with -9 would, its rounds left
     /// `in_flight` in the file (a clean stop puts them back in the queue).
     func crash() {
-        crashed = true
+        shared.crashed.withLock { $0 = true }
         close()
     }
 
@@ -282,130 +241,5 @@ public final class DeliveryStore: @unchecked Sendable {
             }
             reply(stats)
         }
-    }
-
-    // MARK: - The writer thread
-
-    private func runWriter() {
-        while true {
-            // Without a writer connection, wake up to try opening it again
-            // even when nothing is waiting.
-            let wait = writer == nil || !deferred.isEmpty ? max(0, (nextReopen - clock.now()).nanoseconds) : nil
-            guard var batch = queue.take(max: Self.maxBatch, .linger(Self.lingerNanoseconds, idle: wait)) else { return }
-            if writer == nil, clock.now() >= nextReopen { reopen() }
-            if writer != nil, !deferred.isEmpty, clock.now() >= nextReopen {
-                nextReopen = clock.now() + settings.reopenInterval
-                batch = deferred + batch
-                deferred = []
-            }
-            if !batch.isEmpty { commit(batch) }
-        }
-    }
-
-    /// Writer thread: one more try at opening the store.
-    private func reopen() {
-        nextReopen = clock.now() + settings.reopenInterval
-        do {
-            try openWriter()
-            failure.withLock { $0 = nil }
-            onHealth(.writable(requeued: recovered))
-        } catch {
-            writer = nil
-            failure.withLock { $0 = error }
-            onHealth(.failed(error))
-        }
-    }
-
-    /// Writer thread: a write failed (every failure is reported).
-    private func failed(_ error: StoreError) {
-        failure.withLock { $0 = error }
-        onHealth(.failed(error))
-    }
-
-    private func commit(_ batch: [WriterOp]) {
-        guard let writer else {
-            // Not open (the disk refused it): nothing can be written.
-            let error = unavailable ?? StoreError(SQLITE_CANTOPEN, "the store is not open")
-            for op in batch { op.fail(error) }
-            return
-        }
-        let now = clock.wallMilliseconds()
-        let before = Tally(held: heldBytes, counts: counts)
-        var tally = before
-        var replies: [() -> Void]
-        let changesBefore = writer.connection.totalChanges
-        var wrote = false
-        do {
-            replies = try transaction(batch, writer: writer, now: now, tally: &tally)
-            wrote = writer.connection.totalChanges > changesBefore
-        } catch {
-            tally = before
-            failed(error)
-            // Nothing new was stored: every submit in the batch is refused;
-            // the rest (finishes, claims, replays) is tried again on its own.
-            replies = []
-            var rest: [WriterOp] = []
-            for op in batch {
-                guard case let .submit(_, _, reply) = op else {
-                    rest.append(op)
-                    continue
-                }
-                replies.append { reply(.failed(error)) }
-            }
-            if !rest.isEmpty {
-                do {
-                    replies += try transaction(rest, writer: writer, now: now, tally: &tally)
-                } catch {
-                    tally = before
-                    failed(error)
-                    for op in rest {
-                        if case .finish = op, error.isDiskError {
-                            if deferred.isEmpty { nextReopen = clock.now() + settings.reopenInterval }
-                            deferred.append(op)
-                        } else {
-                            replies.append { op.fail(error) }
-                        }
-                    }
-                }
-            }
-        }
-        // Only a commit that changed rows shows the disk takes writes again
-        // (the dispatcher's claims commit every 100 ms, mostly changing nothing).
-        if wrote, failure.withLock({ $0 }) != nil {
-            failure.withLock { $0 = nil }
-            onHealth(.writable(requeued: 0))
-        }
-        held.withLock { $0 = tally.held }
-        if tally.counts != before.counts { kept.withLock { $0 = tally.counts } }
-        let committed = clock.now()
-        for op in batch {
-            if case let .submit(_, enqueued, _) = op {
-                onWrite(Double((committed - enqueued).nanoseconds) / 1e9)
-            }
-        }
-        for reply in replies { reply() }
-    }
-
-    /// `ops` in one transaction; their replies, to run once it is committed.
-    /// Rolled back (and `tally` left to the caller) if any of them fails.
-    private func transaction(_ ops: [WriterOp], writer: Writer, now: Int64, tally: inout Tally)
-        throws(StoreError) -> [() -> Void]
-    {
-        var replies: [() -> Void] = []
-        do {
-            try writer.begin.run()
-            for op in ops {
-                if let reply = try writer.apply(
-                    op, now: now, retention: settings.retention, maxBytes: settings.maxBytes, tally: &tally)
-                {
-                    replies.append(reply)
-                }
-            }
-            try writer.commit.run()
-        } catch {
-            try? writer.rollback.run()
-            throw error
-        }
-        return replies
     }
 }

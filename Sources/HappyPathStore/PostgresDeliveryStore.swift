@@ -70,68 +70,48 @@ public struct PostgresStoreSettings: Sendable {
 /// 0.5 s, then every second. Nothing accepted is lost: a 202 was answered only
 /// after its commit.
 ///
-/// `@unchecked Sendable`: its `var`s are the writer thread's (set before that
-/// thread starts, then touched only there); what callers read is in
-/// `Locked`, and operations reach the writer through a `JobQueue`.
-public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
+///
+/// The writer thread owns its connection and state (`PostgresWriterLoop`);
+/// what callers read is in `StoreShared`; each reader thread's connection
+/// is its own (`PostgresReadPool`).
+public final class PostgresDeliveryStore: DeliveryStoring, Sendable {
     public let settings: PostgresStoreSettings
     private let clock: Clock
-    private let onWrite: @Sendable (Double) -> Void
-    /// Operations for the writer thread, which is the queue's.
-    private let queue = JobQueue<WriterOp>(name: "pg-writer")
+    /// Operations for the writer thread, which is the queue's: started with
+    /// the store, working (connecting first) from `start`.
+    private let queue = JobQueue<WriterOp>(name: "pg-writer", held: true)
     private let readers: PostgresReadPool
-
-    // Writer-thread state.
-    private var writer: PostgresWriter?
-    private var nextConnect: Instant
-    private var backoff: Duration
-    private var nextRenew: Instant
-    private var nextRecount: Instant
-    /// Round ends written while the database was unreachable: written again once it is back.
-    private var deferred: [WriterOp] = []
-    /// This replica's rounds in flight: the round (`attempts`) each lease is for, and its payload bytes.
-    private var claims: [String: PostgresWriter.Claim] = [:]
-
-    private let held = Locked(0)
-    private let kept = Locked(DeliveryCounts())
-    private let failure = Locked<StoreError?>(nil)
-    private let takenBack = Locked(0)
-    private let crashed = Locked(false)
-    private let connected = Locked(false)
-    private var onHealth: @Sendable (StoreHealth) -> Void = { _ in }
+    /// What the writer publishes (bytes held, counts, failure), read by anyone.
+    private let shared = StoreShared()
 
     public init(settings: PostgresStoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void = { _ in }) {
         self.settings = settings
         self.clock = clock
-        self.onWrite = onWrite
-        let now = clock.now()
-        nextConnect = now
-        backoff = settings.reconnectMin
-        nextRenew = now
-        nextRecount = now
         readers = PostgresReadPool(url: settings.url, threads: max(1, settings.pool - 1))
         // Reads are answered from the start, as with SQLite: a status URL may
         // be asked before the writer starts (each reader connects on first use).
         readers.start()
+        let loop = PostgresWriterLoop(settings: settings, clock: clock, onWrite: onWrite, shared: shared)
+        queue.start { queue in loop.run(queue) }
     }
 
     deinit { close() }
 
     /// Rounds whose lease had run out (a replica gone) put back in the queue
     /// when this store first connected.
-    public var recovered: Int { takenBack.withLock { $0 } }
-    public var unavailable: StoreError? { failure.withLock { $0 } }
+    public var recovered: Int { shared.recovered.withLock { $0 } }
+    public var unavailable: StoreError? { shared.failure.withLock { $0 } }
     /// Connected, and the last write went in.
-    public var writable: Bool { connected.withLock { $0 } && unavailable == nil }
-    public var heldBytes: Int { held.withLock { $0 } }
-    public var counts: DeliveryCounts { kept.withLock { $0 } }
+    public var writable: Bool { shared.connected.withLock { $0 } && unavailable == nil }
+    public var heldBytes: Int { shared.held.withLock { $0 } }
+    public var counts: DeliveryCounts { shared.kept.withLock { $0 } }
     public var maxBytes: Int { settings.maxBytes }
 
-    public func observe(_ handler: @escaping @Sendable (StoreHealth) -> Void) { onHealth = handler }
+    public func observe(_ handler: @escaping @Sendable (StoreHealth) -> Void) { shared.observe(handler) }
 
-    /// Starts the writer (which connects first) and the readers.
+    /// Lets the writer work (it connects first); the readers already do.
     public func start() {
-        queue.start { [self] _ in runWriter() }
+        queue.release()
     }
 
     /// Commits what is waiting, puts this replica's rounds in flight back in
@@ -139,7 +119,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     public func close() {
         queue.stop()
         readers.stop()
-        onHealth = { _ in }
+        shared.forgetObserver()
     }
 
     // MARK: - Writes
@@ -170,7 +150,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
     /// Tests only: stops as a process killed with -9 would, its rounds left
     /// in flight under leases nobody renews.
     func crash() {
-        crashed.withLock { $0 = true }
+        shared.crashed.withLock { $0 = true }
         close()
     }
 
@@ -210,165 +190,6 @@ public final class PostgresDeliveryStore: DeliveryStoring, @unchecked Sendable {
                 }
             }
             reply(stats)
-        }
-    }
-
-    // MARK: - The writer thread
-
-    private func runWriter() {
-        while true {
-            let now = clock.now()
-            var wake = writer == nil ? nextConnect : nextRecount
-            if writer != nil, !claims.isEmpty { wake = min(wake, nextRenew) }
-            let wait = max(0, (wake - now).nanoseconds)
-            guard var batch = queue.take(max: DeliveryStore.maxBatch, .linger(DeliveryStore.lingerNanoseconds, idle: wait))
-            else { break }
-            if writer == nil, clock.now() >= nextConnect { connect() }
-            if writer != nil, !deferred.isEmpty {
-                batch = deferred + batch
-                deferred = []
-            }
-            // Leases first: a claim in this batch must not take back this
-            // replica's own rounds for want of a renewal.
-            if writer != nil { maintain() }
-            if !batch.isEmpty { commit(batch) }
-            if writer != nil { maintain() }
-        }
-        // Stopping: this replica's rounds in flight go back to the queue now
-        // rather than when their leases end.
-        if let writer, !claims.isEmpty, !crashed.withLock({ $0 }) {
-            _ = try? writer.release(Array(claims.keys), now: clock.wallMilliseconds())
-            claims = [:]
-        }
-        writer = nil
-    }
-
-    private func connect() {
-        do {
-            let w = try PostgresWriter(settings: settings)
-            // Rounds that ran on through the outage keep their leases, if
-            // no other replica took them back meanwhile.
-            if !claims.isEmpty { try w.renew(Array(claims.keys), until: clock.wallMilliseconds() + w.leaseMilliseconds) }
-            let returned = try w.takeBackExpiredLeases(now: clock.wallMilliseconds()).requeued.count
-            let (counts, bytes) = try w.count()
-            writer = w
-            connected.withLock { $0 = true }
-            backoff = settings.reconnectMin
-            held.withLock { $0 = bytes }
-            kept.withLock { $0 = counts }
-            nextRecount = clock.now() + settings.recountEvery
-            nextRenew = clock.now()
-            takenBack.withLock { $0 += returned }
-            let wasFailing = failure.withLock { f in
-                defer { f = nil }
-                return f != nil
-            }
-            if wasFailing || returned > 0 { onHealth(.writable(requeued: returned)) }
-        } catch {
-            lost(error)
-        }
-    }
-
-    /// The connection failed or could not be made: no writer until the next try.
-    private func lost(_ error: StoreError) {
-        writer = nil
-        connected.withLock { $0 = false }
-        nextConnect = clock.now() + backoff
-        backoff = min(backoff * 2, settings.reconnectMax)
-        failed(error)
-    }
-
-    private func failed(_ error: StoreError) {
-        failure.withLock { $0 = error }
-        onHealth(.failed(error))
-    }
-
-    /// Renews this replica's leases and counts the table again, when due.
-    private func maintain() {
-        guard let writer else { return }
-        let now = clock.now()
-        do {
-            if !claims.isEmpty, now >= nextRenew {
-                try writer.renew(Array(claims.keys), until: clock.wallMilliseconds() + writer.leaseMilliseconds)
-                nextRenew = now + settings.lease / 3
-            }
-            if now >= nextRecount {
-                let (counts, bytes) = try writer.count()
-                held.withLock { $0 = bytes }
-                kept.withLock { $0 = counts }
-                nextRecount = now + settings.recountEvery
-            }
-        } catch where error.kind == .unreachable {
-            lost(error)
-        } catch {
-            failed(error)
-        }
-    }
-
-    private func commit(_ batch: [WriterOp]) {
-        guard let writer else { return refuse(batch, unavailable ?? Self.notConnected) }
-        let now = clock.wallMilliseconds()
-        var work = PostgresWriter.Work(tally: Tally(held: heldBytes, counts: counts), claims: claims)
-        var replies: [() -> Void] = []
-        do {
-            replies = try writer.transaction(batch, now: now, settings: settings, work: &work)
-            published(work)
-        } catch {
-            if error.kind == .unreachable {
-                lost(error)
-                return refuse(batch, error)
-            }
-            failed(error)
-            // A statement refused: the submits in the batch are refused;
-            // the rest (round ends, claims, replays) is tried on its own.
-            var rest: [WriterOp] = []
-            for op in batch {
-                guard case let .submit(_, _, reply) = op else {
-                    rest.append(op)
-                    continue
-                }
-                replies.append { reply(.failed(error)) }
-            }
-            if !rest.isEmpty {
-                work = PostgresWriter.Work(tally: Tally(held: heldBytes, counts: counts), claims: claims)
-                do {
-                    replies += try writer.transaction(rest, now: now, settings: settings, work: &work)
-                    published(work)
-                } catch {
-                    if error.kind == .unreachable { lost(error) } else { failed(error) }
-                    refuse(rest, error)
-                }
-            }
-        }
-        let committed = clock.now()
-        for op in batch {
-            if case let .submit(_, enqueued, _) = op { onWrite(Double((committed - enqueued).nanoseconds) / 1e9) }
-        }
-        for reply in replies { reply() }
-    }
-
-    /// A batch committed: its counts, bytes and claims become the store's.
-    private func published(_ work: PostgresWriter.Work) {
-        claims = work.claims
-        held.withLock { $0 = work.tally.held }
-        kept.withLock { $0 = work.tally.counts }
-        let wasFailing = failure.withLock { f in
-            defer { f = nil }
-            return f != nil
-        }
-        if wasFailing { onHealth(.writable(requeued: 0)) }
-    }
-
-    /// Ops that could not be written. A round's end waits for the database
-    /// (its lease is renewed meanwhile, if it comes back in time); the rest
-    /// are answered as failed.
-    private func refuse(_ ops: [WriterOp], _ error: StoreError) {
-        for op in ops {
-            if case .finish = op, error.kind == .unreachable {
-                deferred.append(op)
-                continue
-            }
-            op.fail(error)
         }
     }
 
