@@ -162,4 +162,32 @@ import Testing
         // Linux keeps 15 bytes.
         #expect(name.withLock { $0 } == "a-very-long-thr")
     }
+
+    @Test func aHeldQueueHandsNothingOutUntilReleased() {
+        let queue = JobQueue<Int>(name: "test-held", held: true)
+        let seen = Locked<[Int]>([])
+        queue.start { q in
+            while let batch = q.take(max: 10) { seen.withLock { $0 += batch } }
+        }
+        queue.push(contentsOf: [1, 2, 3])
+        #expect(queue.waiting == 3)
+        queue.release()
+        queue.push(4)
+        queue.stop()
+        #expect(seen.withLock { $0 } == [1, 2, 3, 4])
+    }
+
+    @Test func aQueueStoppedWhileHeldEndsItsThreadWithoutHandingOut() {
+        let queue = JobQueue<Int>(name: "test-held", held: true)
+        let seen = Locked<[Int]>([])
+        let ended = Locked(false)
+        queue.start { q in
+            while let batch = q.take(max: 10, .linger(0, idle: 1_000 * Self.millisecond)) { seen.withLock { $0 += batch } }
+            ended.withLock { $0 = true }
+        }
+        queue.push(contentsOf: [1, 2])
+        queue.stop()
+        #expect(ended.withLock { $0 })
+        #expect(seen.withLock { $0 }.isEmpty)
+    }
 }
