@@ -173,14 +173,12 @@ final class Writer {
     {
         switch op {
         case let .submit(d, _, reply):
-            if let key = d.idempotencyKey, let existing = try existing(scope: d.idempotencyScope, key: key) {
-                return WriterOp.repeated(existing, d, reply)
+            if let answer = try WriterOp.answerBeforeInsert(
+                d, held: tally.held, maxBytes: maxBytes, storedWith: existing(scope:key:), reply)
+            {
+                return answer
             }
             let bytes = d.payloadBytes
-            if tally.held + bytes > maxBytes {
-                let before = tally.held
-                return { reply(.full(heldBytes: before, maxBytes: maxBytes)) }
-            }
             let s = insert
             s.bind(1, d.id)
             s.bind(2, d.upstream)

@@ -8,8 +8,6 @@ import HappyPathCore
 final class SQLiteWriterLoop {
     let settings: StoreSettings
     private let clock: Clock
-    /// Called with each stored request's write latency (seconds).
-    private let onWrite: @Sendable (Double) -> Void
     private let shared: StoreShared
     /// The connection and its statements (nil while the file cannot be
     /// opened for writing).
@@ -23,10 +21,9 @@ final class SQLiteWriterLoop {
     /// round slot freed) wait for it.
     private var deferred: [WriterOp] = []
 
-    init(settings: StoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void, shared: StoreShared) {
+    init(settings: StoreSettings, clock: Clock, shared: StoreShared) {
         self.settings = settings
         self.clock = clock
-        self.onWrite = onWrite
         self.shared = shared
         nextReopen = clock.now() + settings.reopenInterval
     }
@@ -109,15 +106,8 @@ final class SQLiteWriterLoop {
             shared.failed(error)
             // Nothing new was stored: every submit in the batch is refused;
             // the rest (finishes, claims, replays) is tried again on its own.
-            replies = []
-            var rest: [WriterOp] = []
-            for op in batch {
-                guard case let .submit(_, _, reply) = op else {
-                    rest.append(op)
-                    continue
-                }
-                replies.append { reply(.failed(error)) }
-            }
+            let rest: [WriterOp]
+            (rest, replies) = WriterOp.refusingSubmits(batch, error)
             if !rest.isEmpty {
                 do {
                     replies += try transaction(rest, writer: writer, now: now, tally: &tally)
@@ -140,12 +130,7 @@ final class SQLiteWriterLoop {
         if wrote, shared.clearFailure() { shared.report(.writable(requeued: 0)) }
         shared.held.withLock { $0 = tally.held }
         if tally.counts != before.counts { shared.kept.withLock { $0 = tally.counts } }
-        let committed = clock.now()
-        for op in batch {
-            if case let .submit(_, enqueued, _) = op {
-                onWrite(Double((committed - enqueued).nanoseconds) / 1e9)
-            }
-        }
+        shared.wrote(batch, at: clock.now())
         for reply in replies { reply() }
     }
 

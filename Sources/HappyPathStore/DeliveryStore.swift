@@ -72,7 +72,7 @@ public final class DeliveryStore: Sendable {
     /// The reads' thread and its read-only connection.
     private let reader: StoreReader
     /// What the writer publishes (bytes held, counts, failure), read by anyone.
-    private let shared = StoreShared()
+    private let shared: StoreShared
 
     /// Throws if the store cannot be used at all (its directory cannot be
     /// made, the file is not a store, or a newer schema). A disk that
@@ -83,6 +83,7 @@ public final class DeliveryStore: Sendable {
     {
         self.settings = settings
         self.clock = clock
+        shared = StoreShared(onWrite: onWrite)
         try Self.createDirectory(containing: settings.path)
         // The file holds clients' headers (credentials among them): readable
         // by this user only. SQLite gives its -wal and -shm files the same mode.
@@ -92,7 +93,7 @@ public final class DeliveryStore: Sendable {
             Glibc.close(fd)
         }
         reader = StoreReader(path: settings.path)
-        let loop = SQLiteWriterLoop(settings: settings, clock: clock, onWrite: onWrite, shared: shared)
+        let loop = SQLiteWriterLoop(settings: settings, clock: clock, shared: shared)
         do {
             try loop.open()
         } catch where error.isDiskError {

@@ -7,8 +7,6 @@ import HappyPathCore
 final class PostgresWriterLoop {
     let settings: PostgresStoreSettings
     private let clock: Clock
-    /// Called with each stored request's write latency (seconds).
-    private let onWrite: @Sendable (Double) -> Void
     private let shared: StoreShared
 
     private var writer: PostgresWriter?
@@ -21,10 +19,9 @@ final class PostgresWriterLoop {
     /// This replica's rounds in flight: the round (`attempts`) each lease is for, and its payload bytes.
     private var claims: [String: PostgresWriter.Claim] = [:]
 
-    init(settings: PostgresStoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void, shared: StoreShared) {
+    init(settings: PostgresStoreSettings, clock: Clock, shared: StoreShared) {
         self.settings = settings
         self.clock = clock
-        self.onWrite = onWrite
         self.shared = shared
         let now = clock.now()
         nextConnect = now
@@ -135,14 +132,8 @@ final class PostgresWriterLoop {
             shared.failed(error)
             // A statement refused: the submits in the batch are refused;
             // the rest (round ends, claims, replays) is tried on its own.
-            var rest: [WriterOp] = []
-            for op in batch {
-                guard case let .submit(_, _, reply) = op else {
-                    rest.append(op)
-                    continue
-                }
-                replies.append { reply(.failed(error)) }
-            }
+            let (rest, refused) = WriterOp.refusingSubmits(batch, error)
+            replies += refused
             if !rest.isEmpty {
                 work = PostgresWriter.Work(tally: Tally(held: shared.held.withLock { $0 }, counts: shared.kept.withLock { $0 }), claims: claims)
                 do {
@@ -154,10 +145,7 @@ final class PostgresWriterLoop {
                 }
             }
         }
-        let committed = clock.now()
-        for op in batch {
-            if case let .submit(_, enqueued, _) = op { onWrite(Double((committed - enqueued).nanoseconds) / 1e9) }
-        }
+        shared.wrote(batch, at: clock.now())
         for reply in replies { reply() }
     }
 

@@ -82,16 +82,17 @@ public final class PostgresDeliveryStore: DeliveryStoring, Sendable {
     private let queue = JobQueue<WriterOp>(name: "pg-writer", held: true)
     private let readers: PostgresReadPool
     /// What the writer publishes (bytes held, counts, failure), read by anyone.
-    private let shared = StoreShared()
+    private let shared: StoreShared
 
     public init(settings: PostgresStoreSettings, clock: Clock, onWrite: @escaping @Sendable (Double) -> Void = { _ in }) {
         self.settings = settings
         self.clock = clock
+        shared = StoreShared(onWrite: onWrite)
         readers = PostgresReadPool(url: settings.url, threads: max(1, settings.pool - 1))
         // Reads are answered from the start, as with SQLite: a status URL may
         // be asked before the writer starts (each reader connects on first use).
         readers.start()
-        let loop = PostgresWriterLoop(settings: settings, clock: clock, onWrite: onWrite, shared: shared)
+        let loop = PostgresWriterLoop(settings: settings, clock: clock, shared: shared)
         queue.start { queue in loop.run(queue) }
     }
 

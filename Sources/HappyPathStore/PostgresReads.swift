@@ -81,19 +81,8 @@ final class PostgresReadPool: Sendable {
 
     func start() {
         queue.start(threads: count) { [url] reads in
-            var connection: PostgresConnection?
-            while let job = reads.takeOne() {
-                if connection == nil || connection?.isUsable == false {
-                    do throws(StoreError) {
-                        connection = try PostgresConnection(url: url)
-                    } catch {
-                        connection = nil
-                        job(.failure(error))
-                        continue
-                    }
-                }
-                job(.success(connection!))
-            }
+            serveReads(
+                reads, max: 1, open: { () throws(StoreError) in try PostgresConnection(url: url) }, usable: { $0.isUsable })
         }
     }
 

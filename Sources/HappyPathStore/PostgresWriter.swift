@@ -187,15 +187,12 @@ final class PostgresWriter {
     {
         switch op {
         case let .submit(d, _, reply):
-            if let key = d.idempotencyKey, let existing = try existing(scope: d.idempotencyScope, key: key) {
-                return WriterOp.repeated(existing, d, reply)
+            if let answer = try WriterOp.answerBeforeInsert(
+                d, held: work.tally.held, maxBytes: settings.maxBytes, storedWith: existing(scope:key:), reply)
+            {
+                return answer
             }
             let bytes = d.payloadBytes
-            if work.tally.held + bytes > settings.maxBytes {
-                let before = work.tally.held
-                let max = settings.maxBytes
-                return { reply(.full(heldBytes: before, maxBytes: max)) }
-            }
             let id = d.id
             if d.idempotencyKey == nil {
                 // With the others of its batch, in one INSERT (`flushInserts`).

@@ -26,24 +26,11 @@ final class StoreReader: Sendable {
     }
 
     func start() {
+        // The connection is opened on first use (the file may have no table
+        // yet while the writer cannot open it) and again after a read that
+        // failed to open it.
         queue.start { [path] reads in
-            // The connection, opened on first use (the file may have no
-            // table yet while the writer cannot open it) and again after a
-            // read that failed to open it. This thread's only.
-            var reader: Reader?
-            while let batch = reads.take(max: .max) {
-                for job in batch {
-                    if reader == nil {
-                        do throws(StoreError) {
-                            reader = try Reader(path: path)
-                        } catch {
-                            job(.failure(error))
-                            continue
-                        }
-                    }
-                    job(.success(reader!))
-                }
-            }
+            serveReads(reads, max: .max, open: { () throws(StoreError) in try Reader(path: path) })
         }
     }
 
@@ -56,6 +43,31 @@ final class StoreReader: Sendable {
     func read(_ job: @escaping Job) {
         if !queue.push(job) {
             job(.failure(StoreError(SQLITE_MISUSE, "the delivery store is not open")))
+        }
+    }
+}
+
+/// A reader thread's loop, until `reads` stops: each read gets the
+/// thread's connection (a local here: no other thread sees it), opened on
+/// first use and again once `usable` says it was lost; a read that finds
+/// none gets why. Takes up to `max` reads at a time.
+func serveReads<Connection>(
+    _ reads: JobQueue<@Sendable (Result<Connection, StoreError>) -> Void>, max: Int,
+    open: () throws(StoreError) -> Connection, usable: (Connection) -> Bool = { _ in true }
+) {
+    var connection: Connection?
+    while let batch = reads.take(max: max) {
+        for job in batch {
+            if connection.map(usable) != true {
+                do throws(StoreError) {
+                    connection = try open()
+                } catch {
+                    connection = nil
+                    job(.failure(error))
+                    continue
+                }
+            }
+            job(.success(connection!))
         }
     }
 }

@@ -5,6 +5,8 @@ import HappyPathCore
 /// write's failure, the rounds taken back at open, and who hears about
 /// the store's health. Callers read these without waiting for the writer.
 final class StoreShared: Sendable {
+    /// Told each stored request's write latency (seconds), on the writer thread.
+    private let onWrite: @Sendable (Double) -> Void
     /// Payload bytes held.
     let held = Locked(0)
     /// Rows by upstream and state.
@@ -20,6 +22,18 @@ final class StoreShared: Sendable {
     let crashed = Locked(false)
     /// Told when writes start failing or work again.
     private let observer = Locked<@Sendable (StoreHealth) -> Void>({ _ in })
+
+    init(onWrite: @escaping @Sendable (Double) -> Void) {
+        self.onWrite = onWrite
+    }
+
+    /// A batch was committed (or refused) at `committed`: each submit's
+    /// time from its hand-over, for the write-latency histogram.
+    func wrote(_ batch: [WriterOp], at committed: Instant) {
+        for op in batch {
+            if case let .submit(_, enqueued, _) = op { onWrite(Double((committed - enqueued).nanoseconds) / 1e9) }
+        }
+    }
 
     func observe(_ handler: @escaping @Sendable (StoreHealth) -> Void) {
         observer.withLock { $0 = handler }

@@ -29,6 +29,41 @@ enum WriterOp: Sendable {
         }
     }
 
+    /// A batch whose transaction failed: its submits are refused with
+    /// `error` (their replies, to run), the rest is to be tried on its own.
+    static func refusingSubmits(_ batch: [WriterOp], _ error: StoreError) -> (rest: [WriterOp], replies: [() -> Void]) {
+        var rest: [WriterOp] = []
+        var replies: [() -> Void] = []
+        for op in batch {
+            guard case let .submit(_, _, reply) = op else {
+                rest.append(op)
+                continue
+            }
+            replies.append { reply(.failed(error)) }
+        }
+        return (rest, replies)
+    }
+
+    /// What stored deliveries a key is found with: the delivery, its state,
+    /// its request's fingerprint.
+    typealias KeyLookUp = (_ scope: String?, _ key: String) throws(StoreError) -> (
+        id: String, state: DeliveryState, fingerprint: String?
+    )?
+
+    /// A submit answered before its insert: its `Idempotency-Key` is
+    /// already stored in its scope (`storedWith`), or it does not fit in
+    /// `maxBytes` with `held` bytes held. Nil: to be inserted.
+    static func answerBeforeInsert(
+        _ d: NewDelivery, held: Int, maxBytes: Int, storedWith: KeyLookUp,
+        _ reply: @escaping @Sendable (SubmitResult) -> Void
+    ) throws(StoreError) -> (() -> Void)? {
+        if let key = d.idempotencyKey, let existing = try storedWith(d.idempotencyScope, key) {
+            return repeated(existing, d, reply)
+        }
+        guard held + d.payloadBytes > maxBytes else { return nil }
+        return { reply(.full(heldBytes: held, maxBytes: maxBytes)) }
+    }
+
     /// A submit whose `Idempotency-Key` is already stored in its scope: the
     /// same request gets the stored delivery; another request with that
     /// key is refused, and learns nothing of the first.
