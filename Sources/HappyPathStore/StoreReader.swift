@@ -14,101 +14,61 @@ import HappyPathCore
 ///
 /// Reads run one at a time, in the order they were handed over. WAL lets
 /// them run beside the writer's transactions; they see what was committed.
-///
-/// `@unchecked Sendable`: the connection is the reader thread's only; the
-/// queue of reads is behind a pthread mutex and condition.
-final class StoreReader: @unchecked Sendable {
+final class StoreReader: Sendable {
     /// A read: the open connection, or why it could not be opened.
     typealias Job = @Sendable (Result<Reader, StoreError>) -> Void
 
     private let path: String
-    private var mutex = pthread_mutex_t()
-    private var condition = pthread_cond_t()
-    private var jobs: [Job] = []
-    private var running = false
-    private var stopping = false
-    private var thread: pthread_t?
-    /// Reader-thread state: the connection, opened on first use (the file
-    /// may have no table yet while the writer cannot open it) and again
-    /// after a read that failed to open it.
-    private var reader: Reader?
+    private let queue = JobQueue<Job>(name: "store-reader")
 
     init(path: String) {
         self.path = path
-        pthread_mutex_init(&mutex, nil)
-        pthread_cond_init(&condition, nil)
-    }
-
-    deinit {
-        pthread_cond_destroy(&condition)
-        pthread_mutex_destroy(&mutex)
     }
 
     func start() {
-        pthread_mutex_lock(&mutex)
-        defer { pthread_mutex_unlock(&mutex) }
-        guard thread == nil, !stopping else { return }
-        thread = startThread("the store's reader thread") { self.run() }
-        running = true
+        // The connection is opened on first use (the file may have no table
+        // yet while the writer cannot open it) and again after a read that
+        // failed to open it.
+        queue.start { [path] reads in
+            serveReads(reads, max: .max, open: { () throws(StoreError) in try Reader(path: path) })
+        }
     }
 
     /// Answers the reads already handed over, then ends the thread. Reads
     /// handed over after this are answered at once with an error.
-    func stop() {
-        pthread_mutex_lock(&mutex)
-        stopping = true
-        let t = thread
-        thread = nil
-        pthread_mutex_unlock(&mutex)
-        pthread_cond_signal(&condition)
-        if let t { pthread_join(t, nil) }
-    }
+    func stop() { queue.stop() }
 
-    /// Hands `job` to the reader thread; while it is not running (before
-    /// `start`, after `stop`), answers it at once, on the caller's thread,
-    /// with an error.
+    /// Hands `job` to the reader thread; once it is stopped, answers it at
+    /// once, on the caller's thread, with an error.
     func read(_ job: @escaping Job) {
-        pthread_mutex_lock(&mutex)
-        guard running, !stopping else {
-            pthread_mutex_unlock(&mutex)
-            return job(.failure(StoreError(SQLITE_MISUSE, "the delivery store is not open")))
+        if !queue.push(job) {
+            job(.failure(StoreError(SQLITE_MISUSE, "the delivery store is not open")))
         }
-        jobs.append(job)
-        let wake = jobs.count == 1
-        pthread_mutex_unlock(&mutex)
-        if wake { pthread_cond_signal(&condition) }
     }
+}
 
-    private func run() {
-        while let batch = take() {
-            for job in batch {
-                if reader == nil {
-                    do throws(StoreError) {
-                        reader = try Reader(path: path)
-                    } catch {
-                        job(.failure(error))
-                        continue
-                    }
+/// A reader thread's loop, until `reads` stops: each read gets the
+/// thread's connection (a local here: no other thread sees it), opened on
+/// first use and again once `usable` says it was lost; a read that finds
+/// none gets why. Takes up to `max` reads at a time.
+func serveReads<Connection>(
+    _ reads: JobQueue<@Sendable (Result<Connection, StoreError>) -> Void>, max: Int,
+    open: () throws(StoreError) -> Connection, usable: (Connection) -> Bool = { _ in true }
+) {
+    var connection: Connection?
+    while let batch = reads.take(max: max) {
+        for job in batch {
+            if connection.map(usable) != true {
+                do throws(StoreError) {
+                    connection = try open()
+                } catch {
+                    connection = nil
+                    job(.failure(error))
+                    continue
                 }
-                job(.success(reader!))
             }
+            job(.success(connection!))
         }
-        reader = nil
-    }
-
-    /// What is waiting (after waiting for something); nil once stopping and empty.
-    private func take() -> [Job]? {
-        pthread_mutex_lock(&mutex)
-        defer { pthread_mutex_unlock(&mutex) }
-        while jobs.isEmpty {
-            if stopping {
-                running = false
-                return nil
-            }
-            pthread_cond_wait(&condition, &mutex)
-        }
-        defer { jobs.removeAll(keepingCapacity: true) }
-        return jobs
     }
 }
 

@@ -25,25 +25,25 @@ import Synchronization
 /// through a curl multi handle so that `stop` can wake it
 /// (`curl_multi_wakeup`) instead of waiting for its own limit.
 ///
-/// `@unchecked Sendable`: the queue is behind a pthread mutex and
-/// condition; the curl handle is the exporter thread's only.
-public final class OTLPExporter: @unchecked Sendable {
+/// The spans wait in a `JobQueue` (bounded by `maxQueue`, its one thread
+/// the exporter's); the easy handle is a local of that thread's loop.
+public final class OTLPExporter: Sendable {
     public let endpoint: String
     private let serviceName: String
     private let version: String
-    private let maxQueue: Int
     private let batch: Int
     private let interval: Duration
 
-    private var mutex = pthread_mutex_t()
-    private var condition = pthread_cond_t()
-    private var queue: [Span] = []
-    private var stopping = false
-    private var thread: pthread_t?
+    /// Spans waiting for the exporter thread, which is the queue's.
+    private let queue: JobQueue<Span>
     /// Set by `stop`: the end of the flush budget (monotonic nanoseconds).
     private let flushDeadline = Atomic<Int64>(.max)
     /// The exporter thread's multi handle, for `stop` to wake its wait.
-    private var multi: UnsafeMutableRawPointer?
+    /// `nonisolated(unsafe)`: a raw pointer is not `Sendable`; only the
+    /// exporter thread drives the handle, and the one call from another
+    /// thread, `curl_multi_wakeup` in `stop`, is the one libcurl documents
+    /// as safe from any thread. Made in `init`, freed in `deinit`.
+    nonisolated(unsafe) private let multi: UnsafeMutableRawPointer?
     /// The most `stop` waits for the last exports, the running one included.
     public let flushBudget: Duration
 
@@ -62,24 +62,19 @@ public final class OTLPExporter: @unchecked Sendable {
         self.endpoint = endpoint
         self.serviceName = serviceName
         self.version = version
-        self.maxQueue = maxQueue
+        queue = JobQueue(name: "otlp-exporter", capacity: maxQueue)
         self.batch = batch
         self.interval = interval
         self.flushBudget = flushBudget
-        pthread_mutex_init(&mutex, nil)
-        initMonotonicCondition(&condition)
         multi = curl_multi_init()
     }
 
     deinit {
         if let multi { curl_multi_cleanup(multi) }
-        pthread_cond_destroy(&condition)
-        pthread_mutex_destroy(&mutex)
     }
 
     public func start() {
-        guard thread == nil else { return }
-        thread = startThread("the trace exporter's thread") { self.run() }
+        queue.start { [self] _ in run() }
     }
 
     /// Sends what is queued within `flushBudget` (the export running now
@@ -88,31 +83,21 @@ public final class OTLPExporter: @unchecked Sendable {
         flushDeadline.store(Self.monotonicNanoseconds() + flushBudget.nanoseconds, ordering: .releasing)
         // An export waiting on the collector looks at the deadline now.
         if let multi { curl_multi_wakeup(multi) }
-        pthread_mutex_lock(&mutex)
-        stopping = true
-        let t = thread
-        thread = nil
-        pthread_mutex_unlock(&mutex)
-        pthread_cond_signal(&condition)
-        if let t { pthread_join(t, nil) }
+        queue.stop()
     }
 
-    /// Hands spans over; drops them (counted) if the queue is full.
+    /// Hands spans over; drops them (counted) if the queue is full (or the
+    /// exporter stopped).
     public func submit(_ spans: [Span]) {
-        pthread_mutex_lock(&mutex)
-        let room = maxQueue - queue.count
-        let taken = min(room, spans.count)
-        if taken == spans.count { queue += spans } else if taken > 0 { queue += spans.prefix(taken) }
-        let wake = queue.count >= batch
-        pthread_mutex_unlock(&mutex)
+        let taken = queue.push(contentsOf: spans)
         if taken < spans.count { dropped.wrappingAdd(spans.count - taken, ordering: .relaxed) }
-        if wake { pthread_cond_signal(&condition) }
     }
 
     private func run() {
         let easy = curl_easy_init()
         defer { curl_easy_cleanup(easy) }
-        while let spans = take() {
+        // Every `interval`, or as soon as `batch` spans wait.
+        while let spans = queue.take(max: batch, .fill(within: interval.nanoseconds)) {
             guard !spans.isEmpty else { continue }
             if Self.monotonicNanoseconds() >= flushDeadline.load(ordering: .acquiring) {
                 // The budget is spent: what is left is dropped, not sent.
@@ -128,23 +113,6 @@ public final class OTLPExporter: @unchecked Sendable {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
-    }
-
-    /// Waits up to `interval` (or for a full batch); nil once stopping and empty.
-    private func take() -> [Span]? {
-        pthread_mutex_lock(&mutex)
-        defer { pthread_mutex_unlock(&mutex) }
-        if queue.count < batch, !stopping {
-            var deadline = monotonicDeadline(after: interval.nanoseconds)
-            while queue.count < batch, !stopping {
-                if pthread_cond_timedwait(&condition, &mutex, &deadline) == ETIMEDOUT { break }
-            }
-        }
-        if stopping, queue.isEmpty { return nil }
-        let n = min(queue.count, batch)
-        let spans = Array(queue.prefix(n))
-        queue.removeFirst(n)
-        return spans
     }
 
     private func send(_ spans: [Span], with easy: UnsafeMutableRawPointer?) {

@@ -1,0 +1,85 @@
+import HappyPathCore
+
+/// An operation for a store's writer thread (SQLite or PostgreSQL), handed
+/// over through a `JobQueue`; the writer takes them in batches, each batch
+/// one transaction.
+enum WriterOp: Sendable {
+    case submit(NewDelivery, enqueued: Instant, reply: @Sendable (SubmitResult) -> Void)
+    case claim(
+        limit: Int, skipping: [String],
+        reply: @Sendable ([ClaimedDelivery], [SetAside]) -> Void)
+    case finish(id: String, outcome: DeliveryOutcome, reply: (@Sendable () -> Void)?)
+    case replay(id: String, expiresAt: Int64, reply: @Sendable (ReplayResult) -> Void)
+    case purge(reply: @Sendable (Int) -> Void)
+    case wake(upstream: String)
+    /// Tests: a statement on the writer's connection, in the batch's transaction.
+    case execute(sql: String, reply: @Sendable () -> Void)
+
+    /// Answers the operation as not done: a submit refused with `error`,
+    /// nothing claimed, no replay, nothing purged.
+    func fail(_ error: StoreError) {
+        switch self {
+        case let .submit(_, _, reply): reply(.failed(error))
+        case let .claim(_, _, reply): reply([], [])
+        case let .finish(_, _, reply): reply?()
+        case let .replay(_, _, reply): reply(.unknown)
+        case let .purge(reply): reply(0)
+        case .wake: break
+        case let .execute(_, reply): reply()
+        }
+    }
+
+    /// A batch whose transaction failed: its submits are refused with
+    /// `error` (their replies, to run), the rest is to be tried on its own.
+    static func refusingSubmits(_ batch: [WriterOp], _ error: StoreError) -> (rest: [WriterOp], replies: [() -> Void]) {
+        var rest: [WriterOp] = []
+        var replies: [() -> Void] = []
+        for op in batch {
+            guard case let .submit(_, _, reply) = op else {
+                rest.append(op)
+                continue
+            }
+            replies.append { reply(.failed(error)) }
+        }
+        return (rest, replies)
+    }
+
+    /// What stored deliveries a key is found with: the delivery, its state,
+    /// its request's fingerprint.
+    typealias KeyLookUp = (_ scope: String?, _ key: String) throws(StoreError) -> (
+        id: String, state: DeliveryState, fingerprint: String?
+    )?
+
+    /// A submit answered before its insert: its `Idempotency-Key` is
+    /// already stored in its scope (`storedWith`), or it does not fit in
+    /// `maxBytes` with `held` bytes held. Nil: to be inserted.
+    static func answerBeforeInsert(
+        _ d: NewDelivery, held: Int, maxBytes: Int, storedWith: KeyLookUp,
+        _ reply: @escaping @Sendable (SubmitResult) -> Void
+    ) throws(StoreError) -> (() -> Void)? {
+        if let key = d.idempotencyKey, let existing = try storedWith(d.idempotencyScope, key) {
+            return repeated(existing, d, reply)
+        }
+        guard held + d.payloadBytes > maxBytes else { return nil }
+        return { reply(.full(heldBytes: held, maxBytes: maxBytes)) }
+    }
+
+    /// A submit whose `Idempotency-Key` is already stored in its scope: the
+    /// same request gets the stored delivery; another request with that
+    /// key is refused, and learns nothing of the first.
+    static func repeated(
+        _ existing: (id: String, state: DeliveryState, fingerprint: String?), _ d: NewDelivery,
+        _ reply: @escaping @Sendable (SubmitResult) -> Void
+    ) -> () -> Void {
+        if existing.fingerprint != d.fingerprint { return { reply(.keyReused) } }
+        let (id, state) = (existing.id, existing.state)
+        return { reply(.existing(id: id, state: state)) }
+    }
+}
+
+/// What a batch changes besides rows: the bytes held and the counts, kept
+/// aside until its commit (a rollback leaves them as they were).
+struct Tally: Equatable {
+    var held: Int
+    var counts: DeliveryCounts
+}
