@@ -1,7 +1,6 @@
 #define _GNU_SOURCE
 #include <sys/socket.h>
 #include <malloc.h>
-#include <pthread.h>
 #include "CShims.h"
 #include <openssl/ssl.h>
 
@@ -61,8 +60,4 @@ static CURLcode hp_moving_write_buffer(CURL *easy, void *ssl_ctx, void *userptr)
 
 CURLcode hp_easy_allow_moving_write_buffer(CURL *easy) {
     return curl_easy_setopt(easy, CURLOPT_SSL_CTX_FUNCTION, hp_moving_write_buffer);
-}
-
-int hp_thread_set_name(pthread_t thread, const char *name) {
-    return pthread_setname_np(thread, name);
 }

@@ -6,7 +6,6 @@
 #include <sys/select.h>
 #include <curl/curl.h>
 #include <sys/socket.h>
-#include <pthread.h>
 
 // MARK: - curl easy
 CURLcode hp_easy_set_long(CURL *easy, CURLoption option, long value);
@@ -42,9 +41,5 @@ int hp_accept(int fd, struct sockaddr *addr, socklen_t *len);
 // bodies) from the heap, where freed memory stays with the process.
 void hp_malloc_map_large_blocks(size_t bytes);
 
-// MARK: - threads
-// pthread_setname_np (a GNU extension Swift's Glibc module does not show):
-// Linux keeps 15 bytes of a name and refuses a longer one (ERANGE).
-int hp_thread_set_name(pthread_t thread, const char *name);
 
 #endif

@@ -142,9 +142,10 @@ public final class EventLoop: @unchecked Sendable {
         // Crosses to the new thread as a C argument, not as a Sendable value.
         final class Box {
             let loop: EventLoop
-            init(_ loop: EventLoop) { self.loop = loop }
+            let name: String
+            init(_ loop: EventLoop, _ name: String) { (self.loop, self.name) = (loop, name) }
         }
-        let box = Unmanaged.passRetained(Box(self)).toOpaque()
+        let box = Unmanaged.passRetained(Box(self, name)).toOpaque()
         // From now on the loop belongs to the new thread; until it records
         // itself as the owner, no thread passes `inEventLoop`.
         running.store(true, ordering: .releasing)
@@ -153,14 +154,13 @@ public final class EventLoop: @unchecked Sendable {
             &tid, nil,
             { arg in
                 let box = Unmanaged<AnyObject>.fromOpaque(arg!).takeRetainedValue() as! Box
+                // Seen in `top -H`, gdb and /proc/<pid>/task/*/comm (15 bytes kept).
+                nameCurrentThread(box.name)
                 box.loop.run()
                 return nil
             }, box)
         precondition(rc == 0, "pthread_create failed: \(rc)")
         thread = tid
-        // Seen in `top -H`, gdb and /proc/<pid>/task/*/comm. Linux takes 15
-        // bytes at most (and refuses the whole name if it is longer).
-        _ = hp_thread_set_name(tid, String(decoding: name.utf8.prefix(15), as: UTF8.self))
     }
 
     /// Asks the loop to return after the current pass. Safe from any thread.
