@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev 
 TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -59,7 +59,13 @@ run: release
 # Every test: unit and loopback integration tests, the Kubernetes manifests,
 # each load-test scenario in its short form (about 10 s each), a one-minute
 # soak, and the whole suite again under ThreadSanitizer and AddressSanitizer.
-test: deploy-check rules-check loadtest-short soak-short unit-test fuzz-short sanitize
+test: deploy-check rules-check loadtest-short soak-short swift-test fuzz-short sanitize
+
+# The swift test runs of `make test` run every suite: those that need a
+# PostgreSQL server (initdb) or promtool, which a plain `swift test` skips
+# with a one-line reason when they are missing, fail here instead (test-deps
+# installs both).
+REQUIRE_SERVICES := HAPPYPATH_TEST_SERVICES=required
 
 # The alert rules (deploy/prometheus): valid, and each alert fires on the
 # synthetic series of happypath-rules.test.yaml and stays quiet on the others.
@@ -67,9 +73,19 @@ rules-check: test-deps
 	promtool check rules deploy/prometheus/happypath-rules.yaml
 	cd deploy/prometheus && promtool test rules happypath-rules.test.yaml
 
+# The fast inner loop: the pure targets' tests (core, config, policies, the
+# llhttp oracle, the fuzz seeds replayed): no sockets, stores or services; seconds
+# once built. The build is of every test target (one test binary).
+UNIT_TESTS := HappyPathCoreTests|HappyPathConfigTests|HappyPathPoliciesTests|HappyPathHTTPOracleTests|HappyPathFuzzSeedTests
 unit-test: deps
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build --disable-xctest
+	$(SWIFT) test --skip-build --disable-xctest --filter '^($(UNIT_TESTS))\.'
+
+# Every swift test: the unit tests above, the store's, and the loopback
+# integration tests (real proxies, upstreams, PostgreSQL and promtool).
+swift-test: test-deps
+	$(SWIFT) build --build-tests
+	$(REQUIRE_SERVICES) $(SWIFT) test --skip-build --disable-xctest
 
 # Validates deploy/k8s/*.yaml (a StatefulSet, a SQLite store per pod) and
 # deploy/k8s-postgres/*.yaml (a Deployment on the shared PostgreSQL store)
@@ -125,14 +141,14 @@ sanitize: sanitize-thread sanitize-address
 sanitize-thread: deps
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
 	@rm -rf $(SANITIZER_LOGS)/thread && mkdir -p $(SANITIZER_LOGS)/thread
-	TSAN_OPTIONS="log_path=$(SANITIZER_LOGS)/thread/report second_deadlock_stack=1" \
+	$(REQUIRE_SERVICES) TSAN_OPTIONS="log_path=$(SANITIZER_LOGS)/thread/report second_deadlock_stack=1" \
 	  $(SWIFT) test --skip-build --disable-xctest --sanitize=thread --scratch-path .build-tsan $(SANITIZE_FILTER)
 	@deploy/sanitizer-reports.sh $(SANITIZER_LOGS)/thread ThreadSanitizer
 
 sanitize-address: deps
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
 	@rm -rf $(SANITIZER_LOGS)/address && mkdir -p $(SANITIZER_LOGS)/address
-	ASAN_OPTIONS="log_path=$(SANITIZER_LOGS)/address/report detect_leaks=1 suppressions=$(CURDIR)/deploy/asan-suppressions.txt" \
+	$(REQUIRE_SERVICES) ASAN_OPTIONS="log_path=$(SANITIZER_LOGS)/address/report detect_leaks=1 suppressions=$(CURDIR)/deploy/asan-suppressions.txt" \
 	LSAN_OPTIONS="suppressions=$(CURDIR)/deploy/lsan-suppressions.txt print_suppressions=0" \
 	  $(SWIFT) test --skip-build --disable-xctest --sanitize=address --scratch-path .build-asan $(SANITIZE_FILTER)
 	@deploy/sanitizer-reports.sh $(SANITIZER_LOGS)/address AddressSanitizer

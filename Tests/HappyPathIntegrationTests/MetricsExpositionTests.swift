@@ -147,7 +147,7 @@ struct MetricsExpositionTests {
         return out
     }
 
-    @Test func everyFamilyHasItsHelpAndPromtoolFindsNothing() throws {
+    @Test func everyFamilyHasItsHelp() throws {
         let text = try Self.scrape()
 
         let families = Self.families(text)
@@ -166,9 +166,21 @@ struct MetricsExpositionTests {
             #expect(family.type != nil, "\(name): # HELP without # TYPE")
             #expect(!(family.help ?? "").isEmpty, "\(name): no # HELP")
         }
+    }
 
-        let candidates: [String] = ["/usr/bin/promtool", "/usr/local/bin/promtool"]
-        guard let promtool = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
+    /// Debian's `promtool` (the `prometheus` package), if it is here.
+    static let promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first {
+        FileManager.default.isExecutableFile(atPath: $0)
+    }
+    /// A plain `swift test` without promtool skips its check (one line says
+    /// why); `make test` installs it and sets `HAPPYPATH_TEST_SERVICES=required`,
+    /// so there the check always runs and a missing promtool fails it.
+    static let promtoolRuns = promtool != nil || ProcessInfo.processInfo.environment["HAPPYPATH_TEST_SERVICES"] == "required"
+
+    @Test(.enabled(if: promtoolRuns, "no promtool here (Debian's prometheus: make test installs it and runs this)"))
+    func promtoolFindsNothing() throws {
+        let text = try Self.scrape()
+        guard let promtool = Self.promtool else {
             Issue.record("promtool is not installed (Debian: apt-get install prometheus; make test-deps does it)")
             return
         }

@@ -9,7 +9,7 @@ import Testing
 
 /// Deliver later on the shared PostgreSQL store (`storage.url`), end to
 /// end: real proxies as processes, a real PostgreSQL server, real upstreams.
-@Suite("Shared delivery store", .serialized)
+@Suite("Shared delivery store", .serialized, .needsPostgreSQL)
 struct SharedStoreTests {
     typealias DL = DeliverLaterTests
 

@@ -15,6 +15,10 @@ import Testing
 enum StoreKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case sqlite, postgres
     var testDescription: String { rawValue }
+    /// The kinds this machine runs: PostgreSQL only where there is a
+    /// server (where there is none, the PostgreSQL suites are skipped
+    /// and say why: `PostgresServer.skipReason`).
+    static let here: [StoreKind] = PostgresServer.skipReason == nil ? allCases : [.sqlite]
 }
 
 /// The store on a real SQLite file in a fresh directory, or in a fresh
@@ -265,7 +269,7 @@ struct DeliveryStoreTests {
         store.close()
     }
 
-    @Test(arguments: StoreKind.allCases) func storedRequestComesBackWhole(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func storedRequestComesBackWhole(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         guard case .stored("d1") = Self.submit(store, f.delivery("d1", body: "hello")) else {
@@ -287,7 +291,7 @@ struct DeliveryStoreTests {
         store.close()
     }
 
-    @Test(arguments: StoreKind.allCases) func sameIdempotencyKeyGivesTheSameDelivery(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func sameIdempotencyKeyGivesTheSameDelivery(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         guard case .stored("a") = Self.submit(store, f.delivery("a", key: "k1")) else {
@@ -318,7 +322,7 @@ struct DeliveryStoreTests {
         return d
     }
 
-    @Test(arguments: StoreKind.allCases) func twoScopesWithTheSameKeyEachGetTheirOwnDelivery(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func twoScopesWithTheSameKeyEachGetTheirOwnDelivery(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         guard case .stored("alice") = Self.submit(store, keyed(f, "alice", key: "k", scope: "scope-a")),
@@ -334,7 +338,7 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 2)
     }
 
-    @Test(arguments: StoreKind.allCases) func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func theSameKeyWithAnotherBodyIsRefusedAndStoresNothing(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         _ = Self.submit(store, keyed(f, "first", key: "k", scope: "s", body: "one"))
@@ -428,7 +432,7 @@ struct DeliveryStoreTests {
         CREATE INDEX IF NOT EXISTS delivery_pending ON delivery(upstream, created_at) WHERE state < 2;
         """
 
-    @Test(arguments: StoreKind.allCases) func sameKeyInOneBatchIsStoredOnce(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func sameKeyInOneBatchIsStoredOnce(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         let results = Locked<[SubmitResult]>([])
@@ -445,7 +449,7 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 1)
     }
 
-    @Test(arguments: StoreKind.allCases) func fullStoreRefusesAndKeepsWhatItHas(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func fullStoreRefusesAndKeepsWhatItHas(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny(maxBytes: 4096)
         let big = String(repeating: "x", count: 1500)
@@ -470,7 +474,7 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 2)
     }
 
-    @Test(arguments: StoreKind.allCases) func retryWaitsForItsTimeAndDeadKeepsTheProblem(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func retryWaitsForItsTimeAndDeadKeepsTheProblem(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         _ = Self.submit(store, f.delivery("r"))
@@ -499,7 +503,7 @@ struct DeliveryStoreTests {
         }
     }
 
-    @Test(arguments: StoreKind.allCases) func pastMaxAgeIsDeadWithAProblem(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func pastMaxAgeIsDeadWithAProblem(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         var d = f.delivery("old")
@@ -515,7 +519,7 @@ struct DeliveryStoreTests {
         #expect(problem.contains("\"request_id\":\"req-old\"") && problem.contains("UPSTREAM_UNREACHABLE"))
     }
 
-    @Test(arguments: StoreKind.allCases) func skippedUpstreamsAreNotClaimedAndWakeMakesThemDue(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func skippedUpstreamsAreNotClaimedAndWakeMakesThemDue(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         _ = Self.submit(store, f.delivery("h1"))
@@ -597,7 +601,7 @@ struct DeliveryStoreTests {
         reopened.close()
     }
 
-    @Test(arguments: StoreKind.allCases) func purgeDropsOnlyFinishedPastRetention(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func purgeDropsOnlyFinishedPastRetention(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny(retention: .seconds(60))
         _ = Self.submit(store, f.delivery("done"))
@@ -611,7 +615,7 @@ struct DeliveryStoreTests {
         #expect(store.counts[.queued] == 1)
     }
 
-    @Test(arguments: StoreKind.allCases) func listsPageNewestFirstAndFilter(kind: StoreKind) throws {
+    @Test(arguments: StoreKind.here) func listsPageNewestFirstAndFilter(kind: StoreKind) throws {
         let f = Fixture(kind)
         let store = try f.openAny()
         for i in 0..<5 { _ = Self.submit(store, f.delivery("l\(i)", upstream: i % 2 == 0 ? "hooks" : "other")) }

@@ -7,7 +7,7 @@ import Testing
 
 /// The libpq layer and the schema ladder against a real PostgreSQL server
 /// (each test starts its own: `PostgresServer`).
-@Suite(.serialized) struct PostgresConnectionTests {
+@Suite(.serialized, .needsPostgreSQL) struct PostgresConnectionTests {
     @Test func valuesGoAsParametersAndComeBackWhole() throws {
         let server = try PostgresServer()
         let c = try PostgresConnection(url: server.url)

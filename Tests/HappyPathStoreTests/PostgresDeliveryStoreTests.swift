@@ -8,7 +8,7 @@ import Testing
 /// What only the shared store does: replicas on one database, leases, and a
 /// database that goes away and comes back. (What every store does is in
 /// `DeliveryStoreTests`, run against both.) Real PostgreSQL servers.
-@Suite("PostgreSQL delivery store")
+@Suite("PostgreSQL delivery store", .needsPostgreSQL)
 struct PostgresDeliveryStoreTests {
     typealias T = DeliveryStoreTests
 

@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 
 #if canImport(Glibc)
     import Glibc
@@ -170,5 +171,29 @@ extension PostgresServer {
     public func createDatabase(_ name: String) throws {
         let made = try Self.run("\(bin)/createdb", ["-h", "127.0.0.1", "-p", "\(port)", "-U", "happypath", name])
         guard made.status == 0 else { throw PostgresServerError("createdb \(name) failed: \(made.err)") }
+    }
+}
+
+// MARK: - Skipped when there is no server
+
+/// A plain `swift test` skips what needs a PostgreSQL server of its own
+/// when this machine has no `initdb` (one line says why); `make test`
+/// installs the server and sets `HAPPYPATH_TEST_SERVICES=required`, so
+/// there every such test runs, and a missing server fails it.
+extension PostgresServer {
+    public static let skipReason: String? = {
+        if ProcessInfo.processInfo.environment["HAPPYPATH_TEST_SERVICES"] == "required" { return nil }
+        guard let bin = binaries(), access("\(bin)/initdb", X_OK) == 0 else {
+            return "no PostgreSQL initdb here (Debian's postgresql: make test installs it and runs these)"
+        }
+        return nil
+    }()
+}
+
+extension Trait where Self == ConditionTrait {
+    /// On a suite or test that needs a PostgreSQL server: skipped, with the
+    /// reason, when there is none (`PostgresServer.skipReason`).
+    public static var needsPostgreSQL: Self {
+        .enabled(if: PostgresServer.skipReason == nil, Comment(rawValue: PostgresServer.skipReason ?? ""))
     }
 }
