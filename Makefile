@@ -11,8 +11,8 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 
 # Debian packages: build/run needs the first list, the load-test scenarios and
 # the manifest check the second, the side-by-side benchmark the third.
-RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev libpq-dev pkg-config
-TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus
+RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev libpq-dev libnghttp2-dev pkg-config
+TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus nghttp2-client
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
 .PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
@@ -74,9 +74,10 @@ rules-check: test-deps
 	cd deploy/prometheus && promtool test rules happypath-rules.test.yaml
 
 # The fast inner loop: the pure targets' tests (core, config, policies, the
-# llhttp oracle, the fuzz seeds replayed): no sockets, stores or services; seconds
+# llhttp oracle, the fuzz seeds replayed) and the I/O layer's in-memory ones
+# (nghttp2 sessions): no sockets, stores or services; seconds
 # once built. The build is of every test target (one test binary).
-UNIT_TESTS := HappyPathCoreTests|HappyPathConfigTests|HappyPathPoliciesTests|HappyPathHTTPOracleTests|HappyPathFuzzSeedTests
+UNIT_TESTS := HappyPathCoreTests|HappyPathIOTests|HappyPathConfigTests|HappyPathPoliciesTests|HappyPathHTTPOracleTests|HappyPathFuzzSeedTests
 unit-test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-xctest --filter '^($(UNIT_TESTS))\.'

@@ -25,7 +25,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.0"),
     ],
     targets: [
-        // MARK: - C: the only place libevent and libcurl are declared
+        // MARK: - C: the only place libevent, libcurl and libnghttp2 are declared
         .systemLibrary(
             name: "CLibevent",
             pkgConfig: "libevent",
@@ -35,6 +35,12 @@ let package = Package(
             name: "CCurl",
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
+        // libnghttp2: HTTP/2 framing, HPACK and flow control (docs/plans/http2.md).
+        .systemLibrary(
+            name: "CNghttp2",
+            pkgConfig: "libnghttp2",
+            providers: [.apt(["libnghttp2-dev"])]
         ),
         .target(name: "CShims", dependencies: ["CLibevent", "CCurl"], linkerSettings: [.linkedLibrary("ssl")]),
         // OpenSSL (libssl-dev) behind opaque pointers: TLS termination.
@@ -62,7 +68,7 @@ let package = Package(
 
         // MARK: - I/O: the only Swift code that imports C
         .target(
-            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CShims", "CTLS"],
+            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CNghttp2", "CShims", "CTLS"],
             swiftSettings: hotPath),
 
         // The deliver-later store: SQLite (WAL, group commit on a writer
@@ -155,6 +161,8 @@ let package = Package(
 
         // MARK: - Tests
         .testTarget(name: "HappyPathCoreTests", dependencies: ["HappyPathCore", "FuzzConnectionHarness"]),
+        // The I/O layer's pieces that need no socket: C libraries driven in memory.
+        .testTarget(name: "HappyPathIOTests", dependencies: ["HappyPathIO", "CNghttp2"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
         .testTarget(
