@@ -323,7 +323,7 @@ import Testing
         #expect((try? reader.finish().get())?.target == "/")
     }
 
-    @Test func aRefusedHeadStoresNothingMoreButCountsOn() {
+    @Test func aRefusedHeadIsStillCounted() {
         var reader = HTTP2RequestHeadReader(limits: Self.limits)
         #expect(reader.add("connection", "close") == .proceed)
         let before = reader.size

@@ -3,11 +3,6 @@
 public struct HTTP2Field: Sendable, Equatable {
     public var name: Range<Int>
     public var value: Range<Int>
-
-    public init(name: Range<Int>, value: Range<Int>) {
-        self.name = name
-        self.value = value
-    }
 }
 
 /// An HTTP/2 request's head as the exchange reads it, in HTTP/1.1's terms:
