@@ -314,6 +314,15 @@ import Testing
         #expect(reader.finish().failure == .http1(.headTooLarge))
     }
 
+    @Test func oneFieldFarPastTheLimitIsRefusedAndReset() {
+        // A single 16 KiB value against a 1,000-byte limit: reset at once, and refused if asked.
+        var reader = HTTP2RequestHeadReader(limits: RequestLimits(maxHeadBytes: 1000, maxBodyBytes: 100))
+        #expect(reader.add(":method", "GET") == .proceed)
+        #expect(reader.add("x", String(repeating: "v", count: 16384)) == .resetStream)
+        #expect(reader.refusal == .http1(.headTooLarge))
+        #expect(reader.finish().failure == .http1(.headTooLarge))
+    }
+
     @Test func theCountsSaturateInsteadOfTrapping() {
         let limits = RequestLimits(maxHeadBytes: Int.max, maxFields: Int.max, maxBodyBytes: Int.max)
         var reader = HTTP2RequestHeadReader(limits: limits)

@@ -110,9 +110,11 @@ public struct HTTP2RequestHeadReader: Sendable {
     /// One decoded field, in the order it came.
     public mutating func add(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Verdict {
         size = Self.saturatingAdd(size, Self.saturatingAdd(name.count, Self.saturatingAdd(value.count, Self.fieldOverhead)))
-        let (hard, overflow) = limits.maxHeadBytes.multipliedReportingOverflow(by: Self.hardLimitFactor)
-        if !overflow, size > hard { return .resetStream }
-        if size > limits.maxHeadBytes { refuse(.http1(.headTooLarge)) }
+        if size > limits.maxHeadBytes {
+            refuse(.http1(.headTooLarge))
+            let (hard, overflow) = limits.maxHeadBytes.multipliedReportingOverflow(by: Self.hardLimitFactor)
+            if !overflow, size > hard { return .resetStream }
+        }
         guard refusal == nil else { return .proceed }
         if let problem = check(name: name, value: value) { refuse(problem) }
         return .proceed
