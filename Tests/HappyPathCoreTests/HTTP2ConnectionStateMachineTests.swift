@@ -125,7 +125,7 @@ import Testing
     }
 
     static func calm(_ flood: M.Flood) -> A {
-        A(terminate: M.Termination(code: .enhanceYourCalm, reason: .flood(flood)), reading: false, timer: .seconds(2))
+        A(terminate: .flood(flood), reading: false, timer: .seconds(2))
     }
 
     static let scenarios: [Scenario] = [
@@ -135,7 +135,7 @@ import Testing
                 Step(.start, A(timer: .seconds(60)), .open),
                 Step(.wait(milliseconds: 60_000)),
                 Step(
-                    .timer, A(terminate: M.Termination(code: .noError, reason: .idle), reading: false, timer: .seconds(2)),
+                    .timer, A(terminate: .idle, reading: false, timer: .seconds(2)),
                     .closing(.idle, deadline: at(62_000))),
                 Step(.output(queue: 1, pending: 0), .none),
                 Step(.output(queue: 0, pending: 17), .none),
@@ -156,7 +156,7 @@ import Testing
                 Step(.wait(milliseconds: 59_999)),
                 Step(.timer, A(timer: .milliseconds(1))),  // fired early: armed again for the rest
                 Step(.wait(milliseconds: 1)),
-                Step(.timer, A(terminate: M.Termination(code: .noError, reason: .idle), reading: false, timer: .seconds(2))),
+                Step(.timer, A(terminate: .idle, reading: false, timer: .seconds(2))),
             ]),
         Scenario(
             name: "ready streams are dispatched after the read, in order; one reset in the same read never is",
@@ -177,7 +177,7 @@ import Testing
                 Step(.start),
                 Step(.open(1)), Step(.open(3)),
                 Step(.wait(milliseconds: 1000)),
-                Step(.drain, A(goaway: M.GoAway(code: .noError, lastStreamID: 3), timer: .seconds(30)),
+                Step(.drain, A(goaway: 3, timer: .seconds(30)),
                      .draining(deadline: at(31_000))),
                 Step(.drain, .none),
                 Step(.open(5), A(refuse: 5)),
@@ -192,7 +192,7 @@ import Testing
             name: "drain: streams still open at the deadline are cancelled by the close",
             steps: [
                 Step(.start), Step(.open(1)),
-                Step(.drain, A(goaway: M.GoAway(code: .noError, lastStreamID: 1), timer: .seconds(30))),
+                Step(.drain, A(goaway: 1, timer: .seconds(30))),
                 Step(.wait(milliseconds: 29_999)),
                 Step(.timer, A(timer: .milliseconds(1))),
                 Step(.wait(milliseconds: 1)),
@@ -202,7 +202,7 @@ import Testing
             name: "drain with no stream open ends the session at once",
             steps: [
                 Step(.start),
-                Step(.drain, A(terminate: M.Termination(code: .noError, reason: .drained), reading: false, timer: .seconds(2))),
+                Step(.drain, A(terminate: .drained, reading: false, timer: .seconds(2))),
                 Step(.wait(milliseconds: 2000)),
                 Step(.timer, A(close: .drained), .closed(.drained)),
             ]),
@@ -220,7 +220,7 @@ import Testing
                 Step(.output(queue: 1001, pending: 0), .none),
                 Step(.output(queue: 1000, pending: 0), A(reading: true)),
                 Step(.turn(queue: 10_000), A(reading: false)),
-                Step(.turn(queue: 10_001), A(terminate: M.Termination(code: .enhanceYourCalm, reason: .flood(.outboundQueue)), timer: .seconds(2))),
+                Step(.turn(queue: 10_001), A(terminate: .flood(.outboundQueue), timer: .seconds(2))),
             ]),
         Scenario(
             name: "a terminating GOAWAY the client never reads: closed after the linger",
@@ -340,7 +340,7 @@ import Testing
             run.feed(.open(id))
             if case let .actions(a)? = run.feed(.reset(id)), a.terminate != nil, first == nil {
                 first = i
-                #expect(a == A(terminate: M.Termination(code: .enhanceYourCalm, reason: .rapidReset), reading: false, timer: .seconds(2)))
+                #expect(a == A(terminate: .rapidReset, reading: false, timer: .seconds(2)))
             }
         }
         #expect(first == terminatesAt)
@@ -510,6 +510,10 @@ import Testing
     @Test func reasonsHaveMetricLabels() {
         #expect(M.Reason.flood(.windowUpdate).label == "flood_window_update")
         #expect(M.Reason.rapidReset.label == "rapid_reset")
+        #expect(M.Reason.rapidReset.code == .enhanceYourCalm)
+        #expect(M.Reason.flood(.ping).code == .enhanceYourCalm)
+        #expect(M.Reason.idle.code == .noError)
+        #expect(M.Reason.drained.code == .noError)
         #expect(HTTP2ErrorCode.enhanceYourCalm.rawValue == 0xb)
         #expect(HTTP2ErrorCode.allCases.map(\.rawValue) == Array(0...0xd))
     }

@@ -163,6 +163,15 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         /// CONTINUATION error: nghttp2 returned a fatal error).
         case sessionError
 
+        /// The code of the GOAWAY that ends the session for this reason.
+        public var code: HTTP2ErrorCode {
+            switch self {
+            case .idle, .drained, .drainTimeout, .clientClosed: .noError
+            case .rapidReset, .flood: .enhanceYourCalm
+            case .sessionError: .protocolError
+            }
+        }
+
         public var label: String {
             switch self {
             case .idle: "idle"
@@ -202,36 +211,17 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         case closed(Reason)
     }
 
-    /// A GOAWAY that keeps the session going for streams up to `lastStreamID` (the drain's).
-    public struct GoAway: Sendable, Equatable {
-        public var code: HTTP2ErrorCode
-        public var lastStreamID: StreamID
-
-        public init(code: HTTP2ErrorCode, lastStreamID: StreamID) {
-            self.code = code
-            self.lastStreamID = lastStreamID
-        }
-    }
-
-    /// The session ends: GOAWAY with `code` (nghttp2_session_terminate_session),
-    /// streams in flight are cancelled, nothing more is read.
-    public struct Termination: Sendable, Equatable {
-        public var code: HTTP2ErrorCode
-        public var reason: Reason
-
-        public init(code: HTTP2ErrorCode, reason: Reason) {
-            self.code = code
-            self.reason = reason
-        }
-    }
-
     /// Everything one event asks of the driver, in this order: refuse, GOAWAY,
     /// terminate, reading, timer, close. Fixed size; nil fields change nothing.
     public struct Actions: Sendable, Equatable {
         /// Reset this new stream with REFUSED_STREAM (opened after our GOAWAY).
         public var refuse: StreamID?
-        public var goaway: GoAway?
-        public var terminate: Termination?
+        /// Send GOAWAY NO_ERROR naming this last stream id (the drain's): the
+        /// session goes on for the streams up to it.
+        public var goaway: StreamID?
+        /// End the session (`nghttp2_session_terminate_session` with
+        /// `reason.code`): GOAWAY, streams in flight cancelled, nothing more read.
+        public var terminate: Reason?
         /// Resume (true) or stop (false) reading the socket.
         public var reading: Bool?
         /// Arm the one timer this long from now, replacing the one armed before.
@@ -240,7 +230,7 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         public var close: Reason?
 
         public init(
-            refuse: StreamID? = nil, goaway: GoAway? = nil, terminate: Termination? = nil, reading: Bool? = nil,
+            refuse: StreamID? = nil, goaway: StreamID? = nil, terminate: Reason? = nil, reading: Bool? = nil,
             timer: Duration? = nil, close: Reason? = nil
         ) {
             self.refuse = refuse
@@ -417,7 +407,7 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         guard serving else { return .none }
         // Envoy's rule: judged once enough streams closed, over the connection's life.
         if streamsClosed >= limits.prematureResetMinimumStreams, prematureResets > streamsClosed / 2 {
-            return terminate(.enhanceYourCalm, .rapidReset, now: now)
+            return terminate(.rapidReset, now: now)
         }
         guard streams.isEmpty else { return .none }
         if case .draining = state {
@@ -441,18 +431,18 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         case .priority:
             priorityFrames.addSaturating(1)
             let budget = Self.budget(limits.priorityPerStreamOpened, per: streamsOpened, plus: limits.priorityAllowance)
-            return priorityFrames > budget ? terminate(.enhanceYourCalm, .flood(.priority), now: now) : .none
+            return priorityFrames > budget ? terminate(.flood(.priority), now: now) : .none
         case .windowUpdate:
             windowUpdates.addSaturating(1)
             let budget = Self.budget(
                 limits.windowUpdatesPerDataFrameSent, per: dataFramesSent, plus: limits.windowUpdateAllowance)
-            return windowUpdates > budget ? terminate(.enhanceYourCalm, .flood(.windowUpdate), now: now) : .none
+            return windowUpdates > budget ? terminate(.flood(.windowUpdate), now: now) : .none
         case .settings:
             let n = settingsWindow.count(now: now)
-            return n > limits.maxSettingsPerSecond ? terminate(.enhanceYourCalm, .flood(.settings), now: now) : .none
+            return n > limits.maxSettingsPerSecond ? terminate(.flood(.settings), now: now) : .none
         case .ping:
             let n = pingWindow.count(now: now)
-            return n > limits.maxPingsPerSecond ? terminate(.enhanceYourCalm, .flood(.ping), now: now) : .none
+            return n > limits.maxPingsPerSecond ? terminate(.flood(.ping), now: now) : .none
         case .other:
             return .none
         }
@@ -465,7 +455,7 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         }
         consecutiveEmptyFrames.addSaturating(1)
         guard consecutiveEmptyFrames > limits.maxConsecutiveEmptyFrames else { return .none }
-        return terminate(.enhanceYourCalm, .flood(.emptyFrames), now: now)
+        return terminate(.flood(.emptyFrames), now: now)
     }
 
     /// `per` × `count` + `plus`, saturating.
@@ -485,7 +475,7 @@ public struct HTTP2ConnectionStateMachine: Sendable {
     public mutating func resetSent(now: Instant) -> Actions {
         guard serving else { return .none }
         let n = resetsSentWindow.count(now: now)
-        return n > limits.maxResetsSentPerSecond ? terminate(.enhanceYourCalm, .flood(.resetsSent), now: now) : .none
+        return n > limits.maxResetsSentPerSecond ? terminate(.flood(.resetsSent), now: now) : .none
     }
 
     // MARK: - Turns and output
@@ -512,7 +502,7 @@ public struct HTTP2ConnectionStateMachine: Sendable {
             return outboundQueue == 0 && outputPending == 0 ? close(reason) : .none
         case .open, .draining:
             if outboundQueue > limits.outboundQueueLimit {
-                return terminate(.enhanceYourCalm, .flood(.outboundQueue), now: now)
+                return terminate(.flood(.outboundQueue), now: now)
             }
             if reading, outputPending > limits.outputHighWater || outboundQueue > limits.outboundQueuePause {
                 reading = false
@@ -539,7 +529,7 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         case let .draining(deadline):
             return now >= deadline ? close(.drainTimeout) : Actions(timer: retime(now: now))
         case .open:
-            if let idleSince, now - idleSince >= limits.idle { return terminate(.noError, .idle, now: now) }
+            if let idleSince, now - idleSince >= limits.idle { return terminate(.idle, now: now) }
             return Actions(timer: retime(now: now))
         }
     }
@@ -549,10 +539,10 @@ public struct HTTP2ConnectionStateMachine: Sendable {
     /// no stream open, the session ends at once.
     public mutating func drain(now: Instant) -> Actions {
         guard state == .open else { return .none }
-        guard !streams.isEmpty else { return terminate(.noError, .drained, now: now) }
+        guard !streams.isEmpty else { return terminate(.drained, now: now) }
         goawayLastStreamID = lastStreamID
         state = .draining(deadline: now + limits.drainTimeout)
-        var a = Actions(goaway: GoAway(code: .noError, lastStreamID: lastStreamID))
+        var a = Actions(goaway: lastStreamID)
         a.timer = retime(now: now)
         return a
     }
@@ -578,9 +568,9 @@ public struct HTTP2ConnectionStateMachine: Sendable {
         return close(.sessionError)
     }
 
-    private mutating func terminate(_ code: HTTP2ErrorCode, _ reason: Reason, now: Instant) -> Actions {
+    private mutating func terminate(_ reason: Reason, now: Instant) -> Actions {
         var a = closing(reason, now: now)
-        a.terminate = Termination(code: code, reason: reason)
+        a.terminate = reason
         return a
     }
 
