@@ -35,33 +35,8 @@ import Testing
         case dispatched([M.Dispatch])
     }
 
-    struct Step: Sendable {
-        let event: Event
-        let outcome: Outcome?
-        let state: M.State?
-        init(_ event: Event, _ actions: A = .none, _ state: M.State? = nil) {
-            self.event = event
-            outcome = .actions(actions)
-            self.state = state
-        }
-        init(_ event: Event, dispatched: [M.Dispatch], _ state: M.State? = nil) {
-            self.event = event
-            outcome = .dispatched(dispatched)
-            self.state = state
-        }
-        /// An event whose outcome does not matter here (the clock moving on, a setting up).
-        init(_ event: Event) {
-            self.event = event
-            outcome = nil
-            state = nil
-        }
-    }
-
-    struct Scenario: Sendable, CustomTestStringConvertible {
-        let name: String
-        let steps: [Step]
-        var testDescription: String { name }
-    }
+    typealias Step = TableStep<Event, Outcome, M.State>
+    typealias Scenario = TableScenario<Event, Outcome, M.State>
 
     static let limits = M.Limits(idle: .seconds(60), drainTimeout: .seconds(30))
 
@@ -255,15 +230,7 @@ import Testing
     @Test(arguments: scenarios)
     func lifecycle(_ scenario: Scenario) {
         var run = Run()
-        for (i, step) in scenario.steps.enumerated() {
-            let outcome = run.feed(step.event)
-            if let expected = step.outcome {
-                #expect(outcome == expected, "step \(i): \(step.event)")
-            }
-            if let state = step.state {
-                #expect(run.machine.state == state, "state after step \(i): \(step.event)")
-            }
-        }
+        play(scenario, feed: { run.feed($0) }, state: { run.machine.state })
     }
 
     // MARK: - Dispatch per turn
@@ -516,5 +483,15 @@ import Testing
         #expect(M.Reason.drained.code == .noError)
         #expect(HTTP2ErrorCode.enhanceYourCalm.rawValue == 0xb)
         #expect(HTTP2ErrorCode.allCases.map(\.rawValue) == Array(0...0xd))
+    }
+}
+
+extension TableStep where Outcome == HTTP2ConnectionStateMachineTests.Outcome {
+    init(_ event: Event, _ actions: HTTP2ConnectionStateMachine.Actions, _ state: State? = nil) {
+        self.init(event, outcome: .actions(actions), state)
+    }
+
+    init(_ event: Event, dispatched: [HTTP2ConnectionStateMachine.Dispatch], _ state: State? = nil) {
+        self.init(event, outcome: .dispatched(dispatched), state)
     }
 }
