@@ -12,7 +12,7 @@ import Testing
     enum Event: Sendable {
         case start
         case head(isHead: Bool = false, end: Bool)
-        case refused(HTTP1Refusal, end: Bool = false)
+        case refused(end: Bool = false)
         case hold
         case release
         case body(Int, end: Bool = false)
@@ -52,7 +52,7 @@ import Testing
             switch e {
             case .start: return .actions(machine.start(now: t))
             case let .head(isHead, end): return .actions(machine.headComplete(isHead: isHead, endStream: end, now: t))
-            case let .refused(reason, end): return .actions(machine.refused(reason, endStream: end, now: t))
+            case let .refused(end): return .actions(machine.refused(endStream: end, now: t))
             case .hold: return .actions(machine.holdBody(now: t))
             case .release: return .actions(machine.releaseBody(now: t))
             case let .body(n, end): return .actions(machine.bodyReceived(n, endStream: end, now: t))
@@ -147,9 +147,9 @@ import Testing
                 Step(.start, arm),
                 Step(.head(end: false), A(startBody: true)),
                 Step(.body(10), A(consume: 10)),
-                Step(.refused(.bodyTooLarge), A(timer: .cancel, ready: .refused(.bodyTooLarge)), .ready),
+                Step(.refused(), A(timer: .cancel, ready: .refused), .ready),
                 Step(.body(10), .none),
-                Step(.dispatched, outcome: .dispatch(.refused(.bodyTooLarge)), .dispatched),
+                Step(.dispatched, outcome: .dispatch(.refused), .dispatched),
                 Step(.answer(413, length: 20), outcome: .head(Head(endStream: false, contentLength: 20), .none)),
                 Step(.bytes(20), outcome: .accepted(20, arm)),
                 Step(.sent(20), cancel),
@@ -161,9 +161,9 @@ import Testing
             name: "an early answer the client's END_STREAM overtook needs no reset",
             steps: [
                 Step(.start, arm),
-                Step(.refused(.headTooLarge, end: false), A(timer: .cancel, ready: .refused(.headTooLarge)), .ready),
+                Step(.refused(end: false), A(timer: .cancel, ready: .refused), .ready),
                 Step(.body(5, end: true), .none),
-                Step(.dispatched, outcome: .dispatch(.refused(.headTooLarge))),
+                Step(.dispatched, outcome: .dispatch(.refused)),
                 Step(.answer(431, length: 0), outcome: .head(Head(endStream: true, contentLength: 0), .none), .ended),
                 Step(.endSent, .none, .ended),
                 Step(.closed, .none, .closed(.complete)),
@@ -354,7 +354,7 @@ import Testing
         _ = run.feed(.start)
         _ = run.feed(.head(end: false))
         #expect(run.feed(.body(-5)) == .actions(.none))
-        _ = run.feed(.refused(.bodyTooLarge))
+        _ = run.feed(.refused())
         _ = run.feed(.dispatched)
         #expect(run.feed(.answer(200, length: -1)) == .head(Head(endStream: true, contentLength: 0), .none))
 

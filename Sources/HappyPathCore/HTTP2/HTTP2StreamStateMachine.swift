@@ -74,8 +74,9 @@ public struct HTTP2StreamStateMachine: Sendable {
     /// What the exchange is handed.
     public enum Dispatch: Sendable, Equatable {
         case request
-        /// The edge refuses the request: the exchange answers the refusal.
-        case refused(HTTP1Refusal)
+        /// The edge refuses the request: the exchange answers the refusal
+        /// (why is the driver's: an `HTTP2RequestRefusal`, a body over its limit).
+        case refused
     }
 
     /// How our answer ends.
@@ -160,7 +161,7 @@ public struct HTTP2StreamStateMachine: Sendable {
     /// The client's END_STREAM arrived: the request side is over.
     public private(set) var clientDone = false
     /// The edge refused the request.
-    public private(set) var refusal: HTTP1Refusal?
+    public private(set) var isRefused = false
     /// Body bytes received while held, not acknowledged yet.
     public private(set) var heldBytes = 0
     /// Answer bytes accepted (`bodyBytes`) and not yet sent in DATA frames.
@@ -207,14 +208,12 @@ public struct HTTP2StreamStateMachine: Sendable {
 
     /// The edge refuses the request (its head, or its body over a limit): the
     /// exchange answers the refusal.
-    public mutating func refused(_ reason: HTTP1Refusal, isHead: Bool = false, endStream: Bool = false, now: Instant)
-        -> Actions
-    {
+    public mutating func refused(isHead: Bool = false, endStream: Bool = false, now: Instant) -> Actions {
         guard state == .head || state == .body else { return .none }
         if state == .head { self.isHead = isHead }
         if endStream { clientDone = true }
-        refusal = reason
-        return readyNow(.refused(reason), now: now)
+        isRefused = true
+        return readyNow(.refused, now: now)
     }
 
     private mutating func readyNow(_ dispatch: Dispatch, now: Instant) -> Actions {
@@ -280,7 +279,7 @@ public struct HTTP2StreamStateMachine: Sendable {
         guard state == .ready else { return nil }
         state = .dispatched
         exchangeHasIt = true
-        return refusal.map { .refused($0) } ?? .request
+        return isRefused ? .refused : .request
     }
 
     // MARK: - The answer
