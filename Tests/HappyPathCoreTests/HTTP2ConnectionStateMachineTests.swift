@@ -495,3 +495,89 @@ extension TableStep where Outcome == HTTP2ConnectionStateMachineTests.Outcome {
         self.init(event, outcome: .dispatched(dispatched), state)
     }
 }
+
+/// Random sequences of events: whatever the client does, no stream is
+/// dispatched twice, after its reset or close, or beyond the turn's share,
+/// and nothing happens after the close.
+@Suite struct HTTP2ConnectionStateMachineRandomTests {
+    typealias M = HTTP2ConnectionStateMachine
+
+    @Test(arguments: 0..<40)
+    func invariantsHoldOnRandomEvents(seed: Int) {
+        var g = SeededRandom(seed: UInt64(seed))
+        var limits = M.Limits(idle: .seconds(5), drainTimeout: .seconds(3))
+        limits.maxDispatchesPerTurn = 3
+        limits.prematureResetMinimumStreams = 40
+        var m = M(limits: limits)
+        var now: Int64 = 0
+        var t: Instant { Instant(nanoseconds: now * 1_000_000) }
+        var nextID: Int32 = 1
+        var open: Set<Int32> = []
+        var ready: Set<Int32> = []
+        var gone: Set<Int32> = []
+        var dispatched: Set<Int32> = []
+        var thisTurn = 0
+        var closed = false
+        _ = m.start(now: t)
+        for _ in 0..<3000 {
+            var a = M.Actions.none
+            switch Int.random(in: 0..<14, using: &g) {
+            case 0, 1:
+                a = m.streamOpened(nextID, now: t)
+                if a.refuse == nil, !closed, m.openStreams > open.count { open.insert(nextID) }
+                nextID += 2
+            case 2, 3:
+                if let id = open.randomElement(using: &g) {
+                    m.streamReady(id)
+                    ready.insert(id)
+                }
+            case 4:
+                if let id = open.randomElement(using: &g) {
+                    a = m.streamReset(id, now: t)
+                    open.remove(id)
+                    gone.insert(id)
+                }
+            case 5:
+                if let id = open.randomElement(using: &g) {
+                    a = m.streamClosed(id, now: t)
+                    open.remove(id)
+                    gone.insert(id)
+                }
+            case 6:
+                let frames: [M.InboundFrame] = [
+                    .data(length: Int.random(in: 0...2, using: &g), endStream: Bool.random(using: &g)), .priority,
+                    .windowUpdate, .settings, .ping, .continuation(length: 0), .other,
+                ]
+                a = m.frameReceived(frames.randomElement(using: &g)!, now: t)
+            case 7:
+                m.dataFrameSent()
+                a = m.resetSent(now: t)
+            case 8:
+                // Now and then an outbound queue past the limit (which ends the session).
+                let queue = Int.random(in: 0..<200, using: &g) == 0 ? 10_001 : Int.random(in: 0...1100, using: &g)
+                a = m.turnEnded(outboundQueue: queue, outputPending: Int.random(in: 0...300_000, using: &g), now: t)
+                thisTurn = 0
+            case 9, 10:
+                while case let .stream(id) = m.nextDispatch() {
+                    #expect(open.contains(id) && ready.contains(id), "seed \(seed): \(id) dispatched, never ready or gone")
+                    #expect(!gone.contains(id) && !dispatched.contains(id), "seed \(seed): \(id) dispatched again")
+                    dispatched.insert(id)
+                    thisTurn += 1
+                }
+                #expect(thisTurn <= limits.maxDispatchesPerTurn, "seed \(seed)")
+            case 11:
+                a = m.timerFired(now: t)
+            case 12:
+                now += Int64.random(in: 0...1500, using: &g)
+            default:
+                if Int.random(in: 0..<200, using: &g) == 0 { a = m.drain(now: t) }
+            }
+            if closed { #expect(a == .none, "seed \(seed): an action after the close") }
+            if a.close != nil {
+                closed = true
+                #expect(m.isClosed)
+            }
+            #expect(m.readyCount >= 0 && m.readyCount <= m.openStreams)
+        }
+    }
+}

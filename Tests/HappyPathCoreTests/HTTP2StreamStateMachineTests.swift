@@ -388,3 +388,96 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
         self.init(event, outcome: .actions(actions), state)
     }
 }
+
+/// Random sequences of events on one stream: the exchange hears of a
+/// cancel at most once, no byte goes past an announced length, the stream
+/// ends one way only, nothing happens once it is closed, and while it
+/// waits on the client its timer is armed.
+@Suite struct HTTP2StreamStateMachineRandomTests {
+    typealias M = HTTP2StreamStateMachine
+
+    @Test(arguments: 0..<300)
+    func invariantsHoldOnRandomEvents(seed: Int) {
+        var g = SeededRandom(seed: UInt64(seed))
+        var now: Int64 = 0
+        var t: Instant { Instant(nanoseconds: now * 1_000_000) }
+        var m = M(idle: .seconds(1), now: t)
+        var armed = false
+        var cancels = 0, readies = 0, ends = 0, resets = 0
+        var announced: Int?
+        var accepted = 0
+        func apply(_ a: M.Actions) {
+            switch a.timer {
+            case .arm?: armed = true
+            case .cancel?: armed = false
+            case nil: break
+            }
+            if a.cancelExchange { cancels += 1 }
+            if a.ready != nil { readies += 1 }
+            if a.end != nil { ends += 1 }
+            if a.reset != nil { resets += 1 }
+            #expect(!(a.end != nil && a.reset != nil), "seed \(seed): an end and a reset at once")
+        }
+        apply(m.start(now: t))
+        for _ in 0..<60 {
+            let wasClosed = m.isClosed
+            var a = M.Actions.none
+            // Mostly the event that moves the stream on from where it is, else any.
+            let natural: [Int]
+            switch m.state {
+            case .head: natural = [0, 1]
+            case .body: natural = [4, 4, 2, 1]
+            case .held: natural = [3, 4, 6]
+            case .ready: natural = [5]
+            case .dispatched: natural = [6]
+            case .answering: natural = [7, 8, 9]
+            case .ended: natural = [8, 10, 12]
+            case .closed: natural = [15]
+            }
+            let pick = Int.random(in: 0..<3, using: &g) > 0 ? natural.randomElement(using: &g)! : Int.random(in: 0..<16, using: &g)
+            switch pick {
+            case 0: a = m.headComplete(isHead: Int.random(in: 0..<5, using: &g) == 0, endStream: Bool.random(using: &g), now: t)
+            case 1: a = m.refused(endStream: Bool.random(using: &g), now: t)
+            case 2: a = m.holdBody(now: t)
+            case 3: a = m.releaseBody(now: t)
+            case 4: a = m.bodyReceived(Int.random(in: -1...100, using: &g), endStream: Bool.random(using: &g), now: t)
+            case 5: _ = m.dispatched()
+            case 6:
+                let status = [100, 200, 204, 304, 404, 503].randomElement(using: &g)!
+                let length = [nil, 0, 10, 1000].randomElement(using: &g)!
+                if let r = m.responseStarted(status: status, contentLength: length, now: t) {
+                    #expect(!wasClosed)
+                    a = r.actions
+                    if !r.head.informational, !r.head.endStream { announced = r.head.contentLength }
+                }
+            case 7:
+                let r = m.bodyBytes(Int.random(in: -1...600, using: &g), now: t)
+                accepted += r.accepted
+                a = r.actions
+                if let announced { #expect(accepted <= announced, "seed \(seed): past the announced length") }
+            case 8: a = m.dataSent(Int.random(in: -1...600, using: &g), now: t)
+            case 9: a = m.responseEnded(trailers: Bool.random(using: &g), now: t)
+            case 10: a = m.endStreamSent(now: t)
+            case 11: a = m.clientReset(now: t)
+            case 12: a = m.closed(now: t)
+            case 13:
+                if armed {
+                    armed = false
+                    a = m.timerFired(now: t)
+                }
+            default: now += Int64.random(in: 0...700, using: &g)
+            }
+            if wasClosed { #expect(a == .none, "seed \(seed): an action after the close") }
+            apply(a)
+            let waiting: Bool
+            switch m.state {
+            case .head, .body: waiting = true
+            case .answering, .ended: waiting = m.pendingOutput > 0
+            default: waiting = false
+            }
+            #expect(!waiting || armed, "seed \(seed): waits on the client with no timer (\(m.state))")
+            if m.isClosed { #expect(!armed, "seed \(seed): a timer left armed on a closed stream") }
+        }
+        #expect(cancels <= 1 && readies <= 1 && ends <= 1 && resets <= 1, "seed \(seed)")
+    }
+}

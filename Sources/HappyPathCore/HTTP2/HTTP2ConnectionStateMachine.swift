@@ -577,8 +577,12 @@ public struct HTTP2ConnectionStateMachine: Sendable {
     /// Nothing more is read; the close follows the output, or the linger.
     private mutating func closing(_ reason: Reason, now: Instant) -> Actions {
         state = .closing(reason, deadline: now + limits.linger)
+        // Streams not dispatched yet never will be (they go with the session).
+        if readyCount > 0 {
+            for (id, entry) in streams where entry.phase == .ready { streams[id]!.phase = .opening }
+            readyCount = 0
+        }
         clearReadyQueue()
-        readyCount = 0
         var a = Actions(timer: retime(now: now))
         if reading {
             reading = false
