@@ -1,5 +1,6 @@
-@testable import HappyPathCore
 import Testing
+
+@testable import HappyPathCore
 
 /// One HTTP/2 connection's life as tables of events and the actions each
 /// must produce, on an injected clock (milliseconds from 0): dispatch after
@@ -152,8 +153,9 @@ import Testing
                 Step(.start),
                 Step(.open(1)), Step(.open(3)),
                 Step(.wait(milliseconds: 1000)),
-                Step(.drain, A(goaway: 3, timer: .seconds(30)),
-                     .draining(deadline: at(31_000))),
+                Step(
+                    .drain, A(goaway: 3, timer: .seconds(30)),
+                    .draining(deadline: at(31_000))),
                 Step(.drain, .none),
                 Step(.open(5), A(refuse: 5)),
                 Step(.ready(3)), Step(.turn()),
@@ -224,7 +226,10 @@ import Testing
             ]),
         Scenario(
             name: "a fatal session error closes at once",
-            steps: [Step(.start), Step(.open(1)), Step(.failed, A(close: .sessionError), .closed(.sessionError)), Step(.failed, .none)]),
+            steps: [
+                Step(.start), Step(.open(1)), Step(.failed, A(close: .sessionError), .closed(.sessionError)),
+                Step(.failed, .none),
+            ]),
     ]
 
     @Test(arguments: scenarios)
@@ -356,14 +361,15 @@ import Testing
     // MARK: - Control-frame budgets
 
     /// Frames with an empty payload and no END_STREAM in a row: the 11th ends the session.
-    @Test(arguments: [
-        (M.InboundFrame.data(length: 0, endStream: false), 10, nil),
-        (.data(length: 0, endStream: false), 11, 11),
-        (.headers(length: 0, endStream: false), 11, 11),
-        (.continuation(length: 0), 12, 11),
-        (.data(length: 0, endStream: true), 50, nil),
-        (.data(length: 1, endStream: false), 50, nil),
-    ] as [(M.InboundFrame, Int, Int?)])
+    @Test(
+        arguments: [
+            (M.InboundFrame.data(length: 0, endStream: false), 10, nil),
+            (.data(length: 0, endStream: false), 11, 11),
+            (.headers(length: 0, endStream: false), 11, 11),
+            (.continuation(length: 0), 12, 11),
+            (.data(length: 0, endStream: true), 50, nil),
+            (.data(length: 1, endStream: false), 50, nil),
+        ] as [(M.InboundFrame, Int, Int?)])
     func emptyFramesInARow(frame: M.InboundFrame, count: Int, terminatesAt: Int?) {
         var run = Run()
         run.feed(.start)
@@ -410,11 +416,12 @@ import Testing
     }
 
     /// (frame, how many within one second, the one that ends the session).
-    @Test(arguments: [
-        (Event.frame(.settings), 100, nil), (.frame(.settings), 101, 101),
-        (.frame(.ping), 100, nil), (.frame(.ping), 101, 101),
-        (.resetSent, 100, nil), (.resetSent, 101, 101),
-    ] as [(Event, Int, Int?)])
+    @Test(
+        arguments: [
+            (Event.frame(.settings), 100, nil), (.frame(.settings), 101, 101),
+            (.frame(.ping), 100, nil), (.frame(.ping), 101, 101),
+            (.resetSent, 100, nil), (.resetSent, 101, 101),
+        ] as [(Event, Int, Int?)])
     func perSecondBudgets(event: Event, count: Int, terminatesAt: Int?) {
         var run = Run()
         run.feed(.start)

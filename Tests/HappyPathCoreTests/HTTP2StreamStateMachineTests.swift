@@ -136,7 +136,9 @@ import Testing
         Scenario(
             name: "a 1xx leaves the state as it is; the final answer follows",
             steps: getDispatched + [
-                Step(.answer(103, length: nil), outcome: .head(Head(informational: true, endStream: false, contentLength: nil), .none), .dispatched),
+                Step(
+                    .answer(103, length: nil),
+                    outcome: .head(Head(informational: true, endStream: false, contentLength: nil), .none), .dispatched),
                 Step(.answer(200, length: 2), outcome: .head(Head(endStream: false, contentLength: 2), .none), .answering),
                 Step(.answer(200, length: 2), outcome: .head(nil, .none)),
                 Step(.answer(100, length: nil), outcome: .head(nil, .none)),
@@ -286,18 +288,19 @@ import Testing
     // MARK: - Framing
 
     /// (request is HEAD, status, Content-Length given, the head framed, the state after).
-    @Test(arguments: [
-        (false, 200, 10, Head(endStream: false, contentLength: 10), M.State.answering),
-        (false, 200, nil, Head(endStream: false, contentLength: nil), .answering),
-        (false, 200, 0, Head(endStream: true, contentLength: 0), .ended),
-        (true, 200, 10, Head(endStream: true, contentLength: 10), .ended),
-        (true, 200, nil, Head(endStream: true, contentLength: nil), .ended),
-        (false, 204, 10, Head(endStream: true, contentLength: nil), .ended),
-        (false, 304, 10, Head(endStream: true, contentLength: 10), .ended),
-        (false, 404, 3, Head(endStream: false, contentLength: 3), .answering),
-        (false, 100, nil, Head(informational: true, endStream: false, contentLength: nil), .dispatched),
-        (true, 103, nil, Head(informational: true, endStream: false, contentLength: nil), .dispatched),
-    ] as [(Bool, Int, Int?, Head, M.State)])
+    @Test(
+        arguments: [
+            (false, 200, 10, Head(endStream: false, contentLength: 10), M.State.answering),
+            (false, 200, nil, Head(endStream: false, contentLength: nil), .answering),
+            (false, 200, 0, Head(endStream: true, contentLength: 0), .ended),
+            (true, 200, 10, Head(endStream: true, contentLength: 10), .ended),
+            (true, 200, nil, Head(endStream: true, contentLength: nil), .ended),
+            (false, 204, 10, Head(endStream: true, contentLength: nil), .ended),
+            (false, 304, 10, Head(endStream: true, contentLength: 10), .ended),
+            (false, 404, 3, Head(endStream: false, contentLength: 3), .answering),
+            (false, 100, nil, Head(informational: true, endStream: false, contentLength: nil), .dispatched),
+            (true, 103, nil, Head(informational: true, endStream: false, contentLength: nil), .dispatched),
+        ] as [(Bool, Int, Int?, Head, M.State)])
     func answerFraming(isHead: Bool, status: Int, length: Int?, expected: Head, state: M.State) {
         var run = Run()
         _ = run.feed(.start)
@@ -434,7 +437,8 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
             case .ended: natural = [8, 10, 12]
             case .closed: natural = [15]
             }
-            let pick = Int.random(in: 0..<3, using: &g) > 0 ? natural.randomElement(using: &g)! : Int.random(in: 0..<16, using: &g)
+            let pick =
+                Int.random(in: 0..<3, using: &g) > 0 ? natural.randomElement(using: &g)! : Int.random(in: 0..<16, using: &g)
             switch pick {
             case 0: a = m.headComplete(isHead: Int.random(in: 0..<5, using: &g) == 0, endStream: Bool.random(using: &g), now: t)
             case 1: a = m.refused(endStream: Bool.random(using: &g), now: t)
