@@ -209,10 +209,15 @@ public struct StaleKey: Sendable, Equatable {
 
         /// Where `name` is among `lowerNames` (lower-cased), compared without case.
         static func index(of name: UnsafeRawBufferPointer, in lowerNames: [[UInt8]]) -> Int? {
-            for i in lowerNames.indices where lowerNames[i].count == name.count {
-                if lowerNames[i].withUnsafeBytes({ HTTPBytes.equalsIgnoringCase(name, $0) }) { return i }
+            // Most fields are none of these: the length and the first byte
+            // tell so before any bytes are compared.
+            guard let first = name.first.map(HTTPBytes.lower) else { return nil }
+            return lowerNames.withUnsafeBufferPointer { names in
+                for i in names.indices where names[i].count == name.count && names[i].first == first {
+                    if names[i].withUnsafeBytes({ HTTPBytes.equalsIgnoringCase(name, $0) }) { return i }
+                }
+                return nil
             }
-            return nil
         }
     }
 }
