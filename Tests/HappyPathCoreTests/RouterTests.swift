@@ -42,11 +42,15 @@ import Testing
     /// Read from the bytes, the same as the string's own slicing: an empty
     /// path or query, a long target, and a `?` that a combining mark joins
     /// (the mark goes with it, as the string's characters say).
-    @Test(arguments: [
-        ("?", "", ""), ("/a?", "/a", ""), ("?q", "", "q"), ("", "", nil), ("/caf\u{E9}?x=\u{E9}", "/caf\u{E9}", "x=\u{E9}"),
-        ("/a?\u{301}b", "/a", "b"), ("/" + String(repeating: "p", count: 300) + "?" + String(repeating: "q", count: 300),
-         "/" + String(repeating: "p", count: 300), String(repeating: "q", count: 300)),
-    ] as [(String, String, String?)])
+    @Test(
+        arguments: [
+            ("?", "", ""), ("/a?", "/a", ""), ("?q", "", "q"), ("", "", nil), ("/caf\u{E9}?x=\u{E9}", "/caf\u{E9}", "x=\u{E9}"),
+            ("/a?\u{301}b", "/a", "b"),
+            (
+                "/" + String(repeating: "p", count: 300) + "?" + String(repeating: "q", count: 300),
+                "/" + String(repeating: "p", count: 300), String(repeating: "q", count: 300)
+            ),
+        ] as [(String, String, String?)])
     func splitTargetReadsBytes(target: String, path: String, query: String?) {
         let split = Router.split(target: target)
         #expect(split.path == path)

@@ -33,7 +33,9 @@ public struct KeptFields: Sendable, Equatable {
         for field in fields {
             var name = field.name
             var value = field.value
-            name.withUTF8 { n in value.withUTF8 { v in _ = append(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) } }
+            name.withUTF8 { n in
+                value.withUTF8 { v in _ = append(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) }
+            }
         }
     }
 
