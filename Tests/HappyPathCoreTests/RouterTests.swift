@@ -39,6 +39,24 @@ import Testing
         #expect(Router.split(target: "/a").query == nil)
     }
 
+    /// Read from the bytes, the same as the string's own slicing: an empty
+    /// path or query, a long target, and a `?` that a combining mark joins
+    /// (the mark goes with it, as the string's characters say).
+    @Test(
+        arguments: [
+            ("?", "", ""), ("/a?", "/a", ""), ("?q", "", "q"), ("", "", nil), ("/caf\u{E9}?x=\u{E9}", "/caf\u{E9}", "x=\u{E9}"),
+            ("/a?\u{301}b", "/a", "b"),
+            (
+                "/" + String(repeating: "p", count: 300) + "?" + String(repeating: "q", count: 300),
+                "/" + String(repeating: "p", count: 300), String(repeating: "q", count: 300)
+            ),
+        ] as [(String, String, String?)])
+    func splitTargetReadsBytes(target: String, path: String, query: String?) {
+        let split = Router.split(target: target)
+        #expect(split.path == path)
+        #expect(split.query == query)
+    }
+
     @Test func shadowing() {
         #expect(RouteMatch(pathPrefix: "/api/v1").isShadowed(by: RouteMatch(pathPrefix: "/api")))
         #expect(!RouteMatch(pathPrefix: "/api").isShadowed(by: RouteMatch(pathPrefix: "/api/v1")))

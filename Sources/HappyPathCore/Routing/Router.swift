@@ -64,7 +64,21 @@ public struct Router: Sendable {
 
     /// Splits an origin-form request target into path and query.
     public static func split(target: String) -> (path: String, query: String?) {
-        guard let q = target.utf8.firstIndex(of: UInt8(ascii: "?")) else { return (target, nil) }
+        // Read in place from the string's bytes (the generic search and
+        // slicing over `utf8` cost a few hundred instructions a request).
+        var bytes = target
+        let parts: (path: String, query: String?)? = bytes.withUTF8 { utf8 in
+            guard let q = utf8.firstIndex(of: UInt8(ascii: "?")) else { return (target, nil) }
+            // After `?` comes a new character unless a non-ASCII byte (a
+            // combining mark) joins it: then the string's own rule decides, below.
+            guard q + 1 == utf8.count || utf8[q + 1] < 0x80 else { return nil }
+            return (
+                String(decoding: UnsafeBufferPointer(rebasing: utf8[..<q]), as: UTF8.self),
+                String(decoding: UnsafeBufferPointer(rebasing: utf8[(q + 1)...]), as: UTF8.self)
+            )
+        }
+        if let parts { return parts }
+        let q = target.utf8.firstIndex(of: UInt8(ascii: "?"))!
         return (String(target[..<q]), String(target[target.index(after: q)...]))
     }
 }

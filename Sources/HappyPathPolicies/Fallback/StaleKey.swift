@@ -27,6 +27,9 @@ public struct StaleKey: Sendable, Equatable {
     /// This route's credential fields, lower-cased, each once: the standard
     /// ones, the `rate_limit` key's header, and `fallback.private_headers`.
     public let credentialNames: [String]
+    /// The same as bytes, for reading a request's fields without strings.
+    let credentialBytes: [[UInt8]]
+    static let forwardingBytes = forwardingFields.map { Array($0.utf8) }
 
     /// - Parameters:
     ///   - privateHeaders: `fallback.private_headers`.
@@ -38,6 +41,7 @@ public struct StaleKey: Sendable, Equatable {
             if !lower.isEmpty, !names.contains(lower) { names.append(lower) }
         }
         credentialNames = names
+        credentialBytes = names.map { Array($0.utf8) }
     }
 
     /// The keys of one request.
@@ -75,26 +79,37 @@ public struct StaleKey: Sendable, Equatable {
     public struct Reader {
         let key: StaleKey
         let salt: [UInt8]
-        /// Each forwarding field's lines, by `forwardingFields` index.
-        var forwarding: [[String]] = Array(repeating: [], count: StaleKey.forwardingFields.count)
-        /// Each credential field's lines, by `credentialNames` index.
-        var credentials: [[String]]
+        /// The key's fields as they came, raw: each its index (the
+        /// `forwardingFields` first, then the `credentialNames`) and its
+        /// value's length as two `UInt32`s, then the value's bytes. One
+        /// array, so reading a request makes no strings.
+        var seen: [UInt8] = []
         var sawCredential = false
 
         init(key: StaleKey, salt: [UInt8]) {
             self.key = key
             self.salt = salt
-            credentials = Array(repeating: [], count: key.credentialNames.count)
         }
 
         /// One request field, as bytes (only the fields of the key are copied).
         public mutating func field(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
-            if let i = Self.index(of: name, in: StaleKey.forwardingFields) {
-                forwarding[i].append(String(decoding: value, as: UTF8.self))
-            } else if let i = Self.index(of: name, in: key.credentialNames) {
-                credentials[i].append(String(decoding: value, as: UTF8.self))
+            let index: Int
+            if let i = Self.index(of: name, in: StaleKey.forwardingBytes) {
+                index = i
+            } else if let i = Self.index(of: name, in: key.credentialBytes) {
+                index = StaleKey.forwardingFields.count + i
                 sawCredential = true
+            } else {
+                return
             }
+            // A request's fields are bounded by `limits.max_header_bytes`; a
+            // value that does not fit a `UInt32` cannot come from one.
+            guard value.count <= Int(Int32.max) else { return }
+            // Room at once for the usual few fields (Host and little else).
+            if seen.capacity == 0 { seen.reserveCapacity(128 + value.count) }
+            var prefix = (UInt32(truncatingIfNeeded: index), UInt32(truncatingIfNeeded: value.count))
+            withUnsafeBytes(of: &prefix) { seen.append(contentsOf: $0) }
+            seen.append(contentsOf: value)
         }
 
         /// One request field, as text.
@@ -102,6 +117,19 @@ public struct StaleKey: Sendable, Equatable {
             var name = name
             var value = value
             name.withUTF8 { n in value.withUTF8 { v in field(name: UnsafeRawBufferPointer(n), value: UnsafeRawBufferPointer(v)) }
+            }
+        }
+
+        /// The values seen of the field at `index`, in arrival order.
+        private func forEachValue(of index: Int, _ body: (UnsafeRawBufferPointer) -> Void) {
+            seen.withUnsafeBytes { raw in
+                var at = 0
+                while at < raw.count {
+                    let i = Int(raw.loadUnaligned(fromByteOffset: at, as: UInt32.self))
+                    let count = Int(raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self))
+                    if i == index { body(UnsafeRawBufferPointer(rebasing: raw[(at + 8)..<(at + 8 + count)])) }
+                    at += 8 + count
+                }
             }
         }
 
@@ -114,36 +142,82 @@ public struct StaleKey: Sendable, Equatable {
             // and a target no space: a line feed between the parts, and the
             // upstream's name prefixed by its length, make the composition
             // unambiguous.
-            var shared = "\(upstream.utf8.count):\(upstream) GET \(target)\n\(scheme)"
-            for (i, lines) in forwarding.enumerated() {
-                for line in lines { shared += "\n\(StaleKey.forwardingFields[i]):\(line)" }
+            let length = String(upstream.utf8.count)
+            var parts = length.utf8.count + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7
+            for (i, name) in StaleKey.forwardingFields.enumerated() {
+                forEachValue(of: i) { parts += 2 + name.utf8.count + $0.count }
             }
-            guard sawCredential else { return Keys(shared: shared, credentials: nil) }
+            // Written in place into the string's own storage: one allocation.
+            let sharedKey = String(unsafeUninitializedCapacity: parts) { buffer in
+                var writer = Writer(buffer)
+                writer.put(text: length)
+                writer.put(":")
+                writer.put(text: upstream)
+                writer.put(" GET ")
+                writer.put(text: target)
+                writer.put("\n")
+                writer.put(text: scheme)
+                for (i, name) in StaleKey.forwardingBytes.enumerated() {
+                    forEachValue(of: i) { value in
+                        writer.put("\n")
+                        name.withUnsafeBytes { writer.put($0) }
+                        writer.put(":")
+                        writer.put(value)
+                    }
+                }
+                return writer.at
+            }
+            guard sawCredential else { return Keys(shared: sharedKey, credentials: nil) }
             // Each credential field present, in the route's order, each
             // line in arrival order: the same credentials hash the same
             // whatever order the fields came in.
             var hasher = SHA256()
             hasher.update(salt)
-            for (i, lines) in credentials.enumerated() {
-                for line in lines { hasher.update("\(key.credentialNames[i]):\(line)\n") }
+            for (i, name) in key.credentialNames.enumerated() {
+                forEachValue(of: StaleKey.forwardingFields.count + i) { value in
+                    hasher.update(name.utf8)
+                    hasher.update(CollectionOfOne(UInt8(ascii: ":")))
+                    hasher.update(value)
+                    hasher.update(CollectionOfOne(UInt8(ascii: "\n")))
+                }
             }
-            return Keys(shared: shared, credentials: shared + "\ncredentials:" + SHA256.hex(digest: hasher.finish()))
+            return Keys(shared: sharedKey, credentials: sharedKey + "\ncredentials:" + SHA256.hex(digest: hasher.finish()))
         }
 
-        static func index(of name: UnsafeRawBufferPointer, in lowerNames: [String]) -> Int? {
-            for (i, candidate) in lowerNames.enumerated() where candidate.utf8.count == name.count {
-                var equal = true
-                var j = 0
-                for byte in candidate.utf8 {
-                    if HTTPBytes.lower(name[j]) != byte {
-                        equal = false
-                        break
-                    }
-                    j += 1
-                }
-                if equal { return i }
+        /// Copies parts into a buffer sized for them.
+        struct Writer {
+            let buffer: UnsafeMutableBufferPointer<UInt8>
+            var at = 0
+
+            init(_ buffer: UnsafeMutableBufferPointer<UInt8>) { self.buffer = buffer }
+
+            mutating func put(_ bytes: UnsafeRawBufferPointer) {
+                guard let base = buffer.baseAddress, !bytes.isEmpty else { return }
+                UnsafeMutableRawPointer(base + at).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
+                at += bytes.count
             }
-            return nil
+
+            mutating func put(_ text: StaticString) {
+                put(UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+            }
+
+            mutating func put(text: String) {
+                var text = text
+                text.withUTF8 { put(UnsafeRawBufferPointer($0)) }
+            }
+        }
+
+        /// Where `name` is among `lowerNames` (lower-cased), compared without case.
+        static func index(of name: UnsafeRawBufferPointer, in lowerNames: [[UInt8]]) -> Int? {
+            // Most fields are none of these: the length and the first byte
+            // tell so before any bytes are compared.
+            guard let first = name.first.map(HTTPBytes.lower) else { return nil }
+            return lowerNames.withUnsafeBufferPointer { names in
+                for i in names.indices where names[i].count == name.count && names[i].first == first {
+                    if names[i].withUnsafeBytes({ HTTPBytes.equalsIgnoringCase(name, $0) }) { return i }
+                }
+                return nil
+            }
         }
     }
 }

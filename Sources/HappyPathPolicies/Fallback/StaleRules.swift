@@ -33,24 +33,26 @@ public enum StaleRules {
     ///   - serveStale: the route's `fallback.serve_stale`.
     /// - Returns: nil when the answer must not be kept.
     public static func decide(
-        method: String, status: Int, fields: [HTTPField], requestHasCredentials: Bool, serveStale: Duration
+        method: String, status: Int, fields: KeptFields, requestHasCredentials: Bool, serveStale: Duration
     ) -> Decision? {
         guard method == "GET", keptStatuses.contains(status), serveStale > .zero else { return nil }
         var directives = CacheControl()
         var vary: [String] = []
-        for field in fields {
-            let name = field.name.utf8
-            if name.count == 10, equalsIgnoringCase(name, "set-cookie") { return nil }
-            if name.count == 13, equalsIgnoringCase(name, "cache-control") { directives.read(field.value) }
-            if name.count == 4, equalsIgnoringCase(name, "vary") {
-                for element in field.value.split(separator: ",") {
+        var forbidden = false
+        fields.forEachField { name, value in
+            guard !forbidden else { return }
+            if name.count == 10, HTTPBytes.equals(name, "set-cookie") { forbidden = true }
+            if name.count == 13, HTTPBytes.equals(name, "cache-control") { directives.read(value) }
+            if name.count == 4, HTTPBytes.equals(name, "vary") {
+                // Rare, and read as text as it always was: a token is trimmed of any white space.
+                for element in String(decoding: value, as: UTF8.self).split(separator: ",") {
                     let token = element.trimmingCharacters(in: .whitespaces).lowercased()
-                    if token == "*" { return nil }
+                    if token == "*" { forbidden = true }
                     if !token.isEmpty, !vary.contains(token) { vary.append(token) }
                 }
             }
         }
-        if directives.noStore || directives.isPrivate || directives.noCache { return nil }
+        if forbidden || directives.noStore || directives.isPrivate || directives.noCache { return nil }
         // One user's answer is never kept for another: only the upstream
         // can say an answer to a request with credentials is everyone's
         // (RFC 9111 section 3.5). Otherwise it is kept for those very
@@ -65,16 +67,13 @@ public enum StaleRules {
         return Decision(keepFor: keepFor, varyNames: vary, shared: shared)
     }
 
-    /// ASCII letters compared without case, no allocation (`lower` is lower-case).
-    static func equalsIgnoringCase(_ name: String.UTF8View, _ lower: StaticString) -> Bool {
-        guard name.count == lower.utf8CodeUnitCount else { return false }
-        var i = 0
-        for byte in name {
-            let b = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
-            if b != lower.utf8Start[i] { return false }
-            i += 1
-        }
-        return true
+    /// The same for fields as text (the tests and the fuzz targets).
+    public static func decide(
+        method: String, status: Int, fields: [HTTPField], requestHasCredentials: Bool, serveStale: Duration
+    ) -> Decision? {
+        decide(
+            method: method, status: status, fields: KeptFields(fields), requestHasCredentials: requestHasCredentials,
+            serveStale: serveStale)
     }
 
     /// The directives of every `Cache-Control` field that matter here.
@@ -89,16 +88,15 @@ public enum StaleRules {
         /// One field's value: `name[=token|"quoted"]` directives separated
         /// by commas; names compare without case. A malformed
         /// `stale-if-error` is ignored (the route's time applies).
-        mutating func read(_ value: String) {
-            let bytes = Array(value.utf8)
+        mutating func read(_ bytes: UnsafeRawBufferPointer) {
             var i = 0
             while i < bytes.count {
                 while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 || bytes[i] == 0x2C { i += 1 }
                 let nameStart = i
                 while i < bytes.count, bytes[i] != 0x3D, bytes[i] != 0x2C, bytes[i] != 0x20, bytes[i] != 0x09 { i += 1 }
-                let name = String(decoding: bytes[nameStart..<i], as: UTF8.self).lowercased()
+                let name = UnsafeRawBufferPointer(rebasing: bytes[nameStart..<i])
                 while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 { i += 1 }
-                var argument: String?
+                var argument: [UInt8]?
                 if i < bytes.count, bytes[i] == 0x3D {
                     i += 1
                     while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 { i += 1 }
@@ -112,27 +110,32 @@ public enum StaleRules {
                             i += 1
                         }
                         i += 1
-                        argument = String(decoding: text, as: UTF8.self)
+                        argument = text
                     } else {
                         let start = i
                         while i < bytes.count, bytes[i] != 0x2C, bytes[i] != 0x20, bytes[i] != 0x09 { i += 1 }
-                        argument = String(decoding: bytes[start..<i], as: UTF8.self)
+                        argument = Array(bytes[start..<i])
                     }
                 }
                 // Anything else up to the next comma belongs to a malformed directive.
                 while i < bytes.count, bytes[i] != 0x2C { i += 1 }
-                switch name {
-                case "no-store": noStore = true
-                case "no-cache": noCache = true
-                case "private": isPrivate = true
-                case "public": isPublic = true
-                case "s-maxage": sharedMaxAge = true
-                case "stale-if-error":
+                // Names compare as ASCII without case (none of these has a
+                // letter that another script lower-cases to).
+                if HTTPBytes.equals(name, "no-store") {
+                    noStore = true
+                } else if HTTPBytes.equals(name, "no-cache") {
+                    noCache = true
+                } else if HTTPBytes.equals(name, "private") {
+                    isPrivate = true
+                } else if HTTPBytes.equals(name, "public") {
+                    isPublic = true
+                } else if HTTPBytes.equals(name, "s-maxage") {
+                    sharedMaxAge = true
+                } else if HTTPBytes.equals(name, "stale-if-error") {
                     // Delta-seconds past ten years read as ten years ("a very long time", RFC 9111 section 1.2.2).
-                    if let argument, let seconds = OutsideValues.deltaSeconds(argument.utf8) {
+                    if let argument, let seconds = OutsideValues.deltaSeconds(argument) {
                         staleIfError = min(staleIfError ?? seconds, seconds)
                     }
-                default: break
                 }
             }
         }

@@ -5,8 +5,8 @@ public struct StaleEntry: Sendable {
     public var status: Int
     /// The upstream's own reason phrase, when it was not the standard one.
     public var reason: [UInt8]?
-    /// Its end-to-end fields, as relayed to the client.
-    public var fields: [HTTPField]
+    /// Its end-to-end fields, as relayed to the client, as raw bytes.
+    public var fields: KeptFields
     public var body: [UInt8]
     /// For `Age`.
     public var receivedAt: Instant
@@ -20,37 +20,42 @@ public struct StaleEntry: Sendable {
     public var path: String
 
     public init(
-        status: Int, reason: [UInt8]?, fields: [HTTPField], body: [UInt8], receivedAt: Instant, expiresAt: Instant,
+        status: Int, reason: [UInt8]?, fields: KeptFields, body: [UInt8], receivedAt: Instant, expiresAt: Instant,
         varyNames: [String], varyValues: [String?], path: String
     ) {
         self.status = status
         self.reason = reason
-        self.fields = fields
-        // A body copied as it streamed may hold twice the room it needs:
-        // what it holds is what counts, so the slack is given back first.
-        if body.capacity - body.count > body.count / 8 + 64 {
-            self.body = [UInt8](unsafeUninitializedCapacity: body.count) { buffer, count in
-                count = buffer.initialize(fromContentsOf: body)
-            }
-        } else {
-            self.body = body
-        }
+        // Fields and body copied as they streamed may hold twice the room
+        // they need: what they hold is what counts, so the slack is given
+        // back first.
+        self.fields = fields.compacted()
+        self.body = body.withoutSlack()
         self.receivedAt = receivedAt
         self.expiresAt = expiresAt
         self.varyNames = varyNames
-        self.varyValues = varyValues.map { $0.map(StaleStore.trim) }
+        self.varyValues = varyValues.isEmpty ? varyValues : varyValues.map { $0.map(StaleStore.trim) }
         self.path = path
     }
 
+    public init(
+        status: Int, reason: [UInt8]?, fields: [HTTPField], body: [UInt8], receivedAt: Instant, expiresAt: Instant,
+        varyNames: [String], varyValues: [String?], path: String
+    ) {
+        self.init(
+            status: status, reason: reason, fields: KeptFields(fields), body: body, receivedAt: receivedAt,
+            expiresAt: expiresAt, varyNames: varyNames, varyValues: varyValues, path: path)
+    }
+
     /// What it counts against `stale_max_bytes`: everything it keeps — the
-    /// body's room, the fields, the `Vary` names and the request's values
-    /// of them (a `Vary: User-Agent` answer keeps that whole field), the
-    /// reason phrase, the path — with `StaleStore.perPart` for each field
-    /// and `Vary` name and value, and `StaleStore.overhead` for the entry.
-    /// The key is added by the store.
+    /// room of the body and of the fields, the `Vary` names and the
+    /// request's values of them (a `Vary: User-Agent` answer keeps that
+    /// whole field), the reason phrase, the path — with
+    /// `StaleStore.perPart` for the fields' array and for each `Vary` name
+    /// and value, and `StaleStore.overhead` for the entry. The key is
+    /// added by the store.
     var size: Int {
-        var n = body.capacity + path.utf8.count + (reason?.count ?? 0) + StaleStore.overhead
-        for field in fields { n += field.name.utf8.count + field.value.utf8.count + StaleStore.perPart }
+        var n = body.capacity + fields.capacity + StaleStore.perPart + path.utf8.count + (reason?.count ?? 0)
+        n += StaleStore.overhead
         for name in varyNames { n += name.utf8.count + StaleStore.perPart }
         for value in varyValues { n += (value?.utf8.count ?? 0) + StaleStore.perPart }
         return n
@@ -101,16 +106,23 @@ public final class StaleStore: Sendable {
     @discardableResult
     public func keep(_ entry: StaleEntry, key: String) -> Bool {
         let size = entry.size + key.utf8.count + Self.perPart
+        let key = Key(key)
         return state.withLock { s in
-            if let same = s.variants[key]?.first(where: {
+            let index = s.variants.index(forKey: key)
+            // The slots under one key share the dictionary's copy of it:
+            // each new answer's own copy is let go, not kept beside it.
+            let shared = index.map { s.variants.keys[$0] } ?? key
+            var list = index.map { s.variants.values[$0] } ?? []
+            if let same = list.first(where: {
                 s.slots[$0].entry?.varyNames == entry.varyNames && s.slots[$0].entry?.varyValues == entry.varyValues
             }) {
                 s.remove(same)
+                list.removeAll { $0 == same }
             }
             guard size <= maxEntryBytes, size <= maxBytes else { return false }
-            if let list = s.variants[key], list.count >= Self.maxVariants { s.remove(list[0]) }
+            if list.count >= Self.maxVariants { s.remove(list[0]) }
             while s.bytes + size > maxBytes, s.tail >= 0 { s.remove(s.tail) }
-            s.insert(entry, key: key, size: size)
+            s.insert(entry, key: shared, size: size)
             return true
         }
     }
@@ -128,7 +140,7 @@ public final class StaleStore: Sendable {
         state.withLock { s in
             var best: Int?
             for key in keys {
-                guard let list = s.variants[key] else { continue }
+                guard let list = s.variants[Key(key)] else { continue }
                 for slot in list {
                     guard let entry = s.slots[slot].entry else { continue }
                     if entry.expiresAt <= now {
@@ -172,11 +184,32 @@ public final class StaleStore: Sendable {
         return String(v)
     }
 
+    /// A key with its hash, made once per call: the dictionary hashes and
+    /// compares it many times (a lookup compares it with every key on its
+    /// probe), and a long key's bytes are then read once, not each time.
+    /// The hash is the string's own (seeded per process), so keys a client
+    /// chooses cannot be made to collide.
+    struct Key: Hashable {
+        let text: String
+        let hash: Int
+
+        init(_ text: String) {
+            self.text = text
+            hash = text.hashValue
+        }
+
+        /// A free slot's.
+        static let none = Key("")
+
+        static func == (a: Key, b: Key) -> Bool { a.hash == b.hash && a.text == b.text }
+        func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+    }
+
     /// Slots in an array, linked most recently used first; freed slots are reused.
     struct State {
         struct Slot {
             var entry: StaleEntry?
-            var key = ""
+            var key = Key.none
             var size = 0
             var newer = -1
             var older = -1
@@ -184,14 +217,14 @@ public final class StaleStore: Sendable {
 
         var slots: [Slot] = []
         var free: [Int] = []
-        var variants: [String: [Int]] = [:]
+        var variants: [Key: [Int]] = [:]
         /// Most and least recently used (-1: empty).
         var head = -1
         var tail = -1
         var bytes = 0
         var count = 0
 
-        mutating func insert(_ entry: StaleEntry, key: String, size: Int) {
+        mutating func insert(_ entry: StaleEntry, key: Key, size: Int) {
             let slot: Int
             if let reused = free.popLast() {
                 slot = reused
@@ -199,9 +232,6 @@ public final class StaleStore: Sendable {
                 slot = slots.count
                 slots.append(Slot())
             }
-            // The slots under one key share the dictionary's copy of it:
-            // each new answer's own copy is let go, not kept beside it.
-            let key = variants.index(forKey: key).map { variants.keys[$0] } ?? key
             slots[slot] = Slot(entry: entry, key: key, size: size)
             variants[key, default: []].append(slot)
             link(slot)

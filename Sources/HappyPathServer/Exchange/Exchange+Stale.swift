@@ -22,10 +22,14 @@ extension Exchange {
         return reader.keys(upstream: upstream.name, target: command.target, scheme: scheme)
     }
 
+    /// A held answer passed through whole (`upstream_errors: pass`): kept
+    /// as a streamed one is.
+    func keepAnswer(fields: [HTTPField], body: [UInt8]) { keepAnswer(fields: KeptFields(fields), body: body) }
+
     /// The answer streamed whole to the client: kept for later, if the
     /// rules allow (a status worth keeping, no `no-store`, `private` or
     /// `Set-Cookie`), for everyone or only for the same credentials.
-    func keepAnswer(fields: [HTTPField], body: [UInt8]) {
+    func keepAnswer(fields: KeptFields, body: [UInt8]) {
         guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale, let staleKey = route.staleKey
         else { return }
         let keys = staleKeys(staleKey, salt: store.salt)

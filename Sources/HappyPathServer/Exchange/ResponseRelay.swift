@@ -1,5 +1,6 @@
 import HappyPathCore
 import HappyPathIO
+import HappyPathPolicies
 
 /// One try's response on its way to the client: held back or streamed, its
 /// framing checked and rewritten, and the client's pace respected
@@ -66,16 +67,25 @@ struct ResponseRelay {
     var kept: KeptAnswer?
 
     /// What a streamed answer sent: its fields and body, copied once as they
-    /// pass, up to `limit` bytes (`limits.stale_max_entry`); a larger answer
-    /// is given up on (`overflow`) and its bytes let go.
+    /// pass, as raw bytes (no strings are made), up to `limit` bytes
+    /// (`limits.stale_max_entry`); a larger answer is given up on
+    /// (`overflow`) and its bytes let go.
     struct KeptAnswer {
         let limit: Int
-        var fields: [HTTPField] = []
+        var fields: KeptFields
         var body: [UInt8] = []
         var bytes = 0
         var overflow = false
 
-        init(limit: Int) { self.limit = limit }
+        /// Room for the fields of a usual answer, so that copying them
+        /// does not grow the array field by field (the slack is given back
+        /// when the answer is kept: `StaleEntry`).
+        static let fieldRoom = 128
+
+        init(limit: Int) {
+            self.limit = limit
+            fields = KeptFields(capacity: Self.fieldRoom)
+        }
 
         mutating func reset() {
             fields.removeAll(keepingCapacity: true)
@@ -86,12 +96,13 @@ struct ResponseRelay {
 
         mutating func add(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
             guard take(name.count + value.count) else { return }
-            fields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
+            fields.append(name: name, value: value)
         }
 
         mutating func add(body bytes: UnsafeRawBufferPointer) {
             guard take(bytes.count) else { return }
-            body.append(contentsOf: bytes)
+            // The first chunk (often the whole body) makes the array at its size.
+            if body.isEmpty { body = [UInt8](bytes) } else { body.append(contentsOf: bytes) }
         }
 
         private mutating func take(_ n: Int) -> Bool {
@@ -99,7 +110,7 @@ struct ResponseRelay {
             bytes += n
             if bytes > limit {
                 overflow = true
-                fields = []
+                fields = KeptFields()
                 body = []
                 return false
             }
@@ -247,11 +258,24 @@ struct ResponseRelay {
     /// `fields` without those the upstream's `Connection` names.
     func endToEnd(_ fields: [HTTPField]) -> [HTTPField] {
         guard !upstreamConnection.isEmpty else { return fields }
+        let named = connectionNamed
+        return fields.filter { !named.contains($0.name.lowercased()) }
+    }
+
+    /// The same for fields kept as bytes (a streamed answer's, `KeptAnswer`).
+    func endToEnd(_ fields: KeptFields) -> KeptFields {
+        guard !upstreamConnection.isEmpty else { return fields }
+        let named = connectionNamed
+        return fields.filtered { name, _ in !named.contains(String(decoding: name, as: UTF8.self).lowercased()) }
+    }
+
+    /// The field names the upstream's `Connection` values name, lower-cased.
+    private var connectionNamed: Set<String> {
         var named = Set<String>()
         upstreamConnection.withUnsafeBytes { value in
             forEachListElement(value) { named.insert(String(decoding: $0, as: UTF8.self).lowercased()) }
         }
-        return fields.filter { !named.contains($0.name.lowercased()) }
+        return named
     }
 
     /// The client's connection drained: the upstream may go on.
