@@ -245,11 +245,12 @@ public final class HTTP2Session {
         var result = current
         current = HTTP2ReceiveResult()
         if n < 0 {
+            // The session is unusable: nothing read in it is dispatched.
             fatalError = HTTP2SessionError(code: n)
             result.error = fatalError
-        } else {
-            result.consumed = n
+            return result
         }
+        result.consumed = n
         for event in result.events {
             guard case let .headComplete(id) = event, let stream = streams[id], !stream.resetByPeer,
                 !everReady.contains(id)
