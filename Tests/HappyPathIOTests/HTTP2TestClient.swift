@@ -1,6 +1,7 @@
 import CNghttp2
 import HappyPathCore
-import HappyPathIO
+
+@testable import HappyPathIO
 
 /// An nghttp2 client session in memory, for testing `HTTP2Session` without
 /// sockets: it submits requests, and records what the server's bytes made of
@@ -86,7 +87,7 @@ final class HTTP2TestClient {
                 HTTPField(name: ":method", value: method), HTTPField(name: ":scheme", value: "http"),
                 HTTPField(name: ":authority", value: authority), HTTPField(name: ":path", value: path),
             ] + fields
-        return Self.withNV(all) { nv in
+        return HTTP2Session.withNV(all) { nv in
             guard let body else { return nghttp2_submit_request(session, nil, nv.baseAddress, nv.count, nil, nil) }
             var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil)) {
                 _, id, buffer, length, flags, _, userData in
@@ -118,22 +119,11 @@ final class HTTP2TestClient {
     }
 
     /// Everything the client has to send.
-    func output() -> [UInt8] {
-        var out: [UInt8] = []
-        while true {
-            var data: UnsafePointer<UInt8>?
-            let n = nghttp2_session_mem_send(session, &data)
-            guard n > 0, let data else { break }
-            out.append(contentsOf: UnsafeBufferPointer(start: data, count: n))
-        }
-        return out
-    }
+    func output() -> [UInt8] { nghttpOutput(session) }
 
     /// Feeds the server's bytes; the count read or a negative error.
     @discardableResult
-    func input(_ bytes: [UInt8]) -> Int {
-        bytes.withUnsafeBufferPointer { nghttp2_session_mem_recv(session, $0.baseAddress, $0.count) }
-    }
+    func input(_ bytes: [UInt8]) -> Int { nghttpInput(session, bytes) }
 
     /// Pumps bytes both ways until neither side has more; returns every
     /// server `receive` result on the way.
@@ -151,31 +141,28 @@ final class HTTP2TestClient {
         }
         return results
     }
-
-    static func withNV<R>(_ fields: [HTTPField], _ body: (UnsafeMutableBufferPointer<nghttp2_nv>) -> R) -> R {
-        var bytes: [UInt8] = []
-        var ranges: [(Range<Int>, Range<Int>)] = []
-        for field in fields {
-            let n = bytes.count
-            bytes.append(contentsOf: field.name.utf8)
-            let v = bytes.count
-            bytes.append(contentsOf: field.value.utf8)
-            ranges.append((n..<v, v..<bytes.count))
-        }
-        bytes.append(0)
-        return bytes.withUnsafeMutableBufferPointer { raw in
-            var nv = ranges.map { name, value in
-                nghttp2_nv(
-                    name: raw.baseAddress! + name.lowerBound, value: raw.baseAddress! + value.lowerBound,
-                    namelen: name.count, valuelen: value.count, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
-            }
-            return nv.withUnsafeMutableBufferPointer { body($0) }
-        }
-    }
 }
 
 extension HTTP2ReceiveResult {
     /// Every event of several reads.
     static func events(_ results: [HTTP2ReceiveResult]) -> [HTTP2SessionEvent] { results.flatMap(\.events) }
     static func ready(_ results: [HTTP2ReceiveResult]) -> [Int32] { results.flatMap(\.ready) }
+}
+
+/// Everything an nghttp2 session has to send, copied out (the pointer
+/// `mem_send` gives is valid only until the next call on the session).
+func nghttpOutput(_ session: OpaquePointer?) -> [UInt8] {
+    var out: [UInt8] = []
+    while true {
+        var data: UnsafePointer<UInt8>?
+        let n = nghttp2_session_mem_send(session, &data)
+        guard n > 0, let data else { break }
+        out.append(contentsOf: UnsafeBufferPointer(start: data, count: n))
+    }
+    return out
+}
+
+/// `mem_recv` over all of `bytes`: the count consumed, or a negative error.
+func nghttpInput(_ session: OpaquePointer?, _ bytes: [UInt8]) -> Int {
+    bytes.withUnsafeBufferPointer { nghttp2_session_mem_recv(session, $0.baseAddress, $0.count) }
 }

@@ -39,17 +39,11 @@ extension HTTP2Session {
         }
         nghttp2_session_callbacks_set_on_header_callback(callbacks) {
             _, frame, name, nameLength, value, valueLength, _, userData in
-            guard let frame, let session = HTTP2Session.session(userData) else { return 0 }
-            return session.header(
-                frame, UnsafeRawBufferPointer(start: name, count: nameLength),
-                UnsafeRawBufferPointer(start: value, count: valueLength), invalid: false)
+            HTTP2Session.header(frame, name, nameLength, value, valueLength, userData, invalid: false)
         }
         nghttp2_session_callbacks_set_on_invalid_header_callback(callbacks) {
             _, frame, name, nameLength, value, valueLength, _, userData in
-            guard let frame, let session = HTTP2Session.session(userData) else { return 0 }
-            return session.header(
-                frame, UnsafeRawBufferPointer(start: name, count: nameLength),
-                UnsafeRawBufferPointer(start: value, count: valueLength), invalid: true)
+            HTTP2Session.header(frame, name, nameLength, value, valueLength, userData, invalid: true)
         }
         nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
             guard let frame, let session = HTTP2Session.session(userData) else { return 0 }
@@ -66,6 +60,17 @@ extension HTTP2Session {
             session.streamClosed(streamID, code: errorCode)
             return 0
         }
+    }
+
+    /// `on_header` and `on_invalid_header` (the same signature).
+    static func header(
+        _ frame: UnsafePointer<nghttp2_frame>?, _ name: UnsafePointer<UInt8>?, _ nameLength: Int,
+        _ value: UnsafePointer<UInt8>?, _ valueLength: Int, _ userData: UnsafeMutableRawPointer?, invalid: Bool
+    ) -> Int32 {
+        guard let frame, let session = session(userData) else { return 0 }
+        return session.header(
+            frame, UnsafeRawBufferPointer(start: name, count: nameLength),
+            UnsafeRawBufferPointer(start: value, count: valueLength), invalid: invalid)
     }
 
     // MARK: - Recording
