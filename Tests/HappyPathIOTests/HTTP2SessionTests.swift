@@ -74,6 +74,29 @@ import Testing
         #expect(HTTP2ReceiveResult.ready(second).isEmpty)
     }
 
+    @Test func paddingIsGivenBackSoPaddedBodiesDoNotStallTheConnection() throws {
+        // Windows at nghttp2's default 65,535; each DATA frame carries 10
+        // body bytes and 255 of padding (the most), 80 KB a stream, 240 KB
+        // in all: without the padding given back (nghttp2 consumes it
+        // itself under no_auto_window_update), the client would stall.
+        let settings = HTTP2SessionSettings(
+            initialStreamWindow: 65_535, initialConnectionWindow: 65_535, request: Self.limits)
+        let server = try Self.server(settings)
+        let client = try HTTP2TestClient()
+        client.bodyChunk = 10
+        client.padData = true
+        let ids = (0..<3).map { _ in client.request("POST", "/", body: [UInt8](repeating: 1, count: 3000)) }
+        var results: [HTTP2ReceiveResult] = []
+        for _ in 0..<32 {
+            results += client.exchange(with: server)
+            for id in ids { _ = server.takeBody(of: id) }
+        }
+        #expect(results.allSatisfy { $0.error == nil })
+        #expect(results.map { $0.framesReceived[0] }.reduce(0, +) == 900)
+        #expect(results.map(\.consumed).reduce(0, +) > 900 * 265)  // padded indeed
+        for id in ids { #expect(server.requestEnded(id)) }
+    }
+
     @Test func aBodyOverTheLimitIsDroppedAndSaidOnce() throws {
         let limits = RequestLimits(maxHeadBytes: 8192, maxBodyBytes: 1000)
         let server = try Self.server(HTTP2SessionSettings(request: limits))
@@ -210,6 +233,39 @@ import Testing
             UInt8(n >> 16 & 0xFF), UInt8(n >> 8 & 0xFF), UInt8(n & 0xFF), type, flags,
             UInt8(stream >> 24 & 0x7F), UInt8(stream >> 16 & 0xFF), UInt8(stream >> 8 & 0xFF), UInt8(stream & 0xFF),
         ] + payload
+    }
+
+    /// `x: y`, then a field `x-t` with a 5,000-byte value, in HPACK (literal, not indexed).
+    static let smallField: [UInt8] = [0x00, 0x01, 0x78, 0x01, 0x79]
+    static let bigField: [UInt8] = [0x00, 0x03] + Array("x-t".utf8) + [0x7F, 0x89, 0x26] + [UInt8](repeating: 0x76, count: 5000)
+    /// GET http://a/ in HPACK from the static table.
+    static let getBlock: [UInt8] = [0x82, 0x86, 0x84, 0x41, 0x01, 0x61]
+
+    @Test func requestTrailersEndTheRequestAndAreNotKept() throws {
+        let server = try Self.server()
+        let head = Self.frame(type: 1, flags: 0x4, stream: 1, Self.getBlock)
+        let trailers = Self.frame(type: 1, flags: 0x5, stream: 1, Self.smallField)
+        let result = server.receive(Self.preface + head + trailers)
+        #expect(result.error == nil)
+        #expect(result.ready == [1])
+        #expect(result.events == [.opened(1), .headComplete(1), .requestEnded(1)])
+        #expect(server.head(of: 1)?.httpFields == [Self.field("host", "a")])
+    }
+
+    @Test func trailersFarOverTheLimitResetTheStream() throws {
+        let server = try Self.server()
+        // Nine 5,000-byte fields: 45 KB, past four times the 8 KiB limit.
+        let trailers =
+            Self.frame(type: 1, flags: 0x1, stream: 1, Array(repeating: Self.bigField, count: 3).flatMap { $0 })
+            + Self.frame(type: 9, flags: 0, stream: 1, Array(repeating: Self.bigField, count: 3).flatMap { $0 })
+            + Self.frame(type: 9, flags: 0x4, stream: 1, Array(repeating: Self.bigField, count: 3).flatMap { $0 })
+        let result = server.receive(Self.preface + Self.frame(type: 1, flags: 0x4, stream: 1, Self.getBlock) + trailers)
+        #expect(result.error == nil)
+        #expect(result.ready == [1])
+        #expect(!result.events.contains(.requestEnded(1)))
+        _ = server.produceAll()  // the RST_STREAM goes out, and the stream closes
+        #expect(server.takeEvents().events == [.closed(1, code: NGHTTP2_INTERNAL_ERROR.rawValue)])
+        #expect(server.wantsRead)
     }
 
     @Test func aContinuationFloodEndsTheSession() throws {

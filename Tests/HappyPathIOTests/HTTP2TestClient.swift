@@ -23,6 +23,10 @@ final class HTTP2TestClient {
     /// after them (else the provider waits, DEFERRED, for `sendBody`).
     var requestBodies: [Int32: (bytes: [UInt8], end: Bool)] = [:]
     var goaway: UInt32?
+    /// At most this many body bytes per DATA frame, and whether each frame
+    /// is padded to the largest payload nghttp2 allows.
+    var bodyChunk = Int.max
+    var padData = false
 
     init() throws {
         var callbacks: OpaquePointer?
@@ -59,6 +63,12 @@ final class HTTP2TestClient {
             if frame.pointee.hd.type == UInt8(NGHTTP2_GOAWAY.rawValue) { client.goaway = frame.pointee.goaway.error_code }
             return 0
         }
+        nghttp2_session_callbacks_set_select_padding_callback(callbacks) { _, frame, maxPayload, userData in
+            guard let frame, let userData else { return 0 }
+            let client = Unmanaged<HTTP2TestClient>.fromOpaque(userData).takeUnretainedValue()
+            let padded = client.padData && frame.pointee.hd.type == UInt8(NGHTTP2_DATA.rawValue)
+            return padded ? maxPayload : frame.pointee.hd.length
+        }
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, id, code, userData in
             guard let userData else { return 0 }
             let client = Unmanaged<HTTP2TestClient>.fromOpaque(userData).takeUnretainedValue()
@@ -93,7 +103,7 @@ final class HTTP2TestClient {
                 _, id, buffer, length, flags, _, userData in
                 let client = Unmanaged<HTTP2TestClient>.fromOpaque(userData!).takeUnretainedValue()
                 guard var pending = client.requestBodies[id] else { return Int(NGHTTP2_ERR_DEFERRED.rawValue) }
-                let n = min(length, pending.bytes.count)
+                let n = min(length, pending.bytes.count, client.bodyChunk)
                 if n > 0 { pending.bytes.withUnsafeBufferPointer { buffer!.update(from: $0.baseAddress!, count: n) } }
                 pending.bytes.removeFirst(n)
                 client.requestBodies[id] = pending
