@@ -10,10 +10,13 @@ import HappyPathCore
 //   `nghttp2_session` and deletes it in `deinit`, so while a callback runs
 //   the object is alive (a callback runs only inside `mem_recv`, `mem_send`
 //   or `resume_data`, called on the object).
-// - A stream's user data is its `HTTP2Session.Stream`, unretained; the
-//   session's `streams` retains it from `on_begin_headers` until
-//   `on_stream_close`, the last callback nghttp2 makes for that stream. The
-//   callbacks look streams up in `streams`, so a stale pointer is never read.
+// - A stream's state is an `HTTP2Session.Stream`, owned by the session's
+//   `streams` from `on_begin_headers` until `on_stream_close`, the last
+//   callback nghttp2 makes for that stream. nghttp2 holds no pointer to it
+//   (no stream user data, no data source pointer): the callbacks look it up
+//   by id, so nothing can go stale, and a stream gone is simply not found.
+// - The data provider is given by value to `submit_response` (nghttp2
+//   copies it); its read callback copies staged bytes into nghttp2's buffer.
 // - Frame, name, value and data pointers are nghttp2's, valid only during
 //   the call: what is kept is copied (the head reader stores bytes, the body
 //   is appended).
@@ -27,34 +30,42 @@ extension HTTP2Session {
 
     /// Sets every callback on nghttp2's callbacks object (copied into the session).
     static func install(_ callbacks: OpaquePointer?) {
+        // Every frame header read: counted by type. `hd` is nghttp2's, read during the call only.
         nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks) { _, hd, userData in
             guard let hd, let session = HTTP2Session.session(userData) else { return 0 }
             session.current.framesBegun.add(hd.pointee.type)
-            session.countBegun(hd.pointee.type)
+            session.framesBegun.add(hd.pointee.type)
             return 0
         }
+        // A request HEADERS begins: the session's `streams` takes the new Stream (retained until on_stream_close).
         nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks) { _, frame, userData in
             guard let frame, let session = HTTP2Session.session(userData) else { return 0 }
             return session.beginHeaders(frame)
         }
+        // One decoded field: copied into the stream's head reader; name and value are nghttp2's, valid during the call.
         nghttp2_session_callbacks_set_on_header_callback(callbacks) {
             _, frame, name, nameLength, value, valueLength, _, userData in
             HTTP2Session.header(frame, name, nameLength, value, valueLength, userData, invalid: false)
         }
+        // A field nghttp2 would drop: the same, and the head is refused (the reader, or `sawInvalidField`).
         nghttp2_session_callbacks_set_on_invalid_header_callback(callbacks) {
             _, frame, name, nameLength, value, valueLength, _, userData in
             HTTP2Session.header(frame, name, nameLength, value, valueLength, userData, invalid: true)
         }
+        // A whole frame: END_HEADERS finishes the head, END_STREAM ends the request, RST_STREAM and GOAWAY are
+        // listed. The frame is nghttp2's, read during the call only.
         nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
             guard let frame, let session = HTTP2Session.session(userData) else { return 0 }
             session.frameReceived(frame)
             return 0
         }
+        // Body bytes: copied into the stream's body (or dropped); nghttp2's buffer, valid during the call only.
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, length, userData in
             guard let session = HTTP2Session.session(userData) else { return 0 }
             session.dataChunk(streamID, UnsafeRawBufferPointer(start: data, count: length))
             return 0
         }
+        // The last callback for a stream: `streams` releases its Stream here.
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
             guard let session = HTTP2Session.session(userData) else { return 0 }
             session.streamClosed(streamID, code: errorCode)
@@ -74,8 +85,6 @@ extension HTTP2Session {
     }
 
     // MARK: - Recording
-
-    func countBegun(_ type: UInt8) { framesBegun.add(type) }
 
     /// A request HEADERS frame opens a stream; trailers reuse theirs.
     func beginHeaders(_ frame: UnsafePointer<nghttp2_frame>) -> Int32 {

@@ -130,9 +130,9 @@ public struct HTTP2SessionError: Error, Sendable, Equatable, CustomStringConvert
 /// are taken (`takeBody`), so a stream buffers at most
 /// `initialStreamWindow` bytes and one stream cannot stall the others.
 public final class HTTP2Session {
-    /// One stream the session knows of. Retained by `streams` from
-    /// `on_begin_headers` to `on_stream_close`; nghttp2 holds it unretained
-    /// as the stream's user data for that time (never read after close).
+    /// One stream the session knows of. Owned by `streams` from
+    /// `on_begin_headers` to `on_stream_close`; nghttp2 holds no pointer to
+    /// it (the callbacks find it by id).
     final class Stream {
         let id: Int32
         var reader: HTTP2RequestHeadReader
