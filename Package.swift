@@ -133,6 +133,10 @@ let package = Package(
         .target(
             name: "FuzzConnectionHarness", dependencies: ["HappyPathCore"],
             path: "Tests/Support/FuzzHarnesses/FuzzConnectionHarness"),
+        // HTTP2Session fed the client preface and random frames, its invariants checked.
+        .target(
+            name: "FuzzHTTP2Harness", dependencies: ["HappyPathIO", "HappyPathCore"],
+            path: "Tests/Support/FuzzHarnesses/FuzzHTTP2Harness"),
         // `make fuzz` builds these with -sanitize=fuzzer -DFUZZING; a plain build
         // gives a driver that replays the input files named on its command line.
         // libFuzzer's driver and the replay driver, shared by the fuzz targets.
@@ -143,6 +147,7 @@ let package = Package(
         .executableTarget(name: "FuzzDifferential", dependencies: ["FuzzSupport", "FuzzDifferentialHarness"]),
         .executableTarget(name: "FuzzConnection", dependencies: ["FuzzSupport", "FuzzConnectionHarness"]),
         .executableTarget(name: "FuzzOutsideValues", dependencies: ["FuzzSupport", "FuzzOutsideValuesHarness"]),
+        .executableTarget(name: "FuzzHTTP2", dependencies: ["FuzzSupport", "FuzzHTTP2Harness"]),
 
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
@@ -180,7 +185,7 @@ let package = Package(
             name: "HappyPathFuzzSeedTests",
             dependencies: [
                 "FuzzRequestParserHarness", "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness",
-                "FuzzConnectionHarness", "FuzzOutsideValuesHarness",
+                "FuzzConnectionHarness", "FuzzOutsideValuesHarness", "FuzzHTTP2Harness",
             ]
         ),
         .testTarget(

@@ -8,6 +8,7 @@ import Foundation
 import FuzzConfigHarness
 import FuzzConnectionHarness
 import FuzzDifferentialHarness
+import FuzzHTTP2Harness
 import FuzzOutsideValuesHarness
 import FuzzRequestParserHarness
 import FuzzResponseHeadHarness
@@ -22,6 +23,7 @@ let harnesses: [String: @Sendable ([UInt8]) -> String] = [
     "FuzzConfig": ConfigHarness.check,
     "FuzzConnection": ConnectionHarness.check,
     "FuzzOutsideValues": OutsideValuesHarness.check,
+    "FuzzHTTP2": HTTP2Harness.check,
 ]
 
 /// Tests/FuzzSeeds, found from this file's place in the repository.

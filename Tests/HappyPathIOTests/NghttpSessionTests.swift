@@ -46,23 +46,11 @@ import Testing
             return nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &entries, entries.count)
         }
 
-        /// Everything the session has to send, copied out (the pointer
-        /// `mem_send` gives is valid only until the next call on the session).
-        func output() -> [UInt8] {
-            var out: [UInt8] = []
-            while true {
-                var data: UnsafePointer<UInt8>?
-                let n = nghttp2_session_mem_send(session, &data)
-                guard n > 0, let data else { break }
-                out.append(contentsOf: UnsafeBufferPointer(start: data, count: n))
-            }
-            return out
-        }
+        /// Everything the session has to send (`nghttpOutput`).
+        func output() -> [UInt8] { nghttpOutput(session) }
 
         /// `mem_recv` over all of `bytes`: the count consumed, or a negative error.
-        func input(_ bytes: [UInt8]) -> Int {
-            bytes.withUnsafeBufferPointer { nghttp2_session_mem_recv(session, $0.baseAddress, $0.count) }
-        }
+        func input(_ bytes: [UInt8]) -> Int { nghttpInput(session, bytes) }
     }
 
     static let settings = UInt8(NGHTTP2_SETTINGS.rawValue)
