@@ -142,15 +142,15 @@ public struct StaleKey: Sendable, Equatable {
             // and a target no space: a line feed between the parts, and the
             // upstream's name prefixed by its length, make the composition
             // unambiguous.
-            let length = String(upstream.utf8.count)
-            var parts = length.utf8.count + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7
+            let length = upstream.utf8.count
+            var parts = Writer.digits(length) + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7
             for (i, name) in StaleKey.forwardingFields.enumerated() {
                 forEachValue(of: i) { parts += 2 + name.utf8.count + $0.count }
             }
             // Written in place into the string's own storage: one allocation.
             let sharedKey = String(unsafeUninitializedCapacity: parts) { buffer in
                 var writer = Writer(buffer)
-                writer.put(text: length)
+                writer.put(decimal: length)
                 writer.put(":")
                 writer.put(text: upstream)
                 writer.put(" GET ")
@@ -199,6 +199,29 @@ public struct StaleKey: Sendable, Equatable {
 
             mutating func put(_ text: StaticString) {
                 put(UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+            }
+
+            /// A count's decimal digits (no string made for it).
+            mutating func put(decimal n: Int) {
+                var rest = n
+                var at = self.at + Self.digits(n)
+                self.at = at
+                repeat {
+                    at -= 1
+                    buffer[at] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: rest % 10)
+                    rest /= 10
+                } while rest > 0
+            }
+
+            /// How many decimal digits `put(decimal:)` writes for `n` (≥ 0).
+            static func digits(_ n: Int) -> Int {
+                var count = 1
+                var rest = n
+                while rest >= 10 {
+                    rest /= 10
+                    count += 1
+                }
+                return count
             }
 
             mutating func put(text: String) {
