@@ -96,6 +96,7 @@ extension Array where Element == UInt8 {
     /// The same bytes in an array with no more room than they need, when
     /// this one holds much more (one copied as it streamed may hold twice
     /// the room it needs): what a kept answer holds is what it counts.
+    @usableFromInline
     func withoutSlack() -> [UInt8] {
         guard capacity - count > count / 8 + 64 else { return self }
         return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in

@@ -19,6 +19,9 @@ public struct StaleEntry: Sendable {
     /// The path the client asked for (a purge matches its prefix).
     public var path: String
 
+    /// Inlinable, so that a caller in another module builds the entry in
+    /// place (not built here and then copied out, part by part retained).
+    @inlinable
     public init(
         status: Int, reason: [UInt8]?, fields: KeptFields, body: [UInt8], receivedAt: Instant, expiresAt: Instant,
         varyNames: [String], varyValues: [String?], path: String
@@ -181,6 +184,7 @@ public final class StaleStore: Sendable {
     /// Answers kept and the bytes they count.
     public var usage: (entries: Int, bytes: Int) { state.withLock { ($0.count, $0.bytes) } }
 
+    @usableFromInline
     static func trim(_ value: String) -> String {
         var v = Substring(value)
         while let c = v.first, c == " " || c == "\t" { v.removeFirst() }
@@ -262,7 +266,7 @@ public final class StaleStore: Sendable {
                 slot = slots.count
                 slots.append(Slot())
             }
-            slots[slot] = Slot(entry: entry, key: key, size: size)
+            slots[slot] = Slot(entry: consume entry, key: key, size: size)
             // One hash of the key: the dictionary's slot is made or read in place.
             var last = -1
             { (first: inout Int) in
