@@ -225,8 +225,15 @@ public struct StaleKey: Sendable, Equatable {
             }
 
             mutating func put(text: String) {
-                var text = text
-                text.withUTF8 { put(UnsafeRawBufferPointer($0)) }
+                // Read in place (no copy of the string to make it contiguous);
+                // a string that is not contiguous is copied byte by byte.
+                let done = text.utf8.withContiguousStorageIfAvailable { put(UnsafeRawBufferPointer($0)) }
+                if done == nil { for byte in text.utf8 { put(byte: byte) } }
+            }
+
+            mutating func put(byte: UInt8) {
+                buffer[at] = byte
+                at += 1
             }
         }
 

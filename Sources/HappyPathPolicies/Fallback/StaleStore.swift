@@ -211,6 +211,10 @@ public final class StaleStore: Sendable {
 
         static func == (a: Key, b: Key) -> Bool { a.hash == b.hash && a.text == b.text }
         func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+        /// What the dictionary asks for at each lookup and insertion: the
+        /// hash already made (a seeded SipHash of the whole key), not
+        /// hashed a second time; a collision is told apart by `==`.
+        func _rawHashValue(seed: Int) -> Int { hash ^ seed }
     }
 
     /// Slots in an array, linked most recently used first; freed slots are
