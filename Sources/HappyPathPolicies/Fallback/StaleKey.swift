@@ -107,9 +107,7 @@ public struct StaleKey: Sendable, Equatable {
             guard value.count <= Int(Int32.max) else { return }
             // Room at once for the usual few fields (Host and little else).
             if seen.capacity == 0 { seen.reserveCapacity(128 + value.count) }
-            var prefix = (UInt32(truncatingIfNeeded: index), UInt32(truncatingIfNeeded: value.count))
-            withUnsafeBytes(of: &prefix) { seen.append(contentsOf: $0) }
-            seen.append(contentsOf: value)
+            seen.appendPacked(UInt32(truncatingIfNeeded: index), UInt32(truncatingIfNeeded: value.count), value)
         }
 
         /// One request field, as text.
