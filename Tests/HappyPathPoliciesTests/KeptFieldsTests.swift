@@ -13,6 +13,10 @@ import Testing
         [HTTPField(name: "X-Long", value: String(repeating: "v", count: 70_000)), HTTPField(name: "Vary", value: "Accept")],
         [HTTPField(name: "X-Text", value: "caf\u{E9} \u{1F600}")],
         (0..<40).map { HTTPField(name: "X-Field-\($0)", value: "value \($0)") },
+        // Either side of the 256 bytes a field is put together in on the stack.
+        [HTTPField(name: "X-Ab", value: String(repeating: "s", count: 244))],
+        [HTTPField(name: "X-Ab", value: String(repeating: "h", count: 245))],
+        [HTTPField(name: String(repeating: "n", count: 300), value: "v")],
     ]
 
     @Test(arguments: cases)

@@ -119,6 +119,29 @@ import Testing
         #expect(body("gzip") == nil)
     }
 
+    /// Replacing any one of a key's variants (the oldest, one between, the
+    /// newest) leaves the others where a lookup finds them, and the key's
+    /// list still drops its oldest at `maxVariants`.
+    @Test(arguments: [0, 1, 2])
+    func replacingAVariantKeepsTheOthers(replaced: Int) {
+        let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1 << 16)
+        for i in 0..<3 { store.keep(Self.entry("v\(i)", vary: ["x"], values: ["\(i)"]), key: "k") }
+        store.keep(Self.entry("new", vary: ["x"], values: ["\(replaced)"]), key: "k")
+        func body(_ value: String) -> String? {
+            store.lookup(key: "k", at: Self.t0, requestValue: { $0 == "x" ? value : nil }).map {
+                String(decoding: $0.body, as: UTF8.self)
+            }
+        }
+        for i in 0..<3 { #expect(body("\(i)") == (i == replaced ? "new" : "v\(i)")) }
+        #expect(store.usage.entries == 3)
+        // The oldest now is the first of the others kept: it goes first.
+        for i in 3..<(StaleStore.maxVariants + 1) { store.keep(Self.entry("v\(i)", vary: ["x"], values: ["\(i)"]), key: "k") }
+        #expect(store.usage.entries == StaleStore.maxVariants)
+        let oldest = replaced == 0 ? 1 : 0
+        #expect(body("\(oldest)") == nil)
+        #expect(body("\(replaced)") == "new")
+    }
+
     @Test func tooLargeIsNotKeptAndDropsTheOutdatedVariant() {
         let store = StaleStore(maxBytes: 1 << 20, maxEntryBytes: 1024)
         #expect(store.keep(Self.entry("small"), key: "k"))

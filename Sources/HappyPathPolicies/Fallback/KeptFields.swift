@@ -43,10 +43,7 @@ public struct KeptFields: Sendable, Equatable {
     @discardableResult
     public mutating func append(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
         guard name.count <= Self.maxPart, value.count <= Self.maxPart else { return false }
-        var lengths = (UInt32(truncatingIfNeeded: name.count), UInt32(truncatingIfNeeded: value.count))
-        withUnsafeBytes(of: &lengths) { bytes.append(contentsOf: $0) }
-        bytes.append(contentsOf: name)
-        bytes.append(contentsOf: value)
+        bytes.appendPacked(UInt32(truncatingIfNeeded: name.count), UInt32(truncatingIfNeeded: value.count), name, value)
         count += 1
         return true
     }
@@ -93,9 +90,37 @@ public struct KeptFields: Sendable, Equatable {
 }
 
 extension Array where Element == UInt8 {
+    /// Appends two `UInt32`s and then the bytes of `first` and `second`.
+    /// A usual field (its name, its value and their lengths under 256
+    /// bytes) is put together on the stack and appended in one call: each
+    /// append into an array is a call with its checks, the copies on the
+    /// stack are not.
+    mutating func appendPacked(
+        _ a: UInt32, _ b: UInt32, _ first: UnsafeRawBufferPointer, _ second: UnsafeRawBufferPointer = .init(start: nil, count: 0)
+    ) {
+        let total = 8 + first.count + second.count
+        guard total <= 256 else {
+            var lengths = (a, b)
+            Swift.withUnsafeBytes(of: &lengths) { append(contentsOf: $0) }
+            append(contentsOf: first)
+            append(contentsOf: second)
+            return
+        }
+        withUnsafeTemporaryAllocation(byteCount: 256, alignment: 8) { scratch in
+            scratch.storeBytes(of: a, toByteOffset: 0, as: UInt32.self)
+            scratch.storeBytes(of: b, toByteOffset: 4, as: UInt32.self)
+            if let from = first.baseAddress { (scratch.baseAddress! + 8).copyMemory(from: from, byteCount: first.count) }
+            if let from = second.baseAddress {
+                (scratch.baseAddress! + 8 + first.count).copyMemory(from: from, byteCount: second.count)
+            }
+            append(contentsOf: UnsafeRawBufferPointer(rebasing: scratch[..<total]))
+        }
+    }
+
     /// The same bytes in an array with no more room than they need, when
     /// this one holds much more (one copied as it streamed may hold twice
     /// the room it needs): what a kept answer holds is what it counts.
+    @usableFromInline
     func withoutSlack() -> [UInt8] {
         guard capacity - count > count / 8 + 64 else { return self }
         return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in

@@ -107,9 +107,7 @@ public struct StaleKey: Sendable, Equatable {
             guard value.count <= Int(Int32.max) else { return }
             // Room at once for the usual few fields (Host and little else).
             if seen.capacity == 0 { seen.reserveCapacity(128 + value.count) }
-            var prefix = (UInt32(truncatingIfNeeded: index), UInt32(truncatingIfNeeded: value.count))
-            withUnsafeBytes(of: &prefix) { seen.append(contentsOf: $0) }
-            seen.append(contentsOf: value)
+            seen.appendPacked(UInt32(truncatingIfNeeded: index), UInt32(truncatingIfNeeded: value.count), value)
         }
 
         /// One request field, as text.
@@ -142,15 +140,15 @@ public struct StaleKey: Sendable, Equatable {
             // and a target no space: a line feed between the parts, and the
             // upstream's name prefixed by its length, make the composition
             // unambiguous.
-            let length = String(upstream.utf8.count)
-            var parts = length.utf8.count + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7
+            let length = upstream.utf8.count
+            var parts = Writer.digits(length) + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7
             for (i, name) in StaleKey.forwardingFields.enumerated() {
                 forEachValue(of: i) { parts += 2 + name.utf8.count + $0.count }
             }
             // Written in place into the string's own storage: one allocation.
             let sharedKey = String(unsafeUninitializedCapacity: parts) { buffer in
                 var writer = Writer(buffer)
-                writer.put(text: length)
+                writer.put(decimal: length)
                 writer.put(":")
                 writer.put(text: upstream)
                 writer.put(" GET ")
@@ -201,9 +199,39 @@ public struct StaleKey: Sendable, Equatable {
                 put(UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
             }
 
+            /// A count's decimal digits (no string made for it).
+            mutating func put(decimal n: Int) {
+                var rest = n
+                var at = self.at + Self.digits(n)
+                self.at = at
+                repeat {
+                    at -= 1
+                    buffer[at] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: rest % 10)
+                    rest /= 10
+                } while rest > 0
+            }
+
+            /// How many decimal digits `put(decimal:)` writes for `n` (≥ 0).
+            static func digits(_ n: Int) -> Int {
+                var count = 1
+                var rest = n
+                while rest >= 10 {
+                    rest /= 10
+                    count += 1
+                }
+                return count
+            }
+
             mutating func put(text: String) {
-                var text = text
-                text.withUTF8 { put(UnsafeRawBufferPointer($0)) }
+                // Read in place (no copy of the string to make it contiguous);
+                // a string that is not contiguous is copied byte by byte.
+                let done = text.utf8.withContiguousStorageIfAvailable { put(UnsafeRawBufferPointer($0)) }
+                if done == nil { for byte in text.utf8 { put(byte: byte) } }
+            }
+
+            mutating func put(byte: UInt8) {
+                buffer[at] = byte
+                at += 1
             }
         }
 

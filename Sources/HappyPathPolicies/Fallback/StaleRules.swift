@@ -7,7 +7,7 @@ import HappyPathCore
 public enum StaleRules {
     /// Statuses kept (RFC 9111 section 3, heuristically cacheable ones
     /// that say something about the resource itself).
-    public static let keptStatuses: Set<Int> = [200, 203, 204, 300, 301, 404, 410]
+    public static let keptStatuses = Set((100...599).filter { mayKeep(method: "GET", status: $0) })
 
     public struct Decision: Sendable, Equatable {
         /// Kept this long from when it was received.
@@ -35,7 +35,7 @@ public enum StaleRules {
     public static func decide(
         method: String, status: Int, fields: KeptFields, requestHasCredentials: Bool, serveStale: Duration
     ) -> Decision? {
-        guard method == "GET", keptStatuses.contains(status), serveStale > .zero else { return nil }
+        guard mayKeep(method: method, status: status), serveStale > .zero else { return nil }
         var directives = CacheControl()
         var vary: [String] = []
         var forbidden = false
@@ -74,6 +74,16 @@ public enum StaleRules {
         decide(
             method: method, status: status, fields: KeptFields(fields), requestHasCredentials: requestHasCredentials,
             serveStale: serveStale)
+    }
+
+    /// Whether an answer with this method and status may be kept at all:
+    /// checked before anything is built for it (its keys, its entry).
+    public static func mayKeep(method: String, status: Int) -> Bool {
+        // A switch, not the set: no hashing for every answer.
+        switch status {
+        case 200, 203, 204, 300, 301, 404, 410: method == "GET"
+        default: false
+        }
     }
 
     /// The directives of every `Cache-Control` field that matter here.

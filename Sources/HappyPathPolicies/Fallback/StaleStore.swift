@@ -19,6 +19,9 @@ public struct StaleEntry: Sendable {
     /// The path the client asked for (a purge matches its prefix).
     public var path: String
 
+    /// Inlinable, so that a caller in another module builds the entry in
+    /// place (not built here and then copied out, part by part retained).
+    @inlinable
     public init(
         status: Int, reason: [UInt8]?, fields: KeptFields, body: [UInt8], receivedAt: Instant, expiresAt: Instant,
         varyNames: [String], varyValues: [String?], path: String
@@ -104,25 +107,27 @@ public final class StaleStore: Sendable {
     /// `Vary` values. False (and that variant dropped: it is outdated) when
     /// it is larger than `maxEntryBytes` or the whole store.
     @discardableResult
-    public func keep(_ entry: StaleEntry, key: String) -> Bool {
+    public func keep(_ entry: consuming StaleEntry, key: String) -> Bool {
         let size = entry.size + key.utf8.count + Self.perPart
         let key = Key(key)
+        // Moved into the store, not copied: each copy of an entry retains
+        // and releases every one of its parts.
+        var pending: StaleEntry? = consume entry
         return state.withLock { s in
-            let index = s.variants.index(forKey: key)
+            var first = s.variants[key]
             // The slots under one key share the dictionary's copy of it:
             // each new answer's own copy is let go, not kept beside it.
-            let shared = index.map { s.variants.keys[$0] } ?? key
-            var list = index.map { s.variants.values[$0] } ?? []
-            if let same = list.first(where: {
-                s.slots[$0].entry?.varyNames == entry.varyNames && s.slots[$0].entry?.varyValues == entry.varyValues
-            }) {
+            let shared = first.map { s.slots[$0].key } ?? key
+            if let oldest = first,
+                let same = s.variant(from: oldest, names: pending!.varyNames, values: pending!.varyValues)
+            {
                 s.remove(same)
-                list.removeAll { $0 == same }
+                first = s.variants[key]
             }
             guard size <= maxEntryBytes, size <= maxBytes else { return false }
-            if list.count >= Self.maxVariants { s.remove(list[0]) }
+            if let oldest = first, s.variantCount(from: oldest) >= Self.maxVariants { s.remove(oldest) }
             while s.bytes + size > maxBytes, s.tail >= 0 { s.remove(s.tail) }
-            s.insert(entry, key: shared, size: size)
+            s.insert(pending.take()!, key: shared, size: size)
             return true
         }
     }
@@ -140,8 +145,10 @@ public final class StaleStore: Sendable {
         state.withLock { s in
             var best: Int?
             for key in keys {
-                guard let list = s.variants[Key(key)] else { continue }
-                for slot in list {
+                var next = s.variants[Key(key)] ?? -1
+                while next >= 0 {
+                    let slot = next
+                    next = s.slots[slot].nextVariant
                     guard let entry = s.slots[slot].entry else { continue }
                     if entry.expiresAt <= now {
                         s.remove(slot)
@@ -177,6 +184,7 @@ public final class StaleStore: Sendable {
     /// Answers kept and the bytes they count.
     public var usage: (entries: Int, bytes: Int) { state.withLock { ($0.count, $0.bytes) } }
 
+    @usableFromInline
     static func trim(_ value: String) -> String {
         var v = Substring(value)
         while let c = v.first, c == " " || c == "\t" { v.removeFirst() }
@@ -203,9 +211,16 @@ public final class StaleStore: Sendable {
 
         static func == (a: Key, b: Key) -> Bool { a.hash == b.hash && a.text == b.text }
         func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+        /// What the dictionary asks for at each lookup and insertion: the
+        /// hash already made (a seeded SipHash of the whole key), not
+        /// hashed a second time; a collision is told apart by `==`.
+        func _rawHashValue(seed: Int) -> Int { hash ^ seed }
     }
 
-    /// Slots in an array, linked most recently used first; freed slots are reused.
+    /// Slots in an array, linked most recently used first; freed slots are
+    /// reused. The variants under one key are a second list through the
+    /// same slots, oldest first, from the dictionary's slot (no array per
+    /// key: a new key costs no allocation of its own).
     struct State {
         struct Slot {
             var entry: StaleEntry?
@@ -213,18 +228,41 @@ public final class StaleStore: Sendable {
             var size = 0
             var newer = -1
             var older = -1
+            /// The next newer variant under the same key (-1: none).
+            var nextVariant = -1
         }
 
         var slots: [Slot] = []
         var free: [Int] = []
-        var variants: [Key: [Int]] = [:]
+        /// Each key's oldest variant.
+        var variants: [Key: Int] = [:]
         /// Most and least recently used (-1: empty).
         var head = -1
         var tail = -1
         var bytes = 0
         var count = 0
 
-        mutating func insert(_ entry: StaleEntry, key: Key, size: Int) {
+        /// The variant from `first` on kept for these `Vary` values.
+        func variant(from first: Int, names: [String], values: [String?]) -> Int? {
+            var slot = first
+            while slot >= 0 {
+                if let entry = slots[slot].entry, entry.varyNames == names, entry.varyValues == values { return slot }
+                slot = slots[slot].nextVariant
+            }
+            return nil
+        }
+
+        func variantCount(from first: Int) -> Int {
+            var n = 0
+            var slot = first
+            while slot >= 0 {
+                n += 1
+                slot = slots[slot].nextVariant
+            }
+            return n
+        }
+
+        mutating func insert(_ entry: consuming StaleEntry, key: Key, size: Int) {
             let slot: Int
             if let reused = free.popLast() {
                 slot = reused
@@ -232,8 +270,16 @@ public final class StaleStore: Sendable {
                 slot = slots.count
                 slots.append(Slot())
             }
-            slots[slot] = Slot(entry: entry, key: key, size: size)
-            variants[key, default: []].append(slot)
+            slots[slot] = Slot(entry: consume entry, key: key, size: size)
+            // One hash of the key: the dictionary's slot is made or read in place.
+            var last = -1
+            { (first: inout Int) in
+                if first < 0 { first = slot } else { last = first }
+            }(&variants[key, default: -1])
+            if last >= 0 {
+                while slots[last].nextVariant >= 0 { last = slots[last].nextVariant }
+                slots[last].nextVariant = slot
+            }
             link(slot)
             bytes += size
             count += 1
@@ -243,9 +289,15 @@ public final class StaleStore: Sendable {
             guard slots[slot].entry != nil else { return }
             unlink(slot)
             let key = slots[slot].key
-            if var list = variants[key] {
-                list.removeAll { $0 == slot }
-                variants[key] = list.isEmpty ? nil : list
+            let next = slots[slot].nextVariant
+            if let first = variants[key] {
+                if first == slot {
+                    variants[key] = next >= 0 ? next : nil
+                } else {
+                    var before = first
+                    while slots[before].nextVariant >= 0, slots[before].nextVariant != slot { before = slots[before].nextVariant }
+                    if slots[before].nextVariant == slot { slots[before].nextVariant = next }
+                }
             }
             bytes -= slots[slot].size
             count -= 1

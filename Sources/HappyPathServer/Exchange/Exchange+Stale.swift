@@ -29,8 +29,9 @@ extension Exchange {
     /// The answer streamed whole to the client: kept for later, if the
     /// rules allow (a status worth keeping, no `no-store`, `private` or
     /// `Set-Cookie`), for everyone or only for the same credentials.
-    func keepAnswer(fields: KeptFields, body: [UInt8]) {
-        guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale, let staleKey = route.staleKey
+    func keepAnswer(fields: consuming KeptFields, body: consuming [UInt8]) {
+        guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale, let staleKey = route.staleKey,
+            StaleRules.mayKeep(method: command.method, status: relay.status)
         else { return }
         let keys = staleKeys(staleKey, salt: store.salt)
         guard

@@ -225,7 +225,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             switch ending {
             case .completed:
                 finalStatus = switched ? 101 : relay.status
-                if let kept = relay.kept, !kept.overflow { keepAnswer(fields: relay.endToEnd(kept.fields), body: kept.body) }
+                // Moved out of the relay (the answer is over): its bytes go to the store uncopied.
+                if let kept = relay.takeKeptAnswer() { keepAnswer(fields: kept.fields, body: kept.body) }
                 // An error streamed as it came (upstream_errors: pass) is
                 // counted under the code its problem would have had.
                 if relay.status >= 400 { finalCode = ErrorMapper.builtInCode(for: relay.status).rawValue }

@@ -269,6 +269,14 @@ struct ResponseRelay {
         return fields.filtered { name, _ in !named.contains(String(decoding: name, as: UTF8.self).lowercased()) }
     }
 
+    /// The streamed answer's fields (end to end) and body, moved out of
+    /// the relay once it is over; nil when none was kept or it grew too
+    /// large. Mutating, so that the relay is read in place, not copied.
+    mutating func takeKeptAnswer() -> (fields: KeptFields, body: [UInt8])? {
+        guard let kept = kept.take(), !kept.overflow else { return nil }
+        return (endToEnd(kept.fields), kept.body)
+    }
+
     /// The field names the upstream's `Connection` values name, lower-cased.
     private var connectionNamed: Set<String> {
         var named = Set<String>()
