@@ -23,6 +23,7 @@ import Testing
         case ended(trailers: Bool = false)
         case endSent
         case clientReset
+        case aborted
         case closed
         case timer
         /// The clock moves on (no outcome).
@@ -67,6 +68,7 @@ import Testing
             case let .ended(trailers): return .actions(machine.responseEnded(trailers: trailers, now: t))
             case .endSent: return .actions(machine.endStreamSent(now: t))
             case .clientReset: return .actions(machine.clientReset(now: t))
+            case .aborted: return .actions(machine.aborted(now: t))
             case .closed: return .actions(machine.closed(now: t))
             case .timer: return .actions(machine.timerFired(now: t))
             case let .wait(ms):
@@ -125,6 +127,16 @@ import Testing
                 Step(.bytes(9), outcome: .accepted(9, arm)),
                 Step(.ended(trailers: true), A(timer: .cancel, reset: .internalError), .closed(.shortAnswer)),
                 Step(.endSent, .none),
+            ]),
+        Scenario(
+            name: "an answer the exchange breaks off is reset INTERNAL_ERROR, the exchange not told, once",
+            steps: getDispatched + [
+                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none)),
+                Step(.bytes(9), outcome: .accepted(9, arm)),
+                Step(.aborted, A(timer: .cancel, reset: .internalError), .closed(.aborted)),
+                Step(.aborted, .none),
+                Step(.clientReset, .none),
+                Step(.closed, .none, .closed(.aborted)),
             ]),
         Scenario(
             name: "an answer that ends at its Content-Length ends the stream",

@@ -67,6 +67,8 @@ public struct HTTP2StreamStateMachine: Sendable {
         case shortAnswer = "short_answer"
         /// Answered before the request body ended (we reset NO_ERROR after our END_STREAM).
         case answeredEarly = "answered_early"
+        /// The exchange broke its answer off (an upstream body cut short: we reset INTERNAL_ERROR).
+        case aborted
         /// The session closed it otherwise (the connection ended).
         case lost
     }
@@ -357,6 +359,14 @@ public struct HTTP2StreamStateMachine: Sendable {
     }
 
     // MARK: - The end
+
+    /// The exchange breaks the answer off (`ClientStream.cancel`): the client
+    /// must see a failure, not a complete answer. The exchange knows already.
+    public mutating func aborted(now: Instant) -> Actions {
+        guard !isClosed else { return .none }
+        cancelTold = true
+        return close(.aborted, reset: .internalError, now: now)
+    }
 
     /// The client reset the stream (RST_STREAM received).
     public mutating func clientReset(now: Instant) -> Actions {

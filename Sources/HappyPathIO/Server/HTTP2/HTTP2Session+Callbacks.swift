@@ -65,6 +65,12 @@ extension HTTP2Session {
             session.dataChunk(streamID, UnsafeRawBufferPointer(start: data, count: length))
             return 0
         }
+        // A frame went out (inside `mem_send`): DATA bytes and our END_STREAM counted on the stream, found by id.
+        nghttp2_session_callbacks_set_on_frame_send_callback(callbacks) { _, frame, userData in
+            guard let frame, let session = HTTP2Session.session(userData) else { return 0 }
+            session.frameSent(frame)
+            return 0
+        }
         // The last callback for a stream: `streams` releases its Stream here.
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
             guard let session = HTTP2Session.session(userData) else { return 0 }
@@ -182,6 +188,17 @@ extension HTTP2Session {
         stream.bodyTotal = total
         stream.body.append(contentsOf: data)
         current.events.append(.data(id, count: data.count))
+    }
+
+    /// One of our frames was sent: the stream's DATA bytes and END_STREAM.
+    func frameSent(_ frame: UnsafePointer<nghttp2_frame>) {
+        let hd = frame.pointee.hd
+        guard let stream = streams[hd.stream_id] else { return }
+        if hd.type == UInt8(NGHTTP2_DATA.rawValue) {
+            // The payload less its padding (we send none; the length is nghttp2's, within a frame).
+            stream.dataSent = stream.dataSent &+ max(0, hd.length &- frame.pointee.data.padlen)
+        }
+        if hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 { stream.endStreamSent = true }
     }
 
     func streamClosed(_ id: Int32, code: UInt32) {

@@ -157,6 +157,10 @@ public final class HTTP2Session {
         var trailers: [HTTPField]?
         /// The data provider said DEFERRED: `resume_data` on the next bytes.
         var deferred = false
+        /// Answer body bytes sent in DATA frames (`on_frame_send`).
+        var dataSent = 0
+        /// Our END_STREAM went out (on the HEADERS, the last DATA or the trailers).
+        var endStreamSent = false
 
         init(id: Int32, limits: RequestLimits) {
             self.id = id
@@ -381,6 +385,26 @@ public final class HTTP2Session {
 
     /// Bytes staged for the stream and not yet taken by nghttp2.
     public func pendingOutput(for id: Int32) -> Int { streams[id]?.output.count ?? 0 }
+
+    /// Answer body bytes sent so far in the stream's DATA frames (0 once it is gone).
+    public func dataSent(of id: Int32) -> Int { streams[id]?.dataSent ?? 0 }
+
+    /// Whether our END_STREAM went out on the stream (false once it is gone).
+    public func endStreamSent(_ id: Int32) -> Bool { streams[id]?.endStreamSent ?? false }
+
+    /// Submits an informational answer (1xx: a HEADERS frame without
+    /// END_STREAM, the final answer to follow). Names as for `submitResponse`.
+    public func submitInformational(_ id: Int32, status: Int, fields: [HTTPField]) -> HTTP2SessionError? {
+        guard let stream = streams[id], !stream.answerSubmitted, (100..<200).contains(status) else {
+            return HTTP2SessionError(code: Int(NGHTTP2_ERR_INVALID_ARGUMENT.rawValue))
+        }
+        var all = [HTTPField(name: ":status", value: String(status))]
+        all.append(contentsOf: fields)
+        let rv = Self.withNV(all) { nv in
+            nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, nil, nv.baseAddress, nv.count, nil)
+        }
+        return rv >= 0 ? nil : HTTP2SessionError(code: Int(rv))
+    }
 
     /// Resets the stream (RST_STREAM with `code`).
     @discardableResult
