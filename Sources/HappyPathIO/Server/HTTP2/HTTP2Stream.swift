@@ -1,0 +1,412 @@
+import CNghttp2
+import HappyPathCore
+
+/// Told by an `HTTP2Stream` that it gave the session something to send
+/// (an answer's head, body bytes, a reset, a window given back): the
+/// driver produces and flushes once on this loop pass, never from inside
+/// the call.
+public protocol HTTP2StreamOwner: AnyObject {
+    func http2StreamHasOutput(_ stream: HTTP2Stream)
+}
+
+/// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
+/// request it carries, driven by an `HTTP2StreamStateMachine`.
+///
+/// The driver (the connection, or a test) makes one at the session's
+/// `.opened` event, hands it every later event of its id (`handle`), asks
+/// it for its request at the connection's dispatch turn (`dispatch`), and
+/// calls `outputWritten` after each `produce`. The request side: the head
+/// is the session's `HTTP2RequestHead`, the body is taken from the session
+/// as it arrives (which gives the stream's window back) and handed over
+/// once. The answer side: staged fields become nghttp2's name/value pairs
+/// (lower-case, connection-specific fields dropped), the head is one
+/// HEADERS frame (no reason phrase on HTTP/2), body bytes are staged for
+/// the session's data provider, the end is END_STREAM or the trailers, and
+/// `cancel` resets this stream only.
+///
+/// Ownership: the stream holds the session and the request it carries
+/// (`current`), which holds the stream back; the cycle ends when the answer
+/// ends, is broken off, or the stream closes (`current` cleared). The owner
+/// is weak. On the loop's thread.
+public final class HTTP2Stream: ClientStream {
+    public typealias Machine = HTTP2StreamStateMachine
+
+    public let id: Int32
+    let session: HTTP2Session
+    public weak var owner: HTTP2StreamOwner?
+    public private(set) var machine: Machine
+    public let peerAddress: String
+    public let localAddress: String
+    let isSecure: Bool
+    let now: () -> Instant
+
+    /// The request's head, once complete and accepted.
+    public private(set) var head: HTTP2RequestHead?
+    /// Why the edge refuses the request (its head), once known.
+    public private(set) var refusal: HTTP2RequestRefusal?
+    /// The request body passed the limit (the session dropped the rest).
+    public private(set) var bodyTooLarge = false
+    /// What the connection's dispatch turn will hand over (the machine said ready).
+    public private(set) var readyToDispatch: Machine.Dispatch?
+    /// When the stream's timer is due (the driver arms one timer for the earliest).
+    public private(set) var timerDeadline: Instant?
+    /// The request this stream carries now.
+    private(set) var current: HTTPRequest?
+
+    private var body: [UInt8] = []
+    /// The answer's fields as staged, names lower-case.
+    private var staged: [HTTPField] = []
+    /// Values of staged `Connection` fields (dropped themselves): what they name goes at the head.
+    private var nominators: [[UInt8]] = []
+    private var trailers: [HTTPField] = []
+    private var drainWanted = false
+    /// `session.dataSent(of:)` when last looked at.
+    private var sentSeen = 0
+
+    /// A stream the session opened (`.opened(id)`).
+    /// - Parameter idle: no progress either way this long while waiting on the client resets the stream.
+    public init(
+        session: HTTP2Session, id: Int32, peerAddress: String, localAddress: String, isSecure: Bool, idle: Duration,
+        now: @escaping () -> Instant
+    ) {
+        self.session = session
+        self.id = id
+        self.peerAddress = peerAddress
+        self.localAddress = localAddress
+        self.isSecure = isSecure
+        self.now = now
+        let t = now()
+        machine = Machine(idle: idle, now: t)
+        perform(machine.start(now: t))
+    }
+
+    // MARK: - From the driver
+
+    /// One of the session's events for this stream (others are ignored).
+    public func handle(_ event: HTTP2SessionEvent) {
+        guard event.streamID == id else { return }
+        let t = now()
+        switch event {
+        case .headComplete:
+            if let h = session.head(of: id) {
+                head = h
+                // END_STREAM comes as its own event (`requestEnded`), in order.
+                perform(machine.headComplete(isHead: h.isHead, endStream: false, now: t))
+            } else {
+                refusal = session.refusal(of: id)
+                perform(machine.refused(now: t))
+            }
+        case let .data(_, count):
+            perform(machine.bodyReceived(count, endStream: false, now: t))
+        case .requestEnded:
+            perform(machine.bodyReceived(0, endStream: true, now: t))
+        case .bodyTooLarge:
+            bodyTooLarge = true
+            body = []
+            perform(machine.refused(now: t))
+        case .resetByPeer:
+            perform(machine.clientReset(now: t))
+        case .closed:
+            perform(machine.closed(now: t))
+            current = nil
+        case .opened, .goawayReceived:
+            break
+        }
+    }
+
+    /// The connection's dispatch turn: the request to serve (or whose
+    /// refusal to answer, `refusal` or `bodyTooLarge` saying why); nil if
+    /// the stream is not ready any more (reset meanwhile).
+    public func dispatch() -> HTTPRequest? {
+        guard machine.dispatched() != nil else { return nil }
+        readyToDispatch = nil
+        if let current { return current }
+        let request = HTTPRequest(stream: self)
+        current = request
+        return request
+    }
+
+    /// The delegate holds the head (`HTTPServerDelegate.holdsBody`): the
+    /// request, whose body is neither stored nor acknowledged until
+    /// `HTTPRequest.readBody`. Nil if the body began already.
+    public func hold() -> HTTPRequest? {
+        let actions = machine.holdBody(now: now())
+        guard machine.state == .held else { return nil }
+        perform(actions)
+        let request = current ?? HTTPRequest(stream: self)
+        current = request
+        return request
+    }
+
+    /// After the session produced output: DATA bytes sent count as
+    /// progress, our END_STREAM before the request's end resets the rest
+    /// (NO_ERROR), and a drain asked for is told once nothing is staged.
+    public func outputWritten() {
+        let t = now()
+        let sent = session.dataSent(of: id)
+        if sent > sentSeen {
+            perform(machine.dataSent(sent - sentSeen, now: t))
+            sentSeen = sent
+        }
+        if session.endStreamSent(id) { perform(machine.endStreamSent(now: t)) }
+        if drainWanted, session.pendingOutput(for: id) == 0 {
+            drainWanted = false
+            current?.streamDrained()
+        }
+    }
+
+    /// The stream's timer is due.
+    public func timerFired() {
+        timerDeadline = nil
+        perform(machine.timerFired(now: now()))
+    }
+
+    private func perform(_ a: Machine.Actions) {
+        switch a.timer {
+        case let .arm(d)?: timerDeadline = now() + d
+        case .cancel?: timerDeadline = nil
+        case nil: break
+        }
+        var output = false
+        if a.consume > 0 {
+            // The bytes arrived are stored; taking them gives the window back.
+            body.append(contentsOf: session.takeBody(of: id))
+            output = true
+        }
+        if let ready = a.ready { readyToDispatch = ready }
+        if let end = a.end {
+            session.sendData(
+                id, UnsafeRawBufferPointer(start: nil, count: 0), end: true, trailers: end == .trailers ? trailers : nil)
+            output = true
+        }
+        if let code = a.reset {
+            session.resetStream(id, code: code.rawValue)
+            output = true
+        }
+        if a.cancelExchange, let request = current {
+            current = nil
+            request.streamCancelled()
+        }
+        if output { owner?.http2StreamHasOutput(self) }
+    }
+
+    // MARK: - The request
+
+    public func method(of request: HTTPRequest) -> String? {
+        current === request ? head?.method : nil
+    }
+
+    public func target(of request: HTTPRequest) -> String? {
+        current === request ? head?.target : nil
+    }
+
+    public func head(of request: HTTPRequest) -> ClientRequestHead? {
+        guard current === request, let head else { return nil }
+        return ClientRequestHead(
+            isAsteriskForm: head.isAsteriskForm, size: head.size, connectionNominatesFields: false, isSecure: isSecure)
+    }
+
+    public func forEachField(
+        of request: HTTPRequest, _ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void
+    ) {
+        guard current === request, let head else { return }
+        head.forEachField(body)
+    }
+
+    /// HTTP/2 has no `Connection` field: none is nominated.
+    public func nominatedFields(of request: HTTPRequest) -> [Bool] {
+        guard current === request, let head else { return [] }
+        return [Bool](repeating: false, count: head.fields.count)
+    }
+
+    /// The body received, handed over once (the stream keeps no copy).
+    public func takeBody(of request: HTTPRequest) -> RequestBody {
+        guard current === request, !body.isEmpty else { return .empty }
+        defer { body = [] }
+        return RequestBody(body)
+    }
+
+    public func resumeReading(for request: HTTPRequest) {
+        guard current === request else { return }
+        perform(machine.releaseBody(now: now()))
+    }
+
+    // MARK: - The answer
+
+    public func stageField(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
+        guard current === request else { return }
+        if HTTPBytes.equals(name, "connection") {
+            nominators.append(Array(value))
+            return
+        }
+        guard !Self.dropped(name) else { return }
+        staged.append(Self.field(name, value))
+    }
+
+    /// Adds a trailer, sent after the body (HEADERS with END_STREAM) by
+    /// `end`. Connection-specific and framing fields are dropped. (An
+    /// addition `ClientStream` is to gain for HTTP/2: docs/plans/http2.md.)
+    public func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
+        guard current === request, !HTTPBytes.equals(name, "connection"), !Self.dropped(name) else { return }
+        trailers.append(Self.field(name, value))
+    }
+
+    public func clearStagedFields(for request: HTTPRequest) {
+        guard current === request else { return }
+        staged.removeAll(keepingCapacity: true)
+        nominators.removeAll()
+        trailers.removeAll()
+    }
+
+    public func removeStagedFields(nominatedBy connectionValue: UnsafeRawBufferPointer, for request: HTTPRequest) {
+        guard current === request else { return }
+        removeNominated(by: connectionValue)
+    }
+
+    /// `fields` are `Name: value` lines ending in CRLF; a HEADERS frame of
+    /// its own, before the final answer.
+    public func writeInformational(status: Int, fields: UnsafeRawBufferPointer, for request: HTTPRequest) {
+        guard current === request, (102..<200).contains(status),
+            let started = machine.responseStarted(status: status, contentLength: nil, now: now()),
+            started.head.informational
+        else { return }
+        var parsed: [HTTPField] = []
+        Self.forEachLine(fields) { name, value in
+            if !HTTPBytes.equals(name, "connection"), !Self.dropped(name) { parsed.append(Self.field(name, value)) }
+        }
+        _ = session.submitInformational(id, status: status, fields: parsed)
+        owner?.http2StreamHasOutput(self)
+    }
+
+    /// One HEADERS frame: `:status`, the staged fields (less those a staged
+    /// `Connection` named), and `content-length` when the machine framed one.
+    /// `reason` has no place on HTTP/2.
+    public func writeHead(status: Int, contentLength: Int?, reason: [UInt8]?, for request: HTTPRequest) {
+        guard current === request, status >= 200,
+            let started = machine.responseStarted(status: status, contentLength: contentLength, now: now())
+        else { return }
+        for value in nominators { value.withUnsafeBytes { removeNominated(by: $0) } }
+        nominators.removeAll()
+        var fields = staged
+        if let length = started.head.contentLength {
+            fields.append(HTTPField(name: "content-length", value: String(length)))
+        }
+        perform(started.actions)
+        if session.submitResponse(id, status: status, fields: fields, hasBody: !started.head.endStream) != nil {
+            // The session cannot take it (the stream is gone): nothing is left to answer.
+            perform(machine.aborted(now: now()))
+        }
+        owner?.http2StreamHasOutput(self)
+    }
+
+    public func writeBodyPart(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained notify: Bool, for request: HTTPRequest) {
+        guard current === request else { return }
+        // Never more than announced, nothing where no body may be.
+        let (n, actions) = machine.bodyBytes(bytes.count, now: now())
+        if n > 0 { session.sendData(id, UnsafeRawBufferPointer(rebasing: bytes[0..<n])) }
+        perform(actions)
+        if notify { drainWanted = true }
+        owner?.http2StreamHasOutput(self)
+    }
+
+    public func writeWhole(status: Int, body: UnsafeRawBufferPointer, for request: HTTPRequest) -> Bool {
+        guard current === request else { return false }
+        writeHead(status: status, contentLength: body.count, reason: nil, for: request)
+        writeBodyPart(body, notifyWhenDrained: false, for: request)
+        return end(request)
+    }
+
+    /// END_STREAM (or the trailers) after the staged bytes; an answer short
+    /// of its Content-Length is reset INTERNAL_ERROR instead.
+    public func end(_ request: HTTPRequest) -> Bool {
+        guard current === request else { return false }
+        current = nil
+        perform(machine.responseEnded(trailers: !trailers.isEmpty, now: now()))
+        return true
+    }
+
+    /// RST_STREAM INTERNAL_ERROR on this stream only (the connection and its other streams go on).
+    public func cancel(_ request: HTTPRequest) {
+        guard current === request else { return }
+        current = nil
+        perform(machine.aborted(now: now()))
+    }
+
+    /// The stream's bytes staged and not yet taken into DATA frames.
+    public func pendingOutput(for request: HTTPRequest) -> Int {
+        current === request ? session.pendingOutput(for: id) : 0
+    }
+
+    // MARK: - Fields
+
+    /// Connection-specific fields (RFC 9113 section 8.2.2, less `Connection`
+    /// itself, whose value is kept) and the framing fields, which are the stream's.
+    static func dropped(_ name: UnsafeRawBufferPointer) -> Bool {
+        HTTPBytes.equals(name, "keep-alive") || HTTPBytes.equals(name, "proxy-connection")
+            || HTTPBytes.equals(name, "transfer-encoding") || HTTPBytes.equals(name, "upgrade")
+            || HTTPBytes.equals(name, "content-length")
+    }
+
+    /// A field with its name lower-cased. The value is read as UTF-8 (a
+    /// byte that is not becomes U+FFFD: to do, nv over raw bytes).
+    static func field(_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> HTTPField {
+        HTTPField(
+            name: String(decoding: name.lazy.map(HTTPBytes.lower), as: UTF8.self),
+            value: String(decoding: value, as: UTF8.self))
+    }
+
+    private func removeNominated(by connectionValue: UnsafeRawBufferPointer) {
+        guard !staged.isEmpty else { return }
+        var marks: [Bool] = []
+        var names: [UInt8] = []
+        var ranges: [Range<Int>] = []
+        for field in staged {
+            let start = names.count
+            names.append(contentsOf: field.name.utf8)
+            ranges.append(start..<names.count)
+        }
+        names.withUnsafeBytes { raw in
+            NominatedFields.mark(
+                count: ranges.count, name: { UnsafeRawBufferPointer(rebasing: raw[ranges[$0]]) },
+                connectionValue: connectionValue, nominated: &marks)
+        }
+        var k = 0
+        staged.removeAll { _ in
+            defer { k += 1 }
+            return marks[k]
+        }
+    }
+
+    /// Each `Name: value` line of a CRLF-separated block (the value without
+    /// its surrounding spaces and tabs); a line without a colon is skipped.
+    static func forEachLine(
+        _ block: UnsafeRawBufferPointer, _ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void
+    ) {
+        var start = 0
+        while start < block.count {
+            var end = start
+            while end < block.count, block[end] != UInt8(ascii: "\n") { end += 1 }
+            var lineEnd = end
+            if lineEnd > start, block[lineEnd - 1] == UInt8(ascii: "\r") { lineEnd -= 1 }
+            if let colon = block[start..<lineEnd].firstIndex(of: UInt8(ascii: ":")), colon > start {
+                var v = colon + 1
+                var w = lineEnd
+                while v < w, block[v] == 0x20 || block[v] == 0x09 { v += 1 }
+                while w > v, block[w - 1] == 0x20 || block[w - 1] == 0x09 { w -= 1 }
+                body(UnsafeRawBufferPointer(rebasing: block[start..<colon]), UnsafeRawBufferPointer(rebasing: block[v..<w]))
+            }
+            start = end + 1
+        }
+    }
+}
+
+extension HTTP2SessionEvent {
+    /// The stream the event is about (nil: the connection's).
+    public var streamID: Int32? {
+        switch self {
+        case let .opened(id), let .headComplete(id), let .requestEnded(id), let .bodyTooLarge(id): id
+        case let .data(id, _), let .resetByPeer(id, _), let .closed(id, _): id
+        case .goawayReceived: nil
+        }
+    }
+}
