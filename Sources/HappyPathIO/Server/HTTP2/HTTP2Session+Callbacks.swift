@@ -224,7 +224,7 @@ extension HTTP2Session {
         if stream.outputEnded {
             var f = NGHTTP2_DATA_FLAG_EOF.rawValue
             if let trailers = stream.trailers, !trailers.isEmpty {
-                let rv = Self.withNV(trailers) { nv in nghttp2_submit_trailer(session, id, nv.baseAddress, nv.count) }
+                let rv = trailers.withNV { nv in nghttp2_submit_trailer(session, id, nv.baseAddress, nv.count) }
                 if rv == 0 { f |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue }
             }
             flags?.pointee |= f

@@ -154,7 +154,7 @@ public final class HTTP2Session {
         /// Bytes staged for the data provider.
         var output: [UInt8] = []
         var outputEnded = false
-        var trailers: [HTTPField]?
+        var trailers: HTTP2FieldBlock?
         /// The data provider said DEFERRED: `resume_data` on the next bytes.
         var deferred = false
         /// Answer body bytes sent in DATA frames (`on_frame_send`).
@@ -343,17 +343,21 @@ public final class HTTP2Session {
     }
 
     /// Submits the answer's head. With `hasBody`, a data provider follows
-    /// (`sendData`); else the head carries END_STREAM. Field names must be
-    /// lower-case and carry no connection-specific field: nghttp2 does not
-    /// police what it sends.
+    /// (`sendData`); else the head carries END_STREAM. The fields must carry
+    /// no connection-specific field: nghttp2 does not police what it sends.
     public func submitResponse(_ id: Int32, status: Int, fields: [HTTPField], hasBody: Bool) -> HTTP2SessionError? {
+        submitResponse(id, status: status, block: HTTP2FieldBlock(fields), hasBody: hasBody)
+    }
+
+    /// `submitResponse` for fields as bytes (names lower-cased there).
+    public func submitResponse(_ id: Int32, status: Int, block fields: HTTP2FieldBlock, hasBody: Bool)
+        -> HTTP2SessionError?
+    {
         guard let stream = streams[id], !stream.answerSubmitted else {
             return HTTP2SessionError(code: Int(NGHTTP2_ERR_INVALID_ARGUMENT.rawValue))
         }
         stream.answerSubmitted = true
-        var all = [HTTPField(name: ":status", value: String(status))]
-        all.append(contentsOf: fields)
-        let rv = Self.withNV(all) { nv in
+        let rv = Self.withStatus(status, fields).withNV { nv in
             if hasBody {
                 var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: dataSourceRead)
                 return nghttp2_submit_response(session, id, nv.baseAddress, nv.count, &provider)
@@ -366,6 +370,11 @@ public final class HTTP2Session {
     /// Stages body bytes for the stream's data provider, and with `end`
     /// ends the body (then the trailers, if given, close the stream).
     public func sendData(_ id: Int32, _ bytes: UnsafeRawBufferPointer, end: Bool = false, trailers: [HTTPField]? = nil) {
+        sendData(id, bytes, end: end, trailerBlock: trailers.map(HTTP2FieldBlock.init))
+    }
+
+    /// `sendData` with the trailers as bytes (names lower-cased there).
+    public func sendData(_ id: Int32, _ bytes: UnsafeRawBufferPointer, end: Bool, trailerBlock trailers: HTTP2FieldBlock?) {
         guard let stream = streams[id], !stream.outputEnded else { return }
         stream.output.append(contentsOf: bytes)
         if end {
@@ -394,13 +403,11 @@ public final class HTTP2Session {
 
     /// Submits an informational answer (1xx: a HEADERS frame without
     /// END_STREAM, the final answer to follow). Names as for `submitResponse`.
-    public func submitInformational(_ id: Int32, status: Int, fields: [HTTPField]) -> HTTP2SessionError? {
+    public func submitInformational(_ id: Int32, status: Int, fields: HTTP2FieldBlock) -> HTTP2SessionError? {
         guard let stream = streams[id], !stream.answerSubmitted, (100..<200).contains(status) else {
             return HTTP2SessionError(code: Int(NGHTTP2_ERR_INVALID_ARGUMENT.rawValue))
         }
-        var all = [HTTPField(name: ":status", value: String(status))]
-        all.append(contentsOf: fields)
-        let rv = Self.withNV(all) { nv in
+        let rv = Self.withStatus(status, fields).withNV { nv in
             nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, nil, nv.baseAddress, nv.count, nil)
         }
         return rv >= 0 ? nil : HTTP2SessionError(code: Int(rv))
@@ -423,25 +430,16 @@ public final class HTTP2Session {
     public func shutdownNotice() -> Bool { nghttp2_submit_shutdown_notice(session) == 0 }
 
     /// Builds nghttp2's name/value array over `fields` for the call (nghttp2
-    /// copies names and values in `submit_*`).
+    /// copies names and values in `submit_*`), names lower-cased.
     static func withNV<R>(_ fields: [HTTPField], _ body: (UnsafeMutableBufferPointer<nghttp2_nv>) -> R) -> R {
-        var bytes: [UInt8] = []
-        var ranges: [(Range<Int>, Range<Int>)] = []
-        for field in fields {
-            let n = bytes.count
-            bytes.append(contentsOf: field.name.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 })
-            let v = bytes.count
-            bytes.append(contentsOf: field.value.utf8)
-            ranges.append((n..<v, v..<bytes.count))
-        }
-        bytes.append(0)  // never empty, so the base address is never nil
-        return bytes.withUnsafeMutableBufferPointer { raw in
-            var nv = ranges.map { name, value in
-                nghttp2_nv(
-                    name: raw.baseAddress! + name.lowerBound, value: raw.baseAddress! + value.lowerBound,
-                    namelen: name.count, valuelen: value.count, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
-            }
-            return nv.withUnsafeMutableBufferPointer { body($0) }
-        }
+        HTTP2FieldBlock(fields).withNV(body)
+    }
+
+    /// `:status`, then `fields`.
+    static func withStatus(_ status: Int, _ fields: HTTP2FieldBlock) -> HTTP2FieldBlock {
+        var all = HTTP2FieldBlock()
+        all.append(":status", String(status))
+        all.append(contentsOf: fields)
+        return all
     }
 }

@@ -55,10 +55,10 @@ public final class HTTP2Stream: ClientStream {
 
     private var body: [UInt8] = []
     /// The answer's fields as staged, names lower-case.
-    private var staged: [HTTPField] = []
+    private var staged = HTTP2FieldBlock()
     /// Values of staged `Connection` fields (dropped themselves): what they name goes at the head.
     private var nominators: [[UInt8]] = []
-    private var trailers: [HTTPField] = []
+    private var trailers = HTTP2FieldBlock()
     private var drainWanted = false
     /// `session.dataSent(of:)` when last looked at.
     private var sentSeen = 0
@@ -176,7 +176,8 @@ public final class HTTP2Stream: ClientStream {
         if let ready = a.ready { readyToDispatch = ready }
         if let end = a.end {
             session.sendData(
-                id, UnsafeRawBufferPointer(start: nil, count: 0), end: true, trailers: end == .trailers ? trailers : nil)
+                id, UnsafeRawBufferPointer(start: nil, count: 0), end: true,
+                trailerBlock: end == .trailers ? trailers : nil)
             output = true
         }
         if let code = a.reset {
@@ -240,7 +241,7 @@ public final class HTTP2Stream: ClientStream {
             return
         }
         guard !Self.dropped(name) else { return }
-        staged.append(Self.field(name, value))
+        staged.append(name: name, value: value)
     }
 
     /// Adds a trailer, sent after the body (HEADERS with END_STREAM) by
@@ -248,19 +249,19 @@ public final class HTTP2Stream: ClientStream {
     /// addition `ClientStream` is to gain for HTTP/2: docs/plans/http2.md.)
     public func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
         guard current === request, !HTTPBytes.equals(name, "connection"), !Self.dropped(name) else { return }
-        trailers.append(Self.field(name, value))
+        trailers.append(name: name, value: value)
     }
 
     public func clearStagedFields(for request: HTTPRequest) {
         guard current === request else { return }
-        staged.removeAll(keepingCapacity: true)
+        staged.removeAll()
         nominators.removeAll()
         trailers.removeAll()
     }
 
     public func removeStagedFields(nominatedBy connectionValue: UnsafeRawBufferPointer, for request: HTTPRequest) {
         guard current === request else { return }
-        removeNominated(by: connectionValue)
+        staged.removeNominated(by: connectionValue)
     }
 
     /// `fields` are `Name: value` lines ending in CRLF; a HEADERS frame of
@@ -270,9 +271,9 @@ public final class HTTP2Stream: ClientStream {
             let started = machine.responseStarted(status: status, contentLength: nil, now: now()),
             started.head.informational
         else { return }
-        var parsed: [HTTPField] = []
+        var parsed = HTTP2FieldBlock()
         Self.forEachLine(fields) { name, value in
-            if !HTTPBytes.equals(name, "connection"), !Self.dropped(name) { parsed.append(Self.field(name, value)) }
+            if !HTTPBytes.equals(name, "connection"), !Self.dropped(name) { parsed.append(name: name, value: value) }
         }
         _ = session.submitInformational(id, status: status, fields: parsed)
         owner?.http2StreamHasOutput(self)
@@ -285,14 +286,11 @@ public final class HTTP2Stream: ClientStream {
         guard current === request, status >= 200,
             let started = machine.responseStarted(status: status, contentLength: contentLength, now: now())
         else { return }
-        for value in nominators { value.withUnsafeBytes { removeNominated(by: $0) } }
+        for value in nominators { value.withUnsafeBytes { staged.removeNominated(by: $0) } }
         nominators.removeAll()
-        var fields = staged
-        if let length = started.head.contentLength {
-            fields.append(HTTPField(name: "content-length", value: String(length)))
-        }
+        if let length = started.head.contentLength { staged.append("content-length", String(length)) }
         perform(started.actions)
-        if session.submitResponse(id, status: status, fields: fields, hasBody: !started.head.endStream) != nil {
+        if session.submitResponse(id, status: status, block: staged, hasBody: !started.head.endStream) != nil {
             // The session cannot take it (the stream is gone): nothing is left to answer.
             perform(machine.aborted(now: now()))
         }
@@ -345,36 +343,6 @@ public final class HTTP2Stream: ClientStream {
         HTTPBytes.equals(name, "keep-alive") || HTTPBytes.equals(name, "proxy-connection")
             || HTTPBytes.equals(name, "transfer-encoding") || HTTPBytes.equals(name, "upgrade")
             || HTTPBytes.equals(name, "content-length")
-    }
-
-    /// A field with its name lower-cased. The value is read as UTF-8 (a
-    /// byte that is not becomes U+FFFD: to do, nv over raw bytes).
-    static func field(_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> HTTPField {
-        HTTPField(
-            name: String(decoding: name.lazy.map(HTTPBytes.lower), as: UTF8.self),
-            value: String(decoding: value, as: UTF8.self))
-    }
-
-    private func removeNominated(by connectionValue: UnsafeRawBufferPointer) {
-        guard !staged.isEmpty else { return }
-        var marks: [Bool] = []
-        var names: [UInt8] = []
-        var ranges: [Range<Int>] = []
-        for field in staged {
-            let start = names.count
-            names.append(contentsOf: field.name.utf8)
-            ranges.append(start..<names.count)
-        }
-        names.withUnsafeBytes { raw in
-            NominatedFields.mark(
-                count: ranges.count, name: { UnsafeRawBufferPointer(rebasing: raw[ranges[$0]]) },
-                connectionValue: connectionValue, nominated: &marks)
-        }
-        var k = 0
-        staged.removeAll { _ in
-            defer { k += 1 }
-            return marks[k]
-        }
     }
 
     /// Each `Name: value` line of a CRLF-separated block (the value without
