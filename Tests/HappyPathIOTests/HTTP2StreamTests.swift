@@ -35,6 +35,9 @@ import Testing
             client = try HTTP2TestClient()
         }
 
+        /// As the connection does at its close: every stream lets its request go.
+        deinit { for stream in streams.values { stream.connectionClosed() } }
+
         func http2StreamHasOutput(_ stream: HTTP2Stream) { outputAsked += 1 }
 
         func route(_ result: HTTP2ReceiveResult) {

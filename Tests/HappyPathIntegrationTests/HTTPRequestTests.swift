@@ -96,6 +96,8 @@ private final class RecordingStream: ClientStream {
 
     private func carries(_ request: HTTPRequest) -> Bool { carried === request }
 
+    func protocolName(of request: HTTPRequest) -> StaticString { "HTTP/1.1" }
+
     func method(of request: HTTPRequest) -> String? {
         calls.append("method")
         return carries(request) ? "POST" : nil

@@ -50,6 +50,9 @@ public protocol ClientStream: AnyObject {
     var peerAddress: String { get }
     /// The address the client reached, as text.
     var localAddress: String { get }
+    /// The protocol the request came in (`HTTP/1.0`, `HTTP/1.1`, `HTTP/2`),
+    /// for the access log.
+    func protocolName(of request: HTTPRequest) -> StaticString
 
     // MARK: - The answer
 

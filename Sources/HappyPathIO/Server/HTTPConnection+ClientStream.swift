@@ -18,6 +18,10 @@ extension HTTPConnection: ClientStream {
 
     // MARK: - The request
 
+    func protocolName(of request: HTTPRequest) -> StaticString {
+        head?.version == .http10 ? "HTTP/1.0" : "HTTP/1.1"
+    }
+
     func method(of request: HTTPRequest) -> String? {
         guard current === request, let head else { return nil }
         return String(decoding: UnsafeRawBufferPointer(rebasing: requestBytes[head.method]), as: UTF8.self)

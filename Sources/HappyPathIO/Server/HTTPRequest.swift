@@ -102,6 +102,9 @@ public final class HTTPRequest {
     /// or the interface's for a wildcard listener).
     public var localAddress: String { open ? stream.localAddress : "" }
 
+    /// The protocol the request came in: `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
+    public var protocolName: StaticString { stream.protocolName(of: self) }
+
     /// The whole request body (read before `serve`), handed over once.
     public func takeBody() -> RequestBody { stream.takeBody(of: self) }
 

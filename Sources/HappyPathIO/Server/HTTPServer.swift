@@ -78,6 +78,24 @@ public protocol HTTPServerDelegate: AnyObject {
     /// At the connection cap, a connection that never sent a byte was
     /// closed to make room for a new one.
     func silentConnectionClosed()
+
+    // MARK: HTTP/2 (docs/http2.md)
+
+    /// An HTTP/2 request the edge refused (RFC 9113 rules and limits):
+    /// answer it on its stream (the connection and its other streams go on).
+    func reject(_ request: HTTPRequest, refusal: HTTP2RequestRefusal)
+    /// A connection began speaking HTTP/2 (its preface read; `tls`: over TLS by ALPN).
+    func http2ConnectionOpened(tls: Bool)
+    /// An HTTP/2 connection ended, and why (`reason.code` is the code of
+    /// the GOAWAY we sent, if any: `sentGoaway`).
+    func http2ConnectionClosed(reason: HTTP2ConnectionStateMachine.Reason, sentGoaway: Bool)
+    /// A stream opened (the client's first HEADERS) or closed.
+    func http2StreamOpened()
+    func http2StreamClosed()
+    /// A stream was reset: by the client (`byClient`) or by us, with `code`.
+    func http2StreamReset(byClient: Bool, code: HTTP2ErrorCode)
+    /// The client sent GOAWAY with `code`.
+    func http2GoawayReceived(code: HTTP2ErrorCode)
 }
 
 extension HTTPServerDelegate {
@@ -89,6 +107,16 @@ extension HTTPServerDelegate {
     public func tlsHandshake(version: Int) {}
     public func tlsHandshakeFailed(reason: TLSHandshakeFailure) {}
     public func silentConnectionClosed() {}
+    public func reject(_ request: HTTPRequest, refusal: HTTP2RequestRefusal) {
+        if case let .http1(reason) = refusal { return reject(request, reason: reason) }
+        request.reply(status: refusal.status)
+    }
+    public func http2ConnectionOpened(tls: Bool) {}
+    public func http2ConnectionClosed(reason: HTTP2ConnectionStateMachine.Reason, sentGoaway: Bool) {}
+    public func http2StreamOpened() {}
+    public func http2StreamClosed() {}
+    public func http2StreamReset(byClient: Bool, code: HTTP2ErrorCode) {}
+    public func http2GoawayReceived(code: HTTP2ErrorCode) {}
 }
 
 public enum SocketError: Error, CustomStringConvertible {

@@ -155,6 +155,15 @@ public final class HTTP2Stream: ClientStream {
         }
     }
 
+    /// The connection is gone (closed, or the session failed): the request
+    /// this stream carries is told its client left, and let go (which ends
+    /// the request ↔ stream cycle).
+    public func connectionClosed() {
+        guard let request = current else { return }
+        current = nil
+        request.streamCancelled()
+    }
+
     /// The stream's timer is due.
     public func timerFired() {
         timerDeadline = nil
@@ -192,6 +201,8 @@ public final class HTTP2Stream: ClientStream {
     }
 
     // MARK: - The request
+
+    public func protocolName(of request: HTTPRequest) -> StaticString { "HTTP/2" }
 
     public func method(of request: HTTPRequest) -> String? {
         current === request ? head?.method : nil
