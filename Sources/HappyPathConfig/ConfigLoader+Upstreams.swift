@@ -3,13 +3,33 @@ import HappyPathCore
 import HappyPathPolicies
 import Yams
 
+extension ConfigLoader {
+    /// What `happypath check` warns about in the upstreams: a valid file
+    /// that will not do what it seems to. `protocol: h2` on an http://
+    /// endpoint is HTTP/2 with prior knowledge (h2c), which libcurl 7.88.1
+    /// cannot reuse (curl#10634): each request opens a connection of its own.
+    public static func upstreamWarnings(_ config: Configuration) -> [String] {
+        config.upstreams.compactMap { u in
+            guard u.protocol == .h2, let plain = u.endpoints.first(where: { $0.lowercased().hasPrefix("http://") }) else {
+                return nil
+            }
+            return "upstreams.\(u.name).protocol: h2 to \(plain) is HTTP/2 without TLS (h2c): libcurl 7.88.1 cannot"
+                + " reuse such a connection, so every request opens one of its own (one stream per connection);"
+                + " use an https:// endpoint to share connections, or protocol: http1"
+        }
+    }
+}
+
 /// `upstreams.NAME`: endpoints, connections, credentials, pacing and TLS.
 extension Reader {
     func upstream(name: String, _ node: Node) -> Upstream? {
         let path = "upstreams.\(name)"
         let f = fields(
             node, path,
-            known: ["endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing", "tls"]
+            known: [
+                "endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing", "tls",
+                "protocol",
+            ]
                 + Self.policyKeys)
         var u = Upstream(name: name, endpoints: [])
         if let e = f["endpoints"] {
@@ -52,6 +72,7 @@ extension Reader {
                 error(t.key, "\(path).tls applies to https:// endpoints; every endpoint of the upstream must be one")
             }
         }
+        if let p = choice(f["protocol"]?.value, "\(path).protocol", UpstreamProtocol.self) { u.protocol = p }
         return u
     }
 

@@ -110,6 +110,8 @@ public struct Upstream: Sendable, Equatable {
     public var pacing: PacingConfiguration?
     /// `tls:` for https:// endpoints (nil: libcurl's defaults: verified against the system's CAs).
     public var tls: UpstreamTLSSettings?
+    /// `protocol:` HTTP/1.1 (the default) or HTTP/2 to the endpoints.
+    public var `protocol`: UpstreamProtocol = .http1
 }
 
 /// `upstreams.NAME.tls` (docs/tls.md, "Upstreams").

@@ -179,7 +179,8 @@ struct Check: ParsableCommand {
                 storage.append("\(file): storage.url: \(error.message) (\(name))")
             }
         }
-        let (tlsProblems, warnings) = Self.certificateProblems(configuration)
+        let (tlsProblems, certificateWarnings) = Self.certificateProblems(configuration)
+        let warnings = certificateWarnings + ConfigLoader.upstreamWarnings(configuration)
         for warning in warnings { FileHandle.standardError.write(Data("\(file): warning: \(warning)\n".utf8)) }
         if !storage.isEmpty || !tlsProblems.isEmpty {
             for problem in storage { FileHandle.standardError.write(Data((problem + "\n").utf8)) }

@@ -130,6 +130,31 @@ private func isFailure(_ r: Result<Int?, ResponseFramingError>) -> Bool {
         #expect(status(line) == nil)
     }
 
+    /// libcurl writes an HTTP/2 answer's status as `HTTP/2 NNN ` (http2.c).
+    @Test(arguments: [
+        ("HTTP/2 200 ", 200), ("HTTP/2 200", 200), ("HTTP/2 100 ", 100), ("HTTP/2 599 ", 599), ("HTTP/2 404 ", 404),
+        ("HTTP/2 103", 103),
+    ])
+    func acceptsLibcurlHTTP2StatusLine(line: String, expected: Int) {
+        #expect(status(line) == expected)
+    }
+
+    @Test(arguments: [
+        "HTTP/2 200 OK", "HTTP/2 200  ", "HTTP/2 99 ", "HTTP/2 600 ", "HTTP/2 2000", "HTTP/2  200", "HTTP/2 20",
+        "HTTP/2 abc", "HTTP/2", "HTTP/2 ", "HTTP/2.0 200", "HTTP/20 200", "HTTP/2\t200", "HTTP/3 200 ", "http/2 200",
+        "HTTP/2 +20", "HTTP/2 -20",
+    ])
+    func refusesInvalidHTTP2StatusLine(line: String) {
+        #expect(status(line) == nil)
+    }
+
+    @Test(arguments: [
+        ("HTTP/1.1 200 OK", 13), ("HTTP/1.1 200", 12), ("HTTP/1.1 200 ", 13), ("HTTP/2 200 ", 11), ("HTTP/2 200", 10),
+    ])
+    func reasonStartsAfterTheStatus(line: String, expected: Int) {
+        #expect(Array(line.utf8).withUnsafeBytes { ResponseFraming.reasonStart(ofLine: $0) } == expected)
+    }
+
     @Test func refusesContentLengthWithTransferEncoding() {
         let (r, _) = verdict([("Content-Length", "5"), ("Transfer-Encoding", "chunked")])
         #expect(isFailure(r))

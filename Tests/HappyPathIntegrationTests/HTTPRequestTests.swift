@@ -34,6 +34,17 @@ import Testing
         #expect(stream.calls == ["stage Content-Type", "head 200 5", "body 0", "end"])
     }
 
+    @Test func trailersGoToTheStreamBeforeTheEndAndNeverAfter() {
+        let (stream, request) = RecordingStream.carrying()
+        request.startReply(status: 200, contentLength: nil)
+        let name = Array("Grpc-Status".utf8)
+        let value = Array("0".utf8)
+        name.withUnsafeBytes { n in value.withUnsafeBytes { v in request.addResponseTrailer(name: n, value: v) } }
+        request.endReply()
+        name.withUnsafeBytes { n in value.withUnsafeBytes { v in request.addResponseTrailer(name: n, value: v) } }
+        #expect(stream.calls == ["head 200 -", "trailer Grpc-Status", "end"])
+    }
+
     @Test func aWholeReplyIsOneWriteThenTheRequestIsReleased() {
         let (stream, request) = RecordingStream.carrying()
         let observer = Observer()
@@ -125,6 +136,9 @@ private final class RecordingStream: ClientStream {
 
     func stageField(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
         if carries(request) { calls.append("stage " + String(decoding: name, as: UTF8.self)) }
+    }
+    func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
+        if carries(request) { calls.append("trailer " + String(decoding: name, as: UTF8.self)) }
     }
     func clearStagedFields(for request: HTTPRequest) { if carries(request) { calls.append("clear") } }
     func removeStagedFields(nominatedBy connectionValue: UnsafeRawBufferPointer, for request: HTTPRequest) {}

@@ -14,21 +14,40 @@ public struct ResponseFraming: Sendable {
 
     public init() {}
 
-    /// A status line: `HTTP/1.x SP 3DIGIT [SP reason]`, status 100...599.
+    /// A status line: `HTTP/1.x SP 3DIGIT [SP reason]`, or the line libcurl
+    /// writes for an HTTP/2 answer, `HTTP/2 SP 3DIGIT [SP]` (no minor
+    /// version, never a reason: HTTP/2 has none); status 100...599.
     /// Returns the status, or nil when the line is not valid.
     public static func status(ofLine line: UnsafeRawBufferPointer) -> Int? {
         let n = line.count
-        guard n >= 12, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F,
-            line[5] == 0x31, line[6] == 0x2E, line[7] >= 0x30, line[7] <= 0x39, line[8] == 0x20
-        else { return nil }
+        guard n >= 10, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F else {
+            return nil
+        }
+        let digits: Int
+        if line[5] == 0x32, line[6] == 0x20 {  // "HTTP/2 "
+            guard n == 10 || (n == 11 && line[10] == 0x20) else { return nil }
+            digits = 7
+        } else {
+            guard n >= 12, line[5] == 0x31, line[6] == 0x2E, line[7] >= 0x30, line[7] <= 0x39, line[8] == 0x20 else {
+                return nil
+            }
+            guard n == 12 || line[12] == 0x20 else { return nil }
+            digits = 9
+        }
         var status = 0
-        for i in 9..<12 {
+        for i in digits..<digits + 3 {
             let d = line[i]
             guard d >= 0x30, d <= 0x39 else { return nil }
             status = status * 10 + Int(d - 0x30)
         }
-        guard n == 12 || line[12] == 0x20, (100...599).contains(status) else { return nil }
+        guard (100...599).contains(status) else { return nil }
         return status
+    }
+
+    /// Where the reason phrase of a valid status line starts: after
+    /// `HTTP/1.x NNN `, or at the end for `HTTP/2` (which has none).
+    public static func reasonStart(ofLine line: UnsafeRawBufferPointer) -> Int {
+        line.count > 5 && line[5] == 0x32 ? line.count : min(13, line.count)
     }
 
     /// One header of the final response. Returns whether the proxy forwards

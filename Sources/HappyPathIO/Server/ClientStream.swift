@@ -59,6 +59,10 @@ public protocol ClientStream: AnyObject {
     /// Adds a field to the answer's head, copied (`content-length` and
     /// `transfer-encoding` are dropped: the framing is the stream's).
     func stageField(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest)
+    /// Adds a trailer field, sent after the body at `end` (copied). HTTP/2:
+    /// the final HEADERS frame. HTTP/1.1: in the last chunk, only when the
+    /// answer is chunked and the client sent `TE: trailers`; else dropped.
+    func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest)
     /// Forgets the fields staged so far (a new try starts clean).
     func clearStagedFields(for request: HTTPRequest)
     /// Drops the staged fields that `connectionValue` (an upstream's own

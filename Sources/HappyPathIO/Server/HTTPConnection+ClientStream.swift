@@ -96,6 +96,28 @@ extension HTTPConnection: ClientStream {
         response.stage(name: name, value: value)
     }
 
+    /// Kept for the last chunk only when the answer is chunked and the
+    /// client said it takes trailers (`TE: trailers`, RFC 9110 section
+    /// 6.5.1); otherwise dropped, as a client that did not ask may not
+    /// expect them.
+    func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
+        guard current === request, machine.framing == .chunked, clientTakesTrailers else { return }
+        response.stageTrailer(name: name, value: value)
+    }
+
+    /// The request's `TE` lists `trailers`.
+    private var clientTakesTrailers: Bool {
+        guard head != nil else { return false }
+        let bytes = requestBytes
+        var takes = false
+        for f in machine.fields where HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: bytes[f.nameStart..<f.nameEnd]), "te") {
+            forEachListElement(UnsafeRawBufferPointer(rebasing: bytes[f.valueStart..<f.valueEnd])) { token in
+                if HTTPBytes.equals(token, "trailers") { takes = true }
+            }
+        }
+        return takes
+    }
+
     func clearStagedFields(for request: HTTPRequest) {
         guard current === request else { return }
         response.clearStaged()
@@ -160,7 +182,12 @@ extension HTTPConnection: ClientStream {
         guard current === request else { return false }
         let head = takePendingHead()
         if machine.framing == .chunked {
-            write([head, lastChunk])
+            if response.trailers.isEmpty {
+                write([head, lastChunk])
+            } else {
+                let trailers = response.trailers
+                _ = trailers.withUnsafeBytes { write([head, zeroChunk, $0, crlf]) }
+            }
         } else {
             write([head])
             if machine.responseShort {
@@ -193,4 +220,5 @@ extension HTTPConnection: ClientStream {
 }
 
 nonisolated(unsafe) private let crlf = UnsafeRawBufferPointer(start: StaticString("\r\n").utf8Start, count: 2)
+nonisolated(unsafe) private let zeroChunk = UnsafeRawBufferPointer(start: StaticString("0\r\n").utf8Start, count: 3)
 nonisolated(unsafe) private let lastChunk = UnsafeRawBufferPointer(start: StaticString("0\r\n\r\n").utf8Start, count: 5)

@@ -140,6 +140,12 @@ public final class HTTPRequest {
         stream.stageField(name: name, value: value, for: self)
     }
 
+    /// Stages a trailer field from raw bytes, copied: the stream sends it
+    /// after the body if its client can take it (`ClientStream.stageTrailer`).
+    public func addResponseTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        stream.stageTrailer(name: name, value: value, for: self)
+    }
+
     /// Drops the staged headers that a `Connection` value names
     /// (an upstream's own hop-by-hop fields).
     public func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {

@@ -17,9 +17,13 @@ struct ResponseState {
     var chunkLine = ByteBuffer(capacity: 32)
     var version = HTTPVersion.http11
     var isHead = false
+    /// Trailer fields for the last chunk, `Name: value\r\n` lines (no
+    /// storage until an answer has some).
+    var trailers: [UInt8] = []
 
     mutating func reset(version: HTTPVersion, isHead: Bool) {
         clearStaged()
+        trailers.removeAll(keepingCapacity: true)
         headPending = false
         self.version = version
         self.isHead = isHead
@@ -51,6 +55,15 @@ struct ResponseState {
         staged.append("\r\n")
         entries.append((start, nameEnd, staged.count))
         if name.count == 4, HTTPBytes.equals(name, "date") { hasDate = true }
+    }
+
+    /// A trailer field for the last chunk (the caller checked that the
+    /// client takes trailers and the answer is chunked).
+    mutating func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        trailers.append(contentsOf: name)
+        trailers.append(contentsOf: [0x3A, 0x20])
+        trailers.append(contentsOf: value)
+        trailers.append(contentsOf: [0x0D, 0x0A])
     }
 
     mutating func removeNominated(by connectionValue: UnsafeRawBufferPointer) {

@@ -82,7 +82,17 @@ public final class UpstreamClient {
     public func setConnectionLimits(perHost: Int, cached: Int) {
         hp_multi_set_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, max(1, perHost))
         hp_multi_set_long(multi, CURLMOPT_MAXCONNECTS, max(4, cached))
+        // HTTP/2 upstreams: tries share a connection as streams, up to this
+        // many on one (and the server's own limit); past it libcurl opens
+        // another within MAX_HOST_CONNECTIONS. Multiplexing is libcurl's
+        // default since 7.62; set so that it does not depend on that.
+        // Nothing changes for HTTP/1.1 connections.
+        hp_multi_set_long(multi, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
+        hp_multi_set_long(multi, CURLMOPT_MAX_CONCURRENT_STREAMS, Self.maxStreamsPerConnection)
     }
+
+    /// Streams on one HTTP/2 upstream connection at most (libcurl's default).
+    public static let maxStreamsPerConnection = 100
 
     deinit { shutdown() }
 

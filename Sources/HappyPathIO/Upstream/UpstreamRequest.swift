@@ -25,14 +25,17 @@ public struct UpstreamRequest {
     /// `HOST:PORT:CONNECT-HOST:CONNECT-PORT`: the origin names one host
     /// (SNI, verification, `Host`), the connection goes to another.
     public var connectTo: String?
+    /// HTTP/1.1, or HTTP/2 as the endpoint's scheme allows.
+    public var httpVersion: UpstreamHTTPVersion
 
     public init(
         origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,
         body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration, tls: UpstreamTLS? = nil,
-        connectTo: String? = nil
+        connectTo: String? = nil, httpVersion: UpstreamHTTPVersion = .http1
     ) {
         self.tls = tls
         self.connectTo = connectTo
+        self.httpVersion = httpVersion
         self.origin = origin
         self.target = target
         self.method = method
@@ -42,6 +45,29 @@ public struct UpstreamRequest {
         self.sendsBody = sendsBody
         self.connectTimeout = connectTimeout
         self.idleTimeout = idleTimeout
+    }
+}
+
+/// How libcurl speaks to one endpoint: `upstreams.NAME.protocol` with the
+/// endpoint's scheme, decided once per configuration. A pooled handle is
+/// switched only when a try wants another than it last had.
+public enum UpstreamHTTPVersion: Sendable, Equatable {
+    /// HTTP/1.1 (`protocol: http1`, the default).
+    case http1
+    /// HTTP/2 over TLS, chosen by ALPN (an https:// endpoint): tries to one
+    /// endpoint share a connection as streams.
+    case h2
+    /// HTTP/2 with prior knowledge on a plain connection (h2c, an http://
+    /// endpoint). libcurl 7.88.1 fails a second transfer on such a
+    /// connection (curl#10634, fixed in 8.0.0), so each try has a connection
+    /// of its own, closed after it (docs/plans/http2.md, §4).
+    case h2PriorKnowledge
+
+    public init(_ protocol: UpstreamProtocol, origin: String) {
+        switch `protocol` {
+        case .http1: self = .http1
+        case .h2: self = origin.lowercased().hasPrefix("https://") ? .h2 : .h2PriorKnowledge
+        }
     }
 }
 
@@ -104,6 +130,16 @@ public protocol UpstreamResponseHandler: AnyObject {
     /// Body bytes. Return false to pause: the bytes are not consumed and come
     /// again after `UpstreamTransfer.resume()`.
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
+    /// A trailer field, after the body (HTTP/2 trailers, or an HTTP/1.1
+    /// chunked body's): checked (token name, no control bytes), hop-by-hop
+    /// and framing fields dropped; the bytes are valid only during the call.
+    /// libcurl 7.88.1 hands them over only for an answer without
+    /// `Content-Length`. Dropped unless the handler takes them.
+    func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
     /// The try ended: nil on a complete response.
     func upstreamFinished(_ failure: UpstreamFailure?)
+}
+
+extension UpstreamResponseHandler {
+    public func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
 }

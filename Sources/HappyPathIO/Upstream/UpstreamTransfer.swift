@@ -58,6 +58,24 @@ public final class UpstreamTransfer {
         informationalFields.append(contentsOf: [0x0D, 0x0A])
     }
 
+    /// A line after the final head: a trailer field (libcurl passes HTTP/2
+    /// trailers and a chunked body's trailer section this way, after the
+    /// body). One that is not a valid field, or is hop-by-hop or framing,
+    /// is dropped: a trailer never fails an answer already under way.
+    func trailer(_ line: UnsafeRawBufferPointer, to handler: UpstreamResponseHandler) {
+        guard let colon = line.firstIndex(of: 0x3A), colon > 0 else { return }
+        let name = UnsafeRawBufferPointer(rebasing: line[..<colon])
+        var valueStart = colon + 1
+        while valueStart < line.count, line[valueStart] == 0x20 || line[valueStart] == 0x09 { valueStart += 1 }
+        var valueEnd = line.count
+        while valueEnd > valueStart, line[valueEnd - 1] == 0x20 || line[valueEnd - 1] == 0x09 { valueEnd -= 1 }
+        let value = UnsafeRawBufferPointer(rebasing: line[valueStart..<valueEnd])
+        guard name.allSatisfy({ HTTPBytes.isToken($0) }), value.allSatisfy({ HTTPBytes.isFieldValue($0) }),
+            !HopByHop.isHopByHop(name), !HTTPBytes.equals(name, "content-length")
+        else { return }
+        handler.upstreamTrailer(name: name, value: value)
+    }
+
     /// Aborts the transfer from inside a header callback (returning a size
     /// other than the line's makes libcurl fail it and close the connection).
     func refuse(_ reason: String) -> Int {
@@ -84,10 +102,15 @@ func upstreamHeaderCallback(
     let n = size * count
     guard let data, let userdata else { return n }
     let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(userdata).takeUnretainedValue()
-    guard let handler = transfer.handler, !transfer.headersDone else { return n }
+    guard let handler = transfer.handler else { return n }
     let line = UnsafeRawBufferPointer(start: data, count: n)
     var end = n
     while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
+    if transfer.headersDone {
+        // After the head, only trailers come this way (no blank line ends them).
+        if end > 0 { transfer.trailer(UnsafeRawBufferPointer(rebasing: line[0..<end]), to: handler) }
+        return n
+    }
     if end == 0 {
         transfer.atBlockStart = true
         if transfer.inFinalBlock {
@@ -107,7 +130,7 @@ func upstreamHeaderCallback(
     // of a response the proxy already holds.
     if blockStart, n >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
         guard let status = ResponseFraming.status(ofLine: UnsafeRawBufferPointer(rebasing: line[0..<end])) else {
-            return transfer.refuse("The upstream's status line is not 'HTTP/1.x' and a status from 100 to 599.")
+            return transfer.refuse("The upstream's status line is not 'HTTP/1.x' or 'HTTP/2' and a status from 100 to 599.")
         }
         transfer.inFinalBlock = status >= 200
         // 100 Continue is the edge's own to send, 101 never comes unasked.
@@ -115,7 +138,8 @@ func upstreamHeaderCallback(
         transfer.informational = forward ? status : 0
         transfer.informationalFields.removeAll(keepingCapacity: true)
         if transfer.inFinalBlock {
-            handler.upstreamStatus(status, reason: UnsafeRawBufferPointer(rebasing: line[min(13, end)..<end]))
+            let head = UnsafeRawBufferPointer(rebasing: line[0..<end])
+            handler.upstreamStatus(status, reason: UnsafeRawBufferPointer(rebasing: head[ResponseFraming.reasonStart(ofLine: head)...]))
         }
         return n
     }

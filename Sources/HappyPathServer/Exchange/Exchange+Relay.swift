@@ -77,6 +77,11 @@ extension Exchange {
         return relay.body(bytes, to: request)
     }
 
+    func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        guard !isFinished else { return }
+        relay.trailer(name: name, value: value, limit: worker.server.limits.maxHeaderBytes, to: request)
+    }
+
     func upstreamFinished(_ failure: UpstreamFailure?) {
         transfer = nil
         upgradeTry = nil

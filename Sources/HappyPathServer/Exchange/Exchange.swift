@@ -291,7 +291,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
                 headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
                 connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
-                connectTo: endpoint.connectTo),
+                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion),
             handler: handler)
     }
 

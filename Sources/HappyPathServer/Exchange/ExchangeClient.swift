@@ -11,6 +11,8 @@ protocol ExchangeClient: AnyObject {
     func addResponseHeader(_ name: String, _ value: String)
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
     func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer)
+    /// A trailer field, sent after the body if the client can take it.
+    func addResponseTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
     func startReply(status: Int, contentLength: Int?, reason: [UInt8]?)
     /// An informational (1xx) answer before the final one.
     func sendInformational(status: Int, fields: UnsafeRawBufferPointer)
@@ -39,6 +41,7 @@ final class DeliverySink: ExchangeClient {
     func addResponseHeader(_ name: String, _ value: String) {}
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
     func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {}
+    func addResponseTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
     func startReply(status: Int, contentLength: Int?, reason: [UInt8]?) {}
     func sendInformational(status: Int, fields: UnsafeRawBufferPointer) {}
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool) {}

@@ -148,6 +148,10 @@ final class HedgeTry: UpstreamResponseHandler {
 
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { adopted ? exchange.upstreamBody(bytes) : true }
 
+    func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if adopted { exchange.upstreamTrailer(name: name, value: value) }
+    }
+
     func upstreamFinished(_ failure: UpstreamFailure?) {
         if adopted { return exchange.upstreamFinished(failure) }
         exchange.hedgeFinished(self, failure)

@@ -53,6 +53,9 @@ struct ResponseRelay {
     static let passHoldLimit = 1 << 20
     /// Body bytes sent to the client.
     private(set) var bytesOut = 0
+    /// Bytes of trailer fields passed on (name + value + 4 each), bounded
+    /// by `limits.max_header_bytes`: past it the rest are dropped.
+    private(set) var trailerBytes = 0
     /// Paused until the client's connection drains.
     private(set) var waitingForDrain = false
     /// The head is checked as it comes; its framing is the proxy's to write,
@@ -126,6 +129,7 @@ struct ResponseRelay {
         headComplete = false
         retryAfterSeconds = nil
         rateLimit = nil
+        trailerBytes = 0
         framing = ResponseFraming()
         upstreamConnection.removeAll(keepingCapacity: true)
         kept?.reset()
@@ -249,6 +253,24 @@ struct ResponseRelay {
             }
             return true
         }
+    }
+
+    /// A trailer field (checked, hop-by-hop and framing fields dropped by
+    /// the transfer): passed on with a streamed answer while the trailers
+    /// stay within `limit` bytes. A held answer is answered whole, without
+    /// them. Not kept for `serve_stale` (a kept answer is replayed without
+    /// trailers).
+    mutating func trailer<C: ExchangeClient>(
+        name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, limit: Int, to request: C
+    ) {
+        guard mode == .streaming, headComplete else { return }
+        // The proxy's own fields are never an upstream's to set, here either.
+        if name.count == 12, HTTPBytes.equals(name, "x-request-id") { return }
+        if name.count == 20, HTTPBytes.equals(name, "x-happypath-attempts") { return }
+        let size = name.count + value.count + 4
+        guard trailerBytes + size <= limit else { return trailerBytes = limit + 1 }
+        trailerBytes += size
+        request.addResponseTrailer(name: name, value: value)
     }
 
     /// The held answer's fields without those its `Connection` names (its

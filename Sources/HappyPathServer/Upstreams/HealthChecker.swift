@@ -81,7 +81,7 @@ final class HealthChecker: LoopEventTarget {
                     origin: endpoint.origin, target: endpoint.basePath + settings.path, method: "GET",
                     headers: HeaderBlock([HTTPField(name: "User-Agent", value: "happypath-health-check")]), body: .empty,
                     sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout,
-                    tls: upstream.tls, connectTo: endpoint.connectTo),
+                    tls: upstream.tls, connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion),
                 handler: probe)
             probe.arm(loop: loop, timeout: timeout)
         }

@@ -196,7 +196,7 @@ final class RuntimeUpstream: Sendable {
     init(_ upstream: Upstream, policies: ResolvedPolicies) {
         name = upstream.name
         let serverName = upstream.tls?.serverName
-        endpoints = upstream.endpoints.map { Endpoint($0, serverName: serverName) }
+        endpoints = upstream.endpoints.map { Endpoint($0, serverName: serverName, protocol: upstream.protocol) }
         tls = upstream.tls.map {
             UpstreamTLS(ca: $0.ca, verify: $0.verify, clientCert: $0.clientCert, clientKey: $0.clientKey)
         }
@@ -224,9 +224,12 @@ struct Endpoint: Sendable {
     /// certificate check, `Host`) and libcurl connects to the endpoint's
     /// own host and port (`HOST:PORT:CONNECT-HOST:CONNECT-PORT`).
     let connectTo: String?
+    /// `protocol:` with this endpoint's scheme: HTTP/1.1, h2 or h2c.
+    let httpVersion: UpstreamHTTPVersion
 
-    init(_ url: String, serverName: String? = nil) {
+    init(_ url: String, serverName: String? = nil, protocol: UpstreamProtocol = .http1) {
         self.url = url
+        httpVersion = UpstreamHTTPVersion(`protocol`, origin: url)
         let schemeEnd = url.range(of: "://")!.upperBound
         var origin: String
         if let slash = url[schemeEnd...].firstIndex(of: "/") {
