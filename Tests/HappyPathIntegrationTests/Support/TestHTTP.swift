@@ -14,6 +14,8 @@ struct TestResponse {
     var status: Int
     var headers: [(name: String, value: String)]
     var body: [UInt8]
+    /// The fields of a chunked body's trailer section, as they came.
+    var trailers: [(name: String, value: String)] = []
 
     func header(_ name: String) -> String? {
         headers.first { $0.name.lowercased() == name.lowercased() }?.value
@@ -129,7 +131,11 @@ final class TestConnection {
                 let sizeLine = try readLine()
                 guard let size = Int(sizeLine.split(separator: ";")[0], radix: 16) else { throw TestError("bad chunk size") }
                 if size == 0 {
-                    while try !readLine().isEmpty {}
+                    while case let line = try readLine(), !line.isEmpty {
+                        guard let colon = line.firstIndex(of: ":") else { continue }
+                        response.trailers.append(
+                            (String(line[..<colon]), String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)))
+                    }
                     break
                 }
                 response.body += try readExactly(size)

@@ -1,0 +1,217 @@
+import Foundation
+import HappyPathCore
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Python with the HTTP/2 packages from PyPI (`h2`, `hyperframe`, `hpack`,
+/// `httpx[http2]`), in a virtual environment of its own made once under
+/// ~/.cache: for HTTP/2 peers of the proxy, upstreams (`H2Upstream`) and
+/// clients alike.
+enum PythonH2 {
+    static let packages = ["h2", "hyperframe", "hpack", "httpx[http2]"]
+
+    /// The virtual environment's python, made (with `packages`) if missing.
+    static func python() throws -> String {
+        let venv = (ProcessInfo.processInfo.environment["HOME"] ?? "/root") + "/.cache/happypath-h2-venv"
+        let python = venv + "/bin/python"
+        func ready() throws -> Bool {
+            guard FileManager.default.isExecutableFile(atPath: python) else { return false }
+            let check = try runProcess(python, ["-c", "import h2.connection, hyperframe.frame, hpack, httpx, h2.config"], timeout: 30)
+            return check.status == 0
+        }
+        if try ready() { return python }
+        let made = try runProcess("/usr/bin/python3", ["-m", "venv", venv], timeout: 120)
+        guard made.status == 0 else { throw TestError("python3 -m venv failed: \(made.err)") }
+        let pip = try runProcess(venv + "/bin/pip", ["install", "-q"] + packages, timeout: 300)
+        guard pip.status == 0 else { throw TestError("pip install \(packages) failed: \(pip.err)") }
+        return python
+    }
+
+    /// Runs `script` (with `arguments`) under the venv's python, its output
+    /// read line by line: the first line comes back (a script prints what
+    /// the test needs to reach it, such as its ports), every later one goes
+    /// to `lines`.
+    static func start(
+        _ script: String, arguments: [String] = [], lines: Locked<[String]>
+    ) throws -> (process: Process, firstLine: String) {
+        let process = Process()
+        let output = Pipe()
+        process.executableURL = URL(fileURLWithPath: try python())
+        process.arguments = ["-u", "-c", script] + arguments
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        var received = Data()
+        while !received.contains(UInt8(ascii: "\n")) {
+            let chunk = output.fileHandleForReading.availableData
+            guard !chunk.isEmpty else { break }
+            received.append(chunk)
+        }
+        guard let nl = received.firstIndex(of: UInt8(ascii: "\n")) else {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            throw TestError("the Python HTTP/2 script printed nothing")
+        }
+        let first = String(decoding: received[..<nl], as: UTF8.self)
+        let rest = Data(received[(nl + 1)...])
+        let handle = output.fileHandleForReading
+        Thread.detachNewThread {
+            var pending = rest
+            while true {
+                while let nl = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let one = String(decoding: pending[pending.startIndex..<nl], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...nl)
+                    lines.withLock { $0.append(one) }
+                }
+                let chunk = handle.availableData
+                if chunk.isEmpty { return }
+                pending.append(chunk)
+            }
+        }
+        return (process, first)
+    }
+}
+
+/// An HTTP/2-only upstream (Python `h2`): h2c with prior knowledge on one
+/// port, TLS with ALPN `h2` (and nothing else) on another. Each request is
+/// printed (and collected in `requests`): its connection's number, its
+/// stream id, how the connection was reached (`h2c`, or the ALPN protocol),
+/// method, path and fields. The query steers the answer:
+/// - `status=NNN` (default 200);
+/// - `fail=N&key=K`: the first N requests with key K get 503, later ones the status;
+/// - `delay=MS`: the answer waits that long (streams overlap on a connection);
+/// - `trailers=1`: no `content-length`, then trailers `grpc-status: 0` and
+///   `x-checksum: c0ffee` after the body.
+/// The body is JSON: `conn`, `stream`, `path`, `method`, `body_bytes`.
+final class H2Upstream: @unchecked Sendable {
+    let process: Process
+    let plainPort: Int
+    let tlsPort: Int
+    private let lines = Locked<[String]>([])
+
+    static let script = #"""
+import asyncio, itertools, json, ssl, sys
+from urllib.parse import urlsplit, parse_qs
+import h2.config, h2.connection, h2.events
+
+numbers = itertools.count(1)
+failures = {}
+
+class Connection(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.number = next(numbers)
+        self.transport = transport
+        tls = transport.get_extra_info("ssl_object")
+        self.reached = tls.selected_alpn_protocol() if tls else "h2c"
+        self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.streams = {}
+        self.flush()
+
+    def flush(self):
+        data = self.conn.data_to_send()
+        if data:
+            self.transport.write(data)
+
+    def data_received(self, data):
+        try:
+            events = self.conn.receive_data(data)
+        except Exception as e:
+            print(json.dumps({"error": str(e), "conn": self.number}), flush=True)
+            self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self.streams[event.stream_id] = (event.headers, bytearray())
+            elif isinstance(event, h2.events.DataReceived):
+                self.streams[event.stream_id][1].extend(event.data)
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                asyncio.ensure_future(self.answer(event.stream_id))
+        self.flush()
+
+    async def answer(self, stream):
+        headers, body = self.streams.pop(stream)
+        fields = dict(headers)
+        path = fields.get(":path", "/")
+        query = {k: v[0] for k, v in parse_qs(urlsplit(path).query).items()}
+        print(json.dumps({
+            "conn": self.number, "stream": stream, "reached": self.reached, "method": fields.get(":method"),
+            "path": path, "fields": [[k, v] for k, v in headers], "body_bytes": len(body),
+        }), flush=True)
+        if "delay" in query:
+            await asyncio.sleep(int(query["delay"]) / 1000)
+        status = query.get("status", "200")
+        if "fail" in query:
+            key = query.get("key", "")
+            failures[key] = failures.get(key, 0) + 1
+            if failures[key] <= int(query["fail"]):
+                status = "503"
+        out = json.dumps({
+            "conn": self.number, "stream": stream, "path": path, "method": fields.get(":method"), "body_bytes": len(body),
+        }).encode()
+        trailers = query.get("trailers") == "1"
+        head = [(":status", status), ("content-type", "application/json"), ("x-upstream", "h2")]
+        if not trailers:
+            head.append(("content-length", str(len(out))))
+        self.conn.send_headers(stream, head)
+        self.conn.send_data(stream, out, end_stream=not trailers)
+        if trailers:
+            self.conn.send_headers(stream, [("grpc-status", "0"), ("x-checksum", "c0ffee")], end_stream=True)
+        self.flush()
+
+async def main():
+    loop = asyncio.get_running_loop()
+    plain = await loop.create_server(Connection, "127.0.0.1", 0)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(sys.argv[1], sys.argv[2])
+    context.set_alpn_protocols(["h2"])
+    secure = await loop.create_server(Connection, "127.0.0.1", 0, ssl=context)
+    print(plain.sockets[0].getsockname()[1], secure.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""#
+
+    /// `certificate`: the TLS port's (its CA is itself: `TestCertificates`).
+    init(certificate: TestCertificates.Pair) throws {
+        let (process, first) = try PythonH2.start(Self.script, arguments: [certificate.cert, certificate.key], lines: lines)
+        let ports = first.split(separator: " ").compactMap { Int($0) }
+        guard ports.count == 2 else {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            throw TestError("the HTTP/2 upstream did not start: '\(first)'")
+        }
+        self.process = process
+        plainPort = ports[0]
+        tlsPort = ports[1]
+    }
+
+    deinit {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// Every request received so far, decoded (one JSON object each).
+    var requests: [[String: Any]] {
+        lines.withLock { $0 }.compactMap {
+            (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+        }
+    }
+
+    /// The requests whose path starts with `prefix`.
+    func requests(to prefix: String) -> [[String: Any]] {
+        requests.filter { ($0["path"] as? String)?.hasPrefix(prefix) == true }
+    }
+
+    /// The same, once at least `count` of them arrived (each is printed
+    /// before it is answered, but read here on a thread of its own).
+    func requests(to prefix: String, atLeast count: Int) -> [[String: Any]] {
+        waitUntil("\(count) request(s) to \(prefix) at the HTTP/2 upstream") { requests(to: prefix).count >= count }
+        return requests(to: prefix)
+    }
+}
