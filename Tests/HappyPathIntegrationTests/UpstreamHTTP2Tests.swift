@@ -1,7 +1,10 @@
 import Foundation
+import HappyPathConfig
 import HappyPathCore
 import Synchronization
 import Testing
+
+@testable import HappyPathServer
 
 /// Issue 33, step 10: `upstreams.NAME.protocol: h2`. The proxy speaks
 /// HTTP/2 to a real HTTP/2-only upstream (Python `h2`, `H2Upstream`): h2c
@@ -14,8 +17,14 @@ import Testing
         _ endpoint: String, extra: String = "", defaults: String = "{ reachability: { park_for: 0s } }",
         limits: String = "{ client_timeout: 5s }"
     ) throws -> ProxyHarness {
-        try ProxyHarness(
-            """
+        try ProxyHarness(yaml(endpoint, extra: extra, defaults: defaults, limits: limits), workers: 1)
+    }
+
+    static func yaml(
+        _ endpoint: String, protocol: String = "h2", extra: String = "",
+        defaults: String = "{ reachability: { park_for: 0s } }", limits: String = "{ client_timeout: 5s }"
+    ) -> String {
+        """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
             limits: \(limits)
@@ -24,13 +33,13 @@ import Testing
               u:
                 endpoints: [\(endpoint)]
                 connect_timeout: 1s
-                protocol: h2
+                protocol: \(`protocol`)
                 \(extra)
             routes:
               - match: { path_prefix: / }
                 upstream: u
                 timeout: 5s
-            """, workers: 1)
+            """
     }
 
     /// The upstream with a certificate of its own, and the `tls:` that trusts it.
@@ -144,6 +153,26 @@ import Testing
         #expect(unasked.trailers.isEmpty)
         #expect(up.requests(to: "/t/", atLeast: 2).count == 2)
         withExtendedLifetime(certificates) {}
+    }
+
+    /// A reload switches an upstream's protocol for the next tries, on the
+    /// handles pooled under the old one.
+    @Test func aReloadSwitchesTheProtocol() throws {
+        let (up, _, _) = try Self.upstream()
+        let endpoint = "http://127.0.0.1:\(up.plainPort)"
+        let h = try ProxyHarness(Self.yaml(endpoint, protocol: "http1"), workers: 1)
+        defer { h.stop() }
+        // HTTP/1.1 to an upstream that speaks only HTTP/2: no answer.
+        #expect(try HTTP.request(port: h.port, "/before").status >= 500)
+        var next = try ConfigLoader.parse(Self.yaml(endpoint, protocol: "h2"), file: "test.yaml")
+        next.listen = h.proxy.runtime.configuration.listen
+        next.admin = h.proxy.runtime.configuration.admin
+        #expect(h.proxy.reload(next).isEmpty)
+        waitUntil("the worker to speak HTTP/2 to the upstream") {
+            try HTTP.request(port: h.port, "/after").status == 200
+        }
+        #expect(up.requests(to: "/after", atLeast: 1).allSatisfy { $0["reached"] as? String == "h2c" })
+        #expect(up.requests(to: "/before").isEmpty)
     }
 
     /// Retries and the breaker work over HTTP/2 as over HTTP/1.1: two 503s
