@@ -25,21 +25,21 @@ import Testing
         defaults: String = "{ reachability: { park_for: 0s } }", limits: String = "{ client_timeout: 5s }"
     ) -> String {
         """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            limits: \(limits)
-            defaults: \(defaults)
-            upstreams:
-              u:
-                endpoints: [\(endpoint)]
-                connect_timeout: 1s
-                protocol: \(`protocol`)
-                \(extra)
-            routes:
-              - match: { path_prefix: / }
-                upstream: u
-                timeout: 5s
-            """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        limits: \(limits)
+        defaults: \(defaults)
+        upstreams:
+          u:
+            endpoints: [\(endpoint)]
+            connect_timeout: 1s
+            protocol: \(`protocol`)
+            \(extra)
+        routes:
+          - match: { path_prefix: / }
+            upstream: u
+            timeout: 5s
+        """
     }
 
     /// The upstream with a certificate of its own, and the `tls:` that trusts it.

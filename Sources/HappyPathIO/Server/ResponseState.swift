@@ -23,7 +23,6 @@ struct ResponseState {
 
     mutating func reset(version: HTTPVersion, isHead: Bool) {
         clearStaged()
-        trailers.removeAll(keepingCapacity: true)
         headPending = false
         self.version = version
         self.isHead = isHead
@@ -34,6 +33,7 @@ struct ResponseState {
         entries.removeAll(keepingCapacity: true)
         anyRemoved = false
         hasDate = false
+        if !trailers.isEmpty { trailers.removeAll(keepingCapacity: true) }
     }
 
     func deallocate() {

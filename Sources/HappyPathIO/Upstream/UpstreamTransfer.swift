@@ -139,7 +139,8 @@ func upstreamHeaderCallback(
         transfer.informationalFields.removeAll(keepingCapacity: true)
         if transfer.inFinalBlock {
             let head = UnsafeRawBufferPointer(rebasing: line[0..<end])
-            handler.upstreamStatus(status, reason: UnsafeRawBufferPointer(rebasing: head[ResponseFraming.reasonStart(ofLine: head)...]))
+            let reason = UnsafeRawBufferPointer(rebasing: head[ResponseFraming.reasonStart(ofLine: head)...])
+            handler.upstreamStatus(status, reason: reason)
         }
         return n
     }

@@ -20,7 +20,8 @@ enum PythonH2 {
         let python = venv + "/bin/python"
         func ready() throws -> Bool {
             guard FileManager.default.isExecutableFile(atPath: python) else { return false }
-            let check = try runProcess(python, ["-c", "import h2.connection, hyperframe.frame, hpack, httpx, h2.config"], timeout: 30)
+            let imports = "import h2.config, h2.connection, hyperframe.frame, hpack, httpx"
+            let check = try runProcess(python, ["-c", imports], timeout: 30)
             return check.status == 0
         }
         if try ready() { return python }
