@@ -253,3 +253,43 @@ import Testing
         #expect(r.trailers.map(\.name) == ["X-T0", "X-T1", "X-T2", "X-T3"])
     }
 }
+
+/// The same against nginx 1.22 (`NginxUpstream`): a server the proxy will
+/// meet in production, h2c and TLS.
+@Suite("upstream HTTP/2 to nginx") struct UpstreamHTTP2NginxTests {
+    static func nginx() throws -> (NginxUpstream, tls: String, TestCertificates) {
+        let certificates = try TestCertificates()
+        let pair = try certificates.make("nginx-upstream", names: ["localhost"])
+        return (try NginxUpstream(certificate: pair), "tls: { ca: \(pair.cert) }", certificates)
+    }
+
+    @Test(arguments: [false, true])
+    func nginxSeesHTTP2AndItsTrailersReachTheClient(overTLS: Bool) throws {
+        let (up, tls, certificates) = try Self.nginx()
+        let endpoint = overTLS ? "https://127.0.0.1:\(up.tlsPort)" : "http://127.0.0.1:\(up.plainPort)"
+        let h = try UpstreamHTTP2Tests.proxy(endpoint, extra: overTLS ? tls : "")
+        defer { h.stop() }
+        let r = try HTTP.request(port: h.port, "/n/1", headers: [("X-Tenant", "blue"), ("TE", "trailers")])
+        #expect(r.status == 200)
+        #expect(r.text == "hello from nginx\n")
+        #expect(r.header("X-Upstream") == "nginx")
+        #expect(r.trailers.map { "\($0.name.lowercased())=\($0.value)" } == ["x-checksum=c0ffee"])
+        let second = try HTTP.request(port: h.port, "/n/2")
+        #expect(second.text == "hello from nginx\n")
+        #expect(second.trailers.isEmpty)
+        let first = up.logged("/n/1")
+        let next = up.logged("/n/2")
+        try #require(first.count == 1 && next.count == 1)
+        #expect(first[0][0] == "HTTP/2.0")
+        #expect(first[0][4] == "blue")
+        #expect(next[0][0] == "HTTP/2.0")
+        if overTLS {
+            // The second try is the second request of the first one's connection.
+            #expect(next[0][1] == first[0][1])
+            #expect(next[0][2] == "2")
+        } else {
+            #expect(next[0][1] != first[0][1])  // h2c: a connection per try
+        }
+        withExtendedLifetime(certificates) {}
+    }
+}
