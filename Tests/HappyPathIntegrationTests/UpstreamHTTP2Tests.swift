@@ -175,6 +175,28 @@ import Testing
         #expect(up.requests(to: "/before").isEmpty)
     }
 
+    /// A slow client pauses its h2 transfer: counted in
+    /// `happypath_upstream_h2_paused_transfers` while it lasts, and the
+    /// whole body arrives once the client reads.
+    @Test func aPausedH2TransferIsCountedUntilItResumes() throws {
+        let (up, tls, certificates) = try Self.upstream()
+        let h = try Self.proxy("https://127.0.0.1:\(up.tlsPort)", extra: tls)
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(try admin.metrics()["happypath_upstream_h2_paused_transfers"] == 0)
+        let size = 8_000_000
+        let c = try TestConnection(port: h.port, timeout: 20, receiveBuffer: 16 * 1024)
+        try c.send("GET /big?size=\(size) HTTP/1.1\r\nHost: x\r\n\r\n")
+        waitUntil("the transfer to pause for the client") {
+            try admin.metric("happypath_upstream_h2_paused_transfers") == 1
+        }
+        let r = try c.readResponse()
+        #expect(r.status == 200)
+        #expect(r.body.count == size)
+        waitUntil("the pause to end") { try admin.metric("happypath_upstream_h2_paused_transfers") == 0 }
+        withExtendedLifetime(certificates) {}
+    }
+
     /// Retries and the breaker work over HTTP/2 as over HTTP/1.1: two 503s
     /// then a 200 is one answer of three tries; three 500s open the breaker,
     /// which then answers without a try.

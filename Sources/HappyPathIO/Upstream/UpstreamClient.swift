@@ -33,6 +33,10 @@ public final class UpstreamClient {
     /// Each origin parsed once into a libcurl URL handle (CURLOPT_CURLU),
     /// instead of libcurl parsing the URL string on every try.
     private var origins: [String: OpaquePointer] = [:]
+    /// Told +1 when an HTTP/2 transfer pauses for a slow client and -1 when
+    /// it resumes or ends: libcurl keeps receiving what it already granted
+    /// such a stream (up to 32 MiB), outside the proxy's own buffers.
+    public var http2PauseChanged: ((Int) -> Void)?
 
     func parsedOrigin(_ origin: String) -> OpaquePointer? {
         if let url = origins[origin] { return url }
@@ -153,6 +157,7 @@ public final class UpstreamClient {
     /// Detaches a transfer from libcurl and returns its handle to the pool.
     private func complete(_ transfer: UpstreamTransfer) {
         transfer.finished = true
+        if transfer.paused { transfer.pauseEnded() }
         let i = transfer.inFlightIndex
         if i >= 0 {
             let last = inFlight.removeLast()

@@ -87,8 +87,20 @@ public final class UpstreamTransfer {
     /// inside an `UpstreamResponseHandler` method.
     public func resume() {
         guard paused, !finished else { return }
-        paused = false
+        pauseEnded()
         curl_easy_pause(handle.easy, CURLPAUSE_CONT)
+    }
+
+    /// The write callback paused the transfer for a slow client.
+    func pauseStarted() {
+        guard !paused else { return }
+        paused = true
+        if handle.httpVersion != .http1 { client.http2PauseChanged?(1) }
+    }
+
+    func pauseEnded() {
+        paused = false
+        if handle.httpVersion != .http1 { client.http2PauseChanged?(-1) }
     }
 }
 
@@ -169,6 +181,6 @@ func upstreamWriteCallback(
     let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(userdata).takeUnretainedValue()
     guard let handler = transfer.handler else { return n }
     if handler.upstreamBody(UnsafeRawBufferPointer(start: data, count: n)) { return n }
-    transfer.paused = true
+    transfer.pauseStarted()
     return Int(CURL_WRITEFUNC_PAUSE)
 }

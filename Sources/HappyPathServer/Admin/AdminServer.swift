@@ -161,7 +161,7 @@ final class AdminServer: HTTPServerDelegate {
             status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
             body: shared.metrics.exposition(
                 bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current,
-                parkedLimit: runtime.configuration.limits.maxParked))
+                pausedHTTP2: shared.pausedHTTP2.current, parkedLimit: runtime.configuration.limits.maxParked))
     }
 
     /// The admin listener holds `maxConnections`: counted, so a flood shows.

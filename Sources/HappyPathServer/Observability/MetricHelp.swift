@@ -43,6 +43,8 @@ enum MetricHelp {
         "happypath_tls_handshake_failures_total": "TLS handshakes that failed, by reason.",
         "happypath_tls_certificate_expiry_seconds": "When each listener certificate expires, as Unix time in seconds.",
         "happypath_tunnels_open": "WebSocket (upgrade) tunnels open now.",
+        "happypath_upstream_h2_paused_transfers":
+            "HTTP/2 upstream transfers paused for a slow client now; each may hold up to 32 MiB inside libcurl.",
         "happypath_tunnels_total": "Tunnels closed, by upstream and reason.",
         "happypath_tunnel_bytes_total": "Bytes tunnels carried, by upstream and direction.",
         "happypath_tunnel_duration_seconds": "How long tunnels lasted, by upstream.",

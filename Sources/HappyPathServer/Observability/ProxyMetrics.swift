@@ -63,10 +63,13 @@ final class ProxyMetrics: Sendable {
     /// Prometheus text exposition format.
     /// The text format; gauges that are read rather than kept (the body
     /// budget) are set just before.
-    func exposition(bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0, parkedLimit: Int? = nil) -> String {
+    func exposition(
+        bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0, pausedHTTP2: Int = 0, parkedLimit: Int? = nil
+    ) -> String {
         if let parkedLimit { gauge("happypath_parked_commands_limit", []).record(parkedLimit) }
         process.record(into: self)
         gauge("happypath_tunnels_open", []).record(tunnels)
+        gauge("happypath_upstream_h2_paused_transfers", []).record(pausedHTTP2)
         gauge("happypath_buffered_body_bytes", []).record(bodies.current)
         gauge("happypath_buffered_body_bytes_limit", []).record(bodies.limit)
         gauge("happypath_client_connections", []).record(connections.current)

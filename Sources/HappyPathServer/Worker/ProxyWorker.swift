@@ -80,6 +80,8 @@ final class ProxyWorker: HTTPServerDelegate {
         idleTimeout = runtime.configuration.limits.clientTimeout
         let caps = runtime.connectionCaps(workers: workers)
         client = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
+        // Weak: the worker owns its client (whose shutdown may run as the worker goes).
+        client.http2PauseChanged = { [weak self] in self?.shared.pausedHTTP2.add($0) }
         let limits = runtime.configuration.limits
         let serverLimits = HTTPServerLimits(
             maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,

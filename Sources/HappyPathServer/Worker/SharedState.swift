@@ -23,6 +23,9 @@ final class SharedState: @unchecked Sendable {
     let inFlight: InFlightCount
     /// Tunnels open on every worker (`happypath_tunnels_open`).
     let tunnels: InFlightCount
+    /// HTTP/2 upstream transfers paused for a slow client, on every worker
+    /// (`happypath_upstream_h2_paused_transfers`).
+    let pausedHTTP2: InFlightCount
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
     /// Client connections open (`limits.max_connections`).
@@ -60,6 +63,7 @@ final class SharedState: @unchecked Sendable {
         }
         inFlight = previous?.inFlight ?? InFlightCount()
         tunnels = previous?.tunnels ?? InFlightCount()
+        pausedHTTP2 = previous?.pausedHTTP2 ?? InFlightCount()
         // The same for the body budget: bodies held now stay counted.
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes

@@ -86,7 +86,8 @@ enum PythonH2 {
 /// - `fail=N&key=K`: the first N requests with key K get 503, later ones the status;
 /// - `delay=MS`: the answer waits that long (streams overlap on a connection);
 /// - `trailers=1`: no `content-length`, then trailers `grpc-status: 0` and
-///   `x-checksum: c0ffee` after the body.
+///   `x-checksum: c0ffee` after the body;
+/// - `size=N`: a body of N bytes of `x`, sent as the flow-control windows allow.
 /// The body is JSON: `conn`, `stream`, `path`, `method`, `body_bytes`.
 final class H2Upstream: @unchecked Sendable {
     let process: Process
@@ -111,6 +112,7 @@ class Connection(asyncio.Protocol):
         self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         self.conn.initiate_connection()
         self.streams = {}
+        self.window = asyncio.Event()
         self.flush()
 
     def flush(self):
@@ -133,6 +135,8 @@ class Connection(asyncio.Protocol):
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
                 asyncio.ensure_future(self.answer(event.stream_id))
+            elif isinstance(event, (h2.events.WindowUpdated, h2.events.StreamReset)):
+                self.window.set()
         self.flush()
 
     async def answer(self, stream):
@@ -159,11 +163,32 @@ class Connection(asyncio.Protocol):
         head = [(":status", status), ("content-type", "application/json"), ("x-upstream", "h2")]
         if not trailers:
             head.append(("content-length", str(len(out))))
+        if "size" in query:
+            await self.send_large(stream, head, int(query["size"]))
+            return
         self.conn.send_headers(stream, head)
         self.conn.send_data(stream, out, end_stream=not trailers)
         if trailers:
             self.conn.send_headers(stream, [("grpc-status", "0"), ("x-checksum", "c0ffee")], end_stream=True)
         self.flush()
+
+    async def send_large(self, stream, head, size):
+        # As the windows allow: the client's pace reaches this server.
+        self.conn.send_headers(stream, [(":status", "200"), ("content-length", str(size))])
+        self.flush()
+        sent = 0
+        while sent < size:
+            try:
+                room = min(self.conn.local_flow_control_window(stream), self.conn.max_outbound_frame_size, size - sent)
+            except Exception:
+                return  # the stream was reset
+            if room <= 0:
+                self.window.clear()
+                await self.window.wait()
+                continue
+            self.conn.send_data(stream, b"x" * room, end_stream=sent + room == size)
+            sent += room
+            self.flush()
 
 async def main():
     loop = asyncio.get_running_loop()
