@@ -49,6 +49,17 @@ import Testing
         return (try H2Upstream(certificate: pair), "tls: { ca: \(pair.cert) }", certificates)
     }
 
+    /// The statuses of requests to `targets` sent at once, each on a
+    /// connection of its own (0: no answer), sorted.
+    static func statusesAtOnce(port: Int, _ targets: [String]) -> [Int] {
+        let statuses = Locked<[Int]>([])
+        DispatchQueue.concurrentPerform(iterations: targets.count) { i in
+            let status = (try? HTTP.request(port: port, targets[i]).status) ?? 0
+            statuses.withLock { $0.append(status) }
+        }
+        return statuses.withLock { $0 }.sorted()
+    }
+
     func field(_ request: [String: Any], _ name: String) -> String? {
         (request["fields"] as? [[String]])?.first { $0.first == name }?.last
     }
@@ -99,13 +110,7 @@ import Testing
         let (up, tls, certificates) = try Self.upstream()
         let h = try Self.proxy("https://127.0.0.1:\(up.tlsPort)", extra: tls)
         defer { h.stop() }
-        let statuses = Locked<[Int]>([])
-        let port = h.port
-        DispatchQueue.concurrentPerform(iterations: 3) { i in
-            let status = (try? HTTP.request(port: port, "/shared/\(i)?delay=400").status) ?? 0
-            statuses.withLock { $0.append(status) }
-        }
-        #expect(statuses.withLock { $0 } == [200, 200, 200])
+        #expect(Self.statusesAtOnce(port: h.port, (0..<3).map { "/shared/\($0)?delay=400" }) == [200, 200, 200])
         #expect(try HTTP.request(port: h.port, "/shared/later").status == 200)
         let seen = up.requests(to: "/shared/", atLeast: 4)
         try #require(seen.count == 4)
@@ -121,13 +126,7 @@ import Testing
         let (up, _, _) = try Self.upstream()
         let h = try Self.proxy("http://127.0.0.1:\(up.plainPort)")
         defer { h.stop() }
-        let statuses = Locked<[Int]>([])
-        let port = h.port
-        DispatchQueue.concurrentPerform(iterations: 3) { i in
-            let status = (try? HTTP.request(port: port, "/own/\(i)?delay=300").status) ?? 0
-            statuses.withLock { $0.append(status) }
-        }
-        #expect(statuses.withLock { $0 } == [200, 200, 200])
+        #expect(Self.statusesAtOnce(port: h.port, (0..<3).map { "/own/\($0)?delay=300" }) == [200, 200, 200])
         let seen = up.requests(to: "/own/", atLeast: 3)
         #expect(seen.count == 3)
         #expect(Set(seen.compactMap { $0["conn"] as? Int }).count == 3)

@@ -12,7 +12,7 @@ import Synchronization
 /// ~/.cache) and prints every span as a JSON line. What it prints is
 /// collected here.
 final class OTLPReceiver: @unchecked Sendable {
-    let process = Process()
+    let process: Process
     let port: Int
     private let lines = Locked<[String]>([])
 
@@ -73,41 +73,14 @@ server.serve_forever()
     }
 
     init() throws {
-        let output = Pipe()
-        process.executableURL = URL(fileURLWithPath: try Self.python())
-        process.arguments = ["-u", "-c", Self.script]
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            guard !chunk.isEmpty else { break }
-            line.append(chunk)
-        }
-        let text = String(decoding: line, as: UTF8.self)
-        guard let first = text.split(separator: "\n").first, let port = Int(first) else {
+        let (process, first) = try startPythonScript(python: try Self.python(), Self.script, lines: lines)
+        guard let port = Int(first) else {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
             throw TestError("the OTLP receiver did not start")
         }
+        self.process = process
         self.port = port
-        let rest = text.split(separator: "\n", omittingEmptySubsequences: true).dropFirst().map(String.init)
-        lines.withLock { $0 += rest }
-        let handle = output.fileHandleForReading
-        Thread.detachNewThread { [lines] in
-            var pending = Data()
-            while true {
-                let chunk = handle.availableData
-                if chunk.isEmpty { return }
-                pending.append(chunk)
-                while let nl = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    let one = String(decoding: pending[pending.startIndex..<nl], as: UTF8.self)
-                    pending.removeSubrange(pending.startIndex...nl)
-                    lines.withLock { $0.append(one) }
-                }
-            }
-        }
     }
 
     deinit {

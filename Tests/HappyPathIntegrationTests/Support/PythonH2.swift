@@ -31,50 +31,49 @@ enum PythonH2 {
         guard pip.status == 0 else { throw TestError("pip install \(packages) failed: \(pip.err)") }
         return python
     }
+}
 
-    /// Runs `script` (with `arguments`) under the venv's python, its output
-    /// read line by line: the first line comes back (a script prints what
-    /// the test needs to reach it, such as its ports), every later one goes
-    /// to `lines`.
-    static func start(
-        _ script: String, arguments: [String] = [], lines: Locked<[String]>
-    ) throws -> (process: Process, firstLine: String) {
-        let process = Process()
-        let output = Pipe()
-        process.executableURL = URL(fileURLWithPath: try python())
-        process.arguments = ["-u", "-c", script] + arguments
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        var received = Data()
-        while !received.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            guard !chunk.isEmpty else { break }
-            received.append(chunk)
-        }
-        guard let nl = received.firstIndex(of: UInt8(ascii: "\n")) else {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-            throw TestError("the Python HTTP/2 script printed nothing")
-        }
-        let first = String(decoding: received[..<nl], as: UTF8.self)
-        let rest = Data(received[(nl + 1)...])
-        let handle = output.fileHandleForReading
-        Thread.detachNewThread {
-            var pending = rest
-            while true {
-                while let nl = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    let one = String(decoding: pending[pending.startIndex..<nl], as: UTF8.self)
-                    pending.removeSubrange(pending.startIndex...nl)
-                    lines.withLock { $0.append(one) }
-                }
-                let chunk = handle.availableData
-                if chunk.isEmpty { return }
-                pending.append(chunk)
-            }
-        }
-        return (process, first)
+/// Runs `script` (with `arguments`) under `python`, its output read line
+/// by line: the first line comes back (a script prints what the test needs
+/// to reach it, such as its ports), every later one goes to `lines`.
+func startPythonScript(
+    python: String, _ script: String, arguments: [String] = [], lines: Locked<[String]>
+) throws -> (process: Process, firstLine: String) {
+    let process = Process()
+    let output = Pipe()
+    process.executableURL = URL(fileURLWithPath: python)
+    process.arguments = ["-u", "-c", script] + arguments
+    process.standardOutput = output
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    var received = Data()
+    while !received.contains(UInt8(ascii: "\n")) {
+        let chunk = output.fileHandleForReading.availableData
+        guard !chunk.isEmpty else { break }
+        received.append(chunk)
     }
+    guard let nl = received.firstIndex(of: UInt8(ascii: "\n")) else {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        throw TestError("the Python script printed nothing")
+    }
+    let first = String(decoding: received[..<nl], as: UTF8.self)
+    let rest = Data(received[(nl + 1)...])
+    let handle = output.fileHandleForReading
+    Thread.detachNewThread {
+        var pending = rest
+        while true {
+            while let nl = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                let one = String(decoding: pending[pending.startIndex..<nl], as: UTF8.self)
+                pending.removeSubrange(pending.startIndex...nl)
+                lines.withLock { $0.append(one) }
+            }
+            let chunk = handle.availableData
+            if chunk.isEmpty { return }
+            pending.append(chunk)
+        }
+    }
+    return (process, first)
 }
 
 /// An HTTP/2-only upstream (Python `h2`): h2c with prior knowledge on one
@@ -205,7 +204,8 @@ asyncio.run(main())
 
     /// `certificate`: the TLS port's (its CA is itself: `TestCertificates`).
     init(certificate: TestCertificates.Pair) throws {
-        let (process, first) = try PythonH2.start(Self.script, arguments: [certificate.cert, certificate.key], lines: lines)
+        let (process, first) = try startPythonScript(
+            python: try PythonH2.python(), Self.script, arguments: [certificate.cert, certificate.key], lines: lines)
         let ports = first.split(separator: " ").compactMap { Int($0) }
         guard ports.count == 2 else {
             kill(process.processIdentifier, SIGKILL)
