@@ -154,6 +154,53 @@ import Testing
         withExtendedLifetime(certificates) {}
     }
 
+    /// One worker's pooled handles serve an h2 and an HTTP/1.1 upstream
+    /// in turn: each try speaks its own upstream's protocol.
+    @Test func pooledHandlesSwitchBetweenH2AndHTTP1Upstreams() throws {
+        let (up, tls, certificates) = try Self.upstream()
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { reachability: { park_for: 0s } }
+            upstreams:
+              two: { endpoints: ["https://127.0.0.1:\(up.tlsPort)"], protocol: h2, \(tls) }
+              plain: { endpoints: [{{DEMO}}] }
+              clear: { endpoints: ["http://127.0.0.1:\(up.plainPort)"], protocol: h2 }
+            routes:
+              - { match: { path_prefix: /two/ }, upstream: two }
+              - { match: { path_prefix: /clear/ }, upstream: clear }
+              - { match: { path_prefix: / }, upstream: plain }
+            """, workers: 1)
+        defer { h.stop() }
+        let before = h.demo.hits.load(ordering: .relaxed)
+        for i in 0..<3 {
+            #expect(try HTTP.request(port: h.port, "/two/\(i)").json["path"] as? String == "/two/\(i)")
+            #expect(try HTTP.request(port: h.port, "/status/200").status == 200)
+            #expect(try HTTP.request(port: h.port, "/clear/\(i)").json["path"] as? String == "/clear/\(i)")
+            #expect(try HTTP.request(port: h.port, "/status/200").status == 200)
+        }
+        #expect(h.demo.hits.load(ordering: .relaxed) - before == 6)
+        #expect(up.requests(to: "/two/", atLeast: 3).allSatisfy { $0["reached"] as? String == "h2" })
+        #expect(up.requests(to: "/clear/", atLeast: 3).allSatisfy { $0["reached"] as? String == "h2c" })
+        withExtendedLifetime(certificates) {}
+    }
+
+    /// `protocol: h2` offers h2 by ALPN; an upstream that does not pick it
+    /// (here a proxy's HTTP/1.1 TLS listener standing for an HTTPS service)
+    /// is spoken to in HTTP/1.1.
+    @Test func anHTTPSUpstreamThatPicksHTTP1GetsHTTP1() throws {
+        let certificates = try TestCertificates()
+        let service = try certificates.make("service", names: ["localhost"])
+        let backend = try ProxyHarness(TLSTests.yaml([service]))
+        defer { backend.stop() }
+        let h = try Self.proxy("https://127.0.0.1:\(backend.proxy.ports[0])", extra: "tls: { ca: \(service.cert) }")
+        defer { h.stop() }
+        let before = backend.demo.hits.load(ordering: .relaxed)
+        for _ in 0..<2 { #expect(try HTTP.request(port: h.port, "/status/200").status == 200) }
+        #expect(backend.demo.hits.load(ordering: .relaxed) - before == 2)
+    }
+
     /// A reload switches an upstream's protocol for the next tries, on the
     /// handles pooled under the old one.
     @Test func aReloadSwitchesTheProtocol() throws {
