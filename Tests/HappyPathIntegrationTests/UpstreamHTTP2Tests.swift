@@ -322,6 +322,24 @@ import Testing
     }
 }
 
+/// `happypath check` on `protocol: h2`: valid, and a warning for h2c.
+@Suite struct UpstreamProtocolCheckTests {
+    @Test(arguments: [("http://127.0.0.1:9", true), ("https://127.0.0.1:9", false)])
+    func checkWarnsOfH2WithoutTLS(endpoint: String, warns: Bool) throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
+        try """
+        listen: 127.0.0.1:0
+        upstreams: { u: { endpoints: ["\(endpoint)"], protocol: h2 } }
+        routes: [ { match: { path_prefix: / }, upstream: u } ]
+        """.write(to: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(at: file) }
+        let check = try runProcess(happypathBinary, ["check", "--config", file.path], timeout: 10)
+        #expect(check.status == 0, "\(check.err)")
+        #expect(check.out.contains("OK (1 upstream(s)"))
+        #expect(check.err.contains("warning: upstreams.u.protocol: h2 to \(endpoint) is HTTP/2 without TLS (h2c)") == warns)
+    }
+}
+
 /// The same against nginx 1.22 (`NginxUpstream`): a server the proxy will
 /// meet in production, h2c and TLS.
 @Suite("upstream HTTP/2 to nginx") struct UpstreamHTTP2NginxTests {
