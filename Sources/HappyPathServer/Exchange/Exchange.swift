@@ -26,6 +26,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let worker: ProxyWorker
     /// The client's connection, or a `DeliverySink` for a delivery round.
     let request: any ExchangeClient
+    /// For the access log, read at the start: an HTTP/1.1 connection
+    /// knows only the version of the request it carries now.
+    let protocolName: StaticString
     /// The stored request this round delivers (nil: a client waits on `request`).
     let delivery: ClaimedDelivery?
     let route: RuntimeRoute
@@ -94,6 +97,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         self.upgrade = upgrade
         self.worker = worker
         self.request = request
+        protocolName = request.protocolName
         self.delivery = delivery
         self.route = route
         self.upstream = upstream

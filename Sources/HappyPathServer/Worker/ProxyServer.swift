@@ -216,6 +216,13 @@ public final class ProxyServer: @unchecked Sendable {
         return []
     }
 
+    /// Runs `body` on worker `index`'s loop, where its delegate methods
+    /// run (tests: the events an HTTP/2 connection reports, called as it would).
+    func onWorker(_ index: Int = 0, _ body: @escaping @Sendable (ProxyWorker) -> Void) {
+        let worker = workers[index]
+        worker.loop.execute(with: worker, body)
+    }
+
     /// A reload was refused before it reached the server (the file has errors).
     public func reloadRejected(source: String, problems: [String]) {
         shared?.events.publish("config_rejected", [("source", source), ("problems", problems.joined(separator: "; "))])
