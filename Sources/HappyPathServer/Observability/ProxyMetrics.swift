@@ -294,10 +294,15 @@ final class WorkerMetrics {
         rare("happypath_http2_goaways_total", [("side", "sent"), ("reason", reason.label)]).increment()
     }
 
-    /// The client sent GOAWAY, by its code.
+    /// The client sent GOAWAY, by its code: kept per code, as resets are (a
+    /// client may send GOAWAY after GOAWAY; each costs a lookup, no key).
     func http2GoawayReceived(code: HTTP2ErrorCode) {
-        rare("happypath_http2_goaways_total", [("side", "received"), ("reason", code.label)]).increment()
+        if let c = receivedGoaways[code] { return c.increment() }
+        let c = metrics.counter("happypath_http2_goaways_total", [("side", "received"), ("reason", code.label)])
+        receivedGoaways[code] = c
+        c.increment()
     }
+    private var receivedGoaways: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
 
     /// A stream opened: one per HTTP/2 request, so a kept handle.
     func http2StreamOpened() {
