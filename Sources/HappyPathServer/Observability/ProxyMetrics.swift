@@ -297,10 +297,9 @@ final class WorkerMetrics {
     /// The client sent GOAWAY, by its code: kept per code, as resets are (a
     /// client may send GOAWAY after GOAWAY; each costs a lookup, no key).
     func http2GoawayReceived(code: HTTP2ErrorCode) {
-        if let c = receivedGoaways[code] { return c.increment() }
-        let c = metrics.counter("happypath_http2_goaways_total", [("side", "received"), ("reason", code.label)])
-        receivedGoaways[code] = c
-        c.increment()
+        Self.kept(&receivedGoaways, code) {
+            metrics.counter("happypath_http2_goaways_total", [("side", "received"), ("reason", code.label)])
+        }.increment()
     }
     private var receivedGoaways: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
 
@@ -316,13 +315,28 @@ final class WorkerMetrics {
     /// made by `rare`: a rapid-reset flood resets thousands a second, and
     /// a lookup by the code builds no key.
     func http2StreamReset(byClient: Bool, code: HTTP2ErrorCode) {
-        if let c = (byClient ? clientResets : proxyResets)[code] { return c.increment() }
-        let c = metrics.counter("happypath_http2_resets_total", [("side", byClient ? "client" : "proxy"), ("code", code.label)])
-        if byClient { clientResets[code] = c } else { proxyResets[code] = c }
-        c.increment()
+        if byClient {
+            Self.kept(&clientResets, code) {
+                metrics.counter("happypath_http2_resets_total", [("side", "client"), ("code", code.label)])
+            }.increment()
+        } else {
+            Self.kept(&proxyResets, code) {
+                metrics.counter("happypath_http2_resets_total", [("side", "proxy"), ("code", code.label)])
+            }.increment()
+        }
     }
     private var clientResets: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
     private var proxyResets: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
+
+    /// The counter `counters` keeps for `code`, made the first time.
+    private static func kept(
+        _ counters: inout [HTTP2ErrorCode: CoreMetrics.Counter], _ code: HTTP2ErrorCode, _ make: () -> CoreMetrics.Counter
+    ) -> CoreMetrics.Counter {
+        if let c = counters[code] { return c }
+        let c = make()
+        counters[code] = c
+        return c
+    }
 
     private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {
         let key = labels.reduce(name) { $0 + "\u{0}" + $1.1 }
