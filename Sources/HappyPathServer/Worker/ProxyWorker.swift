@@ -637,9 +637,9 @@ final class ProxyWorker: HTTPServerDelegate {
             accessLog.append(
                 AccessRecord(
                     requestID: command.requestID, method: command.method, protocolName: exchange.protocolName,
-                    route: exchange.route.label,
-                    upstream: exchange.upstream.name, status: exchange.finalStatus, code: exchange.finalCode,
-                    attempts: command.attempt, durationMicros: duration.nanoseconds / 1000, bytes: exchange.bytesOut))
+                    route: exchange.route.label, upstream: exchange.upstream.name, status: exchange.finalStatus,
+                    code: exchange.finalCode, attempts: command.attempt, durationMicros: duration.nanoseconds / 1000,
+                    bytes: exchange.bytesOut))
         }
     }
 
