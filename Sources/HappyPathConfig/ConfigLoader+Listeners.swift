@@ -111,10 +111,13 @@ extension Reader {
             }
         }
         if let a = tf["alpn"]?.value, let protocols = strings(a, "\(path).alpn") {
-            if protocols != ["http/1.1"] {
-                error(a, "\(path).alpn: the proxy speaks http/1.1 only; write [http/1.1] or leave alpn out")
+            if let other = protocols.first(where: { $0 != "h2" && $0 != "http/1.1" }) {
+                error(a, "\(path).alpn: '\(other)' is not a protocol the proxy speaks; write [h2, http/1.1], [http/1.1], or leave alpn out")
+            } else if !protocols.contains("http/1.1") {
+                error(a, "\(path).alpn must include http/1.1 (clients without HTTP/2 need it); [h2, http/1.1] offers both")
+            } else {
+                settings.alpn = protocols
             }
-            settings.alpn = protocols
         }
         return settings
     }

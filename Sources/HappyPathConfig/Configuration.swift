@@ -403,8 +403,8 @@ public struct TLSListenerSettings: Sendable, Equatable {
     public var certificates: [CertificatePair]
     /// The oldest version accepted: "1.2" (default) or "1.3".
     public var minVersion: TLSMinimumVersion = .tls12
-    /// Protocols offered by ALPN; the proxy speaks http/1.1 only.
-    public var alpn: [String] = ["http/1.1"]
+    /// Protocols offered by ALPN: `h2` (when the listener speaks HTTP/2) before `http/1.1`.
+    public var alpn: [String] = ["h2", "http/1.1"]
 
     public init(certificates: [CertificatePair]) { self.certificates = certificates }
 }

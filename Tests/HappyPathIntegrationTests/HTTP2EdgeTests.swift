@@ -102,6 +102,42 @@ import Testing
         #expect(h1.out.hasSuffix(" 200"))
     }
 
+    @Test func tlsListenersOfferH2ByALPNBeforeHTTP11() throws {
+        let certs = try TestCertificates()
+        let api = try certs.make("api", names: ["localhost"])
+        let h = try ProxyHarness(
+            """
+            listen:
+              - { address: 127.0.0.1:0, tls: { certificates: [ { cert: \(api.cert), key: \(api.key) } ] } }
+              - { address: 127.0.0.1:0, http2: false, tls: { certificates: [ { cert: \(api.cert), key: \(api.key) } ] } }
+              - { address: 127.0.0.1:0, tls: { certificates: [ { cert: \(api.cert), key: \(api.key) } ], alpn: [http/1.1] } }
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              demo: { endpoints: [{{DEMO}}] }
+            routes:
+              - match: { path_prefix: / }
+                upstream: demo
+            """)
+        defer { h.stop() }
+        let ports = h.proxy.ports
+        func get(_ port: Int, _ flags: [String]) throws -> String {
+            let r = try curl(
+                flags + ["--cacert", api.cert, "https://localhost:\(port)/ok", "-w", " %{http_version} %{http_code}"])
+            #expect(r.status == 0, "\(r.err)")
+            return r.out
+        }
+        #expect(try get(ports[0], ["--http2"]).hasSuffix(" 2 200"))
+        #expect(try get(ports[0], ["--http1.1"]).hasSuffix(" 1.1 200"))
+        // Off on the listener, or left out of its alpn: HTTP/1.1.
+        #expect(try get(ports[1], ["--http2"]).hasSuffix(" 1.1 200"))
+        #expect(try get(ports[2], ["--http2"]).hasSuffix(" 1.1 200"))
+        // Streams over TLS: a body both ways, and many streams at once.
+        let r = try runProcess(
+            "/usr/bin/h2load", ["-n", "200", "-c", "2", "-m", "20", "https://localhost:\(ports[0])/ok"], timeout: 60)
+        #expect(r.out.contains("200 succeeded, 0 failed"), "\(r.out)")
+        #expect(r.out.contains("h2"), "\(r.out)")
+    }
+
     @Test func http2SettingsAreReadAndChecked() throws {
         let good = try ConfigLoader.parse(
             Self.yaml(http2: "http2: { max_concurrent_streams: 7, initial_stream_window: 128KiB }").replacingOccurrences(

@@ -155,7 +155,8 @@ public final class ProxyServer: @unchecked Sendable {
                 out.append(
                     try TLSServerContext(
                         certificates: tls.certificates,
-                        minimumTLS13: tls.minVersion == .tls13))
+                        minimumTLS13: tls.minVersion == .tls13,
+                        offerH2: config.http2(for: listener) != nil && tls.alpn.contains("h2")))
             } catch {
                 throw TLSSetupError(description: "listen \(listener.address): \(error.description)")
             }
