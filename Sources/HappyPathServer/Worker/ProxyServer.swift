@@ -101,7 +101,7 @@ public final class ProxyServer: @unchecked Sendable {
         let contexts = try Self.certificates(config)
         shared.metrics.certificateExpiry(config, contexts)
         var listeners = zip(config.listeners, contexts).map { l, tls in
-            ProxyWorker.BoundListener(host: l.address.host, port: l.address.port, tls: tls)
+            ProxyWorker.BoundListener(host: l.address.host, port: l.address.port, tls: tls, http2: config.http2(for: l))
         }
         for i in 0..<workerCount {
             let loop = EventLoop()
@@ -155,7 +155,8 @@ public final class ProxyServer: @unchecked Sendable {
                 out.append(
                     try TLSServerContext(
                         certificates: tls.certificates,
-                        minimumTLS13: tls.minVersion == .tls13))
+                        minimumTLS13: tls.minVersion == .tls13,
+                        offerH2: config.http2(for: listener) != nil && tls.alpn.contains("h2")))
             } catch {
                 throw TLSSetupError(description: "listen \(listener.address): \(error.description)")
             }

@@ -80,11 +80,18 @@ final class ProxyWorker: HTTPServerDelegate {
         idleTimeout = runtime.configuration.limits.clientTimeout
         let caps = runtime.connectionCaps(workers: workers)
         client = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
-        let limits = runtime.configuration.limits
-        let serverLimits = HTTPServerLimits(
-            maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
-            bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization, connections: shared.connections)
+        let configuration = runtime.configuration
+        let limits = configuration.limits
         for listener in listeners {
+            let serverLimits = HTTPServerLimits(
+                maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
+                maxFields: limits.maxHeaders, bodyBudget: shared.bodies, path: configuration.pathNormalization,
+                connections: shared.connections,
+                http2: listener.http2.map {
+                    HTTP2ServerSettings(
+                        maxConcurrentStreams: $0.maxConcurrentStreams, initialStreamWindow: $0.initialStreamWindow,
+                        initialConnectionWindow: $0.initialConnectionWindow, drainTimeout: configuration.drainTimeout)
+                })
             servers.append(
                 try HTTPServer(
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,
@@ -98,6 +105,8 @@ final class ProxyWorker: HTTPServerDelegate {
         var host: String
         var port: Int
         var tls: TLSServerContext?
+        /// What the listener offers of HTTP/2 (nil: HTTP/1.1 only).
+        var http2: HTTP2Configuration?
     }
 
     var port: Int { server.port }

@@ -7,6 +7,13 @@ import HappyPathCore
 /// the call.
 public protocol HTTP2StreamOwner: AnyObject {
     func http2StreamHasOutput(_ stream: HTTP2Stream)
+    /// The stream's request is ready for the connection's dispatch turn
+    /// (`readyToDispatch`), told once.
+    func http2StreamReady(_ stream: HTTP2Stream)
+}
+
+extension HTTP2StreamOwner {
+    public func http2StreamReady(_ stream: HTTP2Stream) {}
 }
 
 /// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
@@ -109,7 +116,7 @@ public final class HTTP2Stream: ClientStream {
         case .closed:
             perform(machine.closed(now: t))
             current = nil
-        case .opened, .goawayReceived:
+        case .opened, .goawayReceived, .resetSent:
             break
         }
     }
@@ -182,7 +189,10 @@ public final class HTTP2Stream: ClientStream {
             body.append(contentsOf: session.takeBody(of: id))
             output = true
         }
-        if let ready = a.ready { readyToDispatch = ready }
+        if let ready = a.ready {
+            readyToDispatch = ready
+            owner?.http2StreamReady(self)
+        }
         if let end = a.end {
             session.sendData(
                 id, UnsafeRawBufferPointer(start: nil, count: 0), end: true,
@@ -384,7 +394,7 @@ extension HTTP2SessionEvent {
     public var streamID: Int32? {
         switch self {
         case let .opened(id), let .headComplete(id), let .requestEnded(id), let .bodyTooLarge(id): id
-        case let .data(id, _), let .resetByPeer(id, _), let .closed(id, _): id
+        case let .data(id, _), let .resetByPeer(id, _), let .closed(id, _), let .resetSent(id, _): id
         case .goawayReceived: nil
         }
     }
