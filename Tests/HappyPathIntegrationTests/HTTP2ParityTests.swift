@@ -9,8 +9,8 @@ import Testing
 /// problem an HTTP/1.1 request refused by the same rule gets, and the
 /// connection and stream events the driver reports become metrics. The
 /// delegate methods are called here as the driver calls them, on a
-/// worker's loop, with requests on a `RecordingStream`; the end-to-end
-/// tests with real HTTP/2 clients are in the driver's suites.
+/// worker's loop, with requests on a `RecordingStream`; one test goes
+/// through the driver with real clients (HTTP2EdgeTests has the rest).
 @Suite struct HTTP2ParityTests {
     static let limits = HTTPServerLimits(maxHeaderBytes: 8192, maxBodyBytes: 4 << 20, timeout: .seconds(5))
 
@@ -178,6 +178,47 @@ import Testing
         #expect(m[#"happypath_http2_goaways_total{side="sent",reason="rapid_reset"}"#] == 1)
         #expect(m[#"happypath_http2_goaways_total{side="sent",reason="flood_settings"}"#] == 1)
         #expect(m[#"happypath_http2_goaways_total{side="sent",reason="client"}"#] == nil)
+    }
+
+    // MARK: - With a real client
+
+    /// nghttp and curl over h2c, through the driver: the access log says `HTTP/2`, a
+    /// refused stream gets its problem and is counted, and the gauges come
+    /// back to 0 once the client has gone.
+    @Test func overH2cTheAccessLogSaysHTTP2AndTheMetricsCount() throws {
+        let capture = AccessLogTests.Capture()
+        let h = try ProxyHarness(
+            HTTP2EdgeTests.yaml(), accessLog: AccessLogSettings(level: .info, format: .json, sink: capture.sink))
+        defer { h.stop() }
+        let base = "http://127.0.0.1:\(h.port)"
+        // Two streams on one connection (nghttp: curl 7.88.1 cannot reuse an h2c connection).
+        let two = try runProcess(
+            "/usr/bin/nghttp", ["-n", "-H", "x-request-id: h2-log", base + "/ok", base + "/ok?2"], timeout: 20)
+        #expect(two.status == 0, "\(two.out) \(two.err)")
+        #expect(waitUntil("two access-log lines") { capture.lines.count == 2 })
+        for line in capture.lines {
+            let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+            #expect(object?["protocol"] as? String == "HTTP/2", "\(line)")
+            #expect(object?["request_id"] as? String == "h2-log")
+        }
+        // A path above the root: HTTP/1.1's rule, on its stream.
+        let refused = try runProcess(
+            "/usr/bin/curl",
+            ["-sS", "--max-time", "15", "--http2-prior-knowledge", "--path-as-is", base + "/../x", "-w", "\n%{http_code}"],
+            timeout: 20)
+        #expect(refused.out.hasSuffix("\n400"), "\(refused.out) \(refused.err)")
+        #expect(refused.out.contains(#""code":"BAD_REQUEST""#), "\(refused.out)")
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(
+            waitUntil("both connections closed and counted") {
+                let m = try admin.metrics()
+                return m["happypath_http2_connections"] == 0 && m["happypath_http2_streams_open"] == 0
+                    && m[#"happypath_http2_connections_total{tls="false"}"#] == 2
+            })
+        let m = try admin.metrics()
+        #expect(m["happypath_http2_streams_total"] == 3)
+        #expect(m[#"happypath_requests_refused_total{reason="path_above_root",status="400"}"#] == 1)
+        #expect(capture.lines.count == 2, "a refused stream has no access-log line, as on HTTP/1.1")
     }
 
     /// A proxy that never spoke HTTP/2 shows its gauges at 0 and no counter.
