@@ -81,7 +81,7 @@ private final class Observer: HTTPRequestObserver {
 }
 
 /// A stream that carries `carried` and records every call made for it
-/// (HTTP2ParityTests answers requests through it too).
+/// (HTTP2RefusalsAndMetricsTests answers requests through it too).
 final class RecordingStream: ClientStream {
     weak var carried: HTTPRequest?
     var calls: [String] = []

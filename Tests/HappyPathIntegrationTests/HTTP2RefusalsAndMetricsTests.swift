@@ -11,7 +11,7 @@ import Testing
 /// delegate methods are called here as the driver calls them, on a
 /// worker's loop, with requests on a `RecordingStream`; one test goes
 /// through the driver with real clients (HTTP2EdgeTests has the rest).
-@Suite struct HTTP2ParityTests {
+@Suite struct HTTP2RefusalsAndMetricsTests {
     static let limits = HTTPServerLimits(maxHeaderBytes: 8192, maxBodyBytes: 4 << 20, timeout: .seconds(5))
 
     // MARK: - The problem (pure)
