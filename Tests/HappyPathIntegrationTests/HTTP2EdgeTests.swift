@@ -64,6 +64,28 @@ import Testing
         #expect(down.out.trimmingCharacters(in: .whitespacesAndNewlines) == "20000000", "\(down.err)")
     }
 
+    @Test func bodiesCountAgainstTheBufferedBytesLimitAndAnswersCarryADate() throws {
+        let h = try ProxyHarness(Self.yaml(limits: "{ max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s }"))
+        defer { h.stop() }
+        let base = "http://127.0.0.1:\(h.port)"
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("h2-budget-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        FileManager.default.createFile(atPath: file, contents: Data(count: 3_000_000))
+        // nghttp: curl 7.88 may report the RST_STREAM NO_ERROR that follows
+        // an early answer (RFC 9113 section 8.1) as an error and drop the answer.
+        let r = try runProcess("/usr/bin/nghttp", ["-v", "-d", file, base + "/echo"], timeout: 20)
+        #expect(r.out.contains(":status: 503"), "\(r.out.suffix(3000))")
+        #expect(r.out.contains("OVERLOADED"), "\(r.out.suffix(3000))")
+        // The proxy's own answer carries a Date, as on HTTP/1.1.
+        #expect(r.out.contains("date: "), "\(r.out.suffix(3000))")
+        // The rest of the request is stopped with NO_ERROR after the answer.
+        #expect(r.out.contains("error_code=NO_ERROR"), "\(r.out.suffix(3000))")
+        // The budget is whole again: a body that fits goes through.
+        let small = try curl(["--http2-prior-knowledge", "--data-binary", "0123456789", base + "/echo", "-w", " %{http_code}"])
+        #expect(small.out.hasSuffix(" 200"), "\(small.out)")
+        #expect(eventually { (try? HTTP.request(port: h.adminPort, "/metrics").text.contains("happypath_buffered_body_bytes 0")) == true })
+    }
+
     @Test func manyStreamsOnFewConnectionsAreAllAnswered() throws {
         let h = try ProxyHarness(Self.yaml())
         defer { h.stop() }

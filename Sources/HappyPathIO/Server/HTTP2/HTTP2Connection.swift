@@ -211,6 +211,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
                     session: session, id: id, peerAddress: peerAddress, localAddress: localAddress, isSecure: isSecure,
                     idle: streamIdle, now: { [unowned self] in now })
                 stream.owner = self
+                stream.budget = server.limits.bodyBudget
+                stream.dateHeader = server.dateHeader
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)
