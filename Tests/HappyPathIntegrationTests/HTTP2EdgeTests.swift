@@ -160,6 +160,37 @@ import Testing
         #expect(r.out.contains("h2"), "\(r.out)")
     }
 
+    @Test func drainSendsGoawayAndTheStreamInFlightFinishes() throws {
+        let h = try ProxyHarness(Self.yaml())
+        let admin = AdminProbe(port: h.adminPort)
+        let out = FileManager.default.temporaryDirectory.appendingPathComponent("h2-drain-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: out) }
+        FileManager.default.createFile(atPath: out.path, contents: nil)
+        let client = Process()
+        client.executableURL = URL(fileURLWithPath: "/usr/bin/nghttp")
+        client.arguments = ["-v", "http://127.0.0.1:\(h.port)/slow?ms=1000"]
+        client.standardOutput = try FileHandle(forWritingTo: out)
+        try client.run()
+        defer { if client.isRunning { client.terminate() } }
+        waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
+        let proxy = h.proxy
+        let drained = Locked(false)
+        let t = Thread {
+            proxy.drain(timeout: .seconds(5))
+            drained.withLock { $0 = true }
+        }
+        t.start()
+        #expect(waitUntil("nghttp to end") { !client.isRunning })
+        let text = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+        // GOAWAY NO_ERROR naming stream 13 (nghttp's first request stream), then the answer.
+        #expect(text.contains("recv GOAWAY frame"), "\(text.suffix(2000))")
+        #expect(text.contains("last_stream_id=13, error_code=NO_ERROR"), "\(text.suffix(2000))")
+        #expect(text.contains(":status: 200"), "\(text.suffix(2000))")
+        #expect(text.contains("delayed_ms"), "\(text.suffix(2000))")
+        #expect(waitUntil("drain() to return") { drained.withLock { $0 } })
+        h.stop()
+    }
+
     @Test func http2SettingsAreReadAndChecked() throws {
         let good = try ConfigLoader.parse(
             Self.yaml(http2: "http2: { max_concurrent_streams: 7, initial_stream_window: 128KiB }").replacingOccurrences(
