@@ -74,6 +74,10 @@ public final class HTTP2Stream: ClientStream {
     private var nominators: [[UInt8]] = []
     private var trailers = HTTP2FieldBlock()
     private var drainWanted = false
+    /// The answer was broken off: the stream is reset once what was staged
+    /// before (the head, body bytes) has gone out, so the client sees how
+    /// far it got.
+    private var abortWhenSent = false
     /// `session.dataSent(of:)` when last looked at.
     private var sentSeen = 0
 
@@ -165,6 +169,11 @@ public final class HTTP2Stream: ClientStream {
             sentSeen = sent
         }
         if session.endStreamSent(id) { perform(machine.endStreamSent(now: t)) }
+        if abortWhenSent, session.pendingOutput(for: id) == 0 {
+            abortWhenSent = false
+            perform(machine.aborted(now: t))
+            owner?.http2StreamHasOutput(self)
+        }
         if drainWanted, session.pendingOutput(for: id) == 0 {
             drainWanted = false
             current?.streamDrained()
@@ -388,11 +397,13 @@ public final class HTTP2Stream: ClientStream {
         return true
     }
 
-    /// RST_STREAM INTERNAL_ERROR on this stream only (the connection and its other streams go on).
+    /// RST_STREAM INTERNAL_ERROR on this stream only (the connection and
+    /// its other streams go on), after what was staged before goes out.
     public func cancel(_ request: HTTPRequest) {
         guard current === request else { return }
         current = nil
-        perform(machine.aborted(now: now()))
+        abortWhenSent = true
+        owner?.http2StreamHasOutput(self)
     }
 
     /// The stream's bytes staged and not yet taken into DATA frames.
