@@ -64,6 +64,28 @@ import Testing
         #expect(down.out.trimmingCharacters(in: .whitespacesAndNewlines) == "20000000", "\(down.err)")
     }
 
+    @Test func bodiesCountAgainstTheBufferedBytesLimitAndAnswersCarryADate() throws {
+        let h = try ProxyHarness(Self.yaml(limits: "{ max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s }"))
+        defer { h.stop() }
+        let base = "http://127.0.0.1:\(h.port)"
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("h2-budget-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        FileManager.default.createFile(atPath: file, contents: Data(count: 3_000_000))
+        // nghttp: curl 7.88 may report the RST_STREAM NO_ERROR that follows
+        // an early answer (RFC 9113 section 8.1) as an error and drop the answer.
+        let r = try runProcess("/usr/bin/nghttp", ["-v", "-d", file, base + "/echo"], timeout: 20)
+        #expect(r.out.contains(":status: 503"), "\(r.out.suffix(3000))")
+        #expect(r.out.contains("OVERLOADED"), "\(r.out.suffix(3000))")
+        // The proxy's own answer carries a Date, as on HTTP/1.1.
+        #expect(r.out.contains("date: "), "\(r.out.suffix(3000))")
+        // The rest of the request is stopped with NO_ERROR after the answer.
+        #expect(r.out.contains("error_code=NO_ERROR"), "\(r.out.suffix(3000))")
+        // The budget is whole again: a body that fits goes through.
+        let small = try curl(["--http2-prior-knowledge", "--data-binary", "0123456789", base + "/echo", "-w", " %{http_code}"])
+        #expect(small.out.hasSuffix(" 200"), "\(small.out)")
+        #expect(eventually { (try? HTTP.request(port: h.adminPort, "/metrics").text.contains("happypath_buffered_body_bytes 0")) == true })
+    }
+
     @Test func manyStreamsOnFewConnectionsAreAllAnswered() throws {
         let h = try ProxyHarness(Self.yaml())
         defer { h.stop() }
@@ -136,6 +158,37 @@ import Testing
             "/usr/bin/h2load", ["-n", "200", "-c", "2", "-m", "20", "https://localhost:\(ports[0])/ok"], timeout: 60)
         #expect(r.out.contains("200 succeeded, 0 failed"), "\(r.out)")
         #expect(r.out.contains("h2"), "\(r.out)")
+    }
+
+    @Test func drainSendsGoawayAndTheStreamInFlightFinishes() throws {
+        let h = try ProxyHarness(Self.yaml())
+        let admin = AdminProbe(port: h.adminPort)
+        let out = FileManager.default.temporaryDirectory.appendingPathComponent("h2-drain-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: out) }
+        FileManager.default.createFile(atPath: out.path, contents: nil)
+        let client = Process()
+        client.executableURL = URL(fileURLWithPath: "/usr/bin/nghttp")
+        client.arguments = ["-v", "http://127.0.0.1:\(h.port)/slow?ms=1000"]
+        client.standardOutput = try FileHandle(forWritingTo: out)
+        try client.run()
+        defer { if client.isRunning { client.terminate() } }
+        waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
+        let proxy = h.proxy
+        let drained = Locked(false)
+        let t = Thread {
+            proxy.drain(timeout: .seconds(5))
+            drained.withLock { $0 = true }
+        }
+        t.start()
+        #expect(waitUntil("nghttp to end") { !client.isRunning })
+        let text = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+        // GOAWAY NO_ERROR naming stream 13 (nghttp's first request stream), then the answer.
+        #expect(text.contains("recv GOAWAY frame"), "\(text.suffix(2000))")
+        #expect(text.contains("last_stream_id=13, error_code=NO_ERROR"), "\(text.suffix(2000))")
+        #expect(text.contains(":status: 200"), "\(text.suffix(2000))")
+        #expect(text.contains("delayed_ms"), "\(text.suffix(2000))")
+        #expect(waitUntil("drain() to return") { drained.withLock { $0 } })
+        h.stop()
     }
 
     @Test func http2SettingsAreReadAndChecked() throws {

@@ -209,8 +209,10 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 }
                 let stream = HTTP2Stream(
                     session: session, id: id, peerAddress: peerAddress, localAddress: localAddress, isSecure: isSecure,
-                    idle: streamIdle, now: { [unowned self] in now })
+                    idle: streamIdle, now: { MonotonicClock().now() })  // a stream may outlive this driver
                 stream.owner = self
+                stream.budget = server.limits.bodyBudget
+                stream.dateHeader = server.dateHeader
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)
