@@ -25,6 +25,7 @@ static const char *const intermediate_ciphers =
     "DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384";
 
 static const unsigned char alpn_http11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+static const unsigned char alpn_h2[] = {2, 'h', '2'};
 
 static void message(char *err, size_t errlen, const char *what, const char *file) {
     unsigned long e = ERR_peek_last_error();
@@ -34,15 +35,29 @@ static void message(char *err, size_t errlen, const char *what, const char *file
     ERR_clear_error();
 }
 
-// A client that offers ALPN gets http/1.1 or a no_application_protocol alert.
+// A client that offers ALPN gets h2 if the listener offers it and the
+// client names it (whatever the client's order: the server's preference),
+// else http/1.1, else a no_application_protocol alert. `arg` is non-NULL
+// when the listener offers h2. `out` points into the client's list, as
+// OpenSSL requires (it is read during the handshake).
 static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
                        unsigned int inlen, void *arg) {
     (void)ssl;
-    (void)arg;
-    unsigned char *chosen = NULL;
-    if (SSL_select_next_proto(&chosen, outlen, alpn_http11, sizeof alpn_http11, in, inlen) == OPENSSL_NPN_NEGOTIATED) {
-        *out = chosen;
-        return SSL_TLSEXT_ERR_OK;
+    const unsigned char *choices[2] = {arg ? alpn_h2 : NULL, alpn_http11};
+    for (int c = 0; c < 2; c++) {
+        const unsigned char *proto = choices[c];
+        if (!proto) continue;
+        unsigned int i = 0;
+        while (i < inlen) {
+            unsigned int n = in[i];
+            if (n == 0 || n > inlen - i - 1) break;
+            if (n == proto[0] && memcmp(in + i + 1, proto + 1, n) == 0) {
+                *out = in + i + 1;
+                *outlen = (unsigned char)n;
+                return SSL_TLSEXT_ERR_OK;
+            }
+            i += 1 + n;
+        }
     }
     return SSL_TLSEXT_ERR_ALERT_FATAL;
 }
@@ -63,7 +78,7 @@ static int select_certificate(SSL *ssl, int *alert, void *arg) {
     return SSL_TLSEXT_ERR_OK;
 }
 
-static SSL_CTX *context(const char *cert, const char *key, int min_tls13, char *err, size_t errlen) {
+static SSL_CTX *context(const char *cert, const char *key, int min_tls13, int offer_h2, char *err, size_t errlen) {
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
         message(err, errlen, "cannot make a TLS context for", cert);
@@ -85,7 +100,7 @@ static SSL_CTX *context(const char *cert, const char *key, int min_tls13, char *
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
     static const unsigned char sid[] = "happypath";
     SSL_CTX_set_session_id_context(ctx, sid, sizeof sid - 1);
-    SSL_CTX_set_alpn_select_cb(ctx, select_alpn, NULL);
+    SSL_CTX_set_alpn_select_cb(ctx, select_alpn, offer_h2 ? (void *)alpn_h2 : NULL);
     if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
         message(err, errlen, "cannot read the certificate", cert);
         SSL_CTX_free(ctx);
@@ -112,7 +127,7 @@ static SSL_CTX *context(const char *cert, const char *key, int min_tls13, char *
 }
 
 hp_tls_server *hp_tls_server_new(const char *const *certs, const char *const *keys, int count, int min_tls13,
-                                 char *err, size_t errlen) {
+                                 int offer_h2, char *err, size_t errlen) {
     ERR_clear_error();
     if (count < 1) {
         snprintf(err, errlen, "no certificate");
@@ -121,7 +136,7 @@ hp_tls_server *hp_tls_server_new(const char *const *certs, const char *const *ke
     hp_tls_server *server = calloc(1, sizeof(hp_tls_server) + (size_t)count * sizeof(SSL_CTX *));
     if (!server) return NULL;
     for (int i = 0; i < count; i++) {
-        server->contexts[i] = context(certs[i], keys[i], min_tls13, err, errlen);
+        server->contexts[i] = context(certs[i], keys[i], min_tls13, offer_h2, err, errlen);
         if (!server->contexts[i]) {
             hp_tls_server_free(server);
             return NULL;
@@ -155,7 +170,7 @@ long long hp_tls_server_not_after(const hp_tls_server *server, int index) {
 
 int hp_tls_check_pair(const char *cert, const char *key, long long *expiry, char *err, size_t errlen) {
     ERR_clear_error();
-    SSL_CTX *ctx = context(cert, key, 0, err, errlen);
+    SSL_CTX *ctx = context(cert, key, 0, 0, err, errlen);
     if (!ctx) return -1;
     *expiry = not_after(SSL_CTX_get0_certificate(ctx));
     SSL_CTX_free(ctx);
@@ -286,6 +301,13 @@ int hp_tls_write(void *session, const void *buffer, int length) {
 int hp_tls_pending(void *session) { return SSL_has_pending(session); }
 
 int hp_tls_version(void *session) { return SSL_version(session) == TLS1_3_VERSION ? 13 : 12; }
+
+int hp_tls_alpn_is_h2(void *session) {
+    const unsigned char *proto = NULL;
+    unsigned int len = 0;
+    SSL_get0_alpn_selected(session, &proto, &len);
+    return len == 2 && proto[0] == 'h' && proto[1] == '2';
+}
 
 void hp_tls_shutdown(void *session) {
     ERR_clear_error();

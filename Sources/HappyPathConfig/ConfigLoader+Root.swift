@@ -19,8 +19,12 @@ extension Reader {
             root, "",
             known: [
                 "listen", "workers", "admin", "limits", "normalize", "drain_timeout", "defaults", "upstreams", "routes",
-                "storage", "trusted_proxies", "tracing",
+                "storage", "trusted_proxies", "tracing", "http2",
             ])
+        if let node = f["http2"]?.value {
+            config.http2 = http2(node, "http2", base: HTTP2Configuration())
+            topHTTP2 = config.http2
+        }
         if let node = f["listen"]?.value, let l = listeners(node) { config.listeners = l }
         if let w = f["workers"]?.value {
             if text(w, "workers") != "auto" { config.workers = int(w, "workers", min: 1, max: 256) }
@@ -36,7 +40,7 @@ extension Reader {
                 limits, "limits",
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
-                    "encoded_slashes", "stale_max_bytes", "stale_max_entry",
+                    "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -46,6 +50,7 @@ extension Reader {
                     config.limits.maxHeaderBytes = v
                 }
             }
+            if let v = int(lf["max_headers"]?.value, "limits.max_headers", min: 1, max: 10_000) { config.limits.maxHeaders = v }
             if let v = duration(lf["client_timeout"]?.value, "limits.client_timeout") { config.limits.clientTimeout = v }
             if let v = int(lf["max_parked"]?.value, "limits.max_parked", min: 0) { config.limits.maxParked = v }
             if let v = int(lf["max_connections"]?.value, "limits.max_connections", min: 1) { config.limits.maxClientConnections = v }

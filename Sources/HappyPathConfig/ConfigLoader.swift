@@ -116,6 +116,8 @@ final class Reader {
     let file: String
     let environment: [String: String]
     var errors: [ConfigError] = []
+    /// The top level's `http2:` once read: what a listener's own `http2:` keys go over.
+    var topHTTP2: HTTP2Configuration? = HTTP2Configuration()
 
     init(file: String, environment: [String: String]) {
         self.file = file

@@ -33,6 +33,9 @@ public struct Configuration: Sendable {
     /// `trusted_proxies`: X-Forwarded-For hops from these networks are
     /// skipped when the proxy looks for a client's address (rate limits).
     public var trustedProxies: [IPRange] = []
+    /// `http2:` at the top level: HTTP/2 on every listener that does not say
+    /// otherwise (nil: `http2: false`). On by default.
+    public var http2: HTTP2Configuration? = HTTP2Configuration()
     /// `normalize.merge_slashes`: `//` in a request path collapses to `/`
     /// before routing (default false). Dot-segments are always removed.
     public var mergeSlashes = false
@@ -46,6 +49,15 @@ public struct Configuration: Sendable {
     public var usesStore: Bool { routes.contains { $0.delivery.mode == .later } }
     /// Some route keeps answers for `fallback.serve_stale` (the process then has a store of them).
     public var keepsAnswers: Bool { routes.contains { $0.fallback?.serveStale != nil } }
+
+    /// What `listener` offers of HTTP/2 (nil: HTTP/1.1 only).
+    public func http2(for listener: Listener) -> HTTP2Configuration? {
+        switch listener.http2 {
+        case .inherit: http2
+        case .off: nil
+        case let .on(settings): settings
+        }
+    }
 
     public func upstream(named name: String) -> Upstream? { upstreams.first { $0.name == name } }
 
@@ -69,6 +81,8 @@ public struct Limits: Sendable {
     public var maxRequestBody: Int = 10 * 1024 * 1024
     /// Larger request heads are answered 431 HEADERS_TOO_LARGE.
     public var maxHeaderBytes: Int = 64 * 1024
+    /// Header fields in a request head (HTTP/1.1 and HTTP/2); more are answered 431.
+    public var maxHeaders: Int = 100
     /// Idle or slow client connections are closed after this.
     public var clientTimeout: Duration = .seconds(30)
     /// Parked commands in the whole process.
@@ -376,6 +390,8 @@ public struct Listener: Sendable, Equatable {
     public var address: ListenAddress
     /// nil: plain HTTP.
     public var tls: TLSListenerSettings?
+    /// The listener's own `http2:`; `.inherit` takes the top level's.
+    public var http2: HTTP2Choice = .inherit
 
     public init(address: ListenAddress, tls: TLSListenerSettings? = nil) {
         self.address = address
@@ -389,8 +405,8 @@ public struct TLSListenerSettings: Sendable, Equatable {
     public var certificates: [CertificatePair]
     /// The oldest version accepted: "1.2" (default) or "1.3".
     public var minVersion: TLSMinimumVersion = .tls12
-    /// Protocols offered by ALPN; the proxy speaks http/1.1 only.
-    public var alpn: [String] = ["http/1.1"]
+    /// Protocols offered by ALPN: `h2` (when the listener speaks HTTP/2) before `http/1.1`.
+    public var alpn: [String] = ["h2", "http/1.1"]
 
     public init(certificates: [CertificatePair]) { self.certificates = certificates }
 }
@@ -398,4 +414,28 @@ public struct TLSListenerSettings: Sendable, Equatable {
 public enum TLSMinimumVersion: String, Sendable, CaseIterable {
     case tls12 = "1.2"
     case tls13 = "1.3"
+}
+
+/// `http2:` (docs/http2.md): HTTP/2 by prior knowledge on a cleartext
+/// listener, by ALPN `h2` on a TLS one. Envoy's edge defaults.
+public struct HTTP2Configuration: Sendable, Equatable {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams a client may have open at once (1 to 1000).
+    public var maxConcurrentStreams = 100
+    /// SETTINGS_INITIAL_WINDOW_SIZE: request body a stream may send ahead (64KiB to 2³¹−1 bytes).
+    public var initialStreamWindow = 64 * 1024
+    /// The connection's receive window, over all its streams (at least the stream window).
+    public var initialConnectionWindow = 1024 * 1024
+
+    public init() {}
+
+    public static let maxWindow = Int(Int32.max)
+}
+
+/// A listener's `http2:`.
+public enum HTTP2Choice: Sendable, Equatable {
+    /// Not set on the listener: the top level's.
+    case inherit
+    /// `http2: false`.
+    case off
+    case on(HTTP2Configuration)
 }

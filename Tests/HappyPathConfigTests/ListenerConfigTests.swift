@@ -52,7 +52,7 @@ import Testing
                 tls: { certificates: [ { cert: a.crt, key: a.key } ] }
             """)
         #expect(c.listeners[0].tls?.minVersion == .tls12)
-        #expect(c.listeners[0].tls?.alpn == ["http/1.1"])
+        #expect(c.listeners[0].tls?.alpn == ["h2", "http/1.1"])
     }
 
     @Test(arguments: [
@@ -61,7 +61,8 @@ import Testing
         ("listen: [ { address: 127.0.0.1:8443, tls: {} } ]", "listen[0].tls.certificates must list at least one"),
         ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a } ] } } ]", "listen[0].tls.certificates[0] needs both cert and key"),
         ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], min_version: \"1.1\" } } ]", "min_version must be \"1.2\" or \"1.3\""),
-        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], alpn: [h2] } } ]", "speaks http/1.1 only"),
+        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], alpn: [h2] } } ]", "alpn must include http/1.1"),
+        ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], alpn: [spdy/3, http/1.1] } } ]", "'spdy/3' is not a protocol the proxy speaks"),
         ("listen: [ \"0.0.0.0:8080\", { address: \"0.0.0.0:8080\" } ]", "is listed twice"),
         ("listen: [ \"0.0.0.0:8080\", \"0.0.0.0:8080\" ]", "listen[1]: 0.0.0.0:8080 is listed twice"),
         ("listen: [ { address: 127.0.0.1:8443, tls: { certificates: [ { cert: a, key: b } ], ciphers: x } } ]", "unknown key 'listen[0].tls.ciphers'"),

@@ -187,7 +187,10 @@ import Testing
         let events = HTTP2ReceiveResult.events(client.exchange(with: server))
         #expect(client.answers[id]?.resetWith == NGHTTP2_REFUSED_STREAM.rawValue)
         #expect(client.answers[id]?.closedWith == NGHTTP2_REFUSED_STREAM.rawValue)
-        #expect(events == [.closed(id, code: NGHTTP2_REFUSED_STREAM.rawValue)])
+        #expect(
+            events == [
+                .resetSent(id, code: NGHTTP2_REFUSED_STREAM.rawValue), .closed(id, code: NGHTTP2_REFUSED_STREAM.rawValue),
+            ])
         #expect(!server.isOpen(id))
     }
 
@@ -264,7 +267,10 @@ import Testing
         #expect(result.ready == [1])
         #expect(!result.events.contains(.requestEnded(1)))
         _ = server.produceAll()  // the RST_STREAM goes out, and the stream closes
-        #expect(server.takeEvents().events == [.closed(1, code: NGHTTP2_INTERNAL_ERROR.rawValue)])
+        #expect(
+            server.takeEvents().events == [
+                .resetSent(1, code: NGHTTP2_INTERNAL_ERROR.rawValue), .closed(1, code: NGHTTP2_INTERNAL_ERROR.rawValue),
+            ])
         #expect(server.wantsRead)
     }
 

@@ -62,7 +62,8 @@ import Testing
             #expect(line["msg"] as? String == "request")
             #expect(line["level"] as? String == "info")
             for field in [
-                "ts", "method", "request_id", "route", "upstream", "status", "code", "attempts", "duration_ms", "bytes",
+                "ts", "method", "protocol", "request_id", "route", "upstream", "status", "code", "attempts", "duration_ms",
+                "bytes",
             ] {
                 #expect(line[field] != nil, "access log line lacks \(field)")
             }
@@ -70,6 +71,7 @@ import Testing
         let ok = access.compactMap { $0 }.first { $0["request_id"] as? String == "log-test-1" }
         #expect(ok?["status"] as? Int == 200)
         #expect(ok?["method"] as? String == "GET")
+        #expect(ok?["protocol"] as? String == "HTTP/1.1")
         #expect((ok?["bytes"] as? Int ?? 0) > 0)
         #expect(ok?["bytes"] as? Int == okResponse.body.count)  // the body bytes the client got
         #expect(access.contains { $0?["code"] as? String == "NOT_FOUND" && $0?["status"] as? Int == 404 })
@@ -79,6 +81,24 @@ import Testing
         #expect(
             others.allSatisfy { (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any] != nil },
             "every other log line is a JSON object too")
+    }
+
+    /// `protocol` is the version the request came in, read when it was
+    /// dispatched (the connection may carry another request by the time
+    /// the line is written).
+    @Test func theProtocolIsTheRequestsOwn() throws {
+        let capture = Capture()
+        let h = try ProxyHarness(accessLog: AccessLogSettings(level: .info, format: .json, sink: capture.sink))
+        defer { h.stop() }
+        #expect(try EdgeHardeningTests.raw(h.port, "GET /ok HTTP/1.0\r\nHost: x\r\nX-Request-Id: v10\r\n\r\n").status == 200)
+        #expect(try EdgeHardeningTests.raw(h.port, "GET /ok HTTP/1.1\r\nHost: x\r\nX-Request-Id: v11\r\n\r\n").status == 200)
+        #expect(waitFor { capture.lines.count == 2 })
+        var protocols: [String: String] = [:]
+        for line in capture.lines {
+            let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+            if let id = object?["request_id"] as? String { protocols[id] = object?["protocol"] as? String }
+        }
+        #expect(protocols == ["v10": "HTTP/1.0", "v11": "HTTP/1.1"])
     }
 
     @Test func strangeRequestIDsAreEscaped() throws {
@@ -156,6 +176,7 @@ import Testing
         #expect(line.contains(" INFO request "))
         #expect(line.contains("request_id=text-1"))
         #expect(line.contains("status=200"))
+        #expect(line.contains(" protocol=HTTP/1.1 "))
         h.stop()
 
         let quiet = Capture()

@@ -91,10 +91,16 @@ private final class Observer: HTTPRequestObserver {
     func requestOutputDrained(_ request: HTTPRequest) { events.append("drained") }
 }
 
-/// A stream that carries `carried` and records every call made for it.
-private final class RecordingStream: ClientStream {
+/// A stream that carries `carried` and records every call made for it
+/// (HTTP2RefusalsAndMetricsTests answers requests through it too).
+final class RecordingStream: ClientStream {
     weak var carried: HTTPRequest?
     var calls: [String] = []
+    /// What `protocolName` says.
+    var protocolName: StaticString = "HTTP/1.1"
+    /// The fields staged for the answer, and the body of a whole reply.
+    var staged: [(name: String, value: String)] = []
+    var wholeBody = ""
     private let fields: [(String, String)] = [("Host", "example.test"), ("X-Tenant", "blue")]
 
     /// A stream and the request it carries.
@@ -107,7 +113,7 @@ private final class RecordingStream: ClientStream {
 
     private func carries(_ request: HTTPRequest) -> Bool { carried === request }
 
-    func protocolName(of request: HTTPRequest) -> StaticString { "HTTP/1.1" }
+    func protocolName(of request: HTTPRequest) -> StaticString { protocolName }
 
     func method(of request: HTTPRequest) -> String? {
         calls.append("method")
@@ -135,7 +141,9 @@ private final class RecordingStream: ClientStream {
     var localAddress: String { "192.0.2.2" }
 
     func stageField(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
-        if carries(request) { calls.append("stage " + String(decoding: name, as: UTF8.self)) }
+        guard carries(request) else { return }
+        calls.append("stage " + String(decoding: name, as: UTF8.self))
+        staged.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
     }
     func stageTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, for request: HTTPRequest) {
         if carries(request) { calls.append("trailer " + String(decoding: name, as: UTF8.self)) }
@@ -154,6 +162,7 @@ private final class RecordingStream: ClientStream {
     func writeWhole(status: Int, body: UnsafeRawBufferPointer, for request: HTTPRequest) -> Bool {
         guard carries(request) else { return false }
         calls.append("whole \(status) \(body.count)")
+        wholeBody = String(decoding: body, as: UTF8.self)
         carried = nil
         return true
     }

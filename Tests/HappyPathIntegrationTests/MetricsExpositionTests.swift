@@ -1,12 +1,14 @@
 import Foundation
 import HappyPathCore
+import HappyPathIO
 import Testing
 
 @testable import HappyPathServer
 
 /// `/metrics` as Prometheus reads it: a proxy that has seen many kinds of
 /// traffic (answers and errors, retries, deliver later, a rate limit, hedges,
-/// fallbacks, refused requests) is scraped; every family has its `# HELP`,
+/// fallbacks, refused requests, HTTP/2 connections, streams, resets and
+/// GOAWAYs) is scraped; every family has its `# HELP`,
 /// and `promtool check metrics` (Debian's `prometheus`, which `make test`
 /// installs) finds nothing to report.
 @Suite("Metrics exposition", .serialized)
@@ -73,12 +75,33 @@ struct MetricsExpositionTests {
         _ = try HTTP.request(port: h.port, "POST", "/later/echo", body: Array("{}".utf8))
         _ = try HTTP.request(port: h.port, "POST", "/later-down/x", body: Array("{}".utf8))
         _ = try EdgeHardeningTests.raw(h.port, "GET / HTTP/1.1\r\n\r\n")  // no Host: refused by the edge
+        // HTTP/2's events as its driver reports them to a worker, and a refused stream.
+        h.proxy.onWorker { w in
+            w.http2ConnectionOpened(tls: true)
+            w.http2ConnectionOpened(tls: false)
+            w.http2StreamOpened()
+            w.http2StreamOpened()
+            w.http2StreamClosed()
+            w.http2StreamReset(byClient: true, code: .cancel)
+            w.http2StreamReset(byClient: false, code: .enhanceYourCalm)
+            w.http2GoawayReceived(code: .noError)
+            w.http2ConnectionClosed(reason: .rapidReset, sentGoaway: true)
+            let stream = RecordingStream()
+            stream.protocolName = "HTTP/2"
+            let request = HTTPRequest(stream: stream)
+            stream.carried = request
+            w.reject(request, refusal: .malformed(.connectionSpecificField))
+        }
         let admin = AdminProbe(port: h.adminPort)
         guard
             waitUntil("the delivery to the demo delivered", {
                 try admin.metric("happypath_deliveries_total{upstream=\"demo\",outcome=\"delivered\"}") == 1
             })
         else { throw TestError("nothing delivered") }
+        let refusedStream = "happypath_requests_refused_total{reason=\"connection_specific_field\",status=\"400\"}"
+        guard waitUntil("the HTTP/2 refusal counted", { try admin.metric(refusedStream) == 1 }) else {
+            throw TestError("the HTTP/2 events did not reach the worker")
+        }
         return String(decoding: try HTTP.request(port: h.adminPort, "/metrics").body, as: UTF8.self)
     }
 
@@ -159,6 +182,8 @@ struct MetricsExpositionTests {
             "happypath_circuit_state", "happypath_parked_commands", "happypath_token_refreshes_total",
             "happypath_upstream_paused_seconds", "happypath_deliveries_queued", "happypath_delivery_oldest_queued_seconds",
             "process_cpu_seconds_total", "process_open_fds", "happypath_tls_certificate_expiry_seconds",
+            "happypath_http2_connections", "happypath_http2_connections_total", "happypath_http2_streams_open",
+            "happypath_http2_streams_total", "happypath_http2_resets_total", "happypath_http2_goaways_total",
         ] {
             #expect(families[name]?.type != nil, "\(name) is not in the scrape")
         }

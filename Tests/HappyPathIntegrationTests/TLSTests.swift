@@ -146,12 +146,12 @@ import Testing
         let old = try curl(["--tls-max", "1.1", "--cacert", api.cert, "https://localhost:\(port)/"])
         #expect(old.status != 0)
         #expect(eventually { failures("version") == 2 })
-        // ALPN without http/1.1: no_application_protocol.
+        // ALPN naming neither h2 nor http/1.1: no_application_protocol.
         let alpn = try python(
             """
             import socket, ssl
             ctx = ssl.create_default_context(cafile="\(api.cert)")
-            ctx.set_alpn_protocols(["h2"])
+            ctx.set_alpn_protocols(["spdy/3"])
             try:
                 with socket.create_connection(("127.0.0.1", \(port))) as raw:
                     with ctx.wrap_socket(raw, server_hostname="localhost") as s: print("accepted")

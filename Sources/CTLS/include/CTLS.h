@@ -32,10 +32,11 @@ enum {
 
 // The contexts of one listener: `count` certificate and key files (PEM;
 // the certificate file may hold the chain), the first the default. Each
-// pair is checked to match. min_tls13: refuse TLS 1.2. NULL on failure,
-// with a message naming the file in `err`.
+// pair is checked to match. min_tls13: refuse TLS 1.2. offer_h2: ALPN
+// offers h2 before http/1.1. NULL on failure, with a message naming the
+// file in `err`.
 hp_tls_server *hp_tls_server_new(const char *const *certs, const char *const *keys, int count, int min_tls13,
-                                 char *err, size_t errlen);
+                                 int offer_h2, char *err, size_t errlen);
 void hp_tls_server_free(hp_tls_server *server);
 int hp_tls_server_count(const hp_tls_server *server);
 // The certificate's notAfter as Unix seconds (-1 if it cannot be read).
@@ -74,6 +75,8 @@ int hp_tls_write(void *session, const void *buffer, int length);
 int hp_tls_pending(void *session);
 // 12 or 13.
 int hp_tls_version(void *session);
+// 1 if the handshake chose ALPN h2.
+int hp_tls_alpn_is_h2(void *session);
 // Sends close_notify (the write side's end).
 void hp_tls_shutdown(void *session);
 

@@ -467,8 +467,8 @@ public struct HTTP2ConnectionStateMachine: Sendable {
     }
 
     /// We sent a DATA frame (it earns the client `windowUpdatesPerDataFrameSent` WINDOW_UPDATEs).
-    public mutating func dataFrameSent() {
-        dataFramesSent.addSaturating(1)
+    public mutating func dataFrameSent(count: Int = 1) {
+        dataFramesSent.addSaturating(max(0, count))
     }
 
     /// We sent an RST_STREAM (a malformed request, a refused or idle stream).

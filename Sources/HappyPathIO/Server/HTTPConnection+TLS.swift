@@ -34,6 +34,10 @@ extension HTTPConnection {
         case .handshake: handshake(tls.machine.stepped(tls.handshake()))
         case let .startHTTP(version):
             server.delegate?.tlsHandshake(version: version)
+            if tls.negotiatedH2, server.limits.http2 != nil {
+                startHTTP2()
+                return readAgainIfSessionHolds()
+            }
             perform(machine.start())
             // The client's first request may have come with the handshake's last flight.
             readAgainIfSessionHolds()

@@ -37,6 +37,12 @@ final class HTTPConnection {
     /// After a `101`: the tunnel this connection is the client end of
     /// (HTTPConnection+Tunnel.swift). Its events go there, not to `machine`.
     var tunnel: Tunnel?
+    /// After the client's HTTP/2 preface (or ALPN `h2`): the HTTP/2 driver.
+    /// Its events go there, not to `machine`.
+    var http2: HTTP2Connection?
+    /// The first bytes may be the HTTP/2 preface (h2c by prior knowledge):
+    /// looked at until a byte differs.
+    private var sniffing: Bool
 
     /// Nothing read from the client yet: the connection is in its server's
     /// list of silent ones (oldest first, linked through these two), which
@@ -59,6 +65,7 @@ final class HTTPConnection {
         addresses = ConnectionAddresses(peer: peer)
         machine = Machine(limits: server.connectionLimits)
         input = RequestInput(budget: server.limits.bodyBudget)
+        sniffing = tls == nil && server.limits.http2 != nil
     }
 
     deinit {
@@ -130,6 +137,7 @@ final class HTTPConnection {
 
     fileprivate func readable() {
         if isSilent { server.spoke(self) }
+        if let http2 { return http2.readable() }
         if let tunnel { return tunnel.clientReadable() }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
         switch machine.readReady(buffered: input.buffered) {
@@ -170,6 +178,13 @@ final class HTTPConnection {
 
     /// Parses what is buffered, as far as it goes.
     private func process() {
+        if sniffing {
+            switch HTTP2Preface.match(input.requestBytes) {
+            case .needMore: return
+            case .http2: return startHTTP2()
+            case .http1: sniffing = false
+            }
+        }
         if !machine.decodingChunked { perform(machine.parse(input.requestBytes)) }
         // A chunked body (perhaps of the head just parsed): decode what is buffered.
         if machine.decodingChunked { perform(input.decodeChunked(headLength: machine.head!.headLength, with: &machine)) }
@@ -228,6 +243,28 @@ final class HTTPConnection {
         if let delegate = server.delegate { delegate.reject(request, reason: reason) } else { request.reply(status: reason.status) }
     }
 
+    // MARK: - HTTP/2
+
+    /// The connection speaks HTTP/2 from here on: the HTTP/1.1 machine and
+    /// its timer stop, and the driver takes the bytes read so far (the
+    /// preface and what followed it).
+    func startHTTP2() {
+        sniffing = false
+        guard let settings = server.limits.http2 else { return }
+        _ = machine.closed()
+        if let timerEvent { event_del(timerEvent) }
+        let driver: HTTP2Connection
+        do {
+            driver = try HTTP2Connection(connection: self, settings: settings, isSecure: tls != nil)
+        } catch {
+            return close()  // nghttp2 could not make a session: out of memory
+        }
+        http2 = driver
+        let buffered = Array(input.requestBytes)
+        input.advance(by: input.buffered)
+        buffered.withUnsafeBytes { driver.start(with: $0) }
+    }
+
     // MARK: - Finishing a request
 
     /// The answer to `current` is written (or queued): move on to the next
@@ -244,6 +281,7 @@ final class HTTPConnection {
 
     /// Drain: close now if idle, else after the current answer.
     func drain() {
+        if let http2 { return http2.drain() }
         guard tunnel == nil else { return }  // tunnels close at drain_timeout (their owner's call)
         perform(machine.drain(buffered: input.buffered, outputPending: pendingOutput > 0))
     }
@@ -257,6 +295,7 @@ final class HTTPConnection {
         tls?.close(notify: tls?.machine.isEstablished ?? false)
         Glibc.close(forget())
         server.connectionClosed(self)
+        http2?.connectionClosed()
         if let request = current {
             current = nil
             request.streamCancelled()
@@ -313,6 +352,7 @@ final class HTTPConnection {
 
     fileprivate func writable() {
         guard readEvent != nil else { return }
+        if let http2 { return http2.writable() }
         if let tunnel { return tunnelWritable(tunnel) }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.socketReady()) }
         switch output.flush(to: fd, tls: tls) {
@@ -330,6 +370,7 @@ final class HTTPConnection {
     }
 
     fileprivate func timerFired() {
+        if let http2 { return http2.timerFired() }
         guard tunnel == nil else { return }
         if let tls, !tls.machine.isEstablished { return handshake(tls.machine.deadlinePassed()) }
         perform(machine.timerFired())

@@ -24,11 +24,16 @@ public struct HTTPServerLimits: Sendable {
     /// Client connections of the whole process (nil: no cap). At the cap
     /// the listener stops accepting until a connection closes.
     public var connections: ConnectionBudget?
+    /// HTTP/2 on this listener (nil: HTTP/1.1 only): by prior knowledge
+    /// on a cleartext listener, by ALPN `h2` on a TLS one.
+    public var http2: HTTP2ServerSettings?
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,
-        path: PathNormalization = PathNormalization(), connections: ConnectionBudget? = nil
+        path: PathNormalization = PathNormalization(), connections: ConnectionBudget? = nil,
+        http2: HTTP2ServerSettings? = nil
     ) {
+        self.http2 = http2
         self.maxHeaderBytes = maxHeaderBytes
         self.maxBodyBytes = maxBodyBytes
         self.timeout = timeout

@@ -20,17 +20,21 @@ public struct TLSSetupError: Error, CustomStringConvertible, Sendable {
 public final class TLSServerContext: @unchecked Sendable {
     let raw: OpaquePointer
     public let certificates: [CertificatePair]
+    /// ALPN offers `h2` before `http/1.1` (the listener speaks HTTP/2).
+    public let offersH2: Bool
 
-    public init(certificates: [CertificatePair], minimumTLS13: Bool) throws(TLSSetupError) {
+    public init(certificates: [CertificatePair], minimumTLS13: Bool, offerH2: Bool = false) throws(TLSSetupError) {
         var error = [CChar](repeating: 0, count: 512)
         let made: OpaquePointer? = Self.withCStrings(certificates.map(\.cert)) { certs in
             Self.withCStrings(certificates.map(\.key)) { keys in
-                hp_tls_server_new(certs, keys, Int32(certificates.count), minimumTLS13 ? 1 : 0, &error, error.count)
+                hp_tls_server_new(
+                    certs, keys, Int32(certificates.count), minimumTLS13 ? 1 : 0, offerH2 ? 1 : 0, &error, error.count)
             }
         }
         guard let made else { throw TLSSetupError(description: String(nulTerminated: error)) }
         raw = made
         self.certificates = certificates
+        offersH2 = offerH2
     }
 
     deinit { hp_tls_server_free(raw) }
@@ -96,6 +100,9 @@ final class TLSSession {
     }
 
     deinit { hp_tls_session_free(session, 0) }
+
+    /// The handshake chose ALPN `h2`: the client speaks HTTP/2.
+    var negotiatedH2: Bool { session.map { hp_tls_alpn_is_h2($0) != 0 } ?? false }
 
     func handshake() -> TLSSessionStateMachine.StepResult {
         if !opened {

@@ -161,6 +161,7 @@ final class AdminServer: HTTPServerDelegate {
             status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
             body: shared.metrics.exposition(
                 bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current,
+                http2: (shared.http2Connections.current, shared.http2Streams.current),
                 pausedHTTP2: shared.pausedHTTP2.current, parkedLimit: runtime.configuration.limits.maxParked))
     }
 
@@ -175,6 +176,11 @@ final class AdminServer: HTTPServerDelegate {
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
         ProblemResponder.respond(
             request, ProblemResponder.problem(for: reason, requestID: ids.requestID(), limits: server.limits))
+    }
+
+    func reject(_ request: HTTPRequest, refusal: HTTP2RequestRefusal) {
+        ProblemResponder.respond(
+            request, ProblemResponder.problem(for: refusal, requestID: ids.requestID(), limits: server.limits))
     }
 
     // MARK: - Fallback

@@ -26,6 +26,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let worker: ProxyWorker
     /// The client's connection, or a `DeliverySink` for a delivery round.
     let request: any ExchangeClient
+    /// For the access log, read at the start: an HTTP/1.1 connection
+    /// knows only the version of the request it carries now. Not read
+    /// when the access log is off (the read costs ~90 instructions).
+    let protocolName: StaticString
     /// The stored request this round delivers (nil: a client waits on `request`).
     let delivery: ClaimedDelivery?
     let route: RuntimeRoute
@@ -94,6 +98,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         self.upgrade = upgrade
         self.worker = worker
         self.request = request
+        protocolName = worker.accessLog.enabled ? request.protocolName : ""
         self.delivery = delivery
         self.route = route
         self.upstream = upstream

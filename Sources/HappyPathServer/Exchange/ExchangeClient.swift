@@ -7,6 +7,8 @@ import HappyPathIO
 protocol ExchangeClient: AnyObject {
     var observer: HTTPRequestObserver? { get set }
     func header(_ name: String) -> String?
+    /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2` (the access log's `protocol`).
+    var protocolName: StaticString { get }
     func clearResponseHeaders()
     func addResponseHeader(_ name: String, _ value: String)
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
@@ -37,6 +39,8 @@ final class DeliverySink: ExchangeClient {
     }
     /// No client headers: the problem's content type is nobody's concern here.
     func header(_ name: String) -> String? { nil }
+    /// No client connection: the round is the proxy's own.
+    var protocolName: StaticString { "-" }
     func clearResponseHeaders() {}
     func addResponseHeader(_ name: String, _ value: String) {}
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}

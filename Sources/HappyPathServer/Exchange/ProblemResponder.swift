@@ -37,8 +37,27 @@ enum ProblemResponder {
 
     /// The problem for a request the HTTP/1.1 edge refused before routing.
     static func problem(for refusal: HTTP1Refusal, requestID: String, limits: HTTPServerLimits) -> Problem {
+        problem(for: refusal, detail: refusal.detail, requestID: requestID, limits: limits)
+    }
+
+    /// The problem for a request the HTTP/2 edge refused before routing: a
+    /// rule HTTP/1.1 has too gets HTTP/1.1's problem (code, status, the
+    /// limit named in the detail) with the detail worded for HTTP/2's
+    /// fields; a rule only HTTP/2 has is a 400 BAD_REQUEST.
+    static func problem(for refusal: HTTP2RequestRefusal, requestID: String, limits: HTTPServerLimits) -> Problem {
+        switch refusal {
+        case let .http1(reason): problem(for: reason, detail: refusal.detail, requestID: requestID, limits: limits)
+        case .malformed: Problem(.badRequest, requestID: requestID, detail: refusal.detail)
+        }
+    }
+
+    /// `detail`: the refusal's own sentence, which the limits a status
+    /// names (413, 431, 408) replace or complete.
+    private static func problem(
+        for refusal: HTTP1Refusal, detail: String, requestID: String, limits: HTTPServerLimits
+    ) -> Problem {
         let code: ProblemCode
-        var detail = refusal.detail
+        var detail = detail
         switch refusal.status {
         case 413:
             code = .payloadTooLarge

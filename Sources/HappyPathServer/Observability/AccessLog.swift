@@ -52,6 +52,9 @@ public struct AccessLogSettings: Sendable {
 struct AccessRecord {
     var requestID: String
     var method: String
+    /// The protocol the client's request came in (`HTTP/1.1`, `HTTP/2`):
+    /// one of the stream's constants, so the record copies no text.
+    var protocolName: StaticString
     var route: String
     var upstream: String
     var status: Int
@@ -99,7 +102,8 @@ final class AccessLog: LoopEventTarget {
         let strings =
             record.requestID.utf8.count + record.method.utf8.count + record.route.utf8.count
             + record.upstream.utf8.count + record.code.utf8.count
-        reserve(256 + 6 * strings)
+        // The protocol is ours (no escaping) and its key the only one past the 256.
+        reserve(256 + 16 + record.protocolName.utf8CodeUnitCount + 6 * strings)
         switch settings.format {
         case .json: appendJSON(record)
         case .text: appendText(record)
@@ -152,7 +156,9 @@ final class AccessLog: LoopEventTarget {
         putMillis(r.durationMicros)
         put(",\"method\":")
         putQuoted(r.method)
-        put(",\"request_id\":")
+        put(",\"protocol\":\"")
+        put(r.protocolName)
+        put("\",\"request_id\":")
         putQuoted(r.requestID)
         put(",\"route\":")
         putQuoted(r.route)
@@ -175,6 +181,8 @@ final class AccessLog: LoopEventTarget {
         putMillis(r.durationMicros)
         put(" method=")
         putRaw(r.method)
+        put(" protocol=")
+        put(r.protocolName)
         put(" request_id=")
         putRaw(r.requestID)
         put(" route=")

@@ -28,7 +28,7 @@ enum MetricHelp {
         "happypath_parked_commands": "Requests parked now, waiting for their upstream, by upstream and reason.",
         "happypath_replayed_commands_total": "Parked requests replayed once their upstream could take them, by upstream.",
         "happypath_token_refreshes_total": "Upstream credential refreshes, by upstream and result.",
-        "happypath_requests_refused_total": "Requests the HTTP/1.1 edge refused before routing, by rule and status.",
+        "happypath_requests_refused_total": "Requests the edge (HTTP/1.1 or HTTP/2) refused before routing, by rule and status.",
         "happypath_accept_capped_total": "Times a listener stopped accepting because limits.max_connections was reached.",
         "happypath_silent_connections_closed_total":
             "Client connections that never sent a byte, closed at limits.max_connections to make room for a new one.",
@@ -56,6 +56,14 @@ enum MetricHelp {
         "happypath_delivery_store_max_bytes": "storage.max_bytes: bytes the delivery store holds at most.",
         "happypath_hedges_total": "Hedged tries by route and outcome (won, lost, skipped).",
         "happypath_fallback_total": "Answers a route's fallback gave instead of an error, by route, kind and reason.",
+        "happypath_http2_connections": "HTTP/2 client connections open now.",
+        "happypath_http2_connections_total":
+            "HTTP/2 client connections opened, by whether they came over TLS (ALPN h2) or not (h2c).",
+        "happypath_http2_streams_open": "HTTP/2 streams (requests) open now.",
+        "happypath_http2_streams_total": "HTTP/2 streams (requests) opened.",
+        "happypath_http2_resets_total": "HTTP/2 streams reset, by side (client or proxy) and error code.",
+        "happypath_http2_goaways_total":
+            "HTTP/2 GOAWAY frames, by side: sent, by why the connection ended; received, by the client's error code.",
     ]
 }
 

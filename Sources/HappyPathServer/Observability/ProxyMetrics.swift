@@ -63,12 +63,17 @@ final class ProxyMetrics: Sendable {
     /// Prometheus text exposition format.
     /// The text format; gauges that are read rather than kept (the body
     /// budget) are set just before.
+    /// `http2`: HTTP/2 connections and streams open in the process now;
+    /// `pausedHTTP2`: HTTP/2 upstream transfers paused for a slow client.
     func exposition(
-        bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0, pausedHTTP2: Int = 0, parkedLimit: Int? = nil
+        bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0, http2: (connections: Int, streams: Int) = (0, 0),
+        pausedHTTP2: Int = 0, parkedLimit: Int? = nil
     ) -> String {
         if let parkedLimit { gauge("happypath_parked_commands_limit", []).record(parkedLimit) }
         process.record(into: self)
         gauge("happypath_tunnels_open", []).record(tunnels)
+        gauge("happypath_http2_connections", []).record(http2.connections)
+        gauge("happypath_http2_streams_open", []).record(http2.streams)
         gauge("happypath_upstream_h2_paused_transfers", []).record(pausedHTTP2)
         gauge("happypath_buffered_body_bytes", []).record(bodies.current)
         gauge("happypath_buffered_body_bytes_limit", []).record(bodies.limit)
@@ -154,7 +159,7 @@ final class WorkerMetrics {
     private var durations: [String: CoreMetrics.Timer] = [:]
     private var tries: [String: [String: CoreMetrics.Counter]] = [:]
     private var retries: [String: CoreMetrics.Counter] = [:]
-    private var refusals: [HTTP1Refusal: CoreMetrics.Counter] = [:]
+    private var refusals: [HTTP2RequestRefusal: CoreMetrics.Counter] = [:]
 
     init(_ metrics: ProxyMetrics) { self.metrics = metrics }
 
@@ -189,14 +194,15 @@ final class WorkerMetrics {
         lastRequest = (route.label, code, counter, timer)
     }
 
-    /// A request the HTTP/1.1 edge refused, by rule.
-    func refused(_ reason: HTTP1Refusal) {
+    /// A request the edge refused, by rule: an HTTP/1.1 rule counts in the
+    /// same series whichever protocol broke it.
+    func refused(_ refusal: HTTP2RequestRefusal) {
         let counter =
-            refusals[reason]
+            refusals[refusal]
             ?? {
                 let c = metrics.counter(
-                    "happypath_requests_refused_total", [("reason", reason.rawValue), ("status", String(reason.status))])
-                refusals[reason] = c
+                    "happypath_requests_refused_total", [("reason", refusal.label), ("status", String(refusal.status))])
+                refusals[refusal] = c
                 return c
             }()
         counter.increment()
@@ -264,6 +270,74 @@ final class WorkerMetrics {
             .increment(by: summary.bytesToClient)
         metrics.timer("happypath_tunnel_duration_seconds", [("upstream", upstream)]).recordNanoseconds(
             summary.duration.nanoseconds)
+    }
+
+    // MARK: HTTP/2 (docs/http2.md)
+
+    /// A connection began speaking HTTP/2 (`happypath_http2_connections_total{tls}`).
+    func http2ConnectionOpened(tls: Bool) {
+        if tls {
+            let c = http2TLSConnections ?? metrics.counter("happypath_http2_connections_total", [("tls", "true")])
+            http2TLSConnections = c
+            c.increment()
+        } else {
+            let c = http2PlainConnections ?? metrics.counter("happypath_http2_connections_total", [("tls", "false")])
+            http2PlainConnections = c
+            c.increment()
+        }
+    }
+    private var http2TLSConnections: CoreMetrics.Counter?
+    private var http2PlainConnections: CoreMetrics.Counter?
+
+    /// An HTTP/2 connection ended; a GOAWAY we sent is counted by the reason
+    /// the connection ended for (a few per connection at most: `rare`).
+    func http2ConnectionClosed(reason: HTTP2ConnectionStateMachine.Reason, sentGoaway: Bool) {
+        guard sentGoaway else { return }
+        rare("happypath_http2_goaways_total", [("side", "sent"), ("reason", reason.label)]).increment()
+    }
+
+    /// The client sent GOAWAY, by its code: kept per code, as resets are (a
+    /// client may send GOAWAY after GOAWAY; each costs a lookup, no key).
+    func http2GoawayReceived(code: HTTP2ErrorCode) {
+        Self.kept(&receivedGoaways, code) {
+            metrics.counter("happypath_http2_goaways_total", [("side", "received"), ("reason", code.label)])
+        }.increment()
+    }
+    private var receivedGoaways: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
+
+    /// A stream opened: one per HTTP/2 request, so a kept handle.
+    func http2StreamOpened() {
+        let c = http2Streams ?? metrics.counter("happypath_http2_streams_total", [])
+        http2Streams = c
+        c.increment()
+    }
+    private var http2Streams: CoreMetrics.Counter?
+
+    /// A stream reset by the client or by us, by code. Kept per code, not
+    /// made by `rare`: a rapid-reset flood resets thousands a second, and
+    /// a lookup by the code builds no key.
+    func http2StreamReset(byClient: Bool, code: HTTP2ErrorCode) {
+        if byClient {
+            Self.kept(&clientResets, code) {
+                metrics.counter("happypath_http2_resets_total", [("side", "client"), ("code", code.label)])
+            }.increment()
+        } else {
+            Self.kept(&proxyResets, code) {
+                metrics.counter("happypath_http2_resets_total", [("side", "proxy"), ("code", code.label)])
+            }.increment()
+        }
+    }
+    private var clientResets: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
+    private var proxyResets: [HTTP2ErrorCode: CoreMetrics.Counter] = [:]
+
+    /// The counter `counters` keeps for `code`, made the first time.
+    private static func kept(
+        _ counters: inout [HTTP2ErrorCode: CoreMetrics.Counter], _ code: HTTP2ErrorCode, _ make: () -> CoreMetrics.Counter
+    ) -> CoreMetrics.Counter {
+        if let c = counters[code] { return c }
+        let c = make()
+        counters[code] = c
+        return c
     }
 
     private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {

@@ -101,7 +101,7 @@ public final class ProxyServer: @unchecked Sendable {
         let contexts = try Self.certificates(config)
         shared.metrics.certificateExpiry(config, contexts)
         var listeners = zip(config.listeners, contexts).map { l, tls in
-            ProxyWorker.BoundListener(host: l.address.host, port: l.address.port, tls: tls)
+            ProxyWorker.BoundListener(host: l.address.host, port: l.address.port, tls: tls, http2: config.http2(for: l))
         }
         for i in 0..<workerCount {
             let loop = EventLoop()
@@ -155,7 +155,8 @@ public final class ProxyServer: @unchecked Sendable {
                 out.append(
                     try TLSServerContext(
                         certificates: tls.certificates,
-                        minimumTLS13: tls.minVersion == .tls13))
+                        minimumTLS13: tls.minVersion == .tls13,
+                        offerH2: config.http2(for: listener) != nil && tls.alpn.contains("h2")))
             } catch {
                 throw TLSSetupError(description: "listen \(listener.address): \(error.description)")
             }
@@ -214,6 +215,13 @@ public final class ProxyServer: @unchecked Sendable {
             "configuration reloaded", metadata: ["config": "\(configuration.source)", "routes": "\(configuration.routes.count)"])
         newShared.events.publish("config_reloaded", [("source", configuration.source)])
         return []
+    }
+
+    /// Runs `body` on worker `index`'s loop, where its delegate methods
+    /// run (tests: the events an HTTP/2 connection reports, called as it would).
+    func onWorker(_ index: Int = 0, _ body: @escaping @Sendable (ProxyWorker) -> Void) {
+        let worker = workers[index]
+        worker.loop.execute(with: worker, body)
     }
 
     /// A reload was refused before it reached the server (the file has errors).

@@ -82,11 +82,18 @@ final class ProxyWorker: HTTPServerDelegate {
         client = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
         // Weak: the worker owns its client (whose shutdown may run as the worker goes).
         client.http2PauseChanged = { [weak self] in self?.shared.pausedHTTP2.add($0) }
-        let limits = runtime.configuration.limits
-        let serverLimits = HTTPServerLimits(
-            maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
-            bodyBudget: shared.bodies, path: runtime.configuration.pathNormalization, connections: shared.connections)
+        let configuration = runtime.configuration
+        let limits = configuration.limits
         for listener in listeners {
+            let serverLimits = HTTPServerLimits(
+                maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
+                maxFields: limits.maxHeaders, bodyBudget: shared.bodies, path: configuration.pathNormalization,
+                connections: shared.connections,
+                http2: listener.http2.map {
+                    HTTP2ServerSettings(
+                        maxConcurrentStreams: $0.maxConcurrentStreams, initialStreamWindow: $0.initialStreamWindow,
+                        initialConnectionWindow: $0.initialConnectionWindow, drainTimeout: configuration.drainTimeout)
+                })
             servers.append(
                 try HTTPServer(
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,
@@ -100,6 +107,8 @@ final class ProxyWorker: HTTPServerDelegate {
         var host: String
         var port: Int
         var tls: TLSServerContext?
+        /// What the listener offers of HTTP/2 (nil: HTTP/1.1 only).
+        var http2: HTTP2Configuration?
     }
 
     var port: Int { server.port }
@@ -113,6 +122,32 @@ final class ProxyWorker: HTTPServerDelegate {
     func tlsHandshake(version: Int) { metrics.tlsHandshake(version: version) }
     func tlsHandshakeFailed(reason: TLSHandshakeFailure) { metrics.tlsHandshakeFailed(reason: reason) }
     func silentConnectionClosed() { metrics.silentConnectionClosed() }
+
+    // MARK: - HTTP/2 connections and streams (docs/http2.md)
+
+    // The gauges are the process's (shared, read at scrape time, as
+    // `happypath_tunnels_open`); the counters are kept per worker.
+
+    func http2ConnectionOpened(tls: Bool) {
+        shared.http2Connections.add(1)
+        metrics.http2ConnectionOpened(tls: tls)
+    }
+
+    func http2ConnectionClosed(reason: HTTP2ConnectionStateMachine.Reason, sentGoaway: Bool) {
+        shared.http2Connections.add(-1)
+        metrics.http2ConnectionClosed(reason: reason, sentGoaway: sentGoaway)
+    }
+
+    func http2StreamOpened() {
+        shared.http2Streams.add(1)
+        metrics.http2StreamOpened()
+    }
+
+    func http2StreamClosed() { shared.http2Streams.add(-1) }
+
+    func http2StreamReset(byClient: Bool, code: HTTP2ErrorCode) { metrics.http2StreamReset(byClient: byClient, code: code) }
+
+    func http2GoawayReceived(code: HTTP2ErrorCode) { metrics.http2GoawayReceived(code: code) }
 
     // MARK: - HTTPServerDelegate
 
@@ -300,12 +335,29 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
+        let id = refused(request, .http1(reason))
+        ProblemResponder.respond(request, ProblemResponder.problem(for: reason, requestID: id, limits: server.limits))
+    }
+
+    /// On its stream; the connection's other streams go on (docs/http2.md).
+    func reject(_ request: HTTPRequest, refusal: HTTP2RequestRefusal) {
+        let id = refused(request, refusal)
+        ProblemResponder.respond(request, ProblemResponder.problem(for: refusal, requestID: id, limits: server.limits))
+    }
+
+    /// What both protocols do with a refusal before answering it: one
+    /// debug line and `happypath_requests_refused_total` (an HTTP/1.1 rule
+    /// counts in the same series on either). Returns the request's id.
+    private func refused(_ request: HTTPRequest, _ refusal: HTTP2RequestRefusal) -> String {
         let id = requestID(of: request)
         logger.debug(
             "request refused",
-            metadata: ["request_id": "\(id)", "reason": "\(reason.rawValue)", "peer": "\(request.peerAddress)"])
-        metrics.refused(reason)
-        ProblemResponder.respond(request, ProblemResponder.problem(for: reason, requestID: id, limits: server.limits))
+            metadata: [
+                "request_id": "\(id)", "reason": "\(refusal.label)", "protocol": "\(request.protocolName)",
+                "peer": "\(request.peerAddress)",
+            ])
+        metrics.refused(refusal)
+        return id
     }
 
     /// `Expect: 100-continue`: the client is invited to send its body only
@@ -595,9 +647,10 @@ final class ProxyWorker: HTTPServerDelegate {
             let command = exchange.command
             accessLog.append(
                 AccessRecord(
-                    requestID: command.requestID, method: command.method, route: exchange.route.label,
-                    upstream: exchange.upstream.name, status: exchange.finalStatus, code: exchange.finalCode,
-                    attempts: command.attempt, durationMicros: duration.nanoseconds / 1000, bytes: exchange.bytesOut))
+                    requestID: command.requestID, method: command.method, protocolName: exchange.protocolName,
+                    route: exchange.route.label, upstream: exchange.upstream.name, status: exchange.finalStatus,
+                    code: exchange.finalCode, attempts: command.attempt, durationMicros: duration.nanoseconds / 1000,
+                    bytes: exchange.bytesOut))
         }
     }
 

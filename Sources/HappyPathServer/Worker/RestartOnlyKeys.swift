@@ -25,6 +25,9 @@ enum RestartOnlyKeys {
         if (new.workers ?? cores) != (old.workers ?? cores) { keys.append("workers") }
         if new.limits.maxRequestBody != old.limits.maxRequestBody { keys.append("limits.max_request_body") }
         if new.limits.maxHeaderBytes != old.limits.maxHeaderBytes { keys.append("limits.max_header_bytes") }
+        if new.limits.maxHeaders != old.limits.maxHeaders { keys.append("limits.max_headers") }
+        // Each listener's HTTP/2 settings are made once, with its server.
+        if new.listeners.map({ new.http2(for: $0) }) != old.listeners.map({ old.http2(for: $0) }) { keys.append("http2") }
         if new.limits.clientTimeout != old.limits.clientTimeout { keys.append("limits.client_timeout") }
         if new.limits.encodedSlashes != old.limits.encodedSlashes { keys.append("limits.encoded_slashes") }
         if new.mergeSlashes != old.mergeSlashes { keys.append("normalize.merge_slashes") }

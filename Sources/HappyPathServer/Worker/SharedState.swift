@@ -23,6 +23,10 @@ final class SharedState: @unchecked Sendable {
     let inFlight: InFlightCount
     /// Tunnels open on every worker (`happypath_tunnels_open`).
     let tunnels: InFlightCount
+    /// HTTP/2 connections and streams open on every worker
+    /// (`happypath_http2_connections`, `happypath_http2_streams_open`).
+    let http2Connections: InFlightCount
+    let http2Streams: InFlightCount
     /// HTTP/2 upstream transfers paused for a slow client, on every worker
     /// (`happypath_upstream_h2_paused_transfers`).
     let pausedHTTP2: InFlightCount
@@ -63,6 +67,8 @@ final class SharedState: @unchecked Sendable {
         }
         inFlight = previous?.inFlight ?? InFlightCount()
         tunnels = previous?.tunnels ?? InFlightCount()
+        http2Connections = previous?.http2Connections ?? InFlightCount()
+        http2Streams = previous?.http2Streams ?? InFlightCount()
         pausedHTTP2 = previous?.pausedHTTP2 ?? InFlightCount()
         // The same for the body budget: bodies held now stay counted.
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)

@@ -135,6 +135,7 @@ extension HTTP2Session {
         current.framesReceived.add(hd.type)
         framesReceived.add(hd.type)
         let endStream = hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
+        current.frames.append(Self.inbound(frame, endStream: endStream))
         switch UInt32(hd.type) {
         case NGHTTP2_HEADERS.rawValue:
             guard let stream = streams[hd.stream_id] else { return }
@@ -159,6 +160,23 @@ extension HTTP2Session {
             current.events.append(
                 .goawayReceived(code: frame.pointee.goaway.error_code, lastStreamID: frame.pointee.goaway.last_stream_id))
         default: break
+        }
+    }
+
+    /// The frame as the connection machine counts it: payload lengths without padding.
+    static func inbound(_ frame: UnsafePointer<nghttp2_frame>, endStream: Bool)
+        -> HTTP2ConnectionStateMachine.InboundFrame
+    {
+        let hd = frame.pointee.hd
+        switch UInt32(hd.type) {
+        case NGHTTP2_DATA.rawValue: return .data(length: max(0, hd.length &- frame.pointee.data.padlen), endStream: endStream)
+        case NGHTTP2_HEADERS.rawValue:
+            return .headers(length: max(0, hd.length &- frame.pointee.headers.padlen), endStream: endStream)
+        case NGHTTP2_PRIORITY.rawValue: return .priority
+        case NGHTTP2_WINDOW_UPDATE.rawValue: return .windowUpdate
+        case NGHTTP2_SETTINGS.rawValue: return .settings
+        case NGHTTP2_PING.rawValue: return .ping
+        default: return .other
         }
     }
 
@@ -193,6 +211,11 @@ extension HTTP2Session {
     /// One of our frames was sent: the stream's DATA bytes and END_STREAM.
     func frameSent(_ frame: UnsafePointer<nghttp2_frame>) {
         let hd = frame.pointee.hd
+        switch UInt32(hd.type) {
+        case NGHTTP2_DATA.rawValue: current.dataFramesSent &+= 1
+        case NGHTTP2_RST_STREAM.rawValue: current.events.append(.resetSent(hd.stream_id, code: frame.pointee.rst_stream.error_code))
+        default: break
+        }
         guard let stream = streams[hd.stream_id] else { return }
         if hd.type == UInt8(NGHTTP2_DATA.rawValue) {
             // The payload less its padding (we send none; the length is nghttp2's, within a frame).

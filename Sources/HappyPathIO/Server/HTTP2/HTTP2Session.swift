@@ -69,6 +69,8 @@ public enum HTTP2SessionEvent: Sendable, Equatable {
     case closed(Int32, code: UInt32)
     /// The client sent GOAWAY.
     case goawayReceived(code: UInt32, lastStreamID: Int32)
+    /// We sent RST_STREAM on the stream (inside `produce`).
+    case resetSent(Int32, code: UInt32)
 }
 
 /// Frames counted by type (DATA 0 … CONTINUATION 9, anything else 10).
@@ -105,6 +107,11 @@ public struct HTTP2ReceiveResult: Sendable {
     public var framesBegun = HTTP2FrameCounts()
     /// Frames received whole (`on_frame_recv`) in this read, by type.
     public var framesReceived = HTTP2FrameCounts()
+    /// The same frames in order, as the connection machine reads them
+    /// (at most one per 9 bytes read).
+    public var frames: [HTTP2ConnectionStateMachine.InboundFrame] = []
+    /// DATA frames we sent (inside `produce`) since the last `receive` or `takeEvents`.
+    public var dataFramesSent = 0
 }
 
 /// nghttp2's error, with its name (`nghttp2_strerror`).
@@ -148,6 +155,8 @@ public final class HTTP2Session {
         var bodyTooLarge = false
         var requestEnded = false
         var resetByPeer = false
+        /// Came out in a `receive`'s `ready` (once in the stream's life).
+        var readyReported = false
 
         // MARK: The answer
         var answerSubmitted = false
@@ -181,8 +190,6 @@ public final class HTTP2Session {
     /// Frames since the session began, by type.
     public internal(set) var framesBegun = HTTP2FrameCounts()
     public internal(set) var framesReceived = HTTP2FrameCounts()
-    /// Streams whose head has completed once (for "never ready twice").
-    private var everReady: Set<Int32> = []
     /// The error that ended the session, once there is one.
     public private(set) var fatalError: HTTP2SessionError?
 
@@ -256,10 +263,12 @@ public final class HTTP2Session {
         }
         result.consumed = n
         for event in result.events {
+            // A stream's id is never reused (client ids only grow), so its
+            // own flag keeps "ready once" without a record of closed streams.
             guard case let .headComplete(id) = event, let stream = streams[id], !stream.resetByPeer,
-                !everReady.contains(id)
+                !stream.readyReported
             else { continue }
-            everReady.insert(id)
+            stream.readyReported = true
             result.ready.append(id)
         }
         return result
@@ -424,6 +433,19 @@ public final class HTTP2Session {
     public func goaway(code: UInt32 = NGHTTP2_NO_ERROR.rawValue) -> Bool {
         nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), lastProcessedStreamID, code, nil, 0) == 0
     }
+
+    /// A drain's GOAWAY (NO_ERROR) naming `lastStreamID`: streams up to it
+    /// go on, later ones are refused by the peer's reading of it.
+    @discardableResult
+    public func goaway(lastStreamID: Int32) -> Bool {
+        nghttp2_submit_goaway(
+            session, UInt8(NGHTTP2_FLAG_NONE.rawValue), lastStreamID, NGHTTP2_NO_ERROR.rawValue, nil, 0) == 0
+    }
+
+    /// Ends the session: GOAWAY with `code`, nothing more is read, the
+    /// streams in flight are closed once the GOAWAY is written.
+    @discardableResult
+    public func terminate(code: UInt32) -> Bool { nghttp2_session_terminate_session(session, code) == 0 }
 
     /// The first GOAWAY of a graceful drain (last stream id 2³¹−1).
     @discardableResult

@@ -7,6 +7,13 @@ import HappyPathCore
 /// the call.
 public protocol HTTP2StreamOwner: AnyObject {
     func http2StreamHasOutput(_ stream: HTTP2Stream)
+    /// The stream's request is ready for the connection's dispatch turn
+    /// (`readyToDispatch`), told once.
+    func http2StreamReady(_ stream: HTTP2Stream)
+}
+
+extension HTTP2StreamOwner {
+    public func http2StreamReady(_ stream: HTTP2Stream) {}
 }
 
 /// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
@@ -54,12 +61,23 @@ public final class HTTP2Stream: ClientStream {
     private(set) var current: HTTPRequest?
 
     private var body: [UInt8] = []
+    /// Where request bodies are counted (`limits.max_buffered_bytes`), and
+    /// how much of it this stream's body holds now.
+    public var budget: BodyBudget?
+    private var reserved = 0
+    /// The `Date` field of answers that carry none (set by the driver).
+    var dateHeader: DateHeaderCache?
+    private var stagedDate = false
     /// The answer's fields as staged, names lower-case.
     private var staged = HTTP2FieldBlock()
     /// Values of staged `Connection` fields (dropped themselves): what they name goes at the head.
     private var nominators: [[UInt8]] = []
     private var trailers = HTTP2FieldBlock()
     private var drainWanted = false
+    /// The answer was broken off: the stream is reset once what was staged
+    /// before (the head, body bytes) has gone out, so the client sees how
+    /// far it got.
+    private var abortWhenSent = false
     /// `session.dataSent(of:)` when last looked at.
     private var sentSeen = 0
 
@@ -79,6 +97,8 @@ public final class HTTP2Stream: ClientStream {
         machine = Machine(idle: idle, now: t)
         perform(machine.start(now: t))
     }
+
+    deinit { budget?.release(reserved) }
 
     // MARK: - From the driver
 
@@ -109,7 +129,7 @@ public final class HTTP2Stream: ClientStream {
         case .closed:
             perform(machine.closed(now: t))
             current = nil
-        case .opened, .goawayReceived:
+        case .opened, .goawayReceived, .resetSent:
             break
         }
     }
@@ -149,6 +169,11 @@ public final class HTTP2Stream: ClientStream {
             sentSeen = sent
         }
         if session.endStreamSent(id) { perform(machine.endStreamSent(now: t)) }
+        if abortWhenSent, session.pendingOutput(for: id) == 0 {
+            abortWhenSent = false
+            perform(machine.aborted(now: t))
+            owner?.http2StreamHasOutput(self)
+        }
         if drainWanted, session.pendingOutput(for: id) == 0 {
             drainWanted = false
             current?.streamDrained()
@@ -179,10 +204,18 @@ public final class HTTP2Stream: ClientStream {
         var output = false
         if a.consume > 0 {
             // The bytes arrived are stored; taking them gives the window back.
-            body.append(contentsOf: session.takeBody(of: id))
+            let bytes = session.takeBody(of: id)
+            if let budget, !bytes.isEmpty {
+                guard budget.reserve(bytes.count) else { return overBudget() }
+                reserved += bytes.count
+            }
+            body.append(contentsOf: bytes)
             output = true
         }
-        if let ready = a.ready { readyToDispatch = ready }
+        if let ready = a.ready {
+            readyToDispatch = ready
+            owner?.http2StreamReady(self)
+        }
         if let end = a.end {
             session.sendData(
                 id, UnsafeRawBufferPointer(start: nil, count: 0), end: true,
@@ -198,6 +231,17 @@ public final class HTTP2Stream: ClientStream {
             request.streamCancelled()
         }
         if output { owner?.http2StreamHasOutput(self) }
+    }
+
+    /// The body does not fit `limits.max_buffered_bytes`: what was kept
+    /// goes, and the request is refused (503, as on HTTP/1.1).
+    private func overBudget() {
+        body = []
+        budget?.release(reserved)
+        reserved = 0
+        refusal = .http1(.bodyOverBudget)
+        perform(machine.refused(now: now()))
+        owner?.http2StreamHasOutput(self)
     }
 
     // MARK: - The request
@@ -235,7 +279,12 @@ public final class HTTP2Stream: ClientStream {
     public func takeBody(of request: HTTPRequest) -> RequestBody {
         guard current === request, !body.isEmpty else { return .empty }
         defer { body = [] }
-        return RequestBody(body)
+        guard let budget else { return RequestBody(body) }
+        // The reservation goes with the bytes: the body gives it back when freed.
+        let handed = RequestBody(count: body.count, budget: budget, reserved: reserved) ?? RequestBody(body)
+        reserved = 0
+        if let base = handed.baseAddress { body.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+        return handed
     }
 
     public func resumeReading(for request: HTTPRequest) {
@@ -252,6 +301,7 @@ public final class HTTP2Stream: ClientStream {
             return
         }
         guard !Self.dropped(name) else { return }
+        if name.count == 4, HTTPBytes.equals(name, "date") { stagedDate = true }
         staged.append(name: name, value: value)
     }
 
@@ -268,6 +318,7 @@ public final class HTTP2Stream: ClientStream {
         staged.removeAll()
         nominators.removeAll()
         trailers.removeAll()
+        stagedDate = false
     }
 
     public func removeStagedFields(nominatedBy connectionValue: UnsafeRawBufferPointer, for request: HTTPRequest) {
@@ -300,6 +351,18 @@ public final class HTTP2Stream: ClientStream {
         for value in nominators { value.withUnsafeBytes { staged.removeNominated(by: $0) } }
         nominators.removeAll()
         if let length = started.head.contentLength { staged.append("content-length", String(length)) }
+        if !stagedDate, let dateHeader {
+            // `Date: …\r\n`: the value between the name and the line's end.
+            dateHeader.withLine { line in
+                let prefix = 6  // "Date: "
+                guard line.count > prefix + 2 else { return }
+                "date".utf8CString.withUnsafeBytes { name in
+                    staged.append(
+                        name: UnsafeRawBufferPointer(rebasing: name[0..<4]),
+                        value: UnsafeRawBufferPointer(rebasing: line[prefix..<(line.count - 2)]))
+                }
+            }
+        }
         perform(started.actions)
         if session.submitResponse(id, status: status, block: staged, hasBody: !started.head.endStream) != nil {
             // The session cannot take it (the stream is gone): nothing is left to answer.
@@ -334,11 +397,13 @@ public final class HTTP2Stream: ClientStream {
         return true
     }
 
-    /// RST_STREAM INTERNAL_ERROR on this stream only (the connection and its other streams go on).
+    /// RST_STREAM INTERNAL_ERROR on this stream only (the connection and
+    /// its other streams go on), after what was staged before goes out.
     public func cancel(_ request: HTTPRequest) {
         guard current === request else { return }
         current = nil
-        perform(machine.aborted(now: now()))
+        abortWhenSent = true
+        owner?.http2StreamHasOutput(self)
     }
 
     /// The stream's bytes staged and not yet taken into DATA frames.
@@ -384,7 +449,7 @@ extension HTTP2SessionEvent {
     public var streamID: Int32? {
         switch self {
         case let .opened(id), let .headComplete(id), let .requestEnded(id), let .bodyTooLarge(id): id
-        case let .data(id, _), let .resetByPeer(id, _), let .closed(id, _): id
+        case let .data(id, _), let .resetByPeer(id, _), let .closed(id, _), let .resetSent(id, _): id
         case .goawayReceived: nil
         }
     }
