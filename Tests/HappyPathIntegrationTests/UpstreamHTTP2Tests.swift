@@ -243,6 +243,23 @@ import Testing
         withExtendedLifetime(certificates) {}
     }
 
+    /// An h2 upstream's trailers reach an HTTP/2 client (nghttp over h2c)
+    /// as the stream's last HEADERS, after the body.
+    @Test func trailersFromAnH2UpstreamReachAnHTTP2Client() throws {
+        let (up, tls, certificates) = try Self.upstream()
+        let h = try Self.proxy("https://127.0.0.1:\(up.tlsPort)", extra: tls)
+        defer { h.stop() }
+        let n = try runProcess("/usr/bin/nghttp", ["-nv", "http://127.0.0.1:\(h.port)/h2t?trailers=1"], timeout: 20)
+        #expect(n.status == 0, "\(n.err)")
+        let lines = n.out.split(separator: "\n").map(String.init)
+        let data = lines.firstIndex { $0.contains("recv DATA frame") }
+        let checksum = lines.firstIndex { $0.contains("recv (stream_id=") && $0.hasSuffix(") x-checksum: c0ffee") }
+        let status = lines.firstIndex { $0.contains("recv (stream_id=") && $0.hasSuffix(") grpc-status: 0") }
+        #expect(data != nil && checksum != nil && status != nil, "\(n.out)")
+        if let data, let checksum { #expect(checksum > data, "trailers after the body: \(n.out)") }
+        withExtendedLifetime(certificates) {}
+    }
+
     /// Retries and the breaker work over HTTP/2 as over HTTP/1.1: two 503s
     /// then a 200 is one answer of three tries; three 500s open the breaker,
     /// which then answers without a try.
