@@ -26,7 +26,9 @@
 # Knobs: DURATION=10s REPEATS=3 WARMUP=2s CONNS=64 MULTI_CONNS=1
 # MULTI_STREAMS=100 BAR=1.3 PORT_BASE=18880 OUT=/tmp/happypath-h2.<time>
 # CPU per request = utime + stime of the proxy's process tree over the run
-# (/proc/PID/stat) / the requests the client completed.
+# (/proc/PID/stat) / the requests the client completed. Foreign CPU = what
+# the machine was busy with beyond the proxy, the upstream and the client,
+# in % of one core (others' load; on a shared machine it moves the figures).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=${1:-$here/../../.build/release/happypath}
@@ -45,6 +47,8 @@ PIDS=(); declare -A PID_OF=()
 spawn() { local name=$1 cpu=$2; shift 2; taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1 & PID_OF[$name]=$!; PIDS+=($!); }
 trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; sleep 0.5; for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done' EXIT
 ticks() { local p t=0; for p in $1 $(pgrep -P "$1" | tr '\n' ' '); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{sub(/.*\) /, ""); print $12 + $13}' /proc/$p/stat))); done; echo $t; }
+self_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13 + $14 + $15}' /proc/$$/stat; }  # this shell + reaped children (the client)
+busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
 port() {  # load target: the port that target serves that load on
   case $2 in nginx) [ "$1" = h1 ] && echo "${PORT[nginx-h1]}" || echo "${PORT[nginx-h2]}" ;; *) echo "${PORT[$2]}" ;; esac
 }
@@ -81,27 +85,32 @@ for load in h1 h2; do for t in nginx happypath; do
 done; done
 
 RESULTS=$OUT/results.tsv
-printf 'load\ttarget\trep\trps\trequests\terrors\tcpu_us_per_request\n' > "$RESULTS"
+printf 'load\ttarget\trep\trps\trequests\terrors\tcpu_us_per_request\tforeign_pct\n' > "$RESULTS"
 measure() {  # load target rep duration
-  local load=$1 t=$2 rep=$3 dur=$4 c0 c1 log=$OUT/logs/$1-$2-$3.txt url
+  local load=$1 t=$2 rep=$3 dur=$4 c0 c1 u0 u1 s0 s1 b0 b1 n0 n1 log=$OUT/logs/$1-$2-$3.txt url
   url="http://127.0.0.1:$(port "$load" "$t")/"
-  c0=$(ticks "${PID_OF[$t]}")
+  c0=$(ticks "${PID_OF[$t]}"); u0=$(ticks "${PID_OF[upstream]}"); s0=$(self_ticks); b0=$(busy_ticks); n0=$(date +%s%N)
   case $load in
     h1)    taskset -c 1 wrk -t1 -c"$CONNS" -d"$dur" "$url" > "$log" 2>&1 ;;
     h2-m1) taskset -c 1 h2load -t1 -c"$CONNS" -m1 -D "$dur" "$url" > "$log" 2>&1 ;;
     *)     taskset -c 1 h2load -t1 -c"$MULTI_CONNS" -m"$MULTI_STREAMS" -D "$dur" "$url" > "$log" 2>&1 ;;
   esac
-  c1=$(ticks "${PID_OF[$t]}")
+  b1=$(busy_ticks); n1=$(date +%s%N); c1=$(ticks "${PID_OF[$t]}"); u1=$(ticks "${PID_OF[upstream]}"); s1=$(self_ticks)
   [ "$rep" = 0 ] && return 0
+  # foreign = CPU busy on the machine minus what the proxy, the upstream and the client used: others' load, in % of one core
   # wrk: "N requests in", socket errors, non-2xx; h2load: "requests: ... N done,
   # ... F failed, E errored, T timeout" (failed counts the answers that were not 2xx/3xx)
-  awk -v load="$load" -v t="$t" -v rep="$rep" -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" '
+  awk -v load="$load" -v t="$t" -v rep="$rep" -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" \
+      -v ours="$((c1 - c0 + u1 - u0 + s1 - s0))" -v busy="$((b1 - b0))" -v wall="$(( (n1 - n0) / 1000000 ))" '
     / requests in / { req = $1 } /Requests\/sec/ { rps = $2 }
     /Socket errors/ { gsub(/,/, ""); err += $4 + $6 + $8 + $10 } /Non-2xx/ { err += $NF }
     /^finished in / { rps = $4 + 0 }
     /^requests: / { gsub(/,/, ""); req = $6; err += $10 + $12 + $14 }
-    END { printf "%s\t%s\t%s\t%.0f\t%d\t%d\t%.1f\n", load, t, rep, rps, req, err, req ? c * 1e6 / hz / req : 0 }' "$log" |
-    tee -a "$RESULTS" | awk -F'\t' '{printf "  %-8s %-10s #%s %8s rps  %6.1f us cpu/request  err %s\n", $1, $2, $3, $4, $7, $6}'
+    END {
+      foreign = (busy - ours) * 100 / (wall / 1000 * hz); if (foreign < 0) foreign = 0
+      printf "%s\t%s\t%s\t%.0f\t%d\t%d\t%.1f\t%.0f\n", load, t, rep, rps, req, err, req ? c * 1e6 / hz / req : 0, foreign
+    }' "$log" |
+    tee -a "$RESULTS" | awk -F'\t' '{printf "  %-8s %-10s #%s %8s rps  %6.1f us cpu/request  err %s  foreign %s%%\n", $1, $2, $3, $4, $7, $6, $8}'
 }
 {
   echo "# deploy/bench/h2.sh $(date -u +%FT%TZ)"
@@ -121,8 +130,9 @@ bar, loads = float(sys.argv[2]), sys.argv[3:]
 def med(load, t, k): return statistics.median(float(r[k]) for r in rows if r["load"] == load and r["target"] == t)
 def errors(load, t): return sum(int(r["errors"]) for r in rows if r["load"] == load and r["target"] == t)
 ratio = {load: med(load, "happypath", "cpu_us_per_request") / med(load, "nginx", "cpu_us_per_request") for load in loads}
-print("| load | target | rps (median) | CPU µs per request | errors | happypath / nginx (CPU per request) | ÷ HTTP/1.1 ratio | bar |")
-print("|---|---|---:|---:|---:|---:|---:|---|")
+def foreign(load, t): return max(float(r["foreign_pct"]) for r in rows if r["load"] == load and r["target"] == t)
+print("| load | target | rps (median) | CPU µs per request | errors | foreign CPU % (max) | happypath / nginx (CPU per request) | ÷ HTTP/1.1 ratio | bar |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---|")
 for load in loads:
     for t in ("nginx", "happypath"):
         r = over = verdict = ""
@@ -131,6 +141,7 @@ for load in loads:
             if load != "h1":
                 over = f"{ratio[load] / ratio['h1']:.2f}"
                 verdict = f"≤ {bar}: " + ("met" if ratio[load] / ratio["h1"] <= bar else "**short**")
-        print(f"| {load} | {t} | {med(load, t, 'rps'):.0f} | {med(load, t, 'cpu_us_per_request'):.1f} | {errors(load, t)} | {r} | {over} | {verdict} |")
+        print(f"| {load} | {t} | {med(load, t, 'rps'):.0f} | {med(load, t, 'cpu_us_per_request'):.1f} | {errors(load, t)} | "
+              f"{foreign(load, t):.0f} | {r} | {over} | {verdict} |")
 PY
 echo "raw: $RESULTS  logs: $OUT/logs"
