@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev 
 TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus nghttp2-client
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -165,13 +165,14 @@ check: build
 #  bench-counts: instructions (callgrind) and system calls (perf trace) per
 #    request, happypath beside nginx. Needs root (uprobes).
 #  bench-tls: TLS keep-alive requests and handshakes, happypath beside nginx.
+#  bench-h2: HTTP/2 (h2c, h2load) beside HTTP/1.1 (wrk), happypath beside nginx.
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
 #  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal),
 #    then on PostgreSQL (one proxy; two proxies on one database; over a backlog).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-counts bench-tls bench-resilience bench-deliver-later
+bench: bench-peers bench-counts bench-tls bench-h2 bench-resilience bench-deliver-later
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
@@ -183,6 +184,12 @@ bench-counts: bench-deps release
 # TLS termination beside nginx (same certificate): keep-alive requests and handshakes, plain rows beside them.
 bench-tls: bench-deps release
 	env $(BENCH_ENV) deploy/bench/tls.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+
+# HTTP/2 at the edge beside nginx (h2c by prior knowledge, h2load -m1 and -m100), HTTP/1.1 rows
+# from the same run; bar: each HTTP/2 ratio happypath/nginx within 1.3x of the HTTP/1.1 one.
+# h2load comes with nghttp2-client (TEST_PACKAGES, which bench-deps installs).
+bench-h2: bench-deps release
+	env $(BENCH_ENV) deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release

@@ -7,8 +7,8 @@ import Testing
 /// The answer fields handed to nghttp2: names lower-cased, values byte for byte.
 @Suite struct HTTP2FieldBlockTests {
     /// Each (name, value) the nv array points at, as bytes.
-    static func nv(_ block: HTTP2FieldBlock) -> [[UInt8]] {
-        block.withNV { nv in
+    static func nv(_ block: HTTP2FieldBlock, status: Int? = nil) -> [[UInt8]] {
+        block.withNV(status: status) { nv in
             nv.flatMap {
                 [
                     Array(UnsafeBufferPointer(start: $0.name, count: $0.namelen)),
@@ -43,6 +43,18 @@ import Testing
         ])
         Array(connection.utf8).withUnsafeBytes { block.removeNominated(by: $0) }
         #expect(block.fields.map(\.name) == kept)
+    }
+
+    @Test(arguments: [200, 103, 503])
+    func statusComesFirstThenTheFieldsAsStaged(status: Int) {
+        let block = Self.block([(Array("Content-Type".utf8), Array("text/plain".utf8)), (Array("x-a".utf8), [])])
+        #expect(
+            Self.nv(block, status: status) == [
+                Array(":status".utf8), Array(String(status).utf8), Array("content-type".utf8), Array("text/plain".utf8),
+                Array("x-a".utf8), [],
+            ])
+        #expect(Self.nv(HTTP2FieldBlock(), status: status) == [Array(":status".utf8), Array(String(status).utf8)])
+        #expect(Self.nv(block) == Array(Self.nv(block, status: status).dropFirst(2)))
     }
 
     @Test func emptyBlocksAndEmptyFieldsStillGiveAnArray() {

@@ -10,13 +10,23 @@
 #
 # `NAME=nginx` measures nginx as the proxy instead (one process:
 # master_process off, upstream keep-alive as in peers.sh).
+#
+# LOAD=h2 sends the requests over HTTP/2 instead, by prior knowledge (h2c),
+# with h2load on one connection, STREAMS=1 at a time (STREAMS=10: ten); nginx
+# then listens with `http2`. The upstream stays HTTP/1.1.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 N1=${N1:-300}; N2=${N2:-1800}
+LOAD=${LOAD:-h1}; STREAMS=${STREAMS:-1}
 PORT_BASE=${PORT_BASE:-18580}
 OUT=${OUT:-/tmp/happypath-callgrind.$(date +%Y%m%d-%H%M%S)}
 UP=127.0.0.1:$((PORT_BASE + 1)); PX=127.0.0.1:$((PORT_BASE + 2))
 mkdir -p "$OUT"
+case $LOAD in
+  h1) h2=""; probe=(curl -fs -o /dev/null) ;;
+  h2) h2=" http2"; probe=(curl -fs -o /dev/null --http2-prior-knowledge); command -v h2load >/dev/null || { echo "missing: h2load"; exit 2; } ;;
+  *) echo "LOAD must be h1 or h2, not $LOAD" >&2; exit 2 ;;
+esac
 for tool in valgrind callgrind_annotate nginx curl strip; do command -v $tool >/dev/null || { echo "missing: $tool"; exit 2; }; done
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
@@ -32,6 +42,7 @@ EOF
 nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
 wait_up() { for _ in $(seq 600); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
 wait_up "http://$UP/" || { echo "upstream down"; exit 1; }
+wait_proxy() { for _ in $(seq 600); do "${probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
 
 cat > "$OUT/proxy.conf" <<EOF
 master_process off; daemon off; pid $OUT/px.pid; error_log $OUT/px.err warn;
@@ -40,7 +51,7 @@ http {
   access_log off; keepalive_requests 10000000;
   client_body_temp_path $OUT/p1; proxy_temp_path $OUT/p2; fastcgi_temp_path $OUT/p3; uwsgi_temp_path $OUT/p4; scgi_temp_path $OUT/p5;
   upstream up { server $UP; keepalive 128; }
-  server { listen $PX; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  server { listen $PX$h2; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
 }
 EOF
 
@@ -56,8 +67,12 @@ for spec in "$@"; do
         "$here/run-happypath-for-bench.sh" > "$OUT/$name.$n.log" 2>&1 & vg=$!
     fi
     PIDS+=($vg)
-    wait_up "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
-    curl -s -o /dev/null "http://$PX/small?[1-$((n - 1))]"   # + the readiness probe = n requests, one connection
+    wait_proxy "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
+    # + the readiness probe = n requests, on one connection
+    if [ "$LOAD" = h2 ]; then
+      h2load -t1 -c1 -m"$STREAMS" -n$((n - 1)) "http://$PX/small" > "$OUT/$name.$n.h2load" 2>&1
+      grep -q " $((n - 1)) succeeded" "$OUT/$name.$n.h2load" || { echo "$name: h2load did not complete $((n - 1)) requests (see $OUT/$name.$n.h2load)"; exit 1; }
+    else curl -s -o /dev/null "http://$PX/small?[1-$((n - 1))]"; fi
     kill -INT $vg; wait $vg 2>/dev/null
     callgrind_annotate --inclusive=no --threshold=100 "$OUT/$name.$n.out" > "$OUT/$name.$n.txt" 2>/dev/null
   done

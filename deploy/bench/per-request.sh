@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System calls and libc allocations per request, for one or more happypath
 # binaries (and nginx as a reference), each alone with one worker on CPU 0 in
-# front of an nginx upstream on CPU 1, loaded by wrk -t1 -c64 (keep-alive) on /small.
+# front of an nginx upstream on CPU 1, loaded by wrk -t1 -c64 (keep-alive) on /small;
+# LOAD=h2: by h2load -t1 -c64 -m1 over h2c instead (nginx listens with `http2`).
 #
 #   deploy/bench/per-request.sh new=.build/release/happypath old=/tmp/old/happypath
 #
@@ -18,8 +19,14 @@ PORT_BASE=${PORT_BASE:-18480}
 OUT=${OUT:-/tmp/happypath-perreq.$(date +%Y%m%d-%H%M%S)}
 UP=127.0.0.1:$((PORT_BASE + 1)); STATUS=127.0.0.1:$((PORT_BASE + 2)); PX=127.0.0.1:$((PORT_BASE + 3))
 LIBC=$(ldconfig -p | awk '/libc.so.6 .*x86-64/{print $NF; exit}')
+LOAD=${LOAD:-h1}
+case $LOAD in
+  h1) h2=""; client=wrk; probe=(curl -fs -o /dev/null) ;;
+  h2) h2=" http2"; client=h2load; probe=(curl -fs -o /dev/null --http2-prior-knowledge) ;;
+  *) echo "LOAD must be h1 or h2, not $LOAD" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
-for tool in perf nginx wrk curl taskset; do command -v $tool >/dev/null || { echo "missing: $tool"; exit 2; }; done
+for tool in perf nginx $client curl taskset; do command -v $tool >/dev/null || { echo "missing: $tool"; exit 2; }; done
 have=$(perf probe -l 2>/dev/null)
 for f in malloc calloc realloc posix_memalign free; do
   [[ $have == *"probe_libc:$f "* ]] || perf probe -q -x "$LIBC" "$f" || { echo "no uprobe on $f"; exit 2; }
@@ -44,12 +51,13 @@ http {
   access_log off; keepalive_requests 10000000; keepalive_timeout 120s;
   client_body_temp_path $OUT/p1; proxy_temp_path $OUT/p2; fastcgi_temp_path $OUT/p3; uwsgi_temp_path $OUT/p4; scgi_temp_path $OUT/p5;
   upstream up { server $UP; keepalive 128; }
-  server { listen $PX backlog=4096; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  server { listen $PX$h2 backlog=4096; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
 }
 EOF
 taskset -c 1 nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
 served_in() { awk 'NR==3{print $3}' "$1"; }  # stub_status: the third number of line 3 = requests
 wait_up() { for _ in $(seq 100); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
+wait_proxy() { for _ in $(seq 100); do "${probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
 wait_up "http://$UP/small" || { echo "upstream down"; exit 1; }
 
 echo "| target | window | requests | per request |" > "$OUT/summary.md"
@@ -57,15 +65,16 @@ for spec in "$@" nginx=nginx; do
   name=${spec%%=*}; bin=${spec#*=}
   if [ "$bin" = nginx ]; then
     taskset -c 0 nginx -p "$OUT/" -c "$OUT/nginx.conf" -e "$OUT/px.err" & ppid=$!
-    wait_up "http://$PX/small"; pid=$(pgrep -P "$ppid" | head -1)   # trace the worker
+    wait_proxy "http://$PX/small"; pid=$(pgrep -P "$ppid" | head -1)   # trace the worker
   else
     taskset -c 0 env BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$bin" \
       "$here/run-happypath-for-bench.sh" > "$OUT/$name.log" 2>&1 & ppid=$!; pid=$ppid
-    wait_up "http://$PX/small" || { echo "$name did not start"; cat "$OUT/$name.log"; exit 1; }
+    wait_proxy "http://$PX/small" || { echo "$name did not start"; cat "$OUT/$name.log"; exit 1; }
   fi
   PIDS+=($ppid)
   echo "== $name (pid $pid)"
-  taskset -c 1 wrk -t1 -c64 -d$((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.wrk" 2>&1 & wrk=$!
+  if [ "$LOAD" = h2 ]; then taskset -c 1 h2load -t1 -c64 -m1 -D $((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.h2load" 2>&1 & wrk=$!
+  else taskset -c 1 wrk -t1 -c64 -d$((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.wrk" 2>&1 & wrk=$!; fi
   sleep 1
   # the window is perf's workload: it starts once the counters are on, so the
   # upstream's counter is read at both edges of what was counted

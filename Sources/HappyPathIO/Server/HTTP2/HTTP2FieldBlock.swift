@@ -26,9 +26,17 @@ public struct HTTP2FieldBlock: Sendable, Equatable {
 
     /// Appends a field, its name lower-cased.
     public mutating func append(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if entries.capacity == 0 {
+            // An answer's head: room for a usual one at once, not grown from nothing field by field.
+            bytes.reserveCapacity(256)
+            entries.reserveCapacity(8)
+        }
         let n = bytes.count
-        for b in name { bytes.append(HTTPBytes.lower(b)) }
+        bytes.append(contentsOf: name)
         let v = bytes.count
+        bytes.withUnsafeMutableBufferPointer { b in
+            for i in n..<v { b[i] = HTTPBytes.lower(b[i]) }
+        }
         bytes.append(contentsOf: value)
         entries.append(Entry(name: n..<v, value: v..<bytes.count))
     }
@@ -83,21 +91,41 @@ public struct HTTP2FieldBlock: Sendable, Equatable {
 
     /// nghttp2's name/value array over the block, valid during `body` only
     /// (nghttp2 copies names and values in `submit_*`; it never writes them).
-    func withNV<R>(_ body: (UnsafeMutableBufferPointer<nghttp2_nv>) -> R) -> R {
-        if bytes.isEmpty {
-            // Never a nil base address, even for fields all empty.
-            var one = self
-            one.bytes = [0]
-            return one.withNV(body)
-        }
-        return bytes.withUnsafeBytes { raw in
-            let base = UnsafeMutablePointer(mutating: raw.baseAddress!.assumingMemoryBound(to: UInt8.self))
-            var nv = entries.map { e in
-                nghttp2_nv(
-                    name: base + e.name.lowerBound, value: base + e.value.lowerBound, namelen: e.name.count,
-                    valuelen: e.value.count, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+    /// With `status`, a `:status` pair comes first (an answer's HEADERS):
+    /// the block itself is not copied for it.
+    func withNV<R>(status: Int? = nil, _ body: (UnsafeMutableBufferPointer<nghttp2_nv>) -> R) -> R {
+        var digits = status.map { String($0) } ?? ""
+        return digits.withUTF8 { digits in
+            bytes.withUnsafeBytes { raw in
+                // Never a nil pointer, even for no field or fields all empty (their lengths are 0).
+                let base = UnsafeMutablePointer(
+                    mutating: raw.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? Self.statusName.utf8Start)
+                let count = entries.count + (status == nil ? 0 : 1)
+                let flags = UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)
+                return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count, 1)) { nv in
+                    var i = 0
+                    if status != nil, let d = digits.baseAddress {
+                        nv.initializeElement(
+                            at: 0,
+                            to: nghttp2_nv(
+                                name: UnsafeMutablePointer(mutating: Self.statusName.utf8Start),
+                                value: UnsafeMutablePointer(mutating: d),
+                                namelen: Self.statusName.utf8CodeUnitCount, valuelen: digits.count, flags: flags))
+                        i = 1
+                    }
+                    for e in entries {
+                        nv.initializeElement(
+                            at: i,
+                            to: nghttp2_nv(
+                                name: base + e.name.lowerBound, value: base + e.value.lowerBound, namelen: e.name.count,
+                                valuelen: e.value.count, flags: flags))
+                        i += 1
+                    }
+                    return body(UnsafeMutableBufferPointer(rebasing: nv[0..<i]))
+                }
             }
-            return nv.withUnsafeMutableBufferPointer { body($0) }
         }
     }
+
+    private static let statusName: StaticString = ":status"
 }

@@ -366,7 +366,7 @@ public final class HTTP2Session {
             return HTTP2SessionError(code: Int(NGHTTP2_ERR_INVALID_ARGUMENT.rawValue))
         }
         stream.answerSubmitted = true
-        let rv = Self.withStatus(status, fields).withNV { nv in
+        let rv = fields.withNV(status: status) { nv in
             if hasBody {
                 var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: dataSourceRead)
                 return nghttp2_submit_response(session, id, nv.baseAddress, nv.count, &provider)
@@ -416,7 +416,7 @@ public final class HTTP2Session {
         guard let stream = streams[id], !stream.answerSubmitted, (100..<200).contains(status) else {
             return HTTP2SessionError(code: Int(NGHTTP2_ERR_INVALID_ARGUMENT.rawValue))
         }
-        let rv = Self.withStatus(status, fields).withNV { nv in
+        let rv = fields.withNV(status: status) { nv in
             nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, nil, nv.baseAddress, nv.count, nil)
         }
         return rv >= 0 ? nil : HTTP2SessionError(code: Int(rv))
@@ -455,13 +455,5 @@ public final class HTTP2Session {
     /// copies names and values in `submit_*`), names lower-cased.
     static func withNV<R>(_ fields: [HTTPField], _ body: (UnsafeMutableBufferPointer<nghttp2_nv>) -> R) -> R {
         HTTP2FieldBlock(fields).withNV(body)
-    }
-
-    /// `:status`, then `fields`.
-    static func withStatus(_ status: Int, _ fields: HTTP2FieldBlock) -> HTTP2FieldBlock {
-        var all = HTTP2FieldBlock()
-        all.append(":status", String(status))
-        all.append(contentsOf: fields)
-        return all
     }
 }
