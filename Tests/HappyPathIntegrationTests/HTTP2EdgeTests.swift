@@ -191,6 +191,135 @@ import Testing
         h.stop()
     }
 
+    /// A Python `h2` client on one connection: a GET, then (once `gate`
+    /// exists) another on the same connection; prints each stream's outcome.
+    static let twoRequests = """
+        import os, socket, sys, time
+        import h2.config, h2.connection, h2.events
+        port, first, second, gate = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+        s = socket.create_connection(("127.0.0.1", port)); s.settimeout(10)
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        c.initiate_connection(); s.sendall(c.data_to_send())
+        def get(sid, path):
+            c.send_headers(sid, [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "t")], end_stream=True)
+            s.sendall(c.data_to_send())
+        def wait(sid):
+            status = None
+            while True:
+                data = s.recv(65536)
+                if not data: return "closed"
+                for e in c.receive_data(data):
+                    if isinstance(e, h2.events.ResponseReceived) and e.stream_id == sid: status = dict(e.headers)[b":status"].decode()
+                    if isinstance(e, h2.events.StreamEnded) and e.stream_id == sid: return status
+                    if isinstance(e, h2.events.StreamReset) and e.stream_id == sid: return "reset %d" % e.error_code
+                    if isinstance(e, h2.events.ConnectionTerminated): print("goaway", e.error_code, e.last_stream_id, flush=True)
+                s.sendall(c.data_to_send())
+        get(1, first)
+        print("ready", flush=True)
+        print("first", wait(1), flush=True)
+        while not os.path.exists(gate): time.sleep(0.01)
+        get(3, second)
+        try: print("second", wait(3), flush=True)
+        except socket.timeout: print("second none", flush=True)
+        """
+
+    @Test func aReloadKeepsHTTP2ConnectionsAndUpgradeH2cIsIgnored() throws {
+        let h = try ProxyHarness(Self.yaml())
+        defer { h.stop() }
+        let gate = FileManager.default.temporaryDirectory.appendingPathComponent("h2-gate-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: gate) }
+        let lines = Locked<[String]>([])
+        let (client, first) = try startPythonScript(
+            python: try PythonH2.python(), Self.twoRequests, arguments: ["\(h.port)", "/ok", "/status/201", gate],
+            lines: lines)
+        defer { if client.isRunning { client.terminate() } }
+        #expect(first == "ready")
+        #expect(waitUntil("the first answer") { lines.withLock { $0.contains("first 200") } })
+        let next = try ConfigLoader.parse(
+            Self.yaml().replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(h.demo.port)")
+                .replacingOccurrences(of: "upstream: demo", with: "upstream: demo\n    timeout: 7s"), file: "t.yaml")
+        #expect(h.proxy.reload(next).isEmpty)
+        FileManager.default.createFile(atPath: gate, contents: nil)
+        #expect(waitUntil("the second answer, on the same connection") { lines.withLock { $0.contains("second 201") } })
+        #expect(!lines.withLock { $0.contains { $0.hasPrefix("goaway") } })
+        // `Upgrade: h2c` on HTTP/1.1 is ignored: served as HTTP/1.1, the field not forwarded.
+        let upgrade = try curl(["--http2", "http://127.0.0.1:\(h.port)/echo", "-w", " %{http_version}"])
+        #expect(upgrade.out.hasSuffix(" 1.1"), "\(upgrade.out)")
+        #expect(!upgrade.out.lowercased().contains("h2c") && !upgrade.out.contains("HTTP2-Settings"), "\(upgrade.out)")
+    }
+
+    /// Raw frames (hyperframe, hpack): stream 1 for `path`; at our GOAWAY,
+    /// stream 3 is opened; prints the GOAWAY, stream 1's status and end, and
+    /// what became of stream 3. (h2's client state machine stops at a GOAWAY.)
+    static let pastTheGoaway = """
+        import socket, sys
+        import hpack
+        from hyperframe.frame import Frame, SettingsFrame, HeadersFrame, DataFrame, GoAwayFrame, RstStreamFrame
+        port, path = int(sys.argv[1]), sys.argv[2]
+        s = socket.create_connection(("127.0.0.1", port)); s.settimeout(5)
+        enc, dec = hpack.Encoder(), hpack.Decoder()
+        def headers(sid, p):
+            f = HeadersFrame(sid)
+            f.data = enc.encode([(":method", "GET"), (":path", p), (":scheme", "http"), (":authority", "t")])
+            f.flags.add("END_HEADERS"); f.flags.add("END_STREAM")
+            return f.serialize()
+        s.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + SettingsFrame(0).serialize() + headers(1, path))
+        print("ready", flush=True)
+        buf = b""
+        def frames():
+            global buf
+            while True:
+                while len(buf) >= 9:
+                    f, n = Frame.parse_frame_header(memoryview(buf[:9]))
+                    if len(buf) < 9 + n: break
+                    f.parse_body(memoryview(buf[9:9 + n])); buf = buf[9 + n:]
+                    yield f
+                try: data = s.recv(65536)
+                except (socket.timeout, ConnectionError): return
+                if not data: return
+                buf += data
+        second = "none"
+        for f in frames():
+            if isinstance(f, SettingsFrame) and "ACK" not in f.flags: s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
+            elif isinstance(f, GoAwayFrame):
+                print("goaway", f.error_code, f.last_stream_id, flush=True)
+                try: s.sendall(headers(3, "/status/201"))
+                except OSError: pass
+            elif isinstance(f, HeadersFrame):
+                status = dict(dec.decode(f.data)).get(":status")
+                if f.stream_id == 1: print("first", status, flush=True)
+                else: second = "served " + status
+            elif isinstance(f, DataFrame) and f.stream_id == 1 and "END_STREAM" in f.flags: print("first ended", flush=True)
+            elif isinstance(f, RstStreamFrame) and f.stream_id == 3: second = "reset %d" % f.error_code
+        print("second", second, flush=True)
+        """
+
+    @Test func afterTheDrainsGoawayNewStreamsAreNotServed() throws {
+        let h = try ProxyHarness(Self.yaml())
+        let lines = Locked<[String]>([])
+        let (client, first) = try startPythonScript(
+            python: try PythonH2.python(), Self.pastTheGoaway, arguments: ["\(h.port)", "/slow?ms=800"], lines: lines)
+        defer { if client.isRunning { client.terminate() } }
+        #expect(first == "ready")
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
+        let proxy = h.proxy
+        let drained = Locked(false)
+        let t = Thread {
+            proxy.drain(timeout: .seconds(5))
+            drained.withLock { $0 = true }
+        }
+        t.start()
+        #expect(waitUntil("the client's last line") { lines.withLock { $0.contains { $0.hasPrefix("second") } } })
+        let seen = lines.withLock { $0 }
+        // GOAWAY NO_ERROR naming stream 1; stream 1 answered in full; stream 3 never served.
+        #expect(seen.contains("goaway 0 1"), "\(seen)")
+        #expect(seen.contains("first 200") && seen.contains("first ended"), "\(seen)")
+        #expect(!seen.contains { $0.hasPrefix("second served") }, "\(seen)")
+        #expect(waitUntil("drain() to return") { drained.withLock { $0 } })
+        h.stop()
+    }
+
     @Test func http2SettingsAreReadAndChecked() throws {
         let good = try ConfigLoader.parse(
             Self.yaml(http2: "http2: { max_concurrent_streams: 7, initial_stream_window: 128KiB }").replacingOccurrences(
