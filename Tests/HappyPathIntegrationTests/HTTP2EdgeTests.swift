@@ -160,6 +160,17 @@ import Testing
         #expect(r.out.contains("h2"), "\(r.out)")
     }
 
+    /// SIGTERM's drain (5 s), on a thread of its own: true once it returned.
+    static func drainInBackground(_ h: ProxyHarness) -> Locked<Bool> {
+        let proxy = h.proxy
+        let drained = Locked(false)
+        Thread {
+            proxy.drain(timeout: .seconds(5))
+            drained.withLock { $0 = true }
+        }.start()
+        return drained
+    }
+
     @Test func drainSendsGoawayAndTheStreamInFlightFinishes() throws {
         let h = try ProxyHarness(Self.yaml())
         let admin = AdminProbe(port: h.adminPort)
@@ -173,13 +184,7 @@ import Testing
         try client.run()
         defer { if client.isRunning { client.terminate() } }
         waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
-        let proxy = h.proxy
-        let drained = Locked(false)
-        let t = Thread {
-            proxy.drain(timeout: .seconds(5))
-            drained.withLock { $0 = true }
-        }
-        t.start()
+        let drained = Self.drainInBackground(h)
         #expect(waitUntil("nghttp to end") { !client.isRunning })
         let text = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
         // GOAWAY NO_ERROR naming stream 13 (nghttp's first request stream), then the answer.
@@ -303,13 +308,7 @@ import Testing
         #expect(first == "ready")
         let admin = AdminProbe(port: h.adminPort)
         waitUntil("the slow request in flight") { try admin.inFlight() == 1 }
-        let proxy = h.proxy
-        let drained = Locked(false)
-        let t = Thread {
-            proxy.drain(timeout: .seconds(5))
-            drained.withLock { $0 = true }
-        }
-        t.start()
+        let drained = Self.drainInBackground(h)
         #expect(waitUntil("the client's last line") { lines.withLock { $0.contains { $0.hasPrefix("second") } } })
         let seen = lines.withLock { $0 }
         // GOAWAY NO_ERROR naming stream 1; stream 1 answered in full; stream 3 never served.
