@@ -1,0 +1,259 @@
+import Foundation
+import HappyPathCore
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Issue 34, the proxy's own errors in gRPC's error model: what
+/// `GRPCErrorResponse` writes is read by real gRPC. Google's protobuf
+/// classes decode `grpc-status-details-bin`; a real grpcio client, answered
+/// with exactly those fields by an HTTP/2 server that only replays them,
+/// decodes the status, `grpc-message` and the rich details with
+/// `grpc_status.rpc_status.from_call`. The same client checks gRPC's
+/// HTTP-to-gRPC table and the `grpc-timeout` it sends against ours.
+/// (Nothing here goes through the proxy: gRPC pass-through is not built yet.)
+@Suite("gRPC error model") struct GRPCErrorModelTests {
+    static let problems: [(Problem, Duration?)] = [
+        (
+            Problem(
+                .circuitOpen, requestID: "req-7", detail: "orders failed 5 times", attempts: 3, upstream: "orders",
+                retryAfterSeconds: 7), nil
+        ),
+        (Problem(.rateLimited, requestID: "req-8", retryAfterSeconds: 1), .milliseconds(1500)),
+        (Problem(.forbidden, requestID: "req-9"), nil),
+        (
+            Problem(
+                .badGateway, requestID: "req-10", detail: "réponse invalide — 日本語, 100% 👍\ttab", attempts: 1,
+                upstream: "bücher"), nil
+        ),
+        (Problem(.upstreamTimeout, requestID: "req-11", detail: String(repeating: "é", count: 3000)), nil),
+    ]
+
+    static let decodeDetails = #"""
+import base64, json, sys
+from google.rpc import status_pb2, error_details_pb2
+out = []
+for value in sys.argv[1:]:
+    status = status_pb2.Status.FromString(base64.b64decode(value + "=" * (-len(value) % 4)))
+    result = {"code": status.code, "message": status.message, "types": [d.type_url for d in status.details]}
+    for d in status.details:
+        if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            d.Unpack(info)
+            result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
+        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            d.Unpack(retry)
+            result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
+    out.append(result)
+print(json.dumps({"statuses": out}))
+"""#
+
+    @Test func googlesProtobufClassesDecodeTheDetails() throws {
+        let answers = Self.problems.map { GRPCErrorResponse($0.0, retryDelay: $0.1) }
+        let decoded = try PythonGRPC.run(Self.decodeDetails, arguments: answers.map(\.details.fieldValue))
+        let statuses = try #require(decoded["statuses"] as? [[String: Any]])
+        try #require(statuses.count == answers.count)
+        for (answer, status) in zip(answers, statuses) {
+            Self.expect(status, equals: answer)
+        }
+        // The waits as written: 7 s from Retry-After; 1.5 s given; none when not retryable or not known.
+        #expect(statuses[0]["retry_delay"] as? [Int] == [7, 0])
+        #expect(statuses[1]["retry_delay"] as? [Int] == [1, 500_000_000])
+        #expect(statuses[2]["retry_delay"] == nil && statuses[4]["retry_delay"] == nil)
+        #expect(statuses[2]["types"] as? [String] == ["type.googleapis.com/google.rpc.ErrorInfo"])
+    }
+
+    /// The fields Python decoded equal the ones the answer holds.
+    static func expect(_ decoded: [String: Any], equals answer: GRPCErrorResponse, sourceLocation: SourceLocation = #_sourceLocation) {
+        let details = answer.details
+        #expect(decoded["code"] as? Int == answer.status.rawValue, sourceLocation: sourceLocation)
+        #expect(decoded["message"] as? String == details.message, sourceLocation: sourceLocation)
+        #expect(decoded["reason"] as? String == details.errorInfo?.reason, sourceLocation: sourceLocation)
+        #expect(decoded["domain"] as? String == "happypath", sourceLocation: sourceLocation)
+        let metadata = Dictionary(uniqueKeysWithValues: (details.errorInfo?.metadata ?? []).map { ($0.key, $0.value) })
+        #expect(decoded["metadata"] as? [String: String] == metadata, sourceLocation: sourceLocation)
+        if let delay = details.retryDelay {
+            let (seconds, attoseconds) = delay.components
+            let expected = [Int(seconds), Int(attoseconds / 1_000_000_000)]
+            #expect(decoded["retry_delay"] as? [Int] == expected, sourceLocation: sourceLocation)
+        } else {
+            #expect(decoded["retry_delay"] == nil, sourceLocation: sourceLocation)
+        }
+    }
+
+    // MARK: - A real gRPC client
+
+    static let client = #"""
+import grpc, json, sys
+from grpc_status import rpc_status
+from google.rpc import error_details_pb2
+port, calls = sys.argv[1], json.loads(sys.argv[2])
+out = []
+with grpc.insecure_channel("127.0.0.1:" + port) as channel:
+    for call in calls:
+        result = {"index": call["index"]}
+        try:
+            channel.unary_unary("/happypath.Test/%d" % call["index"])(b"", timeout=call.get("timeout", 10))
+            result["grpc_status"] = "OK"
+        except grpc.RpcError as e:
+            result["grpc_status"], result["details"] = e.code().name, e.details()
+            try:
+                status = rpc_status.from_call(e)
+            except ValueError as error:  # the details disagree with grpc-status or grpc-message
+                result["from_call_error"] = str(error)
+                status = None
+            if status is not None:
+                result["code"], result["message"] = status.code, status.message
+                for d in status.details:
+                    if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                        info = error_details_pb2.ErrorInfo()
+                        d.Unpack(info)
+                        result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
+                    if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                        retry = error_details_pb2.RetryInfo()
+                        d.Unpack(retry)
+                        result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
+        out.append(result)
+print(json.dumps({"calls": out}))
+"""#
+
+    static func call(port: Int, _ calls: [[String: Any]]) throws -> [[String: Any]] {
+        let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
+        let result = try PythonGRPC.run(Self.client, arguments: [String(port), json], timeout: 60)
+        return try #require(result["calls"] as? [[String: Any]])
+    }
+
+    @Test func aGrpcioClientDecodesTheProxysAnswer() throws {
+        let answers = Self.problems.map { GRPCErrorResponse($0.0, retryDelay: $0.1) }
+        let server = try ReplayingH2Server(answers.map { (String($0.httpStatus), $0.fields) })
+        let results = try Self.call(port: server.port, answers.indices.map { ["index": $0] })
+        try #require(results.count == answers.count)
+        for (answer, result) in zip(answers, results) {
+            #expect(result["grpc_status"] as? String == answer.status.name)
+            #expect(result["from_call_error"] == nil, "\(result)")
+            // grpc-message, percent-decoded by gRPC itself, is the text; the details say the same.
+            #expect(result["details"] as? String == answer.message.prefixAsSent)
+            Self.expect(result, equals: answer)
+        }
+        #expect(results[3]["details"] as? String == "The service sent an invalid response: réponse invalide — 日本語, 100% 👍\ttab")
+        #expect((results[3]["metadata"] as? [String: String])?["upstream"] == "bücher")
+        // The long one was cut, at a character, on both sides alike.
+        #expect((results[4]["details"] as? String)?.hasSuffix("é") == true)
+        #expect(((results[4]["details"] as? String)?.count ?? .max) < 3000)
+    }
+
+    @Test func anHTTPStatusWithoutGrpcStatusIsWhatGRPCsClientMakesOfIt() throws {
+        // Not 431: the table says INTERNAL (and so do we), grpcio 1.85's C core says UNKNOWN (docs/grpc.md).
+        let statuses = [400, 401, 403, 404, 429, 502, 503, 504, 500, 501, 418, 302]
+        let server = try ReplayingH2Server(statuses.map { (String($0), [HTTPField(name: "content-type", value: "text/plain")]) })
+        let results = try Self.call(port: server.port, statuses.indices.map { ["index": $0] })
+        try #require(results.count == statuses.count)
+        for (status, result) in zip(statuses, results) {
+            #expect(result["grpc_status"] as? String == GRPCStatus(httpStatus: status).name, "HTTP \(status)")
+        }
+    }
+
+    @Test func theGrpcTimeoutAClientSendsIsReadAsItsDeadline() throws {
+        let answer = GRPCErrorResponse(Problem(.upstreamUnavailable, requestID: "t"))
+        let server = try ReplayingH2Server([(String(answer.httpStatus), answer.fields)])
+        let results = try Self.call(port: server.port, [["index": 0, "timeout": 1.5], ["index": 0, "timeout": 0.25]])
+        #expect(results.map { $0["grpc_status"] as? String } == ["UNAVAILABLE", "UNAVAILABLE"])
+        let sent = server.requests(atLeast: 2).compactMap { $0.first { $0[0] == "grpc-timeout" }?[1] }
+        try #require(sent.count == 2, "each call carries grpc-timeout")
+        let deadlines = sent.map { GRPCTimeout.parse($0) }
+        #expect(deadlines.allSatisfy { $0 != nil }, "\(sent)")
+        // What is left of the client's deadline when the field was written
+        // (gRPC's C core rounds it up to its unit: 0.25 s goes as `251m`).
+        #expect(deadlines[0].map { $0 > .seconds(1) && $0 <= .milliseconds(1510) } == true, "\(sent)")
+        #expect(deadlines[1].map { $0 > .milliseconds(100) && $0 <= .milliseconds(260) } == true, "\(sent)")
+    }
+}
+
+extension String {
+    /// The text as `grpc-message` carries it: cut as `GRPCErrorResponse` cuts it.
+    fileprivate var prefixAsSent: String {
+        GRPCMessage.decode(GRPCMessage.encode(self, limit: GRPCErrorResponse.messageLimit))
+    }
+}
+
+/// An HTTP/2 server (Python `h2`, h2c with prior knowledge) that answers the
+/// call to `/<service>/<n>` with answer n as it is given: `:status` and the
+/// fields, in one HEADERS frame that ends the stream (a Trailers-Only
+/// response when the status is 200). Each request's fields are printed.
+final class ReplayingH2Server: @unchecked Sendable {
+    let process: Process
+    let port: Int
+    private let lines = Locked<[String]>([])
+
+    static let script = #"""
+import asyncio, json, sys
+import h2.config, h2.connection, h2.events
+
+answers = json.loads(sys.argv[1])
+
+class Connection(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+        self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.heads = {}
+        self.transport.write(self.conn.data_to_send())
+
+    def data_received(self, data):
+        try:
+            events = self.conn.receive_data(data)
+        except Exception:
+            self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self.heads[event.stream_id] = event.headers
+            elif isinstance(event, h2.events.DataReceived):
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                headers = self.heads.pop(event.stream_id)
+                print(json.dumps([[k, v] for k, v in headers]), flush=True)
+                status, fields = answers[int(dict(headers)[":path"].rsplit("/", 1)[1])]
+                self.conn.send_headers(event.stream_id, [(":status", status)] + [tuple(f) for f in fields], end_stream=True)
+        data = self.conn.data_to_send()
+        if data:
+            self.transport.write(data)
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""#
+
+    init(_ answers: [(status: String, fields: [HTTPField])]) throws {
+        let json = answers.map { [$0.status, $0.fields.map { [$0.name, $0.value] }] as [Any] }
+        let argument = String(decoding: try JSONSerialization.data(withJSONObject: json), as: UTF8.self)
+        let (process, first) = try startPythonScript(
+            python: try PythonH2.python(), Self.script, arguments: [argument], lines: lines)
+        guard let port = Int(first) else {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            throw TestError("the replaying HTTP/2 server did not start: '\(first)'")
+        }
+        self.process = process
+        self.port = port
+    }
+
+    deinit {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// Each request's fields (name, value), once at least `count` arrived.
+    func requests(atLeast count: Int) -> [[[String]]] {
+        waitUntil("\(count) request(s) at the replaying HTTP/2 server") { lines.withLock { $0.count } >= count }
+        return lines.withLock { $0 }.compactMap {
+            (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [[String]]
+        }
+    }
+}
