@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import HappyPathCore
@@ -111,5 +112,35 @@ import Testing
         #expect(GRPCStatus(problemCode: "QUOTA_GONE", httpStatus: 429) == .unavailable)
         #expect(GRPCStatus(problemCode: "ORDER_MISSING", httpStatus: 404) == .unimplemented)
         #expect(GRPCStatus(problemCode: "TEAPOT", httpStatus: 418) == .unknown)
+    }
+
+    // MARK: - docs/grpc.md says the same
+
+    @Test func theDocsTablesAreTheCode() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let docs = try String(contentsOf: root.appendingPathComponent("docs/grpc.md"), encoding: .utf8)
+        func cells(_ line: Substring) -> [String] {
+            line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+        }
+        func firstQuoted(_ cell: String) -> String? {
+            cell.split(separator: "`", omittingEmptySubsequences: false).dropFirst().first.map(String.init)
+        }
+        var problemRows = Set<ProblemCode>()
+        var httpRows = Set<Int>()
+        for line in docs.split(separator: "\n") where line.hasPrefix("| ") {
+            let row = cells(line)
+            if row.count == 4, let code = firstQuoted(row[0]).flatMap(ProblemCode.init(rawValue:)) {
+                #expect(firstQuoted(row[2]) == code.grpcStatus.name, "\(code)")
+                #expect(Int(row[3]) == code.grpcStatus.rawValue, "\(code)")
+                #expect(Int(row[1]) == code.status, "\(code)")
+                problemRows.insert(code)
+            } else if row.count == 2, let http = Int(row[0].prefix(3)) {
+                #expect(firstQuoted(row[1]) == GRPCStatus(httpStatus: http).name, "HTTP \(http)")
+                httpRows.insert(http)
+            }
+        }
+        #expect(problemRows == Set(ProblemCode.allCases))
+        #expect(httpRows == [400, 401, 403, 404, 429, 431, 502, 503, 504])
     }
 }

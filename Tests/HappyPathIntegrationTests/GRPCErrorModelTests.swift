@@ -32,24 +32,24 @@ import Testing
     ]
 
     static let decodeDetails = #"""
-import base64, json, sys
-from google.rpc import status_pb2, error_details_pb2
-out = []
-for value in sys.argv[1:]:
-    status = status_pb2.Status.FromString(base64.b64decode(value + "=" * (-len(value) % 4)))
-    result = {"code": status.code, "message": status.message, "types": [d.type_url for d in status.details]}
-    for d in status.details:
-        if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            d.Unpack(info)
-            result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
-        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry = error_details_pb2.RetryInfo()
-            d.Unpack(retry)
-            result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
-    out.append(result)
-print(json.dumps({"statuses": out}))
-"""#
+        import base64, json, sys
+        from google.rpc import status_pb2, error_details_pb2
+        out = []
+        for value in sys.argv[1:]:
+            status = status_pb2.Status.FromString(base64.b64decode(value + "=" * (-len(value) % 4)))
+            result = {"code": status.code, "message": status.message, "types": [d.type_url for d in status.details]}
+            for d in status.details:
+                if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    d.Unpack(info)
+                    result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
+                if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                    retry = error_details_pb2.RetryInfo()
+                    d.Unpack(retry)
+                    result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
+            out.append(result)
+        print(json.dumps({"statuses": out}))
+        """#
 
     @Test func googlesProtobufClassesDecodeTheDetails() throws {
         let answers = Self.problems.map { GRPCErrorResponse($0.0, retryDelay: $0.1) }
@@ -67,7 +67,9 @@ print(json.dumps({"statuses": out}))
     }
 
     /// The fields Python decoded equal the ones the answer holds.
-    static func expect(_ decoded: [String: Any], equals answer: GRPCErrorResponse, sourceLocation: SourceLocation = #_sourceLocation) {
+    static func expect(
+        _ decoded: [String: Any], equals answer: GRPCErrorResponse, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         let details = answer.details
         #expect(decoded["code"] as? Int == answer.status.rawValue, sourceLocation: sourceLocation)
         #expect(decoded["message"] as? String == details.message, sourceLocation: sourceLocation)
@@ -87,38 +89,38 @@ print(json.dumps({"statuses": out}))
     // MARK: - A real gRPC client
 
     static let client = #"""
-import grpc, json, sys
-from grpc_status import rpc_status
-from google.rpc import error_details_pb2
-port, calls = sys.argv[1], json.loads(sys.argv[2])
-out = []
-with grpc.insecure_channel("127.0.0.1:" + port) as channel:
-    for call in calls:
-        result = {"index": call["index"]}
-        try:
-            channel.unary_unary("/happypath.Test/%d" % call["index"])(b"", timeout=call.get("timeout", 10))
-            result["grpc_status"] = "OK"
-        except grpc.RpcError as e:
-            result["grpc_status"], result["details"] = e.code().name, e.details()
-            try:
-                status = rpc_status.from_call(e)
-            except ValueError as error:  # the details disagree with grpc-status or grpc-message
-                result["from_call_error"] = str(error)
-                status = None
-            if status is not None:
-                result["code"], result["message"] = status.code, status.message
-                for d in status.details:
-                    if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                        info = error_details_pb2.ErrorInfo()
-                        d.Unpack(info)
-                        result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
-                    if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                        retry = error_details_pb2.RetryInfo()
-                        d.Unpack(retry)
-                        result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
-        out.append(result)
-print(json.dumps({"calls": out}))
-"""#
+        import grpc, json, sys
+        from grpc_status import rpc_status
+        from google.rpc import error_details_pb2
+        port, calls = sys.argv[1], json.loads(sys.argv[2])
+        out = []
+        with grpc.insecure_channel("127.0.0.1:" + port) as channel:
+            for call in calls:
+                result = {"index": call["index"]}
+                try:
+                    channel.unary_unary("/happypath.Test/%d" % call["index"])(b"", timeout=call.get("timeout", 10))
+                    result["grpc_status"] = "OK"
+                except grpc.RpcError as e:
+                    result["grpc_status"], result["details"] = e.code().name, e.details()
+                    try:
+                        status = rpc_status.from_call(e)
+                    except ValueError as error:  # the details disagree with grpc-status or grpc-message
+                        result["from_call_error"] = str(error)
+                        status = None
+                    if status is not None:
+                        result["code"], result["message"] = status.code, status.message
+                        for d in status.details:
+                            if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                                info = error_details_pb2.ErrorInfo()
+                                d.Unpack(info)
+                                result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
+                            if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                                retry = error_details_pb2.RetryInfo()
+                                d.Unpack(retry)
+                                result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
+                out.append(result)
+        print(json.dumps({"calls": out}))
+        """#
 
     static func call(port: Int, _ calls: [[String: Any]]) throws -> [[String: Any]] {
         let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
@@ -189,46 +191,46 @@ final class ReplayingH2Server: @unchecked Sendable {
     private let lines = Locked<[String]>([])
 
     static let script = #"""
-import asyncio, json, sys
-import h2.config, h2.connection, h2.events
+        import asyncio, json, sys
+        import h2.config, h2.connection, h2.events
 
-answers = json.loads(sys.argv[1])
+        answers = json.loads(sys.argv[1])
 
-class Connection(asyncio.Protocol):
-    def connection_made(self, transport):
-        self.transport = transport
-        self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-        self.conn.initiate_connection()
-        self.heads = {}
-        self.transport.write(self.conn.data_to_send())
+        class Connection(asyncio.Protocol):
+            def connection_made(self, transport):
+                self.transport = transport
+                self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+                self.conn.initiate_connection()
+                self.heads = {}
+                self.transport.write(self.conn.data_to_send())
 
-    def data_received(self, data):
-        try:
-            events = self.conn.receive_data(data)
-        except Exception:
-            self.transport.close()
-            return
-        for event in events:
-            if isinstance(event, h2.events.RequestReceived):
-                self.heads[event.stream_id] = event.headers
-            elif isinstance(event, h2.events.DataReceived):
-                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, h2.events.StreamEnded):
-                headers = self.heads.pop(event.stream_id)
-                print(json.dumps([[k, v] for k, v in headers]), flush=True)
-                status, fields = answers[int(dict(headers)[":path"].rsplit("/", 1)[1])]
-                self.conn.send_headers(event.stream_id, [(":status", status)] + [tuple(f) for f in fields], end_stream=True)
-        data = self.conn.data_to_send()
-        if data:
-            self.transport.write(data)
+            def data_received(self, data):
+                try:
+                    events = self.conn.receive_data(data)
+                except Exception:
+                    self.transport.close()
+                    return
+                for event in events:
+                    if isinstance(event, h2.events.RequestReceived):
+                        self.heads[event.stream_id] = event.headers
+                    elif isinstance(event, h2.events.DataReceived):
+                        self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded):
+                        headers = self.heads.pop(event.stream_id)
+                        print(json.dumps([[k, v] for k, v in headers]), flush=True)
+                        status, fields = answers[int(dict(headers)[":path"].rsplit("/", 1)[1])]
+                        self.conn.send_headers(event.stream_id, [(":status", status)] + [tuple(f) for f in fields], end_stream=True)
+                data = self.conn.data_to_send()
+                if data:
+                    self.transport.write(data)
 
-async def main():
-    server = await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    await asyncio.Event().wait()
+        async def main():
+            server = await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", 0)
+            print(server.sockets[0].getsockname()[1], flush=True)
+            await asyncio.Event().wait()
 
-asyncio.run(main())
-"""#
+        asyncio.run(main())
+        """#
 
     init(_ answers: [(status: String, fields: [HTTPField])]) throws {
         let json = answers.map { [$0.status, $0.fields.map { [$0.name, $0.value] }] as [Any] }
