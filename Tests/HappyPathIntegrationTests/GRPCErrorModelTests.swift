@@ -31,25 +31,13 @@ import Testing
         (Problem(.upstreamTimeout, requestID: "req-11", detail: String(repeating: "é", count: 3000)), nil),
     ]
 
-    static let decodeDetails = #"""
-        import base64, json, sys
-        from google.rpc import status_pb2, error_details_pb2
-        out = []
-        for value in sys.argv[1:]:
-            status = status_pb2.Status.FromString(base64.b64decode(value + "=" * (-len(value) % 4)))
-            result = {"code": status.code, "message": status.message, "types": [d.type_url for d in status.details]}
-            for d in status.details:
-                if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    d.Unpack(info)
-                    result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
-                if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                    retry = error_details_pb2.RetryInfo()
-                    d.Unpack(retry)
-                    result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
-            out.append(result)
-        print(json.dumps({"statuses": out}))
-        """#
+    static let decodeDetails =
+        PythonGRPC.richStatus + #"""
+            import base64, json, sys
+            from google.rpc import status_pb2
+            statuses = [status_pb2.Status.FromString(base64.b64decode(v + "=" * (-len(v) % 4))) for v in sys.argv[1:]]
+            print(json.dumps({"statuses": [rich(status) for status in statuses]}))
+            """#
 
     @Test func googlesProtobufClassesDecodeTheDetails() throws {
         let answers = Self.problems.map { GRPCErrorResponse($0.0, retryDelay: $0.1) }
@@ -88,39 +76,29 @@ import Testing
 
     // MARK: - A real gRPC client
 
-    static let client = #"""
-        import grpc, json, sys
-        from grpc_status import rpc_status
-        from google.rpc import error_details_pb2
-        port, calls = sys.argv[1], json.loads(sys.argv[2])
-        out = []
-        with grpc.insecure_channel("127.0.0.1:" + port) as channel:
-            for call in calls:
-                result = {"index": call["index"]}
-                try:
-                    channel.unary_unary("/happypath.Test/%d" % call["index"])(b"", timeout=call.get("timeout", 10))
-                    result["grpc_status"] = "OK"
-                except grpc.RpcError as e:
-                    result["grpc_status"], result["details"] = e.code().name, e.details()
+    static let client =
+        PythonGRPC.richStatus + #"""
+            import grpc, json, sys
+            from grpc_status import rpc_status
+            port, calls = sys.argv[1], json.loads(sys.argv[2])
+            out = []
+            with grpc.insecure_channel("127.0.0.1:" + port) as channel:
+                for call in calls:
+                    result = {"index": call["index"]}
                     try:
-                        status = rpc_status.from_call(e)
-                    except ValueError as error:  # the details disagree with grpc-status or grpc-message
-                        result["from_call_error"] = str(error)
-                        status = None
-                    if status is not None:
-                        result["code"], result["message"] = status.code, status.message
-                        for d in status.details:
-                            if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                                info = error_details_pb2.ErrorInfo()
-                                d.Unpack(info)
-                                result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
-                            if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                                retry = error_details_pb2.RetryInfo()
-                                d.Unpack(retry)
-                                result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
-                out.append(result)
-        print(json.dumps({"calls": out}))
-        """#
+                        channel.unary_unary("/happypath.Test/%d" % call["index"])(b"", timeout=call.get("timeout", 10))
+                        result["grpc_status"] = "OK"
+                    except grpc.RpcError as e:
+                        try:
+                            status = rpc_status.from_call(e)  # None without grpc-status-details-bin
+                        except ValueError as error:  # the details disagree with grpc-status or grpc-message
+                            result["from_call_error"], status = str(error), None
+                        if status is not None:
+                            result.update(rich(status))
+                        result["grpc_status"], result["details"] = e.code().name, e.details()
+                    out.append(result)
+            print(json.dumps({"calls": out}))
+            """#
 
     static func call(port: Int, _ calls: [[String: Any]]) throws -> [[String: Any]] {
         let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
@@ -235,15 +213,9 @@ final class ReplayingH2Server: @unchecked Sendable {
     init(_ answers: [(status: String, fields: [HTTPField])]) throws {
         let json = answers.map { [$0.status, $0.fields.map { [$0.name, $0.value] }] as [Any] }
         let argument = String(decoding: try JSONSerialization.data(withJSONObject: json), as: UTF8.self)
-        let (process, first) = try startPythonScript(
-            python: try PythonH2.python(), Self.script, arguments: [argument], lines: lines)
-        guard let port = Int(first) else {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-            throw TestError("the replaying HTTP/2 server did not start: '\(first)'")
-        }
-        self.process = process
-        self.port = port
+        (process, port) = try startPythonServer(
+            python: try PythonH2.python(), Self.script, arguments: [argument], lines: lines,
+            what: "the replaying HTTP/2 server")
     }
 
     deinit {

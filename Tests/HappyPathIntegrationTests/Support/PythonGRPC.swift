@@ -12,22 +12,33 @@ enum PythonGRPC {
 
     /// The virtual environment's python, made (with `packages`) if missing.
     static func python() throws -> String {
-        let venv = (ProcessInfo.processInfo.environment["HOME"] ?? "/root") + "/.cache/happypath-grpc-venv"
-        let python = venv + "/bin/python"
-        func ready() throws -> Bool {
-            guard FileManager.default.isExecutableFile(atPath: python) else { return false }
-            let imports =
-                "import grpc, grpc_status.rpc_status, grpc_health.v1.health_pb2, google.rpc.status_pb2, google.rpc.error_details_pb2"
-            let check = try runProcess(python, ["-c", imports], timeout: 30)
-            return check.status == 0
-        }
-        if try ready() { return python }
-        let made = try runProcess("/usr/bin/python3", ["-m", "venv", venv], timeout: 120)
-        guard made.status == 0 else { throw TestError("python3 -m venv failed: \(made.err)") }
-        let pip = try runProcess(venv + "/bin/pip", ["install", "-q"] + packages, timeout: 600)
-        guard pip.status == 0 else { throw TestError("pip install \(packages) failed: \(pip.err)") }
-        return python
+        try pythonVenv(
+            "happypath-grpc-venv", packages: packages,
+            imports: "import grpc, grpc_status.rpc_status, grpc_health.v1.health_pb2, google.rpc.error_details_pb2")
     }
+
+    /// Python that turns a `google.rpc.Status` into a dict a test reads:
+    /// `rich(status)` gives `code`, `message`, `types` (the details' type
+    /// URLs), and from the details `reason`, `domain`, `metadata` (an
+    /// ErrorInfo) and `retry_delay` (a RetryInfo: `[seconds, nanos]`).
+    /// Scripts start with it.
+    static let richStatus = #"""
+        from google.rpc import error_details_pb2
+
+        def rich(status):
+            result = {"code": status.code, "message": status.message, "types": [d.type_url for d in status.details]}
+            for d in status.details:
+                if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    d.Unpack(info)
+                    result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
+                if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                    retry = error_details_pb2.RetryInfo()
+                    d.Unpack(retry)
+                    result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
+            return result
+
+        """#
 
     /// Runs `script` to its end under the venv's python and returns the JSON
     /// object it prints last (a script prints what the test checks).
