@@ -12,7 +12,8 @@ import Testing
 /// with exactly those fields by an HTTP/2 server that only replays them,
 /// decodes the status, `grpc-message` and the rich details with
 /// `grpc_status.rpc_status.from_call`. The same client checks gRPC's
-/// HTTP-to-gRPC table and the `grpc-timeout` it sends against ours.
+/// HTTP-to-gRPC table and the `grpc-timeout` it sends against ours; a
+/// grpcio server's own error fields are the ones we write, and ours read them.
 /// (Nothing here goes through the proxy: gRPC pass-through is not built yet.)
 @Suite("gRPC error model") struct GRPCErrorModelTests {
     static let problems: [(Problem, Duration?)] = [
@@ -149,6 +150,87 @@ import Testing
         // (gRPC's C core rounds it up to its unit: 0.25 s goes as `251m`).
         #expect(deadlines[0].map { $0 > .seconds(1) && $0 <= .milliseconds(1510) } == true, "\(sent)")
         #expect(deadlines[1].map { $0 > .milliseconds(100) && $0 <= .milliseconds(260) } == true, "\(sent)")
+    }
+
+    // MARK: - What real gRPC writes, read by ours
+
+    /// A grpcio server whose one method fails with RESOURCE_EXHAUSTED, the
+    /// message given, and rich details (ErrorInfo with one metadata entry,
+    /// RetryInfo of 2.5 s) through `rpc_status.to_status`.
+    static let failingServer = #"""
+        import grpc, sys
+        from concurrent import futures
+        from grpc_status import rpc_status
+        from google.rpc import status_pb2, error_details_pb2
+        from google.protobuf import any_pb2, duration_pb2
+        message = sys.argv[1]
+
+        def fail(request, context):
+            info, retry = any_pb2.Any(), any_pb2.Any()
+            info.Pack(error_details_pb2.ErrorInfo(reason="RATE_LIMITED", domain="happypath", metadata={"request_id": "r-1"}))
+            retry.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=2, nanos=500000000)))
+            context.abort_with_status(rpc_status.to_status(status_pb2.Status(code=8, message=message, details=[info, retry])))
+
+        handler = grpc.method_handlers_generic_handler("happypath.Test", {"Fail": grpc.unary_unary_rpc_method_handler(fail)})
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        print(port, flush=True)
+        server.wait_for_termination()
+        """#
+
+    /// A raw HTTP/2 client (Python `h2`): one gRPC call with an empty
+    /// message; prints every response field, headers and trailers, as sent.
+    static let rawCall = #"""
+        import json, socket, sys
+        import h2.config, h2.connection, h2.events
+        sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", sys.argv[2]), (":authority", "127.0.0.1"),
+                              ("content-type", "application/grpc"), ("te", "trailers")])
+        conn.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+        sock.sendall(conn.data_to_send())
+        fields, ended = [], False
+        while not ended:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    fields += [[k, v] for k, v in event.headers]
+                ended = ended or isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset))
+            sock.sendall(conn.data_to_send())
+        print(json.dumps(fields))
+        """#
+
+    @Test func whatGRPCWritesIsWhatWeWriteAndReadsBack() throws {
+        let message = "Trop de requêtes — 日本語 100% 👍"
+        let lines = Locked<[String]>([])
+        let (process, port) = try startPythonServer(
+            python: try PythonGRPC.python(), Self.failingServer, arguments: [message], lines: lines,
+            what: "the grpcio server")
+        defer {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        let call = try runProcess(try PythonH2.python(), ["-c", Self.rawCall, String(port), "/happypath.Test/Fail"])
+        try #require(call.status == 0, "\(call.err)")
+        let fields = try #require(try JSONSerialization.jsonObject(with: Data(call.out.utf8)) as? [[String]])
+        func field(_ name: String) -> String? { fields.first { $0[0] == name }?[1] }
+        #expect(field("grpc-status").flatMap { GRPCStatus(fieldValue: $0) } == .resourceExhausted)
+        // gRPC's percent-encoding, read by ours, and ours written the same way.
+        let sentMessage = try #require(field("grpc-message"))
+        #expect(GRPCMessage.decode(sentMessage) == message)
+        #expect(GRPCMessage.encode(message) == sentMessage)
+        // grpcio sends -bin fields unpadded too; the bytes are the ones we write for the same status.
+        let details = try #require(field("grpc-status-details-bin"))
+        #expect(!details.contains("="))
+        let ours = GRPCStatusDetails(
+            code: .resourceExhausted, message: message,
+            errorInfo: .init(reason: "RATE_LIMITED", metadata: [("request_id", "r-1")]), retryDelay: .milliseconds(2500))
+        #expect(details == ours.fieldValue)
     }
 }
 
