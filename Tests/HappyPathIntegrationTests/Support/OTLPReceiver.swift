@@ -57,19 +57,9 @@ server.serve_forever()
 
     /// The virtual environment's python, made (with opentelemetry-proto) if missing.
     static func python() throws -> String {
-        let venv = (ProcessInfo.processInfo.environment["HOME"] ?? "/root") + "/.cache/happypath-otlp-venv"
-        let python = venv + "/bin/python"
-        func ready() throws -> Bool {
-            guard FileManager.default.isExecutableFile(atPath: python) else { return false }
-            let check = try runProcess(python, ["-c", "import opentelemetry.proto.collector.trace.v1.trace_service_pb2"], timeout: 30)
-            return check.status == 0
-        }
-        if try ready() { return python }
-        let made = try runProcess("/usr/bin/python3", ["-m", "venv", venv], timeout: 120)
-        guard made.status == 0 else { throw TestError("python3 -m venv failed: \(made.err)") }
-        let pip = try runProcess(venv + "/bin/pip", ["install", "-q", "opentelemetry-proto"], timeout: 300)
-        guard pip.status == 0 else { throw TestError("pip install opentelemetry-proto failed: \(pip.err)") }
-        return python
+        try pythonVenv(
+            "happypath-otlp-venv", packages: ["opentelemetry-proto"],
+            imports: "import opentelemetry.proto.collector.trace.v1.trace_service_pb2")
     }
 
     init() throws {

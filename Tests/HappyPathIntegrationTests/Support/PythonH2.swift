@@ -16,20 +16,8 @@ enum PythonH2 {
 
     /// The virtual environment's python, made (with `packages`) if missing.
     static func python() throws -> String {
-        let venv = (ProcessInfo.processInfo.environment["HOME"] ?? "/root") + "/.cache/happypath-h2-venv"
-        let python = venv + "/bin/python"
-        func ready() throws -> Bool {
-            guard FileManager.default.isExecutableFile(atPath: python) else { return false }
-            let imports = "import h2.config, h2.connection, hyperframe.frame, hpack, httpx"
-            let check = try runProcess(python, ["-c", imports], timeout: 30)
-            return check.status == 0
-        }
-        if try ready() { return python }
-        let made = try runProcess("/usr/bin/python3", ["-m", "venv", venv], timeout: 120)
-        guard made.status == 0 else { throw TestError("python3 -m venv failed: \(made.err)") }
-        let pip = try runProcess(venv + "/bin/pip", ["install", "-q"] + packages, timeout: 300)
-        guard pip.status == 0 else { throw TestError("pip install \(packages) failed: \(pip.err)") }
-        return python
+        try pythonVenv(
+            "happypath-h2-venv", packages: packages, imports: "import h2.config, h2.connection, hyperframe.frame, hpack, httpx")
     }
 }
 

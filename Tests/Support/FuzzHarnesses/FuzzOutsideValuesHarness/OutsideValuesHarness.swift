@@ -100,6 +100,35 @@ public enum OutsideValuesHarness {
             let again = TraceContext.parse(context.traceparent(span: context.spanID))
             precondition(again?.traceHigh == context.traceHigh && again?.spanID == context.spanID, "no round trip")
             return "valid"
+        case UInt8(ascii: "g"):  // grpc-timeout
+            guard let d = GRPCTimeout.parse(text) else { return "refused" }
+            precondition(value.count >= 2 && value.count <= 9, "grpc-timeout read from \(value.count) bytes")
+            precondition(d >= .zero && d <= .seconds(99_999_999 * 3600), "grpc-timeout \(d) out of range")
+            _ = Instant(nanoseconds: .max - 5) + d  // saturates, never traps
+            if let again = GRPCTimeout.format(d) {
+                precondition(GRPCTimeout.parse(again).map { $0 <= d && $0 > .zero } == true, "\(again) for \(d)")
+            } else {
+                precondition(d == .zero, "no grpc-timeout written for \(d)")
+            }
+            return "\(d)"
+        case UInt8(ascii: "m"):  // grpc-message
+            let decoded = GRPCMessage.decode(value)
+            for limit in [0, 3, 64, 2048] {
+                let encoded = GRPCMessage.encode(decoded, limit: limit)
+                precondition(encoded.utf8.count <= limit, "grpc-message past its limit")
+                precondition(encoded.utf8.allSatisfy { $0 >= 0x20 && $0 <= 0x7E }, "grpc-message not printable ASCII")
+                precondition(
+                    decoded.unicodeScalars.starts(with: GRPCMessage.decode(encoded).unicodeScalars),
+                    "a cut grpc-message is not a prefix")
+            }
+            // Unbounded both ways: the text may encode to more than decode reads by default.
+            let again = GRPCMessage.decode(GRPCMessage.encode(decoded, limit: .max), limit: .max)
+            precondition(again == decoded, "no round trip")
+            return decoded
+        case UInt8(ascii: "s"):  // grpc-status
+            guard let status = GRPCStatus(fieldValue: text) else { return "unknown" }
+            precondition(status.rawValue >= 0 && status.rawValue <= 16 && value.count <= 3, "grpc-status \(status)")
+            return status.name
         default:
             return "no reader for \(kind)"
         }

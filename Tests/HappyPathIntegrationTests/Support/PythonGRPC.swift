@@ -1,0 +1,54 @@
+import Foundation
+import HappyPathCore
+import Testing
+
+/// Python with real gRPC from PyPI (`grpcio`, `grpcio-status`,
+/// `grpcio-health-checking`, `googleapis-common-protos`), in a virtual
+/// environment of its own made once under ~/.cache and reused: for gRPC
+/// clients and servers (generic handlers, so no code generation) and for
+/// decoding what the proxy writes with Google's own protobuf classes.
+enum PythonGRPC {
+    static let packages = ["grpcio", "grpcio-status", "grpcio-health-checking", "googleapis-common-protos"]
+
+    /// The virtual environment's python, made (with `packages`) if missing.
+    static func python() throws -> String {
+        try pythonVenv(
+            "happypath-grpc-venv", packages: packages,
+            imports: "import grpc, grpc_status.rpc_status, grpc_health.v1.health_pb2, google.rpc.error_details_pb2")
+    }
+
+    /// Python that turns a `google.rpc.Status` into a dict a test reads:
+    /// `rich(status)` gives `code`, `message`, `types` (the details' type
+    /// URLs), and from the details `reason`, `domain`, `metadata` (an
+    /// ErrorInfo) and `retry_delay` (a RetryInfo: `[seconds, nanos]`).
+    /// Scripts start with it.
+    static let richStatus = #"""
+        from google.rpc import error_details_pb2
+
+        def rich(status):
+            result = {"code": status.code, "message": status.message, "types": [d.type_url for d in status.details]}
+            for d in status.details:
+                if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    d.Unpack(info)
+                    result["reason"], result["domain"], result["metadata"] = info.reason, info.domain, dict(info.metadata)
+                if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                    retry = error_details_pb2.RetryInfo()
+                    d.Unpack(retry)
+                    result["retry_delay"] = [retry.retry_delay.seconds, retry.retry_delay.nanos]
+            return result
+
+        """#
+
+    /// Runs `script` to its end under the venv's python and returns the JSON
+    /// object it prints last (a script prints what the test checks).
+    static func run(_ script: String, arguments: [String] = [], timeout: Double = 30) throws -> [String: Any] {
+        let result = try runProcess(try python(), ["-c", script] + arguments, timeout: timeout)
+        guard result.status == 0 else { throw TestError("the gRPC Python script failed: \(result.err)") }
+        let last = result.out.split(separator: "\n").last.map(String.init) ?? ""
+        guard let object = (try? JSONSerialization.jsonObject(with: Data(last.utf8))) as? [String: Any] else {
+            throw TestError("the gRPC Python script printed no JSON object: '\(result.out)'")
+        }
+        return object
+    }
+}
