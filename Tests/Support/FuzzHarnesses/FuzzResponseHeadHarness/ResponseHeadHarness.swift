@@ -79,7 +79,9 @@ func checkHead(_ bytes: [UInt8]) -> ResponseHeadCheck {
     result.status = lines[0].withUnsafeBytes { ResponseFraming.status(ofLine: $0) }
     if let status = result.status {
         precondition((100...599).contains(status), "status \(status) out of range")
-        let digits = lines[0].dropFirst(9).prefix(3).reduce(0) { $0 * 10 + Int($1) - 0x30 }
+        // `HTTP/1.x NNN` or libcurl's `HTTP/2 NNN` (no minor version).
+        let at = lines[0].starts(with: Array("HTTP/2 ".utf8)) ? 7 : 9
+        let digits = lines[0].dropFirst(at).prefix(3).reduce(0) { $0 * 10 + Int($1) - 0x30 }
         precondition(digits == status, "status \(status) is not the line's digits \(digits)")
     }
 
