@@ -23,6 +23,7 @@ enum ForwardedRequest {
         var traceparents = 0
         var incoming: UnsafeRawBufferPointer?
         var tracestate: [UnsafeRawBufferPointer] = []
+        var acceptsTrailers = false
         // Fields a `Connection` header names are hop-by-hop for this request
         // (one pass over the head, however many tokens it lists).
         let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
@@ -32,7 +33,12 @@ enum ForwardedRequest {
         request.forEachRawHeader { name, value in
             index += 1
             if !nominated.isEmpty, nominated[index] { return }
-            if HopByHop.isHopByHop(name) { return }
+            if HopByHop.isHopByHop(name) {
+                // `TE: trailers`: the client takes trailers, which the proxy
+                // relays; the upstream is told so in a `TE` of the proxy's own.
+                if name.count == 2, !acceptsTrailers { acceptsTrailers = Self.namesTrailers(value) }
+                return
+            }
             switch name.count {
             case 4 where HTTPBytes.equals(name, "host"):
                 host = value
@@ -63,6 +69,7 @@ enum ForwardedRequest {
             }
             headers.append(name: name, value: value)
         }
+        if acceptsTrailers { headers.append(name: "TE", value: "trailers" as StaticString) }
         let id = requestID ?? ids.requestID()
         headers.append(name: "X-Request-Id", value: id)
         var peer = request.peerAddress
@@ -111,6 +118,23 @@ enum ForwardedRequest {
         return Command(
             requestID: id, method: method, target: target, headers: headers, body: request.takeBody(),
             routeIndex: route.index, upstream: upstream, deadline: deadline)
+    }
+
+    /// Whether a `TE` value lists `trailers` (RFC 9110 section 10.1.4:
+    /// comma-separated, case-insensitive, spaces around each element).
+    static func namesTrailers(_ value: UnsafeRawBufferPointer) -> Bool {
+        var start = 0
+        while start <= value.count {
+            var end = start
+            while end < value.count, value[end] != UInt8(ascii: ",") { end += 1 }
+            var a = start
+            var b = end
+            while a < b, value[a] == 0x20 || value[a] == 0x09 { a += 1 }
+            while b > a, value[b - 1] == 0x20 || value[b - 1] == 0x09 { b -= 1 }
+            if b - a == 8, HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: value[a..<b]), "trailers") { return true }
+            start = end + 1
+        }
+        return false
     }
 
     static func validRequestID(_ value: UnsafeRawBufferPointer) -> String? {

@@ -78,6 +78,15 @@ public final class HTTP2Stream: ClientStream {
     /// before (the head, body bytes) has gone out, so the client sees how
     /// far it got.
     private var abortWhenSent = false
+    /// A gRPC answer's head (its status), framed with a body to come but not
+    /// given to the session yet: it leaves with the first body bytes, or, if
+    /// the answer ends first with no body, alone with END_STREAM and the
+    /// trailers in it: gRPC's trailers-only answer, which a gRPC client reads
+    /// as the call's end only in that form (an empty DATA frame with
+    /// END_STREAM after a HEADERS without it is an error to it).
+    private var pendingHead: Int?
+    /// The staged `content-type` is gRPC's (`application/grpc`, `application/grpc+…`).
+    private var stagedGRPC = false
     /// `session.dataSent(of:)` when last looked at.
     private var sentSeen = 0
 
@@ -302,6 +311,7 @@ public final class HTTP2Stream: ClientStream {
         }
         guard !Self.dropped(name) else { return }
         if name.count == 4, HTTPBytes.equals(name, "date") { stagedDate = true }
+        if name.count == 12, HTTPBytes.equals(name, "content-type"), Self.isGRPC(value) { stagedGRPC = true }
         staged.append(name: name, value: value)
     }
 
@@ -319,6 +329,7 @@ public final class HTTP2Stream: ClientStream {
         nominators.removeAll()
         trailers.removeAll()
         stagedDate = false
+        stagedGRPC = false
     }
 
     public func removeStagedFields(nominatedBy connectionValue: UnsafeRawBufferPointer, for request: HTTPRequest) {
@@ -364,18 +375,36 @@ public final class HTTP2Stream: ClientStream {
             }
         }
         perform(started.actions)
-        if session.submitResponse(id, status: status, block: staged, hasBody: !started.head.endStream) != nil {
+        if stagedGRPC, !started.head.endStream {
+            pendingHead = status
+        } else {
+            submit(status: status, hasBody: !started.head.endStream)
+        }
+        owner?.http2StreamHasOutput(self)
+    }
+
+    /// The head waiting for its body goes to the session now, with a body to follow.
+    func submitPendingHead() {
+        guard let status = pendingHead else { return }
+        pendingHead = nil
+        submit(status: status, hasBody: true)
+    }
+
+    private func submit(status: Int, hasBody: Bool) {
+        if session.submitResponse(id, status: status, block: staged, hasBody: hasBody) != nil {
             // The session cannot take it (the stream is gone): nothing is left to answer.
             perform(machine.aborted(now: now()))
         }
-        owner?.http2StreamHasOutput(self)
     }
 
     public func writeBodyPart(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained notify: Bool, for request: HTTPRequest) {
         guard current === request else { return }
         // Never more than announced, nothing where no body may be.
         let (n, actions) = machine.bodyBytes(bytes.count, now: now())
-        if n > 0 { session.sendData(id, UnsafeRawBufferPointer(rebasing: bytes[0..<n])) }
+        if n > 0 {
+            submitPendingHead()
+            session.sendData(id, UnsafeRawBufferPointer(rebasing: bytes[0..<n]))
+        }
         perform(actions)
         if notify { drainWanted = true }
         owner?.http2StreamHasOutput(self)
@@ -393,7 +422,21 @@ public final class HTTP2Stream: ClientStream {
     public func end(_ request: HTTPRequest) -> Bool {
         guard current === request else { return false }
         current = nil
-        perform(machine.responseEnded(trailers: !trailers.isEmpty, now: now()))
+        guard let status = pendingHead else {
+            perform(machine.responseEnded(trailers: !trailers.isEmpty, now: now()))
+            return true
+        }
+        // No body went out: one HEADERS frame with END_STREAM, the trailers' fields in it.
+        pendingHead = nil
+        var actions = machine.responseEnded(trailers: false, now: now())
+        if actions.end != nil {
+            actions.end = nil
+            staged.append(contentsOf: trailers)
+            trailers.removeAll()
+            submit(status: status, hasBody: false)
+        }
+        perform(actions)
+        owner?.http2StreamHasOutput(self)
         return true
     }
 
@@ -412,6 +455,14 @@ public final class HTTP2Stream: ClientStream {
     }
 
     // MARK: - Fields
+
+    /// `application/grpc` or `application/grpc+…` (`;` parameters allowed), any case.
+    static func isGRPC(_ value: UnsafeRawBufferPointer) -> Bool {
+        let prefix = 16  // "application/grpc"
+        guard value.count >= prefix, HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: value[0..<prefix]), "application/grpc")
+        else { return false }
+        return value.count == prefix || value[prefix] == UInt8(ascii: "+") || value[prefix] == UInt8(ascii: ";")
+    }
 
     /// Connection-specific fields (RFC 9113 section 8.2.2, less `Connection`
     /// itself, whose value is kept) and the framing fields, which are the stream's.
