@@ -73,8 +73,8 @@ import Testing
 
     /// CVE-2023-44487: HEADERS and RST_STREAM at once, stream after stream,
     /// 50 pairs a write. Envoy's rule ends each connection soon after 500
-    /// streams closed, with GOAWAY ENHANCE_YOUR_CALM (nghttp2's own bucket,
-    /// behind it, would say INTERNAL_ERROR only after 1,000 resets); a
+    /// streams closed, with GOAWAY ENHANCE_YOUR_CALM, well before
+    /// nghttp2's own bucket behind it (1,000 resets) would; a
     /// stream opened and reset in one read never reaches an exchange, so
     /// the upstream sees few of the streams.
     @Test func rapidResetEndsTheConnectionAndFewStreamsReachTheUpstream() throws {
