@@ -257,17 +257,21 @@ import Testing
 }
 
 /// The attacking client: `script` under the HTTP/2 venv's python, one
-/// attack, repeated (one connection a round) until SIGTERM (or `rounds`).
-/// Each round prints one JSON report.
+/// attack, repeated (one connection a round) until `stop()` makes its stop
+/// file (or `rounds`). Each round prints one JSON report.
 final class H2Attacker: @unchecked Sendable {
     let process: Process
     private let lines = Locked<[String]>([])
     private var stopped = false
+    /// Made by `stop()`: the script watches for it (a signal would not do:
+    /// the test runner's children inherit its blocked signals).
+    private let stopFile = FileManager.default.temporaryDirectory.appendingPathComponent("h2-attack-stop-\(UUID())")
 
     /// - Parameter rounds: at most this many rounds.
     init(_ attack: String, port: Int, rounds: Int = 1000) throws {
         process = try startPythonScript(
-            python: PythonH2.python(), Self.script, arguments: [attack, String(port), String(rounds)], lines: lines
+            python: PythonH2.python(), Self.script, arguments: [attack, String(port), String(rounds), stopFile.path],
+            lines: lines
         ).process
     }
 
@@ -287,11 +291,12 @@ final class H2Attacker: @unchecked Sendable {
             && reports.count >= n
     }
 
-    /// SIGTERM: the round under way ends without a report; waits for the end.
+    /// The round under way ends without a report; waits for the end.
     func stop() {
         guard !stopped else { return }
         stopped = true
-        kill(process.processIdentifier, SIGTERM)
+        FileManager.default.createFile(atPath: stopFile.path, contents: nil)
+        defer { try? FileManager.default.removeItem(at: stopFile) }
         if !eventually(20, { !process.isRunning }) { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
     }
@@ -310,7 +315,7 @@ final class H2Attacker: @unchecked Sendable {
     }
 
     static let script = #"""
-import json, signal, socket, sys, threading, time
+import json, os, socket, sys, threading, time
 from hyperframe.frame import (
     ContinuationFrame, DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame, PriorityFrame, RstStreamFrame,
     SettingsFrame, WindowUpdateFrame)
@@ -319,7 +324,13 @@ from hpack import Decoder
 
 attack, port = sys.argv[1], int(sys.argv[2])
 stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+def watch_stop_file():
+    while not os.path.exists(sys.argv[4]):
+        time.sleep(0.01)
+    stop.set()
+
+threading.Thread(target=watch_stop_file, daemon=True).start()
 
 def say(**fields):
     print(json.dumps(fields), flush=True)
@@ -679,7 +690,7 @@ ATTACKS = {
 say(started=attack)
 run = ATTACKS[attack]
 rounds = 0
-while not stop.is_set() and rounds < int(sys.argv[3] if len(sys.argv) > 3 else 1000):
+while not stop.is_set() and rounds < int(sys.argv[3]):
     run()
     rounds += 1
 """#
