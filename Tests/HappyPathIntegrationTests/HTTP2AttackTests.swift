@@ -91,6 +91,13 @@ import Testing
         let hits = h.demo.hits.load(ordering: .relaxed) - before
         #expect(streams >= 1000)
         #expect(hits * 10 < streams, "\(hits) of \(streams) streams reached the upstream")
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("the rapid_reset GOAWAYs counted") {
+            try admin.metrics().contains { series, value in
+                series.hasPrefix("happypath_http2_goaways_total{") && series.contains(#"reason="rapid_reset""#)
+                    && value >= Double(reports.count)
+            }
+        }
     }
 
     // MARK: - CONTINUATION flood
@@ -203,6 +210,19 @@ import Testing
             }
             #expect(r["goaway"] as? Int == Self.enhanceYourCalm, "\(r)")
             #expect(r["sent"] as? Int ?? .max < 100_000, "\(r)")
+        }
+        // The proxy counts why it ended the connections.
+        let reasons: [String: [String]] = [
+            "settings": ["flood_settings", "session_error"], "ping": ["flood_ping"], "window_update": ["flood_window_update"],
+            "priority": ["flood_priority"], "empty_data": ["flood_empty_frames"],
+            "empty_headers": ["flood_resets_sent", "flood_empty_frames"], "reset_flood": ["flood_resets_sent"],
+        ]
+        let admin = AdminProbe(port: h.adminPort)
+        waitUntil("a GOAWAY counted for \(attack)") {
+            try admin.metrics().contains { series, value in
+                series.hasPrefix("happypath_http2_goaways_total{") && series.contains(#"side="sent""#) && value >= 1
+                    && reasons[attack, default: []].contains { series.contains(#"reason="\#($0)""#) }
+            }
         }
     }
 
