@@ -15,26 +15,11 @@ import Testing
 /// answer, the close), and that another client on the same worker is
 /// served in normal time while the attack goes on.
 @Suite(.serialized) struct HTTP2AttackTests {
-    static func yaml(limits: String = "{ max_header_bytes: 8KiB, client_timeout: 5s }", http2: String = "") -> String {
-        """
-        listen: 127.0.0.1:0
-        workers: 1
-        admin: { listen: 127.0.0.1:0 }
-        limits: \(limits)
-        \(http2)
-        upstreams:
-          demo: { endpoints: [{{DEMO}}] }
-        routes:
-          - match: { path_prefix: / }
-            upstream: demo
-        """
-    }
-
     static let enhanceYourCalm = Int(HTTP2ErrorCode.enhanceYourCalm.rawValue)
 
     /// One worker, so the attacker and the bystander share its loop.
     static func proxy(limits: String = "{ max_header_bytes: 8KiB, client_timeout: 5s }", http2: String = "") throws -> ProxyHarness {
-        try ProxyHarness(yaml(limits: limits, http2: http2), workers: 1)
+        try ProxyHarness(HTTP2EdgeTests.yaml(http2: http2, limits: limits), workers: 1)
     }
 
     /// While `attacker` floods (it reported a first round and goes on), an
@@ -126,19 +111,32 @@ import Testing
     /// Many CONTINUATION floods, each of 4 KiB frames: the proxy's resident
     /// memory stays where it was.
     @Test func continuationFloodsLeaveMemoryBounded() throws {
+        let reports = try residentGrowth("continuation", warmUp: 5, rounds: 40)
+        #expect(reports.allSatisfy { $0["eof"] as? Bool == true })
+    }
+
+    /// `happypath serve` in front of the demo upstream: `warmUp` rounds of
+    /// `attack`, then `rounds` more, after which its resident memory has
+    /// grown by less than 16 MiB, and it still answers. Their reports.
+    func residentGrowth(
+        _ attack: String, warmUp: Int, rounds: Int, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws -> [[String: Any]] {
         let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
         demo.start()
         defer { demo.stop() }
-        let serve = try ServeProcess(config: Self.yaml().replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)"))
-        let port = try #require(serve.listeningPort())
-        _ = try H2Attacker.run("continuation", port: port, rounds: 5)
+        let serve = try ServeProcess(
+            config: HTTP2EdgeTests.yaml().replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)"))
+        let port = try #require(serve.listeningPort(), sourceLocation: sourceLocation)
+        _ = try H2Attacker.run(attack, port: port, rounds: warmUp)
         let before = serve.residentBytes
-        let reports = try H2Attacker.run("continuation", port: port, rounds: 40)
+        let reports = try H2Attacker.run(attack, port: port, rounds: rounds)
         let grown = serve.residentBytes - before
-        #expect(reports.count == 40)
-        #expect(reports.allSatisfy { $0["eof"] as? Bool == true })
-        if residentMemoryIsMeaningful { #expect(grown < 16 << 20, "resident memory grew by \(grown / 1024) KiB") }
-        #expect(try HTTP.request(port: port, "/ok").status == 200)
+        #expect(reports.count == rounds, sourceLocation: sourceLocation)
+        if residentMemoryIsMeaningful {
+            #expect(grown < 16 << 20, "resident memory grew by \(grown / 1024) KiB", sourceLocation: sourceLocation)
+        }
+        #expect(try HTTP.request(port: port, "/ok").status == 200, sourceLocation: sourceLocation)
+        return reports
     }
 
     // MARK: - HPACK bomb
@@ -179,18 +177,8 @@ import Testing
 
     /// Bombs over many connections: resident memory stays where it was.
     @Test func hpackBombsLeaveMemoryBounded() throws {
-        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
-        demo.start()
-        defer { demo.stop() }
-        let serve = try ServeProcess(config: Self.yaml().replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo.port)"))
-        let port = try #require(serve.listeningPort())
-        _ = try H2Attacker.run("hpack_bomb_repeat", port: port, rounds: 2)
-        let before = serve.residentBytes
-        let reports = try H2Attacker.run("hpack_bomb_repeat", port: port, rounds: 10)
-        let grown = serve.residentBytes - before
-        #expect(reports.count == 10)
+        let reports = try residentGrowth("hpack_bomb_repeat", warmUp: 2, rounds: 10)
         #expect(reports.allSatisfy { $0["streams"] as? Int == 20 }, "\(reports)")
-        if residentMemoryIsMeaningful { #expect(grown < 16 << 20, "resident memory grew by \(grown / 1024) KiB") }
     }
 
     // MARK: - Control-frame floods
