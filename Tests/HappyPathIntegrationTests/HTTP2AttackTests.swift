@@ -488,9 +488,11 @@ class Conn:
                 bytes=self.sent_bytes, seconds=round(time.monotonic() - self.began, 3), resets=resets,
                 statuses=statuses, **extra)
 
-def flood(make, batch, limit, **conn):
-    """Sends `make(i)` frames in batches until the proxy answers with GOAWAY or closes, or `limit` are sent."""
+def flood(make, batch, limit, opening=(), **conn):
+    """Sends `opening`, then `make(i)` frames in batches until the proxy answers with GOAWAY or closes, or `limit`
+    are sent."""
     c = Conn(**conn)
+    c.send(list(opening))
     i = 0
     while not c.done and i < limit and not stop.is_set():
         frames = [make(i + k) for k in range(batch)]
@@ -515,21 +517,9 @@ def rapid_reset():
 
 def continuation():
     """A header block that never ends: CONTINUATION after CONTINUATION, 4 KiB of fields each."""
-    c = Conn()
-    head = HeadersFrame(1, data=request(), flags=["END_STREAM"])
     filler = literal(b"x-filler", b"a" * 4000)
-    frames = 0
-    if c.send([head]):
-        while not c.done and frames < 5000 and not stop.is_set():
-            if not c.send([ContinuationFrame(1, data=filler) for _ in range(8)]):
-                break
-            frames += 8
-    if stop.is_set() and not c.done:
-        c.close()
-        return
-    c.wait(lambda c: c.done, timeout=5)
-    c.report(continuations=frames)
-    c.close()
+    flood(lambda i: ContinuationFrame(1, data=filler), 8, 5000,
+          opening=[HeadersFrame(1, data=request(), flags=["END_STREAM"])])
 
 def settings():
     flood(lambda i: SettingsFrame(0), 50, 100000)
@@ -544,19 +534,8 @@ def priority():
     flood(lambda i: PriorityFrame(1 + 2 * (i % 1000), depends_on=0, stream_weight=16), 50, 100000)
 
 def empty_data():
-    c = Conn()
-    c.send([HeadersFrame(1, data=request(b"POST", b"/echo"), flags=["END_HEADERS"])])
-    i = 0
-    while not c.done and i < 100000 and not stop.is_set():
-        if not c.send([DataFrame(1, data=b"") for _ in range(20)]):
-            break
-        i += 20
-    if stop.is_set() and not c.done:
-        c.close()
-        return
-    c.wait(lambda c: c.done, timeout=5)
-    c.report(sent=i)
-    c.close()
+    flood(lambda i: DataFrame(1, data=b""), 20, 100000,
+          opening=[HeadersFrame(1, data=request(b"POST", b"/echo"), flags=["END_HEADERS"])])
 
 def empty_headers():
     """HEADERS frames with an empty block on new streams."""
