@@ -226,8 +226,10 @@ import Testing
         try bystanderIsServed(port: h.port, during: attacker)
         attacker.waitForReports(1)
         let r = attacker.reports.first ?? [:]
+        // Without the PING budget, the streams' and then the connection's
+        // idle timeouts (5 s each) and the linger would end it after 12 s.
         let closed = r["closed_seconds"] as? Double ?? 0
-        #expect(closed >= 1.5 && closed < 6, "\(r)")
+        #expect(closed >= 1.5 && closed < 9, "\(r)")
     }
 
     // MARK: - Slow read
