@@ -361,6 +361,19 @@ import Testing
         #expect(client.goaway == NGHTTP2_ENHANCE_YOUR_CALM.rawValue)
     }
 
+    /// nghttp2 skips a PRIORITY frame's payload (our SETTINGS say
+    /// NO_RFC7540_PRIORITIES) and never reports it received; the machine
+    /// still sees each one, once, so its PRIORITY budget can end a flood.
+    @Test func priorityFramesReachTheMachineThoughNghttp2SkipsThem() throws {
+        let server = try Self.server()
+        let priority = Self.frame(type: 2, flags: 0, stream: 3, [0, 0, 0, 0, 15])
+        let result = server.receive(Self.preface + priority + priority + Self.frame(type: 2, flags: 0, stream: 5, [0, 0, 0, 1, 15]))
+        #expect(result.error == nil)
+        #expect(result.framesBegun[2] == 3)
+        #expect(result.framesReceived[2] == 0)
+        #expect(result.frames == [.settings, .priority, .priority, .priority])
+    }
+
     @Test func framesAreCountedByType() throws {
         let server = try Self.server()
         let ping = Self.frame(type: 6, flags: 0, stream: 0, [UInt8](repeating: 1, count: 8))

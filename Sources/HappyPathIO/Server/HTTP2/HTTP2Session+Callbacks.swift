@@ -35,6 +35,10 @@ extension HTTP2Session {
             guard let hd, let session = HTTP2Session.session(userData) else { return 0 }
             session.current.framesBegun.add(hd.pointee.type)
             session.framesBegun.add(hd.pointee.type)
+            // With SETTINGS_NO_RFC7540_PRIORITIES nghttp2 skips a PRIORITY
+            // frame's payload and never reports it received: the machine's
+            // PRIORITY budget counts it here, at its header.
+            if hd.pointee.type == UInt8(NGHTTP2_PRIORITY.rawValue) { session.current.frames.append(.priority) }
             return 0
         }
         // A request HEADERS begins: the session's `streams` takes the new Stream (retained until on_stream_close).
@@ -172,7 +176,8 @@ extension HTTP2Session {
         case NGHTTP2_DATA.rawValue: return .data(length: max(0, hd.length &- frame.pointee.data.padlen), endStream: endStream)
         case NGHTTP2_HEADERS.rawValue:
             return .headers(length: max(0, hd.length &- frame.pointee.headers.padlen), endStream: endStream)
-        case NGHTTP2_PRIORITY.rawValue: return .priority
+        // Counted at its header (on_begin_frame), whether nghttp2 reads it or skips it.
+        case NGHTTP2_PRIORITY.rawValue: return .other
         case NGHTTP2_WINDOW_UPDATE.rawValue: return .windowUpdate
         case NGHTTP2_SETTINGS.rawValue: return .settings
         case NGHTTP2_PING.rawValue: return .ping

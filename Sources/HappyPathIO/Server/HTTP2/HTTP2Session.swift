@@ -108,7 +108,8 @@ public struct HTTP2ReceiveResult: Sendable {
     /// Frames received whole (`on_frame_recv`) in this read, by type.
     public var framesReceived = HTTP2FrameCounts()
     /// The same frames in order, as the connection machine reads them
-    /// (at most one per 9 bytes read).
+    /// (at most one per 9 bytes read); PRIORITY frames from their header,
+    /// as nghttp2 skips their payload.
     public var frames: [HTTP2ConnectionStateMachine.InboundFrame] = []
     /// DATA frames we sent (inside `produce`) since the last `receive` or `takeEvents`.
     public var dataFramesSent = 0
