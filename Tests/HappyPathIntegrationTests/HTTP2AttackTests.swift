@@ -228,8 +228,12 @@ import Testing
         let r = attacker.reports.first ?? [:]
         // Without the PING budget, the streams' and then the connection's
         // idle timeouts (5 s each) and the linger would end it after 12 s.
+        // Closed at once when the GOAWAY could still be written, or when
+        // nghttp2 itself gave up on the unsent ACKs (a slow proxy, as under
+        // a sanitizer, reads more PINGs before its answers fill the socket);
+        // after the 2 s linger otherwise.
         let closed = r["closed_seconds"] as? Double ?? 0
-        #expect(closed >= 1.5 && closed < 9, "\(r)")
+        #expect(closed > 0 && closed < 9, "\(r)")
     }
 
     // MARK: - Slow read
