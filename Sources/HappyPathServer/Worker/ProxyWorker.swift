@@ -43,7 +43,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Drain ran out of time: freed slots go to nobody (no new tries).
     private var stopping = false
     /// Listener pauses (EMFILE, max_connections): one log line per 5 s.
-    private var acceptPauseLog = LogThrottle(every: .seconds(5))
+    var acceptPauseLog = LogThrottle(every: .seconds(5))
 
     /// The deliver-later store and dispatcher (nil: no route delivers later).
     var deliveries: Deliveries?
@@ -118,36 +118,6 @@ final class ProxyWorker: HTTPServerDelegate {
     func useCertificates(_ contexts: [TLSServerContext?]) {
         for (server, context) in zip(servers, contexts) where server.tls != nil { server.tls = context }
     }
-
-    func tlsHandshake(version: Int) { metrics.tlsHandshake(version: version) }
-    func tlsHandshakeFailed(reason: TLSHandshakeFailure) { metrics.tlsHandshakeFailed(reason: reason) }
-    func silentConnectionClosed() { metrics.silentConnectionClosed() }
-
-    // MARK: - HTTP/2 connections and streams (docs/http2.md)
-
-    // The gauges are the process's (shared, read at scrape time, as
-    // `happypath_tunnels_open`); the counters are kept per worker.
-
-    func http2ConnectionOpened(tls: Bool) {
-        shared.http2Connections.add(1)
-        metrics.http2ConnectionOpened(tls: tls)
-    }
-
-    func http2ConnectionClosed(reason: HTTP2ConnectionStateMachine.Reason, sentGoaway: Bool) {
-        shared.http2Connections.add(-1)
-        metrics.http2ConnectionClosed(reason: reason, sentGoaway: sentGoaway)
-    }
-
-    func http2StreamOpened() {
-        shared.http2Streams.add(1)
-        metrics.http2StreamOpened()
-    }
-
-    func http2StreamClosed() { shared.http2Streams.add(-1) }
-
-    func http2StreamReset(byClient: Bool, code: HTTP2ErrorCode) { metrics.http2StreamReset(byClient: byClient, code: code) }
-
-    func http2GoawayReceived(code: HTTP2ErrorCode) { metrics.http2GoawayReceived(code: code) }
 
     // MARK: - HTTPServerDelegate
 
@@ -334,32 +304,6 @@ final class ProxyWorker: HTTPServerDelegate {
         return RateLimitKey.clientIP(request, trusted: runtime.configuration.trustedProxies)
     }
 
-    func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
-        let id = refused(request, .http1(reason))
-        ProblemResponder.respond(request, ProblemResponder.problem(for: reason, requestID: id, limits: server.limits))
-    }
-
-    /// On its stream; the connection's other streams go on (docs/http2.md).
-    func reject(_ request: HTTPRequest, refusal: HTTP2RequestRefusal) {
-        let id = refused(request, refusal)
-        ProblemResponder.respond(request, ProblemResponder.problem(for: refusal, requestID: id, limits: server.limits))
-    }
-
-    /// What both protocols do with a refusal before answering it: one
-    /// debug line and `happypath_requests_refused_total` (an HTTP/1.1 rule
-    /// counts in the same series on either). Returns the request's id.
-    private func refused(_ request: HTTPRequest, _ refusal: HTTP2RequestRefusal) -> String {
-        let id = requestID(of: request)
-        logger.debug(
-            "request refused",
-            metadata: [
-                "request_id": "\(id)", "reason": "\(refusal.label)", "protocol": "\(request.protocolName)",
-                "peer": "\(request.peerAddress)",
-            ])
-        metrics.refused(refusal)
-        return id
-    }
-
     /// `Expect: 100-continue`: the client is invited to send its body only
     /// if a route will take it.
     func admit(_ request: HTTPRequest) -> Bool {
@@ -373,30 +317,6 @@ final class ProxyWorker: HTTPServerDelegate {
 
     private func noRoute(_ request: HTTPRequest, method: String, path: String) {
         ProblemResponder.respond(request, RouteProblems.noRoute(method: method, path: path, requestID: requestID(of: request)))
-    }
-
-    /// Out of descriptors: the listener pauses (see HTTPServer). One log
-    /// line per interval, however often it happens; every pause is counted.
-    func acceptCapped(limit: Int) {
-        metrics.acceptCapped()
-        guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
-        logger.warning(
-            "the process holds limits.max_connections client connections; new ones wait in the backlog",
-            metadata: [
-                "max_connections": "\(limit)", "pauses_since_last_log": "\(pauses)",
-                "hint": "raise limits.max_connections if the machine has room, or lower client_timeout to close idle clients sooner",
-            ])
-    }
-
-    func acceptPaused(errno code: Int32, pause: Duration) {
-        metrics.acceptPaused()
-        guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
-        logger.error(
-            "cannot accept connections: \(String(cString: strerror(code))); pausing the listener",
-            metadata: [
-                "pause_ms": "\(pause.nanoseconds / 1_000_000)", "pauses_since_last_log": "\(pauses)",
-                "hint": "raise the open-files limit (ulimit -n / LimitNOFILE) or lower the number of idle clients",
-            ])
     }
 
     // MARK: - Commands
