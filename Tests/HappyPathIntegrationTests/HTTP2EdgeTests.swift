@@ -153,6 +153,19 @@ import Testing
         // Off on the listener, or left out of its alpn: HTTP/1.1.
         #expect(try get(ports[1], ["--http2"]).hasSuffix(" 1.1 200"))
         #expect(try get(ports[2], ["--http2"]).hasSuffix(" 1.1 200"))
+        // httpx (PyPI), HTTP/2 by ALPN, two requests on one connection.
+        let httpx = try runProcess(
+            try PythonH2.python(),
+            [
+                "-c",
+                """
+                import httpx, ssl, sys
+                with httpx.Client(http2=True, verify=ssl.create_default_context(cafile=sys.argv[1])) as c:
+                    a, b = c.get(sys.argv[2] + "/ok"), c.post(sys.argv[2] + "/echo", content=b"x" * 100000)
+                    print(a.http_version, a.status_code, a.json()["ok"], b.http_version, b.json()["body_bytes"])
+                """, api.cert, "https://localhost:\(ports[0])",
+            ], timeout: 60)
+        #expect(httpx.out.trimmingCharacters(in: .whitespacesAndNewlines) == "HTTP/2 200 True HTTP/2 100000", "\(httpx.err)")
         // Streams over TLS: a body both ways, and many streams at once.
         let r = try runProcess(
             "/usr/bin/h2load", ["-n", "200", "-c", "2", "-m", "20", "https://localhost:\(ports[0])/ok"], timeout: 60)
