@@ -7,10 +7,13 @@ import HappyPathStore
 /// into one block, its body, its deadline.
 enum ForwardedRequest {
     /// The command for `request`, which takes its body.
+    /// - Parameter passesTrailers: the upstream speaks HTTP/2: a client's
+    ///   `TE: trailers` becomes the proxy's own `TE: trailers` to it (an
+    ///   HTTP/1.1 upstream gets no `TE`, a hop-by-hop field).
     static func command(
         from request: HTTPRequest, method: String, target: String, route: RuntimeRoute, upstream: String,
-        deadline: Instant, ids: inout IdentifierGenerator, tracer: Tracer? = nil, trace: inout RequestTrace?,
-        now: Instant = Instant(nanoseconds: 0)
+        passesTrailers: Bool = false, deadline: Instant, ids: inout IdentifierGenerator, tracer: Tracer? = nil,
+        trace: inout RequestTrace?, now: Instant = Instant(nanoseconds: 0)
     ) -> Command {
         // Room for every field (each gains an 8-byte prefix) and the five
         // added ones, so the block is allocated once.
@@ -35,8 +38,8 @@ enum ForwardedRequest {
             if !nominated.isEmpty, nominated[index] { return }
             if HopByHop.isHopByHop(name) {
                 // `TE: trailers`: the client takes trailers, which the proxy
-                // relays; the upstream is told so in a `TE` of the proxy's own.
-                if name.count == 2, !acceptsTrailers { acceptsTrailers = Self.namesTrailers(value) }
+                // relays; an HTTP/2 upstream is told so in a `TE` of the proxy's own.
+                if passesTrailers, name.count == 2, !acceptsTrailers { acceptsTrailers = Self.namesTrailers(value) }
                 return
             }
             switch name.count {

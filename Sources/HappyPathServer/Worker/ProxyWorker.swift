@@ -331,10 +331,11 @@ final class ProxyWorker: HTTPServerDelegate {
     {
         var trace: RequestTrace?
         let now = clock.now()
+        let upstream = runtime.upstreams[route.upstreamIndex]
         let command = ForwardedRequest.command(
-            from: request, method: method, target: target, route: route,
-            upstream: runtime.upstreams[route.upstreamIndex].name, deadline: now + route.timeout, ids: &ids,
-            tracer: shared.tracer, trace: &trace, now: now)
+            from: request, method: method, target: target, route: route, upstream: upstream.name,
+            passesTrailers: upstream.speaksH2, deadline: now + route.timeout, ids: &ids, tracer: shared.tracer,
+            trace: &trace, now: now)
         return (command, trace)
     }
 

@@ -188,6 +188,8 @@ final class RuntimeUpstream: Sendable {
     let maxConnectionsPerEndpoint: Int
     /// `tls:` as libcurl takes it (nil: its defaults).
     let tls: UpstreamTLS?
+    /// `protocol: h2`: a client's `TE: trailers` is passed on (gRPC servers need it).
+    let speaksH2: Bool
 
     /// Upstream-level policies (upstream over defaults over the policies'
     /// own defaults): the breaker, the budget and health checks belong to the upstream.
@@ -195,6 +197,7 @@ final class RuntimeUpstream: Sendable {
 
     init(_ upstream: Upstream, policies: ResolvedPolicies) {
         name = upstream.name
+        speaksH2 = upstream.protocol == .h2
         let serverName = upstream.tls?.serverName
         endpoints = upstream.endpoints.map { Endpoint($0, serverName: serverName, protocol: upstream.protocol) }
         tls = upstream.tls.map {
