@@ -409,4 +409,12 @@ final class DateHeaderCache {
         }
         return body(text.bytes)
     }
+
+    /// The value alone (`Sun, 06 Nov 1994 08:49:37 GMT`), for an HTTP/2 `date` field.
+    func withValue<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        withLine { line in body(UnsafeRawBufferPointer(rebasing: line[Self.namePrefix..<(line.count - 2)])) }
+    }
+
+    /// `Date: `, before the value in `withLine`'s line (which ends in CRLF).
+    private static let namePrefix = 6
 }

@@ -123,21 +123,11 @@ enum ForwardedRequest {
             routeIndex: route.index, upstream: upstream, deadline: deadline)
     }
 
-    /// Whether a `TE` value lists `trailers` (RFC 9110 section 10.1.4:
-    /// comma-separated, case-insensitive, spaces around each element).
+    /// Whether a `TE` value lists `trailers` (RFC 9110 section 10.1.4).
     static func namesTrailers(_ value: UnsafeRawBufferPointer) -> Bool {
-        var start = 0
-        while start <= value.count {
-            var end = start
-            while end < value.count, value[end] != UInt8(ascii: ",") { end += 1 }
-            var a = start
-            var b = end
-            while a < b, value[a] == 0x20 || value[a] == 0x09 { a += 1 }
-            while b > a, value[b - 1] == 0x20 || value[b - 1] == 0x09 { b -= 1 }
-            if b - a == 8, HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: value[a..<b]), "trailers") { return true }
-            start = end + 1
-        }
-        return false
+        var named = false
+        forEachListElement(value) { if HTTPBytes.equals($0, "trailers") { named = true } }
+        return named
     }
 
     static func validRequestID(_ value: UnsafeRawBufferPointer) -> String? {

@@ -66,8 +66,9 @@ extension ProxyWorker {
         return id
     }
 
-    /// Out of descriptors: the listener pauses (see HTTPServer). One log
-    /// line per interval, however often it happens; every pause is counted.
+    /// At `limits.max_connections` the listener stops accepting (see
+    /// HTTPServer). This and `acceptPaused` share one log line per interval,
+    /// however often they happen; every pause is counted.
     func acceptCapped(limit: Int) {
         metrics.acceptCapped()
         guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
@@ -79,6 +80,7 @@ extension ProxyWorker {
             ])
     }
 
+    /// Out of descriptors: the listener pauses for `pause`.
     func acceptPaused(errno code: Int32, pause: Duration) {
         metrics.acceptPaused()
         guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }

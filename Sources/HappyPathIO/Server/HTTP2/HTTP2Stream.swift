@@ -363,16 +363,7 @@ public final class HTTP2Stream: ClientStream {
         nominators.removeAll()
         if let length = started.head.contentLength { staged.append("content-length", String(length)) }
         if !stagedDate, let dateHeader {
-            // `Date: …\r\n`: the value between the name and the line's end.
-            dateHeader.withLine { line in
-                let prefix = 6  // "Date: "
-                guard line.count > prefix + 2 else { return }
-                "date".utf8CString.withUnsafeBytes { name in
-                    staged.append(
-                        name: UnsafeRawBufferPointer(rebasing: name[0..<4]),
-                        value: UnsafeRawBufferPointer(rebasing: line[prefix..<(line.count - 2)]))
-                }
-            }
+            dateHeader.withValue { staged.append(name: Self.dateName, value: $0) }
         }
         perform(started.actions)
         if stagedGRPC, !started.head.endStream {
@@ -455,6 +446,12 @@ public final class HTTP2Stream: ClientStream {
     }
 
     // MARK: - Fields
+
+    /// `date`, as bytes for the field block (a StaticString's storage is static).
+    static var dateName: UnsafeRawBufferPointer {
+        let name: StaticString = "date"
+        return UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
+    }
 
     /// `application/grpc` or `application/grpc+…` (`;` parameters allowed), any case.
     static func isGRPC(_ value: UnsafeRawBufferPointer) -> Bool {
