@@ -44,6 +44,26 @@ import Testing
         #expect(r.json["code"] as? String == "UPSTREAM_UNREACHABLE")
     }
 
+    @Test func http2AndMaxHeadersAreRefusedByName() throws {
+        let base = """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams: { u: { endpoints: [http://127.0.0.1:1] } }
+            routes: [ { match: { path_prefix: / }, upstream: u } ]
+            """
+        let h = try ProxyHarness(base)
+        defer { h.stop() }
+        let next = try ConfigLoader.parse(
+            base + "\nhttp2: { max_concurrent_streams: 5 }\nlimits: { max_headers: 50 }", file: "test.yaml")
+        #expect(
+            h.proxy.reload(next).sorted() == [
+                "http2 cannot change on reload (restart to apply)",
+                "limits.max_headers cannot change on reload (restart to apply)",
+            ])
+        // The same values again (http2 on by default) reload without a word.
+        #expect(h.proxy.reload(try ConfigLoader.parse(base + "\nhttp2: true", file: "test.yaml")).isEmpty)
+    }
+
     @Test func aRestartOnlyKeyRefusesTheWholeReloadByName() throws {
         let down = RefusingPort()
         let dead = down.port
