@@ -15,6 +15,7 @@ import Testing
         case refused(end: Bool = false)
         case hold
         case release
+        case stream
         case body(Int, end: Bool = false)
         case dispatched
         case answer(Int, length: Int?)
@@ -56,6 +57,7 @@ import Testing
             case let .refused(end): return .actions(machine.refused(endStream: end, now: t))
             case .hold: return .actions(machine.holdBody(now: t))
             case .release: return .actions(machine.releaseBody(now: t))
+            case .stream: return .actions(machine.releaseBody(streaming: true, now: t))
             case let .body(n, end): return .actions(machine.bodyReceived(n, endStream: end, now: t))
             case .dispatched: return .dispatch(machine.dispatched())
             case let .answer(status, length):
@@ -86,6 +88,70 @@ import Testing
     ]
 
     static let scenarios: [Scenario] = [
+        Scenario(
+            name: "a streamed body: ready at its head, its bytes passed on as they come, through the answer",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true), .body),
+                Step(.hold, cancel, .held),
+                Step(.body(10), .none, .held),
+                Step(.stream, A(pass: 10, ready: .request), .ready),
+                Step(.body(20), A(pass: 20), .ready),
+                Step(.dispatched, outcome: .dispatch(.request), .dispatched),
+                Step(.wait(milliseconds: 60_000)),
+                Step(.timer, .none, .dispatched),  // the exchange's timeouts bound a client that stops sending
+                Step(.body(5), A(pass: 5)),
+                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none)),
+                Step(.body(7, end: true), A(pass: 7, passEnd: true), .answering),
+                Step(.bytes(3), outcome: .accepted(3, arm)),
+                Step(.sent(3), cancel),
+                Step(.ended(), A(end: .endStream), .ended),
+                Step(.endSent, .none, .ended),
+                Step(.closed, .none, .closed(.complete)),
+            ]),
+        Scenario(
+            name: "a streamed body answered before its end: what still comes is dropped, RST NO_ERROR after our END_STREAM",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true)),
+                Step(.hold, cancel),
+                Step(.stream, A(ready: .request), .ready),
+                Step(.dispatched, outcome: .dispatch(.request)),
+                Step(.answer(200, length: 0), outcome: .head(Head(endStream: true, contentLength: 0), .none), .ended),
+                Step(.body(9), .none),
+                Step(.endSent, A(reset: .noError), .closed(.answeredEarly)),
+            ]),
+        Scenario(
+            name: "a streamed body's client reset tells the exchange once",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true)),
+                Step(.hold, cancel),
+                Step(.stream, A(ready: .request), .ready),
+                Step(.dispatched, outcome: .dispatch(.request)),
+                Step(.clientReset, A(cancelExchange: true), .closed(.clientReset)),
+                Step(.body(9), .none),
+                Step(.closed, .none),
+            ]),
+        Scenario(
+            name: "streaming asked for a body that already ended: stored whole, as without",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true)),
+                Step(.hold, cancel),
+                Step(.body(4, end: true), .none, .held),
+                Step(.stream, A(startBody: true, consume: 4, ready: .request), .ready),
+                Step(.body(1), .none),
+            ]),
+        Scenario(
+            name: "a body that is not streamed passes nothing on once dispatched",
+            steps: [
+                Step(.start, arm),
+                Step(.refused(end: false), A(timer: .cancel, ready: .refused), .ready),
+                Step(.body(5), .none),
+                Step(.dispatched, outcome: .dispatch(.refused)),
+                Step(.body(5), .none),
+            ]),
         Scenario(
             name: "a GET: answered with a length, never more bytes than announced, closed complete",
             steps: getDispatched + [

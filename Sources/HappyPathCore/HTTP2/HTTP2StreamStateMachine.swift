@@ -19,7 +19,10 @@
 /// - **The request**: body bytes are acknowledged to the client (`consume`,
 ///   a WINDOW_UPDATE) once stored; a held body is not, so the client stops
 ///   at its window and at most one window waits in memory. The request is
-///   ready for its exchange when the client's END_STREAM arrives.
+///   ready for its exchange when the client's END_STREAM arrives, or, when
+///   the delegate lets the body stream (`releaseBody(streaming: true)`), at
+///   once: the body's bytes are then passed on as they arrive (`pass`), and
+///   acknowledged only as the exchange takes them.
 /// - **The answer's framing**: an answer to HEAD, a 204 and a 304 carry no
 ///   body (END_STREAM on the HEADERS), nor does a 1xx (which leaves the
 ///   state as it is). Body bytes beyond an announced Content-Length are
@@ -129,6 +132,11 @@ public struct HTTP2StreamStateMachine: Sendable {
         public var startBody: Bool
         /// Request body bytes to acknowledge to the client now (`nghttp2_session_consume_stream`).
         public var consume: Int
+        /// Request body bytes for the exchange's body as it streams
+        /// (`RequestBodyStream`), acknowledged as the exchange takes them.
+        public var pass: Int
+        /// The client's END_STREAM ends the streamed body.
+        public var passEnd: Bool
         /// The request is ready: tell the connection (`streamReady`), which dispatches it.
         public var ready: Dispatch?
         /// End our answer.
@@ -139,12 +147,14 @@ public struct HTTP2StreamStateMachine: Sendable {
         public var cancelExchange: Bool
 
         public init(
-            timer: TimerChange? = nil, startBody: Bool = false, consume: Int = 0, ready: Dispatch? = nil,
-            end: End? = nil, reset: HTTP2ErrorCode? = nil, cancelExchange: Bool = false
+            timer: TimerChange? = nil, startBody: Bool = false, consume: Int = 0, pass: Int = 0, passEnd: Bool = false,
+            ready: Dispatch? = nil, end: End? = nil, reset: HTTP2ErrorCode? = nil, cancelExchange: Bool = false
         ) {
             self.timer = timer
             self.startBody = startBody
             self.consume = consume
+            self.pass = pass
+            self.passEnd = passEnd
             self.ready = ready
             self.end = end
             self.reset = reset
@@ -170,6 +180,9 @@ public struct HTTP2StreamStateMachine: Sendable {
     public private(set) var pendingOutput = 0
     /// The exchange has the request (dispatched, or its head held).
     public private(set) var exchangeHasIt = false
+    /// The request was handed over at its head and its body streams to the
+    /// exchange (`releaseBody(streaming: true)`).
+    public private(set) var streaming = false
     private var bodyArrived = false
     private var cancelTold = false
     private var timerArmed = false
@@ -234,8 +247,19 @@ public struct HTTP2StreamStateMachine: Sendable {
 
     /// The delegate lets the held body come: its storage is reserved, what
     /// arrived meanwhile is acknowledged, and the request is ready if it ended.
-    public mutating func releaseBody(now: Instant) -> Actions {
+    /// With `streaming`, a body still coming goes to the exchange as it
+    /// arrives instead: the request is ready now, and what arrived
+    /// meanwhile is passed on (acknowledged as the exchange takes it).
+    public mutating func releaseBody(streaming: Bool = false, now: Instant) -> Actions {
         guard state == .held else { return .none }
+        if streaming, !clientDone {
+            self.streaming = true
+            let held = heldBytes
+            heldBytes = 0
+            lastProgress = now
+            state = .ready
+            return Actions(timer: settle(now: now), pass: held, ready: .request)
+        }
         var a = Actions(startBody: true, consume: heldBytes)
         heldBytes = 0
         lastProgress = now
@@ -268,6 +292,10 @@ public struct HTTP2StreamStateMachine: Sendable {
         case .held:
             heldBytes.addSaturating(n)
             return .none
+        case .ready where streaming, .dispatched where streaming, .answering where streaming:
+            // The exchange works while the body streams (its timeouts, not
+            // the client wait, bound a client that stops sending).
+            return Actions(pass: n, passEnd: endStream)
         default:
             // Refused or answered already: what still comes is dropped, and
             // not acknowledged (the stream is reset after our answer).

@@ -1,0 +1,191 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A request body that is still arriving while its exchange runs: an
+/// HTTP/2 request handed to its exchange at its head (docs/http2.md,
+/// "Request bodies"). The client's stream fills it as DATA arrives
+/// (`append`, `finish`); the try in flight reads it (`read`), as libcurl asks
+/// for bytes to send.
+///
+/// - **Back-pressure.** The producer may run at most `ahead` bytes ahead of
+///   the reader (`room`): the stream takes bytes from its session (giving
+///   the client window back) only while there is room, and the reader's
+///   progress calls `onRoom`. A client stream whose upstream does not read
+///   stops at its window.
+/// - **Replay.** The bytes are kept from the first while `budget`
+///   (`limits.max_buffered_bytes`) takes them, so a retry reads them again
+///   from the start (`rewind`). Once the budget refuses, what the reader
+///   took is let go: the body is no longer `replayable`, and the exchange
+///   retries no more (gRFC A6's rule: a call is retried only while its
+///   request fits the buffer).
+/// - **Waiting.** A read with nothing new returns `.wait`; the reader is
+///   called back once (`onAvailable`) when bytes, the end or a failure
+///   arrive. The callbacks run on the loop, from the producer's or the
+///   reader's own calls, never from inside the other's.
+///
+/// One reader at a time (a hedge, which would need a second, is not sent
+/// for such a body). On the loop's thread.
+public final class RequestBodyStream {
+    /// Why the body will not complete.
+    public enum Failure: Sendable, Equatable {
+        /// It passed `limits.max_request_body`.
+        case tooLarge
+        /// The client reset its stream or left.
+        case clientGone
+    }
+
+    public enum ReadResult: Sendable, Equatable {
+        /// This many bytes were copied.
+        case bytes(Int)
+        /// Nothing yet: `onAvailable` is called when something arrives.
+        case wait
+        /// The whole body was read.
+        case end
+        /// The body will not complete (`failure` says why), or a rewound
+        /// reader asks for bytes already let go.
+        case failed
+    }
+
+    /// The body's length as the client announced it (`content-length`), if it did.
+    public let declaredLength: Int?
+    /// How far the producer may run ahead of the reader.
+    public let ahead: Int
+    /// Bytes appended so far (the body's length once `ended`).
+    public private(set) var received = 0
+    /// Bytes let go from the front (never read again): nonzero once the
+    /// budget refused to keep more.
+    public private(set) var dropped = 0
+    /// The reader's position, from the body's first byte.
+    public private(set) var readOffset = 0
+    /// The client sent all of the body.
+    public private(set) var ended = false
+    public private(set) var failure: Failure?
+    /// The reader waits for `onAvailable`.
+    public private(set) var readerWaiting = false
+    /// Called when the reader makes room (it took bytes).
+    public var onRoom: (() -> Void)?
+    /// Called once after a `.wait`, when bytes, the end or a failure arrive.
+    public var onAvailable: (() -> Void)?
+
+    private let budget: BodyBudget?
+    private var reserved = 0
+    private var keepsAll = true
+    /// The bytes from `dropped` to `received`.
+    private var storage: UnsafeMutableRawPointer?
+    private var capacity = 0
+
+    public init(declaredLength: Int?, ahead: Int, budget: BodyBudget?) {
+        self.declaredLength = declaredLength
+        self.ahead = max(1, ahead)
+        self.budget = budget
+    }
+
+    deinit {
+        free(storage)
+        budget?.release(reserved)
+    }
+
+    /// A retry may read the body again from its first byte.
+    public var replayable: Bool { dropped == 0 && failure == nil }
+
+    /// How many more bytes the producer may append now.
+    public var room: Int { max(0, ahead - (received - readOffset)) }
+
+    /// Bytes held in memory now.
+    public var held: Int { received - dropped }
+
+    // MARK: - The producer (the client's stream)
+
+    /// Body bytes from the client, in order.
+    public func append(_ bytes: UnsafeRawBufferPointer) {
+        guard !ended, failure == nil, !bytes.isEmpty, let base = bytes.baseAddress else { return }
+        if keepsAll {
+            if budget?.reserve(bytes.count) ?? true {
+                reserved += bytes.count
+            } else {
+                stopKeeping()
+            }
+        }
+        let used = received - dropped
+        if used + bytes.count > capacity {
+            capacity = max(used + bytes.count, capacity * 2, 16 * 1024)
+            storage = realloc(storage, capacity)!
+        }
+        (storage! + used).copyMemory(from: base, byteCount: bytes.count)
+        received += bytes.count
+        wake()
+    }
+
+    /// The client's END_STREAM: the body is complete.
+    public func finish() {
+        guard !ended, failure == nil else { return }
+        ended = true
+        wake()
+    }
+
+    /// The body will not complete; a waiting reader hears it.
+    public func fail(_ why: Failure) {
+        guard failure == nil, !ended else { return }
+        failure = why
+        wake()
+    }
+
+    // MARK: - The reader (the try in flight)
+
+    /// Copies up to `max` bytes from the reader's position into `into`.
+    public func read(into: UnsafeMutableRawPointer, max: Int) -> ReadResult {
+        if failure != nil || readOffset < dropped { return .failed }
+        let available = received - readOffset
+        guard available > 0 else {
+            if ended { return .end }
+            readerWaiting = true
+            return .wait
+        }
+        let n = Swift.min(available, Swift.max(0, max))
+        guard n > 0 else { return .bytes(0) }
+        into.copyMemory(from: storage! + (readOffset - dropped), byteCount: n)
+        readOffset += n
+        if !keepsAll { letGoOfRead() }
+        onRoom?()
+        return .bytes(n)
+    }
+
+    /// A new try reads from the first byte: false if those bytes are gone.
+    public func rewind() -> Bool {
+        guard replayable else { return false }
+        readOffset = 0
+        readerWaiting = false
+        return true
+    }
+
+    /// The try that read ends: a later `.wait` is a new reader's.
+    public func readerLeft() {
+        readerWaiting = false
+    }
+
+    // MARK: - Private
+
+    private func wake() {
+        guard readerWaiting else { return }
+        readerWaiting = false
+        onAvailable?()
+    }
+
+    /// The budget refused: from now on only the bytes not yet read are
+    /// held (at most `ahead` and what the client's window lets in).
+    private func stopKeeping() {
+        keepsAll = false
+        budget?.release(reserved)
+        reserved = 0
+        letGoOfRead()
+    }
+
+    private func letGoOfRead() {
+        let n = readOffset - dropped
+        guard n > 0, let storage else { return }
+        let rest = received - readOffset
+        if rest > 0 { storage.copyMemory(from: storage + n, byteCount: rest) }
+        dropped = readOffset
+    }
+}

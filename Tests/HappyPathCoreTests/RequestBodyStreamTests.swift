@@ -1,0 +1,128 @@
+import HappyPathCore
+import Testing
+
+/// A streamed request body between the client's stream (appending) and the
+/// try in flight (reading): back-pressure by `room`, one wake-up per wait,
+/// replay while the budget keeps every byte, and no replay after.
+@Suite struct RequestBodyStreamTests {
+    final class Calls {
+        var room = 0
+        var available = 0
+    }
+
+    static func make(ahead: Int = 8, budget: BodyBudget? = nil) -> (RequestBodyStream, Calls) {
+        let body = RequestBodyStream(declaredLength: nil, ahead: ahead, budget: budget)
+        let calls = Calls()
+        body.onRoom = { calls.room += 1 }
+        body.onAvailable = { calls.available += 1 }
+        return (body, calls)
+    }
+
+    static func read(_ body: RequestBodyStream, max: Int) -> (RequestBodyStream.ReadResult, [UInt8]) {
+        var out = [UInt8](repeating: 0, count: max)
+        let r = out.withUnsafeMutableBytes { body.read(into: $0.baseAddress!, max: max) }
+        if case let .bytes(n) = r { return (r, Array(out[..<n])) }
+        return (r, [])
+    }
+
+    static func append(_ body: RequestBodyStream, _ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { body.append($0) }
+    }
+
+    @Test func bytesFlowInOrderAndTheEndIsReadAfterThem() {
+        let (body, calls) = Self.make()
+        Self.append(body, [1, 2, 3])
+        #expect(body.room == 5)
+        #expect(Self.read(body, max: 2) == (.bytes(2), [1, 2]))
+        #expect(calls.room == 1)
+        #expect(body.room == 7)
+        body.finish()
+        #expect(Self.read(body, max: 10) == (.bytes(1), [3]))
+        #expect(Self.read(body, max: 10).0 == .end)
+        #expect(calls.available == 0)
+    }
+
+    @Test func aWaitingReaderIsWokenOnceByBytesTheEndOrAFailure() {
+        let (body, calls) = Self.make()
+        #expect(Self.read(body, max: 4).0 == .wait)
+        #expect(body.readerWaiting)
+        Self.append(body, [9])
+        Self.append(body, [8])
+        #expect(calls.available == 1)
+        #expect(Self.read(body, max: 4) == (.bytes(2), [9, 8]))
+        #expect(Self.read(body, max: 4).0 == .wait)
+        body.finish()
+        #expect(calls.available == 2)
+        #expect(Self.read(body, max: 4).0 == .end)
+
+        let (failing, failCalls) = Self.make()
+        #expect(Self.read(failing, max: 4).0 == .wait)
+        failing.fail(.clientGone)
+        #expect(failCalls.available == 1)
+        #expect(Self.read(failing, max: 4).0 == .failed)
+        #expect(!failing.replayable)
+    }
+
+    @Test func theProducerMayRunOnlyAheadBytesBeyondTheReader() {
+        let (body, _) = Self.make(ahead: 4)
+        Self.append(body, [1, 2, 3, 4])
+        #expect(body.room == 0)
+        _ = Self.read(body, max: 3)
+        #expect(body.room == 3)
+    }
+
+    @Test func aRetryReadsTheWholeBodyAgainWhileTheBudgetKeepsIt() {
+        let budget = BodyBudget(limit: 100)
+        let (body, _) = Self.make(budget: budget)
+        Self.append(body, [1, 2, 3, 4, 5])
+        #expect(budget.current == 5)
+        _ = Self.read(body, max: 4)
+        #expect(body.rewind())
+        body.finish()
+        #expect(Self.read(body, max: 10) == (.bytes(5), [1, 2, 3, 4, 5]))
+        #expect(body.replayable)
+    }
+
+    @Test func oncePastTheBudgetWhatWasReadIsLetGoAndNoRetryReadsIt() {
+        let budget = BodyBudget(limit: 4)
+        let (body, _) = Self.make(budget: budget)
+        Self.append(body, [1, 2, 3])
+        #expect(Self.read(body, max: 2) == (.bytes(2), [1, 2]))
+        Self.append(body, [4, 5])  // 5 bytes would pass the budget of 4
+        #expect(budget.current == 0)
+        #expect(body.dropped == 2)
+        #expect(body.held == 3)
+        #expect(!body.replayable)
+        #expect(!body.rewind())
+        #expect(Self.read(body, max: 10) == (.bytes(3), [3, 4, 5]))
+        #expect(body.held == 0)
+        Self.append(body, [6])
+        body.finish()
+        #expect(Self.read(body, max: 10) == (.bytes(1), [6]))
+        #expect(Self.read(body, max: 10).0 == .end)
+    }
+
+    @Test func theBudgetIsGivenBackWhenTheBodyGoes() {
+        let budget = BodyBudget(limit: 100)
+        do {
+            let (body, _) = Self.make(budget: budget)
+            Self.append(body, [1, 2, 3])
+            #expect(budget.current == 3)
+        }
+        #expect(budget.current == 0)
+    }
+
+    @Test func nothingIsTakenAfterTheEndOrAFailure() {
+        let (body, _) = Self.make()
+        body.finish()
+        Self.append(body, [1])
+        #expect(body.received == 0)
+        body.fail(.tooLarge)
+        #expect(body.failure == nil)  // a complete body does not fail afterwards
+        let (other, _) = Self.make()
+        other.fail(.tooLarge)
+        Self.append(other, [1])
+        #expect(other.received == 0)
+        #expect(other.failure == .tooLarge)
+    }
+}
