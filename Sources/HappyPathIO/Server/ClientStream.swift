@@ -42,6 +42,10 @@ public protocol ClientStream: AnyObject {
     func nominatedFields(of request: HTTPRequest) -> [Bool]
     /// The whole body (read before the request is served), handed over once.
     func takeBody(of request: HTTPRequest) -> RequestBody
+    /// The body as it streams, for a request handed over at its head (an
+    /// HTTP/2 request the delegate lets stream: `HTTPServerDelegate.streamsBody`);
+    /// nil when `takeBody` has it whole.
+    func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream?
     /// Reading resumes for a request whose body the delegate held
     /// (`HTTPServerDelegate.holdsBody`, which paused it at the head): its
     /// body is read, then the request is served.
@@ -94,6 +98,10 @@ public protocol ClientStream: AnyObject {
     func cancel(_ request: HTTPRequest)
     /// Bytes of the answer queued and not yet taken by the client.
     func pendingOutput(for request: HTTPRequest) -> Int
+}
+
+extension ClientStream {
+    public func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream? { nil }
 }
 
 /// What `HTTPRequest` knows of a request's head besides its method, target

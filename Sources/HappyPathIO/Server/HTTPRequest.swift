@@ -107,6 +107,8 @@ public final class HTTPRequest {
 
     /// The whole request body (read before `serve`), handed over once.
     public func takeBody() -> RequestBody { stream.takeBody(of: self) }
+    /// The body as it streams (nil: `takeBody` has it whole); see `ClientStream.takeBodyStream`.
+    public func takeBodyStream() -> RequestBodyStream? { stream.takeBodyStream(of: self) }
 
     // MARK: - Whole replies
 

@@ -70,6 +70,10 @@ public protocol HTTPServerDelegate: AnyObject {
     /// `request.readBody()`, now or later, and is handed the request by
     /// `serve` once its body is read. The client waits are off meanwhile.
     func bodyHeld(_ request: HTTPRequest)
+    /// An HTTP/2 request head with a body still to come, not held: true if
+    /// the request goes to `serve` now and its body streams to the exchange
+    /// as it arrives (`HTTPRequest.takeBodyStream`), false to read it whole first.
+    func streamsBody(_ request: HTTPRequest) -> Bool
     /// Accepting stopped for `pause` because the process is out of file
     /// descriptors (EMFILE/ENFILE) or memory; it resumes by itself.
     func acceptPaused(errno: Int32, pause: Duration)
@@ -107,6 +111,7 @@ extension HTTPServerDelegate {
     public func admit(_ request: HTTPRequest) -> Bool { true }
     public func holdsBody(_ request: HTTPRequest) -> Bool { false }
     public func bodyHeld(_ request: HTTPRequest) { request.readBody() }
+    public func streamsBody(_ request: HTTPRequest) -> Bool { false }
     public func acceptPaused(errno: Int32, pause: Duration) {}
     public func acceptCapped(limit: Int) {}
     public func tlsHandshake(version: Int) {}

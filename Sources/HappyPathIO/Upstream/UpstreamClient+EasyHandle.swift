@@ -98,6 +98,12 @@ extension UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, nil)
         if request.method == "HEAD" {
             hp_easy_set_long(easy, CURLOPT_NOBODY, 1)
+        } else if let stream = request.bodyStream {
+            // Read as it streams (`upstreamReadCallback`), its length the client's if it gave one.
+            hp_easy_set_ptr(easy, CURLOPT_POSTFIELDS, nil)
+            hp_easy_set_long(easy, CURLOPT_POST, 1)
+            hp_easy_set_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(stream.declaredLength ?? -1))
+            if request.method != "POST" { request.method.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, $0) } }
         } else if request.sendsBody {
             hp_easy_set_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count))
             // libcurl reads the body in place: `transfer.body` keeps it alive.
@@ -193,6 +199,8 @@ extension UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
         hp_easy_set_write_cb(easy, CURLOPT_WRITEFUNCTION, upstreamWriteCallback)
+        // Called only for a streamed body (no POSTFIELDS): `READDATA` is set by such a try.
+        hp_easy_set_write_cb(easy, CURLOPT_READFUNCTION, upstreamReadCallback)
         return handle
     }
 

@@ -14,6 +14,10 @@ public final class UpstreamClient {
     private let loop: EventLoop
     private let multi: UnsafeMutableRawPointer
     private var timerEvent: OpaquePointer?
+    /// Tries whose streamed body has something new for a paused send, and
+    /// the event that resumes them (made by the first such try).
+    private var sendResumes: [UpstreamTransfer] = []
+    private var sendResumeEvent: OpaquePointer?
     /// Per descriptor: its libevent event (reused across transfers), the
     /// interest registered with libevent, and whether libcurl wants it now.
     /// An idle kept-alive connection stays registered for reading between
@@ -119,6 +123,9 @@ public final class UpstreamClient {
         sockets.removeAll()
         if let timerEvent { event_free(timerEvent) }
         timerEvent = nil
+        if let sendResumeEvent { event_free(sendResumeEvent) }
+        sendResumeEvent = nil
+        sendResumes.removeAll()
     }
 
     // MARK: - Transfers
@@ -137,6 +144,11 @@ public final class UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_PRIVATE, retained)
         hp_easy_set_ptr(easy, CURLOPT_HEADERDATA, retained)
         hp_easy_set_ptr(easy, CURLOPT_WRITEDATA, retained)
+        if let stream = request.bodyStream {
+            transfer.bodyStream = stream
+            hp_easy_set_ptr(easy, CURLOPT_READDATA, retained)
+            stream.onAvailable = { [unowned transfer] in transfer.bodyAvailable() }
+        }
         curl_multi_add_handle(multi, easy)
         return transfer
     }
@@ -171,8 +183,30 @@ public final class UpstreamClient {
         hp_easy_set_ptr(transfer.handle.easy, CURLOPT_HTTPHEADER, nil)
         transfer.headers = nil
         transfer.body = nil
+        if let stream = transfer.bodyStream {
+            stream.onAvailable = nil
+            stream.readerLeft()
+            transfer.bodyStream = nil
+            transfer.sendPaused = false
+        }
         pool.append(transfer.handle)
         Unmanaged.passUnretained(transfer).release()  // the reference taken in start()
+    }
+
+    /// A paused send to resume on the loop's next pass (`resumeSent`).
+    func resumeSendingSoon(_ transfer: UpstreamTransfer) {
+        sendResumes.append(transfer)
+        if sendResumeEvent == nil {
+            sendResumeEvent = event_new(
+                loop.base, -1, 0, upstreamResumeEventCallback, Unmanaged.passUnretained(self).toOpaque())
+        }
+        if sendResumes.count == 1, let sendResumeEvent { event_active(sendResumeEvent, 0, 0) }
+    }
+
+    fileprivate func resumeSent() {
+        let due = sendResumes
+        sendResumes.removeAll(keepingCapacity: true)
+        for transfer in due { transfer.resumeSending() }
     }
 
     fileprivate func drainCompleted() {
@@ -322,6 +356,10 @@ private func upstreamTimerCallback(_: UnsafeMutableRawPointer?, _ ms: Int, _ use
 
 private func upstreamSocketEventCallback(_ fd: Int32, _ what: Int16, _ arg: UnsafeMutableRawPointer?) {
     Unmanaged<UpstreamClient>.fromOpaque(arg!).takeUnretainedValue().socketReady(fd, what)
+}
+
+private func upstreamResumeEventCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<UpstreamClient>.fromOpaque(arg!).takeUnretainedValue().resumeSent()
 }
 
 private func upstreamTimerEventCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {

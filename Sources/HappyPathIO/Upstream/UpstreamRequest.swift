@@ -12,6 +12,10 @@ public struct UpstreamRequest {
     /// Sent instead of any field of the same name in `headers` (credentials).
     public var replacing: HTTPField?
     public var body: RequestBody
+    /// The body as it streams from the client, read as libcurl sends it
+    /// (nil: `body` is the whole body). Its length is the client's
+    /// `content-length` if it gave one; else an HTTP/1.1 upstream gets it chunked.
+    public var bodyStream: RequestBodyStream?
     /// Whether a body (possibly empty, with `Content-Length: 0`) is sent.
     public var sendsBody: Bool
     /// How long the connection attempt may take.
@@ -31,8 +35,9 @@ public struct UpstreamRequest {
     public init(
         origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,
         body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration, tls: UpstreamTLS? = nil,
-        connectTo: String? = nil, httpVersion: UpstreamHTTPVersion = .http1
+        connectTo: String? = nil, httpVersion: UpstreamHTTPVersion = .http1, bodyStream: RequestBodyStream? = nil
     ) {
+        self.bodyStream = bodyStream
         self.tls = tls
         self.connectTo = connectTo
         self.httpVersion = httpVersion

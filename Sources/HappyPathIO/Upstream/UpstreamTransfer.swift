@@ -9,6 +9,10 @@ public final class UpstreamTransfer {
     /// What libcurl reads while the try is in flight: kept alive here.
     var headers: HeaderBlock?
     var body: RequestBody?
+    /// A body read as it streams (`upstreamReadCallback`).
+    var bodyStream: RequestBodyStream?
+    /// The read callback paused sending: the body had nothing new.
+    var sendPaused = false
     unowned let client: UpstreamClient
     var inFinalBlock = false
     var headersDone = false
@@ -88,7 +92,21 @@ public final class UpstreamTransfer {
     public func resume() {
         guard paused, !finished else { return }
         pauseEnded()
-        curl_easy_pause(handle.easy, CURLPAUSE_CONT)
+        curl_easy_pause(handle.easy, sendPaused ? CURLPAUSE_SEND : CURLPAUSE_CONT)
+    }
+
+    /// The streamed body has something new for a paused send: libcurl is
+    /// told on the loop's next pass (never from inside one of its callbacks).
+    func bodyAvailable() {
+        guard sendPaused, !finished else { return }
+        client.resumeSendingSoon(self)
+    }
+
+    /// Sending goes on (the receiving side keeps its own pause).
+    func resumeSending() {
+        guard sendPaused, !finished else { return }
+        sendPaused = false
+        curl_easy_pause(handle.easy, paused ? CURLPAUSE_RECV : CURLPAUSE_CONT)
     }
 
     /// The write callback paused the transfer for a slow client.
@@ -183,4 +201,21 @@ func upstreamWriteCallback(
     if handler.upstreamBody(UnsafeRawBufferPointer(start: data, count: n)) { return n }
     transfer.pauseStarted()
     return Int(CURL_WRITEFUNC_PAUSE)
+}
+
+/// libcurl asks for request body bytes to send (a streamed body only).
+func upstreamReadCallback(
+    _ buffer: UnsafeMutablePointer<CChar>?, _ size: Int, _ count: Int, _ userdata: UnsafeMutableRawPointer?
+) -> Int {
+    guard let buffer, let userdata else { return Int(CURL_READFUNC_ABORT) }
+    let transfer = Unmanaged<UpstreamTransfer>.fromOpaque(userdata).takeUnretainedValue()
+    guard let body = transfer.bodyStream else { return Int(CURL_READFUNC_ABORT) }
+    switch body.read(into: buffer, max: size &* count) {
+    case let .bytes(n): return n
+    case .end: return 0
+    case .failed: return Int(CURL_READFUNC_ABORT)
+    case .wait:
+        transfer.sendPaused = true
+        return Int(CURL_READFUNC_PAUSE)
+    }
 }

@@ -95,7 +95,7 @@ extension ExchangeStateMachine.Failure {
             }
         case let .upstreamAnswer(status): status >= 500 ? .serverError : nil
         case .badGateway, .upstreamTLS, .unavailable: .serverError
-        case .tokenRefusedAfterRefresh, .tokenRefreshFailed, .shuttingDown: nil
+        case .tokenRefusedAfterRefresh, .tokenRefreshFailed, .shuttingDown, .requestBodyTooLarge: nil
         }
     }
 }

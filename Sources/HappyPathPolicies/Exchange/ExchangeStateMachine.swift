@@ -176,6 +176,8 @@ public struct ExchangeStateMachine: Sendable {
         case shuttingDown
         /// The upstream is paused and `while_paused` is `fail`.
         case paused
+        /// The client's streamed body passed `limits.max_request_body` while a try sent it.
+        case requestBodyTooLarge
     }
 
     public enum Ending: Sendable, Equatable {
@@ -306,6 +308,23 @@ public struct ExchangeStateMachine: Sendable {
         return .stream
     }
 
+    /// The request body streams as the client sends it, and a retry could no
+    /// longer send it whole: some of it was let go (`max_buffered_bytes`),
+    /// or it will not complete. While false, a try's end is final: no retry,
+    /// no parking, no token refresh (gRFC A6's rule for streamed calls).
+    public var bodyReplayable = true
+
+    /// The try broke off because the client's streamed body did (`tooLarge`:
+    /// it passed the limit; else the client left): not the upstream's
+    /// failure, so it is neither counted nor retried.
+    public mutating func requestBodyFailed(tooLarge: Bool) -> Action {
+        switch state {
+        case .finished: return .none
+        case .streaming: return finish(tooLarge ? .truncated : .clientClosed)
+        default: return tooLarge ? fail(.requestBodyTooLarge) : finish(.clientClosed)
+        }
+    }
+
     /// The streaming try failed before any byte of its response reached the
     /// client (the head waits to leave with the first body bytes): nothing
     /// is lost yet, so the try is a failed try like any other. The driver
@@ -403,7 +422,7 @@ public struct ExchangeStateMachine: Sendable {
         }
         switch end {
         case let .answered(status, _, withToken):
-            if withToken, settings.refreshOn.contains(status) { return .clientError(status: status) }
+            if withToken, settings.refreshOn.contains(status), bodyReplayable { return .clientError(status: status) }
             if status < 500, !settings.retry.configuration.statuses.contains(status) { return .clientError(status: status) }
             return .serverError(status: status)
         case let .failed(failure):
@@ -463,6 +482,8 @@ public struct ExchangeStateMachine: Sendable {
             if case .clientError = outcome { return fail(.upstreamAnswer(status: status)) }
         }
         if outcome == .timeout, remaining(at: now) <= .zero { return fail(.timeout) }
+        // A streamed body that a new try could not send whole: this answer is final.
+        if !bodyReplayable { return fail(finalFailure(outcome)) }
         // A failed half-open probe re-opened the breaker: with `while_open:
         // park` it waits with the others instead of spending retries on an
         // upstream known to be down.

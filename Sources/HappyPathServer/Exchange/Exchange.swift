@@ -37,6 +37,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let guardian: UpstreamGuard
     /// The request as sent upstream; its `attempt` follows the machine's.
     var command: Command
+    /// The body as it streams from the client (an HTTP/2 request handed
+    /// over at its head), read by each try instead of `command.body`.
+    let bodyStream: RequestBodyStream?
     var machine: ExchangeStateMachine
     var relay = ResponseRelay()
     let startedAt: Instant
@@ -92,8 +95,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     init(
         worker: ProxyWorker, request: any ExchangeClient, route: RuntimeRoute, upstream: RuntimeUpstream,
         guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil, upgrade: UpgradeRequest? = nil,
-        trace: RequestTrace? = nil
+        trace: RequestTrace? = nil, bodyStream: RequestBodyStream? = nil
     ) {
+        self.bodyStream = bodyStream
         self.trace = trace
         self.upgrade = upgrade
         self.worker = worker
@@ -112,7 +116,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
                 hasIdempotencyKey: IdempotencyKey.isPresent(in: command.headers),
-                refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))
+                refreshOn: Set(guardian.tokens?.refreshOn ?? []),
+                // A hedge would need a second reader of a streamed body: none is sent.
+                hedgeMaxExtra: upgrade == nil && bodyStream == nil ? route.hedge?.maxExtra ?? 0 : 0))
         if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, upgrade == nil,
             let store = worker.shared.stale
         {
@@ -282,7 +288,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     {
         let endpoint = upstream.endpoints[index]
         let method = command.method
-        let sendsBody = command.body.count > 0 || method == "POST" || method == "PUT" || method == "PATCH"
+        let sendsBody =
+            command.body.count > 0 || bodyStream != nil || method == "POST" || method == "PUT" || method == "PATCH"
+        // Each try sends the streamed body from its first byte (a retry is
+        // only allowed while it is all kept: `machine.bodyReplayable`).
+        if let bodyStream { _ = bodyStream.rewind() }
         var credentials: HTTPField?
         // The one place a credential is revealed: the header injected into the try.
         if let token, let tokens { credentials = HTTPField(name: tokens.header, value: token.credential.reveal) }
@@ -296,12 +306,19 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
                 headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
                 connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
-                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion),
+                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream),
             handler: handler)
     }
 
     /// A try ended: count it (metrics, breaker, endpoint), then let the machine decide.
     func tryEnded(_ end: ExchangeStateMachine.TryEnd) {
+        if let bodyStream {
+            if let failure = bodyStream.failure, case .failed = end {
+                // The try broke off because the client's body did: not the upstream's failure.
+                return perform(machine.requestBodyFailed(tooLarge: failure == .tooLarge))
+            }
+            machine.bodyReplayable = bodyStream.replayable
+        }
         let now = worker.clock.now()
         var end = end
         if relay.headComplete, case let .failed(failure) = end, relay.bytesOut == 0,

@@ -61,6 +61,8 @@ struct ExchangeProblem {
             }
         case .paused:
             return pausedProblem("Requests are not sent while it lasts (pacing.while_paused: fail).")
+        case .requestBodyTooLarge:
+            return problem(.payloadTooLarge, "The request body passed limits.max_request_body while it was being sent upstream.")
         case .unreachable:
             return problem(.upstreamUnreachable, machine.lastFailure?.message ?? "The upstream could not be reached.")
         case let .upstreamAnswer(status):

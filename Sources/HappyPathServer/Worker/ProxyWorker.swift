@@ -216,6 +216,17 @@ final class ProxyWorker: HTTPServerDelegate {
         return true
     }
 
+    /// An HTTP/2 body streams to its upstream as it arrives, except on a
+    /// route that stores requests (`delivery: later` needs the whole body)
+    /// and for requests no route takes (answered without their body).
+    func streamsBody(_ request: HTTPRequest) -> Bool {
+        guard !request.isAsteriskForm else { return false }
+        let (path, _) = Router.split(target: request.target)
+        if let deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
+        guard let routeIndex = runtime.router.route(path: path, method: request.method) else { return false }
+        return runtime.routes[routeIndex].delivery.mode == .now
+    }
+
     func bodyHeld(_ request: HTTPRequest) {
         guard let route = heldRoute, let limit = route.rateLimit else { return request.readBody() }
         heldRoute = nil
@@ -287,7 +298,8 @@ final class ProxyWorker: HTTPServerDelegate {
         let exchange = Exchange(
             worker: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex], command: command,
-            upgrade: UpgradeRequest.of(request, method: method, route: route), trace: trace)
+            upgrade: UpgradeRequest.of(request, method: method, route: route), trace: trace,
+            bodyStream: request.takeBodyStream())
         exchange.rateLimitFields = fields
         if exchange.guardian.pausesClients { exchange.pacingKey = pacingKey(request, route: route, rateLimitKey: key) }
         active[ObjectIdentifier(exchange)] = exchange

@@ -75,6 +75,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
     private var armedDeadline: Instant?
     private var sentGoaway = false
     private var ended = false
+    /// Each stream's receive window: how far a streamed body may run ahead of its reader.
+    private let streamWindow: Int
 
     init(connection: HTTPConnection, settings: HTTP2ServerSettings, isSecure: Bool) throws(HTTP2SessionError) {
         self.connection = connection
@@ -88,6 +90,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
         machine = Machine(limits: Machine.Limits(idle: server.limits.timeout, drainTimeout: settings.drainTimeout))
         self.isSecure = isSecure
         streamIdle = server.limits.timeout
+        streamWindow = settings.initialStreamWindow
         peerAddress = connection.peerAddress
         localAddress = connection.localAddress
         readBuffer = UnsafeMutableRawPointer.allocate(byteCount: Self.readSize, alignment: 16)
@@ -213,6 +216,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.owner = self
                 stream.budget = server.limits.bodyBudget
                 stream.dateHeader = server.dateHeader
+                stream.streamAhead = streamWindow
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)
@@ -250,6 +254,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
         request.screened = true
         if delegate.holdsBody(request) {
             delegate.bodyHeld(request)
+        } else if delegate.streamsBody(request) {
+            stream.streamBody(for: request)
         } else {
             stream.resumeReading(for: request)
         }

@@ -61,6 +61,12 @@ public final class HTTP2Stream: ClientStream {
     private(set) var current: HTTPRequest?
 
     private var body: [UInt8] = []
+    /// The body as it streams to the exchange, for a request handed over at
+    /// its head (`streamBody`).
+    private var bodyStream: RequestBodyStream?
+    /// How far a streamed body may be taken ahead of the exchange's reader
+    /// (set by the driver: the stream window).
+    var streamAhead = 64 * 1024
     /// Where request bodies are counted (`limits.max_buffered_bytes`), and
     /// how much of it this stream's body holds now.
     public var budget: BodyBudget?
@@ -132,10 +138,13 @@ public final class HTTP2Stream: ClientStream {
         case .bodyTooLarge:
             bodyTooLarge = true
             body = []
+            bodyStream?.fail(.tooLarge)
             perform(machine.refused(now: t))
         case .resetByPeer:
+            bodyStream?.fail(.clientGone)
             perform(machine.clientReset(now: t))
         case .closed:
+            bodyStream?.fail(.clientGone)
             perform(machine.closed(now: t))
             current = nil
         case .opened, .goawayReceived, .resetSent:
@@ -193,6 +202,7 @@ public final class HTTP2Stream: ClientStream {
     /// this stream carries is told its client left, and let go (which ends
     /// the request ↔ stream cycle).
     public func connectionClosed() {
+        bodyStream?.fail(.clientGone)
         guard let request = current else { return }
         current = nil
         request.streamCancelled()
@@ -221,6 +231,7 @@ public final class HTTP2Stream: ClientStream {
             body.append(contentsOf: bytes)
             output = true
         }
+        if a.pass > 0 || a.passEnd { feed() }
         if let ready = a.ready {
             readyToDispatch = ready
             owner?.http2StreamReady(self)
@@ -299,6 +310,40 @@ public final class HTTP2Stream: ClientStream {
     public func resumeReading(for request: HTTPRequest) {
         guard current === request else { return }
         perform(machine.releaseBody(now: now()))
+    }
+
+    /// The delegate lets a held request's body stream to its exchange
+    /// (`HTTPServerDelegate.streamsBody`): the request is ready now, and its
+    /// body goes to a `RequestBodyStream` as the exchange reads it. A body
+    /// that already ended is stored whole, as without.
+    public func streamBody(for request: HTTPRequest) {
+        guard current === request else { return }
+        let actions = machine.releaseBody(streaming: true, now: now())
+        if machine.streaming, bodyStream == nil {
+            let stream = RequestBodyStream(declaredLength: head?.contentLength, ahead: streamAhead, budget: budget)
+            stream.onRoom = { [weak self] in self?.feed() }
+            bodyStream = stream
+        }
+        perform(actions)
+    }
+
+    public func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream? {
+        current === request ? bodyStream : nil
+    }
+
+    /// Moves the body bytes the session holds into the streamed body while
+    /// it has room (taking them gives the client that much window back), and
+    /// ends it once the client's END_STREAM came and nothing is left. Also
+    /// called by the body as its reader makes room, from inside libcurl's
+    /// read callback: nothing here calls into libcurl.
+    private func feed() {
+        guard let stream = bodyStream else { return }
+        if stream.room > 0, session.bufferedBody(of: id) > 0 {
+            let bytes = session.takeBody(of: id)
+            bytes.withUnsafeBytes { stream.append($0) }
+            owner?.http2StreamHasOutput(self)
+        }
+        if session.requestEnded(id), session.bufferedBody(of: id) == 0 { stream.finish() }
     }
 
     // MARK: - The answer
