@@ -26,7 +26,12 @@ import Testing
             for i in range(3): yield b"part%d" % i
         def fail(req, ctx): ctx.abort(grpc.StatusCode.NOT_FOUND, "no such thing")
         def big(req, ctx): return req
+        def gather(it, ctx): return b",".join(it)
+        def chat(it, ctx):
+            for m in it: yield b"re:" + m
         handlers = {"/t.S/U": grpc.unary_unary_rpc_method_handler(unary),
+                    "/t.S/CS": grpc.stream_unary_rpc_method_handler(gather),
+                    "/t.S/Chat": grpc.stream_stream_rpc_method_handler(chat),
                     "/t.S/SS": grpc.unary_stream_rpc_method_handler(stream),
                     "/t.S/F": grpc.unary_unary_rpc_method_handler(fail),
                     "/t.S/Big": grpc.unary_unary_rpc_method_handler(big)}
@@ -84,6 +89,52 @@ import Testing
         #expect(lines.contains("fail NOT_FOUND no such thing"), "\(r.out)")
         // 5 MiB each way.
         #expect(lines.contains("big True 5242880"), "\(r.out)")
+    }
+
+    /// Client-streaming and bidirectional calls, the client's next message
+    /// sent only once the server answered its last: without request bodies
+    /// that stream (the proxy waiting for the client's END_STREAM), the
+    /// bidirectional call could not progress past its first message.
+    static let streamingClient = """
+        import grpc, sys, queue
+        ch = grpc.insecure_channel(sys.argv[1])
+        print("cs", ch.stream_unary("/t.S/CS")(iter([b"a", b"b", b"c"]), timeout=10).decode(), flush=True)
+        answers = queue.Queue()
+        def messages():
+            yield b"m0"
+            for i in (1, 2):
+                answers.get(timeout=10)  # the answer to the last message came back first
+                yield b"m%d" % i
+        replies = []
+        for r in ch.stream_stream("/t.S/Chat")(messages(), timeout=20):
+            replies.append(r.decode()); answers.put(r)
+        print("chat", ",".join(replies), flush=True)
+        """
+
+    @Test func clientStreamingAndBidirectionalCallsStreamBothWays() throws {
+        let python = try PythonGRPC.python()
+        let serverLines = Locked<[String]>([])
+        let (server, port) = try startPythonServer(
+            python: python, Self.server, lines: serverLines, what: "the grpcio server")
+        defer {
+            kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+        }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
+            routes:
+              - match: { path_prefix: / }
+                upstream: g
+                upstream_errors: pass
+            """)
+        defer { h.stop() }
+        let r = try runProcess(python, ["-c", Self.streamingClient, "127.0.0.1:\(h.port)"], timeout: 60)
+        #expect(r.status == 0, "\(r.err)")
+        #expect(r.out.split(separator: "\n").map(String.init) == ["cs a,b,c", "chat re:m0,re:m1,re:m2"], "\(r.err)")
     }
 
     /// A client's `TE` naming `trailers` is what makes the proxy send its
