@@ -102,6 +102,24 @@ import Testing
         #expect(Self.read(body, max: 10).0 == .end)
     }
 
+    @Test func aBodyThatEndedWholeIsOnePiece() {
+        let (body, _) = Self.make(budget: BodyBudget(limit: 100))
+        Self.append(body, [1, 2])
+        #expect(body.completeBody == nil)  // not ended yet
+        Self.append(body, [3])
+        body.finish()
+        #expect(body.completeBody.map { Array($0) } == [1, 2, 3])
+        let (cut, _) = Self.make(budget: BodyBudget(limit: 2))
+        Self.append(cut, [1])
+        _ = Self.read(cut, max: 1)
+        Self.append(cut, [2, 3])  // past the budget: the read byte is let go
+        cut.finish()
+        #expect(cut.completeBody == nil)
+        let (empty, _) = Self.make()
+        empty.finish()
+        #expect(empty.completeBody?.count == 0)
+    }
+
     @Test func theBudgetIsGivenBackWhenTheBodyGoes() {
         let budget = BodyBudget(limit: 100)
         do {

@@ -89,6 +89,15 @@ public final class RequestBodyStream {
     /// A retry may read the body again from its first byte.
     public var replayable: Bool { dropped == 0 && failure == nil }
 
+    /// The whole body in one piece, once it ended and every byte is kept
+    /// (nil otherwise): a try that starts then sends it as a whole body
+    /// would be sent, with its length, and reads nothing as it goes.
+    /// Valid while the body lives and nothing is appended (nothing is, after the end).
+    public var completeBody: UnsafeRawBufferPointer? {
+        guard ended, dropped == 0, failure == nil else { return nil }
+        return UnsafeRawBufferPointer(start: storage, count: received)
+    }
+
     /// How many more bytes the producer may append now.
     public var room: Int { max(0, ahead - (received - readOffset)) }
 

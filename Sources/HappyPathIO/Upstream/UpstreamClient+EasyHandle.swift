@@ -98,6 +98,13 @@ extension UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, nil)
         if request.method == "HEAD" {
             hp_easy_set_long(easy, CURLOPT_NOBODY, 1)
+        } else if let whole = request.bodyStream?.completeBody {
+            // A streamed body that ended before this try: sent whole, with its length (libcurl
+            // 7.88 can lose an HTTP/2 answer's head that arrives between the last DATA it read
+            // and the read that finds the end; a whole body has no such read).
+            hp_easy_set_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(whole.count))
+            hp_easy_set_ptr(easy, CURLOPT_POSTFIELDS, whole.baseAddress ?? UnsafeRawPointer(emptyBody))
+            if request.method != "POST" { request.method.withCString { _ = hp_easy_set_ptr(easy, CURLOPT_CUSTOMREQUEST, $0) } }
         } else if let stream = request.bodyStream {
             // Read as it streams (`upstreamReadCallback`), its length the client's if it gave one.
             hp_easy_set_ptr(easy, CURLOPT_POSTFIELDS, nil)

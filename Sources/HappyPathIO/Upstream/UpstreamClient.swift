@@ -145,9 +145,12 @@ public final class UpstreamClient {
         hp_easy_set_ptr(easy, CURLOPT_HEADERDATA, retained)
         hp_easy_set_ptr(easy, CURLOPT_WRITEDATA, retained)
         if let stream = request.bodyStream {
+            // Kept alive by the transfer; read as it goes only if it has not ended (`prepare`).
             transfer.bodyStream = stream
-            hp_easy_set_ptr(easy, CURLOPT_READDATA, retained)
-            stream.onAvailable = { [unowned transfer] in transfer.bodyAvailable() }
+            if stream.completeBody == nil {
+                hp_easy_set_ptr(easy, CURLOPT_READDATA, retained)
+                stream.onAvailable = { [unowned transfer] in transfer.bodyAvailable() }
+            }
         }
         curl_multi_add_handle(multi, easy)
         return transfer
