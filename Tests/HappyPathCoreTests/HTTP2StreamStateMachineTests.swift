@@ -471,7 +471,7 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
 }
 
 /// Random sequences of events on one stream: the exchange hears of a
-/// cancel at most once, no byte goes past an announced length, the stream
+/// cancel at most once, a streamed body's bytes are only passed on (its end once), no byte goes past an announced length, the stream
 /// ends one way only, nothing happens once it is closed, and while it
 /// waits on the client its timer is armed.
 @Suite struct HTTP2StreamStateMachineRandomTests {
@@ -484,7 +484,7 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
         var t: Instant { Instant(nanoseconds: now * 1_000_000) }
         var m = M(idle: .seconds(1), now: t)
         var armed = false
-        var cancels = 0, readies = 0, ends = 0, resets = 0
+        var cancels = 0, readies = 0, ends = 0, resets = 0, passEnds = 0
         var announced: Int?
         var accepted = 0
         func apply(_ a: M.Actions) {
@@ -497,7 +497,11 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
             if a.ready != nil { readies += 1 }
             if a.end != nil { ends += 1 }
             if a.reset != nil { resets += 1 }
+            if a.passEnd { passEnds += 1 }
             #expect(!(a.end != nil && a.reset != nil), "seed \(seed): an end and a reset at once")
+            // Body bytes go to the exchange only for a streamed body, never also stored; its end once.
+            if a.pass > 0 || a.passEnd { #expect(m.streaming && a.consume == 0, "seed \(seed): passed but not streaming") }
+            #expect(passEnds <= 1, "seed \(seed): the streamed body ended twice")
         }
         apply(m.start(now: t))
         for _ in 0..<60 {
@@ -521,7 +525,7 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
             case 0: a = m.headComplete(isHead: Int.random(in: 0..<5, using: &g) == 0, endStream: Bool.random(using: &g), now: t)
             case 1: a = m.refused(endStream: Bool.random(using: &g), now: t)
             case 2: a = m.holdBody(now: t)
-            case 3: a = m.releaseBody(now: t)
+            case 3: a = m.releaseBody(streaming: Bool.random(using: &g), now: t)
             case 4: a = m.bodyReceived(Int.random(in: -1...100, using: &g), endStream: Bool.random(using: &g), now: t)
             case 5: _ = m.dispatched()
             case 6:
