@@ -13,7 +13,7 @@ extension Exchange {
         let decision = ExchangeAnswer.decide(
             .init(
                 failure: failure, fallbackOn: route.fallback?.on, passesErrors: route.passesErrors, heldStatus: relay.status,
-                heldBodyComplete: relay.heldBodyComplete))
+                heldBodyComplete: relay.heldBodyComplete, grpc: isGRPC, heldCarriesGRPCStatus: relay.grpcStatus != .absent))
         if let reason = decision.fallback, let fallback = route.fallback, answerFallback(fallback, reason) { return end() }
         var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
         builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
@@ -36,6 +36,7 @@ extension Exchange {
             // upstream_errors: pass: the upstream's own answer, whole
             // (a 404 or 410 is kept for serve_stale like any answer).
             finalStatus = status
+            if isGRPC { grpcStatus = relay.grpcStatus.clientStatus(httpStatus: status) }
             relay.answered(bytes: passHeldAnswer())
             if relay.kept != nil { keepAnswer(fields: relay.heldEndToEndFields, body: relay.heldBody) }
         case let .problemKeepingUpstreamFields(status):
@@ -48,6 +49,14 @@ extension Exchange {
                 bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? [])))
         case .problem:
             relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? []))
+        case .grpcStatus:
+            // The proxy answers the call itself: HTTP 200, its status in the trailers-only block.
+            let answer = GRPCErrorResponse(problem)
+            grpcStatus = answer.status
+            finalStatus = answer.httpStatus
+            ProblemResponder.respondGRPC(
+                request, answer, requestID: problem.requestID, extraHeaders: rateLimitFields?.fields ?? [])
+            relay.answered(bytes: 0)
         }
         end()
     }

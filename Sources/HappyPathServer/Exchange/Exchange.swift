@@ -30,6 +30,13 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// knows only the version of the request it carries now. Not read
     /// when the access log is off (the read costs ~90 instructions).
     let protocolName: StaticString
+    /// The request is a gRPC call (`content-type` gRPC's, over HTTP/2),
+    /// read once at the start: its failures are answered as gRPC statuses
+    /// and it reports `grpc_status` (docs/grpc.md).
+    let isGRPC: Bool
+    /// The status the gRPC call ended with as its client reads it (nil:
+    /// none it can read, reported `unknown`); set as the exchange ends.
+    var grpcStatus: GRPCStatus?
     /// The stored request this round delivers (nil: a client waits on `request`).
     let delivery: ClaimedDelivery?
     let route: RuntimeRoute
@@ -98,7 +105,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         self.upgrade = upgrade
         self.worker = worker
         self.request = request
-        protocolName = worker.accessLog.enabled ? request.protocolName : ""
+        // One read of the protocol's name serves both (HTTP/1.x requests
+        // stop there for gRPC).
+        let name = request.protocolName
+        protocolName = worker.accessLog.enabled ? name : ""
+        isGRPC = request.isGRPCCall(protocolName: name)
         self.delivery = delivery
         self.route = route
         self.upstream = upstream
@@ -107,6 +118,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         startedAt = worker.clock.now()
         relay.clock = worker.clock
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
+        relay.readsGRPCStatus = isGRPC
         machine = ExchangeStateMachine(
             .init(
                 deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
@@ -235,6 +247,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 // An error streamed as it came (upstream_errors: pass) is
                 // counted under the code its problem would have had.
                 if relay.status >= 400 { finalCode = ErrorMapper.builtInCode(for: relay.status).rawValue }
+                if isGRPC { grpcStatus = relay.grpcStatus.clientStatus(httpStatus: relay.status) }
                 request.endReply()
             case .truncated, .drained:
                 // Part of the response is already with the client: the only
@@ -245,6 +258,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             case .clientClosed:
                 finalStatus = 499  // nginx's "client closed request"
                 finalCode = "CLIENT_CLOSED"
+                grpcStatus = .cancelled  // what a gRPC server records for a call its client cancelled
                 request.abort()
             }
             end()

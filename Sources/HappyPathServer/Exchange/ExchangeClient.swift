@@ -7,6 +7,8 @@ import HappyPathIO
 protocol ExchangeClient: AnyObject {
     var observer: HTTPRequestObserver? { get set }
     func header(_ name: String) -> String?
+    /// Each request field as bytes, valid only during the call.
+    func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void)
     /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2` (the access log's `protocol`).
     var protocolName: StaticString { get }
     func clearResponseHeaders()
@@ -28,6 +30,29 @@ protocol ExchangeClient: AnyObject {
 
 extension HTTPRequest: ExchangeClient {}
 
+extension ExchangeClient {
+    /// A gRPC call: a request over HTTP/2 whose `content-type` is gRPC's
+    /// (`application/grpc`, `application/grpc+…`). gRPC runs over HTTP/2
+    /// only, so a request over HTTP/1.x is never one and pays only the
+    /// protocol's name; an HTTP/2 request pays one look at its fields.
+    var isGRPCCall: Bool { isGRPCCall(protocolName: protocolName) }
+
+    /// The same, for a caller that has read the protocol's name already.
+    func isGRPCCall(protocolName: StaticString) -> Bool {
+        // Only "HTTP/2" is 6 bytes long ("HTTP/1.1", "HTTP/1.0", "-").
+        guard protocolName.utf8CodeUnitCount == 6 else { return false }
+        var grpc = false
+        var seen = false
+        forEachRawHeader { name, value in
+            // The first content-type decides (HTTP/2 fields arrive lower-case).
+            guard !seen, name.count == 12, HTTPBytes.equals(name, "content-type") else { return }
+            seen = true
+            grpc = GRPCCall.isContentType(value)
+        }
+        return grpc
+    }
+}
+
 /// The answer of a delivery round goes nowhere: the exchange's own record
 /// (its final status and problem) is what the store keeps. Never pushes back.
 final class DeliverySink: ExchangeClient {
@@ -39,6 +64,7 @@ final class DeliverySink: ExchangeClient {
     }
     /// No client headers: the problem's content type is nobody's concern here.
     func header(_ name: String) -> String? { nil }
+    func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void) {}
     /// No client connection: the round is the proxy's own.
     var protocolName: StaticString { "-" }
     func clearResponseHeaders() {}
