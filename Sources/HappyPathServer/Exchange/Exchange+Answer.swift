@@ -46,9 +46,11 @@ extension Exchange {
             // An upstream may echo a credential in a field as well as in its body.
             if let scrubber { kept = kept.map { HTTPField(name: $0.name, value: scrubber.scrub($0.value)) } }
             relay.answered(
-                bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? [])))
+                bytes: ProblemResponder.respond(
+                    request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? []), grpc: false))
         case .problem:
-            relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? []))
+            relay.answered(
+                bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? [], grpc: false))
         case .grpcStatus:
             // The proxy answers the call itself: HTTP 200, its status in the trailers-only block.
             let answer = GRPCErrorResponse(problem)
