@@ -255,4 +255,99 @@ import Testing
         let byRoute = capture.lines.map { "\($0["route"] ?? "") \($0["grpc_status"] ?? "-") \($0["status"] ?? "")" }.sorted()
         #expect(byRoute == ["/t.S/ 0 200", "/t.S/ 5 200", "/t.S/Slow 4 200"], "\(capture.lines)")
     }
+
+    // MARK: - grpc-timeout
+
+    /// What the exchange reads of a call's head: the first `content-type`
+    /// and the first `grpc-timeout` decide; a malformed timeout is none.
+    @Test(arguments: [
+        ([("content-type", "application/grpc"), ("grpc-timeout", "250m")], true, Duration?.some(.milliseconds(250))),
+        ([("grpc-timeout", "2S"), ("content-type", "application/grpc+proto")], true, .seconds(2)),
+        ([("content-type", "application/grpc"), ("grpc-timeout", "-1S")], true, nil),
+        ([("content-type", "application/grpc"), ("grpc-timeout", "123456789m")], true, nil),
+        ([("content-type", "application/grpc"), ("grpc-timeout", "1S"), ("grpc-timeout", "9S")], true, .seconds(1)),
+        ([("content-type", "application/json"), ("grpc-timeout", "1S")], false, nil),
+        ([("content-type", "application/json"), ("content-type", "application/grpc")], false, nil),
+        ([("grpc-timeout", "1S")], false, nil),
+    ])
+    func theCallsHeadIsReadOnce(fields: [(String, String)], call: Bool, timeout: Duration?) {
+        let (stream, request) = RecordingStream.carrying()
+        stream.protocolName = "HTTP/2"
+        stream.fields = fields
+        let head = request.grpcCall(protocolName: "HTTP/2")
+        #expect((head != nil) == call)
+        #expect(head?.timeout == timeout)
+        // Over HTTP/1.1 nothing is looked at.
+        #expect(request.grpcCall(protocolName: "HTTP/1.1") == nil)
+    }
+
+    /// Raw gRPC calls over h2c (httpx), each with the `grpc-timeout` given
+    /// and no deadline of the client's own, so what answers is the proxy:
+    /// per call, its status, `grpc-status`, `grpc-message` and seconds taken.
+    static let rawCalls = #"""
+        import httpx, json, sys, time
+        port, calls = sys.argv[1], json.loads(sys.argv[2])
+        out = []
+        with httpx.Client(http1=False, http2=True, timeout=30) as c:
+            for path, timeout in calls:
+                headers = {"content-type": "application/grpc", "te": "trailers"}
+                if timeout: headers["grpc-timeout"] = timeout
+                started = time.monotonic()
+                r = c.post("http://127.0.0.1:%s%s" % (port, path), headers=headers, content=b"\0\0\0\0\0")
+                out.append([r.status_code, r.headers.get("grpc-status"), r.headers.get("grpc-message"),
+                            time.monotonic() - started, len(r.content)])
+        print(json.dumps({"calls": out}))
+        """#
+
+    /// The upstream is `H2Upstream`, which answers after `delay` whatever
+    /// the call's `grpc-timeout` says (a grpcio server would answer
+    /// DEADLINE_EXCEEDED itself at the same moment as the proxy, since the
+    /// field goes upstream as the client sent it).
+    @Test func aClientsGrpcTimeoutIsTheDeadlineWhenItIsTheSooner() throws {
+        let certificates = try TestCertificates()
+        let upstream = try H2Upstream(certificate: try certificates.make("h2-upstream", names: ["localhost"]))
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              g: { endpoints: [http://127.0.0.1:\(upstream.plainPort)], protocol: h2 }
+            routes:
+              - { match: { path_prefix: /t.S/ }, upstream: g, timeout: 1500ms, grpc: {} }
+            """)
+        defer { h.stop() }
+        let calls = [
+            ["/t.S/Slow?delay=3000&n=1", "300m"], ["/t.S/Past?n=2", "0n"], ["/t.S/Slow?delay=3000&n=3", "20S"],
+            ["/t.S/U?n=4", "junk"], ["/t.S/U?n=5", ""],
+        ]
+        let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
+        let r = try runProcess(try PythonH2.python(), ["-c", Self.rawCalls, String(h.port), json], timeout: 60)
+        try #require(r.status == 0, "\(r.err)")
+        let last = r.out.split(separator: "\n").last.map(String.init) ?? ""
+        let object = try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any]
+        let results = try #require(object?["calls"] as? [[Any]])
+        try #require(results.count == calls.count, "\(r.out)")
+        func row(_ i: Int) -> (status: Int?, grpc: String?, message: String, seconds: Double, bytes: Int?) {
+            let x = results[i]
+            return (x[0] as? Int, x[1] as? String, x[2] as? String ?? "", x[3] as? Double ?? -1, x[4] as? Int)
+        }
+        // 300 ms asked, 1.5 s allowed by the route, 3 s needed: the client's deadline, well before the route's.
+        let short = row(0)
+        #expect(short.status == 200 && short.grpc == "4", "\(short)")
+        #expect(short.message.contains("grpc-timeout of 300ms"), "\(short)")
+        #expect(short.seconds >= 0.25 && short.seconds < 1.4, "\(short)")
+        // A deadline already past: answered with no try sent.
+        let past = row(1)
+        #expect(past.grpc == "4" && past.message.contains("grpc-timeout of 0ms"), "\(past)")
+        #expect(upstream.requests(to: "/t.S/Past").isEmpty)
+        // 20 s asked: the route's 1.5 s is the sooner.
+        let long = row(2)
+        #expect(long.grpc == "4" && long.message.contains("route's timeout of 1.5s"), "\(long)")
+        #expect(long.seconds >= 1.4, "\(long)")
+        // A malformed grpc-timeout is no deadline and no refusal: the call goes upstream with it, as sent.
+        #expect(row(3).status == 200 && row(3).grpc == nil && (row(3).bytes ?? 0) > 0, "\(row(3))")
+        #expect(row(4).status == 200 && row(4).grpc == nil && (row(4).bytes ?? 0) > 0, "\(row(4))")
+        let sent = upstream.requests(to: "/t.S/U?n=4", atLeast: 1).first?["fields"] as? [[String]] ?? []
+        #expect(sent.contains(["grpc-timeout", "junk"]), "\(sent)")
+    }
 }

@@ -17,6 +17,7 @@ extension Exchange {
         if let reason = decision.fallback, let fallback = route.fallback, answerFallback(fallback, reason) { return end() }
         var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
         builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
+        builder.clientTimeout = grpcTimeout
         var problem = builder.build(
             failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
         // The upstream's words may carry what the proxy sent it (an echoed
@@ -52,8 +53,15 @@ extension Exchange {
             relay.answered(
                 bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? [], grpc: false))
         case .grpcStatus:
-            // The proxy answers the call itself: HTTP 200, its status in the trailers-only block.
-            let answer = GRPCErrorResponse(problem)
+            // The proxy answers the call itself: HTTP 200, its status in the
+            // trailers-only block. A pacing pause gives its exact wait as
+            // RetryInfo (problem+json has only whole seconds for it).
+            var pauseLeft: Duration?
+            switch failure {
+            case .paused, .parkExpired(.paused, _, _): pauseLeft = builder.pause?.left
+            default: break
+            }
+            let answer = GRPCErrorResponse(problem, retryDelay: pauseLeft)
             grpcStatus = answer.status
             finalStatus = answer.httpStatus
             ProblemResponder.respondGRPC(

@@ -34,6 +34,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// read once at the start: its failures are answered as gRPC statuses
     /// and it reports `grpc_status` (docs/grpc.md).
     let isGRPC: Bool
+    /// The client's `grpc-timeout`, when it is shorter than the route's
+    /// `timeout` and so the exchange's deadline (nil: the route's is).
+    private(set) var grpcTimeout: Duration?
     /// The status the gRPC call ended with as its client reads it (nil:
     /// none it can read, reported `unknown`); set as the exchange ends.
     var grpcStatus: GRPCStatus?
@@ -109,19 +112,28 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         // stop there for gRPC).
         let name = request.protocolName
         protocolName = worker.accessLog.enabled ? name : ""
-        isGRPC = request.isGRPCCall(protocolName: name)
+        let call = request.grpcCall(protocolName: name)
+        isGRPC = call != nil
         self.delivery = delivery
         self.route = route
         self.upstream = upstream
         self.guardian = guardian
         self.command = command
         startedAt = worker.clock.now()
+        // A gRPC call's deadline is the sooner of the route's and its
+        // client's (`grpc-timeout`); compared as durations first, so that a
+        // client's hours never reach the clock's arithmetic.
+        var deadline = command.deadline
+        if let timeout = call?.timeout, timeout < route.timeout, startedAt + timeout < deadline {
+            deadline = startedAt + timeout
+            grpcTimeout = timeout
+        }
         relay.clock = worker.clock
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
         relay.readsGRPCStatus = isGRPC
         machine = ExchangeStateMachine(
             .init(
-                deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
+                deadline: deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
                 hasIdempotencyKey: IdempotencyKey.isPresent(in: command.headers),
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []), hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))

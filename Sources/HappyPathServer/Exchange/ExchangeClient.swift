@@ -35,22 +35,37 @@ extension ExchangeClient {
     /// (`application/grpc`, `application/grpc+…`). gRPC runs over HTTP/2
     /// only, so a request over HTTP/1.x is never one and pays only the
     /// protocol's name; an HTTP/2 request pays one look at its fields.
-    var isGRPCCall: Bool { isGRPCCall(protocolName: protocolName) }
+    var isGRPCCall: Bool { grpcCall(protocolName: protocolName) != nil }
 
-    /// The same, for a caller that has read the protocol's name already.
-    func isGRPCCall(protocolName: StaticString) -> Bool {
+    /// The same, with what the exchange needs of the call's head, for a
+    /// caller that has read the protocol's name already. Nil: not a call.
+    func grpcCall(protocolName: StaticString) -> GRPCCallHead? {
         // Only "HTTP/2" is 6 bytes long ("HTTP/1.1", "HTTP/1.0", "-").
-        guard protocolName.utf8CodeUnitCount == 6 else { return false }
+        guard protocolName.utf8CodeUnitCount == 6 else { return nil }
         var grpc = false
-        var seen = false
+        var seenType = false
+        var timeout: Duration?
+        var seenTimeout = false
         forEachRawHeader { name, value in
-            // The first content-type decides (HTTP/2 fields arrive lower-case).
-            guard !seen, name.count == 12, HTTPBytes.equals(name, "content-type") else { return }
-            seen = true
-            grpc = GRPCCall.isContentType(value)
+            // Both names are 12 bytes; HTTP/2 fields arrive lower-case. The first of each decides.
+            guard name.count == 12 else { return }
+            if !seenType, HTTPBytes.equals(name, "content-type") {
+                seenType = true
+                grpc = GRPCCall.isContentType(value)
+            } else if !seenTimeout, HTTPBytes.equals(name, "grpc-timeout") {
+                seenTimeout = true
+                // Malformed (a sign, a ninth digit, another unit): no deadline of the client's.
+                timeout = GRPCTimeout.parse(String(decoding: value, as: UTF8.self))
+            }
         }
-        return grpc
+        return grpc ? GRPCCallHead(timeout: timeout) : nil
     }
+}
+
+/// What the exchange reads of a gRPC call's head.
+struct GRPCCallHead {
+    /// The client's `grpc-timeout`, when it sent a valid one.
+    var timeout: Duration?
 }
 
 /// The answer of a delivery round goes nowhere: the exchange's own record
