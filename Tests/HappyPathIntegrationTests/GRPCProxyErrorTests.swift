@@ -30,6 +30,14 @@ import Testing
         var settings: AccessLogSettings { AccessLogSettings(level: .info, format: .json, sink: sink) }
     }
 
+    /// The proxy on loopback with its admin listener, and `upstreams:` and `routes:` as given.
+    static func proxy(_ config: String, accessLog: AccessLogSettings? = nil, holding: [AnyObject] = []) throws
+        -> ProxyHarness
+    {
+        try ProxyHarness(
+            "listen: 127.0.0.1:0\nadmin: { listen: 127.0.0.1:0 }\n" + config, accessLog: accessLog, holding: holding)
+    }
+
     /// The calls' results by index (each carries its own `index`).
     static func byIndex(_ results: [[String: Any]]) -> [Int: [String: Any]] {
         Dictionary(uniqueKeysWithValues: results.compactMap { r in (r["index"] as? Int).map { ($0, r) } })
@@ -72,10 +80,8 @@ import Testing
         ])
         let down = RefusingPort()
         let capture = Capture()
-        let h = try ProxyHarness(
+        let h = try Self.proxy(
             """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
             upstreams:
               replay: { endpoints: [http://127.0.0.1:\(upstream.port)], protocol: h2 }
               down:
@@ -139,10 +145,8 @@ import Testing
     /// gRPC runs over HTTP/2 only: the same content type over HTTP/1.1 is
     /// an ordinary request, answered problem+json.
     @Test func aGRPCContentTypeOverHTTP1GetsProblemJSON() throws {
-        let h = try ProxyHarness(
+        let h = try Self.proxy(
             """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
             upstreams:
               demo: { endpoints: ["{{DEMO}}"] }
             routes:
@@ -224,10 +228,8 @@ import Testing
             server.waitUntilExit()
         }
         let capture = Capture()
-        let h = try ProxyHarness(
+        let h = try Self.proxy(
             """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
             upstreams:
               g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
             routes:
@@ -237,8 +239,8 @@ import Testing
         defer { h.stop() }
         let results = Self.byIndex(
             try GRPCErrorModelTests.call(
-                port: h.port, [["index": 0, "path": "/t.S/U"], ["index": 1, "path": "/t.S/Slow"], ["index": 2, "path": "/t.S/F"]]
-            ))
+                port: h.port,
+                [["index": 0, "path": "/t.S/U"], ["index": 1, "path": "/t.S/Slow"], ["index": 2, "path": "/t.S/F"]]))
         try #require(results.count == 3, "\(results)")
         #expect(results[0]?["grpc_status"] as? String == "OK", "\(results[0] ?? [:])")
         // The route's timeout, in gRPC's words, before the client's own 10 s deadline.
@@ -306,10 +308,8 @@ import Testing
     @Test func aClientsGrpcTimeoutIsTheDeadlineWhenItIsTheSooner() throws {
         let certificates = try TestCertificates()
         let upstream = try H2Upstream(certificate: try certificates.make("h2-upstream", names: ["localhost"]))
-        let h = try ProxyHarness(
+        let h = try Self.proxy(
             """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
             upstreams:
               g: { endpoints: [http://127.0.0.1:\(upstream.plainPort)], protocol: h2 }
             routes:

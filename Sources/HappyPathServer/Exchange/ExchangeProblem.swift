@@ -16,7 +16,8 @@ struct ExchangeProblem {
 
     /// What bounded the request, for its detail.
     private var deadlineText: String {
-        clientTimeout.map { "the call's grpc-timeout of \($0.configText)" } ?? "the route's timeout of \(route.timeout.configText)"
+        if let clientTimeout { return "the call's grpc-timeout of \(clientTimeout.configText)" }
+        return "the route's timeout of \(route.timeout.configText)"
     }
 
     /// - Parameters:
@@ -62,7 +63,8 @@ struct ExchangeProblem {
             case .auth:
                 return problem(.authFailed, "No valid token: the token endpoint did not answer while the request \(waitedText).")
             case .paused:
-                return pausedProblem("The request waited \(waited.configText) for the pause to end, and \(deadlineText) came first.")
+                return pausedProblem(
+                    "The request waited \(waited.configText) for the pause to end, and \(deadlineText) came first.")
             }
         case .paused:
             return pausedProblem("Requests are not sent while it lasts (pacing.while_paused: fail).")
