@@ -77,6 +77,11 @@ import Testing
                     HTTPField(name: "grpc-message", value: "busy"),
                 ]
             ),
+            // 3: OK, Trailers-Only.
+            (
+                "200",
+                [HTTPField(name: "content-type", value: "application/grpc"), HTTPField(name: "grpc-status", value: "0")]
+            ),
         ])
         let down = RefusingPort()
         let capture = Capture()
@@ -92,6 +97,10 @@ import Testing
             routes:
               - { match: { path_prefix: /happypath.Test/ }, upstream: replay, grpc: {} }
               - { match: { path_prefix: /down.S/ }, upstream: down, grpc: {} }
+              - match: { path_prefix: /limited.S/ }
+                upstream: replay
+                grpc: {}
+                rate_limit: { rate: 1/m, burst: 1, over_limit: reject }
             """, accessLog: capture.settings, holding: [down])
         defer { h.stop() }
         let results = Self.byIndex(
@@ -99,9 +108,10 @@ import Testing
                 port: h.port,
                 [
                     ["index": 0], ["index": 1], ["index": 2], ["index": 3, "path": "/down.S/M"],
-                    ["index": 4, "path": "/nowhere.S/M"],
+                    ["index": 4, "path": "/nowhere.S/M"], ["index": 5, "path": "/limited.S/3"],
+                    ["index": 6, "path": "/limited.S/3"],
                 ]))
-        try #require(results.count == 5, "\(results)")
+        try #require(results.count == 7, "\(results)")
 
         // The upstream's 503 without grpc-status: UNAVAILABLE, in the proxy's words.
         #expect(results[0]?["grpc_status"] as? String == "UNAVAILABLE", "\(results[0] ?? [:])")
@@ -130,10 +140,17 @@ import Testing
         #expect(results[4]?["grpc_status"] as? String == "UNIMPLEMENTED", "\(results[4] ?? [:])")
         #expect(results[4]?["reason"] as? String == "NO_ROUTE", "\(results[4] ?? [:])")
 
-        // The access log: one line per call that reached a route, with the status its client read.
-        #expect(waitUntil("four access-log lines") { capture.lines.count >= 4 })
+        // Over the route's rate limit, refused at the head: RESOURCE_EXHAUSTED, with when to come back.
+        #expect(results[5]?["grpc_status"] as? String == "OK", "\(results[5] ?? [:])")
+        let limited = try #require(results[6])
+        #expect(limited["grpc_status"] as? String == "RESOURCE_EXHAUSTED", "\(limited)")
+        #expect(limited["reason"] as? String == "RATE_LIMITED", "\(limited)")
+        #expect((limited["retry_delay"] as? [Int])?.first ?? 0 > 0, "\(limited)")
+
+        // The access log: one line per call that reached an upstream's exchange, with the status its client read.
+        #expect(waitUntil("five access-log lines") { capture.lines.count >= 5 })
         let statuses = capture.lines.compactMap { $0["grpc_status"] as? String }.sorted()
-        #expect(statuses == ["14", "14", "14", "5"], "\(capture.lines)")
+        #expect(statuses == ["0", "14", "14", "14", "5"], "\(capture.lines)")
         // /metrics: by route and grpc_status.
         let scrape = String(decoding: try HTTP.request(port: h.adminPort, "/metrics").body, as: UTF8.self)
         let replayUnavailable = #"happypath_grpc_requests_total{route="/happypath.Test/",grpc_status="14"}"#
