@@ -27,6 +27,7 @@ extension Reader {
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
                 "redirects", "upstream_errors", "rate_limit", "hedge", "fallback", "upgrades", "upgrades_idle_timeout",
+                "grpc",
             ]
                 + Self.upstreamOnlyPolicyKeys)
         var match = RouteMatch(pathPrefix: "/")
@@ -105,6 +106,21 @@ extension Reader {
                 error(f["upgrades_idle_timeout"]?.key, "\(path).upgrades_idle_timeout is set but the route has no upgrades")
             }
         }
+        if let g = f["grpc"] {
+            r.grpc = grpc(g.value, "\(path).grpc")
+            if let upstream = upstreams.first(where: { $0.name == upstreamName }), upstream.protocol != .h2 {
+                error(
+                    g.key,
+                    "\(path).grpc: the route carries gRPC, which needs HTTP/2 to the upstream, but upstreams.\(upstreamName) has protocol: \(upstream.protocol.rawValue); set protocol: h2 on it"
+                )
+            }
+            if r.delivery.mode == .later {
+                error(
+                    g.key,
+                    "\(path).grpc: a gRPC route cannot deliver later (delivery.mode: later): a gRPC client waits for the call's status, and a 202 is not one"
+                )
+            }
+        }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,
@@ -112,6 +128,14 @@ extension Reader {
             )
         }
         return r
+    }
+
+    /// `grpc: { idempotent: true }`, or `grpc: {}`: the route carries gRPC calls.
+    func grpc(_ node: Node, _ path: String) -> GRPCRouteConfiguration {
+        var g = GRPCRouteConfiguration()
+        let f = fields(node, path, known: ["idempotent"])
+        if let b = bool(f["idempotent"]?.value, "\(path).idempotent") { g.idempotent = b }
+        return g
     }
 
     func methods(_ node: Node, _ path: String) -> [String]? {

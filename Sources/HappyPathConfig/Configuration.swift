@@ -180,6 +180,19 @@ public struct Route: Sendable {
     public var upgrades: [String] = []
     /// `upgrades_idle_timeout:` a tunnel with no byte either way this long is closed.
     public var upgradesIdleTimeout: Duration = .seconds(300)
+    /// `grpc:` the route carries gRPC calls (nil: not declared). Its
+    /// upstream must have `protocol: h2`, and it may not deliver later.
+    public var grpc: GRPCRouteConfiguration?
+}
+
+/// `grpc:` on a route (docs/grpc.md): the route carries gRPC calls.
+public struct GRPCRouteConfiguration: Sendable, Equatable {
+    /// `idempotent:` the route's methods may run twice with no harm (the
+    /// condition gRFC A6 puts on hedging a call). Default false. Read and
+    /// kept; hedging does not act on it yet.
+    public var idempotent = false
+
+    public init(idempotent: Bool = false) { self.idempotent = idempotent }
 }
 
 /// `redirects:` on a route.

@@ -87,7 +87,8 @@ import Testing
                 for call in calls:
                     result = {"index": call["index"]}
                     try:
-                        channel.unary_unary("/happypath.Test/%d" % call["index"])(b"", timeout=call.get("timeout", 10))
+                        path = call.get("path", "/happypath.Test/%d" % call["index"])
+                        channel.unary_unary(path)(b"", timeout=call.get("timeout", 10))
                         result["grpc_status"] = "OK"
                     except grpc.RpcError as e:
                         try:

@@ -101,7 +101,7 @@ final class RecordingStream: ClientStream {
     /// The fields staged for the answer, and the body of a whole reply.
     var staged: [(name: String, value: String)] = []
     var wholeBody = ""
-    private let fields: [(String, String)] = [("Host", "example.test"), ("X-Tenant", "blue")]
+    var fields: [(String, String)] = [("Host", "example.test"), ("X-Tenant", "blue")]
 
     /// A stream and the request it carries.
     static func carrying() -> (RecordingStream, HTTPRequest) {

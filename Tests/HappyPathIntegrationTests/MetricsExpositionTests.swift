@@ -91,6 +91,9 @@ struct MetricsExpositionTests {
             let request = HTTPRequest(stream: stream)
             stream.carried = request
             w.reject(request, refusal: .malformed(.connectionSpecificField))
+            // gRPC calls' statuses, a known one and one no client could read.
+            w.metrics.grpcCall(route: w.runtime.routes[0], status: .unavailable)
+            w.metrics.grpcCall(route: w.runtime.routes[0], status: nil)
         }
         let admin = AdminProbe(port: h.adminPort)
         guard

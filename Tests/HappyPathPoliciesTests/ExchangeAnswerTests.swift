@@ -99,6 +99,47 @@ import Testing
         #expect(answer == ExchangeAnswer(fallback: row.fallback, otherwise: row.otherwise))
     }
 
+    struct GRPCRow: CustomTestStringConvertible, Sendable {
+        var name: String
+        var failure: Failure
+        var passesErrors = false
+        var heldStatus = 0
+        var heldBodyComplete = true
+        var carriesGRPCStatus = false
+        var otherwise: ExchangeAnswer.Written
+        var testDescription: String { name }
+    }
+
+    static let grpcRows: [GRPCRow] = [
+        GRPCRow(name: "a timeout is a gRPC status", failure: .timeout, otherwise: .grpcStatus),
+        GRPCRow(name: "unreachable is a gRPC status", failure: .unreachable, otherwise: .grpcStatus),
+        GRPCRow(
+            name: "the upstream's 503 with grpc-status passes as it came", failure: .upstreamAnswer(status: 503),
+            heldStatus: 503, carriesGRPCStatus: true, otherwise: .passThrough(status: 503)),
+        GRPCRow(
+            name: "the upstream's 503 without grpc-status is the proxy's status", failure: .upstreamAnswer(status: 503),
+            heldStatus: 503, otherwise: .grpcStatus),
+        GRPCRow(
+            name: "upstream_errors: pass, no grpc-status: passed, read by gRPC's table",
+            failure: .upstreamAnswer(status: 502), passesErrors: true, heldStatus: 502, otherwise: .passThrough(status: 502)),
+        GRPCRow(
+            name: "with grpc-status but too long to hold: the proxy's status", failure: .upstreamAnswer(status: 500),
+            heldStatus: 500, heldBodyComplete: false, carriesGRPCStatus: true, otherwise: .grpcStatus),
+        GRPCRow(
+            name: "a held answer of an earlier try is not this failure's", failure: .upstreamAnswer(status: 503),
+            heldStatus: 0, carriesGRPCStatus: true, otherwise: .grpcStatus),
+    ]
+
+    /// A gRPC call never gets a fallback or a problem body, whatever the route's `fallback.on`.
+    @Test(arguments: grpcRows)
+    func decidesWhatAFailedGRPCCallWrites(_ row: GRPCRow) {
+        let answer = ExchangeAnswer.decide(
+            .init(
+                failure: row.failure, fallbackOn: Self.all, passesErrors: row.passesErrors, heldStatus: row.heldStatus,
+                heldBodyComplete: row.heldBodyComplete, grpc: true, heldCarriesGRPCStatus: row.carriesGRPCStatus))
+        #expect(answer == ExchangeAnswer(fallback: nil, otherwise: row.otherwise))
+    }
+
     /// Every reason `fallback.on` names is reachable from some failure.
     @Test func everyFallbackReasonHasAFailure() {
         let failures: [Failure] = [

@@ -74,6 +74,22 @@ line(
      quantiles("happypath_request_duration_seconds", "route, ", R), {"unit": "s"}),
 )
 
+row("gRPC")
+line(
+    ("gRPC calls per second by status",
+     "gRPC calls answered, by the grpc-status their client read (0 OK, 4 DEADLINE_EXCEEDED, 14 UNAVAILABLE, ...; "
+     "unknown: cut off). The proxy's own answers and the upstream's are both counted (docs/grpc.md).",
+     [(f"sum by (grpc_status) (rate(happypath_grpc_requests_total{{{R}}}[{RI}]))", "{{grpc_status}}")], {"unit": "reqps"}),
+    ("gRPC calls not OK by route",
+     "Share of gRPC calls that ended with any status but OK, clients' own errors (NOT_FOUND, INVALID_ARGUMENT) included.",
+     [(f"sum by (route) (rate(happypath_grpc_requests_total{{{R}, grpc_status!=\"0\"}}[{RI}])) / "
+       f"sum by (route) (rate(happypath_grpc_requests_total{{{R}}}[{RI}]))", "{{route}}")], {"unit": "percentunit"}),
+    ("UNAVAILABLE and DEADLINE_EXCEEDED by route",
+     "The two statuses that mean the service could not answer in time or at all: the ones gRPC clients retry or give up on.",
+     [(f"sum by (route, grpc_status) (rate(happypath_grpc_requests_total{{{R}, grpc_status=~\"14|4\"}}[{RI}]))",
+       "{{route}} {{grpc_status}}")], {"unit": "reqps"}),
+)
+
 row("Upstreams: tries, retries, breakers, parking, credentials")
 line(
     ("Tries per request",

@@ -9,7 +9,9 @@ import HappyPathCore
 /// kept answer for serve_stale, else its fixed answer; the driver looks
 /// for them); else, when the failure is the upstream's own answer, that
 /// answer passed through whole (`upstream_errors: pass`) or its fields
-/// kept under the problem body; else the problem alone.
+/// kept under the problem body; else the problem alone. A gRPC call gets
+/// no fallback and no problem body: the upstream's own gRPC error passed
+/// through, or the problem as a gRPC status (docs/grpc.md).
 public struct ExchangeAnswer: Sendable, Equatable {
     /// What is written when no fallback applies, or the fallback has
     /// nothing to answer with (no kept answer found and no fixed one).
@@ -22,8 +24,9 @@ public struct ExchangeAnswer: Sendable, Equatable {
         /// The upstream's own answer with this status, whole, as it gave it
         /// (`upstream_errors: pass` and its body held whole).
         case passThrough(status: Int)
-        // A gRPC call would get its status in trailers instead: a case here,
-        // decided from the same inputs plus the request's protocol.
+        /// A gRPC call: the problem as a Trailers-Only answer (HTTP 200,
+        /// `grpc-status`, `grpc-message`, `grpc-status-details-bin`).
+        case grpcStatus
     }
 
     /// Tried first: the route's fallback for this reason (nil: none applies).
@@ -48,11 +51,18 @@ public struct ExchangeAnswer: Sendable, Equatable {
         public var heldStatus: Int
         /// The held answer's body is whole (it fit under the relay's hold limit).
         public var heldBodyComplete: Bool
+        /// The request is a gRPC call (its `content-type`, over HTTP/2).
+        public var grpc: Bool
+        /// The held answer carries its own `grpc-status`: the upstream's
+        /// gRPC error, whatever its HTTP status.
+        public var heldCarriesGRPCStatus: Bool
 
         public init(
             failure: ExchangeStateMachine.Failure, fallbackOn: Set<FallbackConfiguration.Reason>?, passesErrors: Bool,
-            heldStatus: Int, heldBodyComplete: Bool
+            heldStatus: Int, heldBodyComplete: Bool, grpc: Bool = false, heldCarriesGRPCStatus: Bool = false
         ) {
+            self.grpc = grpc
+            self.heldCarriesGRPCStatus = heldCarriesGRPCStatus
             self.failure = failure
             self.fallbackOn = fallbackOn
             self.passesErrors = passesErrors
@@ -62,6 +72,7 @@ public struct ExchangeAnswer: Sendable, Equatable {
     }
 
     public static func decide(_ inputs: Inputs) -> ExchangeAnswer {
+        if inputs.grpc { return decideGRPC(inputs) }
         var fallback: FallbackConfiguration.Reason?
         if let on = inputs.fallbackOn, let reason = inputs.failure.fallbackReason, on.contains(reason) { fallback = reason }
         // Only the answer the relay holds is the upstream's words for this
@@ -73,6 +84,20 @@ public struct ExchangeAnswer: Sendable, Equatable {
             return ExchangeAnswer(fallback: fallback, otherwise: .passThrough(status: status))
         }
         return ExchangeAnswer(fallback: fallback, otherwise: .problemKeepingUpstreamFields(status: status))
+    }
+
+    /// A gRPC client reads a status and its details, nothing else: no
+    /// fallback body, no problem body. The upstream's own gRPC error (an
+    /// answer with `grpc-status`, whatever its HTTP status) passes as it
+    /// came, never re-wrapped, as does any held answer with
+    /// `upstream_errors: pass` (its client reads the HTTP status by gRPC's
+    /// table). Anything else, an upstream HTTP error without `grpc-status`
+    /// included, is the proxy's failure, answered as a gRPC status.
+    private static func decideGRPC(_ inputs: Inputs) -> ExchangeAnswer {
+        guard case let .upstreamAnswer(status) = inputs.failure, inputs.heldStatus == status, inputs.heldBodyComplete,
+            inputs.heldCarriesGRPCStatus || inputs.passesErrors
+        else { return ExchangeAnswer(fallback: nil, otherwise: .grpcStatus) }
+        return ExchangeAnswer(fallback: nil, otherwise: .passThrough(status: status))
     }
 }
 

@@ -13,10 +13,11 @@ extension Exchange {
         let decision = ExchangeAnswer.decide(
             .init(
                 failure: failure, fallbackOn: route.fallback?.on, passesErrors: route.passesErrors, heldStatus: relay.status,
-                heldBodyComplete: relay.heldBodyComplete))
+                heldBodyComplete: relay.heldBodyComplete, grpc: isGRPC, heldCarriesGRPCStatus: relay.grpcStatus != .absent))
         if let reason = decision.fallback, let fallback = route.fallback, answerFallback(fallback, reason) { return end() }
         var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
         builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
+        builder.clientTimeout = grpcTimeout
         var problem = builder.build(
             failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
         // The upstream's words may carry what the proxy sent it (an echoed
@@ -36,6 +37,7 @@ extension Exchange {
             // upstream_errors: pass: the upstream's own answer, whole
             // (a 404 or 410 is kept for serve_stale like any answer).
             finalStatus = status
+            if isGRPC { grpcStatus = relay.grpcStatus.clientStatus(httpStatus: status) }
             relay.answered(bytes: passHeldAnswer())
             if relay.kept != nil { keepAnswer(fields: relay.heldEndToEndFields, body: relay.heldBody) }
         case let .problemKeepingUpstreamFields(status):
@@ -45,9 +47,26 @@ extension Exchange {
             // An upstream may echo a credential in a field as well as in its body.
             if let scrubber { kept = kept.map { HTTPField(name: $0.name, value: scrubber.scrub($0.value)) } }
             relay.answered(
-                bytes: ProblemResponder.respond(request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? [])))
+                bytes: ProblemResponder.respond(
+                    request, problem, extraHeaders: kept + (rateLimitFields?.fields ?? []), grpc: false))
         case .problem:
-            relay.answered(bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? []))
+            relay.answered(
+                bytes: ProblemResponder.respond(request, problem, extraHeaders: rateLimitFields?.fields ?? [], grpc: false))
+        case .grpcStatus:
+            // The proxy answers the call itself: HTTP 200, its status in the
+            // trailers-only block. A pacing pause gives its exact wait as
+            // RetryInfo (problem+json has only whole seconds for it).
+            var pauseLeft: Duration?
+            switch failure {
+            case .paused, .parkExpired(.paused, _, _): pauseLeft = builder.pause?.left
+            default: break
+            }
+            let answer = GRPCErrorResponse(problem, retryDelay: pauseLeft)
+            grpcStatus = answer.status
+            finalStatus = answer.httpStatus
+            ProblemResponder.respondGRPC(
+                request, answer, requestID: problem.requestID, extraHeaders: rateLimitFields?.fields ?? [])
+            relay.answered(bytes: 0)
         }
         end()
     }

@@ -30,6 +30,16 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// knows only the version of the request it carries now. Not read
     /// when the access log is off (the read costs ~90 instructions).
     let protocolName: StaticString
+    /// The request is a gRPC call (`content-type` gRPC's, over HTTP/2),
+    /// read once at the start: its failures are answered as gRPC statuses
+    /// and it reports `grpc_status` (docs/grpc.md).
+    let isGRPC: Bool
+    /// The client's `grpc-timeout`, when it is shorter than the route's
+    /// `timeout` and so the exchange's deadline (nil: the route's is).
+    private(set) var grpcTimeout: Duration?
+    /// The status the gRPC call ended with as its client reads it (nil:
+    /// none it can read, reported `unknown`); set as the exchange ends.
+    var grpcStatus: GRPCStatus?
     /// The stored request this round delivers (nil: a client waits on `request`).
     let delivery: ClaimedDelivery?
     let route: RuntimeRoute
@@ -102,18 +112,32 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         self.upgrade = upgrade
         self.worker = worker
         self.request = request
-        protocolName = worker.accessLog.enabled ? request.protocolName : ""
+        // One read of the protocol's name serves both (HTTP/1.x requests
+        // stop there for gRPC).
+        let name = request.protocolName
+        protocolName = worker.accessLog.enabled ? name : ""
+        let call = request.grpcCall(protocolName: name)
+        isGRPC = call != nil
         self.delivery = delivery
         self.route = route
         self.upstream = upstream
         self.guardian = guardian
         self.command = command
         startedAt = worker.clock.now()
+        // A gRPC call's deadline is the sooner of the route's and its
+        // client's (`grpc-timeout`); compared as durations first, so that a
+        // client's hours never reach the clock's arithmetic.
+        var deadline = command.deadline
+        if let timeout = call?.timeout, timeout < route.timeout, startedAt + timeout < deadline {
+            deadline = startedAt + timeout
+            grpcTimeout = timeout
+        }
         relay.clock = worker.clock
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
+        relay.readsGRPCStatus = isGRPC
         machine = ExchangeStateMachine(
             .init(
-                deadline: command.deadline, retry: route.retry, parkFor: route.parkFor,
+                deadline: deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
                 hasIdempotencyKey: IdempotencyKey.isPresent(in: command.headers),
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []),
@@ -241,6 +265,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 // An error streamed as it came (upstream_errors: pass) is
                 // counted under the code its problem would have had.
                 if relay.status >= 400 { finalCode = ErrorMapper.builtInCode(for: relay.status).rawValue }
+                if isGRPC { grpcStatus = relay.grpcStatus.clientStatus(httpStatus: relay.status) }
                 request.endReply()
             case .truncated, .drained:
                 // Part of the response is already with the client: the only
@@ -251,6 +276,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             case .clientClosed:
                 finalStatus = 499  // nginx's "client closed request"
                 finalCode = "CLIENT_CLOSED"
+                grpcStatus = .cancelled  // what a gRPC server records for a call its client cancelled
                 request.abort()
             }
             end()

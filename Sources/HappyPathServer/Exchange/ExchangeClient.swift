@@ -7,6 +7,8 @@ import HappyPathIO
 protocol ExchangeClient: AnyObject {
     var observer: HTTPRequestObserver? { get set }
     func header(_ name: String) -> String?
+    /// Each request field as bytes, valid only during the call.
+    func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void)
     /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2` (the access log's `protocol`).
     var protocolName: StaticString { get }
     func clearResponseHeaders()
@@ -28,6 +30,44 @@ protocol ExchangeClient: AnyObject {
 
 extension HTTPRequest: ExchangeClient {}
 
+extension ExchangeClient {
+    /// A gRPC call: a request over HTTP/2 whose `content-type` is gRPC's
+    /// (`application/grpc`, `application/grpc+…`). gRPC runs over HTTP/2
+    /// only, so a request over HTTP/1.x is never one and pays only the
+    /// protocol's name; an HTTP/2 request pays one look at its fields.
+    var isGRPCCall: Bool { grpcCall(protocolName: protocolName) != nil }
+
+    /// The same, with what the exchange needs of the call's head, for a
+    /// caller that has read the protocol's name already. Nil: not a call.
+    func grpcCall(protocolName: StaticString) -> GRPCCallHead? {
+        // Only "HTTP/2" is 6 bytes long ("HTTP/1.1", "HTTP/1.0", "-").
+        guard protocolName.utf8CodeUnitCount == 6 else { return nil }
+        var grpc = false
+        var seenType = false
+        var timeout: Duration?
+        var seenTimeout = false
+        forEachRawHeader { name, value in
+            // Both names are 12 bytes; HTTP/2 fields arrive lower-case. The first of each decides.
+            guard name.count == 12 else { return }
+            if !seenType, HTTPBytes.equals(name, "content-type") {
+                seenType = true
+                grpc = GRPCCall.isContentType(value)
+            } else if !seenTimeout, HTTPBytes.equals(name, "grpc-timeout") {
+                seenTimeout = true
+                // Malformed (a sign, a ninth digit, another unit): no deadline of the client's.
+                timeout = GRPCTimeout.parse(String(decoding: value, as: UTF8.self))
+            }
+        }
+        return grpc ? GRPCCallHead(timeout: timeout) : nil
+    }
+}
+
+/// What the exchange reads of a gRPC call's head.
+struct GRPCCallHead {
+    /// The client's `grpc-timeout`, when it sent a valid one.
+    var timeout: Duration?
+}
+
 /// The answer of a delivery round goes nowhere: the exchange's own record
 /// (its final status and problem) is what the store keeps. Never pushes back.
 final class DeliverySink: ExchangeClient {
@@ -39,6 +79,7 @@ final class DeliverySink: ExchangeClient {
     }
     /// No client headers: the problem's content type is nobody's concern here.
     func header(_ name: String) -> String? { nil }
+    func forEachRawHeader(_ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void) {}
     /// No client connection: the round is the proxy's own.
     var protocolName: StaticString { "-" }
     func clearResponseHeaders() {}

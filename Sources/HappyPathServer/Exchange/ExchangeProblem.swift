@@ -11,6 +11,14 @@ struct ExchangeProblem {
     /// The upstream's pause, when it is paused (pacing): the status that
     /// paused it and how long it still lasts.
     var pause: (cause: Int, left: Duration)? = nil
+    /// A gRPC call's `grpc-timeout`, when it was the deadline (shorter than the route's `timeout`).
+    var clientTimeout: Duration? = nil
+
+    /// What bounded the request, for its detail.
+    private var deadlineText: String {
+        if let clientTimeout { return "the call's grpc-timeout of \(clientTimeout.configText)" }
+        return "the route's timeout of \(route.timeout.configText)"
+    }
 
     /// - Parameters:
     ///   - machine: the request's history (tries, their results, the last failure).
@@ -31,7 +39,7 @@ struct ExchangeProblem {
         switch failure {
         case .timeout:
             let tries = history.isEmpty ? "" : " (" + summary + ")"
-            return problem(.upstreamTimeout, "No response within the route's timeout of \(route.timeout.configText)\(tries).")
+            return problem(.upstreamTimeout, "No response within \(deadlineText)\(tries).")
         case .overloaded(byParking: false):
             return problem(.overloaded, "'\(upstream)' has max_connections tries in flight and as many waiting.", retryAfter: 1)
         case .overloaded(byParking: true):
@@ -41,9 +49,7 @@ struct ExchangeProblem {
                 .circuitOpen, "The circuit breaker for '\(upstream)' is open after repeated failures.",
                 retryAfter: Int(OutsideValues.wholeSeconds(retryAfter)))
         case let .parkExpired(reason, waited, byDeadline):
-            let limit =
-                byDeadline
-                ? "the route's timeout of \(route.timeout.configText)" : "reachability.park_for of \(route.parkFor.configText)"
+            let limit = byDeadline ? deadlineText : "reachability.park_for of \(route.parkFor.configText)"
             let waitedText = "waited \(waited.configText) (\(limit))"
             switch reason {
             case .unreachable:
@@ -57,7 +63,8 @@ struct ExchangeProblem {
             case .auth:
                 return problem(.authFailed, "No valid token: the token endpoint did not answer while the request \(waitedText).")
             case .paused:
-                return pausedProblem("The request waited \(waited.configText) for the pause to end, and the route's timeout of \(route.timeout.configText) came first.")
+                return pausedProblem(
+                    "The request waited \(waited.configText) for the pause to end, and \(deadlineText) came first.")
             }
         case .paused:
             return pausedProblem("Requests are not sent while it lasts (pacing.while_paused: fail).")

@@ -1,11 +1,19 @@
 import HappyPathCore
 import HappyPathIO
 
-/// The one place a `Problem` becomes an HTTP response.
+/// The one place a `Problem` becomes an HTTP response: problem+json, or
+/// for a gRPC call its gRPC status (docs/grpc.md).
 enum ProblemResponder {
-    /// Returns the body's size in bytes.
+    /// Returns the body's size in bytes. `grpc`: the request is a gRPC call
+    /// (nil: look at the request, which only an error answer pays for).
     @discardableResult
-    static func respond<C: ExchangeClient>(_ request: C, _ problem: Problem, extraHeaders: [HTTPField] = []) -> Int {
+    static func respond<C: ExchangeClient>(
+        _ request: C, _ problem: Problem, extraHeaders: [HTTPField] = [], grpc: Bool? = nil
+    ) -> Int {
+        if grpc ?? request.isGRPCCall {
+            respondGRPC(request, GRPCErrorResponse(problem), requestID: problem.requestID, extraHeaders: extraHeaders)
+            return 0
+        }
         request.clearResponseHeaders()
         // A client that asks for JSON but not problem+json gets the same body
         // labelled application/json, so plain JSON decoders accept it.
@@ -28,6 +36,22 @@ enum ProblemResponder {
         let body = problem.json()
         request.reply(status: problem.status, headers: headers, body: body)
         return body.utf8.count
+    }
+
+    /// A gRPC call's answer: never problem+json, a Trailers-Only response
+    /// (HTTP 200 and one HEADERS block that ends the stream: the HTTP/2
+    /// stream holds a gRPC answer's head until body bytes come, and none
+    /// do). `X-Request-Id` and `extraHeaders` (`RateLimit`, `Allow`) go in
+    /// the same block, as metadata.
+    static func respondGRPC<C: ExchangeClient>(
+        _ request: C, _ answer: GRPCErrorResponse, requestID: String, extraHeaders: [HTTPField] = []
+    ) {
+        request.clearResponseHeaders()
+        for field in answer.fields { request.addResponseHeader(field.name, field.value) }
+        request.addResponseHeader("x-request-id", requestID)
+        for field in extraHeaders { request.addResponseHeader(field.name, field.value) }
+        request.startReply(status: answer.httpStatus, contentLength: nil, reason: nil)
+        request.endReply()
     }
 
     /// `respond`, for a caller that has no use for the size.

@@ -56,6 +56,13 @@ struct ResponseRelay {
     /// Bytes of trailer fields passed on (name + value + 4 each), bounded
     /// by `limits.max_header_bytes`: past it the rest are dropped.
     private(set) var trailerBytes = 0
+    /// A gRPC call's answer: its `grpc-status` is read as it passes (in
+    /// the head or the trailers) for metrics and the access log, and tells
+    /// the upstream's own gRPC error from a proxy-side failure. Off (and
+    /// free) for every other request.
+    var readsGRPCStatus = false
+    /// What this try's answer said in `grpc-status` so far.
+    private(set) var grpcStatus = GRPCStatusField.absent
     /// Paused until the client's connection drains.
     private(set) var waitingForDrain = false
     /// The head is checked as it comes; its framing is the proxy's to write,
@@ -130,6 +137,7 @@ struct ResponseRelay {
         retryAfterSeconds = nil
         rateLimit = nil
         trailerBytes = 0
+        grpcStatus = .absent
         framing = ResponseFraming()
         upstreamConnection.removeAll(keepingCapacity: true)
         kept?.reset()
@@ -171,6 +179,7 @@ struct ResponseRelay {
             }
             return
         }
+        if readsGRPCStatus, name.count == 11, HTTPBytes.equals(name, "grpc-status") { grpcStatus = GRPCStatusField(value: value) }
         if name.count == 11, HTTPBytes.equals(name, "retry-after") {
             // Never passed on as it came: a plain non-negative integer, at most the cap, or nothing.
             guard retryAfterSeconds == nil,
@@ -269,6 +278,7 @@ struct ResponseRelay {
         if name.count == 20, HTTPBytes.equals(name, "x-happypath-attempts") { return }
         let size = name.count + value.count + 4
         guard trailerBytes + size <= limit else { return trailerBytes = limit + 1 }
+        if readsGRPCStatus, name.count == 11, HTTPBytes.equals(name, "grpc-status") { grpcStatus = GRPCStatusField(value: value) }
         trailerBytes += size
         request.addResponseTrailer(name: name, value: value)
     }

@@ -62,6 +62,9 @@ struct AccessRecord {
     var attempts: Int
     var durationMicros: Int64
     var bytes: Int
+    /// A gRPC call's `grpc_status` (its number, or `unknown`); nil for
+    /// every other request, which carries no such field.
+    var grpcStatus: String? = nil
 }
 
 /// One worker's access log: lines are composed straight into a byte buffer
@@ -103,7 +106,9 @@ final class AccessLog: LoopEventTarget {
             record.requestID.utf8.count + record.method.utf8.count + record.route.utf8.count
             + record.upstream.utf8.count + record.code.utf8.count
         // The protocol is ours (no escaping) and its key the only one past the 256.
-        reserve(256 + 16 + record.protocolName.utf8CodeUnitCount + 6 * strings)
+        // A gRPC call's `grpc_status` (at most `unknown`) comes on top.
+        let grpc = record.grpcStatus == nil ? 0 : 32
+        reserve(256 + 16 + grpc + record.protocolName.utf8CodeUnitCount + 6 * strings)
         switch settings.format {
         case .json: appendJSON(record)
         case .text: appendText(record)
@@ -154,6 +159,10 @@ final class AccessLog: LoopEventTarget {
         putQuoted(r.code)
         put(",\"duration_ms\":")
         putMillis(r.durationMicros)
+        if let grpcStatus = r.grpcStatus {
+            put(",\"grpc_status\":")
+            putQuoted(grpcStatus)
+        }
         put(",\"method\":")
         putQuoted(r.method)
         put(",\"protocol\":\"")
@@ -179,6 +188,10 @@ final class AccessLog: LoopEventTarget {
         putRaw(r.code)
         put(" duration_ms=")
         putMillis(r.durationMicros)
+        if let grpcStatus = r.grpcStatus {
+            put(" grpc_status=")
+            putRaw(grpcStatus)
+        }
         put(" method=")
         putRaw(r.method)
         put(" protocol=")

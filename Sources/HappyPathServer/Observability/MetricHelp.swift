@@ -10,6 +10,8 @@ enum MetricHelp {
     static let text: [String: String] = [
         "happypath_requests_total":
             "Client requests answered, by route and code (OK for the upstream's own 2xx/3xx, else the error code).",
+        "happypath_grpc_requests_total":
+            "gRPC calls answered, by route and grpc_status (the status number the client read, or unknown).",
         "happypath_request_duration_seconds": "Time from a client request's arrival to its answer, by route.",
         "happypath_upstream_tries_total": "Tries sent upstream, by upstream and outcome.",
         "happypath_retries_total": "Tries that were retries, by upstream.",

@@ -194,6 +194,22 @@ final class WorkerMetrics {
         lastRequest = (route.label, code, counter, timer)
     }
 
+    /// Per route, one counter per `grpc_status` value (the 17 codes, then
+    /// `unknown`), made when first used: at most 18 series a route.
+    private var grpcCalls: [String: [CoreMetrics.Counter?]] = [:]
+
+    /// A gRPC call answered, by the status its client read (nil: `unknown`).
+    func grpcCall(route: RuntimeRoute, status: GRPCStatus?) {
+        let index = status?.rawValue ?? GRPCStatus.allCases.count
+        var counters = grpcCalls[route.label] ?? Array(repeating: nil, count: GRPCStatus.allCases.count + 1)
+        if let counter = counters[index] { return counter.increment() }
+        let counter = metrics.counter(
+            "happypath_grpc_requests_total", [("route", route.label), ("grpc_status", GRPCCall.label(status))])
+        counters[index] = counter
+        grpcCalls[route.label] = counters
+        counter.increment()
+    }
+
     /// A request the edge refused, by rule: an HTTP/1.1 rule counts in the
     /// same series whichever protocol broke it.
     func refused(_ refusal: HTTP2RequestRefusal) {

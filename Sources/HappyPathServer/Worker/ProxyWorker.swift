@@ -571,6 +571,7 @@ final class ProxyWorker: HTTPServerDelegate {
         }
         shared.inFlight.add(-1)
         metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
+        if exchange.isGRPC { metrics.grpcCall(route: exchange.route, status: exchange.grpcStatus) }
         logAccess(exchange, duration: duration)
     }
 
@@ -583,7 +584,7 @@ final class ProxyWorker: HTTPServerDelegate {
                     requestID: command.requestID, method: command.method, protocolName: exchange.protocolName,
                     route: exchange.route.label, upstream: exchange.upstream.name, status: exchange.finalStatus,
                     code: exchange.finalCode, attempts: command.attempt, durationMicros: duration.nanoseconds / 1000,
-                    bytes: exchange.bytesOut))
+                    bytes: exchange.bytesOut, grpcStatus: exchange.isGRPC ? GRPCCall.label(exchange.grpcStatus) : nil))
         }
     }
 
