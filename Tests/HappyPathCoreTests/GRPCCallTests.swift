@@ -8,7 +8,7 @@ import Testing
         ("application/grpc", true), ("application/grpc+proto", true), ("application/grpc+json", true),
         ("application/grpc;charset=utf-8", true), ("Application/GRPC", true), ("application/grpc-web", false),
         ("application/grpc-web+proto", false), ("application/grpcx", false), ("application/json", false),
-        ("application/grp", false), ("", false), ("text/plain", false),
+        ("application/grp", false), ("", false), ("text/plain", false), ("Application/GRPC;charset=x", true),
     ])
     func aGRPCContentTypeIsApplicationGrpcAloneOrWithACodecOrParameters(_ value: String, _ expected: Bool) {
         #expect(Array(value.utf8).withUnsafeBytes { GRPCCall.isContentType($0) } == expected)

@@ -419,14 +419,3 @@ import Testing
         #expect(seen == ["A=1", "B=two words", "C="])
     }
 }
-
-@Suite struct HTTP2StreamGRPCTests {
-    @Test(arguments: [
-        ("application/grpc", true), ("application/grpc+proto", true), ("Application/GRPC;charset=x", true),
-        ("application/grpc-web", false), ("application/grpcx", false), ("application/json", false), ("", false),
-        ("application/grp", false),
-    ])
-    func gRPCContentTypesAreKnown(_ value: String, _ expected: Bool) {
-        #expect(Array(value.utf8).withUnsafeBytes { HTTP2Stream.isGRPC($0) } == expected)
-    }
-}

@@ -320,8 +320,8 @@ import Testing
 
     /// The upstream is `H2Upstream`, which answers after `delay` whatever
     /// the call's `grpc-timeout` says (a grpcio server would answer
-    /// DEADLINE_EXCEEDED itself at the same moment as the proxy, since the
-    /// field goes upstream as the client sent it).
+    /// DEADLINE_EXCEEDED itself at the same moment as the proxy, since each
+    /// try carries the time left as its own `grpc-timeout`).
     @Test func aClientsGrpcTimeoutIsTheDeadlineWhenItIsTheSooner() throws {
         let certificates = try TestCertificates()
         let upstream = try H2Upstream(certificate: try certificates.make("h2-upstream", names: ["localhost"]))
@@ -361,10 +361,17 @@ import Testing
         let long = row(2)
         #expect(long.grpc == "4" && long.message.contains("route's timeout of 1.5s"), "\(long)")
         #expect(long.seconds >= 1.4, "\(long)")
-        // A malformed grpc-timeout is no deadline and no refusal: the call goes upstream with it, as sent.
+        // A malformed grpc-timeout is no deadline and no refusal: the call goes upstream.
         #expect(row(3).status == 200 && row(3).grpc == nil && (row(3).bytes ?? 0) > 0, "\(row(3))")
         #expect(row(4).status == 200 && row(4).grpc == nil && (row(4).bytes ?? 0) > 0, "\(row(4))")
-        let sent = upstream.requests(to: "/t.S/U?n=4", atLeast: 1).first?["fields"] as? [[String]] ?? []
-        #expect(sent.contains(["grpc-timeout", "junk"]), "\(sent)")
+        // Each try carries the time its call has left as its own grpc-timeout (here the route's 1.5 s,
+        // less what passed), in place of the client's field, malformed or missing.
+        for n in [4, 5] {
+            let sent = upstream.requests(to: "/t.S/U?n=\(n)", atLeast: 1).first?["fields"] as? [[String]] ?? []
+            let timeouts = sent.filter { $0.first == "grpc-timeout" }.compactMap { $0.last }
+            #expect(timeouts.count == 1, "\(sent)")
+            let left = timeouts.first.flatMap { GRPCTimeout.parse($0) }
+            #expect(left.map { $0 > .milliseconds(1000) && $0 <= .milliseconds(1500) } == true, "\(timeouts)")
+        }
     }
 }

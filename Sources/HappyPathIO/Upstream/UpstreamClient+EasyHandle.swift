@@ -15,9 +15,9 @@ final class EasyHandle {
     let errorBuffer: UnsafeMutablePointer<CChar>
     private(set) var nodes: UnsafeMutablePointer<curl_slist>
     private(set) var nodeCapacity: Int
-    /// `Name: value` of a replacing field, NUL-terminated.
-    private var replacement: UnsafeMutablePointer<CChar>?
-    private var replacementCapacity = 0
+    /// `Name: value` of each replacing field (`UpstreamRequest.replacing`,
+    /// `replacingAlso`), NUL-terminated.
+    private var replacements: [(entry: UnsafeMutablePointer<CChar>?, capacity: Int)] = [(nil, 0), (nil, 0)]
     /// The TLS settings and connect-to entry this handle was last given.
     var tls: UpstreamTLS?
     var connectTo: String?
@@ -40,16 +40,17 @@ final class EasyHandle {
         nodes = .allocate(capacity: nodeCapacity)
     }
 
-    func replacementEntry(_ field: HTTPField) -> UnsafeMutablePointer<CChar> {
+    /// The entry of replacing field number `slot` (0 or 1), written into that slot's buffer.
+    func replacementEntry(_ field: HTTPField, slot: Int) -> UnsafeMutablePointer<CChar> {
         var name = field.name
         var value = field.value
         let length = name.utf8.count + value.utf8.count + 3
-        if length > replacementCapacity {
-            replacement?.deallocate()
-            replacementCapacity = max(length, 256)
-            replacement = .allocate(capacity: replacementCapacity)
+        if length > replacements[slot].capacity {
+            replacements[slot].entry?.deallocate()
+            replacements[slot] = (.allocate(capacity: max(length, 256)), max(length, 256))
         }
-        let out = UnsafeMutableRawPointer(replacement!)
+        let entry = replacements[slot].entry!
+        let out = UnsafeMutableRawPointer(entry)
         var i = 0
         name.withUTF8 {
             out.copyMemory(from: $0.baseAddress!, byteCount: $0.count); i = $0.count
@@ -62,7 +63,7 @@ final class EasyHandle {
             i += v.count
         }
         out.storeBytes(of: 0, toByteOffset: i, as: UInt8.self)
-        return replacement!
+        return entry
     }
 
     func free() {
@@ -70,7 +71,7 @@ final class EasyHandle {
         if let connectToList { curl_slist_free_all(connectToList) }
         errorBuffer.deallocate()
         nodes.deallocate()
-        replacement?.deallocate()
+        for r in replacements { r.entry?.deallocate() }
     }
 }
 
@@ -134,34 +135,39 @@ extension UpstreamClient {
     }
 
     /// The try's header list, in the handle's own nodes: the fields of the
-    /// block (those named like the replacing field left out), the replacing
-    /// field, and "Name:" entries that stop libcurl from inventing `Accept`,
+    /// block (those named like a replacing field left out), the replacing
+    /// fields, and "Name:" entries that stop libcurl from inventing `Accept`,
     /// `Expect` and `Content-Type`.
     func headerList(_ handle: EasyHandle, _ request: UpstreamRequest) -> UnsafeMutablePointer<curl_slist> {
-        handle.reserveNodes(request.headers.fieldCount + 4)
+        handle.reserveNodes(request.headers.fieldCount + 5)
         let nodes = handle.nodes
         var n = 0
         var sawAccept = false
         var sawContentType = false
-        var skip: HTTPField? = request.replacing
+        let replacing = request.replacing
+        let replacingAlso = request.replacingAlso
+        func replaced(_ name: UnsafeRawBufferPointer, by field: HTTPField?) -> Bool {
+            guard var replaced = field?.name else { return false }
+            return replaced.withUTF8 { HTTPBytes.equalsIgnoringCase(name, UnsafeRawBufferPointer($0)) }
+        }
         request.headers.forEach { name, _, entry in
             switch name.count {
             case 6 where HTTPBytes.equals(name, "accept"): sawAccept = true
             case 12 where HTTPBytes.equals(name, "content-type"): sawContentType = true
             default: break
             }
-            if let replaced = skip?.name {
-                var replaced = replaced
-                let same = replaced.withUTF8 { HTTPBytes.equalsIgnoringCase(name, UnsafeRawBufferPointer($0)) }
-                if same { return }
-            }
+            if replacing != nil, replaced(name, by: replacing) { return }
+            if replacingAlso != nil, replaced(name, by: replacingAlso) { return }
             nodes[n].data = UnsafeMutablePointer(mutating: entry)
             n += 1
         }
-        if let field = request.replacing {
-            nodes[n].data = handle.replacementEntry(field)
+        if let field = replacing {
+            nodes[n].data = handle.replacementEntry(field, slot: 0)
             n += 1
-            skip = nil
+        }
+        if let field = replacingAlso {
+            nodes[n].data = handle.replacementEntry(field, slot: 1)
+            n += 1
         }
         if !sawAccept {
             nodes[n].data = blankAccept

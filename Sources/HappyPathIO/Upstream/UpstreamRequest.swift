@@ -11,6 +11,8 @@ public struct UpstreamRequest {
     public var headers: HeaderBlock
     /// Sent instead of any field of the same name in `headers` (credentials).
     public var replacing: HTTPField?
+    /// A second such field: a gRPC try's `grpc-timeout`, the time its call has left.
+    public var replacingAlso: HTTPField?
     public var body: RequestBody
     /// The body as it streams from the client, read as libcurl sends it
     /// (nil: `body` is the whole body). Its length is the client's
@@ -35,8 +37,10 @@ public struct UpstreamRequest {
     public init(
         origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,
         body: RequestBody, sendsBody: Bool, connectTimeout: Duration, idleTimeout: Duration, tls: UpstreamTLS? = nil,
-        connectTo: String? = nil, httpVersion: UpstreamHTTPVersion = .http1, bodyStream: RequestBodyStream? = nil
+        connectTo: String? = nil, httpVersion: UpstreamHTTPVersion = .http1, bodyStream: RequestBodyStream? = nil,
+        replacingAlso: HTTPField? = nil
     ) {
+        self.replacingAlso = replacingAlso
         self.bodyStream = bodyStream
         self.tls = tls
         self.connectTo = connectTo

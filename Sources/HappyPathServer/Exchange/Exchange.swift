@@ -332,8 +332,16 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
                 headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
                 connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
-                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream),
+                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream,
+                replacingAlso: isGRPC ? tryTimeout(at: worker.clock.now()) : nil),
             handler: handler)
+    }
+
+    /// A gRPC try's own `grpc-timeout`: the time its call has left (the
+    /// sooner of the route's deadline and the client's), so the upstream
+    /// gives up no later than the proxy would (gRPC's deadline propagation).
+    private func tryTimeout(at now: Instant) -> HTTPField? {
+        GRPCTimeout.format(machine.remaining(at: now)).map { HTTPField(name: "grpc-timeout", value: $0) }
     }
 
     /// A try ended: count it (metrics, breaker, endpoint), then let the machine decide.

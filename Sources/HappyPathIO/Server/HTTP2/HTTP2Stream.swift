@@ -356,7 +356,7 @@ public final class HTTP2Stream: ClientStream {
         }
         guard !Self.dropped(name) else { return }
         if name.count == 4, HTTPBytes.equals(name, "date") { stagedDate = true }
-        if name.count == 12, HTTPBytes.equals(name, "content-type"), Self.isGRPC(value) { stagedGRPC = true }
+        if name.count == 12, HTTPBytes.equals(name, "content-type"), GRPCCall.isContentType(value) { stagedGRPC = true }
         staged.append(name: name, value: value)
     }
 
@@ -496,14 +496,6 @@ public final class HTTP2Stream: ClientStream {
     static var dateName: UnsafeRawBufferPointer {
         let name: StaticString = "date"
         return UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
-    }
-
-    /// `application/grpc` or `application/grpc+…` (`;` parameters allowed), any case.
-    static func isGRPC(_ value: UnsafeRawBufferPointer) -> Bool {
-        let prefix = 16  // "application/grpc"
-        guard value.count >= prefix, HTTPBytes.equals(UnsafeRawBufferPointer(rebasing: value[0..<prefix]), "application/grpc")
-        else { return false }
-        return value.count == prefix || value[prefix] == UInt8(ascii: "+") || value[prefix] == UInt8(ascii: ";")
     }
 
     /// Connection-specific fields (RFC 9113 section 8.2.2, less `Connection`
