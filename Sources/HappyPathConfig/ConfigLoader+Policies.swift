@@ -27,7 +27,14 @@ extension Reader {
             if let on = rf["on"]?.value, let list = strings(on, "\(rp).on") {
                 for item in list where !["connect-failure", "reset", "timeout"].contains(item) {
                     if let code = Int(item), (500...599).contains(code) || code == 429 || code == 408 { continue }
-                    error(on, "\(rp).on: '\(item)' is not connect-failure, reset, timeout or a 5xx/408/429 status")
+                    if let status = GRPCStatus(configName: item) {
+                        if RetryPolicy.Configuration.retryableGRPC.contains(status) { continue }
+                        error(on, "\(rp).on: '\(item)' is a gRPC status no retry can mend; the gRPC names it takes are "
+                            + RetryPolicy.Configuration.retryableGRPC.map(\.configName).joined(separator: ", "))
+                        continue
+                    }
+                    error(on, "\(rp).on: '\(item)' is not connect-failure, reset, timeout, a 5xx/408/429 status "
+                        + "or a gRPC status name (\(RetryPolicy.Configuration.retryableGRPC.map(\.configName).joined(separator: ", ")))")
                 }
                 p.retry.set(\.on, Set(list))
             }

@@ -13,12 +13,14 @@ public enum Outcome: Sendable, Equatable {
     case unreachable
     /// The connection dropped (or the answer was not HTTP) before a complete response.
     case reset
+    /// A gRPC call answered (Trailers-Only) with a status `retry.on` names.
+    case grpcError(GRPCStatus)
 
     /// Counts against the upstream (breaker, outlier ejection).
     public var isFailure: Bool {
         switch self {
         case .success, .clientError: false
-        case .serverError, .timeout, .unreachable, .reset: true
+        case .serverError, .timeout, .unreachable, .reset, .grpcError: true
         }
     }
 
@@ -30,6 +32,7 @@ public enum Outcome: Sendable, Equatable {
         case .timeout: "timeout"
         case .unreachable: "connect-failure"
         case .reset: "reset"
+        case let .grpcError(status): status.configName
         }
     }
 
@@ -40,6 +43,7 @@ public enum Outcome: Sendable, Equatable {
         case .timeout: "timeout"
         case .unreachable: "connection failed"
         case .reset: "connection reset"
+        case let .grpcError(status): status.name
         }
     }
 }

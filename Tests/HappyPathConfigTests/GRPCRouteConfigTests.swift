@@ -72,4 +72,24 @@ import Testing
         let c = try ConfigLoader.parse(yaml, file: "f.yaml", environment: [:])
         #expect(c.routes[0].grpc != nil && c.routes[1].grpc == nil)
     }
+
+    @Test func retryOnTakesTheRetryableGRPCStatusNamesBesideTheOthers() throws {
+        let c = try ConfigLoader.parse(
+            Self.yaml(route: ", grpc: {}, retry: { on: [unavailable, resource-exhausted, aborted, reset, 503] }"),
+            file: "f.yaml", environment: [:])
+        let retry = c.resolvedPolicies(forRoute: 0).retry
+        #expect(retry.grpcStatuses == [.unavailable, .resourceExhausted, .aborted])
+        #expect(retry.statuses == [503])
+        #expect(retry.on.contains("reset"))
+    }
+
+    @Test(arguments: [
+        ("not-found", "routes[0].retry.on: 'not-found' is a gRPC status no retry can mend; the gRPC names it takes are cancelled, unknown, deadline-exceeded, resource-exhausted, aborted, internal, unavailable"),
+        ("UNAVAILABLE", "routes[0].retry.on: 'UNAVAILABLE' is not connect-failure, reset, timeout, a 5xx/408/429 status or a gRPC status name (cancelled, unknown, deadline-exceeded, resource-exhausted, aborted, internal, unavailable)"),
+        ("ok", "routes[0].retry.on: 'ok' is a gRPC status no retry can mend"),
+    ])
+    func retryOnRefusesOtherGRPCNamesByName(name: String, prefix: String) {
+        let e = errors(Self.yaml(route: ", grpc: {}, retry: { on: [\(name)] }"))
+        #expect(e.count == 1 && e[0].message.hasPrefix(prefix), "\(e)")
+    }
 }

@@ -187,6 +187,41 @@ import Testing
                 Step(.ended(failed(.reset)), .answer(.unavailable, abandonProbe: false)),
             ]),
         Scenario(
+            "a gRPC call's UNAVAILABLE that retry.on names is retried, though a POST; the next answer streams",
+            route: Route(method: "POST", on: ["unavailable", "503"]), history: ["UNAVAILABLE"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.ended(.grpcAnswered(status: 200, grpcStatus: .unavailable, retryAfter: nil)), .backOff(.milliseconds(50))),
+                Step(.wait(.milliseconds(50))),
+                Step(.timer, .admit),
+                Step(.admitted(.send(probe: false)), .send(attempt: 2, limit: .seconds(3))),
+                Step(.streaming(200), .stream),
+                Step(.ended(ok()), .finish(.completed, abandonProbe: false)),
+            ]),
+        Scenario(
+            "a gRPC error retried until the attempts run out is the answer, as the upstream gave it",
+            route: Route(attempts: 2, method: "POST", on: ["unavailable"]), history: ["UNAVAILABLE", "UNAVAILABLE"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.ended(.grpcAnswered(status: 200, grpcStatus: .unavailable, retryAfter: .milliseconds(300))),
+                     .backOff(.milliseconds(300))),
+                Step(.wait(.milliseconds(300))),
+                Step(.timer, .admit),
+                Step(.admitted(.send(probe: false)), .send(attempt: 2, limit: .seconds(3))),
+                Step(.ended(.grpcAnswered(status: 200, grpcStatus: .unavailable, retryAfter: nil)),
+                     .answer(.upstreamAnswer(status: 200), abandonProbe: false), .finished),
+            ]),
+        Scenario(
+            "a gRPC call's connection reset is not sent again (the method rule stands for what is not a gRPC status)",
+            route: Route(method: "POST", on: ["unavailable", "reset"]), history: ["connection reset"],
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), send1),
+                Step(.ended(failed(.reset)), .answer(.unavailable, abandonProbe: false)),
+            ]),
+        Scenario(
             "a POST with an Idempotency-Key is",
             route: Route(method: "POST", idempotencyKey: true),
             [

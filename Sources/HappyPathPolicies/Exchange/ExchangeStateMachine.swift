@@ -145,6 +145,10 @@ public struct ExchangeStateMachine: Sendable {
         /// machine decides what follows; if it streamed, the request is done.
         /// `withToken`: the try carried an injected token.
         case answered(status: Int, retryAfter: Duration?, withToken: Bool)
+        /// A gRPC call's Trailers-Only answer (HTTP `status`, nothing relayed)
+        /// with a `grpc-status` that `retry.on` names: held, and retried like
+        /// a failure; if the retry rules give up, it is the answer.
+        case grpcAnswered(status: Int, grpcStatus: GRPCStatus, retryAfter: Duration?)
         case failed(TryFailure)
     }
 
@@ -234,6 +238,8 @@ public struct ExchangeStateMachine: Sendable {
     public private(set) var lastFailure: TryFailure?
     /// The last held response's `Retry-After`.
     public private(set) var retryAfter: Duration?
+    /// The HTTP status of the last held gRPC answer (`grpcAnswered`).
+    private var heldStatus = 200
     /// The status of the response that is streaming.
     public private(set) var streamedStatus = 0
     /// Tries in flight while `trying`: 1, plus the hedges beside it.
@@ -425,6 +431,8 @@ public struct ExchangeStateMachine: Sendable {
             if withToken, settings.refreshOn.contains(status), bodyReplayable { return .clientError(status: status) }
             if status < 500, !settings.retry.configuration.statuses.contains(status) { return .clientError(status: status) }
             return .serverError(status: status)
+        case let .grpcAnswered(_, grpcStatus, _):
+            return .grpcError(grpcStatus)
         case let .failed(failure):
             switch failure.kind {
             case .unreachable: return .unreachable
@@ -480,6 +488,10 @@ public struct ExchangeStateMachine: Sendable {
                 return .tokenRefused
             }
             if case .clientError = outcome { return fail(.upstreamAnswer(status: status)) }
+        case let .grpcAnswered(status, _, retryAfter):
+            lastFailure = nil
+            self.retryAfter = retryAfter
+            heldStatus = status
         }
         if outcome == .timeout, remaining(at: now) <= .zero { return fail(.timeout) }
         // A streamed body that a new try could not send whole: this answer is final.
@@ -499,9 +511,14 @@ public struct ExchangeStateMachine: Sendable {
             }
             if settings.parkFor > .zero { return park(.unreachable, probeAfter: nil, at: now) }
         }
+        // A gRPC status that `retry.on` names is retried whatever the method
+        // (every call is a POST): listing it is what says it is safe (docs/grpc.md).
+        var grpcStatusNamed = false
+        if case .grpcError = outcome { grpcStatusNamed = true }
         let decision = settings.retry.decide(
             RetryPolicy.Failure(
-                outcome: outcome, attempt: attempt, method: settings.method, hasIdempotencyKey: settings.hasIdempotencyKey,
+                outcome: outcome, attempt: attempt, method: settings.method,
+                hasIdempotencyKey: settings.hasIdempotencyKey || grpcStatusNamed,
                 neverSent: outcome == .unreachable, retryAfter: retryAfter),
             remaining: remaining(at: now), random: random, budget: { true })
         switch decision {
@@ -594,6 +611,7 @@ public struct ExchangeStateMachine: Sendable {
         switch end {
         case let .failed(failure): failure.kind == .invalidResponse ? "invalid response" : outcome.summary
         case let .answered(status, _, _): String(status)
+        case let .grpcAnswered(_, grpcStatus, _): grpcStatus.name
         }
     }
 
@@ -619,6 +637,7 @@ public struct ExchangeStateMachine: Sendable {
         case .unreachable: return .unreachable
         case .timeout: return .timeout
         case let .serverError(status), let .clientError(status), let .success(status): return .upstreamAnswer(status: status)
+        case .grpcError: return .upstreamAnswer(status: heldStatus)
         case .reset:
             if let lastFailure, lastFailure.kind == .invalidResponse { return .badGateway(message: lastFailure.message) }
             return .unavailable

@@ -8,11 +8,23 @@ extension RetryPolicy {
         /// One try's limit. Default 3s.
         public var perTryTimeout: Duration = .seconds(3)
         /// Outcomes that may be retried: `connect-failure`, `reset`, `timeout`, statuses. Default the six below.
+        /// gRPC status names (`unavailable`) apply to gRPC calls only (docs/grpc.md).
         public var on: Set<String> = ["connect-failure", "reset", "timeout", "502", "503", "504"] {
-            didSet { statuses = Set(on.compactMap { Int($0) }) }
+            didSet {
+                statuses = Set(on.compactMap { Int($0) })
+                grpcStatuses = Set(on.compactMap { GRPCStatus(configName: $0) }.filter { Self.retryableGRPC.contains($0) })
+            }
         }
         /// The statuses among `on`, as numbers (looked up on every response).
         public private(set) var statuses: Set<Int> = [502, 503, 504]
+        /// The gRPC statuses among `on`: a gRPC call answered with one of
+        /// them (Trailers-Only, nothing relayed yet) is retried.
+        public private(set) var grpcStatuses: Set<GRPCStatus> = []
+        /// The gRPC statuses `retry.on` may name (issue 34, gRFC A6): those
+        /// that can mean "not now" rather than "never".
+        public static let retryableGRPC: [GRPCStatus] = [
+            .cancelled, .unknown, .deadlineExceeded, .resourceExhausted, .aborted, .internal, .unavailable,
+        ]
         /// Backoff before try n+1: full jitter over `min(max, base · 2^(n-1))`. Default 50ms.
         public var backoffBase: Duration = .milliseconds(50)
         /// Default 2s.

@@ -91,6 +91,9 @@ extension Exchange {
         guard let failure else {
             guard relay.headComplete else { return tryEnded(.failed(.init(.reset, Self.closedInHead))) }
             let retryAfter = relay.retryAfterSeconds.map { Duration.seconds($0) }
+            if let grpcStatus = relay.heldForRetry {
+                return tryEnded(.grpcAnswered(status: relay.status, grpcStatus: grpcStatus, retryAfter: retryAfter))
+            }
             return tryEnded(.answered(status: relay.status, retryAfter: retryAfter, withToken: authToken != nil && tokens != nil))
         }
         tryEnded(.failed(failure.tryFailure))

@@ -135,6 +135,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         relay.clock = worker.clock
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
         relay.readsGRPCStatus = isGRPC
+        if isGRPC { relay.grpcRetryStatuses = route.retry.configuration.grpcStatuses }
         machine = ExchangeStateMachine(
             .init(
                 deadline: deadline, retry: route.retry, parkFor: route.parkFor,

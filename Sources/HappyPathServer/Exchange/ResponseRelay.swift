@@ -44,6 +44,15 @@ struct ResponseRelay {
     /// framing fields already dropped): what a problem keeps of them, or
     /// all of them when the answer is passed through.
     private(set) var heldFields: [HTTPField] = []
+    /// A gRPC call's `grpc-status` values that `retry.on` names: its `200`
+    /// heads are held until complete, and one that carries such a status
+    /// (a Trailers-Only answer, nothing relayed) stays held for the retry
+    /// rules (`heldForRetry`); any other goes to the client then. Empty for
+    /// every other request.
+    var grpcRetryStatuses: Set<GRPCStatus> = []
+    /// The held answer is a gRPC call's Trailers-Only answer with a status `retry.on` names.
+    private(set) var heldForRetry: GRPCStatus?
+    private var holdingHeadForGRPC = false
     /// How much of a held body is kept: `ErrorMapper.maxBody` to build a
     /// problem from, `passHoldLimit` when the answer may go out whole.
     var holdLimit = ErrorMapper.maxBody
@@ -138,6 +147,8 @@ struct ResponseRelay {
         rateLimit = nil
         trailerBytes = 0
         grpcStatus = .absent
+        heldForRetry = nil
+        holdingHeadForGRPC = false
         framing = ResponseFraming()
         upstreamConnection.removeAll(keepingCapacity: true)
         kept?.reset()
@@ -147,7 +158,8 @@ struct ResponseRelay {
     mutating func begin<C: ExchangeClient>(status: Int, reason: UnsafeRawBufferPointer, hold: Bool, to request: C) {
         self.status = status
         self.reason = Self.ownReason(reason, status: status)
-        if hold {
+        holdingHeadForGRPC = !hold && status == 200 && !grpcRetryStatuses.isEmpty
+        if hold || holdingHeadForGRPC {
             mode = .holding
             heldBody.removeAll(keepingCapacity: true)
             heldFields.removeAll(keepingCapacity: true)
@@ -228,6 +240,19 @@ struct ResponseRelay {
         case let .success(announced): length = announced
         }
         headComplete = true
+        if holdingHeadForGRPC {
+            holdingHeadForGRPC = false
+            if case let .status(code) = grpcStatus, grpcRetryStatuses.contains(code) {
+                heldForRetry = code
+                return .held
+            }
+            // Not one to retry: the answer goes to the client, its fields first.
+            mode = .streaming
+            request.clearResponseHeaders()
+            // (Never kept for `serve_stale`: that is for GETs, and a call is a POST.)
+            for field in heldFields { request.addResponseHeader(field.name, field.value) }
+            heldFields.removeAll(keepingCapacity: true)
+        }
         guard mode == .streaming else { return .held }
         if !upstreamConnection.isEmpty {
             upstreamConnection.withUnsafeBytes { request.removeResponseHeaders(nominatedBy: $0) }

@@ -392,6 +392,7 @@ extension Outcome {
         case .timeout: "timeout"
         case .unreachable: "unreachable"
         case .reset: "reset"
+        case .grpcError: "grpc_error"
         }
     }
 }
