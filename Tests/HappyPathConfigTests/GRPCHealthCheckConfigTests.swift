@@ -19,16 +19,17 @@ import Testing
         return c.resolvedPolicies(forUpstream: c.upstreams[0]).healthCheck
     }
 
-    @Test(arguments: [
-        ("", "", nil),
-        ("", "{ grpc: {} }", ""),
-        ("", "{ grpc: { service: \"\" } }", ""),
-        ("", "{ grpc: { service: shop.Cart } }", "shop.Cart"),
-        ("{ grpc: { service: a } }", "", "a"),
-        ("{ grpc: { service: a } }", "{ interval: 5s }", "a"),
-        ("{ grpc: { service: a } }", "{ grpc: { service: b } }", "b"),
-        ("{ grpc: { service: a } }", "{ grpc: {} }", ""),
-    ] as [(String, String, String?)])
+    @Test(
+        arguments: [
+            ("", "", nil),
+            ("", "{ grpc: {} }", ""),
+            ("", "{ grpc: { service: \"\" } }", ""),
+            ("", "{ grpc: { service: shop.Cart } }", "shop.Cart"),
+            ("{ grpc: { service: a } }", "", "a"),
+            ("{ grpc: { service: a } }", "{ interval: 5s }", "a"),
+            ("{ grpc: { service: a } }", "{ grpc: { service: b } }", "b"),
+            ("{ grpc: { service: a } }", "{ grpc: {} }", ""),
+        ] as [(String, String, String?)])
     func theServiceIsReadAndInheritedFromDefaults(defaults: String, upstream: String, service: String?) throws {
         let settings = try Self.healthCheck(Self.yaml(defaults: defaults, upstream: upstream))
         #expect(settings.grpc?.service == service)

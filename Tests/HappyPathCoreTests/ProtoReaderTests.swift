@@ -41,23 +41,24 @@ import Testing
 
     @Test func emptyInputHasNoFields() throws { #expect(try Self.fields([]).isEmpty) }
 
-    @Test(arguments: [
-        // A varint cut short, in the key and in the value.
-        ([0x80], ProtoReadError.truncated), ([0x08], .truncated), ([0x08, 0xFF], .truncated),
-        // Eleven bytes, and a tenth byte past the 64th bit.
-        ([0x08] + [UInt8](repeating: 0xFF, count: 10) + [0x01], .varintTooLong),
-        ([0x08] + [UInt8](repeating: 0xFF, count: 9) + [0x02], .varintTooLong),
-        // A length past the end, and one near 2^64 (no overflow on the way).
-        ([0x0A, 0x03, 0x61, 0x62], .truncated),
-        ([0x0A, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], .truncated),
-        // Fixed-width values cut short.
-        ([0x09, 1, 2, 3, 4, 5, 6, 7], .truncated), ([0x0D, 1, 2, 3], .truncated),
-        // Field number 0, and one past 2^29 - 1 (a key of 2^32 + type 0).
-        ([0x00, 0x01], .badFieldNumber), ([0x80, 0x80, 0x80, 0x80, 0x20, 0x00], .badFieldNumber),
-        // Groups and the wire types that do not exist.
-        ([0x0B], .unsupportedWireType), ([0x0C], .unsupportedWireType), ([0x0E], .unsupportedWireType),
-        ([0x0F], .unsupportedWireType),
-    ] as [([UInt8], ProtoReadError)])
+    @Test(
+        arguments: [
+            // A varint cut short, in the key and in the value.
+            ([0x80], ProtoReadError.truncated), ([0x08], .truncated), ([0x08, 0xFF], .truncated),
+            // Eleven bytes, and a tenth byte past the 64th bit.
+            ([0x08] + [UInt8](repeating: 0xFF, count: 10) + [0x01], .varintTooLong),
+            ([0x08] + [UInt8](repeating: 0xFF, count: 9) + [0x02], .varintTooLong),
+            // A length past the end, and one near 2^64 (no overflow on the way).
+            ([0x0A, 0x03, 0x61, 0x62], .truncated),
+            ([0x0A, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], .truncated),
+            // Fixed-width values cut short.
+            ([0x09, 1, 2, 3, 4, 5, 6, 7], .truncated), ([0x0D, 1, 2, 3], .truncated),
+            // Field number 0, and one past 2^29 - 1 (a key of 2^32 + type 0).
+            ([0x00, 0x01], .badFieldNumber), ([0x80, 0x80, 0x80, 0x80, 0x20, 0x00], .badFieldNumber),
+            // Groups and the wire types that do not exist.
+            ([0x0B], .unsupportedWireType), ([0x0C], .unsupportedWireType), ([0x0E], .unsupportedWireType),
+            ([0x0F], .unsupportedWireType),
+        ] as [([UInt8], ProtoReadError)])
     func malformedInputIsAnErrorNeverATrap(bytes: [UInt8], expected: ProtoReadError) {
         #expect(throws: expected) { try Self.fields(bytes) }
     }
