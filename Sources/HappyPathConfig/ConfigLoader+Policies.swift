@@ -97,13 +97,19 @@ extension Reader {
         }
         if let h = f["health_check"]?.value {
             let hp = "\(path).health_check"
-            let hf = fields(h, hp, known: ["path", "interval", "timeout", "unhealthy_after", "healthy_after"])
+            let hf = fields(h, hp, known: ["path", "grpc", "interval", "timeout", "unhealthy_after", "healthy_after"])
             if let s = string(hf["path"]?.value, "\(hp).path") {
                 if s.hasPrefix("/") {
                     p.healthCheck.set(\.path, s)
                 } else {
                     error(hf["path"]?.value, "\(hp).path must start with /")
                 }
+            }
+            if let g = hf["grpc"]?.value {
+                let gf = fields(g, "\(hp).grpc", known: ["service"])
+                var grpc = HealthCheckConfiguration.GRPC()
+                if let s = string(gf["service"]?.value, "\(hp).grpc.service") { grpc.service = s }
+                p.healthCheck.set(\.grpc, grpc)
             }
             p.healthCheck.set(\.interval, duration(hf["interval"]?.value, "\(hp).interval"))
             p.healthCheck.set(\.timeout, duration(hf["timeout"]?.value, "\(hp).timeout"))

@@ -87,7 +87,15 @@ extension Reader {
             let uf = fields(ups.value, "upstreams", known: mappingKeys(ups.value))
             let ordered = uf.sorted { ($0.value.key.mark?.line ?? 0) < ($1.value.key.mark?.line ?? 0) }
             for (name, entry) in ordered {
-                if let u = upstream(name: name, entry.value) { config.upstreams.append(u) }
+                guard let u = upstream(name: name, entry.value) else { continue }
+                config.upstreams.append(u)
+                if u.protocol != .h2, u.policies.healthCheck.merged(over: config.defaults.healthCheck).resolved().grpc != nil {
+                    let own = u.policies.healthCheck.isSet(\.grpc)
+                    error(
+                        entry.value,
+                        "upstreams.\(name): a grpc health check (\(own ? "its" : "defaults'") health_check.grpc) needs"
+                            + " protocol: h2, as gRPC runs over HTTP/2; set protocol: h2 on the upstream")
+                }
             }
             if config.upstreams.isEmpty && errors.isEmpty { error(ups.value, "upstreams: define at least one upstream") }
         } else {

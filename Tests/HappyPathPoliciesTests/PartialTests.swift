@@ -83,7 +83,7 @@ import Testing
         #expect(ReachabilityConfiguration().parkFor == .seconds(10))
         let h = HealthCheckConfiguration()
         #expect(h.path == "/healthz" && h.interval == .seconds(2) && h.timeout == .seconds(1))
-        #expect(h.unhealthyAfter == 3 && h.healthyAfter == 1)
+        #expect(h.unhealthyAfter == 3 && h.healthyAfter == 1 && h.grpc == nil)
         let b = RetryBudget.Configuration()
         #expect(b.ratio == 0.2 && b.minPerSecond == 10)
         #expect(CircuitBreakerStateMachine.Configuration().whileOpen == .park)

@@ -5,7 +5,8 @@ import Logging
 
 /// Active health checks (`health_check`), on the admin loop with a libcurl
 /// client of its own. An upstream is reachable while any endpoint answers
-/// its path with a status below 500. When an upstream turns reachable again
+/// its path with a status below 500 — or, with `health_check.grpc`, answers
+/// gRPC's `Health/Check` with `SERVING`. When an upstream turns reachable again
 /// — or answers after a worker reported it suspect — every worker replays
 /// the commands it parked for it.
 final class HealthChecker: LoopEventTarget {
@@ -73,18 +74,48 @@ final class HealthChecker: LoopEventTarget {
         let timeout = settings.timeout
         states[u].inFlight = upstream.endpoints.count
         states[u].anySuccess = false
+        let userAgent = HTTPField(name: "User-Agent", value: "happypath-health-check")
         for endpoint in upstream.endpoints {
-            let probe = HealthProbe(checker: self, client: client, upstreamIndex: u)
+            let probe = HealthProbe(
+                checker: self, client: client, upstreamIndex: u, grpc: settings.grpc == nil ? nil : GRPCHealthCheck.Answer())
             probes[ObjectIdentifier(probe)] = probe
-            probe.transfer = client.start(
-                UpstreamRequest(
-                    origin: endpoint.origin, target: endpoint.basePath + settings.path, method: "GET",
-                    headers: HeaderBlock([HTTPField(name: "User-Agent", value: "happypath-health-check")]), body: .empty,
-                    sendsBody: false, connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout,
-                    tls: upstream.tls, connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion),
-                handler: probe)
+            var request = UpstreamRequest(
+                origin: endpoint.origin, target: endpoint.basePath + settings.path, method: "GET",
+                headers: HeaderBlock([userAgent]), body: .empty, sendsBody: false,
+                connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout, tls: upstream.tls,
+                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion)
+            if let grpc = settings.grpc {
+                // A unary call (gRPC over HTTP/2): POST, framed body, and `te: trailers`, which gRPC servers require.
+                request.target = endpoint.basePath + GRPCHealthCheck.path
+                request.method = "POST"
+                request.headers = HeaderBlock([
+                    HTTPField(name: "content-type", value: "application/grpc"), HTTPField(name: "te", value: "trailers"),
+                    userAgent,
+                ])
+                request.body = grpcRequestBody(service: grpc.service)
+                request.sendsBody = true
+            }
+            probe.transfer = client.start(request, handler: probe)
             probe.arm(loop: loop, timeout: timeout)
         }
+    }
+
+    /// The `Health/Check` request's body, made once per service and shared
+    /// by every probe (libcurl reads it while a probe is in flight).
+    private var grpcRequestBodies: [String: RequestBody] = [:]
+
+    private func grpcRequestBody(service: String) -> RequestBody {
+        if let body = grpcRequestBodies[service] { return body }
+        let body = RequestBody(GRPCHealthCheck.request(service: service))
+        grpcRequestBodies[service] = body
+        return body
+    }
+
+    /// A gRPC check's answer said down: why, at debug level (the transition
+    /// itself is logged at warning when the upstream turns unreachable).
+    fileprivate func grpcDown(_ u: Int, _ reason: String) {
+        logger.debug(
+            "grpc health check: not serving", metadata: ["upstream": "\(runtime.upstreams[u].name)", "reason": "\(reason)"])
     }
 
     fileprivate func finished(_ probe: HealthProbe, _ u: Int, healthy: Bool) {
@@ -130,13 +161,16 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
     let upstreamIndex: Int
     var transfer: UpstreamTransfer?
     var status = 0
+    /// A gRPC check's answer as it arrives; nil for an HTTP check.
+    var grpc: GRPCHealthCheck.Answer?
     var timer: LoopEvent?
     var reported = false
 
-    init(checker: HealthChecker, client: UpstreamClient, upstreamIndex: Int) {
+    init(checker: HealthChecker, client: UpstreamClient, upstreamIndex: Int, grpc: GRPCHealthCheck.Answer?) {
         self.checker = checker
         self.client = client
         self.upstreamIndex = upstreamIndex
+        self.grpc = grpc
     }
 
     func arm(loop: EventLoop, timeout: Duration) {
@@ -145,15 +179,37 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         t.arm(after: timeout)
     }
 
-    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) { self.status = status }
+    func upstreamStatus(_ status: Int, reason: UnsafeRawBufferPointer) {
+        self.status = status
+        grpc?.received(status: status)
+    }
+
     func upstreamInformational(_ status: Int, fields: UnsafeRawBufferPointer) {}
-    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {}
+
+    func upstreamHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        grpc?.received(header: name, value: value)
+    }
+
     func upstreamHeadersComplete() -> String? { nil }
-    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }
+
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        grpc?.received(body: bytes)
+        return true
+    }
+
+    func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        grpc?.received(trailer: name, value: value)
+    }
 
     func upstreamFinished(_ failure: UpstreamFailure?) {
         transfer = nil
-        report(failure == nil && status > 0 && status < 500)
+        if failure == nil, let grpc {
+            let verdict = grpc.verdict
+            if case let .down(reason) = verdict { checker.grpcDown(upstreamIndex, reason) }
+            report(verdict == .serving)
+        } else {
+            report(failure == nil && status > 0 && status < 500)
+        }
     }
 
     func loopEventFired(_ event: LoopEvent) {
