@@ -15,9 +15,10 @@ import Testing
     /// Prints `hit METHOD KEY` for every call (key: the `k` metadata).
     /// `/t.R/Flaky` fails UNAVAILABLE the first time per key, then answers;
     /// `/t.R/Gone` fails NOT_FOUND; `/t.R/Half` streams one message, then
-    /// fails UNAVAILABLE; `/t.R/Busy` fails RESOURCE_EXHAUSTED the first time.
+    /// fails UNAVAILABLE; `/t.R/Busy` fails RESOURCE_EXHAUSTED the first time;
+    /// `/t.R/Slow` answers after 3 s the first time per key, at once after.
     static let server = """
-        import grpc, threading
+        import grpc, threading, time
         from concurrent import futures
         seen = {}
         lock = threading.Lock()
@@ -34,13 +35,17 @@ import Testing
             hit(ctx, "Gone"); ctx.abort(grpc.StatusCode.NOT_FOUND, "no such thing")
         def half(req, ctx):
             hit(ctx, "Half"); yield b"first"; ctx.abort(grpc.StatusCode.UNAVAILABLE, "went away")
+        def slow(req, ctx):
+            if hit(ctx, "Slow") == 0: time.sleep(3)
+            return b"ok"
         def busy(req, ctx):
             if hit(ctx, "Busy") == 0: ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow down")
             return b"ok"
         handlers = {"/t.R/Flaky": grpc.unary_unary_rpc_method_handler(flaky),
                     "/t.R/Gone": grpc.unary_unary_rpc_method_handler(gone),
                     "/t.R/Half": grpc.unary_stream_rpc_method_handler(half),
-                    "/t.R/Busy": grpc.unary_unary_rpc_method_handler(busy)}
+                    "/t.R/Busy": grpc.unary_unary_rpc_method_handler(busy),
+                    "/t.R/Slow": grpc.unary_unary_rpc_method_handler(slow)}
         class H(grpc.GenericRpcHandler):
             def service(self, d): return handlers.get(d.method)
         s = grpc.server(futures.ThreadPoolExecutor(4)); s.add_generic_rpc_handlers((H(),))
@@ -106,5 +111,57 @@ import Testing
         // A message was relayed before the UNAVAILABLE: the call is committed, never retried (gRFC A6).
         #expect(out.contains("half first UNAVAILABLE went away"), "\(out)")
         #expect(hits("Half", "d") == 1)
+    }
+
+    static let hedgingClient = """
+        import grpc, sys, time
+        ch = grpc.insecure_channel(sys.argv[1])
+        for path in ("/idem/t.R/Slow", "/plain/t.R/Slow"):
+            started = time.monotonic()
+            r = ch.unary_unary(path)(b"x", metadata=(("k", path),), timeout=10)
+            print(path, r.decode(), "fast" if time.monotonic() - started < 2 else "slow", flush=True)
+        """
+
+    /// `grpc: { idempotent: true }` lets a route hedge its calls (and send
+    /// them again after a reset or a timeout); without it a call is a POST
+    /// the proxy sends once.
+    @Test func anIdempotentGRPCRouteHedgesAndAnotherDoesNot() throws {
+        let python = try PythonGRPC.python()
+        let lines = Locked<[String]>([])
+        let (server, port) = try startPythonServer(python: python, Self.server, lines: lines, what: "the grpcio server")
+        defer {
+            kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+        }
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              # A budget that lets every call here be hedged (a hedge spends the ratio only).
+              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, retry: { budget: { ratio: 1 } } }
+            routes:
+              - match: { path_prefix: /idem/ }
+                upstream: g
+                strip_prefix: /idem
+                grpc: { idempotent: true }
+                retry: { per_try_timeout: 5s }
+                hedge: { after: 100ms }
+              - match: { path_prefix: /plain/ }
+                upstream: g
+                strip_prefix: /plain
+                grpc: {}
+                retry: { per_try_timeout: 5s }
+                hedge: { after: 100ms }
+            """)
+        defer { h.stop() }
+        let r = try runProcess(python, ["-c", Self.hedgingClient, "127.0.0.1:\(h.port)"], timeout: 60)
+        #expect(r.status == 0, "\(r.err)")
+        let out = r.out.split(separator: "\n").map(String.init)
+        func hits(_ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit Slow \(key)" }.count } }
+        #expect(out.first == "/idem/t.R/Slow ok fast", "\(out)")
+        #expect(hits("/idem/t.R/Slow") == 2)
+        #expect(out.last == "/plain/t.R/Slow ok slow", "\(out)")
+        #expect(hits("/plain/t.R/Slow") == 1)
     }
 }

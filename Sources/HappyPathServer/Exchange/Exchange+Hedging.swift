@@ -33,6 +33,9 @@ extension Exchange {
     /// A hedge is due with the try still unanswered: send another beside
     /// it if the attempts, the upstream and the budget allow.
     private func hedgeDue(at now: Instant) {
+        // A streamed body still coming has one reader, the try: a hedge goes
+        // only once the body is whole (it is then sent whole, read by nobody).
+        if let bodyStream, bodyStream.completeBody == nil { return worker.metrics.hedge(route: route, outcome: "skipped") }
         var slot = false
         var decision = machine.hedgeDue(at: now)
         if decision == .admit {

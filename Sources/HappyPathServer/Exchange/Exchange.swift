@@ -140,10 +140,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             .init(
                 deadline: deadline, retry: route.retry, parkFor: route.parkFor,
                 parkWhileOpen: upstream.whileOpen == .park, endpoints: upstream.endpoints.count, method: command.method,
-                hasIdempotencyKey: IdempotencyKey.isPresent(in: command.headers),
+                // A gRPC call on a route that says its methods are idempotent counts as keyed.
+                hasIdempotencyKey: IdempotencyKey.isPresent(in: command.headers) || (isGRPC && route.grpcIdempotent),
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []),
-                // A hedge would need a second reader of a streamed body: none is sent.
-                hedgeMaxExtra: upgrade == nil && bodyStream == nil ? route.hedge?.maxExtra ?? 0 : 0))
+                hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))
         if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, upgrade == nil,
             let store = worker.shared.stale
         {
@@ -300,6 +300,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         let count = upstream.endpoints.count
         let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
         endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
+        // Each try reads the streamed body from its first byte (a retry is
+        // only allowed while it is all kept: `machine.bodyReplayable`). A
+        // hedge never rewinds: it goes only once the body is whole.
+        if let bodyStream { _ = bodyStream.rewind() }
         if let upgrade {
             upgradeTry = startUpgrade(upgrade, endpoint: endpointIndex, limit: limit)
         } else {
@@ -317,9 +321,6 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         let method = command.method
         let sendsBody =
             command.body.count > 0 || bodyStream != nil || method == "POST" || method == "PUT" || method == "PATCH"
-        // Each try sends the streamed body from its first byte (a retry is
-        // only allowed while it is all kept: `machine.bodyReplayable`).
-        if let bodyStream { _ = bodyStream.rewind() }
         var credentials: HTTPField?
         // The one place a credential is revealed: the header injected into the try.
         if let token, let tokens { credentials = HTTPField(name: tokens.header, value: token.credential.reveal) }

@@ -46,7 +46,7 @@ public final class RuntimeConfiguration: Sendable {
                 rateLimit: route.rateLimit,
                 keptRateLimit: previous?.keptRateLimit(for: route, label: label, timeout: policies.timeout),
                 hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
-                upgradesIdleTimeout: route.upgradesIdleTimeout)
+                upgradesIdleTimeout: route.upgradesIdleTimeout, grpcIdempotent: route.grpc?.idempotent == true)
         }
         hasRateLimits = routes.contains { $0.rateLimit != nil }
     }
@@ -110,6 +110,10 @@ final class RuntimeRoute: Sendable {
     let rateLimit: RouteRateLimit?
     /// `hedge:` (nil: none).
     let hedge: HedgeConfiguration?
+    /// `grpc: { idempotent: true }`: the route's gRPC calls may be sent
+    /// again after they may have reached the upstream (a reset, a
+    /// timeout) and may be hedged, as methods in `retry.methods` are.
+    let grpcIdempotent: Bool
     /// `fallback:` (nil: none).
     let fallback: FallbackConfiguration?
     /// What its kept answers are filed under (nil: it keeps none).
@@ -148,8 +152,10 @@ final class RuntimeRoute: Sendable {
         parkFor: Duration, errors: [ErrorMapping], delivery: DeliveryPolicy.Configuration = DeliveryPolicy.Configuration(),
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
         rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
-        fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300)
+        fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300),
+        grpcIdempotent: Bool = false
     ) {
+        self.grpcIdempotent = grpcIdempotent
         self.upgrades = upgrades
         self.upgradesIdleTimeout = upgradesIdleTimeout
         self.hedge = hedge
