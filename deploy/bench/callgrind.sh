@@ -13,15 +13,19 @@
 #
 # LOAD=h2 sends the requests over HTTP/2 instead, by prior knowledge (h2c),
 # with h2load on one connection, STREAMS=1 at a time (STREAMS=10: ten); nginx
-# then listens with `http2`. The upstream stays HTTP/1.1.
+# then listens with `http2`. The upstream stays HTTP/1.1. BODY=N (with
+# LOAD=h2): each request is a POST of N bytes (h2load -d), its body in DATA
+# frames after the HEADERS: happypath streams it to the upstream.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 N1=${N1:-300}; N2=${N2:-1800}
-LOAD=${LOAD:-h1}; STREAMS=${STREAMS:-1}
+LOAD=${LOAD:-h1}; STREAMS=${STREAMS:-1}; BODY=${BODY:-}
 PORT_BASE=${PORT_BASE:-18580}
 OUT=${OUT:-/tmp/happypath-callgrind.$(date +%Y%m%d-%H%M%S)}
 UP=127.0.0.1:$((PORT_BASE + 1)); PX=127.0.0.1:$((PORT_BASE + 2))
 mkdir -p "$OUT"
+post=()
+if [ -n "$BODY" ]; then head -c "$BODY" /dev/zero | tr '\0' x > "$OUT/body"; post=(-d "$OUT/body"); fi
 case $LOAD in
   h1) h2=""; probe=(curl -fs -o /dev/null) ;;
   h2) h2=" http2"; probe=(curl -fs -o /dev/null --http2-prior-knowledge); command -v h2load >/dev/null || { echo "missing: h2load"; exit 2; } ;;
@@ -70,7 +74,7 @@ for spec in "$@"; do
     wait_proxy "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
     # + the readiness probe = n requests, on one connection
     if [ "$LOAD" = h2 ]; then
-      h2load -t1 -c1 -m"$STREAMS" -n$((n - 1)) "http://$PX/small" > "$OUT/$name.$n.h2load" 2>&1
+      h2load -t1 -c1 -m"$STREAMS" -n$((n - 1)) "${post[@]}" "http://$PX/small" > "$OUT/$name.$n.h2load" 2>&1
       grep -q " $((n - 1)) succeeded" "$OUT/$name.$n.h2load" || { echo "$name: h2load did not complete $((n - 1)) requests (see $OUT/$name.$n.h2load)"; exit 1; }
     else curl -s -o /dev/null "http://$PX/small?[1-$((n - 1))]"; fi
     kill -INT $vg; wait $vg 2>/dev/null

@@ -31,6 +31,8 @@ OUT=$OUT/tracing1 BENCH_PROFILE=tracing1 PORT_BASE=$(( ${PORT_BASE:-18680} + 70 
 echo "== HTTP/2 (h2c by prior knowledge, h2load on one connection): one stream at a time, then ten"
 OUT=$OUT/h2m1 LOAD=h2 STREAMS=1 PORT_BASE=$(( ${PORT_BASE:-18680} + 80 )) "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
 OUT=$OUT/h2m10 LOAD=h2 STREAMS=10 PORT_BASE=$(( ${PORT_BASE:-18680} + 90 )) "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
+echo "== HTTP/2 POSTs of 1 KiB (h2load -d, one stream at a time): the body streamed to the upstream"
+OUT=$OUT/h2post LOAD=h2 STREAMS=1 BODY=1024 PORT_BASE=$(( ${PORT_BASE:-18680} + 100 )) "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
 echo "== system calls and allocations (perf trace -s, uprobes on libc; wrk -c64)"
 OUT=$OUT/per-request PORT_BASE=$(( ${PORT_BASE:-18680} + 10 )) "$here/per-request.sh" happypath="$bin" || exit 1
 echo "== the same over HTTP/2 (h2c, h2load -c64 -m1)"
@@ -70,7 +72,7 @@ for label, d, f, limit in [("user-space instructions", instr, "{:,.0f}", 80000),
     verdict = "" if limit is None or "happypath" not in d else ("met" if d["happypath"] <= limit else "**short**")
     print(f"| {label} | {cell(d, 'nginx', f)} | {cell(d, 'happypath', f)} | {'' if limit is None else format(limit, ',')} | {verdict} |")
 h2 = {}
-for profile in ("h2m1", "h2m10"):
+for profile in ("h2m1", "h2m10", "h2post"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -83,6 +85,10 @@ for profile, streams in (("h2m1", 1), ("h2m10", 10)):
         over = (d["happypath"] / d["nginx"]) / (instr["happypath"] / instr["nginx"])
         print(f"| user-space instructions over HTTP/2 (h2c, h2load -m{streams}); happypath/nginx {over:.2f}× the HTTP/1.1 ratio "
               f"| {d['nginx']:,.0f} ({d['nginx'] - instr['nginx']:+,.0f}) | {d['happypath']:,.0f} ({d['happypath'] - instr['happypath']:+,.0f}) | | |")
+if "h2post" in h2 and "h2m1" in h2:
+    d, g = h2["h2post"], h2["h2m1"]
+    print(f"| user-space instructions for an HTTP/2 POST of 1 KiB, streamed (h2load -m1 -d); over the GET "
+          f"| {d['nginx']:,.0f} ({d['nginx'] - g['nginx']:+,.0f}) | {d['happypath']:,.0f} ({d['happypath'] - g['happypath']:+,.0f}) | | |")
 for label, d, f in [("system calls over HTTP/2 (h2load -c64 -m1)", sys_h2, "{:.2f}"),
                     ("allocations over HTTP/2 (h2load -c64 -m1)", alloc_h2, "{:.1f}")]:
     print(f"| {label} | {cell(d, 'nginx', f)} | {cell(d, 'happypath', f)} | | |")
