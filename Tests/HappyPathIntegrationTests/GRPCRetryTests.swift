@@ -24,9 +24,9 @@ import Testing
         lock = threading.Lock()
         def hit(ctx, name):
             k = dict(ctx.invocation_metadata()).get("k", "-")
-            with lock:
+            with lock:  # the print too: two threads' words would interleave
                 n = seen.get((name, k), 0); seen[(name, k)] = n + 1
-            print("hit", name, k, flush=True)
+                print("hit", name, k, flush=True)
             return n
         def flaky(req, ctx):
             if hit(ctx, "Flaky") == 0: ctx.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
