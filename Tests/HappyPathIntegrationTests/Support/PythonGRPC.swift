@@ -2,6 +2,10 @@ import Foundation
 import HappyPathCore
 import Testing
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Python with real gRPC from PyPI (`grpcio`, `grpcio-status`,
 /// `grpcio-health-checking`, `googleapis-common-protos`), in a virtual
 /// environment of its own made once under ~/.cache and reused: for gRPC
@@ -9,6 +13,20 @@ import Testing
 /// decoding what the proxy writes with Google's own protobuf classes.
 enum PythonGRPC {
     static let packages = ["grpcio", "grpcio-status", "grpcio-health-checking", "googleapis-common-protos"]
+
+    /// Runs `body` with a grpcio server started from `script` (whose first
+    /// line is its port; later lines go to `lines`), and kills it after.
+    static func withServer<T>(
+        _ script: String, lines: Locked<[String]> = Locked([]), _ body: (_ python: String, _ port: Int) throws -> T
+    ) throws -> T {
+        let python = try python()
+        let (server, port) = try startPythonServer(python: python, script, lines: lines, what: "the grpcio server")
+        defer {
+            kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+        }
+        return try body(python, port)
+    }
 
     /// The virtual environment's python, made (with `packages`) if missing.
     static func python() throws -> String {
