@@ -60,18 +60,9 @@ import Testing
     @Test func unaryStreamingErrorsAndLargeMessagesPassThrough() throws {
         let serverLines = Locked<[String]>([])
         try PythonGRPC.withServer(Self.server, lines: serverLines) { python, port in
-            let h = try ProxyHarness(
-                """
-                listen: 127.0.0.1:0
-                admin: { listen: 127.0.0.1:0 }
-                limits: { max_request_body: 16MiB }
-                upstreams:
-                  g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
-                routes:
-                  - match: { path_prefix: / }
-                    upstream: g
-                    upstream_errors: pass
-                """)
+            let h = try PythonGRPC.proxy(
+                port: port, limits: "{ max_request_body: 16MiB }",
+                routes: "  - { match: { path_prefix: / }, upstream: g, upstream_errors: pass }")
             defer { h.stop() }
             let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)
             #expect(r.status == 0, "\(r.err)")
@@ -109,17 +100,8 @@ import Testing
     @Test func clientStreamingAndBidirectionalCallsStreamBothWays() throws {
         let serverLines = Locked<[String]>([])
         try PythonGRPC.withServer(Self.server, lines: serverLines) { python, port in
-            let h = try ProxyHarness(
-                """
-                listen: 127.0.0.1:0
-                admin: { listen: 127.0.0.1:0 }
-                upstreams:
-                  g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
-                routes:
-                  - match: { path_prefix: / }
-                    upstream: g
-                    upstream_errors: pass
-                """)
+            let h = try PythonGRPC.proxy(
+                port: port, routes: "  - { match: { path_prefix: / }, upstream: g, upstream_errors: pass }")
             defer { h.stop() }
             let r = try runProcess(python, ["-c", Self.streamingClient, "127.0.0.1:\(h.port)"], timeout: 60)
             #expect(r.status == 0, "\(r.err)")

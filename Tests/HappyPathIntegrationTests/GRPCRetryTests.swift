@@ -77,18 +77,14 @@ import Testing
     @Test func unavailableIsRetriedNotFoundIsNotAndAStartedAnswerNever() throws {
         let lines = Locked<[String]>([])
         try PythonGRPC.withServer(Self.server, lines: lines) { python, port in
-            let h = try ProxyHarness(
-                """
-                listen: 127.0.0.1:0
-                admin: { listen: 127.0.0.1:0 }
-                upstreams:
-                  g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
-                routes:
-                  - match: { path_prefix: / }
-                    upstream: g
-                    grpc: {}
-                    retry: { attempts: 3, on: [unavailable], backoff: { base: 10ms, max: 10ms } }
-                """)
+            let h = try PythonGRPC.proxy(
+                port: port,
+                routes: """
+                      - match: { path_prefix: / }
+                        upstream: g
+                        grpc: {}
+                        retry: { attempts: 3, on: [unavailable], backoff: { base: 10ms, max: 10ms } }
+                    """)
             defer { h.stop() }
             let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)
             #expect(r.status == 0, "\(r.err)")
@@ -124,27 +120,23 @@ import Testing
     @Test func anIdempotentGRPCRouteHedgesAndAnotherDoesNot() throws {
         let lines = Locked<[String]>([])
         try PythonGRPC.withServer(Self.server, lines: lines) { python, port in
-            let h = try ProxyHarness(
-                """
-                listen: 127.0.0.1:0
-                admin: { listen: 127.0.0.1:0 }
-                upstreams:
-                  # A budget that lets every call here be hedged (a hedge spends the ratio only).
-                  g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, retry: { budget: { ratio: 1 } } }
-                routes:
-                  - match: { path_prefix: /idem/ }
-                    upstream: g
-                    strip_prefix: /idem
-                    grpc: { idempotent: true }
-                    retry: { per_try_timeout: 5s }
-                    hedge: { after: 100ms }
-                  - match: { path_prefix: /plain/ }
-                    upstream: g
-                    strip_prefix: /plain
-                    grpc: {}
-                    retry: { per_try_timeout: 5s }
-                    hedge: { after: 100ms }
-                """)
+            // A budget that lets every call here be hedged (a hedge spends the ratio only).
+            let h = try PythonGRPC.proxy(
+                port: port, upstream: ", retry: { budget: { ratio: 1 } }",
+                routes: """
+                      - match: { path_prefix: /idem/ }
+                        upstream: g
+                        strip_prefix: /idem
+                        grpc: { idempotent: true }
+                        retry: { per_try_timeout: 5s }
+                        hedge: { after: 100ms }
+                      - match: { path_prefix: /plain/ }
+                        upstream: g
+                        strip_prefix: /plain
+                        grpc: {}
+                        retry: { per_try_timeout: 5s }
+                        hedge: { after: 100ms }
+                    """)
             defer { h.stop() }
             let r = try runProcess(python, ["-c", Self.hedgingClient, "127.0.0.1:\(h.port)"], timeout: 60)
             #expect(r.status == 0, "\(r.err)")

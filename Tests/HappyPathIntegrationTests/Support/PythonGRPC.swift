@@ -28,6 +28,21 @@ enum PythonGRPC {
         return try body(python, port)
     }
 
+    /// A proxy in front of one gRPC upstream `g` (`protocol: h2`, on `port`,
+    /// with `upstream` added to its mapping) and `routes` (YAML list items,
+    /// already indented by two), with `limits` if any.
+    static func proxy(port: Int, upstream: String = "", limits: String? = nil, routes: String) throws -> ProxyHarness {
+        try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            \(limits.map { "limits: \($0)\n" } ?? "")upstreams:
+              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2\(upstream) }
+            routes:
+            \(routes)
+            """)
+    }
+
     /// The virtual environment's python, made (with `packages`) if missing.
     static func python() throws -> String {
         try pythonVenv(
