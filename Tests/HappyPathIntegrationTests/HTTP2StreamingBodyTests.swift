@@ -169,9 +169,10 @@ import Testing
                 if os.path.exists(os.path.join(d, name)): return True
                 time.sleep(0.01)
             return False
-        def open_stream(path, method="POST", extra=()):
+        def open_stream(path, method="POST", extra=(), end=False):
             sid = c.get_next_available_stream_id()
-            c.send_headers(sid, [(":method", method), (":scheme", "http"), (":authority", "x"), (":path", path)] + list(extra))
+            c.send_headers(sid, [(":method", method), (":scheme", "http"), (":authority", "x"), (":path", path)] + list(extra),
+                           end_stream=end)
             flush()
             return sid
         def send(sid, data, end=False, blocked_after=None):
@@ -203,6 +204,16 @@ import Testing
                 seen = wait_file(key + ".first")
                 send(sid, b"part2", end=True)
                 print("order", key, seen, summary(*answer(sid)), sha(b"part1part2"), flush=True)
+        elif mode == "get":
+            # END_STREAM on the HEADERS: no body, so none goes upstream (no length, no chunks).
+            sid = open_stream("/up?key=get", method="GET", end=True)
+            print("get", summary(*answer(sid)), flush=True)
+            # A body that came whole with its head is read whole: sent with its length.
+            sid = c.get_next_available_stream_id()
+            c.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/up?key=whole1")])
+            c.send_data(sid, b"0123456789", end_stream=True)
+            flush()
+            print("whole1", summary(*answer(sid)), flush=True)
         elif mode == "late":
             # Nothing of the body yet when the try starts: its first read waits.
             sid = open_stream("/up?key=late")
@@ -302,6 +313,9 @@ import Testing
         #expect(out.count == 2)
         #expect(out.first == "order chunk True 200 10 \(sha) \(chunked) \(sha)", "\(out)")
         #expect(out.last == "order len True 200 10 \(sha) te=None cl=10 \(sha)", "\(out)")
+        let get = try run.client(h.port, "get")
+        #expect(get.first?.hasPrefix("get 200 0 ") == true && get.first?.hasSuffix(" te=None cl=None") == true, "\(get)")
+        #expect(get.last?.hasPrefix("whole1 200 10 ") == true && get.last?.hasSuffix(" te=None cl=10") == true, "\(get)")
         let late = try run.client(h.port, "late")
         #expect(late.first?.hasPrefix("late True 200 9 ") == true, "\(late)")
         // 2 MiB, paused and resumed many times on its way (each take is at most one window).
