@@ -17,6 +17,9 @@
 #     route: what a plain request pays on a route that also takes WebSocket.
 #   BENCH_PROFILE=tracing0 / tracing1: foundation plus `tracing` toward a
 #     collector that is not there, sample_ratio 0 / 1.
+#   BENCH_PROFILE=grpc: foundation with `protocol: h2` on the upstream (h2c
+#     to an http:// endpoint, one connection per call with libcurl 7.88)
+#     and `grpc: {}` on the route: gRPC calls passed through.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -86,6 +89,10 @@ case $profile in
     level=warning
     foundation_yaml "" "    upgrades: [websocket]" > "$cfg"
     ;;
+  grpc)
+    level=warning
+    foundation_yaml "    protocol: h2" "    grpc: {}" > "$cfg"
+    ;;
   tracing0|tracing1)
     # Tracing to a collector that is not there (the exports fail, counted):
     # sample_ratio 0 (no request traced: the sampling decision alone) or 1
@@ -105,7 +112,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086
