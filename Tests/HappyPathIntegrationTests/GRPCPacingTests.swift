@@ -12,25 +12,14 @@ import Testing
 /// with a real grpcio server that aborts with rich details and a real
 /// grpcio client.
 @Suite(.serialized) struct GRPCPacingTests {
-    /// Prints `hit METHOD KEY` for every call (key: the `k` metadata).
     /// `/t.P/Quota` fails RESOURCE_EXHAUSTED with RetryInfo 1 s the first
     /// time per key (a Trailers-Only answer), then answers; `/t.P/Stream`
     /// sends one message, then fails RESOURCE_EXHAUSTED with RetryInfo 30 s
     /// (the status in the trailers); `/t.P/Echo` answers.
     static let server = """
-        import grpc, threading
-        from concurrent import futures
         from grpc_status import rpc_status
         from google.rpc import code_pb2, error_details_pb2, status_pb2
         from google.protobuf import any_pb2, duration_pb2
-        seen = {}
-        lock = threading.Lock()
-        def hit(ctx, name):
-            k = dict(ctx.invocation_metadata()).get("k", "-")
-            with lock:
-                n = seen.get((name, k), 0); seen[(name, k)] = n + 1
-            print("hit", name, k, flush=True)
-            return n
         def exhausted(ctx, seconds):
             retry = any_pb2.Any()
             retry.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=seconds)))
@@ -43,47 +32,49 @@ import Testing
             hit(ctx, "Stream"); yield b"first"; exhausted(ctx, 30)
         def echo(req, ctx):
             hit(ctx, "Echo"); return b"echo"
-        handlers = {"/t.P/Quota": grpc.unary_unary_rpc_method_handler(quota),
-                    "/t.P/Stream": grpc.unary_stream_rpc_method_handler(stream),
-                    "/t.P/Echo": grpc.unary_unary_rpc_method_handler(echo)}
-        class H(grpc.GenericRpcHandler):
-            def service(self, d): return handlers.get(d.method)
-        s = grpc.server(futures.ThreadPoolExecutor(4)); s.add_generic_rpc_handlers((H(),))
-        port = s.add_insecure_port("127.0.0.1:0"); s.start(); print(port, flush=True); s.wait_for_termination()
+        serve({"/t.P/Quota": grpc.unary_unary_rpc_method_handler(quota),
+               "/t.P/Stream": grpc.unary_stream_rpc_method_handler(stream),
+               "/t.P/Echo": grpc.unary_unary_rpc_method_handler(echo)})
         """
 
-    /// `python client.py ADDRESS KIND PATH KEY`: prints the outcome, the
-    /// seconds the call took, and the reasons and waits of its details.
-    static let client = """
-        import grpc, sys, time
-        from grpc_status import rpc_status
-        from google.rpc import error_details_pb2
-        ch = grpc.insecure_channel(sys.argv[1])
-        kind, path, key = sys.argv[2:5]
-        started = time.monotonic()
-        try:
-            if kind == "stream":
-                got = [m.decode() for m in ch.unary_stream(path)(b"x", metadata=(("k", key),), timeout=20)]
-                out = "ok " + ",".join(got)
-            else:
-                out = "ok " + ch.unary_unary(path)(b"x", metadata=(("k", key),), timeout=20).decode()
-        except grpc.RpcError as e:
-            out = "%s %s" % (e.code().name, e.details())
-            status = rpc_status.from_call(e)
-            for d in (status.details if status else []):
-                if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo(); d.Unpack(info); out += " reason=" + info.reason
-                if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                    r = error_details_pb2.RetryInfo(); d.Unpack(r); out += " retry=%d" % r.retry_delay.seconds
-        print(out)
-        print("took %.3f" % (time.monotonic() - started))
-        """
+    /// `python client.py ADDRESS KIND PATH KEY`: prints the outcome (with
+    /// the ErrorInfo reason and RetryInfo seconds of its details), then
+    /// the seconds the call took.
+    static let client =
+        PythonGRPC.richStatus + """
+            import grpc, sys, time
+            from grpc_status import rpc_status
+            ch = grpc.insecure_channel(sys.argv[1])
+            kind, path, key = sys.argv[2:5]
+            started = time.monotonic()
+            try:
+                if kind == "stream":
+                    out = "ok " + ",".join(m.decode() for m in ch.unary_stream(path)(b"x", metadata=(("k", key),), timeout=20))
+                else:
+                    out = "ok " + ch.unary_unary(path)(b"x", metadata=(("k", key),), timeout=20).decode()
+            except grpc.RpcError as e:
+                out = "%s %s" % (e.code().name, e.details())
+                status = rpc_status.from_call(e)
+                details = rich(status) if status else {}
+                if "reason" in details: out += " reason=" + details["reason"]
+                if "retry_delay" in details: out += " retry=%d" % details["retry_delay"][0]
+            print(out)
+            print("took %.3f" % (time.monotonic() - started))
+            """
 
-    static func call(_ python: String, _ port: Int, _ kind: String, _ path: String, _ key: String) throws -> (String, Double) {
-        let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(port)", kind, path, key], timeout: 60)
+    static func call(_ port: Int, _ kind: String, _ path: String, _ key: String) throws -> (String, Double) {
+        let r = try runProcess(try PythonGRPC.python(), ["-c", Self.client, "127.0.0.1:\(port)", kind, path, key], timeout: 60)
         let lines = r.out.split(separator: "\n").map(String.init)
         let took = lines.last.flatMap { Double($0.dropFirst("took ".count)) } ?? -1
         return (lines.first ?? "(no output) \(r.err)", took)
+    }
+
+    /// The proxy with these upstreams and routes (flow-style YAML entries) and an admin listener.
+    static func proxy(upstreams: [String], routes: [String]) throws -> ProxyHarness {
+        let lines =
+            ["listen: 127.0.0.1:0", "admin: { listen: 127.0.0.1:0 }", "upstreams:"] + upstreams.map { "  " + $0 }
+            + ["routes:"] + routes.map { "  - " + $0 }
+        return try ProxyHarness(lines.joined(separator: "\n"))
     }
 
     /// The status in the trailers, after a message: the call is the
@@ -93,47 +84,31 @@ import Testing
     /// is, RESOURCE_EXHAUSTED, and never reaches the upstream. An upstream
     /// whose `pacing.on` does not name `resource-exhausted` is not paused.
     @Test func aResourceExhaustedWithRetryInfoPausesTheUpstream() throws {
-        let python = try PythonGRPC.python()
-        let lines = Locked<[String]>([])
-        let (server, port) = try startPythonServer(python: python, Self.server, lines: lines, what: "the grpcio server")
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
-        }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            upstreams:
-              g:
-                endpoints: [http://127.0.0.1:\(port)]
-                protocol: h2
-                pacing: { on: [503, resource-exhausted], scope_429: upstream, while_paused: fail }
-              plain:
-                endpoints: [http://127.0.0.1:\(port)]
-                protocol: h2
-                pacing: { on: [429, 503], scope_429: upstream, while_paused: fail }
-            routes:
-              - match: { path_prefix: /plain/ }
-                upstream: plain
-                strip_prefix: /plain
-                grpc: {}
-              - match: { path_prefix: / }
-                upstream: g
-                grpc: {}
-            """)
+        let server = try PythonGRPC.Server(Self.server)
+        defer { server.stop() }
+        let port = server.port
+        let h = try Self.proxy(
+            upstreams: [
+                "g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, "
+                    + "pacing: { on: [503, resource-exhausted], scope_429: upstream, while_paused: fail } }",
+                "plain: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, "
+                    + "pacing: { on: [429, 503], scope_429: upstream, while_paused: fail } }",
+            ],
+            routes: [
+                "{ match: { path_prefix: /plain/ }, upstream: plain, strip_prefix: /plain, grpc: {} }",
+                "{ match: { path_prefix: / }, upstream: g, grpc: {} }",
+            ])
         defer { h.stop() }
-        func hits(_ method: String, _ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit \(method) \(key)" }.count } }
 
         // Without resource-exhausted in pacing.on: passed, and nothing paused.
-        let (plain, _) = try Self.call(python, h.port, "stream", "/plain/t.P/Stream", "p")
+        let (plain, _) = try Self.call(h.port, "stream", "/plain/t.P/Stream", "p")
         #expect(plain == "RESOURCE_EXHAUSTED quota retry=30", "\(plain)")
-        let (plainNext, _) = try Self.call(python, h.port, "unary", "/plain/t.P/Echo", "p2")
+        let (plainNext, _) = try Self.call(h.port, "unary", "/plain/t.P/Echo", "p2")
         #expect(plainNext == "ok echo", "\(plainNext)")
-        #expect(hits("Echo", "p2") == 1)
+        #expect(server.hits("Echo", "p2") == 1)
 
         // The upstream's own error, details and all, reaches its client unchanged.
-        let (first, _) = try Self.call(python, h.port, "stream", "/t.P/Stream", "a")
+        let (first, _) = try Self.call(h.port, "stream", "/t.P/Stream", "a")
         #expect(first == "RESOURCE_EXHAUSTED quota retry=30", "\(first)")
         let state = try HTTP.request(port: h.adminPort, "/admin/state").text
         #expect(state.contains("\"paused_until\":\""), "\(state)")
@@ -145,14 +120,14 @@ import Testing
         #expect((25...30).contains(seconds), "\(paused ?? "no gauge")")
 
         // The next call is the proxy's to answer: the pause's own RESOURCE_EXHAUSTED, with its wait.
-        let (next, took) = try Self.call(python, h.port, "unary", "/t.P/Echo", "b")
+        let (next, took) = try Self.call(h.port, "unary", "/t.P/Echo", "b")
         #expect(next.hasPrefix("RESOURCE_EXHAUSTED "), "\(next)")
         #expect(next.contains("reason=RATE_LIMITED"), "\(next)")
         let wait = next.split(separator: " ").first { $0.hasPrefix("retry=") }.flatMap { Int($0.dropFirst("retry=".count)) }
         #expect((25...30).contains(wait ?? 0), "\(next)")
         #expect(took < 5)
-        #expect(hits("Echo", "b") == 0)
-        #expect(hits("Stream", "a") == 1)
+        #expect(server.hits("Echo", "b") == 0)
+        #expect(server.hits("Stream", "a") == 1)
     }
 
     /// A Trailers-Only RESOURCE_EXHAUSTED that the route retries
@@ -161,32 +136,19 @@ import Testing
     /// the pause (`while_paused: wait`), then reaches the upstream, and the
     /// client sees only the answer.
     @Test func aHeldResourceExhaustedIsRetriedAfterThePause() throws {
-        let python = try PythonGRPC.python()
-        let lines = Locked<[String]>([])
-        let (server, port) = try startPythonServer(python: python, Self.server, lines: lines, what: "the grpcio server")
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
-        }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            upstreams:
-              g:
-                endpoints: [http://127.0.0.1:\(port)]
-                protocol: h2
-                pacing: { on: [resource-exhausted] }
-            routes:
-              - match: { path_prefix: / }
-                upstream: g
-                grpc: {}
-                retry: { attempts: 2, on: [resource-exhausted], backoff: { base: 10ms, max: 10ms } }
-            """)
+        let server = try PythonGRPC.Server(Self.server)
+        defer { server.stop() }
+        let port = server.port
+        let h = try Self.proxy(
+            upstreams: ["g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, pacing: { on: [resource-exhausted] } }"],
+            routes: [
+                "{ match: { path_prefix: / }, upstream: g, grpc: {}, "
+                    + "retry: { attempts: 2, on: [resource-exhausted], backoff: { base: 10ms, max: 10ms } } }"
+            ])
         defer { h.stop() }
-        let (out, took) = try Self.call(python, h.port, "unary", "/t.P/Quota", "c")
+        let (out, took) = try Self.call(h.port, "unary", "/t.P/Quota", "c")
         #expect(out == "ok ok", "\(out)")
-        #expect(lines.withLock { $0.filter { $0 == "hit Quota c" }.count } == 2)
+        #expect(server.hits("Quota", "c") == 2)
         // The retry waited for the pause (1 s), not the 10 ms backoff.
         #expect(took >= 0.9, "took \(took)")
         let metrics = try HTTP.request(port: h.adminPort, "/metrics").text
