@@ -192,11 +192,13 @@ bench-tls: bench-deps release
 bench-h2: bench-deps release
 	env $(BENCH_ENV) deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
-# gRPC unary calls over h2c (h2load -d with one framed message), happypath's
-# `grpc: {}` route beside nginx's grpc_pass, in front of one h2c upstream
-# that answers as a gRPC server does: CPU per call and the ratio, one run.
+# gRPC unary calls (h2load -d with one framed message), happypath's
+# `grpc: {}` route beside nginx's grpc_pass, in front of one upstream that
+# answers as a gRPC server does: CPU per call and the ratio, one run with an
+# h2c upstream, one with a TLS (ALPN h2) upstream.
 bench-grpc: bench-deps release
 	env $(BENCH_ENV) GRPC=1 deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+	env $(BENCH_ENV) GRPC=tls deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release

@@ -8,7 +8,8 @@
 # (nghttp2-client), curl, taskset.
 #
 #   deploy/bench/h2.sh .build/release/happypath      (make bench-h2)
-#   GRPC=1 deploy/bench/h2.sh .build/release/happypath   (make bench-grpc)
+#   GRPC=1 deploy/bench/h2.sh .build/release/happypath     (make bench-grpc, h2c upstream)
+#   GRPC=tls deploy/bench/h2.sh .build/release/happypath   (make bench-grpc, TLS upstream)
 #
 # GRPC=1: gRPC unary calls instead, happypath (a `grpc: {}` route to a
 # `protocol: h2` upstream) beside nginx's `grpc_pass`, both in front of one
@@ -19,7 +20,11 @@
 # core many times what either proxy does. h2load sends each call as gRPC
 # does (POST, `-d` one framed message, `content-type: application/grpc`,
 # `te: trailers`). Loads grpc-m1 and grpc-m$MULTI_STREAMS, like the HTTP/2
-# ones; the rows have no bar, only the ratio.
+# ones; the rows have no bar, only the ratio. GRPC=tls: the upstream on
+# TLS with ALPN h2 (a certificate made here), `grpc_pass grpcs://` and an
+# `https://` endpoint: happypath multiplexes its calls on one upstream
+# connection there, where to an h2c upstream it opens one per call
+# (libcurl 7.88, docs/http2.md).
 #
 # Loads (one client thread each, on CPU 1 beside the upstream; the proxies
 # on CPU 0):
@@ -47,7 +52,7 @@ BIN=${1:-$here/../../.build/release/happypath}
 DURATION=${DURATION:-10s}; REPEATS=${REPEATS:-3}; WARMUP=${WARMUP:-2s}
 CONNS=${CONNS:-64}; MULTI_CONNS=${MULTI_CONNS:-1}; MULTI_STREAMS=${MULTI_STREAMS:-100}; BAR=${BAR:-1.3}
 PORT_BASE=${PORT_BASE:-18880}; GRPC=${GRPC:-}
-OUT=${OUT:-/tmp/happypath-$([ -n "$GRPC" ] && echo grpc || echo h2).$(date +%Y%m%d-%H%M%S)}
+OUT=${OUT:-/tmp/happypath-$([ -n "$GRPC" ] && { [ "$GRPC" = tls ] && echo grpc-tls || echo grpc; } || echo h2).$(date +%Y%m%d-%H%M%S)}
 for tool in nginx wrk h2load curl taskset python3; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)" >&2; exit 2; }; done
 [ -x "$BIN" ] || { echo "no happypath binary at $BIN" >&2; exit 2; }
 mkdir -p "$OUT/tmp" "$OUT/logs"
@@ -85,11 +90,19 @@ if [ -n "$GRPC" ]; then
   served="location / { mirror /read; mirror_request_body on; root $OUT/tmp; log_not_found off; error_page 404 =200 /reply.bin; }
     location = /read { internal; return 204; }
     location = /reply.bin { internal; root $OUT; default_type application/grpc; etag off; add_trailer grpc-status 0 always; }"
+  upstream_listen=http2
+fi
+if [ "$GRPC" = tls ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$OUT/tls.key" -out "$OUT/tls.crt" \
+    -days 2 -subj /CN=localhost -addext "subjectAltName=DNS:localhost" 2>/dev/null || exit 2
+  proxy="location / { grpc_pass grpcs://backend; }"
+  upstream_listen="ssl http2"
+  served="ssl_certificate $OUT/tls.crt; ssl_certificate_key $OUT/tls.key; $served"
 fi
 cat > "$OUT/upstream.conf" <<C
 $common pid $OUT/tmp/up.pid;
 http { access_log off; $temp keepalive_requests 10000000;
-  server { listen $UP $([ -n "$GRPC" ] && echo http2) backlog=4096; $served } }
+  server { listen $UP ${upstream_listen:-} backlog=4096; $served } }
 C
 # keepalive_requests also bounds the requests of one HTTP/2 connection in
 # nginx 1.22 (http2_max_requests is obsolete): without it nginx would send
@@ -104,7 +117,8 @@ C
 nginx -t -q -p "$OUT/tmp/" -c "$OUT/nginx.conf" || exit 2
 spawn upstream 1 nginx -p "$OUT/tmp/" -c "$OUT/upstream.conf"
 spawn nginx 0 nginx -p "$OUT/tmp/" -c "$OUT/nginx.conf"
-spawn happypath 0 env BENCH_PROFILE="$([ -n "$GRPC" ] && echo grpc || echo foundation)" BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[happypath]}" BENCH_OUT="$OUT/tmp" \
+spawn happypath 0 env BENCH_PROFILE="$([ -n "$GRPC" ] && echo grpc || echo foundation)" BENCH_UPSTREAM="$UP" \
+  BENCH_UPSTREAM_CA="$([ "$GRPC" = tls ] && echo "$OUT/tls.crt")" BENCH_LISTEN="127.0.0.1:${PORT[happypath]}" BENCH_OUT="$OUT/tmp" \
   HAPPYPATH_BIN="$BIN" "$here/run-happypath-for-bench.sh"
 for load in $([ -n "$GRPC" ] && echo grpc || echo h1 h2); do for t in nginx happypath; do
   if [ "$load" = grpc ]; then  # one call, its answer the upstream's reply byte for byte
@@ -150,7 +164,7 @@ measure() {  # load target rep duration
 {
   echo "# deploy/bench/h2.sh $(date -u +%FT%TZ)"
   echo "host: $(uname -r), $(nproc) cpu; $(nginx -v 2>&1 | sed 's/.*: //'); $(h2load --version | head -1); $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}')"
-  echo "happypath: $BIN; -d$DURATION, repeats $REPEATS; h1: wrk -t1 -c$CONNS; h2-m1 (grpc-m1): h2load -t1 -c$CONNS -m1; h2-m$MULTI_STREAMS (grpc-m$MULTI_STREAMS): h2load -t1 -c$MULTI_CONNS -m$MULTI_STREAMS${GRPC:+; gRPC unary calls (-d call.bin, content-type application/grpc, te trailers)}"
+  echo "happypath: $BIN; -d$DURATION, repeats $REPEATS; h1: wrk -t1 -c$CONNS; h2-m1 (grpc-m1): h2load -t1 -c$CONNS -m1; h2-m$MULTI_STREAMS (grpc-m$MULTI_STREAMS): h2load -t1 -c$MULTI_CONNS -m$MULTI_STREAMS${GRPC:+; gRPC unary calls (-d call.bin, content-type application/grpc, te trailers; upstream $([ "$GRPC" = tls ] && echo "TLS, ALPN h2" || echo h2c))}"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT/header.txt"
 for load in $LOADS; do for t in nginx happypath; do measure "$load" "$t" 0 "$WARMUP"; done; done
