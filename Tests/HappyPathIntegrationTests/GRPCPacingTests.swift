@@ -69,12 +69,17 @@ import Testing
         return (lines.first ?? "(no output) \(r.err)", took)
     }
 
-    /// The proxy with these upstreams and routes (flow-style YAML entries) and an admin listener.
-    static func proxy(upstreams: [String], routes: [String]) throws -> ProxyHarness {
-        let lines =
-            ["listen: 127.0.0.1:0", "admin: { listen: 127.0.0.1:0 }", "upstreams:"] + upstreams.map { "  " + $0 }
-            + ["routes:"] + routes.map { "  - " + $0 }
-        return try ProxyHarness(lines.joined(separator: "\n"))
+    /// The proxy in front of the server: its upstream `g` with `pacing`,
+    /// one route to it, with `route` added to the route's mapping.
+    static func proxy(_ port: Int, pacing: String, route: String = "") throws -> ProxyHarness {
+        try PythonGRPC.proxy(
+            port: port, upstream: ", pacing: \(pacing)",
+            routes: "  - { match: { path_prefix: / }, upstream: g, grpc: {}\(route) }")
+    }
+
+    /// Calls of `method` with key `key` the server printed (`hit`).
+    static func hits(_ lines: Locked<[String]>, _ method: String, _ key: String) -> Int {
+        lines.withLock { $0.filter { $0 == "hit \(method) \(key)" }.count }
     }
 
     /// The status in the trailers, after a message: the call is the
@@ -84,28 +89,23 @@ import Testing
     /// is, RESOURCE_EXHAUSTED, and never reaches the upstream. An upstream
     /// whose `pacing.on` does not name `resource-exhausted` is not paused.
     @Test func aResourceExhaustedWithRetryInfoPausesTheUpstream() throws {
-        let server = try PythonGRPC.Server(Self.server)
-        defer { server.stop() }
-        let port = server.port
-        let h = try Self.proxy(
-            upstreams: [
-                "g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, "
-                    + "pacing: { on: [503, resource-exhausted], scope_429: upstream, while_paused: fail } }",
-                "plain: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, "
-                    + "pacing: { on: [429, 503], scope_429: upstream, while_paused: fail } }",
-            ],
-            routes: [
-                "{ match: { path_prefix: /plain/ }, upstream: plain, strip_prefix: /plain, grpc: {} }",
-                "{ match: { path_prefix: / }, upstream: g, grpc: {} }",
-            ])
-        defer { h.stop() }
+        let lines = Locked<[String]>([])
+        try PythonGRPC.withServer(PythonGRPC.serverKit + Self.server, lines: lines) { _, port in
+            // Without resource-exhausted in pacing.on: passed, and nothing paused.
+            let plain = try Self.proxy(port, pacing: "{ on: [429, 503], scope_429: upstream, while_paused: fail }")
+            defer { plain.stop() }
+            let (passed, _) = try Self.call(plain.port, "stream", "/t.P/Stream", "p")
+            #expect(passed == "RESOURCE_EXHAUSTED quota retry=30", "\(passed)")
+            let (passedNext, _) = try Self.call(plain.port, "unary", "/t.P/Echo", "p2")
+            #expect(passedNext == "ok echo", "\(passedNext)")
+            #expect(Self.hits(lines, "Echo", "p2") == 1)
+            try Self.pausesTheUpstream(port: port, lines: lines)
+        }
+    }
 
-        // Without resource-exhausted in pacing.on: passed, and nothing paused.
-        let (plain, _) = try Self.call(h.port, "stream", "/plain/t.P/Stream", "p")
-        #expect(plain == "RESOURCE_EXHAUSTED quota retry=30", "\(plain)")
-        let (plainNext, _) = try Self.call(h.port, "unary", "/plain/t.P/Echo", "p2")
-        #expect(plainNext == "ok echo", "\(plainNext)")
-        #expect(server.hits("Echo", "p2") == 1)
+    static func pausesTheUpstream(port: Int, lines: Locked<[String]>) throws {
+        let h = try Self.proxy(port, pacing: "{ on: [503, resource-exhausted], scope_429: upstream, while_paused: fail }")
+        defer { h.stop() }
 
         // The upstream's own error, details and all, reaches its client unchanged.
         let (first, _) = try Self.call(h.port, "stream", "/t.P/Stream", "a")
@@ -126,8 +126,8 @@ import Testing
         let wait = next.split(separator: " ").first { $0.hasPrefix("retry=") }.flatMap { Int($0.dropFirst("retry=".count)) }
         #expect((25...30).contains(wait ?? 0), "\(next)")
         #expect(took < 5)
-        #expect(server.hits("Echo", "b") == 0)
-        #expect(server.hits("Stream", "a") == 1)
+        #expect(Self.hits(lines, "Echo", "b") == 0)
+        #expect(Self.hits(lines, "Stream", "a") == 1)
     }
 
     /// A Trailers-Only RESOURCE_EXHAUSTED that the route retries
@@ -136,19 +136,20 @@ import Testing
     /// the pause (`while_paused: wait`), then reaches the upstream, and the
     /// client sees only the answer.
     @Test func aHeldResourceExhaustedIsRetriedAfterThePause() throws {
-        let server = try PythonGRPC.Server(Self.server)
-        defer { server.stop() }
-        let port = server.port
-        let h = try Self.proxy(
-            upstreams: ["g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, pacing: { on: [resource-exhausted] } }"],
-            routes: [
-                "{ match: { path_prefix: / }, upstream: g, grpc: {}, "
-                    + "retry: { attempts: 2, on: [resource-exhausted], backoff: { base: 10ms, max: 10ms } } }"
-            ])
-        defer { h.stop() }
+        let lines = Locked<[String]>([])
+        try PythonGRPC.withServer(PythonGRPC.serverKit + Self.server, lines: lines) { _, port in
+            let h = try Self.proxy(
+                port, pacing: "{ on: [resource-exhausted] }",
+                route: ", retry: { attempts: 2, on: [resource-exhausted], backoff: { base: 10ms, max: 10ms } }")
+            defer { h.stop() }
+            try Self.retriedAfterThePause(h, lines: lines)
+        }
+    }
+
+    static func retriedAfterThePause(_ h: ProxyHarness, lines: Locked<[String]>) throws {
         let (out, took) = try Self.call(h.port, "unary", "/t.P/Quota", "c")
         #expect(out == "ok ok", "\(out)")
-        #expect(server.hits("Quota", "c") == 2)
+        #expect(Self.hits(lines, "Quota", "c") == 2)
         // The retry waited for the pause (1 s), not the 10 ms backoff.
         #expect(took >= 0.9, "took \(took)")
         let metrics = try HTTP.request(port: h.adminPort, "/metrics").text

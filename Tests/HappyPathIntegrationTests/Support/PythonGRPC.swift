@@ -77,7 +77,7 @@ enum PythonGRPC {
     /// `hit NAME KEY` (KEY: the call's `k` metadata, `-` without) and
     /// returns how many such calls came before; `serve(handlers)` serves a
     /// dict of method path to handler on a free port, prints the port, and
-    /// runs until killed.
+    /// runs until killed. For `withServer(serverKit + script, …)`.
     static let serverKit = #"""
         import grpc, threading
         from concurrent import futures
@@ -102,27 +102,6 @@ enum PythonGRPC {
             server.wait_for_termination()
 
         """#
-
-    /// A grpcio server running `serverKit` then `script`, its printed lines
-    /// kept; `stop()` kills it.
-    final class Server {
-        let process: Process
-        let port: Int
-        let lines = Locked<[String]>([])
-
-        init(_ script: String) throws {
-            (process, port) = try startPythonServer(
-                python: try PythonGRPC.python(), PythonGRPC.serverKit + script, lines: lines, what: "the grpcio server")
-        }
-
-        /// Calls of `method` with key `key` so far.
-        func hits(_ method: String, _ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit \(method) \(key)" }.count } }
-
-        func stop() {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-    }
 
     /// Runs `script` to its end under the venv's python and returns the JSON
     /// object it prints last (a script prints what the test checks).
