@@ -73,6 +73,36 @@ enum PythonGRPC {
 
         """#
 
+    /// Python a test's grpcio server starts with: `hit(ctx, name)` prints
+    /// `hit NAME KEY` (KEY: the call's `k` metadata, `-` without) and
+    /// returns how many such calls came before; `serve(handlers)` serves a
+    /// dict of method path to handler on a free port, prints the port, and
+    /// runs until killed. For `withServer(serverKit + script, …)`.
+    static let serverKit = #"""
+        import grpc, threading
+        from concurrent import futures
+        _seen, _lock = {}, threading.Lock()
+
+        def hit(ctx, name):
+            k = dict(ctx.invocation_metadata()).get("k", "-")
+            with _lock:
+                n = _seen.get((name, k), 0)
+                _seen[(name, k)] = n + 1
+            print("hit", name, k, flush=True)
+            return n
+
+        def serve(handlers):
+            class Handler(grpc.GenericRpcHandler):
+                def service(self, details): return handlers.get(details.method)
+            server = grpc.server(futures.ThreadPoolExecutor(4))
+            server.add_generic_rpc_handlers((Handler(),))
+            port = server.add_insecure_port("127.0.0.1:0")
+            server.start()
+            print(port, flush=True)
+            server.wait_for_termination()
+
+        """#
+
     /// Runs `script` to its end under the venv's python and returns the JSON
     /// object it prints last (a script prints what the test checks).
     static func run(_ script: String, arguments: [String] = [], timeout: Double = 30) throws -> [String: Any] {
