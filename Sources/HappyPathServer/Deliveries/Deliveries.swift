@@ -566,18 +566,12 @@ final class Deliveries: Sendable {
         metrics.gauge("happypath_delivery_store_max_bytes", []).record(stats.maxBytes)
     }
 
-    /// For `/admin/state`: the counts the store keeps (no SQLite).
-    func stateJSON() -> String {
+    /// For `/admin/state` and the status page: the counts the store keeps (no SQLite).
+    func stateSnapshot() -> AdminSnapshot.Deliveries {
         let kept = store.counts
-        let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(kept[$0])" }
-        let held: Int = store.heldBytes
-        let max: Int = store.maxBytes
-        let rounds: Int = inFlight.load(ordering: .relaxed)
-        let writable: Bool = store.unavailable == nil
-        var json = "{" + counts.joined(separator: ",")
-        json += ",\"held_bytes\":\(held),\"max_bytes\":\(max),\"rounds_in_flight\":\(rounds)"
-        json += ",\"store\":\(JSON.quote(settings.name)),\"writable\":\(writable)}"
-        return json
+        return AdminSnapshot.Deliveries(
+            counts: DeliveryState.allCases.map { ($0.name, kept[$0]) }, heldBytes: store.heldBytes, maxBytes: store.maxBytes,
+            roundsInFlight: inFlight.load(ordering: .relaxed), store: settings.name, writable: store.unavailable == nil)
     }
 }
 

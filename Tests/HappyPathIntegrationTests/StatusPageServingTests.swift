@@ -1,0 +1,212 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `GET /status` on the admin listener, after real traffic: a healthy
+/// upstream (the demo), one whose breaker opened on a 500 and parks what
+/// comes next, and one that refuses connections behind a route that
+/// delivers later (a backlog). The page is read as bytes, then in headless
+/// Chromium after its script ran (docs/operations.md, "The status page").
+@Suite("status page") struct StatusPageServingTests {
+    /// Parked requests held while the page is read.
+    static let parkedRequests = 2
+
+    final class Scenario {
+        let store: DeliverLaterTests.StoreDirectory
+        let refusing = RefusingPort()
+        let flaky = ScriptedUpstream(responses: [http(500)]).started()
+        let h: ProxyHarness
+        var admin: Int { h.adminPort }
+
+        init() throws {
+            store = try DeliverLaterTests.StoreDirectory()
+            h = try ProxyHarness(
+                """
+                listen: 127.0.0.1:0
+                admin: { listen: 127.0.0.1:0 }
+                \(store.yaml(""))
+                defaults: { reachability: { park_for: 20s } }
+                upstreams:
+                  demo:
+                    endpoints: [{{DEMO}}]
+                  flaky:
+                    endpoints: [http://127.0.0.1:\(flaky.port)]
+                    connect_timeout: 500ms
+                    retry: { on: [500], attempts: 1 }
+                    circuit_breaker: { consecutive_failures: 1, open_for: 60s, while_open: park }
+                  hooks:
+                    endpoints: [\(refusing.url)]
+                    connect_timeout: 200ms
+                routes:
+                  - match: { path_prefix: /hooks/ }
+                    upstream: hooks
+                    strip_prefix: /hooks
+                    timeout: 2s
+                    delivery: { mode: later, backoff: { base: 10s, max: 20s } }
+                  - match: { path_prefix: /flaky/ }
+                    upstream: flaky
+                    timeout: 30s
+                  - match: { path_prefix: / }
+                    upstream: demo
+                """, holding: [refusing])
+            h.scripted.append(flaky)
+        }
+
+        /// The traffic: a request through the demo, a 500 that opens the
+        /// flaky upstream's breaker, requests parked behind it, and a
+        /// delivery that cannot be made. Returns once `/admin/state` shows
+        /// all of it.
+        func drive() throws {
+            let ok = try HTTP.request(port: h.port, "/ok")
+            #expect(ok.status == 200, "\(ok.status) \(ok.text)")
+            let failed = try HTTP.request(port: h.port, "/flaky/first")
+            #expect(failed.status == 503 && failed.text.contains("answered 500"), "\(failed.status) \(failed.text)")
+            let port = h.port
+            for i in 0..<StatusPageServingTests.parkedRequests {
+                Thread.detachNewThread { _ = try? HTTP.request(port: port, "/flaky/parked-\(i)", timeout: 40) }
+            }
+            let accepted = try HTTP.request(
+                port: h.port, "POST", "/hooks/orders", headers: [("Content-Type", "application/json")],
+                body: Array("{\"order\":1}".utf8))
+            #expect(accepted.status == 202)
+            let shown = waitUntil("the breaker open, requests parked and a backlog in /admin/state", timeout: 15) {
+                let state = try HTTP.request(port: admin, "/admin/state").json
+                let upstreams = state["upstreams"] as? [[String: Any]] ?? []
+                let flaky = upstreams.first { $0["name"] as? String == "flaky" }
+                let breaker = (flaky?["circuit_breaker"] as? [String: Any])?["state"] as? String
+                let parked = (flaky?["parked"] as? [String: Any])?["circuit_open"] as? Int
+                let deliveries = state["deliveries"] as? [String: Any]
+                let backlog = (deliveries?["queued"] as? Int ?? 0) + (deliveries?["in_flight"] as? Int ?? 0)
+                return breaker == "open" && parked == StatusPageServingTests.parkedRequests && backlog >= 1
+            }
+            #expect(shown)
+        }
+    }
+
+    @Test func theServerRenderedPageShowsTheStateInWords() throws {
+        let s = try Scenario()
+        try s.drive()
+        let page = try HTTP.request(port: s.admin, "/status")
+        #expect(page.status == 200)
+        #expect(page.header("Content-Type") == "text/html; charset=utf-8")
+        let csp = try #require(page.header("Content-Security-Policy"))
+        #expect(csp.contains("default-src 'none'") && csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"))
+        #expect(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"))
+        #expect(page.header("X-Content-Type-Options") == "nosniff")
+        #expect(page.header("X-Frame-Options") == "DENY")
+        let html = page.text
+        for name in ["demo", "flaky", "hooks"] { #expect(html.contains("<h3>\(name)</h3>"), "\(name)") }
+        #expect(html.contains("<span class=\"bad\">open until "))
+        #expect(html.contains("1 of 1 failed in the window"))
+        #expect(html.contains("<span class=\"warn\">\(Self.parkedRequests) parked</span> (\(Self.parkedRequests) circuit_open)"))
+        #expect(html.contains("in the backlog</span>"))
+        #expect(html.contains("store \(s.store.file): <span data-k=\"store\"><span class=\"ok\">writable</span>"))
+        // The breaker's opening is among the last events, rendered by the server.
+        #expect(html.contains("<b>breaker_opened</b> upstream=flaky"))
+        // Nothing it loads comes from elsewhere.
+        #expect(!html.contains("src=\"http") && !html.contains("href=\"http"))
+        #expect(!html.contains("<script>") && !html.contains("style="))
+
+        let script = try HTTP.request(port: s.admin, "/status.js")
+        #expect(script.status == 200 && script.header("Content-Type") == "text/javascript; charset=utf-8")
+        #expect(script.text.contains("/admin/events"))
+        let style = try HTTP.request(port: s.admin, "/status.css")
+        #expect(style.status == 200 && style.header("Content-Type") == "text/css; charset=utf-8")
+
+        let root = try HTTP.request(port: s.admin, "/")
+        #expect(root.status == 302 && root.header("Location") == "/status")
+    }
+
+    @Test func thePageKeepsTheAdminListenersRules() throws {
+        let s = try Scenario()
+        let port = s.admin
+        let browser = AdminBrowserTests()
+        // A DNS-rebinding page cannot read it, its script or the redirect.
+        for path in ["/status", "/status.js", "/"] {
+            let rebound = try browser.send(port, "GET \(path) HTTP/1.1\r\nHost: evil.example:\(port)\r\n")
+            #expect(rebound.status == 403, "\(path)")
+            #expect(!rebound.body.contains("<h3>") && !rebound.body.contains("admin/events"), "\(path)")
+        }
+        #expect(try browser.send(port, "GET /status HTTP/1.1\r\nHost: localhost:\(port)\r\n").status == 200)
+        // Read-only: a POST to the page is refused, cross-site or not.
+        #expect(try browser.send(port, "POST /status HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n").status == 400)
+        let forged = try browser.send(
+            port, "POST /status HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nOrigin: https://evil.example\r\n")
+        #expect(forged.status == 403)
+    }
+
+    // MARK: - In a browser
+
+    /// Debian's `chromium`, if installed (`make test-deps` installs it).
+    static let chromium: String? = ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"]
+        .first { FileManager.default.isExecutableFile(atPath: $0) }
+
+    /// Where the screenshots are kept after the run.
+    static let artifacts = NSTemporaryDirectory() + "happypath-status-page"
+
+    /// Runs headless Chromium on `url` with `arguments`; its standard output.
+    static func runChromium(_ arguments: [String], url: String) throws -> String {
+        let profile = NSTemporaryDirectory() + "happypath-chromium-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: profile) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: chromium!)
+        process.arguments =
+            [
+                "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-extensions",
+                "--user-data-dir=\(profile)", "--virtual-time-budget=4000",
+            ] + arguments + [url]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // Read while it runs (a DOM larger than the pipe would block it).
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// Width and height from a PNG's IHDR.
+    static func pngSize(_ path: String) -> (width: Int, height: Int)? {
+        guard let d = FileManager.default.contents(atPath: path), d.count > 24, d.starts(with: [0x89, 0x50, 0x4E, 0x47])
+        else { return nil }
+        let b = [UInt8](d)
+        func be32(_ i: Int) -> Int { Int(b[i]) << 24 | Int(b[i + 1]) << 16 | Int(b[i + 2]) << 8 | Int(b[i + 3]) }
+        return (be32(16), be32(20))
+    }
+
+    @Test(.enabled(if: chromium != nil, "chromium is not installed: `make test-deps` installs it (Debian package chromium)"))
+    func aBrowserShowsTheLivePageAtBothWidths() throws {
+        let s = try Scenario()
+        try s.drive()
+        let url = "http://127.0.0.1:\(s.admin)/status"
+
+        // The DOM after the page's script ran under its CSP: it fetched
+        // /admin/state and rewrote the page (data-live, "Live: updated").
+        let dom = try Self.runChromium(["--window-size=1280,900", "--dump-dom"], url: url)
+        #expect(dom.contains("data-live=\"1\""), "the script did not run: \(dom.prefix(2000))")
+        #expect(dom.contains("Live: updated"))
+        for name in ["demo", "flaky", "hooks"] { #expect(dom.contains("<h3>\(name)</h3>"), "\(name)") }
+        #expect(dom.contains("<span class=\"bad\">open until "))
+        #expect(dom.contains("\(Self.parkedRequests) parked</span>"))
+        #expect(dom.contains("in the backlog</span>"))
+        #expect(dom.contains("breaker_opened"))
+        #expect(dom.contains("data-fits=\"1\""), "wider than 1280 pixels")
+
+        // At a phone's width nothing is wider than the window.
+        let narrow = try Self.runChromium(["--window-size=390,844", "--dump-dom"], url: url)
+        #expect(narrow.contains("data-live=\"1\""))
+        #expect(narrow.contains("data-fits=\"1\""), "wider than 390 pixels")
+
+        try FileManager.default.createDirectory(atPath: Self.artifacts, withIntermediateDirectories: true)
+        for (width, height) in [(1280, 900), (390, 844)] {
+            let file = Self.artifacts + "/status-\(width).png"
+            try? FileManager.default.removeItem(atPath: file)
+            _ = try Self.runChromium(["--window-size=\(width),\(height)", "--screenshot=\(file)"], url: url)
+            let size = Self.pngSize(file)
+            #expect(size?.width == width && size?.height == height, "\(file): \(String(describing: size))")
+        }
+    }
+}
