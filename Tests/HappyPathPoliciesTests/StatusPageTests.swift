@@ -92,7 +92,7 @@ import Testing
             deliveries: AdminSnapshot.Deliveries(
                 counts: [("queued", 7), ("in_flight", 1), ("delivered", 40), ("dead", 2)], heldBytes: 900, maxBytes: 10_000,
                 store: "sqlite", writable: false),
-            rateLimits: [AdminSnapshot.RateLimit(route: "/api/<x>", keys: 5, queued: 1)],
+            rateLimits: [("/api/<x>", 5, 1)],
             configSource: "config/<happypath>.yaml",
             upstreams: [
                 AdminSnapshot.Upstream(
@@ -141,10 +141,9 @@ import Testing
     }
 
     @Test func listsTheLastFiftyEventsNewestFirstEscaped() {
-        var events = (0..<60).map { AdminSnapshot.Event(type: "tick", ts: "t\($0)", fields: [.init("n", "\($0)")]) }
+        var events: [AdminSnapshot.Event] = (0..<60).map { (type: "tick", ts: "t\($0)", fields: [(key: "n", value: "\($0)")]) }
         events.append(
-            AdminSnapshot.Event(
-                type: "circuit_opened", ts: "t60", fields: [.init("upstream", "<img src=x onerror=alert(1)>")]))
+            (type: "circuit_opened", ts: "t60", fields: [(key: "upstream", value: "<img src=x onerror=alert(1)>")]))
         let html = StatusPage.eventsSection(events)
         #expect(html.components(separatedBy: "<li>").count - 1 == StatusPage.eventsShown)
         let newest = html.range(of: "t60")!.lowerBound

@@ -121,27 +121,11 @@ public struct AdminSnapshot: Sendable {
         public var parkedTotal: Int { parked.reduce(0) { $0 + $1.count } }
     }
 
-    public struct RateLimit: Sendable, Equatable {
-        public var route: String
-        public var keys: Int
-        public var queued: Int
-        public init(route: String, keys: Int, queued: Int) {
-            self.route = route
-            self.keys = keys
-            self.queued = queued
-        }
-    }
+    /// A rate-limited route: keys tracked, requests queued.
+    public typealias RateLimit = (route: String, keys: Int, queued: Int)
 
-    public struct Fallback: Sendable, Equatable {
-        public var entries: Int
-        public var bytes: Int
-        public var maxBytes: Int
-        public init(entries: Int, bytes: Int, maxBytes: Int) {
-            self.entries = entries
-            self.bytes = bytes
-            self.maxBytes = maxBytes
-        }
-    }
+    /// The answers kept for `fallback.serve_stale`.
+    public typealias Fallback = (entries: Int, bytes: Int, maxBytes: Int)
 
     public struct Deliveries: Sendable {
         /// Kept deliveries by state name (queued, in_flight, delivered, dead).
@@ -168,25 +152,7 @@ public struct AdminSnapshot: Sendable {
         public func count(_ state: String) -> Int { counts.first { $0.state == state }?.count ?? 0 }
     }
 
-    /// One of the events `/admin/events` streams, as kept for the page.
-    public struct Event: Sendable, Equatable {
-        public var type: String
-        public var ts: String
-        /// Its other fields in order, values as text.
-        public var fields: [Field]
-        public init(type: String, ts: String, fields: [Field] = []) {
-            self.type = type
-            self.ts = ts
-            self.fields = fields
-        }
-    }
-
-    public struct Field: Sendable, Equatable {
-        public var key: String
-        public var value: String
-        public init(_ key: String, _ value: String) {
-            self.key = key
-            self.value = value
-        }
-    }
+    /// One of the events `/admin/events` streams, as kept for the page:
+    /// its type, time, and other fields in order (values as text).
+    public typealias Event = (type: String, ts: String, fields: [(key: String, value: String)])
 }

@@ -36,22 +36,26 @@ public enum StatusPage {
     /// entities, and control characters other than tab and newline (which a
     /// name from outside could carry) become U+FFFD.
     public static func escape(_ s: String) -> String {
-        if !s.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F || "&<>\"'".utf8.contains($0) }) { return s }
         var out = ""
-        out.reserveCapacity(s.utf8.count + 16)
+        out.reserveCapacity(s.utf8.count)
         for scalar in s.unicodeScalars {
-            switch scalar {
-            case "&": out += "&amp;"
-            case "<": out += "&lt;"
-            case ">": out += "&gt;"
-            case "\"": out += "&quot;"
-            case "'": out += "&#39;"
-            case "\t", "\n": out.unicodeScalars.append(scalar)
-            case _ where scalar.value < 0x20 || scalar.value == 0x7F: out += "\u{FFFD}"
-            default: out.unicodeScalars.append(scalar)
-            }
+            if let replacement = replacement(for: scalar) { out += replacement } else { out.unicodeScalars.append(scalar) }
         }
         return out
+    }
+
+    /// What `escape` writes instead of `scalar`, or nil to keep it.
+    static func replacement(for scalar: Unicode.Scalar) -> String? {
+        switch scalar {
+        case "&": "&amp;"
+        case "<": "&lt;"
+        case ">": "&gt;"
+        case "\"": "&quot;"
+        case "'": "&#39;"
+        case "\t", "\n": nil
+        case _ where scalar.value < 0x20 || scalar.value == 0x7F: "\u{FFFD}"
+        default: nil
+        }
     }
 
     // MARK: - Words

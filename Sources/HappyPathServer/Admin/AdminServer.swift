@@ -411,11 +411,11 @@ final class AdminServer: HTTPServerDelegate {
             maxBufferedBytes: shared.bodies.limit, deliveries: shared.deliveries?.stateSnapshot(),
             rateLimits: runtime.routes.compactMap { route in
                 route.rateLimit.map {
-                    AdminSnapshot.RateLimit(route: route.label, keys: $0.keys, queued: $0.queued.load(ordering: .relaxed))
+                    (route.label, $0.keys, $0.queued.load(ordering: .relaxed))
                 }
             },
             fallback: shared.stale.map {
-                AdminSnapshot.Fallback(entries: $0.usage.entries, bytes: $0.usage.bytes, maxBytes: $0.maxBytes)
+                ($0.usage.entries, $0.usage.bytes, $0.maxBytes)
             },
             configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
     }

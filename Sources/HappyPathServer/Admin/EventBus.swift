@@ -39,7 +39,7 @@ final class EventBus: Sendable {
         }
         data += "}"
         let frame = "event: \(type)\ndata: \(data)\n\n"
-        let event = AdminSnapshot.Event(type: type, ts: "\(ts)", fields: fields.map { AdminSnapshot.Field($0.0, $0.1) })
+        let event: AdminSnapshot.Event = (type, "\(ts)", fields.map { ($0.0, $0.1) })
         let recent = recentEvents
         loop.execute(with: subscribers) { subscribers in
             for subscriber in subscribers.values { subscriber.send(frame) }
