@@ -80,7 +80,10 @@ import Testing
                 let parked = (flaky?["parked"] as? [String: Any])?["circuit_open"] as? Int
                 let deliveries = state["deliveries"] as? [String: Any]
                 let backlog = (deliveries?["queued"] as? Int ?? 0) + (deliveries?["in_flight"] as? Int ?? 0)
-                return breaker == "open" && parked == StatusPageServingTests.parkedRequests && backlog >= 1
+                // Requests are counted just after their answer is written.
+                let counted = metricSamples(try HTTP.request(port: admin, "/metrics").text)
+                let answered = counted["happypath_requests_total{route=\"/flaky/\",code=\"UPSTREAM_UNAVAILABLE\"}"]
+                return breaker == "open" && parked == StatusPageServingTests.parkedRequests && backlog >= 1 && answered == 1
             }
             #expect(shown)
         }
@@ -104,6 +107,9 @@ import Testing
         #expect(html.contains("<span class=\"warn\">\(Self.parkedRequests) parked</span> (\(Self.parkedRequests) circuit_open)"))
         #expect(html.contains("in the backlog</span>"))
         #expect(html.contains("store \(s.store.file): <span data-k=\"store\"><span class=\"ok\">writable</span>"))
+        // What the registry counts per route: the failed request, and the demo's.
+        #expect(html.contains("<tr><td>/flaky/</td><td>1</td><td class=\"warn\">1 (100.0%)</td>"))
+        #expect(html.contains("<tr><td>/</td><td>1</td><td>0 (0.0%)</td>"))
         // The breaker's opening is among the last events, rendered by the server.
         #expect(html.contains("<b>breaker_opened</b> upstream=flaky"))
         // Nothing it loads comes from elsewhere.

@@ -169,4 +169,65 @@ import Testing
         #expect(!StatusPage.script.contains("eval("))
         #expect(StatusPage.script.contains("/admin/events") && StatusPage.script.contains("/admin/state"))
     }
+
+    // MARK: - Per route
+
+    static let exposition = """
+        # HELP happypath_requests_total Client requests answered.
+        # TYPE happypath_requests_total counter
+        happypath_requests_total{route="/api/",code="OK"} 8
+        happypath_requests_total{route="/api/",code="UPSTREAM_TIMEOUT"} 2
+        happypath_requests_total{route="/q\\"x",code="OK"} 1
+        happypath_requests_total{route="/gone/",code="OK"} 5
+        happypath_hedges_total{route="/api/",outcome="won"} 3
+        happypath_hedges_total{route="/api/",outcome="lost"} 4
+        happypath_hedges_total{route="/api/",outcome="skipped"} 9
+        happypath_fallback_total{route="/api/",kind="stale",reason="timeout"} 1
+        happypath_fallback_total{route="/api/",kind="fixed",reason="5xx"} 1
+        happypath_rate_limited_total{route="/api/",outcome="rejected"} 6
+        happypath_request_duration_seconds_bucket{route="/api/",le="0.005"} 4
+        happypath_request_duration_seconds_bucket{route="/api/",le="0.01"} 5
+        happypath_request_duration_seconds_bucket{route="/api/",le="2.5"} 9
+        happypath_request_duration_seconds_bucket{route="/api/",le="+Inf"} 10
+        happypath_request_duration_seconds_count{route="/api/"} 10
+        happypath_tunnels_open 0
+        not a sample
+        broken{route="/api/ 1
+        """
+
+    @Test func readsTheRegistrysTextPerRoute() {
+        let totals = RouteTotals.read(Self.exposition, routes: ["/api/", "/q\"x", "/idle/", "/api/"])
+        #expect(totals.map(\.route) == ["/api/", "/q\"x", "/idle/"], "in the configuration's order, once each")
+        let api = totals[0]
+        #expect(api.requests == 10 && api.errors == 2)
+        #expect(api.hedgesWon == 3 && api.hedgesLost == 4)
+        #expect(api.fallbacks == 2 && api.rateLimited == 6)
+        #expect(api.p50 == 0.01, "5 of 10 are within 10 ms")
+        #expect(api.p99 == .infinity, "the tenth is past the last bucket")
+        #expect(totals[1].requests == 1, "an escaped quote in a label")
+        #expect(totals[2] == RouteTotals(route: "/idle/"), "a route without requests is listed, empty")
+        #expect(RouteTotals.samples(Self.exposition).contains { $0.name == "happypath_tunnels_open" && $0.labels.isEmpty })
+        #expect(!RouteTotals.samples(Self.exposition).contains { $0.name == "broken" })
+    }
+
+    @Test(arguments: [
+        (0.005 as Double?, "≤ 5 ms"), (0.0025, "≤ 2.5 ms"), (0.25, "≤ 250 ms"), (1, "≤ 1 s"), (2.5, "≤ 2.5 s"),
+        (.infinity, "&gt; 30 s"), (nil, "-"),
+    ])
+    func saysALatencyBucket(seconds: Double?, words: String) {
+        #expect(StatusPage.latency(seconds) == words)
+    }
+
+    @Test func rendersTheRouteTotals() {
+        var totals = RouteTotals(route: "/a<b>/")
+        totals.requests = 200
+        totals.errors = 3
+        totals.p50 = 0.005
+        totals.p99 = 0.25
+        let html = StatusPage.routeTotalsTable([totals])
+        #expect(
+            html.contains("<tr><td>/a&lt;b&gt;/</td><td>200</td><td class=\"warn\">3 (1.5%)</td><td>≤ 5 ms</td><td>≤ 250 ms</td>")
+        )
+        #expect(StatusPage.routeTotalsTable([]).isEmpty)
+    }
 }

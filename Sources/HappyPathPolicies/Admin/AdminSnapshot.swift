@@ -23,6 +23,9 @@ public struct AdminSnapshot: Sendable {
     public var configSource: String
     public var loadedAt: Date
     public var upstreams: [Upstream]
+    /// What the metrics registry counts per route (only the page reads it:
+    /// `/admin/state` leaves it empty).
+    public var routes: [RouteTotals] = []
 
     public init(
         takenAt: Date, ready: Bool = true, inFlight: Int = 0, parked: Int = 0, maxParked: Int = 0, bufferedBytes: Int = 0,

@@ -34,6 +34,8 @@ extension StatusPage {
         table { border-collapse: collapse; width: 100%; background: #fff; margin-bottom: 8px; }
         caption { text-align: left; font-weight: 600; padding: 4px 0; }
         th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; overflow-wrap: anywhere; }
+        .wide { overflow-x: auto; }
+        .wide th, .wide td { white-space: nowrap; overflow-wrap: normal; }
         .ok { color: var(--ok); }
         .warn { color: var(--warn); font-weight: 600; }
         .bad { color: var(--bad); font-weight: 700; }

@@ -218,8 +218,43 @@ public enum StatusPage {
         if let f = s.fallback {
             html += "<p>Answers kept for fallback: \(f.entries) (\(f.bytes) of \(f.maxBytes) bytes).</p>\n"
         }
-        html += "<p class=\"note\">Requests, errors, latency, tries, hedges and fallbacks per route: see /metrics.</p>\n"
+        html += routeTotalsTable(s.routes)
         return html + "</section>\n"
+    }
+
+    /// Each route's totals since the process started.
+    public static func routeTotalsTable(_ routes: [RouteTotals]) -> String {
+        guard !routes.isEmpty else { return "" }
+        var html = """
+            <div class="wide"><table id="route-totals"><caption>Per route, since the process started (reload for new totals)</caption>
+            <thead><tr><th scope="col">Route</th><th scope="col">Requests</th><th scope="col">Errors</th>\
+            <th scope="col">p50</th><th scope="col">p99</th><th scope="col">Hedges won / lost</th>\
+            <th scope="col">Fallbacks</th><th scope="col">Rate-limited</th></tr></thead>
+            <tbody>
+
+            """
+        for r in routes {
+            var errors = count(r.errors)
+            if r.requests > 0 { errors += String(format: " (%.1f%%)", 100 * r.errors / r.requests) }
+            let tone = r.errors > 0 ? " class=\"warn\"" : ""
+            html += """
+                <tr><td>\(escape(r.route))</td><td>\(count(r.requests))</td><td\(tone)>\(errors)</td>\
+                <td>\(latency(r.p50))</td><td>\(latency(r.p99))</td><td>\(count(r.hedgesWon)) / \(count(r.hedgesLost))</td>\
+                <td>\(count(r.fallbacks))</td><td>\(count(r.rateLimited))</td></tr>
+
+                """
+        }
+        return html + "</tbody></table></div>\n"
+    }
+
+    /// A counter's value as a whole number.
+    static func count(_ v: Double) -> String { v.isFinite && abs(v) < 1e15 ? String(Int(v)) : String(v) }
+
+    /// A bucket's upper bound: `≤ 5 ms`, `≤ 2.5 s`, `> 30 s` (past the last), `-` (no requests).
+    public static func latency(_ seconds: Double?) -> String {
+        guard let seconds else { return "-" }
+        guard seconds.isFinite else { return "&gt; 30 s" }
+        return seconds < 1 ? String(format: "≤ %g ms", seconds * 1000) : String(format: "≤ %g s", seconds)
     }
 
     /// The delivery backlog by state and the store's health.

@@ -134,7 +134,7 @@ final class AdminServer: HTTPServerDelegate {
         case "/status":
             request.reply(
                 status: 200, headers: StatusPage.headers.map { HTTPField(name: $0.0, value: $0.1) },
-                body: StatusPage.render(snapshot(), events: shared.events.recent))
+                body: StatusPage.render(statusSnapshot(), events: shared.events.recent))
         case "/status.js":
             request.reply(
                 status: 200, headers: StatusPage.scriptHeaders.map { HTTPField(name: $0.0, value: $0.1) }, body: StatusPage.script
@@ -418,6 +418,14 @@ final class AdminServer: HTTPServerDelegate {
                 ($0.usage.entries, $0.usage.bytes, $0.maxBytes)
             },
             configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
+    }
+
+    /// The snapshot with what the metrics registry counts per route: read
+    /// back from its text here, on the admin loop, only for the page.
+    private func statusSnapshot() -> AdminSnapshot {
+        var s = snapshot()
+        s.routes = RouteTotals.read(shared.metrics.registry.emitToString(), routes: runtime.routes.map(\.label))
+        return s
     }
 
     /// Each upstream's endpoints, health, breaker and parked counts, token
