@@ -146,44 +146,12 @@ import Testing
 
     // MARK: - In a browser
 
-    /// Debian's `chromium`, if installed (`make test-deps` installs it).
-    static let chromium: String? = ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"]
-        .first { FileManager.default.isExecutableFile(atPath: $0) }
-
     /// Where the screenshots are kept after the run.
     static let artifacts = NSTemporaryDirectory() + "happypath-status-page"
 
-    /// Runs headless Chromium on `url` with `arguments`; its standard output.
-    static func runChromium(_ arguments: [String], url: String) throws -> String {
-        let profile = NSTemporaryDirectory() + "happypath-chromium-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: profile) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: chromium!)
-        process.arguments =
-            [
-                "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-extensions",
-                "--user-data-dir=\(profile)", "--virtual-time-budget=4000",
-            ] + arguments + [url]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        // Read while it runs (a DOM larger than the pipe would block it).
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return String(decoding: data, as: UTF8.self)
-    }
+    static let noChromium = "chromium is not installed: `make test-deps` installs it (Debian package chromium)"
 
-    /// Width and height from a PNG's IHDR.
-    static func pngSize(_ path: String) -> (width: Int, height: Int)? {
-        guard let d = FileManager.default.contents(atPath: path), d.count > 24, d.starts(with: [0x89, 0x50, 0x4E, 0x47])
-        else { return nil }
-        let b = [UInt8](d)
-        func be32(_ i: Int) -> Int { Int(b[i]) << 24 | Int(b[i + 1]) << 16 | Int(b[i + 2]) << 8 | Int(b[i + 3]) }
-        return (be32(16), be32(20))
-    }
-
-    @Test(.enabled(if: chromium != nil, "chromium is not installed: `make test-deps` installs it (Debian package chromium)"))
+    @Test(.enabled(if: HeadlessChromium.path != nil, Comment(rawValue: noChromium)))
     func aBrowserShowsTheLivePageAtBothWidths() throws {
         let s = try Scenario()
         try s.drive()
@@ -191,7 +159,7 @@ import Testing
 
         // The DOM after the page's script ran under its CSP: it fetched
         // /admin/state and rewrote the page (data-live, "Live: updated").
-        let dom = try Self.runChromium(["--window-size=1280,900", "--dump-dom"], url: url)
+        let dom = try HeadlessChromium.run(["--window-size=1280,900", "--dump-dom"], url: url)
         #expect(dom.contains("data-live=\"1\""), "the script did not run: \(dom.prefix(2000))")
         #expect(dom.contains("Live: updated"))
         for name in ["demo", "flaky", "hooks"] { #expect(dom.contains("<h3>\(name)</h3>"), "\(name)") }
@@ -202,7 +170,7 @@ import Testing
         #expect(dom.contains("data-fits=\"1\""), "wider than 1280 pixels")
 
         // At a phone's width nothing is wider than the window.
-        let narrow = try Self.runChromium(["--window-size=390,844", "--dump-dom"], url: url)
+        let narrow = try HeadlessChromium.run(["--window-size=390,844", "--dump-dom"], url: url)
         #expect(narrow.contains("data-live=\"1\""))
         #expect(narrow.contains("data-fits=\"1\""), "wider than 390 pixels")
 
@@ -210,9 +178,36 @@ import Testing
         for (width, height) in [(1280, 900), (390, 844)] {
             let file = Self.artifacts + "/status-\(width).png"
             try? FileManager.default.removeItem(atPath: file)
-            _ = try Self.runChromium(["--window-size=\(width),\(height)", "--screenshot=\(file)"], url: url)
-            let size = Self.pngSize(file)
+            _ = try HeadlessChromium.run(["--window-size=\(width),\(height)", "--screenshot=\(file)"], url: url)
+            let size = HeadlessChromium.pngSize(file)
             #expect(size?.width == width && size?.height == height, "\(file): \(String(describing: size))")
         }
+    }
+
+    /// Without reloading: an event that happens while the page is open is
+    /// listed by the script from `/admin/events`, and the state it changed
+    /// is read again from `/admin/state`.
+    @Test(.enabled(if: HeadlessChromium.path != nil, Comment(rawValue: noChromium)))
+    func anOpenPageFollowsWhatHappensNext() throws {
+        let s = try Scenario()
+        try s.drive()
+        let parkedEvents = "document.querySelectorAll('#event-list li').length"
+        let flakyParked = "document.querySelector('[data-upstream=\"flaky\"] [data-k=\"parked\"]').textContent"
+        let page = try HeadlessChromium.LivePage(
+            url: "http://127.0.0.1:\(s.admin)/status",
+            ready: "document.documentElement.getAttribute('data-events') === 'open' && "
+                + "document.documentElement.getAttribute('data-live') === '1'",
+            report: [parkedEvents, flakyParked])
+        let loaded = page.next()
+        #expect(loaded["met"] as? Bool == true, "the page did not go live: \(loaded)")
+        let before = (loaded["report"] as? [Any])?.first as? Int ?? -1
+        #expect(before >= 3, "breaker_opened and two command_parked, rendered by the server")
+
+        // One more request parks behind the open breaker.
+        let port = s.h.port
+        Thread.detachNewThread { _ = try? HTTP.request(port: port, "/flaky/later", timeout: 40) }
+        let after = page.wait(for: "\(parkedEvents) > \(before) && \(flakyParked).indexOf('3 parked') === 0")
+        #expect(after["met"] as? Bool == true, "not followed: \(after)")
+        #expect((after["report"] as? [Any])?.last as? String == "3 parked (3 circuit_open)")
     }
 }

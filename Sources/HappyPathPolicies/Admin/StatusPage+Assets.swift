@@ -149,11 +149,13 @@ extension StatusPage {
           }
           function listen() {
             if (!window.fetch || !window.ReadableStream) return;
+            var root = document.documentElement;
             fetch("/admin/events", { cache: "no-store" }).then(function (r) {
+              root.setAttribute("data-events", "open");
               var reader = r.body.getReader(), decoder = new TextDecoder(), buffer = "";
               function pump() {
                 return reader.read().then(function (chunk) {
-                  if (chunk.done) { setTimeout(listen, 2000); return; }
+                  if (chunk.done) { root.setAttribute("data-events", "closed"); setTimeout(listen, 2000); return; }
                   buffer += decoder.decode(chunk.value, { stream: true });
                   var end;
                   while ((end = buffer.indexOf("\\n\\n")) >= 0) { frame(buffer.slice(0, end)); buffer = buffer.slice(end + 2); }
@@ -161,7 +163,7 @@ extension StatusPage {
                 });
               }
               return pump();
-            }).catch(function () { setTimeout(listen, 2000); });
+            }).catch(function () { root.setAttribute("data-events", "closed"); setTimeout(listen, 2000); });
           }
           refresh();
           setInterval(refresh, 5000);
