@@ -46,6 +46,10 @@ import Testing
                     strip_prefix: /hooks
                     timeout: 2s
                     delivery: { mode: later, backoff: { base: 10s, max: 20s } }
+                  - match: { path_prefix: /dead/ }
+                    upstream: demo
+                    strip_prefix: /dead
+                    delivery: { mode: later }
                   - match: { path_prefix: /flaky/ }
                     upstream: flaky
                     timeout: 30s
@@ -209,5 +213,43 @@ import Testing
         let after = page.wait(for: "\(parkedEvents) > \(before) && \(flakyParked).indexOf('3 parked') === 0")
         #expect(after["met"] as? Bool == true, "not followed: \(after)")
         #expect((after["report"] as? [Any])?.last as? String == "3 parked (3 circuit_open)")
+    }
+
+    /// A dead delivery is listed with a Replay button; confirmed, the
+    /// replay is sent, its answer shown, and its event names who asked.
+    @Test(.enabled(if: HeadlessChromium.path != nil, Comment(rawValue: noChromium)))
+    func aDeadDeliveryIsReplayedFromThePage() throws {
+        let s = try Scenario()
+        // The demo answers 404: the upstream refused it, dead at once.
+        let accepted = try HTTP.request(port: s.h.port, "POST", "/dead/status/404", body: Array("{}".utf8))
+        #expect(accepted.status == 202)
+        #expect(
+            waitUntil("the delivery dead") {
+                let deliveries = try HTTP.request(port: s.admin, "/admin/state").json["deliveries"] as? [String: Any]
+                return deliveries?["dead"] as? Int == 1
+            })
+        let buttons = "document.querySelectorAll('#dead-deliveries tbody button').length"
+        let result = "document.getElementById('action-result').textContent"
+        let events = "document.getElementById('event-list').textContent"
+        let page = try HeadlessChromium.LivePage(
+            url: "http://127.0.0.1:\(s.admin)/status",
+            ready: "document.documentElement.getAttribute('data-events') === 'open' && \(buttons) === 1",
+            report: [result, events])
+        #expect(page.next()["met"] as? Bool == true, "no Replay button")
+
+        // Refused when not confirmed: nothing is sent.
+        let declined = page.wait(
+            for: "(window.confirm = function () { return false; }, "
+                + "document.querySelector('#dead-deliveries tbody button').click(), \(result) === '')")
+        #expect(declined["met"] as? Bool == true, "\(declined)")
+        let confirmed = page.wait(
+            for: "(window.confirm = function () { return true; }, "
+                + "document.querySelector('#dead-deliveries tbody button').click(), true)")
+        #expect(confirmed["met"] as? Bool == true)
+        let replayed = page.wait(for: "\(result).indexOf('Replayed dlv_') === 0 && \(events).indexOf('delivery_replayed') >= 0")
+        #expect(replayed["met"] as? Bool == true, "\(replayed)")
+        let report = replayed["report"] as? [String] ?? []
+        #expect(report.first?.hasPrefix("Replayed dlv_") == true)
+        #expect(report.last?.contains("by=127.0.0.1") == true, "the event says who asked: \(report)")
     }
 }

@@ -165,6 +165,44 @@ extension StatusPage {
               return pump();
             }).catch(function () { root.setAttribute("data-events", "closed"); setTimeout(listen, 2000); });
           }
+          // Delivery actions: each confirmed, sent as a POST of the page's own
+          // origin (the admin listener logs it, and its event says by whom).
+          function say(text) { var out = document.getElementById("action-result"); if (out) out.textContent = text; }
+          function act(path, question, done) {
+            if (!window.confirm(question)) return;
+            fetch(path, { method: "POST", cache: "no-store" }).then(function (r) {
+              return r.json().then(function (body) { say(r.status === 200 ? done(body) : "Refused (" + r.status + "): " + (body.detail || "")); });
+            }).catch(function () { say("The admin listener did not answer."); }).then(function () { loadDead(); soon(); });
+          }
+          function cell(row, text) { var c = row.insertCell(-1); c.textContent = text; return c; }
+          function loadDead() {
+            var body = document.querySelector("#dead-deliveries tbody");
+            if (!body) return;
+            fetch("/admin/deliveries?state=dead&limit=20", { cache: "no-store" }).then(function (r) { return r.json(); }).then(function (page) {
+              body.textContent = "";
+              (page.deliveries || []).forEach(function (d) {
+                var row = body.insertRow(-1);
+                cell(row, d.id); cell(row, d.upstream); cell(row, d.method + " " + d.target); cell(row, d.updated_at || "");
+                var button = document.createElement("button");
+                button.type = "button"; button.textContent = "Replay";
+                button.addEventListener("click", function () {
+                  act("/admin/deliveries/" + encodeURIComponent(d.id) + "/replay", "Replay delivery " + d.id + " (" + d.method + " " + d.target + ")?",
+                    function (b) { return "Replayed " + b.id + ": now " + b.state + "."; });
+                });
+                cell(row, "").appendChild(button);
+              });
+              if (!body.rows.length) cell(body.insertRow(-1), "No dead deliveries.").colSpan = 5;
+            }).catch(function () { return; });
+          }
+          var actions = document.getElementById("delivery-actions");
+          if (actions) {
+            actions.removeAttribute("hidden");
+            document.getElementById("purge-deliveries").addEventListener("click", function () {
+              act("/admin/deliveries/purge", "Purge delivered and dead deliveries older than storage.retention?",
+                function (b) { return "Purged " + b.purged + "."; });
+            });
+            loadDead();
+          }
           refresh();
           setInterval(refresh, 5000);
           listen();

@@ -278,8 +278,26 @@ public enum StatusPage {
             let tone = state == "dead" && count > 0 ? " class=\"bad\"" : ""
             html += "<tr><td>\(escape(state))</td><td data-k=\"delivery-\(escape(state))\"\(tone)>\(count)</td></tr>\n"
         }
-        return html + "</tbody></table>\n</section>\n"
+        return html + "</tbody></table>\n" + deliveryActions + "</section>\n"
     }
+
+    /// Buttons for the admin API's delivery actions. Hidden until the
+    /// script shows them: they need it (a form's POST is refused as
+    /// cross-site, on purpose), and each asks to be confirmed first.
+    static let deliveryActions = """
+        <noscript><p class="note">Replaying and purging deliveries from here needs the page's script.</p></noscript>
+        <div id="delivery-actions" hidden>
+        <h3>Actions</h3>
+        <p><button type="button" id="purge-deliveries">Purge old deliveries</button> \
+        <span class="note">delivered and dead deliveries older than storage.retention, as the proxy does every 10 minutes</span></p>
+        <div class="wide"><table id="dead-deliveries"><caption>Dead deliveries (up to 20)</caption>
+        <thead><tr><th scope="col">Delivery</th><th scope="col">Upstream</th><th scope="col">Request</th>\
+        <th scope="col">Last change</th><th scope="col">Action</th></tr></thead>
+        <tbody></tbody></table></div>
+        <p id="action-result" role="status"></p>
+        </div>
+
+        """
 
     /// The last events, the newest first.
     public static func eventsSection(_ events: [AdminSnapshot.Event]) -> String {

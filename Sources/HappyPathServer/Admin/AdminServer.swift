@@ -295,7 +295,7 @@ final class AdminServer: HTTPServerDelegate {
             }
         case 3 where parts[2] == "purge":
             guard isPost else { return wrongMethod("POST") }
-            deliveries.purge { count in
+            deliveries.purge(by: request.peerAddress) { count in
                 loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
             }
         case 3:
@@ -338,7 +338,7 @@ final class AdminServer: HTTPServerDelegate {
         } ?? DeliveryPolicy.Configuration().maxAge
         let loop = adminLoop
         let box = LoopBound((request: request, server: self), on: adminLoop)
-        deliveries.replay(id: id, maxAge: maxAge) { result in
+        deliveries.replay(id: id, maxAge: maxAge, by: request.peerAddress) { result in
             switch result {
             case .replayed:
                 deliveries.store.record(id: id) { after in
