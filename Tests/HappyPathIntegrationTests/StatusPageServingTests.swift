@@ -179,8 +179,9 @@ import Testing
         #expect(narrow.contains("data-fits=\"1\""), "wider than 390 pixels")
 
         try FileManager.default.createDirectory(atPath: Self.artifacts, withIntermediateDirectories: true)
-        for (width, height) in [(1280, 900), (390, 844)] {
-            let file = Self.artifacts + "/status-\(width).png"
+        // The two widths, and the whole page at the wider one (docs/images/status.png).
+        for (width, height) in [(1280, 900), (390, 844), (1280, 1800)] {
+            let file = Self.artifacts + "/status-\(width)x\(height).png"
             try? FileManager.default.removeItem(atPath: file)
             _ = try HeadlessChromium.run(["--window-size=\(width),\(height)", "--screenshot=\(file)"], url: url)
             let size = HeadlessChromium.pngSize(file)

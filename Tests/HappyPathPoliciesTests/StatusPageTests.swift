@@ -138,6 +138,10 @@ import Testing
         #expect(html.contains("<span class=\"bad\">cannot write</span>"))
         #expect(html.contains("<td>dead</td><td data-k=\"delivery-dead\" class=\"bad\">2</td>"))
         #expect(StatusPage.deliveriesSection(nil).contains("No route delivers later."))
+        // The actions wait for the script: hidden, and said so without it.
+        #expect(html.contains("<div id=\"delivery-actions\" hidden>"))
+        #expect(html.contains("<noscript>"))
+        #expect(!StatusPage.deliveriesSection(nil).contains("delivery-actions"))
     }
 
     @Test func listsTheLastFiftyEventsNewestFirstEscaped() {
