@@ -253,4 +253,62 @@ import Testing
         #expect(report.first?.hasPrefix("Replayed dlv_") == true)
         #expect(report.last?.contains("by=127.0.0.1") == true, "the event says who asked: \(report)")
     }
+
+    /// Names from the configuration and fields of events are text, never
+    /// markup: an upstream and a route named as an injection show as
+    /// written, in the server's HTML, in what the script rewrites, and in
+    /// an event it lists, and nothing of them runs.
+    @Test(.enabled(if: HeadlessChromium.path != nil, Comment(rawValue: noChromium)))
+    func namesThatLookLikeMarkupStayText() throws {
+        let name = "<img src=x onerror=window.pwned=1>"
+        let up = ScriptedUpstream(responses: [http(500)]).started()
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults: { reachability: { park_for: 0s } }
+            upstreams:
+              "\(name)":
+                endpoints: ['http://127.0.0.1:\(up.port)/a<b>"c']
+                retry: { on: [500], attempts: 1 }
+                circuit_breaker: { consecutive_failures: 1, open_for: 60s, while_open: fail }
+            routes:
+              - match: { path_prefix: "/<script>window.pwned=2</script>/" }
+                upstream: "\(name)"
+              - match: { path_prefix: / }
+                upstream: "\(name)"
+            """)
+        h.scripted.append(up)
+        let html = try HTTP.request(port: h.adminPort, "/status").text
+        #expect(html.contains("<h3>&lt;img src=x onerror=window.pwned=1&gt;</h3>"))
+        #expect(html.contains("<td>http://127.0.0.1:\(up.port)/a&lt;b&gt;&quot;c</td>"))
+        #expect(!html.contains("<img") && !html.contains("<script>window"))
+
+        let page = try HeadlessChromium.LivePage(
+            url: "http://127.0.0.1:\(h.adminPort)/status",
+            ready: "document.documentElement.getAttribute('data-events') === 'open' && "
+                + "document.documentElement.getAttribute('data-live') === '1'",
+            report: [
+                "document.querySelector('article.upstream h3').textContent",
+                "document.getElementById('event-list').textContent",
+                "document.images.length + document.scripts.length * 10",
+                "String(window.pwned)",
+                "document.querySelector('#route-totals tbody td').textContent",
+            ])
+        #expect(page.next()["met"] as? Bool == true)
+        // The breaker opens: its event, naming the upstream, comes over the stream.
+        #expect(try HTTP.request(port: h.port, "/x").status == 503)
+        let after = page.wait(
+            for: "document.getElementById('event-list').textContent.indexOf('breaker_opened') >= 0 && "
+                + "document.querySelector('[data-k=\"breaker\"]').textContent.indexOf('open until') === 0")
+        #expect(after["met"] as? Bool == true, "\(after)")
+        let report = after["report"] as? [Any] ?? []
+        #expect(report.count == 5)
+        guard report.count == 5 else { return }
+        #expect(report[0] as? String == name, "the script found and rewrote the card by its name")
+        #expect((report[1] as? String)?.contains("upstream=\(name)") == true)
+        #expect(report[2] as? Int == 10, "no image; one script, the page's own")
+        #expect(report[3] as? String == "undefined", "nothing ran")
+        #expect(report[4] as? String == "/<script>window.pwned=2</script>/")
+    }
 }
