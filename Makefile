@@ -12,7 +12,7 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 # Debian packages: build/run needs the first list, the load-test scenarios and
 # the manifest check the second, the side-by-side benchmark the third.
 RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev libpq-dev libnghttp2-dev pkg-config
-TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus nghttp2-client
+TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus nghttp2-client chromium
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
 .PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short

@@ -203,6 +203,16 @@ final class UpstreamGuard: Sendable {
 
     var breakerState: CircuitBreakerStateMachine.State { breaker.withLock { $0.state } }
 
+    /// The breaker's state and the failures behind it, read at once (the admin state and status page).
+    func breakerReading(at now: Instant) -> (
+        state: CircuitBreakerStateMachine.State, failures: (consecutive: Int, requests: Int, failed: Int)
+    ) {
+        breaker.withLock { ($0.state, $0.failures(at: now)) }
+    }
+
+    /// Retries the budget would grant now (nothing taken).
+    func retriesLeft(at now: Instant) -> Int { budget.withLock { $0.retriesLeft(at: now) } }
+
     func recordRequest(at now: Instant) { budget.withLock { $0.recordRequest(at: now) } }
 
     func withdrawRetry(at now: Instant) -> Bool { budget.withLock { $0.tryWithdraw(at: now) } }
