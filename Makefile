@@ -12,10 +12,10 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 # Debian packages: build/run needs the first list, the load-test scenarios and
 # the manifest check the second, the side-by-side benchmark the third.
 RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev libpq-dev libnghttp2-dev pkg-config
-TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus nghttp2-client
+TEST_PACKAGES := wrk curl openssl python3 python3-venv postgresql prometheus nghttp2-client chromium
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -166,13 +166,14 @@ check: build
 #    request, happypath beside nginx. Needs root (uprobes).
 #  bench-tls: TLS keep-alive requests and handshakes, happypath beside nginx.
 #  bench-h2: HTTP/2 (h2c, h2load) beside HTTP/1.1 (wrk), happypath beside nginx.
+#  bench-grpc: gRPC unary calls (h2load, one framed message), happypath beside nginx grpc_pass.
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
 #  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal),
 #    then on PostgreSQL (one proxy; two proxies on one database; over a backlog).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-counts bench-tls bench-h2 bench-resilience bench-deliver-later
+bench: bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
@@ -190,6 +191,14 @@ bench-tls: bench-deps release
 # h2load comes with nghttp2-client (TEST_PACKAGES, which bench-deps installs).
 bench-h2: bench-deps release
 	env $(BENCH_ENV) deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+
+# gRPC unary calls (h2load -d with one framed message), happypath's
+# `grpc: {}` route beside nginx's grpc_pass, in front of one upstream that
+# answers as a gRPC server does: CPU per call and the ratio, one run with an
+# h2c upstream, one with a TLS (ALPN h2) upstream.
+bench-grpc: bench-deps release
+	env $(BENCH_ENV) GRPC=1 deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+	env $(BENCH_ENV) GRPC=tls deploy/bench/h2.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 # Policies' cost on the happy path, 25% upstream 503s, a 10 s outage with 1,000 parked requests.
 bench-resilience: bench-deps release

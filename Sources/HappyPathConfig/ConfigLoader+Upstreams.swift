@@ -172,7 +172,7 @@ extension Reader {
         return a
     }
 
-    /// `pacing: { on: [429, 503], max_pause: 60s, while_paused: wait, scope_429: client, max_clients: 10000 }`.
+    /// `pacing: { on: [429, 503, resource-exhausted], max_pause: 60s, while_paused: wait, scope_429: client, max_clients: 10000 }`.
     func pacing(_ node: Node, _ path: String) -> PacingConfiguration {
         let f = fields(node, path, known: ["on", "max_pause", "while_paused", "scope_429", "max_clients"])
         var p = PacingConfiguration()
@@ -181,8 +181,13 @@ extension Reader {
             for item in list {
                 if let s = Int(item), (400...599).contains(s) {
                     statuses.insert(s)
+                } else if item == GRPCStatus.resourceExhausted.configName {
+                    p.onResourceExhausted = true  // a gRPC call's RESOURCE_EXHAUSTED with RetryInfo (docs/grpc.md)
                 } else {
-                    error(on, "\(path).on lists statuses from 400 to 599 (such as 429, 503), got '\(item)'")
+                    error(
+                        on,
+                        "\(path).on lists statuses from 400 to 599 (such as 429, 503) and the gRPC status "
+                            + "resource-exhausted, got '\(item)'")
                 }
             }
             p.on = statuses

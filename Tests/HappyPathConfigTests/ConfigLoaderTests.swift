@@ -764,9 +764,22 @@ struct DeliverLaterConfigTests {
         #expect(p.scope429 == .upstream && p.maxClients == 50)
     }
 
+    @Test func resourceExhaustedIsTheGRPCStatusPacingTakes() throws {
+        let c = try ConfigLoader.parse(Self.upstream("{ on: [503, resource-exhausted] }"), file: "t.yaml")
+        let p = try #require(c.upstreams[0].pacing)
+        #expect(p.on == [503] && p.onResourceExhausted)
+        #expect(PacingConfiguration().onResourceExhausted == false)
+        let plain = try ConfigLoader.parse(Self.upstream("{ on: [429] }"), file: "t.yaml")
+        #expect(plain.upstreams[0].pacing?.onResourceExhausted == false)
+    }
+
     @Test(arguments: [
         ("{ scope_429: everyone }", "upstreams.api.pacing.scope_429 must be one of client, upstream, got 'everyone'"),
         ("{ max_clients: 0 }", "upstreams.api.pacing.max_clients"),
+        // Only RESOURCE_EXHAUSTED carries a wait that means "slow down"; the exact spelling only.
+        ("{ on: [unavailable] }", "pacing.on lists statuses from 400 to 599 (such as 429, 503) and the gRPC status resource-exhausted, got 'unavailable'"),
+        ("{ on: [RESOURCE_EXHAUSTED] }", "got 'RESOURCE_EXHAUSTED'"),
+        ("{ on: [200] }", "got '200'"),
     ])
     func mistakesAreNamed(pacing: String, message: String) {
         let found = errors(Self.upstream(pacing)).map(\.description)

@@ -58,37 +58,23 @@ import Testing
         """
 
     @Test func unaryStreamingErrorsAndLargeMessagesPassThrough() throws {
-        let python = try PythonGRPC.python()
         let serverLines = Locked<[String]>([])
-        let (server, port) = try startPythonServer(
-            python: python, Self.server, lines: serverLines, what: "the grpcio server")
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
+        try PythonGRPC.withServer(Self.server, lines: serverLines) { python, port in
+            let h = try PythonGRPC.proxy(
+                port: port, limits: "{ max_request_body: 16MiB }",
+                routes: "  - { match: { path_prefix: / }, upstream: g, upstream_errors: pass }")
+            defer { h.stop() }
+            let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)
+            #expect(r.status == 0, "\(r.err)")
+            let lines = r.out.split(separator: "\n").map(String.init)
+            // The message, trailing metadata (text and -bin) relayed as trailers.
+            #expect(lines.contains("unary echo:hi t1 True"), "\(r.out) \(r.err)")
+            #expect(lines.contains("stream part0,part1,part2"), "\(r.out)")
+            // A trailers-only error reaches the client as one: code and message intact.
+            #expect(lines.contains("fail NOT_FOUND no such thing"), "\(r.out)")
+            // 5 MiB each way.
+            #expect(lines.contains("big True 5242880"), "\(r.out)")
         }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            limits: { max_request_body: 16MiB }
-            upstreams:
-              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
-            routes:
-              - match: { path_prefix: / }
-                upstream: g
-                upstream_errors: pass
-            """)
-        defer { h.stop() }
-        let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)
-        #expect(r.status == 0, "\(r.err)")
-        let lines = r.out.split(separator: "\n").map(String.init)
-        // The message, trailing metadata (text and -bin) relayed as trailers.
-        #expect(lines.contains("unary echo:hi t1 True"), "\(r.out) \(r.err)")
-        #expect(lines.contains("stream part0,part1,part2"), "\(r.out)")
-        // A trailers-only error reaches the client as one: code and message intact.
-        #expect(lines.contains("fail NOT_FOUND no such thing"), "\(r.out)")
-        // 5 MiB each way.
-        #expect(lines.contains("big True 5242880"), "\(r.out)")
     }
 
     /// Client-streaming and bidirectional calls, the client's next message
@@ -112,29 +98,15 @@ import Testing
         """
 
     @Test func clientStreamingAndBidirectionalCallsStreamBothWays() throws {
-        let python = try PythonGRPC.python()
         let serverLines = Locked<[String]>([])
-        let (server, port) = try startPythonServer(
-            python: python, Self.server, lines: serverLines, what: "the grpcio server")
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
+        try PythonGRPC.withServer(Self.server, lines: serverLines) { python, port in
+            let h = try PythonGRPC.proxy(
+                port: port, routes: "  - { match: { path_prefix: / }, upstream: g, upstream_errors: pass }")
+            defer { h.stop() }
+            let r = try runProcess(python, ["-c", Self.streamingClient, "127.0.0.1:\(h.port)"], timeout: 60)
+            #expect(r.status == 0, "\(r.err)")
+            #expect(r.out.split(separator: "\n").map(String.init) == ["cs a,b,c", "chat re:m0,re:m1,re:m2"], "\(r.err)")
         }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            upstreams:
-              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
-            routes:
-              - match: { path_prefix: / }
-                upstream: g
-                upstream_errors: pass
-            """)
-        defer { h.stop() }
-        let r = try runProcess(python, ["-c", Self.streamingClient, "127.0.0.1:\(h.port)"], timeout: 60)
-        #expect(r.status == 0, "\(r.err)")
-        #expect(r.out.split(separator: "\n").map(String.init) == ["cs a,b,c", "chat re:m0,re:m1,re:m2"], "\(r.err)")
     }
 
     /// A client's `TE` naming `trailers` is what makes the proxy send its

@@ -24,9 +24,9 @@ import Testing
         lock = threading.Lock()
         def hit(ctx, name):
             k = dict(ctx.invocation_metadata()).get("k", "-")
-            with lock:
+            with lock:  # the print too: two threads' words would interleave
                 n = seen.get((name, k), 0); seen[(name, k)] = n + 1
-            print("hit", name, k, flush=True)
+                print("hit", name, k, flush=True)
             return n
         def flaky(req, ctx):
             if hit(ctx, "Flaky") == 0: ctx.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
@@ -75,42 +75,34 @@ import Testing
         """
 
     @Test func unavailableIsRetriedNotFoundIsNotAndAStartedAnswerNever() throws {
-        let python = try PythonGRPC.python()
         let lines = Locked<[String]>([])
-        let (server, port) = try startPythonServer(python: python, Self.server, lines: lines, what: "the grpcio server")
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
+        try PythonGRPC.withServer(Self.server, lines: lines) { python, port in
+            let h = try PythonGRPC.proxy(
+                port: port,
+                routes: """
+                      - match: { path_prefix: / }
+                        upstream: g
+                        grpc: {}
+                        retry: { attempts: 3, on: [unavailable], backoff: { base: 10ms, max: 10ms } }
+                    """)
+            defer { h.stop() }
+            let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)
+            #expect(r.status == 0, "\(r.err)")
+            let out = r.out.split(separator: "\n").map(String.init)
+            func hits(_ method: String, _ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit \(method) \(key)" }.count } }
+            // UNAVAILABLE, named by retry.on: tried again, and the client sees only the success.
+            #expect(out.contains("flaky ok ok:x"), "\(out)")
+            #expect(hits("Flaky", "a") == 2)
+            // NOT_FOUND: passed as the upstream gave it, once.
+            #expect(out.contains("gone NOT_FOUND no such thing"), "\(out)")
+            #expect(hits("Gone", "b") == 1)
+            // RESOURCE_EXHAUSTED is not named by this route: passed as it came, not retried.
+            #expect(out.contains("busy RESOURCE_EXHAUSTED slow down"), "\(out)")
+            #expect(hits("Busy", "c") == 1)
+            // A message was relayed before the UNAVAILABLE: the call is committed, never retried (gRFC A6).
+            #expect(out.contains("half first UNAVAILABLE went away"), "\(out)")
+            #expect(hits("Half", "d") == 1)
         }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            upstreams:
-              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
-            routes:
-              - match: { path_prefix: / }
-                upstream: g
-                grpc: {}
-                retry: { attempts: 3, on: [unavailable], backoff: { base: 10ms, max: 10ms } }
-            """)
-        defer { h.stop() }
-        let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)
-        #expect(r.status == 0, "\(r.err)")
-        let out = r.out.split(separator: "\n").map(String.init)
-        func hits(_ method: String, _ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit \(method) \(key)" }.count } }
-        // UNAVAILABLE, named by retry.on: tried again, and the client sees only the success.
-        #expect(out.contains("flaky ok ok:x"), "\(out)")
-        #expect(hits("Flaky", "a") == 2)
-        // NOT_FOUND: passed as the upstream gave it, once.
-        #expect(out.contains("gone NOT_FOUND no such thing"), "\(out)")
-        #expect(hits("Gone", "b") == 1)
-        // RESOURCE_EXHAUSTED is not named by this route: passed as it came, not retried.
-        #expect(out.contains("busy RESOURCE_EXHAUSTED slow down"), "\(out)")
-        #expect(hits("Busy", "c") == 1)
-        // A message was relayed before the UNAVAILABLE: the call is committed, never retried (gRFC A6).
-        #expect(out.contains("half first UNAVAILABLE went away"), "\(out)")
-        #expect(hits("Half", "d") == 1)
     }
 
     static let hedgingClient = """
@@ -126,42 +118,34 @@ import Testing
     /// them again after a reset or a timeout); without it a call is a POST
     /// the proxy sends once.
     @Test func anIdempotentGRPCRouteHedgesAndAnotherDoesNot() throws {
-        let python = try PythonGRPC.python()
         let lines = Locked<[String]>([])
-        let (server, port) = try startPythonServer(python: python, Self.server, lines: lines, what: "the grpcio server")
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            server.waitUntilExit()
+        try PythonGRPC.withServer(Self.server, lines: lines) { python, port in
+            // A budget that lets every call here be hedged (a hedge spends the ratio only).
+            let h = try PythonGRPC.proxy(
+                port: port, upstream: ", retry: { budget: { ratio: 1 } }",
+                routes: """
+                      - match: { path_prefix: /idem/ }
+                        upstream: g
+                        strip_prefix: /idem
+                        grpc: { idempotent: true }
+                        retry: { per_try_timeout: 5s }
+                        hedge: { after: 100ms }
+                      - match: { path_prefix: /plain/ }
+                        upstream: g
+                        strip_prefix: /plain
+                        grpc: {}
+                        retry: { per_try_timeout: 5s }
+                        hedge: { after: 100ms }
+                    """)
+            defer { h.stop() }
+            let r = try runProcess(python, ["-c", Self.hedgingClient, "127.0.0.1:\(h.port)"], timeout: 60)
+            #expect(r.status == 0, "\(r.err)")
+            let out = r.out.split(separator: "\n").map(String.init)
+            func hits(_ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit Slow \(key)" }.count } }
+            #expect(out.first == "/idem/t.R/Slow ok fast", "\(out)")
+            #expect(hits("/idem/t.R/Slow") == 2)
+            #expect(out.last == "/plain/t.R/Slow ok slow", "\(out)")
+            #expect(hits("/plain/t.R/Slow") == 1)
         }
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            upstreams:
-              # A budget that lets every call here be hedged (a hedge spends the ratio only).
-              g: { endpoints: [http://127.0.0.1:\(port)], protocol: h2, retry: { budget: { ratio: 1 } } }
-            routes:
-              - match: { path_prefix: /idem/ }
-                upstream: g
-                strip_prefix: /idem
-                grpc: { idempotent: true }
-                retry: { per_try_timeout: 5s }
-                hedge: { after: 100ms }
-              - match: { path_prefix: /plain/ }
-                upstream: g
-                strip_prefix: /plain
-                grpc: {}
-                retry: { per_try_timeout: 5s }
-                hedge: { after: 100ms }
-            """)
-        defer { h.stop() }
-        let r = try runProcess(python, ["-c", Self.hedgingClient, "127.0.0.1:\(h.port)"], timeout: 60)
-        #expect(r.status == 0, "\(r.err)")
-        let out = r.out.split(separator: "\n").map(String.init)
-        func hits(_ key: String) -> Int { lines.withLock { $0.filter { $0 == "hit Slow \(key)" }.count } }
-        #expect(out.first == "/idem/t.R/Slow ok fast", "\(out)")
-        #expect(hits("/idem/t.R/Slow") == 2)
-        #expect(out.last == "/plain/t.R/Slow ok slow", "\(out)")
-        #expect(hits("/plain/t.R/Slow") == 1)
     }
 }

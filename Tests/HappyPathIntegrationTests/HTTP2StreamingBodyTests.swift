@@ -31,12 +31,16 @@ import Testing
         d, kind = sys.argv[1], sys.argv[2]
         cuts = {}
         lock = threading.Lock()
+        said = threading.Lock()
+        def say(*words):
+            # One line at a time: threads printing at once would interleave their words.
+            with said: print(*words, flush=True)
         def query(target):
             path, _, q = target.partition("?")
             return dict(p.split("=", 1) for p in q.split("&") if "=" in p)
         def touch(key, what="first"):
             open(os.path.join(d, key + "." + what), "w").close()
-            print(what, key, flush=True)
+            say(what, key)
         class Cut(Exception): pass
         def h1(c):
             f = c.makefile("rb")
@@ -87,10 +91,10 @@ import Testing
                 except Cut:
                     c.shutdown(socket.SHUT_RDWR); c.close(); return
                 except (EOFError, ConnectionError):
-                    print("eof", key, flush=True); return
+                    say("eof", key); return
                 body = json.dumps({"total": st["n"], "sha": st["h"].hexdigest(),
                     "te": headers.get("transfer-encoding"), "cl": headers.get("content-length")}).encode()
-                print("done", key, st["n"], flush=True)
+                say("done", key, st["n"])
                 c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
         def h2c(c):
             import h2.connection, h2.config, h2.events
@@ -113,7 +117,7 @@ import Testing
                         conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
                     elif isinstance(e, h2.events.StreamEnded):
                         s = st.pop(e.stream_id)
-                        print("done", s["key"], s["n"], flush=True)
+                        say("done", s["key"], s["n"])
                         body = json.dumps({"total": s["n"], "sha": s["h"].hexdigest(), "te": None, "cl": s["cl"]}).encode()
                         conn.send_headers(e.stream_id, [(":status", "200"), ("content-type", "application/json"),
                             ("content-length", str(len(body)))])
@@ -165,9 +169,10 @@ import Testing
                 if os.path.exists(os.path.join(d, name)): return True
                 time.sleep(0.01)
             return False
-        def open_stream(path, method="POST", extra=()):
+        def open_stream(path, method="POST", extra=(), end=False):
             sid = c.get_next_available_stream_id()
-            c.send_headers(sid, [(":method", method), (":scheme", "http"), (":authority", "x"), (":path", path)] + list(extra))
+            c.send_headers(sid, [(":method", method), (":scheme", "http"), (":authority", "x"), (":path", path)] + list(extra),
+                           end_stream=end)
             flush()
             return sid
         def send(sid, data, end=False, blocked_after=None):
@@ -199,6 +204,16 @@ import Testing
                 seen = wait_file(key + ".first")
                 send(sid, b"part2", end=True)
                 print("order", key, seen, summary(*answer(sid)), sha(b"part1part2"), flush=True)
+        elif mode == "get":
+            # END_STREAM on the HEADERS: no body, so none goes upstream (no length, no chunks).
+            sid = open_stream("/up?key=get", method="GET", end=True)
+            print("get", summary(*answer(sid)), flush=True)
+            # A body that came whole with its head is read whole: sent with its length.
+            sid = c.get_next_available_stream_id()
+            c.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/up?key=whole1")])
+            c.send_data(sid, b"0123456789", end_stream=True)
+            flush()
+            print("whole1", summary(*answer(sid)), flush=True)
         elif mode == "late":
             # Nothing of the body yet when the try starts: its first read waits.
             sid = open_stream("/up?key=late")
@@ -298,6 +313,9 @@ import Testing
         #expect(out.count == 2)
         #expect(out.first == "order chunk True 200 10 \(sha) \(chunked) \(sha)", "\(out)")
         #expect(out.last == "order len True 200 10 \(sha) te=None cl=10 \(sha)", "\(out)")
+        let get = try run.client(h.port, "get")
+        #expect(get.first?.hasPrefix("get 200 0 ") == true && get.first?.hasSuffix(" te=None cl=None") == true, "\(get)")
+        #expect(get.last?.hasPrefix("whole1 200 10 ") == true && get.last?.hasSuffix(" te=None cl=10") == true, "\(get)")
         let late = try run.client(h.port, "late")
         #expect(late.first?.hasPrefix("late True 200 9 ") == true, "\(late)")
         // 2 MiB, paused and resumed many times on its way (each take is at most one window).
@@ -372,7 +390,7 @@ import Testing
         defer { h.stop() }
         let out = try run.client(h.port, "reset")
         #expect(out.first?.hasPrefix("after 200 5 ") == true, "\(out)")
-        try waitUntil("the upstream's request is cut: \(run.lines.withLock { $0 })") { run.upstreamSaid("eof gone") >= 1 }
+        #expect(waitUntil("the upstream's request is cut") { run.upstreamSaid("eof gone") >= 1 }, "\(run.lines.withLock { $0 })")
         #expect(run.upstreamSaid("req gone") == 1, "\(run.lines.withLock { $0 })")
         #expect(run.lines.withLock { $0.contains { $0.hasPrefix("done gone") } } == false)
     }

@@ -48,6 +48,31 @@ import Testing
         #expect(p.remaining(at: Self.t0) == nil)
     }
 
+    /// A gRPC call's RESOURCE_EXHAUSTED with RetryInfo: a pause only with
+    /// `resource-exhausted` in `on`, and then whom a 429 pauses, as a 429.
+    @Test func aResourceExhaustedPausesAsA429WhenOnNamesIt() {
+        var off = UpstreamPause(PacingConfiguration())
+        #expect(off.answeredResourceExhausted(wait: .seconds(2), client: "a", at: Self.t0) == .none)
+        var config = PacingConfiguration()
+        config.on = [503]  // no 429: resource-exhausted is its own entry
+        config.onResourceExhausted = true
+        var perClient = UpstreamPause(config)
+        #expect(perClient.answered(status: 429, wait: .seconds(2), client: "a", at: Self.t0) == .none)
+        #expect(
+            perClient.answeredResourceExhausted(wait: .seconds(2), client: "a", at: Self.t0)
+                == .paused(until: Self.t0 + .seconds(2), client: "a"))
+        #expect(perClient.pause(for: "a", at: Self.t0)?.cause == 429)
+        #expect(perClient.pause(for: "b", at: Self.t0) == nil)
+        #expect(perClient.answeredResourceExhausted(wait: nil, client: "b", at: Self.t0) == .none)
+        #expect(perClient.answeredResourceExhausted(wait: .zero, client: "b", at: Self.t0) == .none)
+        config.scope429 = .upstream
+        config.maxPause = .seconds(5)
+        var everyone = UpstreamPause(config)
+        #expect(everyone.answeredResourceExhausted(wait: .seconds(30), at: Self.t0) == .paused(until: Self.t0 + .seconds(5)))
+        #expect(everyone.cause == 429)
+        #expect(everyone.pause(for: "b", at: Self.t0)?.left == .seconds(5))
+    }
+
     @Test func neverLongerThanMaxPause() {
         var c = PacingConfiguration()
         c.maxPause = .seconds(10)

@@ -8,6 +8,23 @@
 # (nghttp2-client), curl, taskset.
 #
 #   deploy/bench/h2.sh .build/release/happypath      (make bench-h2)
+#   GRPC=1 deploy/bench/h2.sh .build/release/happypath     (make bench-grpc, h2c upstream)
+#   GRPC=tls deploy/bench/h2.sh .build/release/happypath   (make bench-grpc, TLS upstream)
+#
+# GRPC=1: gRPC unary calls instead, happypath (a `grpc: {}` route to a
+# `protocol: h2` upstream) beside nginx's `grpc_pass`, both in front of one
+# h2c upstream that answers every call as a gRPC server answers a unary call
+# (`content-type: application/grpc`, one framed message, the trailer
+# `grpc-status: 0`): a third nginx that serves the reply from a file, since
+# nginx cannot serve gRPC itself and a grpcio server would cost the shared
+# core many times what either proxy does. h2load sends each call as gRPC
+# does (POST, `-d` one framed message, `content-type: application/grpc`,
+# `te: trailers`). Loads grpc-m1 and grpc-m$MULTI_STREAMS, like the HTTP/2
+# ones; the rows have no bar, only the ratio. GRPC=tls: the upstream on
+# TLS with ALPN h2 (a certificate made here), `grpc_pass grpcs://` and an
+# `https://` endpoint: happypath multiplexes its calls on one upstream
+# connection there, where to an h2c upstream it opens one per call
+# (libcurl 7.88, docs/http2.md).
 #
 # Loads (one client thread each, on CPU 1 beside the upstream; the proxies
 # on CPU 0):
@@ -34,21 +51,23 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=${1:-$here/../../.build/release/happypath}
 DURATION=${DURATION:-10s}; REPEATS=${REPEATS:-3}; WARMUP=${WARMUP:-2s}
 CONNS=${CONNS:-64}; MULTI_CONNS=${MULTI_CONNS:-1}; MULTI_STREAMS=${MULTI_STREAMS:-100}; BAR=${BAR:-1.3}
-PORT_BASE=${PORT_BASE:-18880}
-OUT=${OUT:-/tmp/happypath-h2.$(date +%Y%m%d-%H%M%S)}
+PORT_BASE=${PORT_BASE:-18880}; GRPC=${GRPC:-}
+OUT=${OUT:-/tmp/happypath-$([ -n "$GRPC" ] && { [ "$GRPC" = tls ] && echo grpc-tls || echo grpc; } || echo h2).$(date +%Y%m%d-%H%M%S)}
 for tool in nginx wrk h2load curl taskset python3; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)" >&2; exit 2; }; done
 [ -x "$BIN" ] || { echo "no happypath binary at $BIN" >&2; exit 2; }
 mkdir -p "$OUT/tmp" "$OUT/logs"
 exec > >(tee -a "$OUT/run.log") 2>&1
 UP=127.0.0.1:$((PORT_BASE + 1))
 declare -A PORT=([nginx-h1]=$((PORT_BASE + 2)) [nginx-h2]=$((PORT_BASE + 3)) [happypath]=$((PORT_BASE + 4)))
-LOADS="h1 h2-m1 h2-m$MULTI_STREAMS"
+LOADS="h1 h2-m1 h2-m$MULTI_STREAMS"; [ -n "$GRPC" ] && LOADS="grpc-m1 grpc-m$MULTI_STREAMS"
 PIDS=(); declare -A PID_OF=()
 spawn() { local name=$1 cpu=$2; shift 2; taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1 & PID_OF[$name]=$!; PIDS+=($!); }
 trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; sleep 0.5; for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done' EXIT
 ticks() { local p t=0; for p in $1 $(pgrep -P "$1" | tr '\n' ' '); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{sub(/.*\) /, ""); print $12 + $13}' /proc/$p/stat))); done; echo $t; }
 self_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13 + $14 + $15}' /proc/$$/stat; }  # this shell + reaped children (the client)
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
+grpc=(-H 'content-type: application/grpc' -H 'te: trailers')
+grpc_call() { curl -fs --http2-prior-knowledge -X POST --data-binary @"$OUT/call.bin" "${grpc[@]}" -o "$2" "http://127.0.0.1:$1/bench.v1.Bench/Call"; }
 port() {  # load target: the port that target serves that load on
   case $2 in nginx) [ "$1" = h1 ] && echo "${PORT[nginx-h1]}" || echo "${PORT[nginx-h2]}" ;; *) echo "${PORT[$2]}" ;; esac
 }
@@ -57,10 +76,33 @@ body=$(printf 'happypath-bench-small-body-%072d' 0)
 common="worker_processes 1; daemon off; error_log stderr warn; events { worker_connections 8192; }"
 temp="client_body_temp_path $OUT/tmp/b; proxy_temp_path $OUT/tmp/p; fastcgi_temp_path $OUT/tmp/f; uwsgi_temp_path $OUT/tmp/u; scgi_temp_path $OUT/tmp/s;"
 proxy="location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }"
+served="location / { default_type text/plain; return 200 \"$body\\n\"; }"
+if [ -n "$GRPC" ]; then
+  # The call and its answer, each one framed message (flag 0, 4-byte length,
+  # protobuf bytes: field 1, a 64-byte string). The call's path is no file
+  # (404), which error_page turns into the reply file's 200. The call's
+  # message is read before the answer (mirror_request_body, to a location
+  # that does nothing), as a gRPC server reads it: answered before its DATA
+  # frame arrived, the stream would get a frame after its end, which
+  # nginx's grpc_pass refuses (502 "upstream sent frame for unknown stream").
+  printf '\0\0\0\0\102\n\100%064d' 0 > "$OUT/call.bin"; printf '\0\0\0\0\102\n\100%064d' 1 > "$OUT/reply.bin"
+  proxy="location / { grpc_pass grpc://backend; }"
+  served="location / { mirror /read; mirror_request_body on; root $OUT/tmp; log_not_found off; error_page 404 =200 /reply.bin; }
+    location = /read { internal; return 204; }
+    location = /reply.bin { internal; root $OUT; default_type application/grpc; etag off; add_trailer grpc-status 0 always; }"
+  upstream_listen=http2
+fi
+if [ "$GRPC" = tls ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$OUT/tls.key" -out "$OUT/tls.crt" \
+    -days 2 -subj /CN=localhost -addext "subjectAltName=DNS:localhost" 2>/dev/null || exit 2
+  proxy="location / { grpc_pass grpcs://backend; }"
+  upstream_listen="ssl http2"
+  served="ssl_certificate $OUT/tls.crt; ssl_certificate_key $OUT/tls.key; $served"
+fi
 cat > "$OUT/upstream.conf" <<C
 $common pid $OUT/tmp/up.pid;
 http { access_log off; $temp keepalive_requests 10000000;
-  server { listen $UP backlog=4096; location / { default_type text/plain; return 200 "$body\n"; } } }
+  server { listen $UP ${upstream_listen:-} backlog=4096; $served } }
 C
 # keepalive_requests also bounds the requests of one HTTP/2 connection in
 # nginx 1.22 (http2_max_requests is obsolete): without it nginx would send
@@ -75,9 +117,14 @@ C
 nginx -t -q -p "$OUT/tmp/" -c "$OUT/nginx.conf" || exit 2
 spawn upstream 1 nginx -p "$OUT/tmp/" -c "$OUT/upstream.conf"
 spawn nginx 0 nginx -p "$OUT/tmp/" -c "$OUT/nginx.conf"
-spawn happypath 0 env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[happypath]}" BENCH_OUT="$OUT/tmp" \
+spawn happypath 0 env BENCH_PROFILE="$([ -n "$GRPC" ] && echo grpc || echo foundation)" BENCH_UPSTREAM="$UP" \
+  BENCH_UPSTREAM_CA="$([ "$GRPC" = tls ] && echo "$OUT/tls.crt")" BENCH_LISTEN="127.0.0.1:${PORT[happypath]}" BENCH_OUT="$OUT/tmp" \
   HAPPYPATH_BIN="$BIN" "$here/run-happypath-for-bench.sh"
-for load in h1 h2; do for t in nginx happypath; do
+for load in $([ -n "$GRPC" ] && echo grpc || echo h1 h2); do for t in nginx happypath; do
+  if [ "$load" = grpc ]; then  # one call, its answer the upstream's reply byte for byte
+    for _ in $(seq 100); do grpc_call "$(port h2 "$t")" "$OUT/got-$t.bin" && cmp -s "$OUT/got-$t.bin" "$OUT/reply.bin" && continue 2; sleep 0.1; done
+    echo "$t does not answer a gRPC call on :$(port h2 "$t") (see $OUT/logs)"; exit 1
+  fi
   p=$(port "$load" "$t"); args=(-fs -o /dev/null -w '%{http_version}'); [ "$load" = h2 ] && args+=(--http2-prior-knowledge)
   for _ in $(seq 100); do curl "${args[@]}" "http://127.0.0.1:$p/" >/dev/null && break; sleep 0.1; done
   got=$(curl "${args[@]}" "http://127.0.0.1:$p/")
@@ -93,6 +140,8 @@ measure() {  # load target rep duration
   case $load in
     h1)    taskset -c 1 wrk -t1 -c"$CONNS" -d"$dur" "$url" > "$log" 2>&1 ;;
     h2-m1) taskset -c 1 h2load -t1 -c"$CONNS" -m1 -D "$dur" "$url" > "$log" 2>&1 ;;
+    grpc-m1) taskset -c 1 h2load -t1 -c"$CONNS" -m1 -D "$dur" -d "$OUT/call.bin" "${grpc[@]}" "${url}bench.v1.Bench/Call" > "$log" 2>&1 ;;
+    grpc-*) taskset -c 1 h2load -t1 -c"$MULTI_CONNS" -m"$MULTI_STREAMS" -D "$dur" -d "$OUT/call.bin" "${grpc[@]}" "${url}bench.v1.Bench/Call" > "$log" 2>&1 ;;
     *)     taskset -c 1 h2load -t1 -c"$MULTI_CONNS" -m"$MULTI_STREAMS" -D "$dur" "$url" > "$log" 2>&1 ;;
   esac
   b1=$(busy_ticks); n1=$(date +%s%N); c1=$(ticks "${PID_OF[$t]}"); u1=$(ticks "${PID_OF[upstream]}"); s1=$(self_ticks)
@@ -115,7 +164,7 @@ measure() {  # load target rep duration
 {
   echo "# deploy/bench/h2.sh $(date -u +%FT%TZ)"
   echo "host: $(uname -r), $(nproc) cpu; $(nginx -v 2>&1 | sed 's/.*: //'); $(h2load --version | head -1); $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}')"
-  echo "happypath: $BIN; -d$DURATION, repeats $REPEATS; h1: wrk -t1 -c$CONNS; h2-m1: h2load -t1 -c$CONNS -m1; h2-m$MULTI_STREAMS: h2load -t1 -c$MULTI_CONNS -m$MULTI_STREAMS"
+  echo "happypath: $BIN; -d$DURATION, repeats $REPEATS; h1: wrk -t1 -c$CONNS; h2-m1 (grpc-m1): h2load -t1 -c$CONNS -m1; h2-m$MULTI_STREAMS (grpc-m$MULTI_STREAMS): h2load -t1 -c$MULTI_CONNS -m$MULTI_STREAMS${GRPC:+; gRPC unary calls (-d call.bin, content-type application/grpc, te trailers; upstream $([ "$GRPC" = tls ] && echo "TLS, ALPN h2" || echo h2c))}"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT/header.txt"
 for load in $LOADS; do for t in nginx happypath; do measure "$load" "$t" 0 "$WARMUP"; done; done
@@ -138,7 +187,7 @@ for load in loads:
         r = over = verdict = ""
         if t == "happypath":
             r = f"{ratio[load]:.2f}"
-            if load != "h1":
+            if load != "h1" and "h1" in ratio:
                 over = f"{ratio[load] / ratio['h1']:.2f}"
                 verdict = f"≤ {bar}: " + ("met" if ratio[load] / ratio["h1"] <= bar else "**short**")
         print(f"| {load} | {t} | {med(load, t, 'rps'):.0f} | {med(load, t, 'cpu_us_per_request'):.1f} | {errors(load, t)} | "

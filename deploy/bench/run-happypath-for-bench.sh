@@ -17,6 +17,10 @@
 #     route: what a plain request pays on a route that also takes WebSocket.
 #   BENCH_PROFILE=tracing0 / tracing1: foundation plus `tracing` toward a
 #     collector that is not there, sample_ratio 0 / 1.
+#   BENCH_PROFILE=grpc: foundation with `protocol: h2` on the upstream (h2c
+#     to an http:// endpoint, one connection per call with libcurl 7.88;
+#     with BENCH_UPSTREAM_CA, https:// trusting that CA for `localhost`,
+#     calls multiplexed) and `grpc: {}` on the route: gRPC calls passed through.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -37,6 +41,7 @@ workers=${BENCH_WORKERS:-1}
 admin_port=$(( ${listen##*:} + 100 ))
 profile=${BENCH_PROFILE:-foundation}
 cfg=${BENCH_OUT:-/tmp}/happypath-$profile-${listen##*:}.yaml
+scheme=http; [ -n "${BENCH_UPSTREAM_CA:-}" ] && scheme=https
 # The foundation profile's file; $1 and $2 are lines added to its upstream and its route.
 foundation_yaml() {
   if [ -n "${BENCH_TLS_CERT:-}" ]; then
@@ -55,7 +60,7 @@ defaults:
   health_check: { interval: 1h }
 upstreams:
   bench:
-    endpoints: [http://${upstream}]
+    endpoints: [${scheme}://${upstream}]
     max_connections: 1024
 $1
 routes:
@@ -86,6 +91,12 @@ case $profile in
     level=warning
     foundation_yaml "" "    upgrades: [websocket]" > "$cfg"
     ;;
+  grpc)
+    level=warning
+    upstream_lines="    protocol: h2"
+    [ -n "${BENCH_UPSTREAM_CA:-}" ] && upstream_lines+=$'\n'"    tls: { ca: ${BENCH_UPSTREAM_CA}, server_name: localhost }"
+    foundation_yaml "$upstream_lines" "    grpc: {}" > "$cfg"
+    ;;
   tracing0|tracing1)
     # Tracing to a collector that is not there (the exports fail, counted):
     # sample_ratio 0 (no request traced: the sampling decision alone) or 1
@@ -105,7 +116,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086

@@ -148,6 +148,7 @@ public final class UpstreamClient {
             // Kept alive by the transfer; read as it goes only if it has not ended (`prepare`).
             transfer.bodyStream = stream
             if stream.completeBody == nil {
+                transfer.readsBody = true
                 hp_easy_set_ptr(easy, CURLOPT_READDATA, retained)
                 stream.onAvailable = { [unowned transfer] in transfer.bodyAvailable() }
             }
@@ -187,9 +188,14 @@ public final class UpstreamClient {
         transfer.headers = nil
         transfer.body = nil
         if let stream = transfer.bodyStream {
-            stream.onAvailable = nil
-            stream.readerLeft()
+            // Only the try that reads the body let go of it as its reader (a
+            // hedge sent the whole body and never was one).
+            if transfer.readsBody {
+                stream.onAvailable = nil
+                stream.readerLeft()
+            }
             transfer.bodyStream = nil
+            transfer.readsBody = false
             transfer.sendPaused = false
         }
         pool.append(transfer.handle)

@@ -11,6 +11,8 @@ public final class UpstreamTransfer {
     var body: RequestBody?
     /// A body read as it streams (`upstreamReadCallback`).
     var bodyStream: RequestBodyStream?
+    /// This try reads `bodyStream` as it comes (it had not ended when the try began).
+    var readsBody = false
     /// The read callback paused sending: the body had nothing new.
     var sendPaused = false
     unowned let client: UpstreamClient

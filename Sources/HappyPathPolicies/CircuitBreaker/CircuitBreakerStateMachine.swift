@@ -93,6 +93,13 @@ public struct CircuitBreakerStateMachine: Sendable {
         }
     }
 
+    /// Failures in a row, and the window's tries and failed tries (counted
+    /// while closed): what the status page shows beside the state.
+    public func failures(at now: Instant) -> (consecutive: Int, requests: Int, failed: Int) {
+        let (requests, failed) = window.totals(at: now)
+        return (consecutive, requests, failed)
+    }
+
     /// Reports a try's result. `probe` says whether `admit` returned `.probe` for it.
     public mutating func record(failure: Bool, probe: Bool, at now: Instant) -> Transition? {
         if probe, case let .halfOpen(inFlight, successes) = state {

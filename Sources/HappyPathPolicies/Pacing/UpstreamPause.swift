@@ -24,6 +24,12 @@ public struct PacingConfiguration: Sendable, Equatable {
 
     /// Default `[429, 503]`.
     public var on: Set<Int> = [429, 503]
+    /// `resource-exhausted` in `on` (default no): a gRPC call's
+    /// `RESOURCE_EXHAUSTED` whose `grpc-status-details-bin` carries a
+    /// `google.rpc.RetryInfo` pauses for its `retry_delay` as a 429 pauses
+    /// for its `Retry-After` (whom: `scope_429`): it is gRPC's 429, "a
+    /// quota is used up", per client or shared as the upstream's 429 is.
+    public var onResourceExhausted = false
     /// Default 60 s: no answer pauses anything longer.
     public var maxPause: Duration = .seconds(60)
     /// Default `wait`.
@@ -82,7 +88,22 @@ public struct UpstreamPause: Sendable, Equatable {
     public mutating func answered(
         status: Int, wait: Duration?, client: String = "", sentAt: Instant? = nil, at now: Instant
     ) -> Change {
-        guard configuration.on.contains(status), let wait, wait > .zero else { return .none }
+        guard configuration.on.contains(status) else { return .none }
+        return pause(as: status, wait: wait, client: client, sentAt: sentAt, at: now)
+    }
+
+    /// A gRPC call's `RESOURCE_EXHAUSTED` whose `RetryInfo` asks for `wait`:
+    /// with `resource-exhausted` in `on`, it pauses as a 429 would (whom:
+    /// `scope_429`; its cause, for the answers to paused calls, is 429).
+    public mutating func answeredResourceExhausted(
+        wait: Duration?, client: String = "", sentAt: Instant? = nil, at now: Instant
+    ) -> Change {
+        guard configuration.onResourceExhausted else { return .none }
+        return pause(as: 429, wait: wait, client: client, sentAt: sentAt, at: now)
+    }
+
+    private mutating func pause(as status: Int, wait: Duration?, client: String, sentAt: Instant?, at now: Instant) -> Change {
+        guard let wait, wait > .zero else { return .none }
         if let endedEarlyAt, (sentAt ?? now) < endedEarlyAt { return .none }
         let end = now + min(wait, configuration.maxPause)
         guard configuration.scope(of: status) == .client else {

@@ -44,6 +44,14 @@ public struct RetryBudget: Sendable {
         return Double(spent + 1) <= Double(minPerSecond * windowSeconds) + ratio * Double(requests)
     }
 
+    /// Retries the budget would grant now, one after another (nothing is
+    /// taken): the status page's "retry budget left".
+    public func retriesLeft(at now: Instant) -> Int {
+        let (requests, spent) = window.totals(at: now)
+        let allowed = Double(minPerSecond * windowSeconds) + ratio * Double(requests)
+        return max(0, Int(allowed.rounded(.down)) - spent)
+    }
+
     private mutating func withdraw(floor: Int, at now: Instant) -> Bool {
         let (requests, spent) = window.totals(at: now)
         let allowed = Double(floor) + ratio * Double(requests)

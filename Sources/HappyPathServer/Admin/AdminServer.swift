@@ -8,7 +8,8 @@ import HappyPathStore
 import Synchronization
 
 /// The admin listener, on its own loop so a busy proxy worker never delays a
-/// probe: `/healthz`, `/readyz`, `/metrics`, `/admin/state`, `/admin/events`.
+/// probe: `/healthz`, `/readyz`, `/metrics`, `/admin/state`, `/admin/events`,
+/// and `/status`, the same state as a page (docs/operations.md, "The status page").
 /// Answers only its own paths, and only to loopback clients unless
 /// `admin.allow_remote` says otherwise (read from the current configuration,
 /// so a reload that changes it takes effect at the next request); refuses
@@ -128,6 +129,19 @@ final class AdminServer: HTTPServerDelegate {
             deliveries.readGauges { stats in loop.execute { box.value.server.metrics(box.value.request, stats: stats) } }
         case "/admin/state":
             request.reply(status: 200, headers: Self.json, body: state())
+        case "/":
+            request.reply(status: 302, headers: [HTTPField(name: "Location", value: "/status")], body: "")
+        case "/status":
+            request.reply(
+                status: 200, headers: StatusPage.headers.map { HTTPField(name: $0.0, value: $0.1) },
+                body: StatusPage.render(statusSnapshot(), events: shared.events.recent))
+        case "/status.js":
+            request.reply(
+                status: 200, headers: StatusPage.scriptHeaders.map { HTTPField(name: $0.0, value: $0.1) }, body: StatusPage.script
+            )
+        case "/status.css":
+            request.reply(
+                status: 200, headers: StatusPage.styleHeaders.map { HTTPField(name: $0.0, value: $0.1) }, body: StatusPage.style)
         case "/admin/events":
             shared.events.subscribe(request)
         default:
@@ -136,7 +150,7 @@ final class AdminServer: HTTPServerDelegate {
                 Problem(
                     .noRoute, requestID: ids.requestID(),
                     detail:
-                        "The admin listener serves /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries and /admin/fallback/purge."
+                        "The admin listener serves /status, /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries and /admin/fallback/purge."
                 ))
         }
     }
@@ -281,7 +295,7 @@ final class AdminServer: HTTPServerDelegate {
             }
         case 3 where parts[2] == "purge":
             guard isPost else { return wrongMethod("POST") }
-            deliveries.purge { count in
+            deliveries.purge(by: request.peerAddress) { count in
                 loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
             }
         case 3:
@@ -324,7 +338,7 @@ final class AdminServer: HTTPServerDelegate {
         } ?? DeliveryPolicy.Configuration().maxAge
         let loop = adminLoop
         let box = LoopBound((request: request, server: self), on: adminLoop)
-        deliveries.replay(id: id, maxAge: maxAge) { result in
+        deliveries.replay(id: id, maxAge: maxAge, by: request.peerAddress) { result in
             switch result {
             case .replayed:
                 deliveries.store.record(id: id) { after in
@@ -367,61 +381,98 @@ final class AdminServer: HTTPServerDelegate {
         address.hasPrefix("127.") || address == "::1" || address.hasPrefix("::ffff:127.")
     }
 
-    /// Each upstream's endpoints, health, breaker and parked counts, token
-    /// expiry (never the token), and where the config came from.
-    private func state() -> String {
+    /// Everything `/admin/state` and `/status` show, read once: counters
+    /// and the guards' locks, no store query, nothing on a worker's loop.
+    func snapshot() -> AdminSnapshot {
         let now = clock.now()
         let config = runtime.configuration
-        var upstreams: [String] = []
+        var upstreams: [AdminSnapshot.Upstream] = []
         for (u, upstream) in runtime.upstreams.enumerated() {
             let guardian = shared.guards[u]
-            let parked = Exchange.ParkReason.allCases.map {
-                "\(JSON.quote($0.rawValue)):\(guardian.parkedCount($0))"
-            }
             let ejected = guardian.ejected(at: now)
-            let endpoints = upstream.endpoints.enumerated().map { i, e in
-                "{\"url\":\(JSON.quote(e.url)),\"ejected\":\(ejected.contains(i))}"
-            }
-            var paused = "null"
-            if let left = guardian.pausedFor(at: now) {
-                paused = JSON.quote(Date().addingTimeInterval(left.seconds).formatted(.iso8601))
-            }
-            let pausedClients = guardian.clientPauses(at: now).count
+            let breaker = guardian.breakerReading(at: now)
+            upstreams.append(
+                AdminSnapshot.Upstream(
+                    name: upstream.name, reachable: guardian.reachable.load(ordering: .relaxed),
+                    breaker: AdminSnapshot.Breaker(breaker.state, at: now), breakerFailures: breaker.failures,
+                    retriesLeft: guardian.retriesLeft(at: now),
+                    endpoints: upstream.endpoints.enumerated().map {
+                        AdminSnapshot.Endpoint(url: $1.url, ejected: ejected.contains($0))
+                    },
+                    parked: Exchange.ParkReason.allCases.map { ($0.rawValue, guardian.parkedCount($0)) },
+                    token: guardian.tokens.map { source in
+                        (source.settings.kind.rawValue, source.expiresIn(at: now).map { Int($0.seconds.rounded()) })
+                    },
+                    pausedFor: guardian.pausedFor(at: now), pausedClients: guardian.clientPauses(at: now).count))
+        }
+        return AdminSnapshot(
+            takenAt: Date(), ready: ready.value.load(ordering: .relaxed), inFlight: shared.inFlight.current,
+            parked: shared.parked.current, maxParked: shared.parked.limit, bufferedBytes: shared.bodies.current,
+            maxBufferedBytes: shared.bodies.limit, deliveries: shared.deliveries?.stateSnapshot(),
+            rateLimits: runtime.routes.compactMap { route in
+                route.rateLimit.map {
+                    (route.label, $0.keys, $0.queued.load(ordering: .relaxed))
+                }
+            },
+            fallback: shared.stale.map {
+                ($0.usage.entries, $0.usage.bytes, $0.maxBytes)
+            },
+            configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
+    }
+
+    /// The snapshot with what the metrics registry counts per route: read
+    /// back from its text here, on the admin loop, only for the page.
+    private func statusSnapshot() -> AdminSnapshot {
+        var s = snapshot()
+        s.routes = RouteTotals.read(shared.metrics.registry.emitToString(), routes: runtime.routes.map(\.label))
+        return s
+    }
+
+    /// Each upstream's endpoints, health, breaker and parked counts, token
+    /// expiry (never the token), and where the config came from.
+    private func state() -> String { Self.stateJSON(snapshot()) }
+
+    static func stateJSON(_ s: AdminSnapshot) -> String {
+        var upstreams: [String] = []
+        for u in s.upstreams {
+            let parked = u.parked.map { "\(JSON.quote($0.reason)):\($0.count)" }
+            let endpoints = u.endpoints.map { "{\"url\":\(JSON.quote($0.url)),\"ejected\":\($0.ejected)}" }
+            let paused = u.pausedFor.map { JSON.quote(s.takenAt.addingTimeInterval($0.seconds).formatted(.iso8601)) } ?? "null"
             var token = "null"
-            if let source = guardian.tokens {
-                let expires = source.expiresIn(at: now).map { String(Int($0.seconds.rounded())) } ?? "null"
-                token = "{\"kind\":\(JSON.quote(source.settings.kind.rawValue)),\"expires_in_s\":\(expires)}"
+            if let t = u.token {
+                token = "{\"kind\":\(JSON.quote(t.kind)),\"expires_in_s\":\(t.expiresIn.map(String.init) ?? "null")}"
             }
-            let breaker = guardian.breakerState
-            var breakerJSON = "{\"state\":\(JSON.quote(breaker.name))"
-            if case let .open(until) = breaker { breakerJSON += ",\"open_for_s\":\(max(0, (until - now).seconds))" }
+            var breakerJSON = "{\"state\":\(JSON.quote(u.breaker.name))"
+            if case let .open(left) = u.breaker { breakerJSON += ",\"open_for_s\":\(max(0, left.seconds))" }
             breakerJSON += "}"
+            let f = u.breakerFailures
+            let failures = "{\"consecutive\":\(f.consecutive),\"requests\":\(f.requests),\"failed\":\(f.failed)}"
             upstreams.append(
                 """
-                {"name":\(JSON.quote(upstream.name)),"reachable":\(guardian.reachable.load(ordering: .relaxed)),\
+                {"name":\(JSON.quote(u.name)),"reachable":\(u.reachable),\
                 "circuit_breaker":\(breakerJSON),"endpoints":[\(endpoints.joined(separator: ","))],\
                 "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused),\
-                "paused_clients":\(pausedClients)}
+                "paused_clients":\(u.pausedClients),"breaker_failures":\(failures),"retries_left":\(u.retriesLeft)}
                 """)
         }
-        let limits = runtime.routes.compactMap { route -> String? in
-            guard let limit = route.rateLimit else { return nil }
-            return
-                "{\"route\":\(JSON.quote(route.label)),\"keys\":\(limit.keys),\"queued\":\(limit.queued.load(ordering: .relaxed))}"
+        let limits = s.rateLimits.map {
+            "{\"route\":\(JSON.quote($0.route)),\"keys\":\($0.keys),\"queued\":\($0.queued)}"
         }
-        var fallback = "null"
-        if let stale = shared.stale {
-            let usage = stale.usage
-            fallback = "{\"entries\":\(usage.entries),\"bytes\":\(usage.bytes),\"max_bytes\":\(stale.maxBytes)}"
+        let fallback =
+            s.fallback.map { "{\"entries\":\($0.entries),\"bytes\":\($0.bytes),\"max_bytes\":\($0.maxBytes)}" } ?? "null"
+        var deliveries = "null"
+        if let d = s.deliveries {
+            deliveries = "{" + d.counts.map { "\(JSON.quote($0.state)):\($0.count)" }.joined(separator: ",")
+            deliveries += ",\"held_bytes\":\(d.heldBytes),\"max_bytes\":\(d.maxBytes),\"rounds_in_flight\":\(d.roundsInFlight)"
+            deliveries += ",\"store\":\(JSON.quote(d.store)),\"writable\":\(d.writable)}"
         }
-        let loaded = shared.loadedAt.formatted(.iso8601)
         return """
-            {"ready":\(ready.value.load(ordering: .relaxed)),"in_flight":\(shared.inFlight.current),\
-            "parked":\(shared.parked.current),"max_parked":\(shared.parked.limit),\
-            "buffered_bytes":\(shared.bodies.current),"max_buffered_bytes":\(shared.bodies.limit),\
-            "deliveries":\(shared.deliveries?.stateJSON() ?? "null"),\
+            {"ready":\(s.ready),"in_flight":\(s.inFlight),\
+            "parked":\(s.parked),"max_parked":\(s.maxParked),\
+            "buffered_bytes":\(s.bufferedBytes),"max_buffered_bytes":\(s.maxBufferedBytes),\
+            "deliveries":\(deliveries),\
             "rate_limits":[\(limits.joined(separator: ","))],"fallback":\(fallback),\
-            "config":{"source":\(JSON.quote(config.source)),"loaded_at":\(JSON.quote(loaded))},\
+            "config":{"source":\(JSON.quote(s.configSource)),"loaded_at":\(JSON.quote(s.loadedAt.formatted(.iso8601)))},\
             "upstreams":[\(upstreams.joined(separator: ","))]}
 
             """

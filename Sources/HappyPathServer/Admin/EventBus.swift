@@ -1,6 +1,7 @@
 import Foundation
 import HappyPathCore
 import HappyPathIO
+import HappyPathPolicies
 import Synchronization
 
 /// Every broadcast (breaker changes, parked and replayed commands, token
@@ -15,6 +16,9 @@ import Synchronization
 final class EventBus: Sendable {
     let loop: EventLoop
     private let subscribers: LoopBound<[ObjectIdentifier: EventSubscriber]>
+    /// The last `StatusPage.eventsShown` events, oldest first, for the
+    /// status page (kept on the admin loop, where they are published).
+    private let recentEvents: LoopBound<[AdminSnapshot.Event]>
     /// Output waiting for one subscriber's client past which it is dropped.
     static let maxUnreadBytes = 1 << 20
     /// Subscribers dropped for not reading (`happypath_event_subscribers_dropped_total`).
@@ -23,6 +27,7 @@ final class EventBus: Sendable {
     init(loop: EventLoop) {
         self.loop = loop
         subscribers = LoopBound([:], on: loop)
+        recentEvents = LoopBound([], on: loop)
     }
 
     /// `fields` become the JSON `data` line, after `type` and `ts`.
@@ -34,10 +39,17 @@ final class EventBus: Sendable {
         }
         data += "}"
         let frame = "event: \(type)\ndata: \(data)\n\n"
+        let event: AdminSnapshot.Event = (type, "\(ts)", fields.map { ($0.0, $0.1) })
+        let recent = recentEvents
         loop.execute(with: subscribers) { subscribers in
             for subscriber in subscribers.values { subscriber.send(frame) }
+            if recent.value.count >= StatusPage.eventsShown { recent.value.removeFirst() }
+            recent.value.append(event)
         }
     }
+
+    /// Admin loop: the last events, oldest first.
+    var recent: [AdminSnapshot.Event] { recentEvents.value }
 
     /// Admin loop: keeps `request` open as an event stream.
     func subscribe(_ request: HTTPRequest) {

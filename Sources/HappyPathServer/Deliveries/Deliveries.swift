@@ -158,7 +158,7 @@ final class Deliveries: Sendable {
             dispatch()
             if clock.now() - dispatcher.value.lastPurge >= Self.purgeEvery {
                 dispatcher.value.lastPurge = clock.now()
-                purge { _ in }
+                purge(by: "retention") { _ in }
             }
             if !stopped.load(ordering: .relaxed) { scheduleTick() }
         }
@@ -522,20 +522,24 @@ final class Deliveries: Sendable {
 
     // MARK: - Admin
 
-    func purge(reply: @escaping @Sendable (Int) -> Void) {
+    /// `by`: who asked (the admin client's address, or `retention` for the
+    /// proxy's own purge every 10 minutes), logged and in the event.
+    func purge(by: String, reply: @escaping @Sendable (Int) -> Void) {
         store.purge { [self] count in
             if count > 0 {
-                logger.info("deliveries purged", metadata: ["count": "\(count)"])
-                events.publish("deliveries_purged", [("count", String(count))])
+                logger.info("deliveries purged", metadata: ["count": "\(count)", "by": "\(by)"])
+                events.publish("deliveries_purged", [("count", String(count)), ("by", by)])
             }
             reply(count)
         }
     }
 
-    func replay(id: String, maxAge: Duration, reply: @escaping @Sendable (ReplayResult) -> Void) {
+    /// `by`: who asked (the admin client's address), logged and in the event.
+    func replay(id: String, maxAge: Duration, by: String, reply: @escaping @Sendable (ReplayResult) -> Void) {
         store.replay(id: id, expiresAt: clock.wallMilliseconds() + maxAge.nanoseconds / 1_000_000) { [self] result in
             if case .replayed = result {
-                events.publish("delivery_replayed", [("id", id)])
+                logger.info("delivery replayed", metadata: ["id": "\(id)", "by": "\(by)"])
+                events.publish("delivery_replayed", [("id", id), ("by", by)])
                 kick()
             }
             reply(result)
@@ -566,18 +570,12 @@ final class Deliveries: Sendable {
         metrics.gauge("happypath_delivery_store_max_bytes", []).record(stats.maxBytes)
     }
 
-    /// For `/admin/state`: the counts the store keeps (no SQLite).
-    func stateJSON() -> String {
+    /// For `/admin/state` and the status page: the counts the store keeps (no SQLite).
+    func stateSnapshot() -> AdminSnapshot.Deliveries {
         let kept = store.counts
-        let counts = DeliveryState.allCases.map { "\(JSON.quote($0.name)):\(kept[$0])" }
-        let held: Int = store.heldBytes
-        let max: Int = store.maxBytes
-        let rounds: Int = inFlight.load(ordering: .relaxed)
-        let writable: Bool = store.unavailable == nil
-        var json = "{" + counts.joined(separator: ",")
-        json += ",\"held_bytes\":\(held),\"max_bytes\":\(max),\"rounds_in_flight\":\(rounds)"
-        json += ",\"store\":\(JSON.quote(settings.name)),\"writable\":\(writable)}"
-        return json
+        return AdminSnapshot.Deliveries(
+            counts: DeliveryState.allCases.map { ($0.name, kept[$0]) }, heldBytes: store.heldBytes, maxBytes: store.maxBytes,
+            roundsInFlight: inFlight.load(ordering: .relaxed), store: settings.name, writable: store.unavailable == nil)
     }
 }
 

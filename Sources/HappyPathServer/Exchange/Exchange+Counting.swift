@@ -8,6 +8,38 @@ import HappyPathPolicies
 /// upstream's pause (pacing), metrics, the breaker and the endpoint's
 /// ejection count, the retry budget.
 extension Exchange {
+    /// The try's end when its answer is pacing (it paused the upstream or
+    /// its client), without a wait of its own; nil when it is not. A gRPC
+    /// call's `RESOURCE_EXHAUSTED` with `RetryInfo` is pacing when
+    /// `pacing.on` names `resource-exhausted`, whether it was held for the
+    /// retry rules or went to the client; any other answer, as its HTTP
+    /// status and `Retry-After` say.
+    func pacing(_ end: ExchangeStateMachine.TryEnd, at now: Instant) -> ExchangeStateMachine.TryEnd? {
+        switch end {
+        case let .answered(status, retryAfter, withToken):
+            guard (relay.readsGRPCDetails && pacedResourceExhausted(status, at: now)) || paced(status, retryAfter, at: now)
+            else { return nil }
+            return .answered(status: status, retryAfter: nil, withToken: withToken)
+        case let .grpcAnswered(status, grpcStatus, _):
+            guard relay.readsGRPCDetails, pacedResourceExhausted(status, at: now) else { return nil }
+            return .grpcAnswered(status: status, grpcStatus: grpcStatus, retryAfter: nil)
+        case .failed:
+            return nil
+        }
+    }
+
+    /// A gRPC call's `RESOURCE_EXHAUSTED` whose `RetryInfo` asks for a wait
+    /// pauses as a 429 with that `Retry-After` would (`scope_429`).
+    private func pacedResourceExhausted(_ status: Int, at now: Instant) -> Bool {
+        guard let wait = relay.resourceExhaustedDelay else { return false }
+        if case let .paused(until, nil) = guardian.paced(
+            status: status, resourceExhausted: true, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
+        {
+            worker.shared.paused(guardian, until: until)
+        }
+        return true
+    }
+
     /// A status in `pacing.on` with a wait (Retry-After, or an exhausted
     /// RateLimit field) pauses the whole upstream (every worker hears of a
     /// new pause), or, a 429 under `scope_429: client`, this request's

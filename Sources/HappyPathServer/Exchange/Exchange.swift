@@ -135,6 +135,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         relay.clock = worker.clock
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
         relay.readsGRPCStatus = isGRPC
+        relay.readsGRPCDetails = isGRPC && guardian.pacing?.onResourceExhausted == true
         if isGRPC { relay.grpcRetryStatuses = route.retry.configuration.grpcStatuses }
         machine = ExchangeStateMachine(
             .init(
@@ -376,14 +377,12 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         }
         let breakerOpen: Bool
         var pacedAnswer = false
-        if guardian.hasPacing, case let .answered(status, retryAfter, withToken) = end,
-            paced(status, retryAfter, at: now)
-        {
+        if guardian.hasPacing, let withoutWait = pacing(end, at: now) {
             // The upstream asked for a pause: its answer is pacing, not a
             // failure, so the breaker does not count it (metrics do). A retry
             // waits for the pause with the others (parked, woken when it
             // ends or a reload ends it), not on a Retry-After of its own.
-            end = .answered(status: status, retryAfter: nil, withToken: withToken)
+            end = withoutWait
             pacedAnswer = true
             worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
             if machine.probe { abandonProbe() }

@@ -72,6 +72,12 @@ struct ResponseRelay {
     var readsGRPCStatus = false
     /// What this try's answer said in `grpc-status` so far.
     private(set) var grpcStatus = GRPCStatusField.absent
+    /// A gRPC call to an upstream whose `pacing.on` names
+    /// `resource-exhausted`: its `grpc-status-details-bin` (head or
+    /// trailers) is kept, at most `GRPCStatusDetails.maxFieldBytes`, for
+    /// the `RetryInfo` in it. Off (and free) for every other request.
+    var readsGRPCDetails = false
+    private var grpcDetails: [UInt8]?
     /// Paused until the client's connection drains.
     private(set) var waitingForDrain = false
     /// The head is checked as it comes; its framing is the proxy's to write,
@@ -147,6 +153,7 @@ struct ResponseRelay {
         rateLimit = nil
         trailerBytes = 0
         grpcStatus = .absent
+        grpcDetails = nil
         heldForRetry = nil
         holdingHeadForGRPC = false
         framing = ResponseFraming()
@@ -191,7 +198,7 @@ struct ResponseRelay {
             }
             return
         }
-        if readsGRPCStatus, name.count == 11, HTTPBytes.equals(name, "grpc-status") { grpcStatus = GRPCStatusField(value: value) }
+        if readsGRPCStatus { readGRPC(name: name, value: value) }
         if name.count == 11, HTTPBytes.equals(name, "retry-after") {
             // Never passed on as it came: a plain non-negative integer, at most the cap, or nothing.
             guard retryAfterSeconds == nil,
@@ -303,9 +310,26 @@ struct ResponseRelay {
         if name.count == 20, HTTPBytes.equals(name, "x-happypath-attempts") { return }
         let size = name.count + value.count + 4
         guard trailerBytes + size <= limit else { return trailerBytes = limit + 1 }
-        if readsGRPCStatus, name.count == 11, HTTPBytes.equals(name, "grpc-status") { grpcStatus = GRPCStatusField(value: value) }
+        if readsGRPCStatus { readGRPC(name: name, value: value) }
         trailerBytes += size
         request.addResponseTrailer(name: name, value: value)
+    }
+
+    /// A gRPC call's field, in the head or the trailers: `grpc-status`,
+    /// and with `readsGRPCDetails` its `grpc-status-details-bin`.
+    private mutating func readGRPC(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if name.count == 11, HTTPBytes.equals(name, "grpc-status") { grpcStatus = GRPCStatusField(value: value) }
+        if readsGRPCDetails, name.count == 23, HTTPBytes.equals(name, "grpc-status-details-bin") {
+            grpcDetails = value.count <= GRPCStatusDetails.maxFieldBytes ? [UInt8](value) : nil
+        }
+    }
+
+    /// The wait a gRPC call's `RESOURCE_EXHAUSTED` answer asks for in the
+    /// `RetryInfo` of its `grpc-status-details-bin`, at most `retryAfterCap`
+    /// (as a `Retry-After` is); nil for any other answer, or none readable.
+    var resourceExhaustedDelay: Duration? {
+        guard case .status(.resourceExhausted) = grpcStatus, let grpcDetails else { return nil }
+        return grpcDetails.withUnsafeBytes { GRPCStatusDetails.retryDelay(fieldValue: $0, max: retryAfterCap) }
     }
 
     /// The held answer's fields without those its `Connection` names (its

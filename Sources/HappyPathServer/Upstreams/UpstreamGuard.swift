@@ -121,10 +121,20 @@ final class UpstreamGuard: Sendable {
     /// change; for a new pause of the whole upstream the caller tells the
     /// workers (a client's pause is waited for by its own requests, each
     /// arming its lane's timer as it parks).
-    func paced(status: Int, wait: Duration?, client: String, sentAt: Instant, at now: Instant) -> UpstreamPause.Change {
-        guard let pause, pacing?.on.contains(status) == true else { return .none }
+    /// `resourceExhausted`: the answer is a gRPC call's RESOURCE_EXHAUSTED
+    /// with RetryInfo (`resource-exhausted` in `pacing.on`), `status` its HTTP status.
+    func paced(
+        status: Int, resourceExhausted: Bool = false, wait: Duration?, client: String, sentAt: Instant, at now: Instant
+    ) -> UpstreamPause.Change {
+        guard let pause, let pacing, resourceExhausted ? pacing.onResourceExhausted : pacing.on.contains(status) else {
+            return .none
+        }
         let (change, clientsUntil) = pause.withLock { p in
-            (p.answered(status: status, wait: wait, client: client, sentAt: sentAt, at: now), p.clientsUntil)
+            let change =
+                resourceExhausted
+                ? p.answeredResourceExhausted(wait: wait, client: client, sentAt: sentAt, at: now)
+                : p.answered(status: status, wait: wait, client: client, sentAt: sentAt, at: now)
+            return (change, p.clientsUntil)
         }
         switch change {
         case .none: break
@@ -136,11 +146,12 @@ final class UpstreamGuard: Sendable {
         switch change {
         case let .paused(until, nil):
             let seconds = max(0, (until - now).seconds)
+            let said = resourceExhausted ? GRPCStatus.resourceExhausted.configName : String(status)
             logger.warning(
                 "upstream paused: it asked for no requests until then",
-                metadata: ["upstream": "\(name)", "status": "\(status)", "for_s": "\(seconds)"])
+                metadata: ["upstream": "\(name)", "status": "\(said)", "for_s": "\(seconds)"])
             events.publish(
-                "upstream_paused", [("upstream", name), ("status", String(status)), ("for_s", String(Int(seconds.rounded(.up))))])
+                "upstream_paused", [("upstream", name), ("status", said), ("for_s", String(Int(seconds.rounded(.up))))])
         case let .paused(until, client?):
             // One line per client would let a client write the log: debug only.
             logger.debug(
@@ -191,6 +202,16 @@ final class UpstreamGuard: Sendable {
     func probeAbandoned() { breaker.withLock { $0.probeAbandoned() } }
 
     var breakerState: CircuitBreakerStateMachine.State { breaker.withLock { $0.state } }
+
+    /// The breaker's state and the failures behind it, read at once (the admin state and status page).
+    func breakerReading(at now: Instant) -> (
+        state: CircuitBreakerStateMachine.State, failures: (consecutive: Int, requests: Int, failed: Int)
+    ) {
+        breaker.withLock { ($0.state, $0.failures(at: now)) }
+    }
+
+    /// Retries the budget would grant now (nothing taken).
+    func retriesLeft(at now: Instant) -> Int { budget.withLock { $0.retriesLeft(at: now) } }
 
     func recordRequest(at now: Instant) { budget.withLock { $0.recordRequest(at: now) } }
 

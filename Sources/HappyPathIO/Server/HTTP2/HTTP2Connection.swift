@@ -254,7 +254,11 @@ final class HTTP2Connection: HTTP2StreamOwner {
         request.screened = true
         if delegate.holdsBody(request) {
             delegate.bodyHeld(request)
-        } else if delegate.streamsBody(request) {
+        } else if !session.requestEnded(stream.id), delegate.streamsBody(request) {
+            // Only a body still to come streams: the session has read this
+            // read's frames already, so a request without a body (END_STREAM
+            // on its HEADERS), or one whose body came whole with its head,
+            // is served as before, with its body read whole.
             stream.streamBody(for: request)
         } else {
             stream.resumeReading(for: request)

@@ -1,0 +1,237 @@
+import Foundation
+import HappyPathCore
+import HappyPathPolicies
+import Testing
+
+@Suite struct StatusPageTests {
+    /// 2026-11-27 14:00:00 UTC.
+    let noon = Date(timeIntervalSince1970: 1_795_788_000)
+
+    // MARK: - Escaping
+
+    @Test(arguments: [
+        ("api", "api"),
+        ("", ""),
+        ("<script>alert(1)</script>", "&lt;script&gt;alert(1)&lt;/script&gt;"),
+        ("a & b", "a &amp; b"),
+        ("\"onmouseover=x", "&quot;onmouseover=x"),
+        ("it's", "it&#39;s"),
+        ("&amp;", "&amp;amp;"),  // escaped once more, never taken as already escaped
+        ("line\nnext\ttab", "line\nnext\ttab"),
+        ("nul\u{0}bell\u{7}del\u{7F}", "nul\u{FFFD}bell\u{FFFD}del\u{FFFD}"),
+        ("héllo ✓ 名前", "héllo ✓ 名前"),
+    ])
+    func escapesWhatHTMLWouldRead(input: String, escaped: String) {
+        #expect(StatusPage.escape(input) == escaped)
+    }
+
+    @Test func nothingEscapedKeepsNoMarkupCharacter() {
+        let nasty = "<>&\"'" + String((0..<32).map { Character(Unicode.Scalar(UInt8($0))) })
+        let out = StatusPage.escape(nasty)
+        for c in ["<", ">", "\"", "'"] { #expect(!out.contains(c)) }
+        #expect(
+            !out.replacingOccurrences(of: "&amp;", with: "").replacingOccurrences(of: "&lt;", with: "")
+                .replacingOccurrences(of: "&gt;", with: "").replacingOccurrences(of: "&quot;", with: "")
+                .replacingOccurrences(of: "&#39;", with: "").contains("&"))
+    }
+
+    // MARK: - Words
+
+    @Test(arguments: [
+        (AdminSnapshot.Breaker.closed, "closed", "ok"),
+        (.open(for: .seconds(4)), "open until 14:00:04 UTC (4.0 s)", "bad"),
+        (.open(for: .seconds(125)), "open until 14:02:05 UTC (2 min 5 s)", "bad"),
+        (.open(for: .zero), "open until 14:00:00 UTC (0.0 s)", "bad"),
+        (.halfOpen(probesInFlight: 1, successes: 0), "half-open (1 probe in flight)", "warn"),
+        (.halfOpen(probesInFlight: 2, successes: 1), "half-open (2 probes in flight, 1 succeeded)", "warn"),
+    ])
+    func saysTheBreakerInWords(breaker: AdminSnapshot.Breaker, words: String, tone: String) {
+        #expect(StatusPage.breakerWords(breaker, takenAt: noon) == words)
+        #expect(StatusPage.tone(breaker) == tone)
+    }
+
+    @Test func breakerFromTheStateMachine() {
+        let now = Instant(nanoseconds: 50_000_000_000)
+        #expect(AdminSnapshot.Breaker(.closed, at: now) == .closed)
+        #expect(AdminSnapshot.Breaker(.open(until: now + .seconds(3)), at: now) == .open(for: .seconds(3)))
+        // Past its end and not yet asked: open for no more time, not a negative one.
+        #expect(AdminSnapshot.Breaker(.open(until: now - .seconds(3)), at: now) == .open(for: .zero))
+        #expect(AdminSnapshot.Breaker(.halfOpen(probesInFlight: 1, successes: 0), at: now).name == "half_open")
+    }
+
+    @Test func countsTheFailuresBehindTheBreaker() {
+        var breaker = CircuitBreakerStateMachine(CircuitBreakerStateMachine.Configuration())
+        let now = Instant(nanoseconds: 1_000_000_000)
+        _ = breaker.record(failure: true, probe: false, at: now)
+        _ = breaker.record(failure: false, probe: false, at: now)
+        _ = breaker.record(failure: true, probe: false, at: now)
+        _ = breaker.record(failure: true, probe: false, at: now)
+        let f = breaker.failures(at: now)
+        #expect(f.consecutive == 2 && f.requests == 4 && f.failed == 3)
+        #expect(StatusPage.failureWords(f, breaker: .closed) == "2 in a row; 3 of 4 failed in the window")
+        #expect(StatusPage.failureWords(f, breaker: .open(for: .seconds(1))) == "3 of 4 failed in the window")
+    }
+
+    @Test func retriesLeftAgreesWithWhatTheBudgetGrants() {
+        var budget = RetryBudget(ratio: 0.5, minPerSecond: 1, windowSeconds: 2)
+        let now = Instant(nanoseconds: 1_000_000_000)
+        for _ in 0..<4 { budget.recordRequest(at: now) }
+        // 1·2 + 0.5·4 = 4 retries.
+        #expect(budget.retriesLeft(at: now) == 4)
+        var granted = 0
+        while budget.tryWithdraw(at: now) { granted += 1 }
+        #expect(granted == 4)
+        #expect(budget.retriesLeft(at: now) == 0)
+    }
+
+    // MARK: - The page
+
+    func snapshot() -> AdminSnapshot {
+        AdminSnapshot(
+            takenAt: noon, inFlight: 3, parked: 2, maxParked: 100,
+            deliveries: AdminSnapshot.Deliveries(
+                counts: [("queued", 7), ("in_flight", 1), ("delivered", 40), ("dead", 2)], heldBytes: 900, maxBytes: 10_000,
+                store: "sqlite", writable: false),
+            rateLimits: [("/api/<x>", 5, 1)],
+            configSource: "config/<happypath>.yaml",
+            upstreams: [
+                AdminSnapshot.Upstream(
+                    name: "pay<ments>", reachable: false, breaker: .open(for: .seconds(5)), breakerFailures: (5, 5, 5),
+                    retriesLeft: 20,
+                    endpoints: [
+                        AdminSnapshot.Endpoint(url: "http://a.example:80/?x=\"y\""),
+                        AdminSnapshot.Endpoint(url: "http://b.example:80", ejected: true),
+                    ],
+                    parked: [("unreachable", 0), ("circuit_open", 2)], pausedFor: .seconds(30), pausedClients: 1),
+                AdminSnapshot.Upstream(name: "catalog", endpoints: [AdminSnapshot.Endpoint(url: "http://c.example")]),
+            ])
+    }
+
+    @Test func rendersEachUpstreamItsBreakerAndItsEndpoints() {
+        let html = StatusPage.render(snapshot(), events: [])
+        #expect(html.hasPrefix("<!DOCTYPE html>"))
+        #expect(html.contains("<h3>pay&lt;ments&gt;</h3>"))
+        #expect(html.contains("data-upstream=\"pay&lt;ments&gt;\""))
+        #expect(html.contains("<h3>catalog</h3>"))
+        #expect(html.contains("<span class=\"bad\">open until 14:00:05 UTC (5.0 s)</span>"))
+        #expect(html.contains("<span class=\"ok\">closed</span>"))
+        #expect(html.contains("<dd data-k=\"failures\">5 of 5 failed in the window</dd>"))
+        #expect(html.contains("<dd data-k=\"failures\">0 in a row; 0 of 0 failed in the window</dd>"))
+        #expect(html.contains("<span class=\"bad\">unreachable</span>"))
+        #expect(html.contains("<span class=\"warn\">2 parked</span> (2 circuit_open)"))
+        #expect(html.contains("20 retries left"))
+        #expect(html.contains("paused until 14:00:30 UTC (30.0 s); 1 client paused"))
+        #expect(html.contains("<td>http://a.example:80/?x=&quot;y&quot;</td><td><span class=\"ok\">in rotation</span>"))
+        #expect(html.contains("<td>http://b.example:80</td><td><span class=\"bad\">ejected</span>"))
+        #expect(html.contains("config from config/&lt;happypath&gt;.yaml"))
+        #expect(html.contains("<td>/api/&lt;x&gt;</td><td>5</td><td>1</td>"))
+        // Nothing from outside the page, no inline script or style.
+        #expect(!html.contains("http-equiv"))
+        #expect(!html.contains("<script>"))
+        #expect(!html.contains("style="))
+        #expect(html.contains("<script src=\"/status.js\" defer></script>"))
+    }
+
+    @Test func rendersTheDeliveryBacklogAndTheStoresHealth() {
+        let html = StatusPage.deliveriesSection(snapshot().deliveries)
+        #expect(html.contains("<span class=\"warn\">8 in the backlog</span>"))
+        #expect(html.contains("<span class=\"bad\">cannot write</span>"))
+        #expect(html.contains("<td>dead</td><td data-k=\"delivery-dead\" class=\"bad\">2</td>"))
+        #expect(StatusPage.deliveriesSection(nil).contains("No route delivers later."))
+        // The actions wait for the script: hidden, and said so without it.
+        #expect(html.contains("<div id=\"delivery-actions\" hidden>"))
+        #expect(html.contains("<noscript>"))
+        #expect(!StatusPage.deliveriesSection(nil).contains("delivery-actions"))
+    }
+
+    @Test func listsTheLastFiftyEventsNewestFirstEscaped() {
+        var events: [AdminSnapshot.Event] = (0..<60).map { (type: "tick", ts: "t\($0)", fields: [(key: "n", value: "\($0)")]) }
+        events.append(
+            (type: "circuit_opened", ts: "t60", fields: [(key: "upstream", value: "<img src=x onerror=alert(1)>")]))
+        let html = StatusPage.eventsSection(events)
+        #expect(html.components(separatedBy: "<li>").count - 1 == StatusPage.eventsShown)
+        let newest = html.range(of: "t60")!.lowerBound
+        let older = html.range(of: "t59")!.lowerBound
+        #expect(newest < older)
+        #expect(!html.contains("t10<"), "the eleventh is not kept")
+        #expect(html.contains("upstream=&lt;img src=x onerror=alert(1)&gt;"))
+        #expect(!html.contains("<img"))
+        #expect(StatusPage.eventsSection([]).contains("No events since the process started."))
+    }
+
+    @Test func theContentSecurityPolicyAllowsOnlyItsOwnOrigin() {
+        let csp = StatusPage.contentSecurityPolicy
+        #expect(csp.contains("default-src 'none'"))
+        #expect(csp.contains("script-src 'self'"))
+        #expect(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval") && !csp.contains("http"))
+        #expect(csp.contains("frame-ancestors 'none'"))
+        #expect(StatusPage.headers.contains { $0 == ("Content-Type", "text/html; charset=utf-8") })
+    }
+
+    @Test func theScriptWritesTextNeverHTML() {
+        #expect(!StatusPage.script.contains("innerHTML"))
+        #expect(!StatusPage.script.contains("eval("))
+        #expect(StatusPage.script.contains("/admin/events") && StatusPage.script.contains("/admin/state"))
+    }
+
+    // MARK: - Per route
+
+    static let exposition = """
+        # HELP happypath_requests_total Client requests answered.
+        # TYPE happypath_requests_total counter
+        happypath_requests_total{route="/api/",code="OK"} 8
+        happypath_requests_total{route="/api/",code="UPSTREAM_TIMEOUT"} 2
+        happypath_requests_total{route="/q\\"x",code="OK"} 1
+        happypath_requests_total{route="/gone/",code="OK"} 5
+        happypath_hedges_total{route="/api/",outcome="won"} 3
+        happypath_hedges_total{route="/api/",outcome="lost"} 4
+        happypath_hedges_total{route="/api/",outcome="skipped"} 9
+        happypath_fallback_total{route="/api/",kind="stale",reason="timeout"} 1
+        happypath_fallback_total{route="/api/",kind="fixed",reason="5xx"} 1
+        happypath_rate_limited_total{route="/api/",outcome="rejected"} 6
+        happypath_request_duration_seconds_bucket{route="/api/",le="0.005"} 4
+        happypath_request_duration_seconds_bucket{route="/api/",le="0.01"} 5
+        happypath_request_duration_seconds_bucket{route="/api/",le="2.5"} 9
+        happypath_request_duration_seconds_bucket{route="/api/",le="+Inf"} 10
+        happypath_request_duration_seconds_count{route="/api/"} 10
+        happypath_tunnels_open 0
+        not a sample
+        broken{route="/api/ 1
+        """
+
+    @Test func readsTheRegistrysTextPerRoute() {
+        let totals = RouteTotals.read(Self.exposition, routes: ["/api/", "/q\"x", "/idle/", "/api/"])
+        #expect(totals.map(\.route) == ["/api/", "/q\"x", "/idle/"], "in the configuration's order, once each")
+        let api = totals[0]
+        #expect(api.requests == 10 && api.errors == 2)
+        #expect(api.hedgesWon == 3 && api.hedgesLost == 4)
+        #expect(api.fallbacks == 2 && api.rateLimited == 6)
+        #expect(api.p50 == 0.01, "5 of 10 are within 10 ms")
+        #expect(api.p99 == .infinity, "the tenth is past the last bucket")
+        #expect(totals[1].requests == 1, "an escaped quote in a label")
+        #expect(totals[2] == RouteTotals(route: "/idle/"), "a route without requests is listed, empty")
+        #expect(RouteTotals.samples(Self.exposition).contains { $0.name == "happypath_tunnels_open" && $0.labels.isEmpty })
+        #expect(!RouteTotals.samples(Self.exposition).contains { $0.name == "broken" })
+    }
+
+    @Test(arguments: [
+        (0.005 as Double?, "≤ 5 ms"), (0.0025, "≤ 2.5 ms"), (0.25, "≤ 250 ms"), (1, "≤ 1 s"), (2.5, "≤ 2.5 s"),
+        (.infinity, "&gt; 30 s"), (nil, "-"),
+    ])
+    func saysALatencyBucket(seconds: Double?, words: String) {
+        #expect(StatusPage.latency(seconds) == words)
+    }
+
+    @Test func rendersTheRouteTotals() {
+        var totals = RouteTotals(route: "/a<b>/")
+        totals.requests = 200
+        totals.errors = 3
+        totals.p50 = 0.005
+        totals.p99 = 0.25
+        let html = StatusPage.routeTotalsTable([totals])
+        #expect(
+            html.contains("<tr><td>/a&lt;b&gt;/</td><td>200</td><td class=\"warn\">3 (1.5%)</td><td>≤ 5 ms</td><td>≤ 250 ms</td>")
+        )
+        #expect(StatusPage.routeTotalsTable([]).isEmpty)
+    }
+}
