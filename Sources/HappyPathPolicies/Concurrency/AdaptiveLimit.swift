@@ -2,37 +2,35 @@ import HappyPathCore
 
 /// A concurrency limit learned from latency (issue 35, docs/plans/overload.md):
 /// how many tries one worker may have in flight to one upstream, moved by
-/// the gradient of a long-term latency baseline over the recent latency,
-/// as Netflix's Gradient2, with the three failure modes its users and
-/// Envoy's met designed out:
+/// how the recent latency compares with a baseline, as Netflix's Gradient2,
+/// with the failure modes its users and Envoy's met designed out:
 ///
-/// - **No probe drops.** The baseline (`baseline`, an average over about
-///   `baselineSamples` tries) is learned from live traffic only; the limit
-///   is never forced down to re-measure it (the 503 dips of envoy#8337 and
-///   #9007). When the recent latency stays well below the baseline (the
-///   upstream got faster) the baseline follows it down faster.
-/// - **No growth while the limit is not used.** The limit grows only from
-///   samples taken while at least half of it was in flight: an idle or
-///   lightly loaded upstream does not earn a limit it never tested (the
-///   unbounded growth of concurrency-limits #134).
+/// - **No probe drops.** The baseline is learned from live traffic only:
+///   the least *recent* latency (an average over about `recentSamples`
+///   tries) over the last one to two half windows of `baselineSamples`
+///   tries. The limit is never forced down to re-measure it (the 503 dips
+///   of envoy#8337 and #9007): near capacity the queue empties now and
+///   then, and the recent latency shows it. A faster upstream lowers the
+///   baseline at once; a slower one raises it once a window has passed.
+/// - **No growth while the limit is not used, nor under mild overload.**
+///   The limit grows only while the recent latency is at the baseline and
+///   at least half the limit was in flight; with some queue (within
+///   `tolerance`) it drifts down slowly instead of growing (Gradient2's
+///   growth under mild overload, concurrency-limits #134), which also finds
+///   out a limit that started above the upstream's capacity.
 /// - **Only completed tries are samples.** The caller reports a try that
-///   reached its end (an answer, or a failure after it was sent); a request
-///   refused, shed or timed out in the queue never reaches `sample` (the
-///   fast samples of concurrency-limits #176).
+///   reached its end; a request refused, shed or timed out in a queue never
+///   reaches `sample` (the fast samples of concurrency-limits #176).
 ///
-/// Each sample moves `recent` toward the sample's latency (an average over
-/// about `recentSamples` tries), then compares it with the baseline, in
-/// three zones:
-/// - **at the baseline** (`recent` at most 1.1 × `baseline`): nothing
-///   queues at the upstream, so the limit may grow: the target is
-///   `limit + √limit` (the square root: the queue an upstream can hold at
+/// Each sample compares `recent` with `baseline`, in three zones:
+/// - **at the baseline** (at most `growUnder` = 1.1 times it): the target
+///   is `limit + √limit` (the square root: the queue an upstream can hold at
 ///   its baseline latency), taken only from a sample that used the limit;
-/// - **within `tolerance`**: the limit holds (Gradient2 keeps growing here,
-///   and that is the growth under mild overload of concurrency-limits #134);
-/// - **past it**: the target is `limit × max(0.5, tolerance × baseline /
-///   recent)`, at most halving it.
+/// - **within `tolerance`**: the target is `holdDrift` (0.98) of the limit;
+/// - **past it**: `limit × max(0.5, tolerance × baseline / recent)`.
 /// The limit moves `smoothing` of the way to its target per sample, within
-/// `[minLimit, maxLimit]`.
+/// `[minLimit, maxLimit]`. In a closed loop against an upstream of 4 slots
+/// it settles between 4 and 12 from any start (`AdaptiveLimitTests`).
 ///
 /// A pure value on injected samples (no clock: latency is measured by the
 /// caller); table-tested in `AdaptiveLimitTests`.
@@ -88,6 +86,9 @@ public struct AdaptiveLimit: Sendable, Equatable {
     public private(set) var recent: Double = 0
     /// Samples taken so far (saturating).
     public private(set) var samples = 0
+    private var windowMin = Double.infinity
+    private var previousWindowMin = Double.infinity
+    private var windowCount = 0
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
@@ -107,11 +108,23 @@ public struct AdaptiveLimit: Sendable, Equatable {
         if baseline == 0 {
             baseline = seconds
             recent = seconds
+            windowMin = seconds
         } else {
             recent += (seconds - recent) * Self.weight(configuration.recentSamples)
-            baseline += (seconds - baseline) * Self.weight(configuration.baselineSamples)
-            // The upstream got faster: the baseline follows it down.
-            if recent > 0, baseline > 2 * recent { baseline = (baseline + recent) / 2 }
+        }
+        // The baseline: the least recent latency (an average, so one lucky
+        // try does not set it) over the last one to two half windows of
+        // `baselineSamples` tries. While the limit sits near the upstream's
+        // capacity the queue empties now and then, and the recent latency
+        // with it; the minimum follows a slower upstream up once a window
+        // has passed, and a faster one down at once.
+        windowMin = min(windowMin, recent)
+        baseline = min(previousWindowMin, windowMin)
+        windowCount += 1
+        if windowCount >= max(1, configuration.baselineSamples / 2) {
+            previousWindowMin = windowMin
+            windowMin = .infinity
+            windowCount = 0
         }
         guard recent > 0, baseline > 0 else { return nil }
         let ratio = recent / baseline
@@ -121,7 +134,11 @@ public struct AdaptiveLimit: Sendable, Equatable {
             guard Double(max(0, inFlight)) >= limit / 2 else { return nil }
             target = limit + limit.squareRoot()
         } else if ratio <= configuration.tolerance {
-            return nil
+            // Some queue, within the tolerance: the limit drifts down slowly,
+            // so a limit set (or learned) above the upstream's capacity is
+            // found out without a forced drop: below it, the tries find no
+            // queue again and it grows back.
+            target = limit * Self.holdDrift
         } else {
             target = limit * max(0.5, configuration.tolerance / ratio)
         }
@@ -132,6 +149,8 @@ public struct AdaptiveLimit: Sendable, Equatable {
 
     /// Recent latency at most this many times the baseline counts as "at the baseline".
     public static let growUnder = 1.1
+    /// In the tolerance zone, the target is this fraction of the limit.
+    public static let holdDrift = 0.98
 
     /// An average over about `n` samples, as an exponential weight.
     static func weight(_ n: Int) -> Double { 2 / Double(max(1, n) + 1) }
