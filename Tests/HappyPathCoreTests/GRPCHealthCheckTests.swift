@@ -36,9 +36,13 @@ import Testing
         var verdict: GRPCHealthCheck.Verdict {
             var answer = GRPCHealthCheck.Answer()
             answer.received(status: status)
-            for (name, value) in head { answer.received(header: Array(name.utf8), value: Array(value.utf8)) }
+            for (name, value) in head {
+                Array(name.utf8).withUnsafeBytes { n in Array(value.utf8).withUnsafeBytes { answer.received(header: n, value: $0) } }
+            }
             for chunk in body { answer.received(body: chunk) }
-            for (name, value) in trailers { answer.received(trailer: Array(name.utf8), value: Array(value.utf8)) }
+            for (name, value) in trailers {
+                Array(name.utf8).withUnsafeBytes { n in Array(value.utf8).withUnsafeBytes { answer.received(trailer: n, value: $0) } }
+            }
             return answer.verdict
         }
     }

@@ -130,6 +130,28 @@ import Testing
         #expect(Self.hits(lines, "Stream", "a") == 1)
     }
 
+    /// `scope_429: client` (the default): one client's RESOURCE_EXHAUSTED
+    /// pauses that client only. The route's rate limit is keyed by the
+    /// `k` metadata, so `k` is who a client is; client `a` is paused, and
+    /// client `b`'s call, to the same upstream at the same moment, goes.
+    @Test func aClientsResourceExhaustedPausesThatClientAlone() throws {
+        let lines = Locked<[String]>([])
+        try PythonGRPC.withServer(PythonGRPC.serverKit + Self.server, lines: lines) { _, port in
+            let h = try Self.proxy(
+                port, pacing: "{ on: [resource-exhausted], while_paused: fail }",
+                route: ", rate_limit: { rate: 1000/s, key: \"header:k\" }")
+            defer { h.stop() }
+            let (first, _) = try Self.call(h.port, "stream", "/t.P/Stream", "a")
+            #expect(first == "RESOURCE_EXHAUSTED quota retry=30", "\(first)")
+            let (other, _) = try Self.call(h.port, "unary", "/t.P/Echo", "b")
+            #expect(other == "ok echo", "\(other)")
+            #expect(Self.hits(lines, "Echo", "b") == 1)
+            let (again, _) = try Self.call(h.port, "unary", "/t.P/Echo", "a")
+            #expect(again.hasPrefix("RESOURCE_EXHAUSTED ") && again.contains("reason=RATE_LIMITED"), "\(again)")
+            #expect(Self.hits(lines, "Echo", "a") == 0)
+        }
+    }
+
     /// A Trailers-Only RESOURCE_EXHAUSTED that the route retries
     /// (`retry.on: [resource-exhausted]`) pauses its client (`scope_429:
     /// client`, the default) for the RetryInfo's second; the retry waits for

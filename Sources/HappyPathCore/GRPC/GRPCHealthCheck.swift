@@ -53,12 +53,12 @@ public enum GRPCHealthCheck {
 
         public mutating func received(status: Int) { self.status = status }
 
-        public mutating func received(header name: some Collection<UInt8>, value: some Collection<UInt8>) {
-            if Self.isGRPCStatus(name) { headGRPCStatus = Self.kept(value) }
+        public mutating func received(header name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+            if HTTPBytes.equals(name, "grpc-status") { headGRPCStatus = Self.kept(value) }
         }
 
-        public mutating func received(trailer name: some Collection<UInt8>, value: some Collection<UInt8>) {
-            if Self.isGRPCStatus(name) { trailerGRPCStatus = Self.kept(value) }
+        public mutating func received(trailer name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+            if HTTPBytes.equals(name, "grpc-status") { trailerGRPCStatus = Self.kept(value) }
         }
 
         /// Keeps the bytes while they fit one message of `maxMessageBytes`;
@@ -103,16 +103,8 @@ public enum GRPCHealthCheck {
             return serving == 1 ? .serving : .down("status \(statusName(serving))")
         }
 
-        static func isGRPCStatus(_ name: some Collection<UInt8>) -> Bool {
-            let expected = "grpc-status".utf8
-            return name.count == expected.count
-                && zip(name, expected).allSatisfy { byte, lower in
-                    (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) ? byte | 0x20 == lower : byte == lower
-                }
-        }
-
         /// The value if it is short enough to be a code, else a marker that is none.
-        static func kept(_ value: some Collection<UInt8>) -> [UInt8] {
+        static func kept(_ value: UnsafeRawBufferPointer) -> [UInt8] {
             value.count <= maxStatusBytes ? Array(value) : Array("(too long)".utf8)
         }
     }

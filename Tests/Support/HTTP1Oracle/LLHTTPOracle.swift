@@ -176,6 +176,14 @@ public func compareFramings(_ ours: Framing, _ llhttp: LLHTTPFraming, input: [UI
     {
         return nil
     }
+    // RFC 9110 5.5 again: `Transfer-Encoding: chunked<HTAB>` is chunked;
+    // llhttp's token match stops at the HTAB, reads no body, then refuses
+    // the chunk-size line as a request line. The edge reads the chunked body.
+    if case .error = llhttp.end, ours.requests.count >= llhttp.requests.count,
+        fieldLine(in: input, named: "transfer-encoding:", where: { $0.contains(0x09) })
+    {
+        return nil
+    }
     // RFC 9110 5.6.1: a recipient MUST ignore empty list elements, and the
     // edge does (`Transfer-Encoding: chunked,`); llhttp refuses them.
     if case .error = llhttp.end, ours.requests.count >= llhttp.requests.count,

@@ -129,6 +129,25 @@ public enum OutsideValuesHarness {
             guard let status = GRPCStatus(fieldValue: text) else { return "unknown" }
             precondition(status.rawValue >= 0 && status.rawValue <= 16 && value.count <= 3, "grpc-status \(status)")
             return status.name
+        case UInt8(ascii: "i"):  // grpc-status-details-bin: a RetryInfo's delay (pacing on RESOURCE_EXHAUSTED)
+            for cap in [Duration.zero, .seconds(1), .seconds(3600)] {
+                let delay = value.withUnsafeBytes { GRPCStatusDetails.retryDelay(fieldValue: $0, max: cap) }
+                if let delay { precondition(delay > .zero && delay <= cap, "RetryInfo delay \(delay) past \(cap)") }
+            }
+            return value.withUnsafeBytes { GRPCStatusDetails.retryDelay(fieldValue: $0, max: .seconds(3600)) }
+                .map { "\($0)" } ?? "none"
+        case UInt8(ascii: "k"):  // a gRPC health check's answer body (grpc-status 0 in the trailers)
+            var answer = GRPCHealthCheck.Answer()
+            answer.received(status: 200)
+            // The body in two pieces, cut where its first byte says, as it may arrive.
+            let cut = value.first.map { Int($0) % (value.count + 1) } ?? 0
+            answer.received(body: value[..<cut])
+            answer.received(body: value[cut...])
+            Array("grpc-status".utf8).withUnsafeBytes { n in Array("0".utf8).withUnsafeBytes { answer.received(trailer: n, value: $0) } }
+            switch answer.verdict {
+            case .serving: return "serving"
+            case let .down(why): return why
+            }
         default:
             return "no reader for \(kind)"
         }
