@@ -57,21 +57,21 @@ public struct AdaptiveLimit: Sendable, Equatable {
         /// The messages a configuration error would give, empty when valid.
         public func validate() -> [String] {
             var problems: [String] = []
-            if minLimit < 1 { problems.append("adaptive_concurrency.min_limit must be at least 1, got \(minLimit)") }
+            if minLimit < 1 { problems.append("min_limit must be at least 1, got \(minLimit)") }
             if maxLimit < minLimit {
-                problems.append("adaptive_concurrency.max_limit (\(maxLimit)) must not be below min_limit (\(minLimit))")
+                problems.append("max_limit (\(maxLimit)) must not be below min_limit (\(minLimit))")
             }
             if initialLimit < minLimit || initialLimit > maxLimit {
-                problems.append("adaptive_concurrency.initial_limit must be within min_limit and max_limit, got \(initialLimit)")
+                problems.append("initial_limit must be within min_limit and max_limit, got \(initialLimit)")
             }
             if !(smoothing > 0 && smoothing <= 1) {
-                problems.append("adaptive_concurrency.smoothing must be above 0 and at most 1, got \(smoothing)")
+                problems.append("smoothing must be above 0 and at most 1, got \(smoothing)")
             }
             if !(tolerance >= 1 && tolerance <= 10) {
-                problems.append("adaptive_concurrency.tolerance must be between 1 and 10, got \(tolerance)")
+                problems.append("tolerance must be between 1 and 10, got \(tolerance)")
             }
             if baselineSamples < recentSamples || recentSamples < 1 {
-                problems.append("adaptive_concurrency: baseline_samples must be at least recent_samples, and both at least 1")
+                problems.append("baseline_samples must be at least recent_samples, and both at least 1")
             }
             return problems
         }
