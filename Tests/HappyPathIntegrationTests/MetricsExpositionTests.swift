@@ -257,7 +257,7 @@ struct MetricsExpositionTests {
                 current = nil
             }
         }
-        #expect(ruleExprs.count == 11)
+        #expect(ruleExprs.count == 12)
         for expr in ruleExprs {
             let problems = Self.unknownSelectors(expr, exported)
             #expect(problems.isEmpty, "rules: \(expr): \(problems)")
