@@ -98,7 +98,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     public let configuration: Configuration
     /// Slots taken now.
-    public var inFlight: Int { taken }
+    @inlinable public var inFlight: Int { taken }
     @usableFromInline var taken = 0
     /// Tries that may be in flight now: fixed, or `adaptive.current`.
     public private(set) var limit: Int
@@ -107,7 +107,12 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// Waiters that left the queue without a slot (shed by CoDel, or
     /// displaced from a full queue), with their priority: the caller takes
     /// them with `takeShed` after each call and answers them OVERLOADED.
-    public private(set) var shedOutbox: [(Waiter, RequestPriority)] = []
+    public private(set) var shedOutbox: [(Waiter, RequestPriority)] = [] {
+        didSet { hasShed = !shedOutbox.isEmpty }
+    }
+    /// Something waits in `shedOutbox`: the one check the hot path makes
+    /// (a plain field; the outbox's own `isEmpty` is a generic call).
+    public private(set) var hasShed = false
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
@@ -122,7 +127,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     }
 
     /// Requests waiting for a slot now.
-    public var queued: Int { waiting.count }
+    @inlinable public var queued: Int { waiting.count }
     public func queued(_ priority: RequestPriority) -> Int { waiting.count(priority) }
 
     /// No slot taken, nobody waiting.
@@ -204,7 +209,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     /// The waiters shed since the last call, with their priority.
     public mutating func takeShed() -> [(Waiter, RequestPriority)] {
-        guard !shedOutbox.isEmpty else { return [] }
+        guard hasShed else { return [] }
         defer { shedOutbox.removeAll(keepingCapacity: true) }
         return shedOutbox
     }

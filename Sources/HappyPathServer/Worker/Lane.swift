@@ -169,6 +169,7 @@ extension ProxyWorker {
 
     /// Answers what the lane's queue shed: OVERLOADED, naming their priority.
     private func shedFrom(_ l: Lane) {
+        guard l.slots.hasShed else { return }
         for (exchange, priority) in l.slots.takeShed() {
             metrics.shed(upstream: l.guardian.name, priority: priority)
             exchange.shed(priority)
