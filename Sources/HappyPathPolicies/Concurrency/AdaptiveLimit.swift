@@ -110,7 +110,18 @@ public struct AdaptiveLimit: Sendable, Equatable {
     /// when it started (itself included). Returns the new `current` when it
     /// changed, else nil.
     public mutating func sample(latency: Duration, inFlight: Int) -> Int? {
-        let seconds = Self.seconds(latency)
+        sample(seconds: Self.seconds(latency), inFlight: inFlight)
+    }
+
+    /// The same, from two readings of the monotonic clock: no `Duration`
+    /// arithmetic (128-bit) on the hot path.
+    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int) -> Int? {
+        // Bounded before any arithmetic: a day at most, never negative.
+        let ns = end.nanoseconds >= start.nanoseconds ? min(end.nanoseconds &- start.nanoseconds, 86_400_000_000_000) : 0
+        return sample(seconds: Double(ns) / 1e9, inFlight: inFlight)
+    }
+
+    private mutating func sample(seconds: Double, inFlight: Int) -> Int? {
         let before = current
         samples = samples == Int.max ? samples : samples + 1
         if baseline == 0 {

@@ -198,6 +198,20 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         let moved = a.sample(latency: latency, inFlight: inFlight)
         adaptive = a
         guard let moved else { return [] }
+        return limitMoved(to: moved)
+    }
+
+    /// The same, for a try sent at `start` whose sample is taken at `end`.
+    /// Returns whether the limit moved; the waiters it let in are in `granted`.
+    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
+        guard adaptive != nil else { return false }
+        // In place: the limit's state is not copied out and back.
+        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight) else { return false }
+        granted = limitMoved(to: moved)
+        return true
+    }
+
+    private mutating func limitMoved(to moved: Int) -> [Waiter] {
         limit = moved
         var granted: [Waiter] = []
         while taken < limit, let next = waiting.next() {
