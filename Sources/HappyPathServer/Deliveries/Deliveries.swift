@@ -52,9 +52,10 @@ final class Deliveries: Sendable {
     /// start so the series exist (at 0) before the first failure.
     private let storeErrorCounters: [StoreErrorKind: Prometheus.Counter]
 
-    init(store: any DeliveryStoring, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
-        logger: Logger)
-    {
+    init(
+        store: any DeliveryStoring, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
+        logger: Logger
+    ) {
         self.store = store
         self.settings = settings
         statusPrefix = settings.statusPath + "/"
@@ -66,7 +67,9 @@ final class Deliveries: Sendable {
         var counters: [StoreErrorKind: Prometheus.Counter] = [:]
         let errors = MetricNameDescriptor(
             namespace: "happypath", metricName: "delivery_store_errors", unitName: "total",
-            helpText: "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), unreachable (its database), database (a refused statement), other.")
+            helpText:
+                "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), unreachable (its database), database (a refused statement), other."
+        )
         for kind in StoreErrorKind.allCases {
             counters[kind] = shared.metrics.registry.makeCounter(descriptor: errors, labels: [("kind", kind.rawValue)])
         }
@@ -501,7 +504,9 @@ final class Deliveries: Sendable {
         }
         request.reply(
             status: 200,
-            headers: [HTTPField(name: "Content-Type", value: "application/json"), HTTPField(name: "Cache-Control", value: "no-store")],
+            headers: [
+                HTTPField(name: "Content-Type", value: "application/json"), HTTPField(name: "Cache-Control", value: "no-store"),
+            ],
             body: Self.json(record) + "\n")
     }
 
@@ -573,9 +578,11 @@ final class Deliveries: Sendable {
     /// For `/admin/state` and the status page: the counts the store keeps (no SQLite).
     func stateSnapshot() -> AdminSnapshot.Deliveries {
         let kept = store.counts
-        return AdminSnapshot.Deliveries(
+        var d = AdminSnapshot.Deliveries(
             counts: DeliveryState.allCases.map { ($0.name, kept[$0]) }, heldBytes: store.heldBytes, maxBytes: store.maxBytes,
             roundsInFlight: inFlight.load(ordering: .relaxed), store: settings.name, writable: store.unavailable == nil)
+        d.problem = store.unavailable?.message
+        return d
     }
 }
 

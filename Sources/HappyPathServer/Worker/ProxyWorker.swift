@@ -290,7 +290,8 @@ final class ProxyWorker: HTTPServerDelegate {
                 // A reload cannot add a later route without the store (RestartOnlyKeys); kept safe anyway.
                 return ProblemResponder.answer(
                     request,
-                    Problem(.overloaded, requestID: command.requestID, detail: "The delivery store is not open; restart the proxy."))
+                    Problem(
+                        .overloaded, requestID: command.requestID, detail: "The delivery store is not open; restart the proxy."))
             }
             return deliveries.accept(request, command: command, route: route, worker: self)
         }
@@ -570,7 +571,7 @@ final class ProxyWorker: HTTPServerDelegate {
             return
         }
         shared.inFlight.add(-1)
-        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
+        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration, tries: exchange.command.attempt)
         if exchange.isGRPC { metrics.grpcCall(route: exchange.route, status: exchange.grpcStatus) }
         logAccess(exchange, duration: duration)
     }
