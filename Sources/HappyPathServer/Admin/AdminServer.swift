@@ -118,9 +118,7 @@ final class AdminServer: HTTPServerDelegate {
                     let why = store.unavailable?.message ?? "not connected to the database yet"
                     request.reply(
                         status: 503, headers: Self.json,
-                        body:
-                            "{\"status\":\"not ready\",\"reason\":\(JSON.quote("the delivery store cannot write (storage.required): " + why))}\n"
-                    )
+                        body: "{\"status\":\"not ready\",\"reason\":\(JSON.quote("the delivery store cannot write (storage.required): " + why))}\n")
                     return
                 }
                 request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ready\"}\n")
@@ -314,8 +312,7 @@ final class AdminServer: HTTPServerDelegate {
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
                         let detail = "No delivery \(id) (or it was purged)."
-                        return ProblemResponder.answer(
-                            box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
+                        return ProblemResponder.answer(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
                     box.value.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
                 }
@@ -327,8 +324,7 @@ final class AdminServer: HTTPServerDelegate {
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
                         let detail = "No delivery \(id) (or it was purged)."
-                        return ProblemResponder.answer(
-                            box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
+                        return ProblemResponder.answer(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
                     box.value.server.replay(box.value.request, record: record, deliveries: deliveries, requestID: requestID)
                 }
@@ -344,10 +340,9 @@ final class AdminServer: HTTPServerDelegate {
         let id = record.id
         // A new max_age from now: the route's, if the route still delivers later.
         let (routePath, _) = Router.split(target: record.target)
-        let maxAge =
-            runtime.router.route(path: routePath, method: record.method).map {
-                runtime.routes[$0].delivery.maxAge
-            } ?? DeliveryPolicy.Configuration().maxAge
+        let maxAge = runtime.router.route(path: routePath, method: record.method).map {
+            runtime.routes[$0].delivery.maxAge
+        } ?? DeliveryPolicy.Configuration().maxAge
         let loop = adminLoop
         let box = LoopBound((request: request, server: self), on: adminLoop)
         deliveries.replay(id: id, maxAge: maxAge, by: request.peerAddress) { result in

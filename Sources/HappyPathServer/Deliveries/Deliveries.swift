@@ -52,10 +52,9 @@ final class Deliveries: Sendable {
     /// start so the series exist (at 0) before the first failure.
     private let storeErrorCounters: [StoreErrorKind: Prometheus.Counter]
 
-    init(
-        store: any DeliveryStoring, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
-        logger: Logger
-    ) {
+    init(store: any DeliveryStoring, settings: StorageConfiguration, loop: EventLoop, shared: SharedState, clock: Clock,
+        logger: Logger)
+    {
         self.store = store
         self.settings = settings
         statusPrefix = settings.statusPath + "/"
@@ -67,9 +66,7 @@ final class Deliveries: Sendable {
         var counters: [StoreErrorKind: Prometheus.Counter] = [:]
         let errors = MetricNameDescriptor(
             namespace: "happypath", metricName: "delivery_store_errors", unitName: "total",
-            helpText:
-                "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), unreachable (its database), database (a refused statement), other."
-        )
+            helpText: "Writes the delivery store could not make, by kind: full (no space left), io (an I/O error), unreachable (its database), database (a refused statement), other.")
         for kind in StoreErrorKind.allCases {
             counters[kind] = shared.metrics.registry.makeCounter(descriptor: errors, labels: [("kind", kind.rawValue)])
         }
@@ -504,9 +501,7 @@ final class Deliveries: Sendable {
         }
         request.reply(
             status: 200,
-            headers: [
-                HTTPField(name: "Content-Type", value: "application/json"), HTTPField(name: "Cache-Control", value: "no-store"),
-            ],
+            headers: [HTTPField(name: "Content-Type", value: "application/json"), HTTPField(name: "Cache-Control", value: "no-store")],
             body: Self.json(record) + "\n")
     }
 

@@ -37,8 +37,7 @@ enum MetricHelp {
         "happypath_silent_connections_closed_total":
             "Client connections that never sent a byte, closed at limits.max_connections to make room for a new one.",
         "happypath_admin_accept_capped_total": "Times the admin listener stopped accepting because it held its 64 connections.",
-        "happypath_event_subscribers_dropped_total":
-            "/admin/events subscribers dropped because more than 1 MiB waited unread for them.",
+        "happypath_event_subscribers_dropped_total": "/admin/events subscribers dropped because more than 1 MiB waited unread for them.",
         "happypath_accept_paused_total": "Times a listener paused because the process ran out of descriptors or socket memory.",
         "happypath_client_connections": "Client connections open in the process now.",
         "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",
@@ -53,8 +52,7 @@ enum MetricHelp {
         "happypath_tunnels_total": "Tunnels closed, by upstream and reason.",
         "happypath_tunnel_bytes_total": "Bytes tunnels carried, by upstream and direction.",
         "happypath_tunnel_duration_seconds": "How long tunnels lasted, by upstream.",
-        "happypath_deliveries_total":
-            "Deliver-later requests by upstream and outcome (accepted, duplicate, refused, delivered, dead, ...).",
+        "happypath_deliveries_total": "Deliver-later requests by upstream and outcome (accepted, duplicate, refused, delivered, dead, ...).",
         "happypath_deliveries_queued": "Deliveries not yet delivered or dead (queued and in flight), by upstream.",
         "happypath_delivery_oldest_queued_seconds": "Age of the oldest delivery not yet delivered or dead, by upstream.",
         "happypath_delivery_store_write_seconds": "Time from a request handed to the delivery store to its durable commit.",
@@ -96,8 +94,7 @@ struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
 
     func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any CoreMetrics.RecorderHandler {
         guard aggregate else { return registry.makeGauge(descriptor: descriptor(label), labels: dimensions) }
-        return registry.makeValueHistogram(
-            descriptor: descriptor(label), labels: dimensions, buckets: defaultValueHistogramBuckets)
+        return registry.makeValueHistogram(descriptor: descriptor(label), labels: dimensions, buckets: defaultValueHistogramBuckets)
     }
 
     func makeMeter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.MeterHandler {

@@ -1,8 +1,8 @@
+import HappyPathConfig
+import HappyPathIO
 import CoreMetrics
 import Foundation
-import HappyPathConfig
 import HappyPathCore
-import HappyPathIO
 import HappyPathPolicies
 import Metrics
 import Prometheus

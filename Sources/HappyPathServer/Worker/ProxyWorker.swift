@@ -290,8 +290,7 @@ final class ProxyWorker: HTTPServerDelegate {
                 // A reload cannot add a later route without the store (RestartOnlyKeys); kept safe anyway.
                 return ProblemResponder.answer(
                     request,
-                    Problem(
-                        .overloaded, requestID: command.requestID, detail: "The delivery store is not open; restart the proxy."))
+                    Problem(.overloaded, requestID: command.requestID, detail: "The delivery store is not open; restart the proxy."))
             }
             return deliveries.accept(request, command: command, route: route, worker: self)
         }
