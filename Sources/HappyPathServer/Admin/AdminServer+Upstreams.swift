@@ -75,4 +75,20 @@ extension AdminServer {
             refuse(404, .noRoute, "No admin resource at \(path). " + usage)
         }
     }
+
+    /// Fills in what `/admin/state` and the page show beyond the counters:
+    /// each endpoint in rotation, ejected until when or drained; a forced
+    /// breaker; the pause's reason; the last health check. Read under the
+    /// guard's locks, on the admin loop.
+    func operatorView(of guardian: UpstreamGuard, into u: inout AdminSnapshot.Upstream, at now: Instant) {
+        let rotation = guardian.rotation(at: now)
+        for (i, e) in u.endpoints.enumerated() where i < rotation.count {
+            u.endpoints[i] = AdminSnapshot.Endpoint(url: e.url, rotation[i], at: now)
+        }
+        if let forced = guardian.breakerForced { u.breaker = .forced(forced) }
+        if u.pausedFor != nil { u.pauseCause = guardian.pauseCause }
+        u.healthCheck = guardian.lastHealthCheck.withLock { $0 }.map {
+            AdminSnapshot.HealthCheck(age: now - $0.at, healthy: $0.healthy, endpoints: $0.endpoints)
+        }
+    }
 }

@@ -396,25 +396,24 @@ final class AdminServer: HTTPServerDelegate {
         var upstreams: [AdminSnapshot.Upstream] = []
         for (u, upstream) in runtime.upstreams.enumerated() {
             let guardian = shared.guards[u]
-            let rotation = guardian.rotation(at: now)
+            let ejected = guardian.ejected(at: now)
             let breaker = guardian.breakerReading(at: now)
-            var entry = AdminSnapshot.Upstream(
-                name: upstream.name, reachable: guardian.reachable.load(ordering: .relaxed),
-                breaker: AdminSnapshot.Breaker(breaker.state, forced: guardian.breakerForced, at: now),
-                breakerFailures: breaker.failures, retriesLeft: guardian.retriesLeft(at: now),
-                endpoints: upstream.endpoints.enumerated().map {
-                    AdminSnapshot.Endpoint(url: $1.url, $0 < rotation.count ? rotation[$0] : .inRotation, at: now)
-                },
-                parked: Exchange.ParkReason.allCases.map { ($0.rawValue, guardian.parkedCount($0)) },
-                token: guardian.tokens.map { source in
-                    (source.settings.kind.rawValue, source.expiresIn(at: now).map { Int($0.seconds.rounded()) })
-                },
-                pausedFor: guardian.pausedFor(at: now), pausedClients: guardian.clientPauses(at: now).count)
-            if entry.pausedFor != nil { entry.pauseCause = guardian.pauseCause }
-            entry.healthCheck = guardian.lastHealthCheck.withLock { $0 }.map {
-                AdminSnapshot.HealthCheck(age: now - $0.at, healthy: $0.healthy, endpoints: $0.endpoints)
-            }
-            upstreams.append(entry)
+            upstreams.append(
+                AdminSnapshot.Upstream(
+                    name: upstream.name, reachable: guardian.reachable.load(ordering: .relaxed),
+                    breaker: AdminSnapshot.Breaker(breaker.state, at: now), breakerFailures: breaker.failures,
+                    retriesLeft: guardian.retriesLeft(at: now),
+                    endpoints: upstream.endpoints.enumerated().map {
+                        AdminSnapshot.Endpoint(url: $1.url, ejected: ejected.contains($0))
+                    },
+                    parked: Exchange.ParkReason.allCases.map { ($0.rawValue, guardian.parkedCount($0)) },
+                    token: guardian.tokens.map { source in
+                        (source.settings.kind.rawValue, source.expiresIn(at: now).map { Int($0.seconds.rounded()) })
+                    },
+                    pausedFor: guardian.pausedFor(at: now), pausedClients: guardian.clientPauses(at: now).count))
+            // What an operator needs beyond it: when an ejection ends, drains,
+            // a forced breaker, the pause's reason, the last health check.
+            operatorView(of: guardian, into: &upstreams[upstreams.count - 1], at: now)
         }
         return AdminSnapshot(
             takenAt: Date(), ready: ready.value.load(ordering: .relaxed), inFlight: shared.inFlight.current,
