@@ -216,7 +216,7 @@ import Testing
 
     @Test(arguments: [
         (0.005 as Double?, "≤ 5 ms"), (0.0025, "≤ 2.5 ms"), (0.25, "≤ 250 ms"), (1, "≤ 1 s"), (2.5, "≤ 2.5 s"),
-        (.infinity, "&gt; 30 s"), (nil, "-"),
+        (.infinity, "> 30 s"), (nil, "-"),
     ])
     func saysALatencyBucket(seconds: Double?, words: String) {
         #expect(StatusPage.latency(seconds) == words)
@@ -229,9 +229,13 @@ import Testing
         totals.p50 = 0.005
         totals.p99 = 0.25
         let html = StatusPage.routeTotalsTable([totals])
+        totals.tries = 300
         #expect(
-            html.contains("<tr><td>/a&lt;b&gt;/</td><td>200</td><td class=\"warn\">3 (1.5%)</td><td>≤ 5 ms</td><td>≤ 250 ms</td>")
-        )
+            html.contains(
+                "<tr><td>/a&lt;b&gt;/</td><td data-k=\"r-over\">since start</td><td data-k=\"r-requests\">200</td>"
+                    + "<td data-k=\"r-errors\" class=\"warn\">3 (1.5%)</td><td data-k=\"r-p50\">≤ 5 ms</td>"
+                    + "<td data-k=\"r-p99\">≤ 250 ms</td>"))
+        #expect(StatusPage.routeTotalsTable([totals]).contains("<td data-k=\"r-tries\">1.50</td>"))
         #expect(StatusPage.routeTotalsTable([]).isEmpty)
     }
 }

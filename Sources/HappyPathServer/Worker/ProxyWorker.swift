@@ -558,7 +558,7 @@ final class ProxyWorker: HTTPServerDelegate {
             return
         }
         shared.inFlight.add(-1)
-        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
+        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration, tries: exchange.command.attempt)
         if exchange.isGRPC { metrics.grpcCall(route: exchange.route, status: exchange.grpcStatus) }
         logAccess(exchange, duration: duration)
     }
