@@ -39,6 +39,7 @@ import Testing
                 upstreams:
                   demo:
                     endpoints: [{{DEMO}}]
+                    adaptive_concurrency: { min_limit: 2, max_limit: 8 }
                   flaky:
                     endpoints: [http://127.0.0.1:\(flaky.port)]
                     connect_timeout: 500ms
@@ -171,6 +172,9 @@ import Testing
         #expect(html.contains("<span class=\"bad\">forced open by an operator"))
         #expect(html.contains("asked by a 503"))
         #expect(html.contains("<dd data-k=\"health_check\">last check passed "))
+        // Slots against the limit: learned for demo, max_connections for the others.
+        #expect(html.contains("in flight of a limit of 256; 0 queued"))
+        #expect(html.contains("in flight of a limit of ") && html.contains("(learned: baseline "))
         #expect(html.contains("old (hooks)</span>"))
         #expect(html.contains("<b>breaker_forced_open</b> upstream=hooks by=127.0.0.1"))
         // The breaker's opening is among the last events, rendered by the server.
@@ -232,6 +236,7 @@ import Testing
         #expect(dom.contains("<span class=\"bad\">forced open by an operator"))
         #expect(dom.contains("asked by a 503"))
         #expect(dom.contains("last check passed "))
+        #expect(dom.contains("(learned: baseline ") && dom.contains("in flight of a limit of 256; 0 queued"))
         #expect(dom.contains("old (hooks)</span>"))
         // The actions are shown once the script runs.
         #expect(dom.contains("<p class=\"actions\" data-script=\"\">Breaker: "))

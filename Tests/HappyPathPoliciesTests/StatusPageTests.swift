@@ -107,6 +107,16 @@ import Testing
             ])
     }
 
+    @Test(arguments: [
+        (AdminSnapshot.Concurrency(limit: 512, inFlight: 3), "3 in flight of a limit of 512; 0 queued"),
+        (AdminSnapshot.Concurrency(limit: 12, inFlight: 12, queued: 4, adaptive: true), "12 in flight of a limit of 12 (learned, no sample yet); 4 queued"),
+        (AdminSnapshot.Concurrency(limit: 9, inFlight: 9, queued: 0, adaptive: true, baseline: 0.02514, recent: 0.0270),
+         "9 in flight of a limit of 9 (learned: baseline 25.1 ms, recent 27.0 ms); 0 queued"),
+    ])
+    func slotsInWords(c: AdminSnapshot.Concurrency, words: String) {
+        #expect(StatusPage.slotWords(c) == words)
+    }
+
     @Test func rendersEachUpstreamItsBreakerAndItsEndpoints() {
         let html = StatusPage.render(snapshot(), events: [])
         #expect(html.hasPrefix("<!DOCTYPE html>"))
@@ -120,6 +130,7 @@ import Testing
         #expect(html.contains("<span class=\"bad\">unreachable</span>"))
         #expect(html.contains("<span class=\"warn\">2 parked</span> (2 circuit_open)"))
         #expect(html.contains("20 retries left"))
+        #expect(html.contains("<span class=\"ok\">0 in flight of a limit of 0; 0 queued</span>"))
         #expect(html.contains("paused until 14:00:30 UTC (30.0 s); 1 client paused"))
         #expect(html.contains("<td>http://a.example:80/?x=&quot;y&quot;</td><td><span class=\"ok\">in rotation</span>"))
         #expect(html.contains("<td>http://b.example:80</td><td><span class=\"bad\">ejected</span>"))

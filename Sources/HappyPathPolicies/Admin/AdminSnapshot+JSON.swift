@@ -52,8 +52,13 @@ extension AdminSnapshot {
                 "{\"healthy_endpoints\":\(h.healthy),\"endpoints\":\(h.endpoints),"
                 + "\"checked_at\":\(at(.zero - h.age)),\"age_s\":\(max(0, h.age.seconds))}"
         }
+        let c = u.concurrency
+        func ms(_ seconds: Double) -> String { c.adaptive && seconds > 0 ? String(Double(Int(seconds * 10_000)) / 10) : "null" }
+        let concurrency =
+            "{\"limit\":\(c.limit),\"in_flight\":\(c.inFlight),\"queued\":\(c.queued),\"adaptive\":\(c.adaptive),"
+            + "\"baseline_ms\":\(ms(c.baseline)),\"recent_ms\":\(ms(c.recent))}"
         return """
-            {"name":\(JSON.quote(u.name)),"reachable":\(u.reachable),"health_check":\(health),\
+            {"name":\(JSON.quote(u.name)),"reachable":\(u.reachable),"health_check":\(health),"concurrency":\(concurrency),\
             "circuit_breaker":\(breaker),"endpoints":[\(endpoints.joined(separator: ","))],\
             "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused),\
             "pause_cause":\(u.pausedFor == nil || u.pauseCause == 0 ? "null" : String(u.pauseCause)),\

@@ -152,6 +152,8 @@ public struct AdminSnapshot: Sendable {
         public var healthCheck: HealthCheck?
         /// Clients paused one by one (`pacing.scope: client`).
         public var pausedClients: Int
+        /// Its slots: tries in flight against the limit, requests queued (docs/overload.md).
+        public var concurrency = Concurrency()
 
         public init(
             name: String, reachable: Bool = true, breaker: Breaker = .closed,
@@ -173,6 +175,27 @@ public struct AdminSnapshot: Sendable {
         }
 
         public var parkedTotal: Int { parked.reduce(0) { $0 + $1.count } }
+    }
+
+    /// An upstream's slots over all workers (docs/overload.md).
+    public struct Concurrency: Sendable, Equatable {
+        public var limit = 0
+        public var inFlight = 0
+        public var queued = 0
+        /// The limit is learned (`adaptive_concurrency`), with its latest
+        /// baseline and recent latency in seconds (0: no sample yet).
+        public var adaptive = false
+        public var baseline = 0.0
+        public var recent = 0.0
+
+        public init(limit: Int = 0, inFlight: Int = 0, queued: Int = 0, adaptive: Bool = false, baseline: Double = 0, recent: Double = 0) {
+            self.limit = limit
+            self.inFlight = inFlight
+            self.queued = queued
+            self.adaptive = adaptive
+            self.baseline = baseline
+            self.recent = recent
+        }
     }
 
     /// A rate-limited route: keys tracked, requests queued.

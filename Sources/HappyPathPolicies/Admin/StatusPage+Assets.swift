@@ -141,6 +141,12 @@ extension StatusPage {
               Object.keys(u.parked || {}).forEach(function (r) { var n = u.parked[r]; total += n; if (n > 0) parts.push(n + " " + r); });
               put(k(card, "parked"), total > 0 ? "warn" : "ok", total + " parked", parts.length ? " (" + parts.join(", ") + ")" : "");
               if (typeof u.retries_left === "number") k(card, "retries_left").textContent = u.retries_left + " retries left";
+              var c = u.concurrency;
+              if (c && k(card, "slots")) {
+                var slots = c.in_flight + " in flight of a limit of " + c.limit;
+                if (c.adaptive) slots += c.baseline_ms ? " (learned: baseline " + c.baseline_ms + " ms, recent " + c.recent_ms + " ms)" : " (learned, no sample yet)";
+                put(k(card, "slots"), c.queued > 0 ? "warn" : "ok", slots + "; " + c.queued + " queued");
+              }
               var pause = "not paused";
               if (u.paused_until) {
                 pause = "paused until " + clock(new Date(u.paused_until)) + " (" + secs((new Date(u.paused_until).getTime() - Date.now()) / 1000) + ")";

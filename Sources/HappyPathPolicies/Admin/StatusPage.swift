@@ -182,6 +182,20 @@ public enum StatusPage {
         return pause
     }
 
+    /// The slots in words: `3 in flight of a limit of 12 (learned: baseline
+    /// 25.1 ms, recent 27.0 ms); 2 queued`.
+    public static func slotWords(_ c: AdminSnapshot.Concurrency) -> String {
+        var words = "\(c.inFlight) in flight of a limit of \(c.limit)"
+        if c.adaptive {
+            words +=
+                c.baseline > 0
+                ? " (learned: baseline \(milliseconds(c.baseline)), recent \(milliseconds(c.recent)))" : " (learned, no sample yet)"
+        }
+        return words + "; \(c.queued) queued"
+    }
+
+    static func milliseconds(_ seconds: Double) -> String { "\(Double(Int(seconds * 10_000)) / 10) ms" }
+
     /// An endpoint's place: `in rotation`, `ejected until 14:03:07 UTC (28.0 s)`, `drained by an operator`.
     public static func rotationWords(_ e: AdminSnapshot.Endpoint, takenAt: Date) -> (tone: String, words: String) {
         if e.drained { return ("warn", "drained by an operator") }
@@ -233,6 +247,7 @@ public enum StatusPage {
             <dt>Breaker</dt><dd data-k="breaker"><span class="\(tone(u.breaker))">\(escape(breakerWords(u.breaker, takenAt: takenAt)))</span></dd>
             <dt>Failures</dt><dd data-k="failures">\(failureWords(u.breakerFailures, breaker: u.breaker))</dd>
             <dt>Parked</dt><dd data-k="parked"><span class="\(u.parkedTotal > 0 ? "warn" : "ok")">\(u.parkedTotal) parked</span>\(parkedWords.isEmpty ? "" : " (\(parkedWords))")</dd>
+            <dt>Slots</dt><dd data-k="slots"><span class="\(u.concurrency.queued > 0 ? "warn" : "ok")">\(slotWords(u.concurrency))</span></dd>
             <dt>Retry budget</dt><dd data-k="retries_left">\(u.retriesLeft) retries left</dd>
             <dt>Pause</dt><dd data-k="pause"><span class="\(pauseTone)">\(pauseWords(u, takenAt: takenAt))</span></dd>
 

@@ -51,8 +51,9 @@ extension ProxyWorker {
             publishedQueued = q
         }
 
-        /// Samples since the latency gauges were last published.
-        private var unpublishedSamples = 0
+        /// Samples since the latency gauges were last published (the first
+        /// sample publishes: a status page shows a baseline at once).
+        private var unpublishedSamples = 15
 
         /// After a sample: a limit that moved goes to the guard's sum and the
         /// SSE stream; the latency gauges follow every 16th sample (a
