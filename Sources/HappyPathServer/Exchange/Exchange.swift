@@ -74,6 +74,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// When the try in flight was sent, and the tries in flight then (an
     /// adaptive upstream's latency sample; nil: none to take).
     private var sampleFrom: (at: Instant, inFlight: Int)?
+    /// The sample read at the response head, inside libcurl's header
+    /// callback, and given to the limit as the try ends (`applySample`): a
+    /// limit that grows hands slots to waiters at once, whose tries start
+    /// then, and libcurl refuses to add a transfer inside its callbacks.
+    private var measured: (from: Instant, to: Instant, inFlight: Int)?
     /// This worker's lane of the upstream, from the exchange's first slot
     /// on (its slots, queue and limit); kept so a release or a sample does
     /// not look it up again. A lane is forgotten only while idle, and this
@@ -451,6 +456,21 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         guard let from = sampleFrom, let lane else { return }
         sampleFrom = nil
         worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight)
+    }
+
+    /// `sampleTry` inside a libcurl callback (the response head): read now,
+    /// given to the limit by `applySample` when the transfer has ended.
+    func measureTry() {
+        guard let from = sampleFrom else { return }
+        sampleFrom = nil
+        measured = (from.at, worker.clock.now(), from.inFlight)
+    }
+
+    /// The sample `measureTry` read, given to the limit (outside libcurl's callbacks).
+    func applySample() {
+        guard let m = measured, let lane else { return }
+        measured = nil
+        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight)
     }
 
     /// A try that ended without a sample (a reset, an error status) takes none.
