@@ -61,6 +61,9 @@ extension Exchange {
 
     func upstreamHeadersComplete() -> String? {
         if let switching, let upgrade { return switchingRefusal(switching, upgrade) }
+        if guardian.adaptive != nil {
+            if relay.status < 500, relay.status != 429 { measureTry() } else { dropSample() }
+        }
         switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up
@@ -86,6 +89,8 @@ extension Exchange {
         transfer = nil
         upgradeTry = nil
         switching = nil
+        // Before the slot goes: a limit the sample grew may hand it over.
+        if guardian.adaptive != nil { applySample() }
         releaseSlot()
         guard !isFinished else { return }
         guard let failure else {

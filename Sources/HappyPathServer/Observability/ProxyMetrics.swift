@@ -144,6 +144,18 @@ final class ProxyMetrics: Sendable {
     }
     private let droppedSubscribers = Locked(0)
 
+    /// An upstream's slots (UpstreamGuard+Concurrency), read at a scrape.
+    func concurrency(upstream: String, limit: Int, inFlight: Int, queued: Int, latency: (baseline: Double, recent: Double)?) {
+        let labels = [("upstream", upstream)]
+        gauge("happypath_upstream_concurrency_limit", labels).record(limit)
+        gauge("happypath_upstream_in_flight", labels).record(max(0, inFlight))
+        gauge("happypath_upstream_queued", labels).record(max(0, queued))
+        if let latency {
+            gauge("happypath_upstream_latency_baseline_seconds", labels).record(latency.baseline)
+            gauge("happypath_upstream_latency_recent_seconds", labels).record(latency.recent)
+        }
+    }
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }
@@ -166,13 +178,20 @@ final class WorkerMetrics {
     /// The series the previous request used: consecutive requests mostly
     /// share route and code, and comparing two strings that share storage
     /// costs less than hashing them.
-    private var lastRequest: (label: String, code: String, counter: CoreMetrics.Counter, timer: CoreMetrics.Timer)?
+    private var lastRequest:
+        (label: String, code: String, counter: CoreMetrics.Counter, timer: CoreMetrics.Timer, tries: CoreMetrics.Counter)?
     private var lastTry: (upstream: String, outcome: String, counter: CoreMetrics.Counter)?
+    private var routeTries: [String: CoreMetrics.Counter] = [:]
 
-    func request(route: RuntimeRoute, code: String, duration: Duration) {
+    /// A request answered: its code, its time, and the tries it counted
+    /// (its `X-Happypath-Attempts`; the status page's tries per request is
+    /// `happypath_request_tries_total` over `happypath_requests_total`, one
+    /// atomic add more than the two counted before).
+    func request(route: RuntimeRoute, code: String, duration: Duration, tries: Int) {
         if let last = lastRequest, last.label == route.label, last.code == code {
             last.counter.increment()
             last.timer.recordNanoseconds(duration.nanoseconds)
+            last.tries.increment(by: tries)
             return
         }
         let counter =
@@ -191,7 +210,15 @@ final class WorkerMetrics {
                 return t
             }()
         timer.recordNanoseconds(duration.nanoseconds)
-        lastRequest = (route.label, code, counter, timer)
+        let triesCounter =
+            routeTries[route.label]
+            ?? {
+                let c = metrics.counter("happypath_request_tries_total", [("route", route.label)])
+                routeTries[route.label] = c
+                return c
+            }()
+        triesCounter.increment(by: tries)
+        lastRequest = (route.label, code, counter, timer, triesCounter)
     }
 
     /// Per route, one counter per `grpc_status` value (the 17 codes, then
@@ -354,6 +381,11 @@ final class WorkerMetrics {
         let c = make()
         counters[code] = c
         return c
+    }
+
+    /// A request the concurrency limit answered OVERLOADED (queue full, or shed from it).
+    func shed(upstream: String, priority: RequestPriority) {
+        rare("happypath_upstream_shed_total", [("upstream", upstream), ("priority", priority.rawValue)]).increment()
     }
 
     private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {
