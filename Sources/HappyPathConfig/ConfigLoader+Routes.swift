@@ -27,7 +27,7 @@ extension Reader {
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
                 "redirects", "upstream_errors", "rate_limit", "hedge", "fallback", "upgrades", "upgrades_idle_timeout",
-                "grpc",
+                "grpc", "priority", "priority_header",
             ]
                 + Self.upstreamOnlyPolicyKeys)
         var match = RouteMatch(pathPrefix: "/")
@@ -119,6 +119,14 @@ extension Reader {
                     g.key,
                     "\(path).grpc: a gRPC route cannot deliver later (delivery.mode: later): a gRPC client waits for the call's status, and a 202 is not one"
                 )
+            }
+        }
+        if let p = choice(f["priority"]?.value, "\(path).priority", RequestPriority.self) { r.priority = p }
+        if let h = f["priority_header"], let name = string(h.value, "\(path).priority_header") {
+            if !name.isEmpty, name.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
+                r.priorityHeader = name.lowercased()
+            } else {
+                error(h.value, "\(path).priority_header: '\(name)' is not a header name")
             }
         }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {

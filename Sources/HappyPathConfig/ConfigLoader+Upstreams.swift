@@ -28,7 +28,7 @@ extension Reader {
             node, path,
             known: [
                 "endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing", "tls",
-                "protocol",
+                "protocol", "adaptive_concurrency",
             ]
                 + Self.policyKeys)
         var u = Upstream(name: name, endpoints: [])
@@ -73,7 +73,43 @@ extension Reader {
             }
         }
         if let p = choice(f["protocol"]?.value, "\(path).protocol", UpstreamProtocol.self) { u.protocol = p }
+        if let a = f["adaptive_concurrency"]?.value {
+            u.adaptiveConcurrency = adaptiveConcurrency(a, "\(path).adaptive_concurrency")
+            if let limit = u.adaptiveConcurrency?.limit, !u.endpoints.isEmpty,
+                limit.minLimit > u.maxConnectionsPerEndpoint * u.endpoints.count
+            {
+                error(
+                    a,
+                    "\(path).adaptive_concurrency.min_limit (\(limit.minLimit)) is above max_connections × endpoints (\(u.maxConnectionsPerEndpoint * u.endpoints.count)); lower min_limit or raise max_connections"
+                )
+            }
+        }
         return u
+    }
+
+    /// `adaptive_concurrency: { min_limit, max_limit, initial_limit, tolerance,
+    /// smoothing, queue: { interval, target } }` (docs/overload.md).
+    func adaptiveConcurrency(_ node: Node, _ path: String) -> AdaptiveConcurrencySettings {
+        let f = fields(node, path, known: ["min_limit", "max_limit", "initial_limit", "tolerance", "smoothing", "queue"])
+        var a = AdaptiveConcurrencySettings()
+        if let v = int(f["min_limit"]?.value, "\(path).min_limit", min: 1, max: 100_000) { a.limit.minLimit = v }
+        if let v = int(f["max_limit"]?.value, "\(path).max_limit", min: 1, max: 100_000) { a.limit.maxLimit = v }
+        if let v = int(f["initial_limit"]?.value, "\(path).initial_limit", min: 1, max: 100_000) {
+            a.limit.initialLimit = v
+        } else {
+            // Start low: the first samples are then taken with no queue at
+            // the upstream, and the limit grows from there (docs/overload.md).
+            a.limit.initialLimit = a.limit.minLimit
+        }
+        if let v = double(f["tolerance"]?.value, "\(path).tolerance", min: 1, max: 10) { a.limit.tolerance = v }
+        if let v = double(f["smoothing"]?.value, "\(path).smoothing", min: 0.01, max: 1) { a.limit.smoothing = v }
+        if let q = f["queue"]?.value {
+            let qf = fields(q, "\(path).queue", known: ["interval", "target"])
+            if let d = duration(qf["interval"]?.value, "\(path).queue.interval") { a.queue.interval = d }
+            if let d = duration(qf["target"]?.value, "\(path).queue.target") { a.queue.target = d }
+        }
+        for problem in a.limit.validate() { error(node, "\(path): \(problem)") }
+        return a
     }
 
     func endpoint(_ s: String) -> String? {

@@ -126,6 +126,22 @@ public struct Upstream: Sendable, Equatable {
     public var tls: UpstreamTLSSettings?
     /// `protocol:` HTTP/1.1 (the default) or HTTP/2 to the endpoints.
     public var `protocol`: UpstreamProtocol = .http1
+    /// `adaptive_concurrency:` (nil: the limit of tries in flight is `max_connections`).
+    public var adaptiveConcurrency: AdaptiveConcurrencySettings?
+}
+
+/// `upstreams.NAME.adaptive_concurrency` (docs/overload.md): the limit of
+/// tries in flight learned from latency, between `min_limit` and
+/// `max_limit` (never above `max_connections` × endpoints), and a queue
+/// that sheds CoDel-style, the lowest priority first.
+public struct AdaptiveConcurrencySettings: Sendable, Equatable {
+    /// The limit's bounds and how it moves, for the whole upstream (each
+    /// worker learns its share).
+    public var limit = AdaptiveLimit.Configuration()
+    /// `queue: { interval, target }`.
+    public var queue = QueueShedding()
+
+    public init() {}
 }
 
 /// `upstreams.NAME.tls` (docs/tls.md, "Upstreams").
@@ -183,6 +199,12 @@ public struct Route: Sendable {
     /// `grpc:` the route carries gRPC calls (nil: not declared). Its
     /// upstream must have `protocol: h2`, and it may not deliver later.
     public var grpc: GRPCRouteConfiguration?
+    /// `priority:` how much its requests matter when the upstream is full
+    /// (docs/overload.md): admitted first (critical) or shed first (sheddable).
+    public var priority: RequestPriority = .normal
+    /// `priority_header:` a request header (lowercased) through which a
+    /// client may lower its own request's priority, never raise it (nil: none).
+    public var priorityHeader: String?
 }
 
 /// `grpc:` on a route (docs/grpc.md): the route carries gRPC calls.

@@ -2,26 +2,36 @@ import HappyPathCore
 
 /// One upstream's tries in flight on one worker, and the bounded queue of
 /// requests waiting for one of its slots (docs/reachability.md, "the
-/// concurrency limit"). A pure value: the worker holds one per upstream,
-/// performs what it decides (a queued request arms its own wait; a freed
-/// slot handed over starts that request's try) and never looks inside.
+/// concurrency limit"; docs/overload.md). A pure value: the worker holds
+/// one per upstream, performs what it decides (a queued request arms its
+/// own wait; a freed slot handed over starts that request's try; a shed
+/// request is answered OVERLOADED) and never looks inside.
+///
+/// The limit is fixed (the worker's share of `max_connections`) or, with
+/// `adaptive_concurrency`, learned from the latency of completed tries
+/// (`AdaptiveLimit`); then the queue also sheds CoDel-style
+/// (`PriorityQueue`). Waiting requests go by priority (critical first),
+/// each priority first in, first out.
 ///
 /// Generic over the waiter so it knows nothing of exchanges; waiters are
-/// told apart by identity. The queue is first in, first out: a freed slot
-/// goes to the request that has waited longest.
-///
-/// On the hot path (once per try: `acquire` and `release`) it is a count
-/// and a comparison; the queue's array is touched only when the slots are
-/// all taken. The methods are inlinable so the server's use is specialized
-/// for its waiter type instead of going through generic witnesses.
+/// told apart by identity. On the hot path (once per try: `acquire` and
+/// `release`) it is a count and a comparison; the queue is touched only
+/// when the slots are all taken. The methods are inlinable so the server's
+/// use is specialized for its waiter type.
 public struct ConcurrencyLimiter<Waiter: AnyObject> {
     public struct Configuration: Sendable, Equatable {
-        /// Tries in flight at once. The worker's share of the upstream's
-        /// `max_connections` × endpoints (at least 1).
+        /// Tries in flight at once, when the limit is fixed: the worker's
+        /// share of the upstream's `max_connections` × endpoints (at least 1).
+        /// With `adaptive`, the most the learned limit may reach.
         public var maxInFlight: Int
         /// Requests that may wait for a slot; beyond it a request is
-        /// refused (503 OVERLOADED). Default: as many as `maxInFlight`.
+        /// refused (503 OVERLOADED) unless it matters more than one
+        /// waiting, which is shed to make room. Default: as many as `maxInFlight`.
         public var maxQueued: Int
+        /// The worker's share of `adaptive_concurrency` (nil: a fixed limit).
+        public var adaptive: AdaptiveLimit.Configuration?
+        /// How the queue sheds (only with `adaptive`).
+        public var queue = QueueShedding()
 
         public init(maxInFlight: Int, maxQueued: Int? = nil) {
             self.maxInFlight = maxInFlight
@@ -33,6 +43,25 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         /// least one; the queue is as long.
         public init(connections: Int, workers: Int) {
             self.init(maxInFlight: Swift.max(1, connections / Swift.max(1, workers)))
+        }
+
+        /// The worker's share of an adaptive limit between `min` and `max`
+        /// (the upstream's whole), starting at `initial`, capped by its
+        /// share of `connections`; the queue holds up to the share of `max`.
+        public init(
+            adaptive: AdaptiveLimit.Configuration, queue: QueueShedding, connections: Int,
+            workers: Int
+        ) {
+            let workers = Swift.max(1, workers)
+            func share(_ n: Int) -> Int { Swift.max(1, (n + workers - 1) / workers) }
+            let cap = Swift.max(1, connections / workers)
+            var a = adaptive
+            a.maxLimit = Swift.min(share(adaptive.maxLimit), cap)
+            a.minLimit = Swift.min(share(adaptive.minLimit), a.maxLimit)
+            a.initialLimit = Swift.min(Swift.max(share(adaptive.initialLimit), a.minLimit), a.maxLimit)
+            self.init(maxInFlight: a.maxLimit, maxQueued: a.maxLimit)
+            self.adaptive = a
+            self.queue = queue
         }
 
         /// The messages a configuration error would give, empty when valid.
@@ -49,18 +78,21 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         /// A slot is the caller's: send the try, `release` when it ends.
         case granted
         /// All slots are taken: the caller waits in the queue (bounded by
-        /// its own deadline) until `release` hands it a slot or it `leave`s.
+        /// its own deadline) until `release` hands it a slot, it is shed,
+        /// or it `leave`s.
         case queued
-        /// Slots and queue are full: refuse the request (OVERLOADED).
+        /// Slots and queue are full of requests that matter as much: refuse
+        /// the request (OVERLOADED).
         case overloaded
     }
 
     /// What `release` decided about the freed slot.
     public enum Release {
-        /// Nobody waits (or hand-over is off): the slot is free again.
+        /// Nobody waits (or hand-over is off, or the limit shrank below the
+        /// tries in flight): the slot is free again.
         case freed
-        /// The slot goes, still taken, to this waiter (the longest waiting),
-        /// which has left the queue: start its try.
+        /// The slot goes, still taken, to this waiter (the longest waiting
+        /// of the highest priority), which has left the queue: start its try.
         case handedOver(Waiter)
     }
 
@@ -68,28 +100,58 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// Slots taken now.
     public var inFlight: Int { taken }
     @usableFromInline var taken = 0
-    @usableFromInline var waiting: [Waiter] = []
+    /// Tries that may be in flight now: fixed, or `adaptive.current`.
+    public private(set) var limit: Int
+    @usableFromInline var waiting: PriorityQueue<Waiter>
+    public private(set) var adaptive: AdaptiveLimit?
+    /// Waiters that left the queue without a slot (shed by CoDel, or
+    /// displaced from a full queue), with their priority: the caller takes
+    /// them with `takeShed` after each call and answers them OVERLOADED.
+    public private(set) var shedOutbox: [(Waiter, RequestPriority)] = []
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
+        waiting = PriorityQueue(configuration.queue)
+        if let a = configuration.adaptive {
+            let learned = AdaptiveLimit(a)
+            adaptive = learned
+            limit = learned.current
+        } else {
+            limit = configuration.maxInFlight
+        }
     }
 
     /// Requests waiting for a slot now.
     public var queued: Int { waiting.count }
+    public func queued(_ priority: RequestPriority) -> Int { waiting.count(priority) }
 
     /// No slot taken, nobody waiting.
     public var isIdle: Bool { taken == 0 && waiting.isEmpty }
 
-    /// A slot for one try; else a place at the back of the queue; else
-    /// overloaded.
+    /// A slot for one try; else a place in the queue (making room by
+    /// shedding a waiter of a lower priority when it is full); else
+    /// overloaded. `now` dates the wait (CoDel's sojourn time).
     @inlinable
-    public mutating func acquire(_ waiter: Waiter) -> Acquisition {
-        if taken < configuration.maxInFlight {
+    public mutating func acquire(_ waiter: Waiter, priority: RequestPriority = .normal, at now: Instant) -> Acquisition {
+        if taken < limit, waiting.isEmpty {
             taken += 1
             return .granted
         }
-        guard waiting.count < configuration.maxQueued else { return .overloaded }
-        waiting.append(waiter)
+        return enqueue(waiter, priority, at: now)
+    }
+
+    @usableFromInline
+    mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) -> Acquisition {
+        if adaptive != nil { shedLate(at: now) }
+        if taken < limit, waiting.isEmpty {
+            taken += 1
+            return .granted
+        }
+        if waiting.count >= configuration.maxQueued {
+            guard let lowest = waiting.lowest, let displaced = waiting.displace(below: priority) else { return .overloaded }
+            shedOutbox.append((displaced, lowest))
+        }
+        waiting.enqueue(waiter, priority, at: now)
         return .queued
     }
 
@@ -97,17 +159,22 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// never overtakes a queued request, and never queues itself).
     @inlinable
     public mutating func tryAcquire() -> Bool {
-        guard taken < configuration.maxInFlight, waiting.isEmpty else { return false }
+        guard taken < limit, waiting.isEmpty else { return false }
         taken += 1
         return true
     }
 
     /// A try ended and gives its slot back. With `handOver` (the default)
-    /// the longest-waiting request takes it over; without (a drain that ran
-    /// out of time starts no new tries) the slot is simply freed.
+    /// the waiter of the highest priority takes it over, unless the limit
+    /// shrank below the tries in flight; without (a drain that ran out of
+    /// time starts no new tries) the slot is simply freed. `now` is needed
+    /// only when requests wait on an adaptive limit (to shed the late first).
     @inlinable
-    public mutating func release(handOver: Bool = true) -> Release {
-        if handOver, !waiting.isEmpty { return .handedOver(waiting.removeFirst()) }
+    public mutating func release(handOver: Bool = true, at now: @autoclosure () -> Instant) -> Release {
+        if handOver, !waiting.isEmpty, taken <= limit {
+            if adaptive != nil { shedLate(at: now()) }
+            if let next = waiting.next() { return .handedOver(next) }
+        }
         taken -= 1
         return .freed
     }
@@ -115,12 +182,39 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// A queued request gave up its place (its deadline came, its client
     /// left, drain answered it). True if it was in the queue.
     @inlinable @discardableResult
-    public mutating func leave(_ waiter: Waiter) -> Bool {
-        guard let i = waiting.firstIndex(where: { $0 === waiter }) else { return false }
-        waiting.remove(at: i)
-        return true
+    public mutating func leave(_ waiter: Waiter) -> Bool { waiting.leave(waiter) }
+
+    /// A try of this upstream completed after `latency`, with `inFlight`
+    /// tries in flight when it started: the adaptive limit learns from it.
+    /// A limit that grew hands its new slots to waiters at once (returned:
+    /// start their tries). Nothing without `adaptive`.
+    public mutating func sample(latency: Duration, inFlight: Int) -> [Waiter] {
+        guard var a = adaptive else { return [] }
+        let moved = a.sample(latency: latency, inFlight: inFlight)
+        adaptive = a
+        guard let moved else { return [] }
+        limit = moved
+        var granted: [Waiter] = []
+        while taken < limit, let next = waiting.next() {
+            taken += 1
+            granted.append(next)
+        }
+        return granted
+    }
+
+    /// The waiters shed since the last call, with their priority.
+    public mutating func takeShed() -> [(Waiter, RequestPriority)] {
+        guard !shedOutbox.isEmpty else { return [] }
+        defer { shedOutbox.removeAll(keepingCapacity: true) }
+        return shedOutbox
     }
 
     /// Shutdown: forget every waiter (the worker abandons them itself).
     public mutating func removeAllWaiters() { waiting.removeAll() }
+
+    @usableFromInline
+    mutating func shedLate(at now: Instant) {
+        guard !waiting.isEmpty, let lowest = waiting.lowest else { return }
+        for w in waiting.shed(at: now) { shedOutbox.append((w, lowest)) }
+    }
 }

@@ -107,7 +107,7 @@ extension ExchangeStateMachine.Failure {
     public var fallbackReason: FallbackConfiguration.Reason? {
         switch self {
         case .timeout: .timeout
-        case .overloaded: .overloaded
+        case .overloaded, .shed: .overloaded
         case .circuitOpen: .circuitOpen
         case .unreachable: .unreachable
         case .paused: .paused

@@ -182,6 +182,10 @@ public struct ExchangeStateMachine: Sendable {
         case paused
         /// The client's streamed body passed `limits.max_request_body` while a try sent it.
         case requestBodyTooLarge
+        /// Shed from the upstream's queue (adaptive concurrency): it waited
+        /// past the queue's target while the queue stood, or a request that
+        /// matters more took its place in a full queue.
+        case shed(RequestPriority)
     }
 
     public enum Ending: Sendable, Equatable {
@@ -298,6 +302,13 @@ public struct ExchangeStateMachine: Sendable {
         guard state == .queued else { return .none }
         guard remaining(at: now) > .zero else { return fail(.timeout, abandonProbe: probe) }
         return sendTry(probe: probe, at: now)
+    }
+
+    /// The queue shed this request (docs/overload.md): it is answered
+    /// OVERLOADED, naming its priority.
+    public mutating func shed(_ priority: RequestPriority) -> Action {
+        guard state == .queued else { return .none }
+        return fail(.shed(priority), abandonProbe: probe)
     }
 
     /// The worker could not park it: `limits.max_parked` is reached.

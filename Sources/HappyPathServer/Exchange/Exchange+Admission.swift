@@ -46,7 +46,7 @@ extension Exchange {
         func breaker() -> CircuitBreakerStateMachine.Admission { exchange.guardian.admit(at: now) }
 
         func slot() -> Admission.Slot {
-            switch exchange.worker.acquireSlot(exchange, guardian: exchange.guardian) {
+            switch exchange.worker.acquireSlot(exchange, guardian: exchange.guardian, at: now) {
             case .granted:
                 exchange.holdsSlot = true
                 return .acquired

@@ -18,6 +18,8 @@ extension Exchange {
         var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
         builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
         builder.clientTimeout = grpcTimeout
+        builder.priority = priority
+        builder.adaptive = guardian.adaptive != nil
         var problem = builder.build(
             failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
         // The upstream's words may carry what the proxy sent it (an echoed

@@ -61,6 +61,9 @@ extension Exchange {
 
     func upstreamHeadersComplete() -> String? {
         if let switching, let upgrade { return switchingRefusal(switching, upgrade) }
+        if guardian.adaptive != nil {
+            if relay.status < 500, relay.status != 429 { sampleTry() } else { dropSample() }
+        }
         switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up

@@ -68,6 +68,12 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     var switched = false
     var holdsSlot = false
     var isQueued = false
+    /// How much the request matters when its upstream is full: the
+    /// route's `priority`, lowered by its `priority_header` if the client asked.
+    let priority: RequestPriority
+    /// When the try in flight was sent, and the tries in flight then (an
+    /// adaptive upstream's latency sample; nil: none to take).
+    private var sampleFrom: (at: Instant, inFlight: Int)?
     /// Where the worker's parking lot has it (nil: not parked).
     private(set) var parked: ParkReason?
     /// The machine's one timer (try limit, queue wait, backoff, park expiry).
@@ -120,6 +126,18 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         isGRPC = call != nil
         self.delivery = delivery
         self.route = route
+        var priority = route.priority
+        if let header = route.priorityHeader {
+            command.headers.forEach { name, value, _ in
+                // `header` is lowercased; the field's name may be in any case.
+                if name.count == header.utf8.count,
+                    header.utf8.elementsEqual(name.lazy.map { $0 | ($0 >= 0x41 && $0 <= 0x5A ? 0x20 : 0) })
+                {
+                    priority = RequestPriority.lowered(priority, by: value)
+                }
+            }
+        }
+        self.priority = priority
         self.upstream = upstream
         self.guardian = guardian
         self.command = command
@@ -164,6 +182,15 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     }
 
     // MARK: - Events from the worker
+
+    /// The upstream's queue shed this request (adaptive concurrency, or a
+    /// request that matters more took its place): it has left the queue.
+    func shed(_ priority: RequestPriority) {
+        guard isQueued else { return }
+        isQueued = false
+        timer?.disarm()
+        perform(machine.shed(priority))
+    }
 
     /// The worker hands over a freed connection slot.
     func slotGranted() {
@@ -238,6 +265,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             transfer = nil
             upgradeTry?.close()
             upgradeTry = nil
+            // A try that ran out of time says the upstream is at least this slow.
+            if sampleFrom != nil { sampleTry() }
             releaseSlot()
             tryEnded(.failed(.init(.timeout, "timeout")))
         case .tokenRefused:
@@ -305,6 +334,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         // only allowed while it is all kept: `machine.bodyReplayable`). A
         // hedge never rewinds: it goes only once the body is whole.
         if let bodyStream { _ = bodyStream.rewind() }
+        if guardian.adaptive != nil, upgrade == nil {
+            sampleFrom = (worker.clock.now(), worker.slotsInFlight(guardian: guardian))
+        }
         if let upgrade {
             upgradeTry = startUpgrade(upgrade, endpoint: endpointIndex, limit: limit)
         } else {
@@ -405,6 +437,20 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         adoptNextHedge(at: now)
         perform(action)
     }
+
+    /// The try's latency so far is a sample of the adaptive limit: taken
+    /// as its head completes (an answer the upstream worked out: below 500,
+    /// not 429) or as it runs out of time. Refused, shed and failed tries
+    /// are never samples (docs/overload.md).
+    func sampleTry() {
+        guard let from = sampleFrom else { return }
+        sampleFrom = nil
+        let now = worker.clock.now()
+        worker.sampleTry(guardian: guardian, latency: now - from.at, inFlight: from.inFlight)
+    }
+
+    /// A try that ended without a sample (a reset, an error status) takes none.
+    func dropSample() { sampleFrom = nil }
 
     // MARK: - Timers
 

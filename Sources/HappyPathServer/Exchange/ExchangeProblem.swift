@@ -13,6 +13,9 @@ struct ExchangeProblem {
     var pause: (cause: Int, left: Duration)? = nil
     /// A gRPC call's `grpc-timeout`, when it was the deadline (shorter than the route's `timeout`).
     var clientTimeout: Duration? = nil
+    /// The request's priority and whether its upstream's limit is adaptive, for an OVERLOADED detail.
+    var priority: RequestPriority = .normal
+    var adaptive = false
 
     /// What bounded the request, for its detail.
     private var deadlineText: String {
@@ -41,7 +44,17 @@ struct ExchangeProblem {
             let tries = history.isEmpty ? "" : " (" + summary + ")"
             return problem(.upstreamTimeout, "No response within \(deadlineText)\(tries).")
         case .overloaded(byParking: false):
-            return problem(.overloaded, "'\(upstream)' has max_connections tries in flight and as many waiting.", retryAfter: 1)
+            let limit = adaptive ? "as many tries in flight as its adaptive concurrency limit allows" : "max_connections tries in flight"
+            return problem(
+                .overloaded,
+                "'\(upstream)' has \(limit), and its queue is full of requests that matter as much as this \(priority.rawValue) one.",
+                retryAfter: 1)
+        case let .shed(priority):
+            let lower = priority == .critical ? "" : " (lower priorities are shed first)"
+            return problem(
+                .overloaded,
+                "'\(upstream)' is over its capacity: this \(priority.rawValue) request waited for a slot in a queue that stood too long, and was shed\(lower).",
+                retryAfter: 1)
         case .overloaded(byParking: true):
             return problem(.overloaded, "Too many requests are waiting for unavailable upstreams (limits.max_parked).")
         case let .circuitOpen(retryAfter):

@@ -28,6 +28,16 @@ enum MetricHelp {
         "process_max_fds": "The process's limit of open file descriptors.",
         "happypath_circuit_state": "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open.",
         "happypath_parked_commands": "Requests parked now, waiting for their upstream, by upstream and reason.",
+        "happypath_upstream_concurrency_limit":
+            "Tries an upstream may have in flight now, over all workers: max_connections x endpoints, or the adaptive limit.",
+        "happypath_upstream_in_flight": "Tries in flight to an upstream now (each holds one of its slots).",
+        "happypath_upstream_queued": "Requests waiting for one of an upstream's slots now.",
+        "happypath_upstream_shed_total":
+            "Requests answered OVERLOADED by an upstream's concurrency limit (queue full, or shed from it), by priority.",
+        "happypath_upstream_latency_baseline_seconds":
+            "An adaptive upstream's latency baseline: the least recent latency of the last window of tries.",
+        "happypath_upstream_latency_recent_seconds":
+            "An adaptive upstream's recent latency: the average of its last tries (about 10), to their response head.",
         "happypath_replayed_commands_total": "Parked requests replayed once their upstream could take them, by upstream.",
         "happypath_token_refreshes_total": "Upstream credential refreshes, by upstream and result.",
         "happypath_requests_refused_total": "Requests the edge (HTTP/1.1 or HTTP/2) refused before routing, by rule and status.",

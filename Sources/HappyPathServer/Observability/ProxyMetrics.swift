@@ -144,6 +144,18 @@ final class ProxyMetrics: Sendable {
     }
     private let droppedSubscribers = Locked(0)
 
+    /// An upstream's slots (UpstreamGuard+Concurrency), read at a scrape.
+    func concurrency(upstream: String, limit: Int, inFlight: Int, queued: Int, latency: (baseline: Double, recent: Double)?) {
+        let labels = [("upstream", upstream)]
+        gauge("happypath_upstream_concurrency_limit", labels).record(limit)
+        gauge("happypath_upstream_in_flight", labels).record(max(0, inFlight))
+        gauge("happypath_upstream_queued", labels).record(max(0, queued))
+        if let latency {
+            gauge("happypath_upstream_latency_baseline_seconds", labels).record(latency.baseline)
+            gauge("happypath_upstream_latency_recent_seconds", labels).record(latency.recent)
+        }
+    }
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }
@@ -354,6 +366,11 @@ final class WorkerMetrics {
         let c = make()
         counters[code] = c
         return c
+    }
+
+    /// A request the concurrency limit answered OVERLOADED (queue full, or shed from it).
+    func shed(upstream: String, priority: RequestPriority) {
+        rare("happypath_upstream_shed_total", [("upstream", upstream), ("priority", priority.rawValue)]).increment()
     }
 
     private func rare(_ name: String, _ labels: [(String, String)]) -> CoreMetrics.Counter {

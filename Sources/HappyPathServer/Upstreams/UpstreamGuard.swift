@@ -49,6 +49,12 @@ final class UpstreamGuard: Sendable {
     /// The upstream's `max_connections` × endpoints, which each worker's
     /// `ConcurrencyLimiter` splits (part of the fingerprint: constant for a guard).
     let connections: Int
+    /// `adaptive_concurrency` (nil: each worker's limit is its share of `connections`).
+    let adaptive: AdaptiveConcurrencySettings?
+    /// What every worker's lane publishes of its slots, summed
+    /// (UpstreamGuard+Concurrency.swift): read by `/metrics`, `/admin/state`
+    /// and the status page, never on the request path.
+    let concurrency = ConcurrencyGauges()
 
     init(upstream: RuntimeUpstream, definition: Upstream, logger: Logger, metrics: ProxyMetrics, events: EventBus) {
         let name = upstream.name
@@ -62,6 +68,7 @@ final class UpstreamGuard: Sendable {
         outliers = Locked(OutlierDetector(endpoints: endpointCount, configuration: upstream.outlierDetection))
         self.endpointCount = endpointCount
         connections = upstream.maxConnectionsPerEndpoint * endpointCount
+        adaptive = upstream.adaptiveConcurrency
         ejectionTime = upstream.outlierDetection.baseEjection
         self.breaker = Locked(CircuitBreakerStateMachine(breaker))
         budget = Locked(RetryBudget(ratio: upstream.budget.ratio, minPerSecond: upstream.budget.minPerSecond))

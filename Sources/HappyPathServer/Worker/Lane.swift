@@ -25,10 +25,42 @@ extension ProxyWorker {
         private var pauseDueAt: Instant?
         private static let pauseTag = 1
 
+        /// What this lane last added to the guard's gauges (`publish`).
+        private var publishedInFlight = 0
+        private var publishedQueued = 0
+        private(set) var publishedLimit: Int
+
         init(worker: ProxyWorker, guardian: UpstreamGuard, slots: ConcurrencyLimiter<Exchange>.Configuration) {
             self.worker = worker
             self.guardian = guardian
             self.slots = ConcurrencyLimiter(slots)
+            publishedLimit = self.slots.limit
+            guardian.laneOpened(limit: publishedLimit)
+        }
+
+        /// The lane is forgotten (idle): its limit leaves the guard's sum.
+        func close() { guardian.laneClosed(limit: publishedLimit) }
+
+        /// The guard's gauges follow this lane's counts: an atomic add for
+        /// each count that moved (once per try: in flight up, then down).
+        @inline(__always)
+        func publish() {
+            let i = slots.inFlight, q = slots.queued
+            guardian.concurrency.moved(inFlight: i - publishedInFlight, queued: q - publishedQueued)
+            publishedInFlight = i
+            publishedQueued = q
+        }
+
+        /// The adaptive limit moved: the guard's sum and the SSE stream hear of it.
+        func publishLimit() {
+            guard let adaptive = slots.adaptive else { return }
+            let now = slots.limit
+            if now != publishedLimit {
+                guardian.limitMoved(from: publishedLimit, to: now, baseline: adaptive.baseline, recent: adaptive.recent)
+                publishedLimit = now
+            } else {
+                guardian.latencyMeasured(baseline: adaptive.baseline, recent: adaptive.recent)
+            }
         }
 
         /// Nothing of the upstream is left here: the lane can be forgotten.
@@ -70,6 +102,76 @@ extension ProxyWorker {
             probeTimer?.recycle()
             probeTimer = nil
             worker.probeDue(self)
+        }
+    }
+}
+
+// MARK: - Concurrency limit
+
+extension ProxyWorker {
+    /// A slot for one try; else a place in the upstream's queue (by the
+    /// request's priority); else overloaded (OVERLOADED). Queuing may shed
+    /// others (a full queue makes room for a request that matters more;
+    /// an adaptive queue that stood sheds its late).
+    func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard, at now: Instant)
+        -> ConcurrencyLimiter<Exchange>.Acquisition
+    {
+        let l = lane(guardian)
+        let acquisition = l.slots.acquire(exchange, priority: exchange.priority, at: now)
+        if acquisition != .granted {
+            shedFrom(l)
+            if acquisition == .overloaded { metrics.shed(upstream: guardian.name, priority: exchange.priority) }
+        }
+        l.publish()
+        return acquisition
+    }
+
+    /// A slot for a hedge, only if one is free now and nobody waits for one.
+    func tryAcquireSlot(guardian: UpstreamGuard) -> Bool {
+        let l = lane(guardian)
+        guard l.slots.tryAcquire() else { return false }
+        l.publish()
+        return true
+    }
+
+    /// A try ended: its slot goes to the waiting exchange of the highest
+    /// priority (none once drain ran out of time, nor while an adaptive
+    /// limit is below the tries in flight).
+    func releaseSlot(guardian: UpstreamGuard) {
+        let l = lane(guardian)
+        let release = l.slots.release(handOver: !stopping, at: clock.now())
+        shedFrom(l)
+        l.publish()
+        if case let .handedOver(next) = release { next.slotGranted() }
+    }
+
+    func leaveQueue(_ exchange: Exchange, guardian: UpstreamGuard) {
+        let l = lane(guardian)
+        l.slots.leave(exchange)
+        l.publish()
+    }
+
+    /// A try of an adaptive upstream completed after `latency` with
+    /// `inFlight` tries in flight as it started: the limit learns from it;
+    /// slots a grown limit opened go to waiters at once.
+    func sampleTry(guardian: UpstreamGuard, latency: Duration, inFlight: Int) {
+        let l = lane(guardian)
+        let granted = l.slots.sample(latency: latency, inFlight: inFlight)
+        l.publishLimit()
+        guard !granted.isEmpty else { return }
+        l.publish()
+        for exchange in granted { exchange.slotGranted() }
+    }
+
+    /// Tries in flight to this upstream on this worker now (a try's sample
+    /// says how loaded the upstream was as it started).
+    func slotsInFlight(guardian: UpstreamGuard) -> Int { lane(guardian).slots.inFlight }
+
+    /// Answers what the lane's queue shed: OVERLOADED, naming their priority.
+    private func shedFrom(_ l: Lane) {
+        for (exchange, priority) in l.slots.takeShed() {
+            metrics.shed(upstream: l.guardian.name, priority: priority)
+            exchange.shed(priority)
         }
     }
 }

@@ -34,14 +34,14 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var runtime: RuntimeConfiguration
     private(set) var shared: SharedState
     let metrics: WorkerMetrics
-    private let workers: Int
+    let workers: Int
     /// Per upstream (keyed by its guard, which survives a reload of an
     /// unchanged upstream): round-robin position, parked exchanges (the
     /// reachability and auth listeners' lot), the half-open probe timer,
     /// and the slots for tries in flight on this worker with their bounded queue.
     private var lanes: [ObjectIdentifier: Lane] = [:]
     /// Drain ran out of time: freed slots go to nobody (no new tries).
-    private var stopping = false
+    private(set) var stopping = false
     /// Listener pauses (EMFILE, max_connections): one log line per 5 s.
     var acceptPauseLog = LogThrottle(every: .seconds(5))
 
@@ -55,11 +55,15 @@ final class ProxyWorker: HTTPServerDelegate {
     /// Token refreshes running on this worker, owned here until they report.
     private var refreshes: [ObjectIdentifier: TokenRefresh] = [:]
 
-    private func lane(_ guardian: UpstreamGuard) -> Lane {
+    func lane(_ guardian: UpstreamGuard) -> Lane {
         if let lane = lanes[ObjectIdentifier(guardian)] { return lane }
-        // The worker's share of the upstream's connections: a guard's
-        // `connections` never changes, so neither does its lane's limit.
-        let lane = Lane(worker: self, guardian: guardian, slots: .init(connections: guardian.connections, workers: workers))
+        // The worker's share of the upstream's connections (a guard's
+        // `connections` never changes), or of its adaptive limit.
+        let slots: ConcurrencyLimiter<Exchange>.Configuration =
+            guardian.adaptive.map {
+                .init(adaptive: $0.limit, queue: $0.queue, connections: guardian.connections, workers: workers)
+            } ?? .init(connections: guardian.connections, workers: workers)
+        let lane = Lane(worker: self, guardian: guardian, slots: slots)
         lanes[ObjectIdentifier(guardian)] = lane
         return lane
     }
@@ -360,25 +364,6 @@ final class ProxyWorker: HTTPServerDelegate {
         return i
     }
 
-    // MARK: - Concurrency limit
-
-    /// A slot for one try; else a place in the upstream's queue; else
-    /// overloaded (OVERLOADED).
-    func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard) -> ConcurrencyLimiter<Exchange>.Acquisition {
-        lane(guardian).slots.acquire(exchange)
-    }
-
-    /// A slot for a hedge, only if one is free now and nobody waits for one.
-    func tryAcquireSlot(guardian: UpstreamGuard) -> Bool { lane(guardian).slots.tryAcquire() }
-
-    /// A try ended: its slot goes to the longest-waiting exchange (none
-    /// once drain ran out of time).
-    func releaseSlot(guardian: UpstreamGuard) {
-        if case let .handedOver(next) = lane(guardian).slots.release(handOver: !stopping) { next.slotGranted() }
-    }
-
-    func leaveQueue(_ exchange: Exchange, guardian: UpstreamGuard) { lane(guardian).slots.leave(exchange) }
-
     // MARK: - Parking lot
 
     /// False when the process-wide `max_parked` is reached.
@@ -524,7 +509,10 @@ final class ProxyWorker: HTTPServerDelegate {
             leftLot(parked, guardian: l.guardian)
             for exchange in parked { exchange.replay() }
             // Nothing of the old upstream left on this worker: forget its lane.
-            if l.isIdle { lanes[key] = nil }
+            if l.isIdle {
+                l.close()
+                lanes[key] = nil
+            }
         }
     }
 

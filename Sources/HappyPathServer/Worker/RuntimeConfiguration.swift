@@ -46,7 +46,8 @@ public final class RuntimeConfiguration: Sendable {
                 rateLimit: route.rateLimit,
                 keptRateLimit: previous?.keptRateLimit(for: route, label: label, timeout: policies.timeout),
                 hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
-                upgradesIdleTimeout: route.upgradesIdleTimeout, grpcIdempotent: route.grpc?.idempotent == true)
+                upgradesIdleTimeout: route.upgradesIdleTimeout, grpcIdempotent: route.grpc?.idempotent == true,
+                priority: route.priority, priorityHeader: route.priorityHeader)
         }
         hasRateLimits = routes.contains { $0.rateLimit != nil }
     }
@@ -114,6 +115,10 @@ final class RuntimeRoute: Sendable {
     /// again after they may have reached the upstream (a reset, a
     /// timeout) and may be hedged, as methods in `retry.methods` are.
     let grpcIdempotent: Bool
+    /// `priority:` how much its requests matter when the upstream is full (docs/overload.md).
+    let priority: RequestPriority
+    /// `priority_header:` (lowercased; nil: none) a client may lower its request's priority with.
+    let priorityHeader: String?
     /// `fallback:` (nil: none).
     let fallback: FallbackConfiguration?
     /// What its kept answers are filed under (nil: it keeps none).
@@ -153,9 +158,11 @@ final class RuntimeRoute: Sendable {
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
         rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
         fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300),
-        grpcIdempotent: Bool = false
+        grpcIdempotent: Bool = false, priority: RequestPriority = .normal, priorityHeader: String? = nil
     ) {
         self.grpcIdempotent = grpcIdempotent
+        self.priority = priority
+        self.priorityHeader = priorityHeader
         self.upgrades = upgrades
         self.upgradesIdleTimeout = upgradesIdleTimeout
         self.hedge = hedge
@@ -196,6 +203,8 @@ final class RuntimeUpstream: Sendable {
     let tls: UpstreamTLS?
     /// `protocol: h2`: a client's `TE: trailers` is passed on (gRPC servers need it).
     let speaksH2: Bool
+    /// `adaptive_concurrency:` (nil: the limit is `max_connections`).
+    let adaptiveConcurrency: AdaptiveConcurrencySettings?
 
     /// Upstream-level policies (upstream over defaults over the policies'
     /// own defaults): the breaker, the budget and health checks belong to the upstream.
@@ -211,6 +220,7 @@ final class RuntimeUpstream: Sendable {
         }
         connectTimeout = upstream.connectTimeout
         maxConnectionsPerEndpoint = upstream.maxConnectionsPerEndpoint
+        adaptiveConcurrency = upstream.adaptiveConcurrency
         self.policies = policies
     }
 

@@ -1,0 +1,164 @@
+import HappyPathCore
+
+/// A concurrency limit learned from latency (issue 35, docs/plans/overload.md):
+/// how many tries one worker may have in flight to one upstream, moved by
+/// how the recent latency compares with a baseline, as Netflix's Gradient2,
+/// with the failure modes its users and Envoy's met designed out:
+///
+/// - **No probe drops.** The baseline is learned from live traffic only:
+///   the least *recent* latency (an average over about `recentSamples`
+///   tries) over the last one to two half windows of `baselineSamples`
+///   tries. The limit is never forced down to re-measure it (the 503 dips
+///   of envoy#8337 and #9007): near capacity the queue empties now and
+///   then, and the recent latency shows it. A faster upstream lowers the
+///   baseline at once; a slower one raises it once a window has passed.
+/// - **No growth while the limit is not used, nor under mild overload.**
+///   The limit grows only while the recent latency is at the baseline and
+///   at least half the limit was in flight; with some queue (within
+///   `tolerance`) it drifts down slowly instead of growing (Gradient2's
+///   growth under mild overload, concurrency-limits #134), which also finds
+///   out a limit that started above the upstream's capacity.
+/// - **Only completed tries are samples.** The caller reports a try that
+///   reached its end; a request refused, shed or timed out in a queue never
+///   reaches `sample` (the fast samples of concurrency-limits #176).
+///
+/// Each sample compares `recent` with `baseline`, in three zones:
+/// - **at the baseline** (at most `growUnder` = 1.1 times it): the target
+///   is `limit + √limit` (the square root: the queue an upstream can hold at
+///   its baseline latency), taken only from a sample that used the limit;
+/// - **within `tolerance`**: the target is `holdDrift` (0.98) of the limit;
+/// - **past it**: `limit × max(0.5, tolerance × baseline / recent)`.
+/// The limit moves `smoothing` of the way to its target per sample, within
+/// `[minLimit, maxLimit]`. In a closed loop against an upstream of 4 slots
+/// it settles between 4 and 12 from any start (`AdaptiveLimitTests`).
+///
+/// A pure value on injected samples (no clock: latency is measured by the
+/// caller); table-tested in `AdaptiveLimitTests`.
+public struct AdaptiveLimit: Sendable, Equatable {
+    public struct Configuration: Sendable, Equatable {
+        /// The limit never goes below this (at least 1). Default 2.
+        public var minLimit: Int = 2
+        /// Nor above this. Default 200.
+        public var maxLimit: Int = 200
+        /// Where it starts. Default 20 (within the bounds).
+        public var initialLimit: Int = 20
+        /// How far the limit moves toward its target per sample (0 to 1). Default 0.2.
+        public var smoothing: Double = 0.2
+        /// How much slower than the baseline the recent latency may be
+        /// before the limit shrinks. Default 1.5.
+        public var tolerance: Double = 1.5
+        /// Tries the baseline averages over. Default 600.
+        public var baselineSamples: Int = 600
+        /// Tries the recent latency averages over. Default 10.
+        public var recentSamples: Int = 10
+
+        public init() {}
+
+        /// The messages a configuration error would give, empty when valid.
+        public func validate() -> [String] {
+            var problems: [String] = []
+            if minLimit < 1 { problems.append("min_limit must be at least 1, got \(minLimit)") }
+            if maxLimit < minLimit {
+                problems.append("max_limit (\(maxLimit)) must not be below min_limit (\(minLimit))")
+            }
+            if initialLimit < minLimit || initialLimit > maxLimit {
+                problems.append("initial_limit must be within min_limit and max_limit, got \(initialLimit)")
+            }
+            if !(smoothing > 0 && smoothing <= 1) {
+                problems.append("smoothing must be above 0 and at most 1, got \(smoothing)")
+            }
+            if !(tolerance >= 1 && tolerance <= 10) {
+                problems.append("tolerance must be between 1 and 10, got \(tolerance)")
+            }
+            if baselineSamples < recentSamples || recentSamples < 1 {
+                problems.append("baseline_samples must be at least recent_samples, and both at least 1")
+            }
+            return problems
+        }
+    }
+
+    public let configuration: Configuration
+    /// The limit as a fraction (it moves in small steps); `current` is what applies.
+    public private(set) var limit: Double
+    /// The long-term latency, in seconds (0: no sample yet).
+    public private(set) var baseline: Double = 0
+    /// The recent latency, in seconds (0: no sample yet).
+    public private(set) var recent: Double = 0
+    /// Samples taken so far (saturating).
+    public private(set) var samples = 0
+    private var windowMin = Double.infinity
+    private var previousWindowMin = Double.infinity
+    private var windowCount = 0
+
+    public init(_ configuration: Configuration) {
+        self.configuration = configuration
+        limit = Double(min(max(configuration.initialLimit, configuration.minLimit), configuration.maxLimit))
+    }
+
+    /// Tries that may be in flight now.
+    public var current: Int { Int(limit.rounded(.down)) }
+
+    /// A try completed after `latency`, with `inFlight` tries in flight
+    /// when it started (itself included). Returns the new `current` when it
+    /// changed, else nil.
+    public mutating func sample(latency: Duration, inFlight: Int) -> Int? {
+        let seconds = Self.seconds(latency)
+        let before = current
+        samples = samples == Int.max ? samples : samples + 1
+        if baseline == 0 {
+            baseline = seconds
+            recent = seconds
+            windowMin = seconds
+        } else {
+            recent += (seconds - recent) * Self.weight(configuration.recentSamples)
+        }
+        // The baseline: the least recent latency (an average, so one lucky
+        // try does not set it) over the last one to two half windows of
+        // `baselineSamples` tries. While the limit sits near the upstream's
+        // capacity the queue empties now and then, and the recent latency
+        // with it; the minimum follows a slower upstream up once a window
+        // has passed, and a faster one down at once.
+        windowMin = min(windowMin, recent)
+        baseline = min(previousWindowMin, windowMin)
+        windowCount += 1
+        if windowCount >= max(1, configuration.baselineSamples / 2) {
+            previousWindowMin = windowMin
+            windowMin = .infinity
+            windowCount = 0
+        }
+        guard recent > 0, baseline > 0 else { return nil }
+        let ratio = recent / baseline
+        let target: Double
+        if ratio <= Self.growUnder {
+            // Growth only from samples that used the limit.
+            guard Double(max(0, inFlight)) >= limit / 2 else { return nil }
+            target = limit + limit.squareRoot()
+        } else if ratio <= configuration.tolerance {
+            // Some queue, within the tolerance: the limit drifts down slowly,
+            // so a limit set (or learned) above the upstream's capacity is
+            // found out without a forced drop: below it, the tries find no
+            // queue again and it grows back.
+            target = limit * Self.holdDrift
+        } else {
+            target = limit * max(0.5, configuration.tolerance / ratio)
+        }
+        limit += (target - limit) * configuration.smoothing
+        limit = min(Double(configuration.maxLimit), max(Double(configuration.minLimit), limit))
+        return current != before ? current : nil
+    }
+
+    /// Recent latency at most this many times the baseline counts as "at the baseline".
+    public static let growUnder = 1.1
+    /// In the tolerance zone, the target is this fraction of the limit.
+    public static let holdDrift = 0.98
+
+    /// An average over about `n` samples, as an exponential weight.
+    static func weight(_ n: Int) -> Double { 2 / Double(max(1, n) + 1) }
+
+    /// A latency in seconds, bounded (a day at most; never negative).
+    static func seconds(_ d: Duration) -> Double {
+        let (s, atto) = d.components
+        guard s >= 0 else { return 0 }
+        return min(86_400, Double(s) + Double(atto) / 1e18)
+    }
+}

@@ -1,0 +1,145 @@
+import HappyPathCore
+
+/// How much a request matters when its upstream is full (docs/overload.md):
+/// a route's `priority`, which a trusted client may lower with the route's
+/// `priority_header`, never raise.
+public enum RequestPriority: String, Sendable, CaseIterable, Comparable {
+    case critical
+    case normal
+    case sheddable
+
+    /// 0 for critical: admitted first, shed last.
+    public var rank: Int {
+        switch self {
+        case .critical: 0
+        case .normal: 1
+        case .sheddable: 2
+        }
+    }
+
+    public static func < (a: Self, b: Self) -> Bool { a.rank < b.rank }
+
+    /// A client's `priority_header` value (case-insensitive, surrounding
+    /// spaces ignored): `route`'s priority or a lower one. Anything else,
+    /// and a raise, leaves `route`'s: the header only ever lowers.
+    public static func lowered(_ route: Self, by value: some Collection<UInt8>) -> Self {
+        // Bounded: no priority name is longer than 9 bytes.
+        guard value.count <= 32 else { return route }
+        var word: [UInt8] = []
+        for b in value where b != 0x20 && b != 0x09 { word.append(b | (b >= 0x41 && b <= 0x5A ? 0x20 : 0)) }
+        guard let asked = Self(rawValue: String(decoding: word, as: UTF8.self)) else { return route }
+        return max(route, asked)
+    }
+}
+
+/// `adaptive_concurrency.queue`: when a queue of waiting requests sheds
+/// (docs/overload.md).
+public struct QueueShedding: Sendable, Equatable {
+    /// How long the queue may stand (not empty) before it sheds. Default 100ms.
+    public var interval: Duration = .milliseconds(100)
+    /// A wait past this is shed once the queue stands. Default 5ms.
+    public var target: Duration = .milliseconds(5)
+    public init() {}
+}
+
+/// The requests waiting for one upstream's slots on one worker
+/// (docs/overload.md): admitted by priority (critical first, sheddable
+/// last, each in arrival order), and kept short the way CoDel keeps a
+/// router's queue short: once the queue has not been empty for `interval`,
+/// the requests of the lowest priority waiting that have waited past
+/// `target` are shed. A queue that empties now and then is a burst
+/// absorbed; one that stands is latency added to every request for nothing.
+///
+/// Only the lowest priority present is ever shed: a critical request is
+/// shed only when nothing but critical requests wait, and then only if it
+/// waited past `target` in a queue that stood for `interval`.
+///
+/// A pure value on an injected clock; table-tested in `PriorityQueueTests`.
+public struct PriorityQueue<Waiter: AnyObject> {
+    public typealias Configuration = QueueShedding
+
+    public let configuration: Configuration
+    private var queues: [[(waiter: Waiter, since: Instant)]] = [[], [], []]
+    /// Requests waiting now.
+    public private(set) var count = 0
+    /// When the queue last went from empty to not empty (nil: empty).
+    public private(set) var standingSince: Instant?
+
+    public init(_ configuration: Configuration = Configuration()) {
+        self.configuration = configuration
+    }
+
+    public var isEmpty: Bool { count == 0 }
+    public func count(_ priority: RequestPriority) -> Int { queues[priority.rank].count }
+
+    /// The lowest priority waiting now (nil: none).
+    public var lowest: RequestPriority? {
+        RequestPriority.allCases.reversed().first { !queues[$0.rank].isEmpty }
+    }
+
+    /// A request waits.
+    public mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) {
+        if count == 0 { standingSince = now }
+        queues[priority.rank].append((waiter, now))
+        count += 1
+    }
+
+    /// The request a freed slot goes to: the longest-waiting of the highest priority.
+    public mutating func next() -> Waiter? {
+        for p in 0..<queues.count where !queues[p].isEmpty {
+            return removed(from: p, at: 0)
+        }
+        return nil
+    }
+
+    /// The newest request of the lowest priority, if that priority is
+    /// below `priority`: it makes room in a full queue for a request that
+    /// matters more (it is shed).
+    public mutating func displace(below priority: RequestPriority) -> Waiter? {
+        guard let lowest, lowest > priority else { return nil }
+        return removed(from: lowest.rank, at: queues[lowest.rank].count - 1)
+    }
+
+    /// A request left the queue by itself (its deadline, its client).
+    @discardableResult
+    public mutating func leave(_ waiter: Waiter) -> Bool {
+        for p in 0..<queues.count {
+            if let i = queues[p].firstIndex(where: { $0.waiter === waiter }) {
+                _ = removed(from: p, at: i)
+                return true
+            }
+        }
+        return false
+    }
+
+    /// The requests to shed now (they have left the queue): nothing unless
+    /// the queue has stood for `interval`; then those of the lowest
+    /// priority waiting that have waited past `target`.
+    public mutating func shed(at now: Instant) -> [Waiter] {
+        guard let since = standingSince, now - since >= configuration.interval, let lowest else { return [] }
+        let p = lowest.rank
+        // Arrival order: the late are at the front.
+        var late = 0
+        while late < queues[p].count, now - queues[p][late].since > configuration.target { late += 1 }
+        guard late > 0 else { return [] }
+        let shed = queues[p][0..<late].map(\.waiter)
+        queues[p].removeFirst(late)
+        count -= late
+        if count == 0 { standingSince = nil }
+        return shed
+    }
+
+    /// Shutdown: forget every waiter.
+    public mutating func removeAll() {
+        for p in 0..<queues.count { queues[p].removeAll() }
+        count = 0
+        standingSince = nil
+    }
+
+    private mutating func removed(from p: Int, at i: Int) -> Waiter {
+        let w = queues[p].remove(at: i).waiter
+        count -= 1
+        if count == 0 { standingSince = nil }
+        return w
+    }
+}
