@@ -128,6 +128,18 @@ def analyse(name):
     }
 
 
+def settle_cells(r):
+    """The two settling cells; without adaptive_concurrency in its configuration the limit is fixed."""
+    try:
+        adaptive = "adaptive_concurrency" in open(f'{args.out}/{r["name"]}.yaml').read()
+    except OSError:
+        adaptive = True
+    if not adaptive or r["limit_settle_spike_s"] is None:
+        return ["fixed", "fixed"] if not adaptive else ["-", "-"]
+    return [f'{r["limit_settle_spike_s"]:.1f} s (at {r["limit_in_spike"]:.0f})',
+            f'{r["limit_settle_after_s"]:.1f} s (at {r["limit_after"]:.0f})']
+
+
 def fmt(value, unit="", digits=1, percent=False):
     if value is None:
         return "-"
@@ -153,8 +165,7 @@ for r in results:
         fmt(r["critical_p99_ms"]), fmt(r["unloaded_p99_ms"]), fmt(r["p99_ratio"], "x", 2),
         f'{r["sheddable_goodput"]:.0f} of {r["sheddable_offered"]:.0f}', fmt(r["goodput_of_capacity"], percent=True),
         fmt(r["utilisation"], percent=True),
-        "-" if r["limit_settle_spike_s"] is None else f'{r["limit_settle_spike_s"]:.1f} s (at {r["limit_in_spike"]:.0f})',
-        "-" if r["limit_settle_after_s"] is None else f'{r["limit_settle_after_s"]:.1f} s (at {r["limit_after"]:.0f})',
+        *settle_cells(r),
         fmt(r["end_window_availability"], digits=2, percent=True),
     ])
 lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
@@ -231,13 +242,15 @@ def chart(path):
         for kind, sched, status, latency, _ in r["requests"]:
             if status == 200:
                 bins.setdefault((kind, int(sched * 2)), []).append(latency)
+        nan = float("nan")
         for kind, color in (("critical", "tab:green"), ("sheddable", "tab:purple")):
-            keys = sorted(k for k in bins if k[0] == kind)
-            if keys:
-                middle.plot([k[1] / 2 + 0.25 for k in keys], [percentile(bins[k], 0.99) for k in keys], "-", color=color,
-                            label=f"{kind} p99", linewidth=1.4)
-                middle.plot([k[1] / 2 + 0.25 for k in keys], [percentile(bins[k], 0.5) for k in keys], "--", color=color,
-                            label=f"{kind} p50", linewidth=1.0)
+            if not any(k[0] == kind for k in bins):
+                continue
+            # Every bin of the run, NaN where nothing was answered 200: a gap, not a line across it.
+            xs = [i / 2 + 0.25 for i in range(int(2 * (before + spike + after)))]
+            for q, style, width in ((0.99, ".-", 1.4), (0.5, "--", 1.0)):
+                ys = [percentile(bins[(kind, i)], q) if (kind, i) in bins else nan for i in range(len(xs))]
+                middle.plot(xs, ys, style, color=color, label=f"{kind} p{int(q * 100)}", linewidth=width, markersize=3)
         line(middle, "latency_baseline_seconds", "baseline (proxy)", "black", 1000, "-.")
         line(middle, "latency_recent_seconds", "recent (proxy)", "tab:red", 1000, ":")
         if r["unloaded_p99_ms"]:
