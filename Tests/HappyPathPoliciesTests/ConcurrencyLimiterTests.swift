@@ -12,7 +12,11 @@ import Testing
     typealias Limiter = ConcurrencyLimiter<Waiter>
 
     enum Event {
-        case acquire(Int)
+        case acquire(Int, RequestPriority = .normal)
+        /// The clock moves to this many milliseconds.
+        case at(Int64)
+        /// A try completed after this many milliseconds, with this many in flight as it started.
+        case sample(ms: Int64, inFlight: Int)
         /// A hedge's try: a free slot now or nothing.
         case tryAcquire
         case release
@@ -27,6 +31,9 @@ import Testing
         case freed
         case handedOver(to: Int)
         case left(Bool)
+        case clock
+        /// The slots a grown limit opened went to these waiters.
+        case started([Int])
     }
 
     struct Step {
@@ -35,12 +42,18 @@ import Testing
         /// Slots taken and requests queued after the event.
         let inFlight: Int
         let queued: Int
+        /// The waiters shed by the event (answered OVERLOADED).
+        let shed: [Int]
+        /// The limit after the event (nil: not checked).
+        let limit: Int?
 
-        init(_ event: Event, _ decision: Decision, inFlight: Int, queued: Int) {
+        init(_ event: Event, _ decision: Decision, inFlight: Int, queued: Int, shed: [Int] = [], limit: Int? = nil) {
             self.event = event
             self.decision = decision
             self.inFlight = inFlight
             self.queued = queued
+            self.shed = shed
+            self.limit = limit
         }
     }
 
@@ -49,12 +62,15 @@ import Testing
         let slots: Int
         let queue: Int
         let steps: [Step]
+        /// An adaptive limit instead of `slots` (its queue sheds at 100 ms / 5 ms).
+        let adaptive: AdaptiveLimit.Configuration?
         var testDescription: String { name }
 
-        init(_ name: String, slots: Int, queue: Int, _ steps: [Step]) {
+        init(_ name: String, slots: Int, queue: Int, adaptive: AdaptiveLimit.Configuration? = nil, _ steps: [Step]) {
             self.name = name
             self.slots = slots
             self.queue = queue
+            self.adaptive = adaptive
             self.steps = steps
         }
     }
@@ -116,11 +132,107 @@ import Testing
                 Step(.release, .freed, inFlight: 0, queued: 0),
                 Step(.acquire(2), .granted, inFlight: 1, queued: 0),
             ]),
+        Scenario(
+            "a freed slot goes to the highest priority waiting, then the longest waiting", slots: 1, queue: 4,
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .sheddable), .queued, inFlight: 1, queued: 1),
+                Step(.acquire(3), .queued, inFlight: 1, queued: 2),
+                Step(.acquire(4, .critical), .queued, inFlight: 1, queued: 3),
+                Step(.acquire(5), .queued, inFlight: 1, queued: 4),
+                Step(.release, .handedOver(to: 4), inFlight: 1, queued: 3),
+                Step(.release, .handedOver(to: 3), inFlight: 1, queued: 2),
+                Step(.release, .handedOver(to: 5), inFlight: 1, queued: 1),
+                Step(.release, .handedOver(to: 2), inFlight: 1, queued: 0),
+            ]),
+        Scenario(
+            "a full queue makes room for a request that matters more: the newest of the lowest priority is shed",
+            slots: 1, queue: 2,
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .sheddable), .queued, inFlight: 1, queued: 1),
+                Step(.acquire(3, .sheddable), .queued, inFlight: 1, queued: 2),
+                Step(.acquire(4, .critical), .queued, inFlight: 1, queued: 2, shed: [3]),
+                Step(.acquire(5, .sheddable), .overloaded, inFlight: 1, queued: 2),
+                Step(.acquire(6), .queued, inFlight: 1, queued: 2, shed: [2]),
+                Step(.acquire(7), .overloaded, inFlight: 1, queued: 2),
+                Step(.acquire(8, .critical), .queued, inFlight: 1, queued: 2, shed: [6]),
+                Step(.acquire(9, .critical), .overloaded, inFlight: 1, queued: 2),
+            ]),
+        Scenario(
+            "with only critical requests waiting in a queue that stood 100 ms, the late critical ones are shed",
+            slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 1, initial: 1),
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .sheddable), .queued, inFlight: 1, queued: 1),
+                Step(.acquire(3, .critical), .queued, inFlight: 1, queued: 1, shed: [2]),  // a queue of one: room made
+                Step(.at(50), .clock, inFlight: 1, queued: 1),
+                Step(.acquire(4, .sheddable), .overloaded, inFlight: 1, queued: 1),
+                Step(.at(100), .clock, inFlight: 1, queued: 1),
+                Step(.acquire(5, .sheddable), .queued, inFlight: 1, queued: 1, shed: [3]),
+            ]),
+        Scenario(
+            "a standing queue: late sheddable requests go, critical ones are served first and never shed while others wait",
+            slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 4, initial: 1),
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .sheddable), .queued, inFlight: 1, queued: 1),
+                Step(.acquire(3, .critical), .queued, inFlight: 1, queued: 2),
+                Step(.at(50), .clock, inFlight: 1, queued: 2),
+                Step(.release, .handedOver(to: 3), inFlight: 1, queued: 1),  // stood 50 ms only: nothing shed
+                Step(.acquire(4, .critical), .queued, inFlight: 1, queued: 2),
+                Step(.at(100), .clock, inFlight: 1, queued: 2),
+                Step(.acquire(5, .sheddable), .queued, inFlight: 1, queued: 2, shed: [2]),  // stood 100 ms: 2 waited 100 ms
+                Step(.at(103), .clock, inFlight: 1, queued: 2),
+                Step(.release, .handedOver(to: 4), inFlight: 1, queued: 1, shed: []),  // 5 waited 3 ms: kept
+                Step(.at(110), .clock, inFlight: 1, queued: 1),
+                Step(.release, .freed, inFlight: 0, queued: 0, shed: [5]),  // 5 waited 10 ms, in a queue standing since 100
+            ]),
+        Scenario(
+            "an adaptive limit that grows hands its new slots to waiters at once",
+            slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 4, initial: 1),
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0, limit: 1),
+                Step(.acquire(2), .queued, inFlight: 1, queued: 1),
+                Step(.acquire(3), .queued, inFlight: 1, queued: 2),
+                // At the baseline with the limit used: 1 + √1 = 2.
+                Step(.sample(ms: 25, inFlight: 1), .started([2]), inFlight: 2, queued: 1, limit: 2),
+            ]),
+        Scenario(
+            "an adaptive limit that shrinks below the tries in flight frees slots instead of handing them over",
+            slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 4, initial: 4),
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2), .granted, inFlight: 2, queued: 0),
+                Step(.acquire(3), .granted, inFlight: 3, queued: 0),
+                Step(.acquire(4), .granted, inFlight: 4, queued: 0),
+                Step(.acquire(5), .queued, inFlight: 4, queued: 1),
+                Step(.sample(ms: 25, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 4),
+                // Recent latency 66 ms against a 25 ms baseline: past the tolerance of 1.5.
+                Step(.sample(ms: 250, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 2),
+                Step(.release, .freed, inFlight: 3, queued: 1),
+                Step(.release, .freed, inFlight: 2, queued: 1),
+                Step(.release, .handedOver(to: 5), inFlight: 2, queued: 0),
+            ]),
     ]
+
+    static func adaptive(min: Int, max: Int, initial: Int) -> AdaptiveLimit.Configuration {
+        var a = AdaptiveLimit.Configuration()
+        a.minLimit = min
+        a.maxLimit = max
+        a.initialLimit = initial
+        a.smoothing = 1
+        return a
+    }
 
     @Test(arguments: scenarios)
     func slotsAndQueue(_ scenario: Scenario) {
-        var limiter = Limiter(.init(maxInFlight: scenario.slots, maxQueued: scenario.queue))
+        var configuration = Limiter.Configuration(maxInFlight: scenario.slots, maxQueued: scenario.queue)
+        if let adaptive = scenario.adaptive {
+            configuration = .init(adaptive: adaptive, queue: QueueShedding(), connections: 1000, workers: 1)
+        }
+        var limiter = Limiter(configuration)
+        var now = Instant(nanoseconds: 0)
         var waiters: [Int: Waiter] = [:]
         func waiter(_ id: Int) -> Waiter {
             if let w = waiters[id] { return w }
@@ -131,8 +243,8 @@ import Testing
         for (i, step) in scenario.steps.enumerated() {
             let decision: Decision
             switch step.event {
-            case let .acquire(id):
-                switch limiter.acquire(waiter(id)) {
+            case let .acquire(id, priority):
+                switch limiter.acquire(waiter(id), priority: priority, at: now) {
                 case .granted: decision = .granted
                 case .queued: decision = .queued
                 case .overloaded: decision = .overloaded
@@ -140,15 +252,22 @@ import Testing
             case .tryAcquire:
                 decision = .hedge(limiter.tryAcquire())
             case .release, .releaseWithoutHandOver:
-                if case let .handedOver(next) = limiter.release(handOver: step.event.handsOver) {
+                if case let .handedOver(next) = limiter.release(handOver: step.event.handsOver, at: now) {
                     decision = .handedOver(to: next.id)
                 } else {
                     decision = .freed
                 }
             case let .leave(id):
                 decision = .left(limiter.leave(waiter(id)))
+            case let .at(ms):
+                now = Instant(nanoseconds: ms * 1_000_000)
+                decision = .clock
+            case let .sample(ms, inFlight):
+                decision = .started(limiter.sample(latency: .milliseconds(ms), inFlight: inFlight).map(\.id))
             }
             #expect(decision == step.decision, "step \(i)")
+            #expect(limiter.takeShed().map(\.0.id) == step.shed, "step \(i)")
+            if let limit = step.limit { #expect(limiter.limit == limit, "step \(i)") }
             #expect(limiter.inFlight == step.inFlight, "step \(i)")
             #expect(limiter.queued == step.queued, "step \(i)")
         }
@@ -159,12 +278,12 @@ import Testing
         #expect(limiter.isIdle)
         let a = Waiter(1)
         let b = Waiter(2)
-        _ = limiter.acquire(a)
-        _ = limiter.acquire(b)
+        _ = limiter.acquire(a, at: .init(nanoseconds: 0))
+        _ = limiter.acquire(b, at: .init(nanoseconds: 0))
         #expect(!limiter.isIdle)
         limiter.removeAllWaiters()
         #expect(limiter.queued == 0)
-        _ = limiter.release()
+        _ = limiter.release(at: .init(nanoseconds: 0))
         #expect(limiter.isIdle)
     }
 

@@ -27,6 +27,8 @@ import Testing
         case start
         case admitted(Admission.Verdict)
         case slotGranted
+        /// The upstream's queue shed the request.
+        case shed(RequestPriority)
         case parkRefused
         case streaming(Int)
         /// The streaming try failed before its first byte reached the client.
@@ -343,6 +345,22 @@ import Testing
                 Step(.slotGranted, .none, .finished),
             ]),
         Scenario(
+            "shed from the queue: OVERLOADED naming its priority, the probe's place given back; a late slot is ignored",
+            [
+                Step(.start, .admit),
+                Step(.admitted(.queue(probe: true)), .waitForSlot(limit: .seconds(5)), .queued),
+                Step(.shed(.sheddable), .answer(.shed(.sheddable), abandonProbe: true), .finished),
+                Step(.slotGranted, .none, .finished),
+                Step(.shed(.sheddable), .none, .finished),
+            ]),
+        Scenario(
+            "a request not in the queue is never shed",
+            [
+                Step(.start, .admit),
+                Step(.admitted(.send(probe: false)), .send(attempt: 1, limit: .seconds(3)), .trying),
+                Step(.shed(.critical), .none, .trying),
+            ]),
+        Scenario(
             "queue and slots full: OVERLOADED",
             [
                 Step(.start, .admit),
@@ -557,6 +575,7 @@ import Testing
             case .start: action = machine.start()
             case let .admitted(verdict): action = machine.admitted(verdict, at: now)
             case .slotGranted: action = machine.slotGranted(at: now)
+            case let .shed(priority): action = machine.shed(priority)
             case .parkRefused: action = machine.parkRefused()
             case let .streaming(status): action = machine.streamingStarted(status: status)
             case .streamUnsent:

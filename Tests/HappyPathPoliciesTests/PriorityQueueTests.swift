@@ -22,7 +22,7 @@ import Testing
         q.enqueue(c1, .critical, at: Self.t(2))
         q.enqueue(n2, .normal, at: Self.t(3))
         var order: [String] = []
-        while let w = q.next(at: Self.t(4)) { order.append(w.name) }
+        while let w = q.next() { order.append(w.name) }
         #expect(order == ["c1", "n1", "n2", "s1"])
         #expect(q.standingSince == nil)
     }
@@ -34,12 +34,12 @@ import Testing
             q.enqueue(w, .sheddable, at: Self.t(i * 10))
             let shed = q.shed(at: Self.t(i * 10 + 9))  // waited 9 ms, but the queue stood only 9 ms
             #expect(shed.isEmpty)
-            let next = q.next(at: Self.t(i * 10 + 9))
+            let next = q.next()
             #expect(next === w)
         }
     }
 
-    @Test func aStandingQueueShedsTheLateOfTheLowestPriorityFirst() {
+    @Test func aStandingQueueShedsTheLateOfTheLowestPriorityWaitingOnly() {
         var q = PriorityQueue<W>()
         let c = W("c"), n = W("n"), s1 = W("s1"), s2 = W("s2")
         q.enqueue(c, .critical, at: Self.t(0))
@@ -49,14 +49,39 @@ import Testing
         #expect(early.isEmpty)
         q.enqueue(s2, .sheddable, at: Self.t(98))  // waited 2 ms at 100: not late
         let first = q.shed(at: Self.t(100))
-        #expect(first.map { $0.0.name } == ["s1"] && first.allSatisfy { $0.1 == .sheddable })
+        #expect(first.map(\.name) == ["s1"])
+        // s2 waits, not late: nothing of a higher priority is shed meanwhile.
         let second = q.shed(at: Self.t(101))
-        #expect(second.map { $0.0.name } == ["n"])
-        let third = q.shed(at: Self.t(104))  // s2 has waited 6 ms: sheddable before critical
-        #expect(third.map { $0.0.name } == ["s2"])
-        let fourth = q.shed(at: Self.t(105))
-        #expect(fourth.map { $0.0.name } == ["c"])
+        #expect(second.isEmpty)
+        let third = q.shed(at: Self.t(104))  // s2 has waited 6 ms
+        #expect(third.map(\.name) == ["s2"])
+        let fourth = q.shed(at: Self.t(105))  // normal is now the lowest waiting
+        #expect(fourth.map(\.name) == ["n"])
+        let fifth = q.shed(at: Self.t(106))
+        #expect(fifth.map(\.name) == ["c"])
         #expect(q.count == 0 && q.standingSince == nil)
+    }
+
+    @Test func aFullQueueDisplacesTheNewestOfALowerPriorityOnly() {
+        var q = PriorityQueue<W>()
+        let s1 = W("s1"), s2 = W("s2"), n = W("n")
+        q.enqueue(s1, .sheddable, at: Self.t(0))
+        q.enqueue(s2, .sheddable, at: Self.t(1))
+        q.enqueue(n, .normal, at: Self.t(2))
+        #expect(q.displace(below: .sheddable) == nil)
+        #expect(q.displace(below: .critical) === s2)
+        #expect(q.displace(below: .normal) === s1)
+        #expect(q.displace(below: .normal) == nil)
+        #expect(q.count == 1 && q.lowest == .normal)
+    }
+
+    @Test(arguments: [
+        ("critical", RequestPriority.normal, RequestPriority.normal), ("sheddable", .normal, .sheddable),
+        (" Sheddable ", .critical, .sheddable), ("NORMAL", .critical, .normal), ("bulk", .normal, .normal),
+        ("", .sheddable, .sheddable), (String(repeating: "sheddable", count: 10), .normal, .normal),
+    ])
+    func aClientMayLowerItsPriorityNeverRaiseIt(header: String, route: RequestPriority, expected: RequestPriority) {
+        #expect(RequestPriority.lowered(route, by: Array(header.utf8)) == expected)
     }
 
     @Test func aRequestThatLeavesIsForgotten() {
