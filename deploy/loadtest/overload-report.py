@@ -104,7 +104,9 @@ def analyse(name):
     shed_rows = [s for s in samples if any(s.get(k) is not None for k in ("shed_critical", "shed_normal", "shed_sheddable"))]
     for k in ("shed_critical", "shed_normal", "shed_sheddable"):
         values = [s[k] for s in shed_rows if s.get(k) is not None]
-        shed_delta[k] = (values[-1] - values[0]) if len(values) > 1 else (values[0] if values else None)
+        # A counter appears at its first increment: before it, it was 0.
+        first = values[0] if values and shed_rows and shed_rows[0].get(k) is not None else 0.0
+        shed_delta[k] = (values[-1] - first) if values else None
     start_settle, spike_limit, spike_spread = settle(samples, spike_start, spike_end)
     end_settle, after_limit, _ = settle(samples, spike_end, total)
     unloaded_p99 = percentile(unloaded, 0.99)
@@ -174,8 +176,8 @@ for r in results:
     run = r["run"]
     notes.append(f'- {r["name"]}: critical answers from the spike on {dict(sorted(r["critical_statuses"].items()))} '
                  f'(0 = none within {run["timeout_s"]:.0f} s); connections opened {run["connections_opened"]}'
-                 + (f'; shed by the proxy: critical {r["shed_critical"]:.0f}, sheddable {r["shed_sheddable"]:.0f}'
-                    if r["shed_sheddable"] is not None else "")
+                 + (f'; shed by the proxy: critical {r["shed_critical"] or 0:.0f}, sheddable {r["shed_sheddable"] or 0:.0f}'
+                    if r["shed_critical"] is not None or r["shed_sheddable"] is not None else "")
                  + (f'; limit in the spike\'s second half {r["limit_spread_in_spike"][0]:.0f} to {r["limit_spread_in_spike"][1]:.0f}'
                     if r["limit_spread_in_spike"] else ""))
 
