@@ -224,13 +224,14 @@ def chart(path):
         s = r["samples"]
         t = [x["t"] for x in s]
         top, middle, bottom = axes[0][col], axes[1][col], axes[2][col]
-        def line(ax, key, label, color, scale=1.0, style="-"):
+        def line(ax, key, label, color, scale=1.0, style="-", width=1.4, z=2):
             pts = [(x["t"], x[key] * scale) for x in s if x.get(key) is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=label, linewidth=1.4)
-        line(top, "concurrency_limit", "limit (proxy)", "tab:red")
-        line(top, "in_flight", "in flight (proxy)", "tab:blue")
-        line(top, "queued", "queued (proxy)", "tab:orange")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=label, linewidth=width, zorder=z)
+        # The limit on top, thicker: in flight sits at it whenever requests wait.
+        line(top, "concurrency_limit", "limit (proxy)", "tab:red", width=2.2, z=4)
+        line(top, "in_flight", "in flight (proxy)", "tab:blue", width=1.0, z=3)
+        line(top, "queued", "queued (proxy)", "tab:orange", width=1.0)
         up_total = [(x["t"], x["up_in_service"] + x["up_queued"]) for x in s if x.get("up_in_service") is not None]
         if up_total:
             top.plot([p[0] for p in up_total], [max(p[1], 0.5) for p in up_total], ":", color="tab:gray",
@@ -277,6 +278,7 @@ def chart(path):
             ax.axvspan(before, before + spike, color="tab:orange", alpha=0.08)
             if ax is not bottom:
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("overload scenario: shaded = sheddable spike", fontsize=12)
