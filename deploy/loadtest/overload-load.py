@@ -39,6 +39,9 @@ parser.add_argument("--critical-rate", type=float, default=25.0)
 parser.add_argument("--spike", type=float, default=12.0)
 # One second past the proxy's own deadline (5 s), so its 504 is what a late request gets.
 parser.add_argument("--timeout", type=float, default=6.0)
+# How long the answers still due at the end are waited for (default: the
+# timeout); past it they count as failed (status 0, ABANDONED).
+parser.add_argument("--drain", type=float, default=None)
 parser.add_argument("--sample-ms", type=float, default=200.0)
 parser.add_argument("--max-outstanding", type=int, default=4000)
 args = parser.parse_args()
@@ -162,6 +165,10 @@ async def one(kind, scheduled):
         status = 0
         if connection is not None:
             connection[1].close()
+    except asyncio.CancelledError:  # still due when the run ended (--drain)
+        status, code = 0, "ABANDONED"
+        if connection is not None:
+            connection[1].close()
     finally:
         outstanding[kind] -= 1
     records.append((kind, round(scheduled - start, 4), status, round((time.monotonic() - scheduled) * 1000, 2), code))
@@ -189,7 +196,11 @@ async def schedule(kind, rate, begin, end):
             task.add_done_callback(tasks.discard)
         k += 1
     if tasks:
-        await asyncio.wait(tasks)
+        _, late = await asyncio.wait(tasks, timeout=args.timeout if args.drain is None else args.drain)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
 
 
 # ---- sampling
