@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathPolicies
 import HappyPathCore
 import HappyPathIO
 import Testing
@@ -28,6 +29,7 @@ struct MetricsExpositionTests {
           demo:
             endpoints: ["{{DEMO}}"]
             pacing: { on: [429] }
+            adaptive_concurrency: { min_limit: 1, max_limit: 64, initial_limit: 32 }
           authed:
             endpoints: ["{{DEMO}}"]
             auth: { kind: oauth2_client_credentials, token_url: "{{DEMO}}/_demo/token?ttl=60", client_id: t, client_secret: t }
@@ -94,6 +96,8 @@ struct MetricsExpositionTests {
             // gRPC calls' statuses, a known one and one no client could read.
             w.metrics.grpcCall(route: w.runtime.routes[0], status: .unavailable)
             w.metrics.grpcCall(route: w.runtime.routes[0], status: nil)
+            // A request the concurrency limit shed.
+            w.metrics.shed(upstream: "demo", priority: .sheddable)
         }
         let admin = AdminProbe(port: h.adminPort)
         guard
@@ -253,7 +257,7 @@ struct MetricsExpositionTests {
                 current = nil
             }
         }
-        #expect(ruleExprs.count == 11)
+        #expect(ruleExprs.count == 12)
         for expr in ruleExprs {
             let problems = Self.unknownSelectors(expr, exported)
             #expect(problems.isEmpty, "rules: \(expr): \(problems)")

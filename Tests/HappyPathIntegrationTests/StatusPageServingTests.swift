@@ -7,9 +7,12 @@ import Testing
 
 /// `GET /status` on the admin listener, after real traffic: a healthy
 /// upstream (the demo), one whose breaker opened on a 500 and parks what
-/// comes next, and one that refuses connections behind a route that
-/// delivers later (a backlog). The page is read as bytes, then in headless
-/// Chromium after its script ran (docs/operations.md, "The status page").
+/// comes next, one that refuses connections behind a route that delivers
+/// later (a backlog, the oldest pending delivery) with its breaker forced
+/// open by an operator, one of two endpoints ejected (and until when), and
+/// an upstream paused by a 503's `Retry-After`. The page is read as bytes,
+/// then in headless Chromium after its script ran (docs/operations.md,
+/// "The status page").
 @Suite("status page") struct StatusPageServingTests {
     /// Parked requests held while the page is read.
     static let parkedRequests = 2
@@ -18,6 +21,10 @@ import Testing
         let store: DeliverLaterTests.StoreDirectory
         let refusing = RefusingPort()
         let flaky = ScriptedUpstream(responses: [http(500)]).started()
+        /// Healthy to its health checks, a 503 asking for a pause to anything else.
+        let busy = ScriptedUpstream(answering: { head in
+            head.hasPrefix("GET /healthz") ? http(200) : http(503, "{}", headers: ["Retry-After: 120"])
+        }).started()
         let h: ProxyHarness
         var admin: Int { h.adminPort }
 
@@ -32,6 +39,7 @@ import Testing
                 upstreams:
                   demo:
                     endpoints: [{{DEMO}}]
+                    adaptive_concurrency: { min_limit: 2, max_limit: 8 }
                   flaky:
                     endpoints: [http://127.0.0.1:\(flaky.port)]
                     connect_timeout: 500ms
@@ -40,7 +48,19 @@ import Testing
                   hooks:
                     endpoints: [\(refusing.url)]
                     connect_timeout: 200ms
+                  pool:
+                    endpoints: [{{DEMO}}, \(refusing.url)]
+                    connect_timeout: 200ms
+                    outlier_detection: { consecutive_failures: 1, base_ejection: 120s }
+                  busy:
+                    endpoints: [http://127.0.0.1:\(busy.port)]
+                    pacing: { while_paused: fail }
                 routes:
+                  - match: { path_prefix: /pool/ }
+                    upstream: pool
+                    strip_prefix: /pool
+                  - match: { path_prefix: /busy/ }
+                    upstream: busy
                   - match: { path_prefix: /hooks/ }
                     upstream: hooks
                     strip_prefix: /hooks
@@ -56,7 +76,7 @@ import Testing
                   - match: { path_prefix: / }
                     upstream: demo
                 """, holding: [refusing])
-            h.scripted.append(flaky)
+            h.scripted += [flaky, busy]
         }
 
         /// The traffic: a request through the demo, a 500 that opens the
@@ -90,6 +110,35 @@ import Testing
                 return breaker == "open" && parked == StatusPageServingTests.parkedRequests && backlog >= 1 && answered == 1
             }
             #expect(shown)
+
+            // One endpoint of two refuses: ejected after its first failed try.
+            #expect(
+                waitUntil("an endpoint of pool ejected, with its end", timeout: 15) {
+                    _ = try HTTP.request(port: h.port, "/pool/ok")
+                    return try upstream("pool")?["endpoints"].flatMap { $0 as? [[String: Any]] }?
+                        .contains { $0["ejected_until"] is String } == true
+                })
+            // A 503 with Retry-After pauses the upstream (its reason, its end).
+            _ = try HTTP.request(port: h.port, "/busy/x")
+            #expect(
+                waitUntil("busy paused by its 503") { try upstream("busy")?["pause_cause"] as? Int == 503 })
+            // An operator forces the refusing upstream's breaker open.
+            let forced = try HTTP.request(port: admin, "POST", "/admin/upstreams/hooks/breaker/open")
+            #expect(forced.status == 200, "\(forced.text)")
+            // Health checks run every 2 s: the first has ended for each
+            // upstream (but busy, which gets none while paused).
+            #expect(
+                waitUntil("a health check ended for every upstream not paused", timeout: 15) {
+                    let state = try HTTP.request(port: admin, "/admin/state").json
+                    return (state["upstreams"] as? [[String: Any]] ?? []).allSatisfy {
+                        $0["name"] as? String == "busy" || $0["health_check"] is [String: Any]
+                    }
+                })
+        }
+
+        func upstream(_ name: String) throws -> [String: Any]? {
+            let state = try HTTP.request(port: admin, "/admin/state").json
+            return (state["upstreams"] as? [[String: Any]])?.first { $0["name"] as? String == name }
         }
     }
 
@@ -105,15 +154,29 @@ import Testing
         #expect(page.header("X-Content-Type-Options") == "nosniff")
         #expect(page.header("X-Frame-Options") == "DENY")
         let html = page.text
-        for name in ["demo", "flaky", "hooks"] { #expect(html.contains("<h3>\(name)</h3>"), "\(name)") }
+        for name in ["demo", "flaky", "hooks", "pool", "busy"] { #expect(html.contains("<h3>\(name)</h3>"), "\(name)") }
         #expect(html.contains("<span class=\"bad\">open until "))
         #expect(html.contains("1 of 1 failed in the window"))
         #expect(html.contains("<span class=\"warn\">\(Self.parkedRequests) parked</span> (\(Self.parkedRequests) circuit_open)"))
         #expect(html.contains("in the backlog</span>"))
         #expect(html.contains("store \(s.store.file): <span data-k=\"store\"><span class=\"ok\">writable</span>"))
-        // What the registry counts per route: the failed request, and the demo's.
-        #expect(html.contains("<tr><td>/flaky/</td><td>1</td><td class=\"warn\">1 (100.0%)</td>"))
-        #expect(html.contains("<tr><td>/</td><td>1</td><td>0 (0.0%)</td>"))
+        // What the registry counts per route: the failed request, and the
+        // demo's (rates over a span, or totals at the first reading).
+        #expect(html.contains("<tr><td>/flaky/</td><td data-k=\"r-over\">"))
+        let routes = try HTTP.request(port: s.admin, "/admin/state").json["routes"] as? [[String: Any]] ?? []
+        let flaky = routes.first { $0["route"] as? String == "/flaky/" }
+        #expect(flaky?["requests"] as? Double == 1 && flaky?["errors"] as? Double == 1 && flaky?["tries"] as? Double == 1)
+        #expect(routes.first { $0["route"] as? String == "/" }?["errors"] as? Double == 0)
+        // Endpoints, health checks, pauses, an operator's override, the oldest delivery.
+        #expect(html.contains("<span class=\"bad\">ejected until "))
+        #expect(html.contains("<span class=\"bad\">forced open by an operator"))
+        #expect(html.contains("asked by a 503"))
+        #expect(html.contains("<dd data-k=\"health_check\">last check passed "))
+        // Slots against the limit: learned for demo, max_connections for the others.
+        #expect(html.contains("in flight of a limit of 256; 0 queued"))
+        #expect(html.contains("in flight of a limit of ") && html.contains("(learned: baseline "))
+        #expect(html.contains("old (hooks)</span>"))
+        #expect(html.contains("<b>breaker_forced_open</b> upstream=hooks by=127.0.0.1"))
         // The breaker's opening is among the last events, rendered by the server.
         #expect(html.contains("<b>breaker_opened</b> upstream=flaky"))
         // Nothing it loads comes from elsewhere.
@@ -166,8 +229,17 @@ import Testing
         let dom = try HeadlessChromium.run(["--window-size=1280,900", "--dump-dom"], url: url)
         #expect(dom.contains("data-live=\"1\""), "the script did not run: \(dom.prefix(2000))")
         #expect(dom.contains("Live: updated"))
-        for name in ["demo", "flaky", "hooks"] { #expect(dom.contains("<h3>\(name)</h3>"), "\(name)") }
+        for name in ["demo", "flaky", "hooks", "pool", "busy"] { #expect(dom.contains("<h3>\(name)</h3>"), "\(name)") }
         #expect(dom.contains("<span class=\"bad\">open until "))
+        // As the script rewrote them from /admin/state.
+        #expect(dom.contains("<span class=\"bad\">ejected until "))
+        #expect(dom.contains("<span class=\"bad\">forced open by an operator"))
+        #expect(dom.contains("asked by a 503"))
+        #expect(dom.contains("last check passed "))
+        #expect(dom.contains("(learned: baseline ") && dom.contains("in flight of a limit of 256; 0 queued"))
+        #expect(dom.contains("old (hooks)</span>"))
+        // The actions are shown once the script runs.
+        #expect(dom.contains("<p class=\"actions\" data-script=\"\">Breaker: "))
         #expect(dom.contains("\(Self.parkedRequests) parked</span>"))
         #expect(dom.contains("in the backlog</span>"))
         #expect(dom.contains("breaker_opened"))
@@ -252,6 +324,55 @@ import Testing
         let report = replayed["report"] as? [String] ?? []
         #expect(report.first?.hasPrefix("Replayed dlv_") == true)
         #expect(report.last?.contains("by=127.0.0.1") == true, "the event says who asked: \(report)")
+    }
+
+    /// An operator drains an endpoint and forces a breaker from the page:
+    /// nothing is sent when the confirmation is declined; confirmed, the
+    /// admin API's POST is sent, the page says the new state in words, and
+    /// the events name who asked.
+    @Test(.enabled(if: HeadlessChromium.path != nil, Comment(rawValue: noChromium)))
+    func anOperatorDrainsAndForcesFromThePage() throws {
+        let s = try Scenario()
+        try s.drive()
+        let drain = "document.querySelector('[data-upstream=\"pool\"] table.endpoints tbody tr:nth-child(2) button')"
+        let rotation =
+            "document.querySelector('[data-upstream=\"pool\"] table.endpoints tbody tr:nth-child(2)').cells[1].textContent"
+        let force = "document.querySelector('[data-upstream=\"flaky\"] button[data-k=\"force-closed\"]')"
+        let breaker = "document.querySelector('[data-upstream=\"flaky\"] [data-k=\"breaker\"]').textContent"
+        let result = "document.getElementById('upstream-action-result').textContent"
+        let events = "document.getElementById('event-list').textContent"
+        let page = try HeadlessChromium.LivePage(
+            url: "http://127.0.0.1:\(s.admin)/status",
+            ready: "document.documentElement.getAttribute('data-events') === 'open' && "
+                + "document.documentElement.getAttribute('data-live') === '1' && \(drain) !== null && !\(drain).closest('td').hidden",
+            report: [result, rotation, breaker, events])
+        let loaded = page.next()
+        #expect(loaded["met"] as? Bool == true, "no Drain button shown: \(loaded)")
+
+        let declined = page.wait(
+            for: "(window.confirm = function () { return false; }, \(drain).click(), \(result) === '')")
+        #expect(declined["met"] as? Bool == true, "\(declined)")
+        #expect(try s.upstream("pool")?["endpoints"].flatMap { $0 as? [[String: Any]] }?[1]["drained"] as? Bool == false)
+
+        _ = page.wait(for: "(window.confirm = function () { return true; }, \(drain).click(), true)")
+        let drained = page.wait(
+            for: "\(rotation) === 'drained by an operator' && \(events).indexOf('endpoint_drained') >= 0")
+        #expect(drained["met"] as? Bool == true, "\(drained)")
+        let report = drained["report"] as? [String] ?? []
+        #expect(report.first?.hasSuffix("of pool: drained.") == true, "\(report)")
+        #expect(report.last?.contains("endpoint_drained upstream=pool endpoint=1") == true)
+        #expect(report.last?.contains("by=127.0.0.1") == true)
+        #expect(try s.upstream("pool")?["endpoints"].flatMap { $0 as? [[String: Any]] }?[1]["drained"] as? Bool == true)
+        // The button now puts it back.
+        let label = page.wait(for: "\(drain).textContent === 'Undrain'")
+        #expect(label["met"] as? Bool == true)
+
+        _ = page.wait(for: "(\(force).click(), true)")
+        let forced = page.wait(
+            for: "\(breaker).indexOf('forced closed by an operator') === 0 && \(events).indexOf('breaker_forced_closed') >= 0")
+        #expect(forced["met"] as? Bool == true, "\(forced)")
+        let breakerState = try s.upstream("flaky")?["circuit_breaker"] as? [String: Any]
+        #expect(breakerState?["forced"] as? String == "closed")
     }
 
     /// Names from the configuration and fields of events are text, never

@@ -80,9 +80,26 @@ import Testing
             _ = l.sample(latency: .microseconds(Int64(ms * 1000)), inFlight: inFlight)
             if i >= 4000 { tail.append(l.current) }
         }
-        // Settled: the upstream's 4 busy and a short queue (a dozen at most), never starved.
+        // Settled: the upstream's 4 busy and a short queue (at most three
+        // times as many in flight), never starved, never off to the maximum.
         #expect(tail.min()! >= 3, "from \(initial): \(tail.min()!)")
-        #expect(tail.max()! <= 14, "from \(initial): \(tail.max()!)")
+        #expect(tail.max()! <= 16, "from \(initial): \(tail.max()!)")
+    }
+
+    /// An upstream that is never loaded, with latencies 30 % either side of
+    /// their usual (a shared machine, a garbage collector): the noise is
+    /// not mistaken for queueing, and a used limit grows. (With `grow_under`
+    /// at 1.1 it stayed at 2 to 22 here: the baseline, a minimum, sits below
+    /// the noisy average, so ordinary samples looked like a queue.)
+    @Test(arguments: [1, 2, 10])
+    func aNoisyUnloadedUpstreamStillLetsAUsedLimitGrow(initial: Int) {
+        var l = Self.limit(initial: initial, min: 1, max: 40)
+        var random = Latencies(seed: UInt64(initial) + 7)
+        for _ in 0..<3000 {
+            let ms = 5.0 * Double.random(in: 0.7...1.3, using: &random)
+            _ = l.sample(latency: .microseconds(Int64(ms * 1000)), inFlight: l.current)
+        }
+        #expect(l.current >= 30, "from \(initial): \(l.current)")
     }
 
     /// The upstream becomes three times slower for good: the limit shrinks

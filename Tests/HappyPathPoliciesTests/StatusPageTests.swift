@@ -107,6 +107,16 @@ import Testing
             ])
     }
 
+    @Test(arguments: [
+        (AdminSnapshot.Concurrency(limit: 512, inFlight: 3), "3 in flight of a limit of 512; 0 queued"),
+        (AdminSnapshot.Concurrency(limit: 12, inFlight: 12, queued: 4, adaptive: true), "12 in flight of a limit of 12 (learned, no sample yet); 4 queued"),
+        (AdminSnapshot.Concurrency(limit: 9, inFlight: 9, queued: 0, adaptive: true, baseline: 0.02514, recent: 0.0270),
+         "9 in flight of a limit of 9 (learned: baseline 25.1 ms, recent 27.0 ms); 0 queued"),
+    ])
+    func slotsInWords(c: AdminSnapshot.Concurrency, words: String) {
+        #expect(StatusPage.slotWords(c) == words)
+    }
+
     @Test func rendersEachUpstreamItsBreakerAndItsEndpoints() {
         let html = StatusPage.render(snapshot(), events: [])
         #expect(html.hasPrefix("<!DOCTYPE html>"))
@@ -120,6 +130,7 @@ import Testing
         #expect(html.contains("<span class=\"bad\">unreachable</span>"))
         #expect(html.contains("<span class=\"warn\">2 parked</span> (2 circuit_open)"))
         #expect(html.contains("20 retries left"))
+        #expect(html.contains("<span class=\"ok\">0 in flight of a limit of 0; 0 queued</span>"))
         #expect(html.contains("paused until 14:00:30 UTC (30.0 s); 1 client paused"))
         #expect(html.contains("<td>http://a.example:80/?x=&quot;y&quot;</td><td><span class=\"ok\">in rotation</span>"))
         #expect(html.contains("<td>http://b.example:80</td><td><span class=\"bad\">ejected</span>"))
@@ -216,7 +227,7 @@ import Testing
 
     @Test(arguments: [
         (0.005 as Double?, "≤ 5 ms"), (0.0025, "≤ 2.5 ms"), (0.25, "≤ 250 ms"), (1, "≤ 1 s"), (2.5, "≤ 2.5 s"),
-        (.infinity, "&gt; 30 s"), (nil, "-"),
+        (.infinity, "> 30 s"), (nil, "-"),
     ])
     func saysALatencyBucket(seconds: Double?, words: String) {
         #expect(StatusPage.latency(seconds) == words)
@@ -229,9 +240,13 @@ import Testing
         totals.p50 = 0.005
         totals.p99 = 0.25
         let html = StatusPage.routeTotalsTable([totals])
+        totals.tries = 300
         #expect(
-            html.contains("<tr><td>/a&lt;b&gt;/</td><td>200</td><td class=\"warn\">3 (1.5%)</td><td>≤ 5 ms</td><td>≤ 250 ms</td>")
-        )
+            html.contains(
+                "<tr><td>/a&lt;b&gt;/</td><td data-k=\"r-over\">since start</td><td data-k=\"r-requests\">200</td>"
+                    + "<td data-k=\"r-errors\" class=\"warn\">3 (1.5%)</td><td data-k=\"r-p50\">≤ 5 ms</td>"
+                    + "<td data-k=\"r-p99\">≤ 250 ms</td>"))
+        #expect(StatusPage.routeTotalsTable([totals]).contains("<td data-k=\"r-tries\">1.50</td>"))
         #expect(StatusPage.routeTotalsTable([]).isEmpty)
     }
 }

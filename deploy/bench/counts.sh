@@ -25,6 +25,8 @@ OUT=$OUT/hedge BENCH_PROFILE=hedge PORT_BASE=$(( ${PORT_BASE:-18680} + 30 )) "$h
 OUT=$OUT/stale BENCH_PROFILE=stale PORT_BASE=$(( ${PORT_BASE:-18680} + 40 )) "$here/callgrind.sh" stale="$bin" || exit 1
 echo "== the cost of a route that also takes WebSocket (upgrades: [websocket]) for its plain requests"
 OUT=$OUT/upgrades BENCH_PROFILE=upgrades PORT_BASE=$(( ${PORT_BASE:-18680} + 50 )) "$here/callgrind.sh" upgrades="$bin" || exit 1
+echo "== the cost of an adaptive concurrency limit (every try a latency sample) with a route priority"
+OUT=$OUT/adaptive BENCH_PROFILE=adaptive PORT_BASE=$(( ${PORT_BASE:-18680} + 110 )) "$here/callgrind.sh" adaptive="$bin" || exit 1
 echo "== the cost of tracing: sample_ratio 0 (no request traced) and 1 (every request)"
 OUT=$OUT/tracing0 BENCH_PROFILE=tracing0 PORT_BASE=$(( ${PORT_BASE:-18680} + 60 )) "$here/callgrind.sh" tracing0="$bin" || exit 1
 OUT=$OUT/tracing1 BENCH_PROFILE=tracing1 PORT_BASE=$(( ${PORT_BASE:-18680} + 70 )) "$here/callgrind.sh" tracing1="$bin" || exit 1
@@ -59,7 +61,7 @@ sys_h2, alloc_h2 = per_request(f"{out}/per-request-h2/all.tsv")
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for profile in ("shaping", "hedge", "stale", "upgrades", "tracing0", "tracing1"):
+for profile in ("shaping", "hedge", "stale", "upgrades", "adaptive", "tracing0", "tracing1"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -104,6 +106,9 @@ if "stale" in instr and "happypath" in instr:
 if "upgrades" in instr and "happypath" in instr:
     extra = instr["upgrades"] - instr["happypath"]
     print(f"| instructions on a route with upgrades: [websocket], plain requests (profile upgrades) | | {instr['upgrades']:,.0f} ({extra:+,.0f}) | +500 | {'met' if extra <= 500 else '**short**'} |")
+if "adaptive" in instr and "happypath" in instr:
+    extra = instr["adaptive"] - instr["happypath"]
+    print(f"| instructions with adaptive_concurrency and a route priority (profile adaptive) | | {instr['adaptive']:,.0f} ({extra:+,.0f}) | +500 | {'met' if extra <= 500 else '**short**'} |")
 if "tracing0" in instr:
     extra = instr["tracing0"] - instr["happypath"]
     print(f"| instructions with tracing, sample_ratio 0 (profile tracing0) | | {instr['tracing0']:,.0f} ({extra:+,.0f}) | +300 | {'met' if extra <= 300 else '**short**'} |")

@@ -15,6 +15,8 @@
 #     on the route: every answer is copied once and kept (what keeping costs).
 #   BENCH_PROFILE=upgrades: foundation plus `upgrades: [websocket]` on the
 #     route: what a plain request pays on a route that also takes WebSocket.
+#   BENCH_PROFILE=adaptive: foundation plus `adaptive_concurrency` on the
+#     upstream and `priority: critical` on the route: every try a latency sample.
 #   BENCH_PROFILE=tracing0 / tracing1: foundation plus `tracing` toward a
 #     collector that is not there, sample_ratio 0 / 1.
 #   BENCH_PROFILE=grpc: foundation with `protocol: h2` on the upstream (h2c
@@ -91,6 +93,13 @@ case $profile in
     level=warning
     foundation_yaml "" "    upgrades: [websocket]" > "$cfg"
     ;;
+  adaptive)
+    # An adaptive concurrency limit (its ceiling above what the load uses)
+    # and a priority on the route: every try is a latency sample.
+    level=warning
+    foundation_yaml "    adaptive_concurrency: { min_limit: 1, max_limit: 1024, initial_limit: 64 }" \
+      "    priority: critical" > "$cfg"
+    ;;
   grpc)
     level=warning
     upstream_lines="    protocol: h2"
@@ -116,7 +125,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, adaptive, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086

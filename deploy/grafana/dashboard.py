@@ -123,6 +123,24 @@ line(
      [(f"sum by (upstream, result) (increase(happypath_token_refreshes_total{{{U}}}[{RI}]))", "{{upstream}} {{result}}")]),
 )
 
+row("Overload: concurrency limits and shedding")
+line(
+    ("Limit, in flight and queued",
+     "Tries each upstream may have in flight (max_connections, or the adaptive limit), tries in flight, and requests waiting for a slot.",
+     [(f"sum by (upstream) (happypath_upstream_concurrency_limit{{{U}}})", "{{upstream}} limit"),
+      (f"sum by (upstream) (happypath_upstream_in_flight{{{U}}})", "{{upstream}} in flight"),
+      (f"sum by (upstream) (happypath_upstream_queued{{{U}}})", "{{upstream}} queued")]),
+    ("Shed by priority",
+     "Requests answered OVERLOADED by an upstream's limit (queue full, displaced, or shed from a queue that stood), by priority. Critical ones should be none.",
+     [(f"sum by (upstream, priority) (rate(happypath_upstream_shed_total{{{U}}}[{RI}]))", "{{upstream}} {{priority}}")],
+     {"unit": "reqps"}),
+    ("Adaptive latency: baseline and recent",
+     "An adaptive upstream's latency baseline (the least recent latency of its last window) and its recent latency; the limit shrinks when recent passes tolerance x baseline.",
+     [(f"max by (upstream) (happypath_upstream_latency_baseline_seconds{{{U}}})", "{{upstream}} baseline"),
+      (f"max by (upstream) (happypath_upstream_latency_recent_seconds{{{U}}})", "{{upstream}} recent")],
+     {"unit": "s"}),
+)
+
 row("Shaping, hedging and fallback")
 line(
     ("Rate-limited requests",

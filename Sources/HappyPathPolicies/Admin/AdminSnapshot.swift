@@ -23,9 +23,14 @@ public struct AdminSnapshot: Sendable {
     public var configSource: String
     public var loadedAt: Date
     public var upstreams: [Upstream]
-    /// What the metrics registry counts per route (only the page reads it:
-    /// `/admin/state` leaves it empty).
+    /// What the metrics registry counts per route, read back from its text
+    /// on the admin loop, with the rates since an earlier reading.
     public var routes: [RouteTotals] = []
+    /// Per route label: rates between an earlier reading and this one (none
+    /// yet at the first reading).
+    public var windows: [String: RouteWindow] = [:]
+    /// The last events (the page only; `/admin/state` leaves them out).
+    public var events: [Event] = []
 
     public init(
         takenAt: Date, ready: Bool = true, inFlight: Int = 0, parked: Int = 0, maxParked: Int = 0, bufferedBytes: Int = 0,
@@ -51,9 +56,36 @@ public struct AdminSnapshot: Sendable {
         public var url: String
         /// Out of rotation (outlier detection) now.
         public var ejected: Bool
-        public init(url: String, ejected: Bool = false) {
+        /// Back in the rotation after this long (when ejected).
+        public var ejectedFor: Duration?
+        /// Taken out by an operator (`POST .../drain`) until undrained.
+        public var drained: Bool
+        public init(url: String, ejected: Bool = false, ejectedFor: Duration? = nil, drained: Bool = false) {
             self.url = url
-            self.ejected = ejected
+            self.ejected = ejected || ejectedFor != nil
+            self.ejectedFor = ejectedFor
+            self.drained = drained
+        }
+
+        public init(url: String, _ rotation: OutlierDetector.Rotation, at now: Instant) {
+            switch rotation {
+            case .inRotation: self.init(url: url)
+            case let .ejected(until): self.init(url: url, ejectedFor: now < until ? until - now : .zero)
+            case .drained: self.init(url: url, drained: true)
+            }
+        }
+    }
+
+    /// The last health check: how long ago it ended, and how many endpoints
+    /// answered healthy of how many were asked.
+    public struct HealthCheck: Sendable, Equatable {
+        public var age: Duration
+        public var healthy: Int
+        public var endpoints: Int
+        public init(age: Duration, healthy: Int, endpoints: Int) {
+            self.age = age
+            self.healthy = healthy
+            self.endpoints = endpoints
         }
     }
 
@@ -63,8 +95,15 @@ public struct AdminSnapshot: Sendable {
         /// Lets probes through after `for` more.
         case open(for: Duration)
         case halfOpen(probesInFlight: Int, successes: Int)
+        /// Held open or closed by an operator until released.
+        case forced(CircuitBreakerStateMachine.Forced)
 
-        public init(_ state: CircuitBreakerStateMachine.State, at now: Instant) {
+        public init(_ state: CircuitBreakerStateMachine.State, forced: CircuitBreakerStateMachine.Forced? = nil, at now: Instant)
+        {
+            if let forced {
+                self = .forced(forced)
+                return
+            }
             switch state {
             case .closed: self = .closed
             case let .open(until): self = .open(for: now < until ? until - now : .zero)
@@ -72,13 +111,20 @@ public struct AdminSnapshot: Sendable {
             }
         }
 
-        /// The JSON name (`/admin/state`): closed, open, half_open.
+        /// The JSON name (`/admin/state`): closed, open, half_open (a
+        /// forced breaker is in the state it was forced to).
         public var name: String {
             switch self {
-            case .closed: "closed"
-            case .open: "open"
+            case .closed, .forced(.closed): "closed"
+            case .open, .forced(.open): "open"
             case .halfOpen: "half_open"
             }
+        }
+
+        /// What an operator forced it to; nil: automatic.
+        public var forcedTo: CircuitBreakerStateMachine.Forced? {
+            if case let .forced(f) = self { return f }
+            return nil
         }
     }
 
@@ -99,8 +145,15 @@ public struct AdminSnapshot: Sendable {
         public var token: (kind: String, expiresIn: Int?)?
         /// The upstream pause (pacing) has this long left; nil: not paused.
         public var pausedFor: Duration?
+        /// The status whose answer started the pause (429 or 503; a gRPC
+        /// RESOURCE_EXHAUSTED counts as 429).
+        public var pauseCause: Int = 0
+        /// nil: no check has ended yet.
+        public var healthCheck: HealthCheck?
         /// Clients paused one by one (`pacing.scope: client`).
         public var pausedClients: Int
+        /// Its slots: tries in flight against the limit, requests queued (docs/overload.md).
+        public var concurrency = Concurrency()
 
         public init(
             name: String, reachable: Bool = true, breaker: Breaker = .closed,
@@ -124,6 +177,27 @@ public struct AdminSnapshot: Sendable {
         public var parkedTotal: Int { parked.reduce(0) { $0 + $1.count } }
     }
 
+    /// An upstream's slots over all workers (docs/overload.md).
+    public struct Concurrency: Sendable, Equatable {
+        public var limit = 0
+        public var inFlight = 0
+        public var queued = 0
+        /// The limit is learned (`adaptive_concurrency`), with its latest
+        /// baseline and recent latency in seconds (0: no sample yet).
+        public var adaptive = false
+        public var baseline = 0.0
+        public var recent = 0.0
+
+        public init(limit: Int = 0, inFlight: Int = 0, queued: Int = 0, adaptive: Bool = false, baseline: Double = 0, recent: Double = 0) {
+            self.limit = limit
+            self.inFlight = inFlight
+            self.queued = queued
+            self.adaptive = adaptive
+            self.baseline = baseline
+            self.recent = recent
+        }
+    }
+
     /// A rate-limited route: keys tracked, requests queued.
     public typealias RateLimit = (route: String, keys: Int, queued: Int)
 
@@ -139,6 +213,15 @@ public struct AdminSnapshot: Sendable {
         /// The store's name (sqlite, postgres, memory).
         public var store: String
         public var writable: Bool
+        /// Why the store cannot write, as it said (nil: it can).
+        public var problem: String?
+        /// Per upstream with deliveries not yet delivered or dead: how many,
+        /// and the age of the oldest (read from the store, as
+        /// `happypath_delivery_oldest_queued_seconds` is); nil: not read.
+        public var pending: [(upstream: String, count: Int, oldest: Duration)]?
+
+        /// The oldest pending delivery's age over every upstream.
+        public var oldestPending: Duration? { pending?.map(\.oldest).max() }
 
         public init(
             counts: [(state: String, count: Int)], heldBytes: Int = 0, maxBytes: Int = 0, roundsInFlight: Int = 0,

@@ -15,6 +15,22 @@ public struct RouteTotals: Sendable, Equatable {
     public var hedgesLost: Double = 0
     /// `happypath_fallback_total`, every kind and reason.
     public var fallbacks: Double = 0
+    /// The same by kind (`stale`, `fixed`), every reason.
+    public var fallbacksByKind: [String: Double] = [:]
+    /// Tries counted for the answered requests (`happypath_request_tries_total`).
+    public var tries: Double = 0
+    /// `happypath_request_duration_seconds`'s cumulative buckets, by upper
+    /// bound (for quantiles between two readings).
+    public var buckets: [Bucket] = []
+
+    public struct Bucket: Sendable, Equatable {
+        public var le: Double
+        public var count: Double
+        public init(le: Double, count: Double) {
+            self.le = le
+            self.count = count
+        }
+    }
     /// `happypath_rate_limited_total`, queued and rejected.
     public var rateLimited: Double = 0
 
@@ -92,7 +108,10 @@ public struct RouteTotals: Sendable, Equatable {
             case "happypath_hedges_total":
                 if s.labels["outcome"] == "won" { totals[route]!.hedgesWon += s.value }
                 if s.labels["outcome"] == "lost" { totals[route]!.hedgesLost += s.value }
-            case "happypath_fallback_total": totals[route]!.fallbacks += s.value
+            case "happypath_fallback_total":
+                totals[route]!.fallbacks += s.value
+                totals[route]!.fallbacksByKind[s.labels["kind"] ?? "", default: 0] += s.value
+            case "happypath_request_tries_total": totals[route]!.tries += s.value
             case "happypath_rate_limited_total": totals[route]!.rateLimited += s.value
             case "happypath_request_duration_seconds_bucket":
                 guard let le = s.labels["le"].flatMap({ $0 == "+Inf" ? .infinity : Double($0) }) else { continue }
@@ -102,6 +121,7 @@ public struct RouteTotals: Sendable, Equatable {
         }
         for (route, list) in buckets {
             let sorted = list.sorted { $0.le < $1.le }
+            totals[route]!.buckets = sorted.map { Bucket(le: $0.le, count: $0.count) }
             totals[route]!.p50 = quantile(0.5, sorted)
             totals[route]!.p99 = quantile(0.99, sorted)
         }

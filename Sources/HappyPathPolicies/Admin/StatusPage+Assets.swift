@@ -40,6 +40,9 @@ extension StatusPage {
         .warn { color: var(--warn); font-weight: 600; }
         .bad { color: var(--bad); font-weight: 700; }
         .note, .live { color: #57606a; font-size: 13px; }
+        .actions { margin: 0 0 8px; }
+        .actions button, td button { font: inherit; font-size: 13px; margin: 1px 0; white-space: nowrap; }
+        .endpoints th { overflow-wrap: normal; }
         header .live { color: #d0d7de; }
         #event-list { background: #fff; border: 1px solid #d0d7de; border-radius: 6px; padding: 8px 8px 8px 44px;
           font: 13px/1.4 ui-monospace, monospace; max-height: 420px; overflow-y: auto; overflow-wrap: anywhere; }
@@ -70,9 +73,54 @@ extension StatusPage {
             if (rest) cell.appendChild(document.createTextNode(rest));
           }
           function breakerWords(b) {
+            if (b.forced === "open") return ["bad", "forced open by an operator (refuses every try until released)"];
+            if (b.forced === "closed") return ["warn", "forced closed by an operator (lets every try through, counts no failure)"];
             if (b.state === "open") return ["bad", "open until " + clock(new Date(Date.now() + b.open_for_s * 1000)) + " (" + secs(b.open_for_s) + ")"];
             if (b.state === "half_open") return ["warn", "half-open"];
             return ["ok", "closed"];
+          }
+          function healthWords(h) {
+            if (!h) return "no health check has ended yet";
+            return "last check " + (h.healthy_endpoints > 0 ? "passed " : "failed ") + secs(h.age_s) + " ago (" +
+              h.healthy_endpoints + " of " + h.endpoints + " endpoint" + (h.endpoints === 1 ? "" : "s") + " answered)";
+          }
+          function rotationWords(e) {
+            if (e.drained) return ["warn", "drained by an operator"];
+            if (!e.ejected) return ["ok", "in rotation"];
+            if (!e.ejected_until) return ["bad", "ejected"];
+            var left = Math.max(0, (new Date(e.ejected_until).getTime() - Date.now()) / 1000);
+            return ["bad", "ejected until " + clock(new Date(e.ejected_until)) + " (" + secs(left) + ")"];
+          }
+          function fixed(n, digits) { return typeof n === "number" ? n.toFixed(digits) : "-"; }
+          function latency(s) {
+            if (s === null || s === undefined) return "-";
+            if (s === "+Inf") return "> 30 s";
+            return s < 1 ? "\\u2264 " + parseFloat((s * 1000).toPrecision(6)) + " ms" : "\\u2264 " + parseFloat(s.toPrecision(6)) + " s";
+          }
+          // The same words as StatusPage.routeCells.
+          function routeCells(r) {
+            var w = r.window, cells = {};
+            if (w) {
+              cells["r-over"] = ["", "last " + secs(w.seconds)];
+              cells["r-requests"] = ["", w.requests_per_s.toFixed(2) + "/s"];
+              cells["r-errors"] = [w.error_ratio > 0 ? "warn" : "", typeof w.error_ratio === "number" ? (100 * w.error_ratio).toFixed(1) + "%" : "-"];
+              cells["r-p50"] = ["", latency(w.p50_s)];
+              cells["r-p99"] = ["", latency(w.p99_s)];
+              cells["r-tries"] = ["", fixed(w.tries_per_request, 2)];
+            } else {
+              cells["r-over"] = ["", "since start"];
+              cells["r-requests"] = ["", "" + r.requests];
+              cells["r-errors"] = [r.errors > 0 ? "warn" : "", r.errors + (r.requests > 0 ? " (" + (100 * r.errors / r.requests).toFixed(1) + "%)" : "")];
+              cells["r-p50"] = ["", latency(r.p50_s)];
+              cells["r-p99"] = ["", latency(r.p99_s)];
+              cells["r-tries"] = ["", r.requests > 0 ? (r.tries / r.requests).toFixed(2) : "-"];
+            }
+            cells["r-hedges"] = ["", r.hedges_won + " / " + r.hedges_lost];
+            var kinds = Object.keys(r.fallbacks || {}).sort().filter(function (k) { return r.fallbacks[k] > 0; });
+            var total = kinds.reduce(function (n, k) { return n + r.fallbacks[k]; }, 0);
+            cells["r-fallbacks"] = ["", kinds.length ? total + " (" + kinds.map(function (k) { return r.fallbacks[k] + " " + k; }).join(", ") + ")" : "0"];
+            cells["r-rate-limited"] = ["", "" + r.rate_limited];
+            return cells;
           }
           function apply(state) {
             var k = function (root, key) { return root.querySelector('[data-k="' + key + '"]'); };
@@ -83,20 +131,51 @@ extension StatusPage {
               var card = cards[i];
               if (!card || card.getAttribute("data-upstream") !== u.name) return;
               put(k(card, "reachable"), u.reachable ? "ok" : "bad", u.reachable ? "reachable" : "unreachable");
+              var health = k(card, "health_check"); if (health) health.textContent = healthWords(u.health_check);
               var w = breakerWords(u.circuit_breaker);
               put(k(card, "breaker"), w[0], w[1]);
               var f = u.breaker_failures;
-              if (f) k(card, "failures").textContent = (u.circuit_breaker.state === "closed" ? f.consecutive + " in a row; " : "") + f.failed + " of " + f.requests + " failed in the window";
+              if (f) k(card, "failures").textContent = u.circuit_breaker.forced ? "not counted while forced" :
+                (u.circuit_breaker.state === "closed" ? f.consecutive + " in a row; " : "") + f.failed + " of " + f.requests + " failed in the window";
               var total = 0, parts = [];
               Object.keys(u.parked || {}).forEach(function (r) { var n = u.parked[r]; total += n; if (n > 0) parts.push(n + " " + r); });
               put(k(card, "parked"), total > 0 ? "warn" : "ok", total + " parked", parts.length ? " (" + parts.join(", ") + ")" : "");
               if (typeof u.retries_left === "number") k(card, "retries_left").textContent = u.retries_left + " retries left";
-              var pause = u.paused_until ? "paused until " + clock(new Date(u.paused_until)) : "not paused";
+              var c = u.concurrency;
+              if (c && k(card, "slots")) {
+                var slots = c.in_flight + " in flight of a limit of " + c.limit;
+                if (c.adaptive) slots += c.baseline_ms ? " (learned: baseline " + c.baseline_ms + " ms, recent " + c.recent_ms + " ms)" : " (learned, no sample yet)";
+                put(k(card, "slots"), c.queued > 0 ? "warn" : "ok", slots + "; " + c.queued + " queued");
+              }
+              var pause = "not paused";
+              if (u.paused_until) {
+                pause = "paused until " + clock(new Date(u.paused_until)) + " (" + secs((new Date(u.paused_until).getTime() - Date.now()) / 1000) + ")";
+                if (u.pause_cause) pause += ", asked by a " + u.pause_cause;
+              }
               if (u.paused_clients > 0) pause += "; " + u.paused_clients + " client" + (u.paused_clients === 1 ? "" : "s") + " paused";
               put(k(card, "pause"), u.paused_until ? "warn" : "ok", pause);
               var rows = card.querySelectorAll("table.endpoints tbody tr");
               (u.endpoints || []).forEach(function (e, j) {
-                if (rows[j]) put(rows[j].cells[1], e.ejected ? "bad" : "ok", e.ejected ? "ejected" : "in rotation");
+                if (!rows[j]) return;
+                var r = rotationWords(e);
+                put(rows[j].cells[1], r[0], r[1]);
+                var button = rows[j].querySelector("button[data-post]");
+                if (!button) return;
+                var path = button.getAttribute("data-post").replace(/(un)?drain$/, e.drained ? "undrain" : "drain");
+                button.setAttribute("data-post", path);
+                button.textContent = e.drained ? "Undrain" : "Drain";
+                button.setAttribute("data-confirm", e.drained ? "Put " + e.url + " back in the rotation of " + u.name + "?" :
+                  "Drain " + e.url + " (" + u.name + ")? New tries go to the other endpoints until it is undrained.");
+              });
+            });
+            var routeRows = document.querySelectorAll("#route-totals tbody tr");
+            (state.routes || []).forEach(function (r, i) {
+              var row = routeRows[i];
+              if (!row || row.cells[0].textContent !== r.route) return;
+              var cells = routeCells(r);
+              Object.keys(cells).forEach(function (key) {
+                var c = k(row, key);
+                if (c) { c.className = cells[key][0]; c.textContent = cells[key][1]; }
               });
             });
             var d = state.deliveries;
@@ -104,11 +183,22 @@ extension StatusPage {
               var backlog = (d.queued || 0) + (d.in_flight || 0);
               var b = k(document, "backlog");
               if (b && b.firstChild) { b.firstChild.className = backlog > 0 ? "warn" : "ok"; b.firstChild.textContent = backlog + " in the backlog"; }
-              put(k(document, "store"), d.writable ? "ok" : "bad", d.writable ? "writable" : "cannot write");
+              put(k(document, "store"), d.writable ? "ok" : "bad", d.writable ? "writable" : "cannot write", d.store_problem ? ": " + d.store_problem : "");
               ["queued", "in_flight", "delivered", "dead"].forEach(function (s) {
                 var c = k(document, "delivery-" + s);
                 if (c && typeof d[s] === "number") { c.textContent = d[s]; c.className = s === "dead" && d[s] > 0 ? "bad" : ""; }
               });
+              if (d.pending) {
+                var oldest = null;
+                d.pending.forEach(function (p) { if (!oldest || p.oldest_s > oldest.oldest_s) oldest = p; });
+                put(k(document, "oldest"), oldest && oldest.oldest_s > 0 ? "warn" : "ok", oldest ? secs(oldest.oldest_s) + " old (" + oldest.upstream + ")" : "none pending");
+                var body = document.querySelector("#pending-deliveries tbody");
+                if (body) {
+                  body.textContent = "";
+                  d.pending.forEach(function (p) { var row = body.insertRow(-1); cell(row, p.upstream); cell(row, "" + p.count); cell(row, secs(p.oldest_s)); });
+                  if (!d.pending.length) cell(body.insertRow(-1), "None pending.").colSpan = 3;
+                }
+              }
             }
             var live = document.getElementById("live");
             if (live) live.textContent = "Live: updated " + clock(new Date()) + ".";
@@ -194,6 +284,22 @@ extension StatusPage {
               if (!body.rows.length) cell(body.insertRow(-1), "No dead deliveries.").colSpan = 5;
             }).catch(function () { return; });
           }
+          // Upstream actions (drain, breaker): each button says its POST and
+          // its question; the answer is shown once, the state read again.
+          Array.prototype.forEach.call(document.querySelectorAll("[data-script]"), function (e) { e.removeAttribute("hidden"); });
+          function tell(text) { var out = document.getElementById("upstream-action-result"); if (out) out.textContent = text; }
+          Array.prototype.forEach.call(document.querySelectorAll("button[data-post]"), function (button) {
+            button.addEventListener("click", function () {
+              if (!window.confirm(button.getAttribute("data-confirm"))) return;
+              fetch(button.getAttribute("data-post"), { method: "POST", cache: "no-store" }).then(function (r) {
+                return r.json().then(function (b) {
+                  if (r.status !== 200) return tell("Refused (" + r.status + "): " + (b.detail || ""));
+                  tell(b.url !== undefined ? b.url + " of " + b.upstream + ": " + (b.drained ? "drained" : "in rotation") + "." :
+                    "Breaker of " + b.upstream + ": " + (b.forced ? "forced " + b.forced : "automatic, " + b.state) + ".");
+                });
+              }).catch(function () { tell("The admin listener did not answer."); }).then(refresh);
+            });
+          });
           var actions = document.getElementById("delivery-actions");
           if (actions) {
             actions.removeAttribute("hidden");

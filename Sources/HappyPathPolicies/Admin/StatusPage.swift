@@ -61,10 +61,12 @@ public enum StatusPage {
     // MARK: - Words
 
     /// The breaker in words: `closed`, `open until 14:03:07 UTC (4.0 s)`,
-    /// `half-open (1 probe in flight)`.
+    /// `half-open (1 probe in flight)`, `forced open by an operator`.
     public static func breakerWords(_ breaker: AdminSnapshot.Breaker, takenAt: Date) -> String {
         switch breaker {
         case .closed: return "closed"
+        case .forced(.open): return "forced open by an operator (refuses every try until released)"
+        case .forced(.closed): return "forced closed by an operator (lets every try through, counts no failure)"
         case let .open(left):
             return "open until \(clockTime(takenAt.addingTimeInterval(left.seconds))) (\(seconds(left)))"
         case let .halfOpen(probes, successes):
@@ -80,6 +82,7 @@ public enum StatusPage {
     public static func failureWords(_ f: (consecutive: Int, requests: Int, failed: Int), breaker: AdminSnapshot.Breaker)
         -> String
     {
+        if breaker.forcedTo != nil { return "not counted while forced" }
         let window = "\(f.failed) of \(f.requests) failed in the window"
         return breaker == .closed ? "\(f.consecutive) in a row; " + window : window
     }
@@ -88,8 +91,8 @@ public enum StatusPage {
     public static func tone(_ breaker: AdminSnapshot.Breaker) -> String {
         switch breaker {
         case .closed: "ok"
-        case .halfOpen: "warn"
-        case .open: "bad"
+        case .halfOpen, .forced(.closed): "warn"
+        case .open, .forced(.open): "bad"
         }
     }
 
@@ -136,7 +139,12 @@ public enum StatusPage {
         for (i, upstream) in snapshot.upstreams.enumerated() {
             html += upstreamSection(upstream, index: i, takenAt: snapshot.takenAt)
         }
-        html += "</section>\n"
+        html += """
+            </section>
+            <noscript><p class="note">Draining endpoints and forcing breakers from here needs the page's script.</p></noscript>
+            <p id="upstream-action-result" role="status" data-script hidden></p>
+
+            """
         html += routesSection(snapshot)
         html += deliveriesSection(snapshot.deliveries)
         html += eventsSection(events)
@@ -154,161 +162,129 @@ public enum StatusPage {
             """
     }
 
+    /// The last health check: `last check 1.2 s ago: 2 of 2 endpoints answered`.
+    public static func healthWords(_ h: AdminSnapshot.HealthCheck?) -> String {
+        guard let h else { return "no health check has ended yet" }
+        let verdict = h.healthy > 0 ? "passed" : "failed"
+        return
+            "last check \(verdict) \(seconds(h.age)) ago (\(h.healthy) of \(h.endpoints) endpoint\(h.endpoints == 1 ? "" : "s") answered)"
+    }
+
+    /// The pause in words, with the answer that asked for it:
+    /// `paused until 14:03:07 UTC (4.0 s), asked by a 503`.
+    public static func pauseWords(_ u: AdminSnapshot.Upstream, takenAt: Date) -> String {
+        var pause = "not paused"
+        if let left = u.pausedFor {
+            pause = "paused until \(clockTime(takenAt.addingTimeInterval(left.seconds))) (\(seconds(left)))"
+            if u.pauseCause > 0 { pause += ", asked by a \(u.pauseCause)" }
+        }
+        if u.pausedClients > 0 { pause += "; \(u.pausedClients) client\(u.pausedClients == 1 ? "" : "s") paused" }
+        return pause
+    }
+
+    /// The slots in words: `3 in flight of a limit of 12 (learned: baseline
+    /// 25.1 ms, recent 27.0 ms); 2 queued`.
+    public static func slotWords(_ c: AdminSnapshot.Concurrency) -> String {
+        var words = "\(c.inFlight) in flight of a limit of \(c.limit)"
+        if c.adaptive {
+            words +=
+                c.baseline > 0
+                ? " (learned: baseline \(milliseconds(c.baseline)), recent \(milliseconds(c.recent)))" : " (learned, no sample yet)"
+        }
+        return words + "; \(c.queued) queued"
+    }
+
+    static func milliseconds(_ seconds: Double) -> String { "\(Double(Int(seconds * 10_000)) / 10) ms" }
+
+    /// An endpoint's place: `in rotation`, `ejected until 14:03:07 UTC (28.0 s)`, `drained by an operator`.
+    public static func rotationWords(_ e: AdminSnapshot.Endpoint, takenAt: Date) -> (tone: String, words: String) {
+        if e.drained { return ("warn", "drained by an operator") }
+        guard e.ejected else { return ("ok", "in rotation") }
+        guard let left = e.ejectedFor else { return ("bad", "ejected") }
+        return ("bad", "ejected until \(clockTime(takenAt.addingTimeInterval(left.seconds))) (\(seconds(left)))")
+    }
+
+    /// A name as one path segment of an admin URL (then escaped for the attribute).
+    static func segment(_ s: String) -> String {
+        var allowed = CharacterSet.alphanumerics.intersection(CharacterSet(charactersIn: Unicode.Scalar(0)..<Unicode.Scalar(128)))
+        allowed.insert(charactersIn: "-._~")
+        return s.addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
+    }
+
+    /// A button for one of the admin API's actions: the script asks
+    /// `question` and sends a POST to `path` (both escaped here).
+    static func actionButton(_ label: String, path: String, question: String, key: String) -> String {
+        "<button type=\"button\" data-post=\"\(escape(path))\" data-confirm=\"\(escape(question))\" data-k=\"\(key)\">\(escape(label))</button>"
+    }
+
     /// One upstream: its state as a definition list, its endpoints as a table.
+    /// The actions (buttons) are hidden until the script shows them.
     public static func upstreamSection(_ u: AdminSnapshot.Upstream, index: Int, takenAt: Date) -> String {
         let name = escape(u.name)
         let reach = u.reachable ? "<span class=\"ok\">reachable</span>" : "<span class=\"bad\">unreachable</span>"
-        var pause = "not paused"
-        var pauseTone = "ok"
-        if let left = u.pausedFor {
-            pause = "paused until \(clockTime(takenAt.addingTimeInterval(left.seconds))) (\(seconds(left)))"
-            pauseTone = "warn"
-        }
-        if u.pausedClients > 0 { pause += "; \(u.pausedClients) client\(u.pausedClients == 1 ? "" : "s") paused" }
+        let pauseTone = u.pausedFor == nil ? "ok" : "warn"
         let parkedWords =
             u.parked.filter { $0.count > 0 }.map { "\($0.count) \(escape($0.reason))" }.joined(separator: ", ")
+        let base = "/admin/upstreams/" + segment(u.name)
+        let breakerButtons = [
+            actionButton(
+                "Force open", path: base + "/breaker/open",
+                question: "Force the breaker of \(u.name) open? Every try to it is refused until released.", key: "force-open"),
+            actionButton(
+                "Force closed", path: base + "/breaker/closed",
+                question: "Force the breaker of \(u.name) closed? Every try goes through, failures or not, until released.",
+                key: "force-closed"),
+            actionButton(
+                "Automatic", path: base + "/breaker/auto",
+                question: "Release the breaker of \(u.name) to automatic (it starts closed)?", key: "release"),
+        ].joined(separator: " ")
         var html = """
             <article class="upstream" id="u\(index)" data-upstream="\(name)">
             <h3>\(name)</h3>
             <dl>
             <dt>Health</dt><dd data-k="reachable">\(reach)</dd>
+            <dt>Health check</dt><dd data-k="health_check">\(healthWords(u.healthCheck))</dd>
             <dt>Breaker</dt><dd data-k="breaker"><span class="\(tone(u.breaker))">\(escape(breakerWords(u.breaker, takenAt: takenAt)))</span></dd>
             <dt>Failures</dt><dd data-k="failures">\(failureWords(u.breakerFailures, breaker: u.breaker))</dd>
             <dt>Parked</dt><dd data-k="parked"><span class="\(u.parkedTotal > 0 ? "warn" : "ok")">\(u.parkedTotal) parked</span>\(parkedWords.isEmpty ? "" : " (\(parkedWords))")</dd>
+            <dt>Slots</dt><dd data-k="slots"><span class="\(u.concurrency.queued > 0 ? "warn" : "ok")">\(slotWords(u.concurrency))</span></dd>
             <dt>Retry budget</dt><dd data-k="retries_left">\(u.retriesLeft) retries left</dd>
-            <dt>Pause</dt><dd data-k="pause"><span class="\(pauseTone)">\(pause)</span></dd>
+            <dt>Pause</dt><dd data-k="pause"><span class="\(pauseTone)">\(pauseWords(u, takenAt: takenAt))</span></dd>
 
             """
         if let token = u.token {
             let expires = token.expiresIn.map { "expires in \($0) s" } ?? "no token yet"
             html += "<dt>Credentials</dt><dd>\(escape(token.kind)), \(expires)</dd>\n"
         }
+        // One endpoint cannot be drained (it is the last): no button for it.
+        let drains = u.endpoints.count > 1
         html += """
             </dl>
+            <p class="actions" data-script hidden>Breaker: \(breakerButtons)</p>
             <table class="endpoints"><caption>Endpoints of \(name)</caption>
-            <thead><tr><th scope="col">Endpoint</th><th scope="col">Rotation</th></tr></thead>
+            <thead><tr><th scope="col">Endpoint</th><th scope="col">Rotation</th>\(drains ? "<th scope=\"col\" data-script hidden>Action</th>" : "")</tr></thead>
             <tbody>
 
             """
-        for e in u.endpoints {
-            let rotation =
-                e.ejected ? "<span class=\"bad\">ejected</span>" : "<span class=\"ok\">in rotation</span>"
-            html += "<tr><td>\(escape(e.url))</td><td>\(rotation)</td></tr>\n"
+        for (i, e) in u.endpoints.enumerated() {
+            let (tone, words) = rotationWords(e, takenAt: takenAt)
+            html += "<tr><td>\(escape(e.url))</td><td><span class=\"\(tone)\">\(words)</span></td>"
+            if drains {
+                let path = base + "/endpoints/\(i)/"
+                let button =
+                    e.drained
+                    ? actionButton(
+                        "Undrain", path: path + "undrain", question: "Put \(e.url) back in the rotation of \(u.name)?",
+                        key: "drain")
+                    : actionButton(
+                        "Drain", path: path + "drain",
+                        question: "Drain \(e.url) (\(u.name))? New tries go to the other endpoints until it is undrained.",
+                        key: "drain")
+                html += "<td data-script hidden>\(button)</td>"
+            }
+            html += "</tr>\n"
         }
         html += "</tbody></table>\n</article>\n"
         return html
-    }
-
-    static func routesSection(_ s: AdminSnapshot) -> String {
-        var html = "<section id=\"routes\"><h2>Routes</h2>\n"
-        if s.rateLimits.isEmpty {
-            html += "<p>No route has a rate limit.</p>\n"
-        } else {
-            html += """
-                <table><caption>Rate-limited routes</caption>
-                <thead><tr><th scope="col">Route</th><th scope="col">Keys tracked</th><th scope="col">Queued</th></tr></thead>
-                <tbody>
-
-                """
-            for r in s.rateLimits {
-                html += "<tr><td>\(escape(r.route))</td><td>\(r.keys)</td><td>\(r.queued)</td></tr>\n"
-            }
-            html += "</tbody></table>\n"
-        }
-        if let f = s.fallback {
-            html += "<p>Answers kept for fallback: \(f.entries) (\(f.bytes) of \(f.maxBytes) bytes).</p>\n"
-        }
-        html += routeTotalsTable(s.routes)
-        return html + "</section>\n"
-    }
-
-    /// Each route's totals since the process started.
-    public static func routeTotalsTable(_ routes: [RouteTotals]) -> String {
-        guard !routes.isEmpty else { return "" }
-        var html = """
-            <div class="wide"><table id="route-totals"><caption>Per route, since the process started (reload for new totals)</caption>
-            <thead><tr><th scope="col">Route</th><th scope="col">Requests</th><th scope="col">Errors</th>\
-            <th scope="col">p50</th><th scope="col">p99</th><th scope="col">Hedges won / lost</th>\
-            <th scope="col">Fallbacks</th><th scope="col">Rate-limited</th></tr></thead>
-            <tbody>
-
-            """
-        for r in routes {
-            var errors = count(r.errors)
-            if r.requests > 0 { errors += String(format: " (%.1f%%)", 100 * r.errors / r.requests) }
-            let tone = r.errors > 0 ? " class=\"warn\"" : ""
-            html += """
-                <tr><td>\(escape(r.route))</td><td>\(count(r.requests))</td><td\(tone)>\(errors)</td>\
-                <td>\(latency(r.p50))</td><td>\(latency(r.p99))</td><td>\(count(r.hedgesWon)) / \(count(r.hedgesLost))</td>\
-                <td>\(count(r.fallbacks))</td><td>\(count(r.rateLimited))</td></tr>
-
-                """
-        }
-        return html + "</tbody></table></div>\n"
-    }
-
-    /// A counter's value as a whole number.
-    static func count(_ v: Double) -> String { v.isFinite && abs(v) < 1e15 ? String(Int(v)) : String(v) }
-
-    /// A bucket's upper bound: `≤ 5 ms`, `≤ 2.5 s`, `> 30 s` (past the last), `-` (no requests).
-    public static func latency(_ seconds: Double?) -> String {
-        guard let seconds else { return "-" }
-        guard seconds.isFinite else { return "&gt; 30 s" }
-        return seconds < 1 ? String(format: "≤ %g ms", seconds * 1000) : String(format: "≤ %g s", seconds)
-    }
-
-    /// The delivery backlog by state and the store's health.
-    public static func deliveriesSection(_ d: AdminSnapshot.Deliveries?) -> String {
-        var html = "<section id=\"deliveries\"><h2>Deliveries</h2>\n"
-        guard let d else { return html + "<p>No route delivers later.</p>\n</section>\n" }
-        let backlog = d.count("queued") + d.count("in_flight")
-        let store =
-            d.writable
-            ? "<span class=\"ok\">writable</span>" : "<span class=\"bad\">cannot write</span>"
-        html += """
-            <p data-k="backlog"><span class="\(backlog > 0 ? "warn" : "ok")">\(backlog) in the backlog</span> \
-            (queued or in flight); store \(escape(d.store)): <span data-k="store">\(store)</span>; \
-            \(d.heldBytes) of \(d.maxBytes) bytes held; \(d.roundsInFlight) rounds in flight.</p>
-            <table><caption>Deliveries by state</caption>
-            <thead><tr><th scope="col">State</th><th scope="col">Count</th></tr></thead>
-            <tbody>
-
-            """
-        for (state, count) in d.counts {
-            let tone = state == "dead" && count > 0 ? " class=\"bad\"" : ""
-            html += "<tr><td>\(escape(state))</td><td data-k=\"delivery-\(escape(state))\"\(tone)>\(count)</td></tr>\n"
-        }
-        return html + "</tbody></table>\n" + deliveryActions + "</section>\n"
-    }
-
-    /// Buttons for the admin API's delivery actions. Hidden until the
-    /// script shows them: they need it (a form's POST is refused as
-    /// cross-site, on purpose), and each asks to be confirmed first.
-    static let deliveryActions = """
-        <noscript><p class="note">Replaying and purging deliveries from here needs the page's script.</p></noscript>
-        <div id="delivery-actions" hidden>
-        <h3>Actions</h3>
-        <p><button type="button" id="purge-deliveries">Purge old deliveries</button> \
-        <span class="note">delivered and dead deliveries older than storage.retention, as the proxy does every 10 minutes</span></p>
-        <div class="wide"><table id="dead-deliveries"><caption>Dead deliveries (up to 20)</caption>
-        <thead><tr><th scope="col">Delivery</th><th scope="col">Upstream</th><th scope="col">Request</th>\
-        <th scope="col">Last change</th><th scope="col">Action</th></tr></thead>
-        <tbody></tbody></table></div>
-        <p id="action-result" role="status"></p>
-        </div>
-
-        """
-
-    /// The last events, the newest first.
-    public static func eventsSection(_ events: [AdminSnapshot.Event]) -> String {
-        var html = "<section id=\"events\"><h2>Last events</h2>\n<ol id=\"event-list\" reversed>\n"
-        if events.isEmpty { html += "<li class=\"none\">No events since the process started.</li>\n" }
-        for e in events.suffix(eventsShown).reversed() { html += eventItem(e) }
-        return html + "</ol>\n</section>\n"
-    }
-
-    public static func eventItem(_ e: AdminSnapshot.Event) -> String {
-        let fields = e.fields.map { "\(escape($0.key))=\(escape($0.value))" }.joined(separator: " ")
-        return "<li><time>\(escape(e.ts))</time> <b>\(escape(e.type))</b> \(fields)</li>\n"
     }
 }

@@ -64,8 +64,19 @@ public struct CircuitBreakerStateMachine: Sendable {
         case opened, halfOpened, closed
     }
 
+    /// An operator's override (`force`): the breaker stays in that state,
+    /// whatever tries report, until released.
+    public enum Forced: String, Sendable, Equatable, CaseIterable {
+        /// Every try refused, as while open; it never probes by itself.
+        case open
+        /// Every try let through; failures are not counted.
+        case closed
+    }
+
     public let configuration: Configuration
     public private(set) var state: State = .closed
+    /// nil: automatic (the breaker follows the tries).
+    public private(set) var forced: Forced?
     private var consecutive = 0
     /// first: tries, second: failed tries.
     private var window: SlidingWindow
@@ -77,6 +88,9 @@ public struct CircuitBreakerStateMachine: Sendable {
 
     /// Asks to send a try. May move open → half-open when `openFor` passed.
     public mutating func admit(at now: Instant) -> (Admission, Transition?) {
+        if let forced {
+            return forced == .open ? (.reject(retryAfter: configuration.openFor), nil) : (.allow, nil)
+        }
         switch state {
         case .closed:
             return (.allow, nil)
@@ -102,6 +116,7 @@ public struct CircuitBreakerStateMachine: Sendable {
 
     /// Reports a try's result. `probe` says whether `admit` returned `.probe` for it.
     public mutating func record(failure: Bool, probe: Bool, at now: Instant) -> Transition? {
+        guard forced == nil else { return nil }  // the operator decides, not the tries
         if probe, case let .halfOpen(inFlight, successes) = state {
             if failure {
                 return trip(now)
@@ -131,6 +146,31 @@ public struct CircuitBreakerStateMachine: Sendable {
     public mutating func probeAbandoned() {
         if case let .halfOpen(inFlight, successes) = state {
             state = .halfOpen(probesInFlight: max(0, inFlight - 1), successes: successes)
+        }
+    }
+
+    // MARK: - Forced by an operator
+
+    /// Forces the breaker open or closed, or (nil) releases it back to
+    /// automatic, which starts closed with nothing counted: what was counted
+    /// before an override says nothing about the upstream after it. Forced
+    /// open, its state reads open with no end (`Instant(nanoseconds: .max)`)
+    /// for whoever reads `state`; a probe in flight is forgotten. Returns the
+    /// transition of `state`, if it changed.
+    public mutating func force(_ forced: Forced?, at now: Instant) -> Transition? {
+        let before = state
+        self.forced = forced
+        switch forced {
+        case .open:
+            state = .open(until: Instant(nanoseconds: .max))
+            consecutive = 0
+        case .closed, nil:
+            reset()
+        }
+        switch (before, state) {
+        case (.open, .open), (.closed, .closed): return nil
+        case (_, .open): return .opened
+        default: return .closed
         }
     }
 

@@ -98,7 +98,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     public let configuration: Configuration
     /// Slots taken now.
-    public var inFlight: Int { taken }
+    @inlinable public var inFlight: Int { taken }
     @usableFromInline var taken = 0
     /// Tries that may be in flight now: fixed, or `adaptive.current`.
     public private(set) var limit: Int
@@ -107,7 +107,12 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// Waiters that left the queue without a slot (shed by CoDel, or
     /// displaced from a full queue), with their priority: the caller takes
     /// them with `takeShed` after each call and answers them OVERLOADED.
-    public private(set) var shedOutbox: [(Waiter, RequestPriority)] = []
+    public private(set) var shedOutbox: [(Waiter, RequestPriority)] = [] {
+        didSet { hasShed = !shedOutbox.isEmpty }
+    }
+    /// Something waits in `shedOutbox`: the one check the hot path makes
+    /// (a plain field; the outbox's own `isEmpty` is a generic call).
+    public private(set) var hasShed = false
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
@@ -122,7 +127,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     }
 
     /// Requests waiting for a slot now.
-    public var queued: Int { waiting.count }
+    @inlinable public var queued: Int { waiting.count }
     public func queued(_ priority: RequestPriority) -> Int { waiting.count(priority) }
 
     /// No slot taken, nobody waiting.
@@ -193,6 +198,20 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         let moved = a.sample(latency: latency, inFlight: inFlight)
         adaptive = a
         guard let moved else { return [] }
+        return limitMoved(to: moved)
+    }
+
+    /// The same, for a try sent at `start` whose sample is taken at `end`.
+    /// Returns whether the limit moved; the waiters it let in are in `granted`.
+    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
+        guard adaptive != nil else { return false }
+        // In place: the limit's state is not copied out and back.
+        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight) else { return false }
+        granted = limitMoved(to: moved)
+        return true
+    }
+
+    private mutating func limitMoved(to moved: Int) -> [Waiter] {
         limit = moved
         var granted: [Waiter] = []
         while taken < limit, let next = waiting.next() {
@@ -204,7 +223,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     /// The waiters shed since the last call, with their priority.
     public mutating func takeShed() -> [(Waiter, RequestPriority)] {
-        guard !shedOutbox.isEmpty else { return [] }
+        guard hasShed else { return [] }
         defer { shedOutbox.removeAll(keepingCapacity: true) }
         return shedOutbox
     }

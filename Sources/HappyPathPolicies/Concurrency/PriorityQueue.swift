@@ -60,8 +60,9 @@ public struct PriorityQueue<Waiter: AnyObject> {
 
     public let configuration: Configuration
     private var queues: [[(waiter: Waiter, since: Instant)]] = [[], [], []]
-    /// Requests waiting now.
-    public private(set) var count = 0
+    /// Requests waiting now (read on the hot path by the limiter's
+    /// inlined code: a stored field, so no generic call).
+    public internal(set) var count = 0
     /// When the queue last went from empty to not empty (nil: empty).
     public private(set) var standingSince: Instant?
 
@@ -69,7 +70,7 @@ public struct PriorityQueue<Waiter: AnyObject> {
         self.configuration = configuration
     }
 
-    public var isEmpty: Bool { count == 0 }
+    @inlinable public var isEmpty: Bool { count == 0 }
     public func count(_ priority: RequestPriority) -> Int { queues[priority.rank].count }
 
     /// The lowest priority waiting now (nil: none).

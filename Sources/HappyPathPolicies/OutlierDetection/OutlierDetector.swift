@@ -21,8 +21,13 @@ public struct OutlierDetector: Sendable {
 
     @usableFromInline struct Endpoint: Sendable {
         @usableFromInline var consecutiveFailures = 0
-        /// Monotonic nanoseconds; 0: in the rotation.
+        /// Monotonic nanoseconds; 0: in the rotation. `Int64.max` while
+        /// drained, so `pick` skips a drained endpoint with the comparison it
+        /// already makes (draining adds nothing to the hot path).
         @usableFromInline var ejectedUntil: Int64 = 0
+        /// Taken out by an operator (`drain`) until `undrain`: never returns
+        /// by itself, and outlier detection leaves it alone.
+        @usableFromInline var drained = false
 
         @usableFromInline init() {}
     }
@@ -52,6 +57,9 @@ public struct OutlierDetector: Sendable {
             endpoints[i].ejectedUntil = 0
             return i
         }
+        // All out (`drain` always keeps one endpoint undrained): one that is
+        // only ejected, not one an operator drained.
+        if endpoints[preferred].drained, let kept = endpoints.firstIndex(where: { !$0.drained }) { return kept }
         return preferred
     }
 
@@ -66,7 +74,9 @@ public struct OutlierDetector: Sendable {
             return .none
         }
         endpoints[i].consecutiveFailures += 1
-        guard endpoints[i].consecutiveFailures >= configuration.consecutiveFailures else { return .none }
+        guard endpoints[i].consecutiveFailures >= configuration.consecutiveFailures, !endpoints[i].drained else {
+            return .none
+        }
         let ejectedNow = ejectedCount(at: now)
         guard mayEject(alreadyOut: ejectedNow) else { return .none }
         let until = now.nanoseconds &+ configuration.baseEjectionNanoseconds
@@ -88,6 +98,56 @@ public struct OutlierDetector: Sendable {
         var out = 0
         for e in endpoints where e.ejectedUntil > now.nanoseconds { out += 1 }
         return out
+    }
+
+    // MARK: - Draining
+
+    /// What `drain` decided.
+    public enum DrainResult: Sendable, Equatable {
+        /// Out of the rotation now (or it already was drained).
+        case drained
+        /// Refused: no other endpoint would be left undrained.
+        case lastEndpoint
+    }
+
+    /// An operator takes `endpoint` out of the rotation until `undrain`:
+    /// tries already sent finish, new ones go to the others. The last
+    /// undrained endpoint is refused (an outlier ejection ends by itself,
+    /// a drain does not, so an upstream all drained would never answer).
+    /// A drained endpoint counts as out for `max_ejected_percent`.
+    public mutating func drain(_ endpoint: Int) -> DrainResult {
+        if endpoints[endpoint].drained { return .drained }
+        guard endpoints.indices.contains(where: { $0 != endpoint && !endpoints[$0].drained }) else { return .lastEndpoint }
+        endpoints[endpoint].drained = true
+        endpoints[endpoint].ejectedUntil = .max
+        endpoints[endpoint].consecutiveFailures = 0
+        return .drained
+    }
+
+    /// Back in the rotation at once, its failures forgotten. True if it was drained.
+    @discardableResult
+    public mutating func undrain(_ endpoint: Int) -> Bool {
+        guard endpoints[endpoint].drained else { return false }
+        endpoints[endpoint] = Endpoint()
+        return true
+    }
+
+    /// Whether an operator drained `endpoint`.
+    public func isDrained(_ endpoint: Int) -> Bool { endpoints[endpoint].drained }
+
+    /// Where each endpoint stands at `now` (admin state and status page).
+    public enum Rotation: Sendable, Equatable {
+        case inRotation
+        /// Ejected by outlier detection; back at `until`.
+        case ejected(until: Instant)
+        case drained
+    }
+
+    public func rotation(at now: Instant) -> [Rotation] {
+        endpoints.map { e in
+            if e.drained { return .drained }
+            return e.ejectedUntil > now.nanoseconds ? .ejected(until: Instant(nanoseconds: e.ejectedUntil)) : .inRotation
+        }
     }
 
     /// Whether `endpoint` is out of the rotation at `now`.

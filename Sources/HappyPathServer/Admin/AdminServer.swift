@@ -26,12 +26,16 @@ import Synchronization
 /// the ones the proxy port needs.
 final class AdminServer: HTTPServerDelegate {
     private let ready: ReadyFlag
-    private var shared: SharedState
-    private var runtime: RuntimeConfiguration
-    private let clock: Clock
+    // Internal, not private: the admin API's actions are in extensions
+    // (AdminServer+Upstreams.swift).
+    var shared: SharedState
+    var runtime: RuntimeConfiguration
+    let clock: Clock
     private(set) var server: HTTPServer!
-    private let adminLoop: EventLoop
-    private var ids = IdentifierGenerator()
+    let adminLoop: EventLoop
+    var ids = IdentifierGenerator()
+    /// Earlier readings of the route totals, for rates (on the admin loop).
+    private var routeRates = RouteRates()
 
     init(
         loop: EventLoop, configuration: Configuration, ready: ReadyFlag, shared: SharedState, runtime: RuntimeConfiguration,
@@ -98,6 +102,7 @@ final class AdminServer: HTTPServerDelegate {
             return deliveriesAPI(request, path: path, query: query)
         }
         if path == "/admin/fallback/purge" { return purgeStale(request, query: query) }
+        if path.hasPrefix("/admin/upstreams/") { return upstreamsAPI(request, path: path) }
         guard request.method == "GET" || request.method == "HEAD" else {
             ProblemResponder.respond(
                 request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
@@ -128,13 +133,15 @@ final class AdminServer: HTTPServerDelegate {
             let loop = adminLoop
             deliveries.readGauges { stats in loop.execute { box.value.server.metrics(box.value.request, stats: stats) } }
         case "/admin/state":
-            request.reply(status: 200, headers: Self.json, body: state())
+            withSnapshot(request) { request, s in request.reply(status: 200, headers: Self.json, body: s.json) }
         case "/":
             request.reply(status: 302, headers: [HTTPField(name: "Location", value: "/status")], body: "")
         case "/status":
-            request.reply(
-                status: 200, headers: StatusPage.headers.map { HTTPField(name: $0.0, value: $0.1) },
-                body: StatusPage.render(statusSnapshot(), events: shared.events.recent))
+            withSnapshot(request) { request, s in
+                request.reply(
+                    status: 200, headers: StatusPage.headers.map { HTTPField(name: $0.0, value: $0.1) },
+                    body: StatusPage.render(s, events: s.events))
+            }
         case "/status.js":
             request.reply(
                 status: 200, headers: StatusPage.scriptHeaders.map { HTTPField(name: $0.0, value: $0.1) }, body: StatusPage.script
@@ -150,7 +157,7 @@ final class AdminServer: HTTPServerDelegate {
                 Problem(
                     .noRoute, requestID: ids.requestID(),
                     detail:
-                        "The admin listener serves /status, /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries and /admin/fallback/purge."
+                        "The admin listener serves /status, /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries, /admin/upstreams and /admin/fallback/purge."
                 ))
         }
     }
@@ -417,6 +424,9 @@ final class AdminServer: HTTPServerDelegate {
                         (source.settings.kind.rawValue, source.expiresIn(at: now).map { Int($0.seconds.rounded()) })
                     },
                     pausedFor: guardian.pausedFor(at: now), pausedClients: guardian.clientPauses(at: now).count))
+            // What an operator needs beyond it: when an ejection ends, drains,
+            // a forced breaker, the pause's reason, the last health check.
+            operatorView(of: guardian, into: &upstreams[upstreams.count - 1], at: now)
         }
         return AdminSnapshot(
             takenAt: Date(), ready: ready.value.load(ordering: .relaxed), inFlight: shared.inFlight.current,
@@ -433,62 +443,31 @@ final class AdminServer: HTTPServerDelegate {
             configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
     }
 
-    /// The snapshot with what the metrics registry counts per route: read
-    /// back from its text here, on the admin loop, only for the page.
-    private func statusSnapshot() -> AdminSnapshot {
+    /// The snapshot with what the metrics registry counts per route (read
+    /// back from its text here, on the admin loop, with the rates since an
+    /// earlier reading), the last events, and, where a route delivers
+    /// later, each upstream's oldest pending delivery: read on the store's
+    /// reader thread as for `/metrics`, the answer written back here.
+    private func withSnapshot(_ request: HTTPRequest, _ answer: @escaping (HTTPRequest, AdminSnapshot) -> Void) {
         var s = snapshot()
         s.routes = RouteTotals.read(shared.metrics.registry.emitToString(), routes: runtime.routes.map(\.label))
-        return s
-    }
-
-    /// Each upstream's endpoints, health, breaker and parked counts, token
-    /// expiry (never the token), and where the config came from.
-    private func state() -> String { Self.stateJSON(snapshot()) }
-
-    static func stateJSON(_ s: AdminSnapshot) -> String {
-        var upstreams: [String] = []
-        for u in s.upstreams {
-            let parked = u.parked.map { "\(JSON.quote($0.reason)):\($0.count)" }
-            let endpoints = u.endpoints.map { "{\"url\":\(JSON.quote($0.url)),\"ejected\":\($0.ejected)}" }
-            let paused = u.pausedFor.map { JSON.quote(s.takenAt.addingTimeInterval($0.seconds).formatted(.iso8601)) } ?? "null"
-            var token = "null"
-            if let t = u.token {
-                token = "{\"kind\":\(JSON.quote(t.kind)),\"expires_in_s\":\(t.expiresIn.map(String.init) ?? "null")}"
+        s.windows = routeRates.read(s.routes, at: clock.now())
+        s.events = shared.events.recent
+        guard let deliveries = shared.deliveries else { return answer(request, s) }
+        let box = LoopBound((request: request, snapshot: s, answer: answer), on: adminLoop)
+        let loop = adminLoop
+        let clock = self.clock
+        deliveries.readGauges { stats in
+            let now = clock.wallMilliseconds()
+            let pending = stats.pending.sorted { $0.key < $1.key }.map {
+                (upstream: $0.key, count: $0.value.count, oldest: Duration.milliseconds(max(0, now - $0.value.oldest)))
             }
-            var breakerJSON = "{\"state\":\(JSON.quote(u.breaker.name))"
-            if case let .open(left) = u.breaker { breakerJSON += ",\"open_for_s\":\(max(0, left.seconds))" }
-            breakerJSON += "}"
-            let f = u.breakerFailures
-            let failures = "{\"consecutive\":\(f.consecutive),\"requests\":\(f.requests),\"failed\":\(f.failed)}"
-            upstreams.append(
-                """
-                {"name":\(JSON.quote(u.name)),"reachable":\(u.reachable),\
-                "circuit_breaker":\(breakerJSON),"endpoints":[\(endpoints.joined(separator: ","))],\
-                "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused),\
-                "paused_clients":\(u.pausedClients),"breaker_failures":\(failures),"retries_left":\(u.retriesLeft)}
-                """)
+            loop.execute {
+                var s = box.value.snapshot
+                s.deliveries?.pending = pending
+                box.value.answer(box.value.request, s)
+            }
         }
-        let limits = s.rateLimits.map {
-            "{\"route\":\(JSON.quote($0.route)),\"keys\":\($0.keys),\"queued\":\($0.queued)}"
-        }
-        let fallback =
-            s.fallback.map { "{\"entries\":\($0.entries),\"bytes\":\($0.bytes),\"max_bytes\":\($0.maxBytes)}" } ?? "null"
-        var deliveries = "null"
-        if let d = s.deliveries {
-            deliveries = "{" + d.counts.map { "\(JSON.quote($0.state)):\($0.count)" }.joined(separator: ",")
-            deliveries += ",\"held_bytes\":\(d.heldBytes),\"max_bytes\":\(d.maxBytes),\"rounds_in_flight\":\(d.roundsInFlight)"
-            deliveries += ",\"store\":\(JSON.quote(d.store)),\"writable\":\(d.writable)}"
-        }
-        return """
-            {"ready":\(s.ready),"in_flight":\(s.inFlight),\
-            "parked":\(s.parked),"max_parked":\(s.maxParked),\
-            "buffered_bytes":\(s.bufferedBytes),"max_buffered_bytes":\(s.maxBufferedBytes),\
-            "deliveries":\(deliveries),\
-            "rate_limits":[\(limits.joined(separator: ","))],"fallback":\(fallback),\
-            "config":{"source":\(JSON.quote(s.configSource)),"loaded_at":\(JSON.quote(s.loadedAt.formatted(.iso8601)))},\
-            "upstreams":[\(upstreams.joined(separator: ","))]}
-
-            """
     }
 }
 

@@ -573,9 +573,11 @@ final class Deliveries: Sendable {
     /// For `/admin/state` and the status page: the counts the store keeps (no SQLite).
     func stateSnapshot() -> AdminSnapshot.Deliveries {
         let kept = store.counts
-        return AdminSnapshot.Deliveries(
+        var d = AdminSnapshot.Deliveries(
             counts: DeliveryState.allCases.map { ($0.name, kept[$0]) }, heldBytes: store.heldBytes, maxBytes: store.maxBytes,
             roundsInFlight: inFlight.load(ordering: .relaxed), store: settings.name, writable: store.unavailable == nil)
+        d.problem = store.unavailable?.message
+        return d
     }
 }
 

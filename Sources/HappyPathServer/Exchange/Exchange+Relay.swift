@@ -62,7 +62,7 @@ extension Exchange {
     func upstreamHeadersComplete() -> String? {
         if let switching, let upgrade { return switchingRefusal(switching, upgrade) }
         if guardian.adaptive != nil {
-            if relay.status < 500, relay.status != 429 { sampleTry() } else { dropSample() }
+            if relay.status < 500, relay.status != 429 { measureTry() } else { dropSample() }
         }
         switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
         case let .refused(reason):
@@ -89,6 +89,8 @@ extension Exchange {
         transfer = nil
         upgradeTry = nil
         switching = nil
+        // Before the slot goes: a limit the sample grew may hand it over.
+        if guardian.adaptive != nil { applySample() }
         releaseSlot()
         guard !isFinished else { return }
         guard let failure else {

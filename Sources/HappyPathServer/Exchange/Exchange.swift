@@ -74,6 +74,16 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// When the try in flight was sent, and the tries in flight then (an
     /// adaptive upstream's latency sample; nil: none to take).
     private var sampleFrom: (at: Instant, inFlight: Int)?
+    /// The sample read at the response head, inside libcurl's header
+    /// callback, and given to the limit as the try ends (`applySample`): a
+    /// limit that grows hands slots to waiters at once, whose tries start
+    /// then, and libcurl refuses to add a transfer inside its callbacks.
+    private var measured: (from: Instant, to: Instant, inFlight: Int)?
+    /// This worker's lane of the upstream, from the exchange's first slot
+    /// on (its slots, queue and limit); kept so a release or a sample does
+    /// not look it up again. A lane is forgotten only while idle, and this
+    /// exchange holds a slot or a place whenever it uses it.
+    var lane: ProxyWorker.Lane?
     /// Where the worker's parking lot has it (nil: not parked).
     private(set) var parked: ParkReason?
     /// The machine's one timer (try limit, queue wait, backoff, park expiry).
@@ -334,8 +344,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         // only allowed while it is all kept: `machine.bodyReplayable`). A
         // hedge never rewinds: it goes only once the body is whole.
         if let bodyStream { _ = bodyStream.rewind() }
-        if guardian.adaptive != nil, upgrade == nil {
-            sampleFrom = (worker.clock.now(), worker.slotsInFlight(guardian: guardian))
+        if guardian.adaptive != nil, upgrade == nil, let lane {
+            sampleFrom = (worker.clock.now(), lane.slots.inFlight)
         }
         if let upgrade {
             upgradeTry = startUpgrade(upgrade, endpoint: endpointIndex, limit: limit)
@@ -443,10 +453,24 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// not 429) or as it runs out of time. Refused, shed and failed tries
     /// are never samples (docs/overload.md).
     func sampleTry() {
+        guard let from = sampleFrom, let lane else { return }
+        sampleFrom = nil
+        worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight)
+    }
+
+    /// `sampleTry` inside a libcurl callback (the response head): read now,
+    /// given to the limit by `applySample` when the transfer has ended.
+    func measureTry() {
         guard let from = sampleFrom else { return }
         sampleFrom = nil
-        let now = worker.clock.now()
-        worker.sampleTry(guardian: guardian, latency: now - from.at, inFlight: from.inFlight)
+        measured = (from.at, worker.clock.now(), from.inFlight)
+    }
+
+    /// The sample `measureTry` read, given to the limit (outside libcurl's callbacks).
+    func applySample() {
+        guard let m = measured, let lane else { return }
+        measured = nil
+        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight)
     }
 
     /// A try that ended without a sample (a reset, an error status) takes none.
@@ -490,11 +514,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func releaseSlot() {
         if holdsSlot {
             holdsSlot = false
-            worker.releaseSlot(guardian: guardian)
+            if let lane { worker.releaseSlot(lane) } else { worker.releaseSlot(guardian: guardian) }
         }
         if isQueued {
             isQueued = false
-            worker.leaveQueue(self, guardian: guardian)
+            if let lane { worker.leaveQueue(self, lane: lane) }
         }
     }
 

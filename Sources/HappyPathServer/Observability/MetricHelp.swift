@@ -13,6 +13,8 @@ enum MetricHelp {
         "happypath_grpc_requests_total":
             "gRPC calls answered, by route and grpc_status (the status number the client read, or unknown).",
         "happypath_request_duration_seconds": "Time from a client request's arrival to its answer, by route.",
+        "happypath_request_tries_total":
+            "Tries counted for the client requests answered, by route (their X-Happypath-Attempts summed).",
         "happypath_upstream_tries_total": "Tries sent upstream, by upstream and outcome.",
         "happypath_retries_total": "Tries that were retries, by upstream.",
         "happypath_retry_budget_exhausted_total":

@@ -178,13 +178,20 @@ final class WorkerMetrics {
     /// The series the previous request used: consecutive requests mostly
     /// share route and code, and comparing two strings that share storage
     /// costs less than hashing them.
-    private var lastRequest: (label: String, code: String, counter: CoreMetrics.Counter, timer: CoreMetrics.Timer)?
+    private var lastRequest:
+        (label: String, code: String, counter: CoreMetrics.Counter, timer: CoreMetrics.Timer, tries: CoreMetrics.Counter)?
     private var lastTry: (upstream: String, outcome: String, counter: CoreMetrics.Counter)?
+    private var routeTries: [String: CoreMetrics.Counter] = [:]
 
-    func request(route: RuntimeRoute, code: String, duration: Duration) {
+    /// A request answered: its code, its time, and the tries it counted
+    /// (its `X-Happypath-Attempts`; the status page's tries per request is
+    /// `happypath_request_tries_total` over `happypath_requests_total`, one
+    /// atomic add more than the two counted before).
+    func request(route: RuntimeRoute, code: String, duration: Duration, tries: Int) {
         if let last = lastRequest, last.label == route.label, last.code == code {
             last.counter.increment()
             last.timer.recordNanoseconds(duration.nanoseconds)
+            last.tries.increment(by: tries)
             return
         }
         let counter =
@@ -203,7 +210,15 @@ final class WorkerMetrics {
                 return t
             }()
         timer.recordNanoseconds(duration.nanoseconds)
-        lastRequest = (route.label, code, counter, timer)
+        let triesCounter =
+            routeTries[route.label]
+            ?? {
+                let c = metrics.counter("happypath_request_tries_total", [("route", route.label)])
+                routeTries[route.label] = c
+                return c
+            }()
+        triesCounter.increment(by: tries)
+        lastRequest = (route.label, code, counter, timer, triesCounter)
     }
 
     /// Per route, one counter per `grpc_status` value (the 17 codes, then

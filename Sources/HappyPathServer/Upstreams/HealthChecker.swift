@@ -23,6 +23,8 @@ final class HealthChecker: LoopEventTarget {
     private struct UpstreamCheck {
         var inFlight = 0
         var anySuccess = false
+        /// Endpoints that answered healthy in the check in flight.
+        var healthy = 0
         var consecutiveFailures = 0
         var consecutiveSuccesses = 0
     }
@@ -74,6 +76,7 @@ final class HealthChecker: LoopEventTarget {
         let timeout = settings.timeout
         states[u].inFlight = upstream.endpoints.count
         states[u].anySuccess = false
+        states[u].healthy = 0
         let userAgent = HTTPField(name: "User-Agent", value: "happypath-health-check")
         for endpoint in upstream.endpoints {
             let probe = HealthProbe(
@@ -122,10 +125,16 @@ final class HealthChecker: LoopEventTarget {
         probes[ObjectIdentifier(probe)] = nil
         guard !stopped else { return }
         states[u].inFlight -= 1
-        if healthy { states[u].anySuccess = true }
+        if healthy {
+            states[u].anySuccess = true
+            states[u].healthy += 1
+        }
         guard states[u].inFlight == 0 else { return }
         let settings = runtime.upstreams[u].healthCheck
         let guardian = shared.guards[u]
+        let reading = HealthCheckReading(
+            at: MonotonicClock().now(), healthy: states[u].healthy, endpoints: runtime.upstreams[u].endpoints.count)
+        guardian.lastHealthCheck.withLock { $0 = reading }
         let name = runtime.upstreams[u].name
         if states[u].anySuccess {
             states[u].consecutiveFailures = 0

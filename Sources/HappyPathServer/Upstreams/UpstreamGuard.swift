@@ -4,6 +4,13 @@ import HappyPathPolicies
 import Logging
 import Synchronization
 
+/// A health check's end: when, and how many endpoints answered healthy.
+struct HealthCheckReading: Sendable {
+    var at: Instant
+    var healthy: Int
+    var endpoints: Int
+}
+
 /// What every worker shares about one upstream: its circuit breaker, its
 /// retry budget and its reachability. Small and behind one lock each; the
 /// hot path takes each lock once per try.
@@ -16,6 +23,9 @@ final class UpstreamGuard: Sendable {
     /// A worker saw a connect failure: the next successful health check
     /// replays parked commands even if the checker never saw it down.
     let suspect = Atomic<Bool>(false)
+    /// The last health check's end, for the status page (the checker writes
+    /// it on the admin loop every interval; nothing on the request path).
+    let lastHealthCheck = Locked<HealthCheckReading?>(nil)
     let logger: Logger
     let metrics: ProxyMetrics
     let events: EventBus
@@ -258,6 +268,51 @@ final class UpstreamGuard: Sendable {
                 "endpoint ejected", metadata: ["upstream": "\(name)", "endpoint": "\(i)", "for": "\(ejectionTime.configText)"])
         }
     }
+
+    // MARK: - Operator overrides (admin API)
+
+    /// Out of the rotation until `undrain` (`POST /admin/upstreams/{name}/endpoints/{i}/drain`).
+    func drain(endpoint i: Int, url: String, by: String) -> OutlierDetector.DrainResult {
+        let (was, result) = outliers.withLock { o -> (Bool, OutlierDetector.DrainResult) in
+            let was = o.isDrained(i)
+            return (was, o.drain(i))
+        }
+        guard result == .drained, !was else { return result }
+        logger.info("endpoint drained", metadata: ["upstream": "\(name)", "endpoint": "\(url)", "by": "\(by)"])
+        events.publish("endpoint_drained", [("upstream", name), ("endpoint", String(i)), ("url", url), ("by", by)])
+        return result
+    }
+
+    /// Back in the rotation. False: it was not drained.
+    func undrain(endpoint i: Int, url: String, by: String) -> Bool {
+        guard outliers.withLock({ $0.undrain(i) }) else { return false }
+        logger.info("endpoint undrained", metadata: ["upstream": "\(name)", "endpoint": "\(url)", "by": "\(by)"])
+        events.publish("endpoint_undrained", [("upstream", name), ("endpoint", String(i)), ("url", url), ("by", by)])
+        return true
+    }
+
+    /// Each endpoint in rotation, ejected until when, or drained.
+    func rotation(at now: Instant) -> [OutlierDetector.Rotation] { outliers.withLock { $0.rotation(at: now) } }
+
+    /// Forces the breaker open or closed, or releases it (nil). Returns the
+    /// state after; the caller wakes what was parked when it lets tries through.
+    func forceBreaker(_ forced: CircuitBreakerStateMachine.Forced?, by: String, at now: Instant)
+        -> CircuitBreakerStateMachine.State
+    {
+        let state = breaker.withLock { b in
+            _ = b.force(forced, at: now)
+            return b.state
+        }
+        metrics.circuitState(upstream: name, gauge: state.gauge)
+        let said = forced.map { "forced_\($0.rawValue)" } ?? "released"
+        logger.warning(
+            "circuit breaker \(forced.map { "forced \($0.rawValue)" } ?? "released to automatic")",
+            metadata: ["upstream": "\(name)", "by": "\(by)"])
+        events.publish("breaker_" + said, [("upstream", name), ("by", by)])
+        return state
+    }
+
+    var breakerForced: CircuitBreakerStateMachine.Forced? { breaker.withLock { $0.forced } }
 
     private func log(_ transition: CircuitBreakerStateMachine.Transition) {
         let state: CircuitBreakerStateMachine.State =

@@ -51,9 +51,17 @@ extension ProxyWorker {
             publishedQueued = q
         }
 
-        /// The adaptive limit moved: the guard's sum and the SSE stream hear of it.
-        func publishLimit() {
-            guard let adaptive = slots.adaptive else { return }
+        /// Samples since the latency gauges were last published (the first
+        /// sample publishes: a status page shows a baseline at once).
+        private var unpublishedSamples = 15
+
+        /// After a sample: a limit that moved goes to the guard's sum and the
+        /// SSE stream; the latency gauges follow every 16th sample (a
+        /// scrape's worth of freshness, not a store per try).
+        func publishLimit(moved: Bool) {
+            unpublishedSamples += 1
+            guard moved || unpublishedSamples >= 16, let adaptive = slots.adaptive else { return }
+            unpublishedSamples = 0
             let now = slots.limit
             if now != publishedLimit {
                 guardian.limitMoved(from: publishedLimit, to: now, baseline: adaptive.baseline, recent: adaptive.recent)
@@ -112,11 +120,13 @@ extension ProxyWorker {
     /// A slot for one try; else a place in the upstream's queue (by the
     /// request's priority); else overloaded (OVERLOADED). Queuing may shed
     /// others (a full queue makes room for a request that matters more;
-    /// an adaptive queue that stood sheds its late).
+    /// an adaptive queue that stood sheds its late). The exchange keeps
+    /// its lane for what follows (release, leave, sample): one lookup.
     func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard, at now: Instant)
         -> ConcurrencyLimiter<Exchange>.Acquisition
     {
         let l = lane(guardian)
+        exchange.lane = l
         let acquisition = l.slots.acquire(exchange, priority: exchange.priority, at: now)
         if acquisition != .granted {
             shedFrom(l)
@@ -137,38 +147,35 @@ extension ProxyWorker {
     /// A try ended: its slot goes to the waiting exchange of the highest
     /// priority (none once drain ran out of time, nor while an adaptive
     /// limit is below the tries in flight).
-    func releaseSlot(guardian: UpstreamGuard) {
-        let l = lane(guardian)
+    func releaseSlot(guardian: UpstreamGuard) { releaseSlot(lane(guardian)) }
+
+    func releaseSlot(_ l: Lane) {
         let release = l.slots.release(handOver: !stopping, at: clock.now())
         shedFrom(l)
         l.publish()
         if case let .handedOver(next) = release { next.slotGranted() }
     }
 
-    func leaveQueue(_ exchange: Exchange, guardian: UpstreamGuard) {
-        let l = lane(guardian)
+    func leaveQueue(_ exchange: Exchange, lane l: Lane) {
         l.slots.leave(exchange)
         l.publish()
     }
 
-    /// A try of an adaptive upstream completed after `latency` with
-    /// `inFlight` tries in flight as it started: the limit learns from it;
-    /// slots a grown limit opened go to waiters at once.
-    func sampleTry(guardian: UpstreamGuard, latency: Duration, inFlight: Int) {
-        let l = lane(guardian)
-        let granted = l.slots.sample(latency: latency, inFlight: inFlight)
-        l.publishLimit()
+    /// A try of an adaptive upstream sent at `start` completed at `end`,
+    /// with `inFlight` tries in flight as it started: the limit learns from
+    /// it; slots a grown limit opened go to waiters at once.
+    func sampleTry(_ l: Lane, from start: Instant, to end: Instant, inFlight: Int) {
+        var granted: [Exchange] = []
+        let moved = l.slots.sample(from: start, to: end, inFlight: inFlight, granted: &granted)
+        l.publishLimit(moved: moved)
         guard !granted.isEmpty else { return }
         l.publish()
         for exchange in granted { exchange.slotGranted() }
     }
 
-    /// Tries in flight to this upstream on this worker now (a try's sample
-    /// says how loaded the upstream was as it started).
-    func slotsInFlight(guardian: UpstreamGuard) -> Int { lane(guardian).slots.inFlight }
-
     /// Answers what the lane's queue shed: OVERLOADED, naming their priority.
     private func shedFrom(_ l: Lane) {
+        guard l.slots.hasShed else { return }
         for (exchange, priority) in l.slots.takeShed() {
             metrics.shed(upstream: l.guardian.name, priority: priority)
             exchange.shed(priority)

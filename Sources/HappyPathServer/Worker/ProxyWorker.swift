@@ -103,6 +103,14 @@ final class ProxyWorker: HTTPServerDelegate {
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,
                     delegate: self, tls: listener.tls))
         }
+        openLanes()
+    }
+
+    /// A lane for every upstream from the start (and each new one at a
+    /// reload): an upstream's limit gauge is then the sum of every
+    /// worker's share before any traffic, not one worker's.
+    private func openLanes() {
+        for guardian in shared.guards { _ = lane(guardian) }
     }
 
     /// Where a worker's listener binds (port 0: the first worker picks
@@ -514,6 +522,7 @@ final class ProxyWorker: HTTPServerDelegate {
                 lanes[key] = nil
             }
         }
+        openLanes()
     }
 
     // MARK: - Deliver later
@@ -558,7 +567,7 @@ final class ProxyWorker: HTTPServerDelegate {
             return
         }
         shared.inFlight.add(-1)
-        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration)
+        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration, tries: exchange.command.attempt)
         if exchange.isGRPC { metrics.grpcCall(route: exchange.route, status: exchange.grpcStatus) }
         logAccess(exchange, duration: duration)
     }

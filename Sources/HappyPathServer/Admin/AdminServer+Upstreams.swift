@@ -1,0 +1,100 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+
+/// The admin API's actions on an upstream (docs/operations.md, "Admin
+/// actions"): drain an endpoint and undrain it, force the breaker open or
+/// closed and release it. `POST` only, so the listener's cross-site rule
+/// applies to each as to a delivery replay; each is logged and published
+/// as an event with `by`, the admin client's address, and the time.
+///
+/// - `POST /admin/upstreams/{name}/endpoints/{i}/drain` (`i` from 0, as
+///   `/admin/state` lists them) and `.../undrain`
+/// - `POST /admin/upstreams/{name}/breaker/open`, `.../closed`, `.../auto`
+extension AdminServer {
+    func upstreamsAPI(_ request: HTTPRequest, path: String) {
+        let requestID = ids.requestID()
+        func refuse(_ status: Int, _ code: ProblemCode, _ detail: String) {
+            var problem = Problem(code, requestID: requestID, detail: detail)
+            problem.status = status
+            ProblemResponder.answer(request, problem)
+        }
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst(3).map {
+            String($0).removingPercentEncoding ?? String($0)
+        }
+        let usage =
+            "Use POST /admin/upstreams/{name}/endpoints/{i}/drain or /undrain, or /admin/upstreams/{name}/breaker/open, /closed or /auto."
+        guard parts.count == 3 || parts.count == 4 else { return refuse(404, .noRoute, "No admin resource at \(path). " + usage) }
+        guard request.method == "POST" else { return refuse(400, .badRequest, "\(path) takes POST.") }
+        let name = parts[0]
+        guard let u = runtime.upstreams.firstIndex(where: { $0.name == name }), u < shared.guards.count else {
+            return refuse(404, .notFound, "No upstream named '\(name)'.")
+        }
+        let guardian = shared.guards[u]
+        let by = request.peerAddress
+        switch (parts[1], parts.count) {
+        case ("endpoints", 4):
+            let endpoints = runtime.upstreams[u].endpoints
+            guard let i = Int(parts[2]), endpoints.indices.contains(i) else {
+                return refuse(
+                    404, .notFound, "Upstream '\(name)' has endpoints 0 to \(endpoints.count - 1); got '\(parts[2])'.")
+            }
+            let url = endpoints[i].url
+            switch parts[3] {
+            case "drain":
+                guard guardian.drain(endpoint: i, url: url, by: by) == .drained else {
+                    return refuse(
+                        409, .clientError,
+                        "\(url) is the last endpoint of '\(name)' not drained: draining it would leave none to send to.")
+                }
+            case "undrain":
+                _ = guardian.undrain(endpoint: i, url: url, by: by)
+            default:
+                return refuse(404, .noRoute, "No admin resource at \(path). " + usage)
+            }
+            let drained = guardian.rotation(at: clock.now())[i] == .drained
+            request.reply(
+                status: 200, headers: Self.json,
+                body: "{\"upstream\":\(JSON.quote(name)),\"endpoint\":\(i),\"url\":\(JSON.quote(url)),\"drained\":\(drained)}\n")
+        case ("breaker", 3):
+            let forced: CircuitBreakerStateMachine.Forced?
+            switch parts[2] {
+            case "open": forced = .open
+            case "closed": forced = .closed
+            case "auto": forced = nil
+            default: return refuse(404, .noRoute, "No admin resource at \(path). " + usage)
+            }
+            let state = guardian.forceBreaker(forced, by: by, at: clock.now())
+            // Requests parked behind the breaker go now that it lets tries through.
+            if state == .closed { shared.recovered(guardian) }
+            let said = forced.map { JSON.quote($0.rawValue) } ?? "null"
+            request.reply(
+                status: 200, headers: Self.json,
+                body: "{\"upstream\":\(JSON.quote(name)),\"state\":\(JSON.quote(state.name)),\"forced\":\(said)}\n")
+        default:
+            refuse(404, .noRoute, "No admin resource at \(path). " + usage)
+        }
+    }
+
+    /// Fills in what `/admin/state` and the page show beyond the counters:
+    /// each endpoint in rotation, ejected until when or drained; a forced
+    /// breaker; the pause's reason; the last health check. Read under the
+    /// guard's locks, on the admin loop.
+    func operatorView(of guardian: UpstreamGuard, into u: inout AdminSnapshot.Upstream, at now: Instant) {
+        let rotation = guardian.rotation(at: now)
+        for (i, e) in u.endpoints.enumerated() where i < rotation.count {
+            u.endpoints[i] = AdminSnapshot.Endpoint(url: e.url, rotation[i], at: now)
+        }
+        if let forced = guardian.breakerForced { u.breaker = .forced(forced) }
+        if u.pausedFor != nil { u.pauseCause = guardian.pauseCause }
+        u.healthCheck = guardian.lastHealthCheck.withLock { $0 }.map {
+            AdminSnapshot.HealthCheck(age: now - $0.at, healthy: $0.healthy, endpoints: $0.endpoints)
+        }
+        let c = guardian.concurrency
+        u.concurrency = AdminSnapshot.Concurrency(
+            limit: guardian.concurrencyLimit, inFlight: max(0, c.inFlight.load(ordering: .relaxed)),
+            queued: max(0, c.queued.load(ordering: .relaxed)), adaptive: guardian.adaptive != nil,
+            baseline: Double(c.baselineNanoseconds.load(ordering: .relaxed)) / 1e9,
+            recent: Double(c.recentNanoseconds.load(ordering: .relaxed)) / 1e9)
+    }
+}
