@@ -230,7 +230,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// start their tries). Nothing without `adaptive`.
     public mutating func sample(latency: Duration, inFlight: Int) -> [Waiter] {
         guard var a = adaptive else { return [] }
-        let moved = a.sample(latency: latency, inFlight: inFlight)
+        let moved = a.sample(latency: latency, inFlight: inFlight, queued: !waiting.isEmpty)
         adaptive = a
         guard let moved else { return [] }
         return limitMoved(to: moved)
@@ -241,7 +241,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
         guard adaptive != nil else { return false }
         // In place: the limit's state is not copied out and back.
-        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight) else { return false }
+        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty) else {
+            return false
+        }
         granted = limitMoved(to: moved)
         return true
     }
