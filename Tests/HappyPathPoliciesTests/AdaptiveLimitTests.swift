@@ -121,6 +121,27 @@ import Testing
         #expect(abs(l.baseline - 0.035) < 1e-6, "\(l.baseline)")
     }
 
+    /// 20 % over the baseline is jitter while nobody waits (the limit
+    /// grows), but queueing when requests wait (it drifts down): growing
+    /// then would turn waiting requests into load on the upstream at once.
+    @Test func withRequestsWaitingTheLimitGrowsOnlyWithinTenPercent() {
+        var free = Self.limit(initial: 20)
+        var saturated = Self.limit(initial: 20)
+        for l in [0, 1] {
+            for _ in 0..<50 {
+                if l == 0 { _ = free.sample(latency: .milliseconds(10), inFlight: 20) }
+                else { _ = saturated.sample(latency: .milliseconds(10), inFlight: 20) }
+            }
+        }
+        let (a, b) = (free.current, saturated.current)
+        for _ in 0..<30 {
+            _ = free.sample(latency: .milliseconds(12), inFlight: free.current)
+            _ = saturated.sample(latency: .milliseconds(12), inFlight: saturated.current, queued: true)
+        }
+        #expect(free.current > a, "\(a) → \(free.current)")
+        #expect(saturated.current < b, "\(b) → \(saturated.current)")
+    }
+
     @Test func atItsMinimumASaturatedLimitLearnsASlowerUpstream() {
         var l = Self.limit(initial: 2, min: 2, max: 100)
         for _ in 0..<100 { _ = l.sample(latency: .milliseconds(25), inFlight: 2) }

@@ -162,7 +162,11 @@ public struct AdaptiveLimit: Sendable, Equatable {
         guard recent > 0, baseline > 0 else { return nil }
         let ratio = recent / baseline
         let target: Double
-        if ratio <= configuration.growUnder {
+        // With requests waiting, growing turns them into load on the
+        // upstream at once: there the limit grows only within 10 % of the
+        // baseline (the jitter allowance is for a limit that is not yet
+        // holding anyone back).
+        if ratio <= (queued ? min(configuration.growUnder, Self.saturatedGrowUnder) : configuration.growUnder) {
             // Growth only from samples that used the limit.
             guard Double(max(0, inFlight)) >= limit / 2 else { return nil }
             target = limit + limit.squareRoot()
@@ -180,6 +184,8 @@ public struct AdaptiveLimit: Sendable, Equatable {
         return current != before ? current : nil
     }
 
+    /// `growUnder` while requests wait for a slot.
+    public static let saturatedGrowUnder = 1.1
     /// In the tolerance zone, the target is this fraction of the limit.
     public static let holdDrift = 0.98
 
