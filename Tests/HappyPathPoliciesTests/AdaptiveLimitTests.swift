@@ -102,6 +102,53 @@ import Testing
         #expect(l.current >= 30, "from \(initial): \(l.current)")
     }
 
+    /// A flood keeps requests waiting for a slot, and the upstream's own
+    /// queue never empties: its latency, measured at a saturated limit,
+    /// does not become the baseline (it would let the limit climb with it).
+    /// At the minimum limit it counts again: a slower upstream is learned.
+    @Test func aSaturatedLimitNeverRaisesTheBaseline() {
+        var l = Self.limit(initial: 50, min: 2, max: 100)
+        for _ in 0..<100 { _ = l.sample(latency: .milliseconds(25), inFlight: 50) }
+        #expect(abs(l.baseline - 0.025) < 1e-9)
+        // Twice the half window (which would have moved the baseline up to
+        // 35 ms) at 35 ms with requests waiting: no window passes, the
+        // limit drifts down (still above its minimum).
+        for _ in 0..<600 { _ = l.sample(latency: .milliseconds(35), inFlight: l.current, queued: true) }
+        #expect(abs(l.baseline - 0.025) < 1e-9, "\(l.baseline)")
+        #expect(l.current > 2 && l.current < 50, "\(l.current)")
+        // Without requests waiting, the same samples move the windows on: the baseline follows.
+        for _ in 0..<700 { _ = l.sample(latency: .milliseconds(35), inFlight: l.current) }
+        #expect(abs(l.baseline - 0.035) < 1e-6, "\(l.baseline)")
+    }
+
+    /// 20 % over the baseline is jitter while nobody waits (the limit
+    /// grows), but queueing when requests wait (it drifts down): growing
+    /// then would turn waiting requests into load on the upstream at once.
+    @Test func withRequestsWaitingTheLimitGrowsOnlyWithinTenPercent() {
+        var free = Self.limit(initial: 20)
+        var saturated = Self.limit(initial: 20)
+        for l in [0, 1] {
+            for _ in 0..<50 {
+                if l == 0 { _ = free.sample(latency: .milliseconds(10), inFlight: 20) }
+                else { _ = saturated.sample(latency: .milliseconds(10), inFlight: 20) }
+            }
+        }
+        let (a, b) = (free.current, saturated.current)
+        for _ in 0..<30 {
+            _ = free.sample(latency: .milliseconds(12), inFlight: free.current)
+            _ = saturated.sample(latency: .milliseconds(12), inFlight: saturated.current, queued: true)
+        }
+        #expect(free.current > a, "\(a) → \(free.current)")
+        #expect(saturated.current < b, "\(b) → \(saturated.current)")
+    }
+
+    @Test func atItsMinimumASaturatedLimitLearnsASlowerUpstream() {
+        var l = Self.limit(initial: 2, min: 2, max: 100)
+        for _ in 0..<100 { _ = l.sample(latency: .milliseconds(25), inFlight: 2) }
+        for _ in 0..<1000 { _ = l.sample(latency: .milliseconds(40), inFlight: 2, queued: true) }
+        #expect(abs(l.baseline - 0.04) < 1e-6, "\(l.baseline)")
+    }
+
     /// The upstream becomes three times slower for good: the limit shrinks
     /// first, then the baseline follows within a window and the limit is
     /// used again (it does not stay at its minimum).

@@ -160,7 +160,7 @@ import Testing
                 Step(.acquire(9, .critical), .overloaded, inFlight: 1, queued: 2),
             ]),
         Scenario(
-            "with only critical requests waiting in a queue that stood 100 ms, the late critical ones are shed",
+            "with only critical requests waiting in a queue that stood 100 ms, those that waited past 100 ms are shed",
             slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 1, initial: 1),
             [
                 Step(.acquire(1), .granted, inFlight: 1, queued: 0),
@@ -169,7 +169,25 @@ import Testing
                 Step(.at(50), .clock, inFlight: 1, queued: 1),
                 Step(.acquire(4, .sheddable), .overloaded, inFlight: 1, queued: 1),
                 Step(.at(100), .clock, inFlight: 1, queued: 1),
-                Step(.acquire(5, .sheddable), .queued, inFlight: 1, queued: 1, shed: [3]),
+                Step(.acquire(5, .sheddable), .overloaded, inFlight: 1, queued: 1),  // 3 waited 100 ms: not past it
+                Step(.at(101), .clock, inFlight: 1, queued: 1),
+                Step(.acquire(6, .sheddable), .queued, inFlight: 1, queued: 1, shed: [3]),
+            ]),
+        Scenario(
+            "an adaptive limit keeps a fifth of its slots for more important requests",
+            slots: 0, queue: 0, adaptive: adaptive(min: 5, max: 5, initial: 5),
+            [
+                Step(.acquire(1, .sheddable), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .sheddable), .granted, inFlight: 2, queued: 0),
+                Step(.acquire(3, .sheddable), .granted, inFlight: 3, queued: 0),
+                Step(.acquire(4, .sheddable), .granted, inFlight: 4, queued: 0),
+                Step(.acquire(5, .sheddable), .queued, inFlight: 4, queued: 1),  // 4 of 5: the last is kept
+                Step(.acquire(6, .critical), .granted, inFlight: 5, queued: 1),  // ahead of the waiting sheddable one
+                Step(.acquire(7), .queued, inFlight: 5, queued: 2),
+                Step(.release, .handedOver(to: 7), inFlight: 5, queued: 1),
+                Step(.release, .freed, inFlight: 4, queued: 1),  // the sheddable one's share is full
+                Step(.tryAcquire, .hedge(false), inFlight: 4, queued: 1),
+                Step(.release, .handedOver(to: 5), inFlight: 4, queued: 0),
             ]),
         Scenario(
             "a standing queue: late sheddable requests go, critical ones are served first and never shed while others wait",

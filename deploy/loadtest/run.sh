@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load-test scenarios through happypath, one command each:
 #
-#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail [--short]
+#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload [--short]
 #   make loadtest SCENARIO=flaky
 #
 # Starts the demo upstream and the proxy on loopback (free ports, ports.sh),
@@ -24,10 +24,14 @@
 # with hedge: { after: 50ms }, then 5 requests/s on a slow upstream with
 # hedging, upstream tries per client request checked against the retry
 # budget's bound (deploy/loadtest/tail.sh says what it promises).
+# overload: an upstream of fixed capacity, steady critical traffic and a 12x
+# spike of sheddable traffic, through no limit, a fixed max_connections and
+# adaptive concurrency with priorities (deploy/loadtest/overload.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|tail [--short]}
+SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload [--short]}
 [ "$SCENARIO" = tail ] && exec "$HERE/tail.sh" "${@:2}"
+[ "$SCENARIO" = overload ] && exec "$HERE/overload.sh" "${@:2}"
 SHORT=0; [ "${2:-}" = "--short" ] && SHORT=1
 BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"

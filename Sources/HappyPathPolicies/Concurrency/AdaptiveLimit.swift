@@ -109,19 +109,21 @@ public struct AdaptiveLimit: Sendable, Equatable {
     /// A try completed after `latency`, with `inFlight` tries in flight
     /// when it started (itself included). Returns the new `current` when it
     /// changed, else nil.
-    public mutating func sample(latency: Duration, inFlight: Int) -> Int? {
-        sample(seconds: Self.seconds(latency), inFlight: inFlight)
+    public mutating func sample(latency: Duration, inFlight: Int, queued: Bool = false) -> Int? {
+        sample(seconds: Self.seconds(latency), inFlight: inFlight, queued: queued)
     }
 
     /// The same, from two readings of the monotonic clock: no `Duration`
     /// arithmetic (128-bit) on the hot path.
-    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int) -> Int? {
+    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, queued: Bool = false) -> Int? {
         // Bounded before any arithmetic: a day at most, never negative.
         let ns = end.nanoseconds >= start.nanoseconds ? min(end.nanoseconds &- start.nanoseconds, 86_400_000_000_000) : 0
-        return sample(seconds: Double(ns) / 1e9, inFlight: inFlight)
+        return sample(seconds: Double(ns) / 1e9, inFlight: inFlight, queued: queued)
     }
 
-    private mutating func sample(seconds: Double, inFlight: Int) -> Int? {
+    /// `queued`: requests were waiting for a slot as the try ended (the
+    /// limit is saturated): the sample may lower the baseline, never raise it.
+    private mutating func sample(seconds: Double, inFlight: Int, queued: Bool) -> Int? {
         let before = current
         samples = samples == Int.max ? samples : samples + 1
         if baseline == 0 {
@@ -137,18 +139,34 @@ public struct AdaptiveLimit: Sendable, Equatable {
         // capacity the queue empties now and then, and the recent latency
         // with it; the minimum follows a slower upstream up once a window
         // has passed, and a faster one down at once.
+        //
+        // Not from a saturated limit, though (requests waiting for a slot):
+        // an upstream kept full by a flood never empties its own queue, and
+        // a baseline that followed its latency up would let the limit climb
+        // with it (the overload scenario: 25 to 37 ms and a limit of 13
+        // against 4 slots in 20 s). Such a sample may only lower the
+        // baseline. At the minimum limit it counts: if the latency is still
+        // high there, the upstream is slower, and the baseline must follow.
+        // So its window does not move on: without a new window the minimum
+        // can only fall.
         windowMin = min(windowMin, recent)
         baseline = min(previousWindowMin, windowMin)
-        windowCount += 1
-        if windowCount >= max(1, configuration.baselineSamples / 2) {
-            previousWindowMin = windowMin
-            windowMin = .infinity
-            windowCount = 0
+        if !queued || limit <= Double(configuration.minLimit) {
+            windowCount += 1
+            if windowCount >= max(1, configuration.baselineSamples / 2) {
+                previousWindowMin = windowMin
+                windowMin = .infinity
+                windowCount = 0
+            }
         }
         guard recent > 0, baseline > 0 else { return nil }
         let ratio = recent / baseline
         let target: Double
-        if ratio <= configuration.growUnder {
+        // With requests waiting, growing turns them into load on the
+        // upstream at once: there the limit grows only within 10 % of the
+        // baseline (the jitter allowance is for a limit that is not yet
+        // holding anyone back).
+        if ratio <= (queued ? min(configuration.growUnder, Self.saturatedGrowUnder) : configuration.growUnder) {
             // Growth only from samples that used the limit.
             guard Double(max(0, inFlight)) >= limit / 2 else { return nil }
             target = limit + limit.squareRoot()
@@ -166,6 +184,8 @@ public struct AdaptiveLimit: Sendable, Equatable {
         return current != before ? current : nil
     }
 
+    /// `growUnder` while requests wait for a slot.
+    public static let saturatedGrowUnder = 1.1
     /// In the tolerance zone, the target is this fraction of the limit.
     public static let holdDrift = 0.98
 

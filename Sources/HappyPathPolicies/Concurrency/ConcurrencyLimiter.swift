@@ -101,7 +101,16 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable public var inFlight: Int { taken }
     @usableFromInline var taken = 0
     /// Tries that may be in flight now: fixed, or `adaptive.current`.
-    public private(set) var limit: Int
+    public private(set) var limit: Int {
+        didSet { reserve = Self.reserve(limit: limit, adaptive: adaptive != nil) }
+    }
+    /// Slots of an adaptive limit kept for more important requests: a
+    /// sheddable request takes a slot only while `reserve` are free, a
+    /// normal one while half of them are; a critical one takes any. A
+    /// critical request then seldom waits behind sheddable tries, and the
+    /// limit, which grows while it is used, grows past the reserve. 0 for a
+    /// fixed limit (nothing changes there) and for a limit under 3.
+    @usableFromInline var reserve = 0
     @usableFromInline var waiting: PriorityQueue<Waiter>
     public private(set) var adaptive: AdaptiveLimit?
     /// Waiters that left the queue without a slot (shed by CoDel, or
@@ -121,8 +130,23 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
             let learned = AdaptiveLimit(a)
             adaptive = learned
             limit = learned.current
+            reserve = Self.reserve(limit: limit, adaptive: true)
         } else {
             limit = configuration.maxInFlight
+        }
+    }
+
+    /// A fifth of an adaptive limit of 3 or more (at least 1), else none.
+    static func reserve(limit: Int, adaptive: Bool) -> Int { adaptive && limit >= 3 ? max(1, limit / 5) : 0 }
+
+    /// The tries in flight under which a request of `priority` takes a slot.
+    @inlinable
+    public func cap(_ priority: RequestPriority) -> Int {
+        guard reserve > 0 else { return limit }
+        switch priority {
+        case .critical: return limit
+        case .normal: return limit - reserve / 2
+        case .sheddable: return limit - reserve
         }
     }
 
@@ -138,7 +162,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// overloaded. `now` dates the wait (CoDel's sojourn time).
     @inlinable
     public mutating func acquire(_ waiter: Waiter, priority: RequestPriority = .normal, at now: Instant) -> Acquisition {
-        if taken < limit, waiting.isEmpty {
+        if taken < limit, reserve == 0, waiting.isEmpty {
             taken += 1
             return .granted
         }
@@ -148,7 +172,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @usableFromInline
     mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) -> Acquisition {
         if adaptive != nil { shedLate(at: now) }
-        if taken < limit, waiting.isEmpty {
+        // A free slot within its priority's share, and nobody as important
+        // waiting for one (those less important wait for their own share).
+        if taken < cap(priority), !waiting.waits(atLeast: priority) {
             taken += 1
             return .granted
         }
@@ -164,7 +190,8 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// never overtakes a queued request, and never queues itself).
     @inlinable
     public mutating func tryAcquire() -> Bool {
-        guard taken < limit, waiting.isEmpty else { return false }
+        // A hedge is extra work: it takes a slot within a sheddable request's share.
+        guard taken < cap(.sheddable), waiting.isEmpty else { return false }
         taken += 1
         return true
     }
@@ -176,10 +203,18 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// only when requests wait on an adaptive limit (to shed the late first).
     @inlinable
     public mutating func release(handOver: Bool = true, at now: @autoclosure () -> Instant) -> Release {
-        if handOver, !waiting.isEmpty, taken <= limit {
-            if adaptive != nil { shedLate(at: now()) }
-            if let next = waiting.next() { return .handedOver(next) }
-        }
+        if handOver, !waiting.isEmpty, taken <= limit { return handOverOrFree(at: now()) }
+        taken -= 1
+        return .freed
+    }
+
+    /// The freed slot goes to the most important waiter if its share
+    /// allows one more than the others hold (else it is freed: the limit
+    /// shrank, or only less important requests wait, over their share).
+    @usableFromInline
+    mutating func handOverOrFree(at now: Instant) -> Release {
+        if adaptive != nil { shedLate(at: now) }
+        if let p = waiting.highest, taken <= cap(p), let next = waiting.next() { return .handedOver(next) }
         taken -= 1
         return .freed
     }
@@ -195,7 +230,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// start their tries). Nothing without `adaptive`.
     public mutating func sample(latency: Duration, inFlight: Int) -> [Waiter] {
         guard var a = adaptive else { return [] }
-        let moved = a.sample(latency: latency, inFlight: inFlight)
+        let moved = a.sample(latency: latency, inFlight: inFlight, queued: !waiting.isEmpty)
         adaptive = a
         guard let moved else { return [] }
         return limitMoved(to: moved)
@@ -206,7 +241,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
         guard adaptive != nil else { return false }
         // In place: the limit's state is not copied out and back.
-        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight) else { return false }
+        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty) else {
+            return false
+        }
         granted = limitMoved(to: moved)
         return true
     }
@@ -214,7 +251,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     private mutating func limitMoved(to moved: Int) -> [Waiter] {
         limit = moved
         var granted: [Waiter] = []
-        while taken < limit, let next = waiting.next() {
+        while let p = waiting.highest, taken < cap(p), let next = waiting.next() {
             taken += 1
             granted.append(next)
         }

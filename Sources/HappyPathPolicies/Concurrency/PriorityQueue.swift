@@ -78,6 +78,17 @@ public struct PriorityQueue<Waiter: AnyObject> {
         RequestPriority.allCases.reversed().first { !queues[$0.rank].isEmpty }
     }
 
+    /// The highest priority waiting now: whom `next` would give a slot (nil: none).
+    public var highest: RequestPriority? {
+        RequestPriority.allCases.first { !queues[$0.rank].isEmpty }
+    }
+
+    /// Whether a request of `priority` or a more important one waits.
+    public func waits(atLeast priority: RequestPriority) -> Bool {
+        for p in 0...priority.rank where !queues[p].isEmpty { return true }
+        return false
+    }
+
     /// A request waits.
     public mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) {
         if count == 0 { standingSince = now }
@@ -115,13 +126,17 @@ public struct PriorityQueue<Waiter: AnyObject> {
 
     /// The requests to shed now (they have left the queue): nothing unless
     /// the queue has stood for `interval`; then those of the lowest
-    /// priority waiting that have waited past `target`.
+    /// priority waiting that have waited past `target`. Critical requests
+    /// are late only past `interval`: they go first at every freed slot,
+    /// so one that waits is waiting for a slot to free, not behind others,
+    /// and shedding it at `target` would turn a short wait into a refusal.
     public mutating func shed(at now: Instant) -> [Waiter] {
         guard let since = standingSince, now - since >= configuration.interval, let lowest else { return [] }
         let p = lowest.rank
+        let target = lowest == .critical ? configuration.interval : configuration.target
         // Arrival order: the late are at the front.
         var late = 0
-        while late < queues[p].count, now - queues[p][late].since > configuration.target { late += 1 }
+        while late < queues[p].count, now - queues[p][late].since > target { late += 1 }
         guard late > 0 else { return [] }
         let shed = queues[p][0..<late].map(\.waiter)
         queues[p].removeFirst(late)
