@@ -101,8 +101,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable public var inFlight: Int { taken }
     @usableFromInline var taken = 0
     /// Tries that may be in flight now: fixed, or `adaptive.current`.
-    public private(set) var limit: Int {
-        didSet { reserve = Self.reserve(limit: limit, adaptive: adaptive != nil) }
+    @inlinable public var limit: Int { storedLimit }
+    @usableFromInline var storedLimit: Int {
+        didSet { reserve = Self.reserve(limit: storedLimit, adaptive: learned != nil) }
     }
     /// Slots of an adaptive limit kept for more important requests: a
     /// sheddable request takes a slot only while `reserve` are free, a
@@ -112,32 +113,36 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// fixed limit (nothing changes there) and for a limit under 3.
     @usableFromInline var reserve = 0
     @usableFromInline var waiting: PriorityQueue<Waiter>
-    public private(set) var adaptive: AdaptiveLimit?
+    /// The learned limit (nil: fixed).
+    @inlinable public var adaptive: AdaptiveLimit? { learned }
+    @usableFromInline var learned: AdaptiveLimit?
     /// Waiters that left the queue without a slot (shed by CoDel, or
     /// displaced from a full queue), with their priority: the caller takes
     /// them with `takeShed` after each call and answers them OVERLOADED.
-    public private(set) var shedOutbox: [(Waiter, RequestPriority)] = [] {
-        didSet { hasShed = !shedOutbox.isEmpty }
+    @inlinable public var shedOutbox: [(Waiter, RequestPriority)] { outbox }
+    @usableFromInline var outbox: [(Waiter, RequestPriority)] = [] {
+        didSet { pendingShed = !outbox.isEmpty }
     }
     /// Something waits in `shedOutbox`: the one check the hot path makes
     /// (a plain field; the outbox's own `isEmpty` is a generic call).
-    public private(set) var hasShed = false
+    @inlinable public var hasShed: Bool { pendingShed }
+    @usableFromInline var pendingShed = false
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
         waiting = PriorityQueue(configuration.queue)
         if let a = configuration.adaptive {
-            let learned = AdaptiveLimit(a)
-            adaptive = learned
-            limit = learned.current
-            reserve = Self.reserve(limit: limit, adaptive: true)
+            let limit = AdaptiveLimit(a)
+            learned = limit
+            storedLimit = limit.current
+            reserve = Self.reserve(limit: storedLimit, adaptive: true)
         } else {
-            limit = configuration.maxInFlight
+            storedLimit = configuration.maxInFlight
         }
     }
 
     /// A fifth of an adaptive limit of 3 or more (at least 1), else none.
-    static func reserve(limit: Int, adaptive: Bool) -> Int { adaptive && limit >= 3 ? max(1, limit / 5) : 0 }
+    @usableFromInline static func reserve(limit: Int, adaptive: Bool) -> Int { adaptive && limit >= 3 ? max(1, limit / 5) : 0 }
 
     /// The tries in flight under which a request of `priority` takes a slot.
     @inlinable
@@ -152,10 +157,10 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     /// Requests waiting for a slot now.
     @inlinable public var queued: Int { waiting.count }
-    public func queued(_ priority: RequestPriority) -> Int { waiting.count(priority) }
+    @inlinable public func queued(_ priority: RequestPriority) -> Int { waiting.count(priority) }
 
     /// No slot taken, nobody waiting.
-    public var isIdle: Bool { taken == 0 && waiting.isEmpty }
+    @inlinable public var isIdle: Bool { taken == 0 && waiting.isEmpty }
 
     /// A slot for one try; else a place in the queue (making room by
     /// shedding a waiter of a lower priority when it is full); else
@@ -169,9 +174,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         return enqueue(waiter, priority, at: now)
     }
 
-    @usableFromInline
+    @inlinable
     mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) -> Acquisition {
-        if adaptive != nil { shedLate(at: now) }
+        if learned != nil { shedLate(at: now) }
         // A free slot within its priority's share, and nobody as important
         // waiting for one (those less important wait for their own share).
         if taken < cap(priority), !waiting.waits(atLeast: priority) {
@@ -180,7 +185,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         }
         if waiting.count >= configuration.maxQueued {
             guard let lowest = waiting.lowest, let displaced = waiting.displace(below: priority) else { return .overloaded }
-            shedOutbox.append((displaced, lowest))
+            outbox.append((displaced, lowest))
         }
         waiting.enqueue(waiter, priority, at: now)
         return .queued
@@ -211,9 +216,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// The freed slot goes to the most important waiter if its share
     /// allows one more than the others hold (else it is freed: the limit
     /// shrank, or only less important requests wait, over their share).
-    @usableFromInline
+    @inlinable
     mutating func handOverOrFree(at now: Instant) -> Release {
-        if adaptive != nil { shedLate(at: now) }
+        if learned != nil { shedLate(at: now) }
         if let p = waiting.highest, taken <= cap(p), let next = waiting.next() { return .handedOver(next) }
         taken -= 1
         return .freed
@@ -229,27 +234,29 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// A limit that grew hands its new slots to waiters at once (returned:
     /// start their tries). Nothing without `adaptive`.
     public mutating func sample(latency: Duration, inFlight: Int) -> [Waiter] {
-        guard var a = adaptive else { return [] }
+        guard var a = learned else { return [] }
         let moved = a.sample(latency: latency, inFlight: inFlight, queued: !waiting.isEmpty)
-        adaptive = a
+        learned = a
         guard let moved else { return [] }
         return limitMoved(to: moved)
     }
 
     /// The same, for a try sent at `start` whose sample is taken at `end`.
     /// Returns whether the limit moved; the waiters it let in are in `granted`.
+    @inlinable
     public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
-        guard adaptive != nil else { return false }
+        guard learned != nil else { return false }
         // In place: the limit's state is not copied out and back.
-        guard let moved = adaptive!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty) else {
+        guard let moved = learned!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty) else {
             return false
         }
         granted = limitMoved(to: moved)
         return true
     }
 
-    private mutating func limitMoved(to moved: Int) -> [Waiter] {
-        limit = moved
+    @inlinable
+    mutating func limitMoved(to moved: Int) -> [Waiter] {
+        storedLimit = moved
         var granted: [Waiter] = []
         while let p = waiting.highest, taken < cap(p), let next = waiting.next() {
             taken += 1
@@ -259,18 +266,19 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     }
 
     /// The waiters shed since the last call, with their priority.
+    @inlinable
     public mutating func takeShed() -> [(Waiter, RequestPriority)] {
-        guard hasShed else { return [] }
-        defer { shedOutbox.removeAll(keepingCapacity: true) }
-        return shedOutbox
+        guard pendingShed else { return [] }
+        defer { outbox.removeAll(keepingCapacity: true) }
+        return outbox
     }
 
     /// Shutdown: forget every waiter (the worker abandons them itself).
-    public mutating func removeAllWaiters() { waiting.removeAll() }
+    @inlinable public mutating func removeAllWaiters() { waiting.removeAll() }
 
-    @usableFromInline
+    @inlinable
     mutating func shedLate(at now: Instant) {
         guard !waiting.isEmpty, let lowest = waiting.lowest else { return }
-        for w in waiting.shed(at: now) { shedOutbox.append((w, lowest)) }
+        for w in waiting.shed(at: now) { outbox.append((w, lowest)) }
     }
 }
