@@ -90,11 +90,6 @@ extension AdminServer {
         u.healthCheck = guardian.lastHealthCheck.withLock { $0 }.map {
             AdminSnapshot.HealthCheck(age: now - $0.at, healthy: $0.healthy, endpoints: $0.endpoints)
         }
-        let c = guardian.concurrency
-        u.concurrency = AdminSnapshot.Concurrency(
-            limit: guardian.concurrencyLimit, inFlight: max(0, c.inFlight.load(ordering: .relaxed)),
-            queued: max(0, c.queued.load(ordering: .relaxed)), adaptive: guardian.adaptive != nil,
-            baseline: Double(c.baselineNanoseconds.load(ordering: .relaxed)) / 1e9,
-            recent: Double(c.recentNanoseconds.load(ordering: .relaxed)) / 1e9)
+        u.concurrency = guardian.concurrencyReading
     }
 }

@@ -171,19 +171,7 @@ final class AdminServer: HTTPServerDelegate {
         }
         shared.metrics.eventSubscribersDropped(shared.events.dropped.load(ordering: .relaxed))
         let now = clock.now()
-        for g in shared.guards {
-            let c = g.concurrency
-            var latency: (Double, Double)?
-            if g.adaptive != nil {
-                latency = (
-                    Double(c.baselineNanoseconds.load(ordering: .relaxed)) / 1e9,
-                    Double(c.recentNanoseconds.load(ordering: .relaxed)) / 1e9
-                )
-            }
-            shared.metrics.concurrency(
-                upstream: g.name, limit: g.concurrencyLimit, inFlight: c.inFlight.load(ordering: .relaxed),
-                queued: c.queued.load(ordering: .relaxed), latency: latency)
-        }
+        for g in shared.guards { shared.metrics.concurrency(upstream: g.name, g.concurrencyReading) }
         for g in shared.guards where g.pacing != nil {
             shared.metrics.paused(upstream: g.name, scope: .upstream, seconds: g.pausedFor(at: now)?.seconds ?? 0)
             guard g.pausesClients else { continue }

@@ -145,14 +145,15 @@ final class ProxyMetrics: Sendable {
     private let droppedSubscribers = Locked(0)
 
     /// An upstream's slots (UpstreamGuard+Concurrency), read at a scrape.
-    func concurrency(upstream: String, limit: Int, inFlight: Int, queued: Int, latency: (baseline: Double, recent: Double)?) {
+    func concurrency(upstream: String, _ c: AdminSnapshot.Concurrency) {
         let labels = [("upstream", upstream)]
-        gauge("happypath_upstream_concurrency_limit", labels).record(limit)
-        gauge("happypath_upstream_in_flight", labels).record(max(0, inFlight))
-        gauge("happypath_upstream_queued", labels).record(max(0, queued))
-        if let latency {
-            gauge("happypath_upstream_latency_baseline_seconds", labels).record(latency.baseline)
-            gauge("happypath_upstream_latency_recent_seconds", labels).record(latency.recent)
+        gauge("happypath_upstream_concurrency_limit", labels).record(c.limit)
+        gauge("happypath_upstream_in_flight", labels).record(c.inFlight)
+        gauge("happypath_upstream_queued", labels).record(c.queued)
+        // The latency series only for an adaptive upstream (a fixed limit learns none).
+        if c.adaptive {
+            gauge("happypath_upstream_latency_baseline_seconds", labels).record(c.baseline)
+            gauge("happypath_upstream_latency_recent_seconds", labels).record(c.recent)
         }
     }
 

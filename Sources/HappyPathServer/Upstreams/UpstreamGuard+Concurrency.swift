@@ -42,6 +42,17 @@ extension UpstreamGuard {
     /// The limit of tries in flight across the workers now.
     var concurrencyLimit: Int { concurrency.limit(nominal: nominalLimit) }
 
+    /// The slots as `/metrics`, `/admin/state` and the status page show
+    /// them: one reading of the gauges for all three.
+    var concurrencyReading: AdminSnapshot.Concurrency {
+        let c = concurrency
+        return AdminSnapshot.Concurrency(
+            limit: concurrencyLimit, inFlight: max(0, c.inFlight.load(ordering: .relaxed)),
+            queued: max(0, c.queued.load(ordering: .relaxed)), adaptive: adaptive != nil,
+            baseline: Double(c.baselineNanoseconds.load(ordering: .relaxed)) / 1e9,
+            recent: Double(c.recentNanoseconds.load(ordering: .relaxed)) / 1e9)
+    }
+
     /// A worker's adaptive limit moved from `old` to `new` (its baseline and
     /// recent latency with it). The SSE stream hears of it when the
     /// upstream's limit moved by more than a step since the last event:
