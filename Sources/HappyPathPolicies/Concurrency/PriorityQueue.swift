@@ -26,7 +26,7 @@ public enum RequestPriority: String, Sendable, CaseIterable, Comparable {
         // Bounded: no priority name is longer than 9 bytes.
         guard value.count <= 32 else { return route }
         var word: [UInt8] = []
-        for b in value where b != 0x20 && b != 0x09 { word.append(b | (b >= 0x41 && b <= 0x5A ? 0x20 : 0)) }
+        for b in value where b != 0x20 && b != 0x09 { word.append(HTTPBytes.lower(b)) }
         guard let asked = Self(rawValue: String(decoding: word, as: UTF8.self)) else { return route }
         return max(route, asked)
     }

@@ -140,9 +140,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         if let header = route.priorityHeader {
             command.headers.forEach { name, value, _ in
                 // `header` is lowercased; the field's name may be in any case.
-                if name.count == header.utf8.count,
-                    header.utf8.elementsEqual(name.lazy.map { $0 | ($0 >= 0x41 && $0 <= 0x5A ? 0x20 : 0) })
-                {
+                if name.count == header.utf8.count, header.utf8.elementsEqual(name.lazy.map(HTTPBytes.lower)) {
                     priority = RequestPriority.lowered(priority, by: value)
                 }
             }
