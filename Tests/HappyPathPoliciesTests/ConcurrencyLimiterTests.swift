@@ -281,7 +281,10 @@ import Testing
                 now = Instant(nanoseconds: ms * 1_000_000)
                 decision = .clock
             case let .sample(ms, inFlight):
-                decision = .started(limiter.sample(latency: .milliseconds(ms), inFlight: inFlight).map(\.id))
+                var granted: [Waiter] = []
+                let end = Instant(nanoseconds: now.nanoseconds + ms * 1_000_000)
+                _ = limiter.sample(from: now, to: end, inFlight: inFlight, granted: &granted)
+                decision = .started(granted.map(\.id))
             }
             #expect(decision == step.decision, "step \(i)")
             #expect(limiter.takeShed().map(\.0.id) == step.shed, "step \(i)")

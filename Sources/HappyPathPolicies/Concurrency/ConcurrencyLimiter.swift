@@ -229,20 +229,11 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable @discardableResult
     public mutating func leave(_ waiter: Waiter) -> Bool { waiting.leave(waiter) }
 
-    /// A try of this upstream completed after `latency`, with `inFlight`
-    /// tries in flight when it started: the adaptive limit learns from it.
-    /// A limit that grew hands its new slots to waiters at once (returned:
-    /// start their tries). Nothing without `adaptive`.
-    public mutating func sample(latency: Duration, inFlight: Int) -> [Waiter] {
-        guard var a = learned else { return [] }
-        let moved = a.sample(latency: latency, inFlight: inFlight, queued: !waiting.isEmpty)
-        learned = a
-        guard let moved else { return [] }
-        return limitMoved(to: moved)
-    }
-
-    /// The same, for a try sent at `start` whose sample is taken at `end`.
-    /// Returns whether the limit moved; the waiters it let in are in `granted`.
+    /// A try of this upstream sent at `start` completed at `end`, with
+    /// `inFlight` tries in flight when it started: the adaptive limit learns
+    /// from it. Returns whether the limit moved; a limit that grew hands its
+    /// new slots to waiters at once (`granted`: start their tries). Nothing
+    /// without `adaptive`.
     @inlinable
     public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
         guard learned != nil else { return false }
