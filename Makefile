@@ -90,13 +90,18 @@ swift-test: test-deps
 
 # Validates deploy/k8s/*.yaml (a StatefulSet, a SQLite store per pod) and
 # deploy/k8s-postgres/*.yaml (a Deployment on the shared PostgreSQL store)
-# offline against the Kubernetes schemas (strict).
+# offline against the Kubernetes schemas (strict), and checks that the
+# container image's build command would build (deploy/check-image-build.sh:
+# it names the product it ships, nothing that product links imports a test
+# framework, the manifest loads in the image's build context; seconds).
 deploy-check: test-deps build
+	deploy/check-image-build.sh
 	deploy/check-manifests.sh $$($(SWIFT) build --show-bin-path)/happypath
 	K8S_DIR=deploy/k8s-postgres deploy/check-manifests.sh $$($(SWIFT) build --show-bin-path)/happypath
 
-# Builds the runtime image of deploy/Dockerfile with buildah/podman (no Docker
-# engine needed), runs it, and sends a request through it. Needs root.
+# Builds the binary with deploy/Dockerfile's own build command, then its
+# runtime stage with buildah/podman (no Docker engine needed), runs it as uid
+# 10001, sends a request through it and stops it with SIGTERM. Needs root.
 image-local: deps
 	deploy/image-local.sh
 

@@ -16,9 +16,12 @@ ULIM="--ulimit nofile=4096:4096 --ulimit nproc=4096:4096"   # at or below this s
 CTX=$(mktemp -d /tmp/happypath-image.XXXXXX)
 trap 'rm -rf "$CTX"; [ -n "${DEMO:-}" ] && kill $DEMO 2>/dev/null; [ -n "${CID:-}" ] && $P rm -f "$CID" >/dev/null 2>&1; true' EXIT
 
-echo "== 1. release binary with Swift's runtime linked in"
-swift build -c release --static-swift-stdlib
-cp "$(swift build -c release --show-bin-path)/happypath" "$CTX/happypath"
+echo "== 1. release binary with Swift's runtime linked in: deploy/Dockerfile's build command"
+BUILD=$(awk '/^RUN swift build /{sub(/^RUN /, ""); sub(/ *(&&.*)?\\?$/, ""); print; exit}' deploy/Dockerfile)
+[ -n "$BUILD" ] || { echo "no 'RUN swift build' line in deploy/Dockerfile" >&2; exit 1; }
+echo "$BUILD"
+$BUILD
+cp "$($BUILD --show-bin-path)/happypath" "$CTX/happypath"
 mkdir -p "$CTX/config" && cp config/happypath.yaml "$CTX/config/"
 
 echo "== 2. Debian bookworm base (debootstrap, once)"

@@ -1,5 +1,4 @@
 import Foundation
-import Testing
 
 #if canImport(Glibc)
     import Glibc
@@ -179,7 +178,10 @@ extension PostgresServer {
 /// A plain `swift test` skips what needs a PostgreSQL server of its own
 /// when this machine has no `initdb` (one line says why); `make test`
 /// installs the server and sets `HAPPYPATH_TEST_SERVICES=required`, so
-/// there every such test runs, and a missing server fails it.
+/// there every such test runs, and a missing server fails it. The test
+/// targets turn this into a trait (`.needsPostgreSQL`, in each target's
+/// `NeedsPostgreSQL.swift`): this target is a plain library and imports
+/// no test framework, so no build of the package's products needs one.
 extension PostgresServer {
     public static let skipReason: String? = {
         if ProcessInfo.processInfo.environment["HAPPYPATH_TEST_SERVICES"] == "required" { return nil }
@@ -188,12 +190,4 @@ extension PostgresServer {
         }
         return nil
     }()
-}
-
-extension Trait where Self == ConditionTrait {
-    /// On a suite or test that needs a PostgreSQL server: skipped, with the
-    /// reason, when there is none (`PostgresServer.skipReason`).
-    public static var needsPostgreSQL: Self {
-        .enabled(if: PostgresServer.skipReason == nil, Comment(rawValue: PostgresServer.skipReason ?? ""))
-    }
 }
