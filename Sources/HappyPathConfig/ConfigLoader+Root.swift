@@ -40,7 +40,7 @@ extension Reader {
                 limits, "limits",
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
-                    "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers",
+                    "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers", "connection_buffer",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -56,6 +56,15 @@ extension Reader {
             if let v = int(lf["max_connections"]?.value, "limits.max_connections", min: 1) { config.limits.maxClientConnections = v }
             if let v = size(lf["max_buffered_bytes"]?.value, "limits.max_buffered_bytes") {
                 config.limits.maxBufferedBytes = v
+            }
+            if let v = size(lf["connection_buffer"]?.value, "limits.connection_buffer") {
+                if v < 16 * 1024 || v > 64 * 1024 * 1024 {
+                    error(
+                        lf["connection_buffer"]?.value,
+                        "limits.connection_buffer must be between 16KiB and 64MiB (answer bytes staged per client connection)")
+                } else {
+                    config.limits.connectionBuffer = v
+                }
             }
             if let v = choice(lf["encoded_slashes"]?.value, "limits.encoded_slashes", PathNormalization.EncodedSlashes.self) {
                 config.limits.encodedSlashes = v

@@ -95,6 +95,11 @@ public struct Limits: Sendable {
     /// kept whole for retries and replays); a body that does not fit is
     /// answered 503 OVERLOADED before it is read.
     public var maxBufferedBytes: Int = 256 * 1024 * 1024
+    /// Answer bytes staged for one client connection and not yet taken by
+    /// the client, all its HTTP/2 streams together: past it every upstream
+    /// transfer feeding the connection pauses until the client drains it.
+    /// `limits.connection_buffer` in the file.
+    public var connectionBuffer: Int = 256 * 1024
     /// `%2F`, `%5C` and `\` in a path: kept as they came (never decoded)
     /// or refused with 400.
     public var encodedSlashes: PathNormalization.EncodedSlashes = .keep

@@ -21,6 +21,8 @@ import Testing
         case answer(Int, length: Int?)
         case bytes(Int)
         case sent(Int)
+        /// The answer waits for room on the connection (true) or goes on (false).
+        case room(waiting: Bool)
         case ended(trailers: Bool = false)
         case endSent
         case clientReset
@@ -67,6 +69,7 @@ import Testing
                 let r = machine.bodyBytes(n, now: t)
                 return .accepted(r.accepted, r.actions)
             case let .sent(n): return .actions(machine.dataSent(n, now: t))
+            case let .room(waiting): return .actions(machine.waitingForRoom(waiting, now: t))
             case let .ended(trailers): return .actions(machine.responseEnded(trailers: trailers, now: t))
             case .endSent: return .actions(machine.endStreamSent(now: t))
             case .clientReset: return .actions(machine.clientReset(now: t))
@@ -343,6 +346,36 @@ import Testing
                 Step(.bytes(100), outcome: .accepted(100, arm)),
                 Step(.wait(milliseconds: 15_000)), Step(.sent(50), .none),  // the window took 50: progress
                 Step(.wait(milliseconds: 30_000)), Step(.timer, A(reset: .cancel, cancelExchange: true), .closed(.idle)),
+            ]),
+        Scenario(
+            name: "a window opened a byte at a time is no progress: reset after the idle time all the same",
+            steps: getDispatched + [
+                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none)),
+                Step(.bytes(65_536), outcome: .accepted(65_536, arm)),
+                Step(.wait(milliseconds: 10_000)), Step(.sent(1), .none),
+                Step(.wait(milliseconds: 10_000)), Step(.sent(1), .none),
+                Step(.wait(milliseconds: 10_000)), Step(.sent(1), .none),
+                Step(.timer, A(reset: .cancel, cancelExchange: true), .closed(.idle)),
+            ]),
+        Scenario(
+            name: "a KiB taken (or all that waited) is progress: the wait starts again",
+            steps: getDispatched + [
+                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none)),
+                Step(.bytes(65_536), outcome: .accepted(65_536, arm)),
+                Step(.wait(milliseconds: 20_000)), Step(.sent(1_000), .none), Step(.sent(24), .none),
+                Step(.wait(milliseconds: 20_000)), Step(.timer, A(timer: .arm(.seconds(10)))),
+                Step(.wait(milliseconds: 10_000)), Step(.sent(64_512), cancel, .answering),
+            ]),
+        Scenario(
+            name: "waiting for the connection's room is a wait on the client: timed, and ended by room",
+            steps: getDispatched + [
+                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none)),
+                Step(.room(waiting: true), arm), Step(.room(waiting: true), .none),
+                Step(.wait(milliseconds: 20_000)), Step(.room(waiting: false), cancel),
+                Step(.bytes(10), outcome: .accepted(10, arm)), Step(.room(waiting: true), .none),
+                Step(.sent(10), .none),  // still waiting for room: the timer runs on
+                Step(.wait(milliseconds: 30_000)), Step(.timer, A(reset: .cancel, cancelExchange: true), .closed(.idle)),
+                Step(.room(waiting: false), .none, .closed(.idle)),
             ]),
         Scenario(
             name: "while the exchange works, no client wait runs",

@@ -328,7 +328,7 @@ final class H2Attacker: @unchecked Sendable {
         try run(attack, port: port, rounds: 1).first ?? [:]
     }
 
-    static let script = #"""
+    static let attacks = #"""
 import json, os, socket, sys, threading, time
 from hyperframe.frame import (
     ContinuationFrame, DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame, PriorityFrame, RstStreamFrame,
@@ -679,7 +679,13 @@ ATTACKS = {
     "window_update": window_update, "priority": priority, "empty_data": empty_data, "empty_headers": empty_headers,
     "reset_flood": reset_flood,
 }
+"""#
 
+    /// The script: the attacks above, those of other suites (each adds to
+    /// `ATTACKS`), then the loop that runs one, round after round.
+    static var script: String { attacks + "\n" + memoryAttacks + "\n" + runner }
+
+    static let runner = #"""
 say(started=attack)
 run = ATTACKS[attack]
 rounds = 0

@@ -174,4 +174,5 @@ final class RecordingStream: ClientStream {
     }
     func cancel(_ request: HTTPRequest) { calls.append("cancel") }
     func pendingOutput(for request: HTTPRequest) -> Int { 0 }
+    func outputRoom(for request: HTTPRequest) -> Int { 256 * 1024 }
 }

@@ -187,6 +187,10 @@ public struct HTTP2StreamStateMachine: Sendable {
     private var cancelTold = false
     private var timerArmed = false
     private var lastProgress: Instant
+    /// Answer bytes delivered since `lastProgress` moved (`progressQuantum`).
+    private var deliveredSinceProgress = 0
+    /// The answer waits for room on the connection (`waitingForRoom`).
+    public private(set) var awaitingRoom = false
 
     public init(idle: Duration, now: Instant) {
         self.idle = idle
@@ -357,11 +361,35 @@ public struct HTTP2StreamStateMachine: Sendable {
         return (n, Actions(timer: settle(now: now)))
     }
 
-    /// `count` answer bytes went out in DATA frames (the client's window took them).
+    /// `count` answer bytes went out in DATA frames (the client's window took
+    /// them). Progress is real only in whole `progressQuantum`s, or when
+    /// nothing is left waiting: a client that opens its window a byte at a
+    /// time (a 1-byte WINDOW_UPDATE every few seconds) does not keep a
+    /// stalled answer, and what it holds, alive past `idle`.
     public mutating func dataSent(_ count: Int, now: Instant) -> Actions {
         guard !isClosed else { return .none }
-        pendingOutput -= min(pendingOutput, max(0, count))
-        lastProgress = now
+        let n = min(pendingOutput, max(0, count))
+        pendingOutput -= n
+        deliveredSinceProgress += n
+        if deliveredSinceProgress >= Self.progressQuantum || pendingOutput == 0 {
+            deliveredSinceProgress = 0
+            lastProgress = now
+        }
+        return Actions(timer: settle(now: now))
+    }
+
+    /// Answer bytes that count as progress for the idle timer when they
+    /// reach the client (fewer count only if they were all it waited for).
+    public static let progressQuantum = 1024
+
+    /// The answer waits for room on the connection (`limits.connection_buffer`:
+    /// its other streams' bytes fill it), with none of its own staged, or
+    /// goes on again. Waiting counts as waiting on the client: a connection
+    /// whose client takes nothing for `idle` resets the streams that wait
+    /// on it as well as those whose bytes it does not take.
+    public mutating func waitingForRoom(_ waiting: Bool, now: Instant) -> Actions {
+        guard !isClosed, awaitingRoom != waiting else { return .none }
+        awaitingRoom = waiting
         return Actions(timer: settle(now: now))
     }
 
@@ -427,7 +455,7 @@ public struct HTTP2StreamStateMachine: Sendable {
     private var waitingOnClient: Bool {
         switch state {
         case .head, .body: true
-        case .answering, .ended: pendingOutput > 0
+        case .answering, .ended: pendingOutput > 0 || awaitingRoom
         default: false
         }
     }
@@ -440,6 +468,7 @@ public struct HTTP2StreamStateMachine: Sendable {
         if waiting, !timerArmed {
             timerArmed = true
             lastProgress = now
+            deliveredSinceProgress = 0
             return .arm(idle)
         }
         if !waiting, timerArmed {

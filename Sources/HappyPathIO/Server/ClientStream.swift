@@ -98,6 +98,11 @@ public protocol ClientStream: AnyObject {
     func cancel(_ request: HTTPRequest)
     /// Bytes of the answer queued and not yet taken by the client.
     func pendingOutput(for request: HTTPRequest) -> Int
+    /// Answer bytes the client's connection may still queue before the
+    /// answer must wait for it (`limits.connection_buffer`, all streams of
+    /// an HTTP/2 connection together); 0 or less: wait now (`writeBodyPart`
+    /// with nothing and `notifyWhenDrained`), 0 for a request not carried now.
+    func outputRoom(for request: HTTPRequest) -> Int
 }
 
 extension ClientStream {

@@ -212,6 +212,11 @@ extension HTTPConnection: ClientStream {
         return pendingOutput
     }
 
+    func outputRoom(for request: HTTPRequest) -> Int {
+        guard current === request else { return 0 }
+        return server.limits.connectionBuffer - pendingOutput
+    }
+
     /// The staged head if it has not left yet (it goes with the next write).
     private func takePendingHead() -> UnsafeRawBufferPointer {
         defer { response.headPending = false }

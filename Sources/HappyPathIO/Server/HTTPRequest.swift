@@ -180,6 +180,10 @@ public final class HTTPRequest {
     /// Bytes queued for the client and not yet written.
     public var pendingOutput: Int { stream.pendingOutput(for: self) }
 
+    /// Answer bytes the client's connection may still queue (all its
+    /// streams together); 0 or less: the answer waits for the client.
+    public var outputRoom: Int { stream.outputRoom(for: self) }
+
     /// Finishes a streamed reply and releases the request. A body shorter
     /// than its announced length cannot end well: the stream breaks it off.
     public func endReply() {
@@ -217,6 +221,9 @@ public final class HTTPRequest {
 
     /// Everything queued with `notifyWhenDrained` is written.
     public func streamDrained() { observer?.requestOutputDrained(self) }
+
+    /// The connection is full: the answer waits (`requestOutputMustWait`).
+    public func streamMustWait() { observer?.requestOutputMustWait(self) }
 
     // MARK: - Leaving HTTP
 
@@ -277,4 +284,13 @@ public protocol HTTPRequestObserver: AnyObject {
     func requestClientClosed(_ request: HTTPRequest)
     /// Everything queued with `notifyWhenDrained` has been written.
     func requestOutputDrained(_ request: HTTPRequest)
+    /// The client's connection is full (`limits.connection_buffer`, its
+    /// other streams' answers too): stop feeding it now, before the next
+    /// bytes come; `requestOutputDrained` follows when it has room. Called
+    /// on a loop pass of its own, never from inside an upstream's callback.
+    func requestOutputMustWait(_ request: HTTPRequest)
+}
+
+extension HTTPRequestObserver {
+    public func requestOutputMustWait(_ request: HTTPRequest) {}
 }

@@ -27,6 +27,10 @@ public struct HTTPServerLimits: Sendable {
     /// HTTP/2 on this listener (nil: HTTP/1.1 only): by prior knowledge
     /// on a cleartext listener, by ALPN `h2` on a TLS one.
     public var http2: HTTP2ServerSettings?
+    /// Answer bytes staged for one client connection and not yet taken by
+    /// it, all its streams together (`limits.connection_buffer`): past it
+    /// the upstream transfers feeding the connection pause until it drains.
+    public var connectionBuffer = 256 * 1024
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,

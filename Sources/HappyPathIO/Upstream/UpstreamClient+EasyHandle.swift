@@ -205,9 +205,12 @@ extension UpstreamClient {
         Self.configureCommon(easy, errorBuffer: handle.errorBuffer)
         hp_easy_set_long(easy, CURLOPT_PATH_AS_IS, 1)
         hp_easy_set_long(easy, CURLOPT_HTTP_CONTENT_DECODING, 0)
-        // One receive takes a head and a mid-sized body together, so the
-        // client gets them in one write instead of two.
-        hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 64 * 1024)
+        // libcurl's own default, set here so that it stays a choice: each
+        // transfer in flight holds a read buffer of this size, and a paused
+        // one (a client slower than its upstream) one read more. At 64 KiB
+        // 1,000 stalled HTTP/2 streams held 143 MiB, at 16 KiB 50 MiB
+        // (docs/http2.md, "Memory"); a larger body takes more, smaller reads.
+        hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 16 * 1024)
         hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)

@@ -97,6 +97,16 @@ public final class UpstreamTransfer {
         curl_easy_pause(handle.easy, sendPaused ? CURLPAUSE_SEND : CURLPAUSE_CONT)
     }
 
+    /// Stops receiving before the next bytes arrive (the client's connection
+    /// is full): nothing waits inside libcurl, as a refused write would.
+    /// Call from a libevent callback, never from inside an
+    /// `UpstreamResponseHandler` method; `resume` goes on.
+    public func pauseReceiving() {
+        guard !paused, !finished else { return }
+        pauseStarted()
+        curl_easy_pause(handle.easy, sendPaused ? CURLPAUSE_RECV | CURLPAUSE_SEND : CURLPAUSE_RECV)
+    }
+
     /// The streamed body has something new for a paused send: libcurl is
     /// told on the loop's next pass (never from inside one of its callbacks).
     func bodyAvailable() {

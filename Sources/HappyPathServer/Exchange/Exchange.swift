@@ -507,6 +507,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         upgradeTry?.resume()
     }
 
+    func requestOutputMustWait(_ request: HTTPRequest) {
+        guard relay.mustWait() else { return }
+        transfer?.pauseReceiving()
+    }
+
     // MARK: - Releasing
 
     func releaseSlot() {

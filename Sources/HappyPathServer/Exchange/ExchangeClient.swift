@@ -23,6 +23,9 @@ protocol ExchangeClient: AnyObject {
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool)
     /// Bytes written but not yet taken by the client (back-pressure).
     var pendingOutput: Int { get }
+    /// Bytes the client's connection may still queue, all its streams
+    /// together (back-pressure: 0 or less, the answer waits).
+    var outputRoom: Int { get }
     func endReply()
     func abort()
     func reply(status: Int, headers: [HTTPField], body: String?)
@@ -91,6 +94,7 @@ final class DeliverySink: ExchangeClient {
     func sendInformational(status: Int, fields: UnsafeRawBufferPointer) {}
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool) {}
     var pendingOutput: Int { 0 }
+    var outputRoom: Int { Int.max }
     func endReply() {}
     func abort() {}
     func reply(status: Int, headers: [HTTPField], body: String?) {}

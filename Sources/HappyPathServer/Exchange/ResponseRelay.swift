@@ -4,13 +4,11 @@ import HappyPathPolicies
 
 /// One try's response on its way to the client: held back or streamed, its
 /// framing checked and rewritten, and the client's pace respected
-/// (back-pressure). An error answer (4xx, 5xx, or a status the route
+/// (back-pressure: past the client connection's `limits.connection_buffer`,
+/// all its streams together, the upstream transfer pauses). An error answer (4xx, 5xx, or a status the route
 /// retries) is held while the exchange decides what to do with it; its
 /// first 16 KiB are kept for `upstream_body` and the error mappings.
 struct ResponseRelay {
-    /// Pause reading from upstream while this much is queued for a slow client.
-    static let highWater = 1 << 20
-
     enum Mode {
         /// No status yet.
         case waiting
@@ -284,9 +282,17 @@ struct ResponseRelay {
             return true
         case .streaming:
             if waitingForDrain { return false }
+            let room = request.outputRoom
+            if room <= 0 {
+                // The connection is full (its other streams' answers too):
+                // these bytes stay with the upstream transfer, which pauses.
+                waitingForDrain = true
+                request.send(UnsafeRawBufferPointer(start: nil, count: 0), notifyWhenDrained: true)
+                return false
+            }
             bytesOut += bytes.count
             kept?.add(body: bytes)
-            if request.pendingOutput + bytes.count > Self.highWater {
+            if bytes.count >= room {
                 waitingForDrain = true
                 request.send(bytes, notifyWhenDrained: true)
             } else {
@@ -369,6 +375,14 @@ struct ResponseRelay {
 
     /// The client's connection drained: the upstream may go on.
     mutating func drained() { waitingForDrain = false }
+
+    /// The client's connection is full (its other streams' answers): a
+    /// streamed answer waits for `drained`. False if it was not streaming.
+    mutating func mustWait() -> Bool {
+        guard mode == .streaming else { return false }
+        waitingForDrain = true
+        return true
+    }
 
     /// The upstream's reason phrase when the client should see it as sent:
     /// not the standard phrase, at most 128 bytes of field-value text (a

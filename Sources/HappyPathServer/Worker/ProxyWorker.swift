@@ -89,7 +89,7 @@ final class ProxyWorker: HTTPServerDelegate {
         let configuration = runtime.configuration
         let limits = configuration.limits
         for listener in listeners {
-            let serverLimits = HTTPServerLimits(
+            var serverLimits = HTTPServerLimits(
                 maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
                 maxFields: limits.maxHeaders, bodyBudget: shared.bodies, path: configuration.pathNormalization,
                 connections: shared.connections,
@@ -98,6 +98,7 @@ final class ProxyWorker: HTTPServerDelegate {
                         maxConcurrentStreams: $0.maxConcurrentStreams, initialStreamWindow: $0.initialStreamWindow,
                         initialConnectionWindow: $0.initialConnectionWindow, drainTimeout: configuration.drainTimeout)
                 })
+            serverLimits.connectionBuffer = limits.connectionBuffer
             servers.append(
                 try HTTPServer(
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,

@@ -29,6 +29,7 @@ enum RestartOnlyKeys {
         // Each listener's HTTP/2 settings are made once, with its server.
         if new.listeners.map({ new.http2(for: $0) }) != old.listeners.map({ old.http2(for: $0) }) { keys.append("http2") }
         if new.limits.clientTimeout != old.limits.clientTimeout { keys.append("limits.client_timeout") }
+        if new.limits.connectionBuffer != old.limits.connectionBuffer { keys.append("limits.connection_buffer") }
         if new.limits.encodedSlashes != old.limits.encodedSlashes { keys.append("limits.encoded_slashes") }
         if new.mergeSlashes != old.mergeSlashes { keys.append("normalize.merge_slashes") }
         if old.keepsAnswers {

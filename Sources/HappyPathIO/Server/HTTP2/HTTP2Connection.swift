@@ -70,6 +70,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
     /// Inside a read's turn: output is flushed at its end, not per stream.
     private var inTurn = false
     private var dispatchPending = false
+    /// A stream filled the connection's staging bound: `holdFeeders` on the next turn.
+    private var fullPending = false
     /// The machine's own deadline (idle, drain, linger).
     private var machineDeadline: Instant?
     private var armedDeadline: Instant?
@@ -217,6 +219,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.budget = server.limits.bodyBudget
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
+                stream.stagingBound = server.limits.connectionBuffer
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)
@@ -275,6 +278,19 @@ final class HTTP2Connection: HTTP2StreamOwner {
         if !inTurn { scheduleTurn() }
     }
 
+    func http2ConnectionFull(_ stream: HTTP2Stream) {
+        fullPending = true
+        scheduleTurn()
+    }
+
+    /// The connection's staged answers reached `limits.connection_buffer`:
+    /// every stream still fed waits (its transfer pauses) until there is room.
+    private func holdFeeders() {
+        fullPending = false
+        guard session.stagedBytes >= server.limits.connectionBuffer else { return }
+        for stream in Array(streams.values) { stream.connectionFull() }
+    }
+
     /// Hands ready streams to their exchanges, as many as the machine allows this turn.
     private func dispatchReady() {
         dispatchPending = false
@@ -310,6 +326,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
     fileprivate func turnFired() {
         turnScheduled = false
         guard !ended else { return }
+        if fullPending { holdFeeders() }
         if dispatchPending {
             inTurn = true
             perform(machine.turnEnded(outboundQueue: session.outboundQueueSize, outputPending: connection.output.pending, now: now))

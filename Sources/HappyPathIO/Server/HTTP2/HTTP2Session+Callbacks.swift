@@ -230,7 +230,8 @@ extension HTTP2Session {
     }
 
     func streamClosed(_ id: Int32, code: UInt32) {
-        guard streams.removeValue(forKey: id) != nil else { return }
+        guard let stream = streams.removeValue(forKey: id) else { return }
+        stagedBytes -= stream.output.count
         current.events.append(.closed(id, code: code))
     }
 
@@ -243,11 +244,8 @@ extension HTTP2Session {
         _ id: Int32, into buffer: UnsafeMutablePointer<UInt8>?, length: Int, flags: UnsafeMutablePointer<UInt32>?
     ) -> Int {
         guard let stream = streams[id] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-        let n = min(length, stream.output.count)
-        if n > 0, let buffer {
-            stream.output.withUnsafeBufferPointer { buffer.update(from: $0.baseAddress!, count: n) }
-            stream.output.removeFirst(n)
-        }
+        let n = buffer.map { stream.output.take(into: UnsafeMutableRawPointer($0), max: length) } ?? 0
+        stagedBytes -= n
         guard stream.output.isEmpty else { return n }
         if stream.outputEnded {
             var f = NGHTTP2_DATA_FLAG_EOF.rawValue

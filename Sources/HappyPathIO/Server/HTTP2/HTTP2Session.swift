@@ -161,8 +161,8 @@ public final class HTTP2Session {
 
         // MARK: The answer
         var answerSubmitted = false
-        /// Bytes staged for the data provider.
-        var output: [UInt8] = []
+        /// Bytes staged for the data provider (counted in the session's `stagedBytes`).
+        var output = ByteQueue()
         var outputEnded = false
         var trailers: HTTP2FieldBlock?
         /// The data provider said DEFERRED: `resume_data` on the next bytes.
@@ -386,7 +386,8 @@ public final class HTTP2Session {
     /// `sendData` with the trailers as bytes (names lower-cased there).
     public func sendData(_ id: Int32, _ bytes: UnsafeRawBufferPointer, end: Bool, trailerBlock trailers: HTTP2FieldBlock?) {
         guard let stream = streams[id], !stream.outputEnded else { return }
-        stream.output.append(contentsOf: bytes)
+        stream.output.append(bytes)
+        stagedBytes += bytes.count
         if end {
             stream.outputEnded = true
             stream.trailers = trailers
@@ -404,6 +405,10 @@ public final class HTTP2Session {
 
     /// Bytes staged for the stream and not yet taken by nghttp2.
     public func pendingOutput(for id: Int32) -> Int { streams[id]?.output.count ?? 0 }
+
+    /// Bytes staged for every stream of the session and not yet taken by
+    /// nghttp2: what the connection's staging bound (`limits.connection_buffer`) counts.
+    public internal(set) var stagedBytes = 0
 
     /// Answer body bytes sent so far in the stream's DATA frames (0 once it is gone).
     public func dataSent(of id: Int32) -> Int { streams[id]?.dataSent ?? 0 }

@@ -7,6 +7,9 @@ import HappyPathCore
 /// the call.
 public protocol HTTP2StreamOwner: AnyObject {
     func http2StreamHasOutput(_ stream: HTTP2Stream)
+    /// The connection's staged answer bytes reached the stream's
+    /// `stagingBound`: on the next pass, every stream still feeding it waits.
+    func http2ConnectionFull(_ stream: HTTP2Stream)
     /// The stream's request is ready for the connection's dispatch turn
     /// (`readyToDispatch`), told once.
     func http2StreamReady(_ stream: HTTP2Stream)
@@ -14,6 +17,7 @@ public protocol HTTP2StreamOwner: AnyObject {
 
 extension HTTP2StreamOwner {
     public func http2StreamReady(_ stream: HTTP2Stream) {}
+    public func http2ConnectionFull(_ stream: HTTP2Stream) {}
 }
 
 /// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
@@ -67,6 +71,11 @@ public final class HTTP2Stream: ClientStream {
     /// How far a streamed body may be taken ahead of the exchange's reader
     /// (set by the driver: the stream window).
     var streamAhead = 64 * 1024
+    /// Answer bytes all streams of the connection may stage together
+    /// (`limits.connection_buffer`, set by the driver): past it every
+    /// stream's answer waits (`outputRoom`), and a stream that waits is told
+    /// to go on once the connection's staged bytes are down to half of it.
+    var stagingBound = 256 * 1024
     /// Where request bodies are counted (`limits.max_buffered_bytes`), and
     /// how much of it this stream's body holds now.
     public var budget: BodyBudget?
@@ -178,7 +187,8 @@ public final class HTTP2Stream: ClientStream {
 
     /// After the session produced output: DATA bytes sent count as
     /// progress, our END_STREAM before the request's end resets the rest
-    /// (NO_ERROR), and a drain asked for is told once nothing is staged.
+    /// (NO_ERROR), and a drain asked for is told once the connection has
+    /// room again.
     public func outputWritten() {
         let t = now()
         let sent = session.dataSent(of: id)
@@ -192,10 +202,26 @@ public final class HTTP2Stream: ClientStream {
             perform(machine.aborted(now: t))
             owner?.http2StreamHasOutput(self)
         }
-        if drainWanted, session.pendingOutput(for: id) == 0 {
+        // On once the connection has room again: this stream's own bytes all
+        // taken, or the connection's down to half its bound (so that many
+        // streams resume together, not one at a time at the edge).
+        let staged = session.stagedBytes
+        if drainWanted, staged < stagingBound, session.pendingOutput(for: id) == 0 || staged <= stagingBound / 2 {
             drainWanted = false
+            perform(machine.waitingForRoom(false, now: t))
             current?.streamDrained()
         }
+    }
+
+    /// The connection is full (`stagingBound`): an answer still fed waits
+    /// now, before its transfer's next bytes arrive (they would wait inside
+    /// the upstream client, one read of them per stream), and hears
+    /// `streamDrained` once the connection has room again.
+    func connectionFull() {
+        guard let request = current, !drainWanted, machine.state == .answering else { return }
+        drainWanted = true
+        if session.pendingOutput(for: id) == 0 { perform(machine.waitingForRoom(true, now: now())) }
+        request.streamMustWait()
     }
 
     /// The connection is gone (closed, or the session failed): the request
@@ -440,9 +466,15 @@ public final class HTTP2Stream: ClientStream {
         if n > 0 {
             submitPendingHead()
             session.sendData(id, UnsafeRawBufferPointer(rebasing: bytes[0..<n]))
+            if session.stagedBytes >= stagingBound { owner?.http2ConnectionFull(self) }
         }
         perform(actions)
-        if notify { drainWanted = true }
+        if notify {
+            drainWanted = true
+            // Nothing given and nothing of its own staged: it waits for the
+            // connection's room, and that wait is timed like any other on the client.
+            if n == 0, session.pendingOutput(for: id) == 0 { perform(machine.waitingForRoom(true, now: now())) }
+        }
         owner?.http2StreamHasOutput(self)
     }
 
@@ -488,6 +520,12 @@ public final class HTTP2Stream: ClientStream {
     /// The stream's bytes staged and not yet taken into DATA frames.
     public func pendingOutput(for request: HTTPRequest) -> Int {
         current === request ? session.pendingOutput(for: id) : 0
+    }
+
+    /// What the connection may still stage, all its streams together (0 or
+    /// less: this answer waits, however little this stream staged itself).
+    public func outputRoom(for request: HTTPRequest) -> Int {
+        current === request ? stagingBound - session.stagedBytes : 0
     }
 
     // MARK: - Fields
