@@ -41,6 +41,7 @@ extension Reader {
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
                     "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers", "connection_buffer",
+                    "max_buffered_per_client",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -56,6 +57,16 @@ extension Reader {
             if let v = int(lf["max_connections"]?.value, "limits.max_connections", min: 1) { config.limits.maxClientConnections = v }
             if let v = size(lf["max_buffered_bytes"]?.value, "limits.max_buffered_bytes") {
                 config.limits.maxBufferedBytes = v
+            }
+            if let v = size(lf["max_buffered_per_client"]?.value, "limits.max_buffered_per_client") {
+                if v > config.limits.maxBufferedBytes {
+                    error(
+                        lf["max_buffered_per_client"]?.value,
+                        "limits.max_buffered_per_client (\(Units.sizeText(v))) must not be above limits.max_buffered_bytes"
+                            + " (\(Units.sizeText(config.limits.maxBufferedBytes))): it is one client's share of it")
+                } else {
+                    config.limits.maxBufferedPerClient = v
+                }
             }
             if let v = size(lf["connection_buffer"]?.value, "limits.connection_buffer") {
                 if v < 16 * 1024 || v > 64 * 1024 * 1024 {

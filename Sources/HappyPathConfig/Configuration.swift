@@ -100,6 +100,13 @@ public struct Limits: Sendable {
     /// transfer feeding the connection pauses until the client drains it.
     /// `limits.connection_buffer` in the file.
     public var connectionBuffer: Int = 256 * 1024
+    /// Request bodies one client (its address) may hold in memory, all its
+    /// connections together; nil: an eighth of `maxBufferedBytes`.
+    /// `limits.max_buffered_per_client` in the file.
+    public var maxBufferedPerClient: Int?
+
+    /// `maxBufferedPerClient` as it applies.
+    public var bufferedPerClient: Int { maxBufferedPerClient ?? max(1, maxBufferedBytes / 8) }
     /// `%2F`, `%5C` and `\` in a path: kept as they came (never decoded)
     /// or refused with 400.
     public var encodedSlashes: PathNormalization.EncodedSlashes = .keep

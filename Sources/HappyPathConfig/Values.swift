@@ -1,3 +1,5 @@
+import HappyPathCore
+
 /// A `HOST:PORT` listen address.
 public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
     public var host: String
@@ -37,6 +39,9 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
 public enum Units {
     /// The longest duration a setting may have: ten years.
     public static let maxDurationSeconds: Double = 10 * 365 * 24 * 3600
+
+    /// A size as the config writes it (`256MiB`, `1.5KiB`): `byteSizeText`.
+    public static func sizeText(_ bytes: Int) -> String { byteSizeText(bytes) }
 
     public static func duration(_ text: String) -> Duration? {
         var rest = Substring(text.trimmingCharacters(in: " "))

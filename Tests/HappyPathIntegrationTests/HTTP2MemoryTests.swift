@@ -71,6 +71,36 @@ import Testing
         #expect(try HTTP.request(port: port, "/ok").status == 200)
     }
 
+    /// What the process holds is on `/metrics` by pool: one connection's
+    /// 20 stalled streams stage at most the connection's bound (plus the one
+    /// read that crossed it), and once the client is gone every pool is back
+    /// to zero: staged answers, queued output, request bodies.
+    @Test func thePoolsShowWhatIsHeldAndComeBackToZero() throws {
+        let h = try ProxyHarness(
+            HTTP2EdgeTests.yaml(limits: "{ client_timeout: 30s }").replacingOccurrences(
+                of: "demo: { endpoints: [{{DEMO}}] }", with: "demo: { endpoints: [{{DEMO}}], max_connections: 64 }"),
+            workers: 1)
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        let attacker = try H2Attacker("stalled_one", port: h.port, rounds: 1)
+        defer { attacker.stop() }
+        attacker.waitForReports(1, timeout: 30)
+        #expect(attacker.reports.first?["statuses"] as? [String: Int] == ["200": 20], "\(attacker.reports)")
+        let staged = #"happypath_memory_bytes{pool="staged_answers"}"#
+        #expect(waitUntil("the connection's bound filled") { try admin.metric(staged) >= 256 * 1024 })
+        let held = try admin.metric(staged)
+        #expect(held <= Double(256 * 1024 + 16 * 1024), "\(held) staged for one connection")
+        attacker.stop()
+        #expect(waitUntil("every pool back to zero") {
+            let m = try admin.metrics()
+            return ["staged_answers", "client_output", "request_bodies"].allSatisfy {
+                m[#"happypath_memory_bytes{pool="\#($0)"}"#] == 0
+            }
+        })
+        let state = try HTTP.request(port: h.adminPort, "/admin/state").json
+        #expect((state["memory"] as? [String: Int])?["staged_answers"] == 0, "\(state["memory"] ?? "none")")
+    }
+
     static func yaml(demo: Int, clientTimeout: String) -> String {
         """
         listen: 127.0.0.1:0
@@ -144,6 +174,15 @@ def window_trickle():
              ended_seconds=ended and round(ended, 3))
     c.close()
 
-ATTACKS.update({"stalled_streams": stalled_streams, "window_trickle": window_trickle})
+def stalled_one():
+    """One connection, 20 stalled streams of 1 MiB answers, held until stopped."""
+    conns = stalled_connections(1, 20, 1 << 20)
+    say(attack=attack, statuses=statuses_of(conns))
+    while not stop.is_set():
+        time.sleep(0.05)
+    for c in conns:
+        c.close()
+
+ATTACKS.update({"stalled_streams": stalled_streams, "window_trickle": window_trickle, "stalled_one": stalled_one})
 """#
 }

@@ -383,7 +383,7 @@ import Testing
             """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
-            limits: { max_buffered_bytes: 1MiB, max_request_body: 1MiB }
+            limits: { max_buffered_bytes: 1MiB, max_buffered_per_client: 1MiB, max_request_body: 1MiB }
             upstreams:
               u: { endpoints: [http://127.0.0.1:\(upstream.port)] }
             routes:

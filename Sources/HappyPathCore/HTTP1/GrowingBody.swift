@@ -11,9 +11,16 @@ public struct GrowingBody {
     private var base: UnsafeMutableRawPointer?
     private var capacity = 0
     public private(set) var count = 0
-    private let budget: BodyBudget?
+    private var budget: BodyBudget?
 
     public init(budget: BodyBudget?) { self.budget = budget }
+
+    /// Counts the next body in `budget` (a client's account, known once the
+    /// first body needs it). Only while nothing is held.
+    public mutating func count(in budget: BodyBudget?) {
+        guard base == nil, capacity == 0 else { return }
+        self.budget = budget
+    }
 
     /// Appends `data`; false (and nothing appended) if the storage it needs
     /// does not fit the budget.

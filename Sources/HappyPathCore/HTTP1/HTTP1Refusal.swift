@@ -65,6 +65,9 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
     /// Not a protocol rule: the process holds as many request bodies as
     /// `limits.max_buffered_bytes` allows (503 OVERLOADED, retryable).
     case bodyOverBudget = "body_over_budget"
+    /// Not a protocol rule either: this client (its address) holds its share
+    /// of the body budget, `limits.max_buffered_per_client` (503 OVERLOADED).
+    case bodyOverClientShare = "body_over_client_share"
 
     /// The status the client is answered with.
     public var status: Int {
@@ -75,7 +78,7 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
         case .unsupportedTransferCoding: 501
         case .unsupportedVersion: 505
         case .headTimeout, .bodyTimeout: 408
-        case .bodyOverBudget: 503
+        case .bodyOverBudget, .bodyOverClientShare: 503
         default: 400
         }
     }
@@ -129,6 +132,8 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
         case .bodyTimeout: "The request body stalled for longer than the client timeout."
         case .bodyOverBudget:
             "The proxy holds as many request bodies in memory as its budget allows (limits.max_buffered_bytes); try again shortly."
+        case .bodyOverClientShare:
+            "Your requests' bodies held by the proxy already fill your address's share of its memory (limits.max_buffered_per_client); other clients are served as usual. Send this again once your earlier requests are answered."
         }
     }
 }

@@ -54,6 +54,10 @@ final class HTTPConnection {
     /// Bytes accepted for the client and not yet written.
     var output = OutputQueue()
 
+    /// The client's share of the body budget (`limits.max_buffered_per_client`),
+    /// taken when its first body needs it and given back at the close.
+    private var clientAccount: BodyBudget?
+
     // The response being written (staged head) lives here so its buffers
     // are reused from request to request.
     var response = ResponseState()
@@ -65,6 +69,7 @@ final class HTTPConnection {
         addresses = ConnectionAddresses(peer: peer)
         machine = Machine(limits: server.connectionLimits)
         input = RequestInput(budget: server.limits.bodyBudget)
+        output.pool = server.limits.memory?.output
         sniffing = tls == nil && server.limits.http2 != nil
     }
 
@@ -207,9 +212,11 @@ final class HTTPConnection {
         if case let .contentLength(n) = head.framing {
             // The whole body is kept (for retries and replays): it must fit
             // the process's budget, checked before the client is invited to send it.
-            guard let moved = input.startBody(length: n, headLength: head.headLength, budget: server.limits.bodyBudget)
+            guard let moved = input.startBody(length: n, headLength: head.headLength, budget: bodyBudget())
             else { return perform(machine.refused(.bodyOverBudget)) }
             buffered = moved
+        } else {
+            input.countChunkedBody(in: bodyBudget())
         }
         perform(machine.bodyStarted(buffered: buffered))
     }
@@ -238,9 +245,27 @@ final class HTTPConnection {
     /// A request the edge will not serve: the delegate answers it, then the
     /// connection closes.
     private func refuse(_ reason: HTTP1Refusal) {
+        let reason = reason == .bodyOverBudget && clientAccount?.lastRefusalWasOwn == true ? .bodyOverClientShare : reason
         input.dropBody()
         let request = current ?? begin(.http11, isHead: false)
         if let delegate = server.delegate { delegate.reject(request, reason: reason) } else { request.reply(status: reason.status) }
+    }
+
+    /// Where this connection's request bodies are counted: its client's
+    /// share of the process's budget, or the process's budget alone.
+    func bodyBudget() -> BodyBudget? {
+        guard let shares = server.limits.clientShares else { return server.limits.bodyBudget }
+        if let clientAccount { return clientAccount }
+        let account = shares.account(for: peerAddress)
+        clientAccount = account
+        return account
+    }
+
+    /// The connection is gone (closed or handed over): its client's account is given back.
+    func leaveClientShare() {
+        guard clientAccount != nil, let shares = server.limits.clientShares else { return }
+        clientAccount = nil
+        shares.leave(peerAddress)
     }
 
     // MARK: - HTTP/2
@@ -318,6 +343,7 @@ final class HTTPConnection {
     /// the caller's to close or keep.
     func forget() -> Int32 {
         input.dropBody()
+        leaveClientShare()
         for event in [readEvent, writeEvent, timerEvent] { if let event { event_free(event) } }
         (readEvent, writeEvent, timerEvent) = (nil, nil, nil)
         defer { fd = -1 }

@@ -31,6 +31,11 @@ public struct HTTPServerLimits: Sendable {
     /// it, all its streams together (`limits.connection_buffer`): past it
     /// the upstream transfers feeding the connection pause until it drains.
     public var connectionBuffer = 256 * 1024
+    /// Each client's share of `bodyBudget` (`limits.max_buffered_per_client`;
+    /// nil: none, every body counts in the process's budget only).
+    public var clientShares: ClientShares?
+    /// Where the process counts what its client connections hold (nil: not counted).
+    public var memory: ConnectionMemory?
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,

@@ -1,3 +1,5 @@
+import HappyPathCore
+
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -9,16 +11,31 @@ struct OutputQueue {
     private var buffer = ByteBuffer(capacity: 1024)
     /// Bytes of `buffer` already written.
     private var sent = 0
+    /// Where the process counts queued output (nil: not counted).
+    var pool: MemoryPool?
 
     var pending: Int { buffer.count - sent }
 
-    func deallocate() { buffer.deallocate() }
+    /// Frees the queue; what it held leaves the pool.
+    mutating func deallocate() {
+        pool?.add(-pending)
+        sent = buffer.count
+        buffer.deallocate()
+    }
 
     enum WriteResult { case written, queued, failed }
 
     /// Writes `pieces` after anything queued: `.queued` when some of them
     /// wait (the caller watches the socket), `.failed` when the peer is gone.
     mutating func write(_ pieces: [UnsafeRawBufferPointer], to fd: Int32, tls: TLSSession?) -> WriteResult {
+        guard let pool else { return writeUncounted(pieces, to: fd, tls: tls) }
+        let before = pending
+        let result = writeUncounted(pieces, to: fd, tls: tls)
+        pool.add(pending - before)
+        return result
+    }
+
+    private mutating func writeUncounted(_ pieces: [UnsafeRawBufferPointer], to fd: Int32, tls: TLSSession?) -> WriteResult {
         if let tls { return write(pieces, tls: tls) }
         var total = 0
         for p in pieces { total += p.count }
@@ -67,7 +84,7 @@ struct OutputQueue {
         }
         for p in pieces where p.count > 0 { buffer.append(p) }
         compact()
-        switch flush(to: -1, tls: tls) {
+        switch flushUncounted(to: -1, tls: tls) {
         case .drained: return .written
         case .progressed, .again: return .queued
         case .failed: return .failed
@@ -86,6 +103,14 @@ struct OutputQueue {
 
     /// Writes what is queued, as far as the kernel (or the TLS session) takes it.
     mutating func flush(to fd: Int32, tls: TLSSession?) -> FlushResult {
+        guard let pool else { return flushUncounted(to: fd, tls: tls) }
+        let before = pending
+        let result = flushUncounted(to: fd, tls: tls)
+        pool.add(pending - before)
+        return result
+    }
+
+    private mutating func flushUncounted(to fd: Int32, tls: TLSSession?) -> FlushResult {
         var progressed = false
         while buffer.count > sent {
             let n =

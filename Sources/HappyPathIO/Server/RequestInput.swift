@@ -23,6 +23,9 @@ struct RequestInput {
 
     init(budget: BodyBudget?) { decoded = GrowingBody(budget: budget) }
 
+    /// A chunked body about to be decoded is counted in `budget`.
+    mutating func countChunkedBody(in budget: BodyBudget?) { decoded.count(in: budget) }
+
     mutating func deallocate() {
         buffer.deallocate()
         decoded.discard()

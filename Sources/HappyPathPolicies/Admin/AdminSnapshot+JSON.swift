@@ -16,6 +16,7 @@ extension AdminSnapshot {
             {"ready":\(ready),"in_flight":\(inFlight),\
             "parked":\(parked),"max_parked":\(maxParked),\
             "buffered_bytes":\(bufferedBytes),"max_buffered_bytes":\(maxBufferedBytes),\
+            "memory":{\(memory.map { "\(JSON.quote($0.pool)):\($0.bytes)" }.joined(separator: ","))},\
             "deliveries":\(deliveriesJSON),\
             "rate_limits":[\(limits.joined(separator: ","))],"fallback":\(fallback),\
             "config":{"source":\(JSON.quote(configSource)),"loaded_at":\(JSON.quote(loadedAt.formatted(.iso8601)))},\

@@ -15,6 +15,9 @@ public struct AdminSnapshot: Sendable {
     public var maxParked: Int
     public var bufferedBytes: Int
     public var maxBufferedBytes: Int
+    /// What the process holds for its clients, pool by pool
+    /// (`happypath_memory_bytes{pool}`), in a fixed order.
+    public var memory: [(pool: String, bytes: Int)] = []
     /// nil: no route delivers later.
     public var deliveries: Deliveries?
     public var rateLimits: [RateLimit]

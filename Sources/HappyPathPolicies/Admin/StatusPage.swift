@@ -157,9 +157,18 @@ public enum StatusPage {
         return """
             \(ready); <span data-k="in_flight">\(s.inFlight)</span> in flight; \
             <span data-k="parked">\(s.parked)</span> of \(s.maxParked) parked; \
-            \(s.bufferedBytes) of \(s.maxBufferedBytes) body bytes buffered; \
+            \(byteSizeText(s.bufferedBytes)) of \(byteSizeText(s.maxBufferedBytes)) of request bodies held; \
+            \(memoryWords(s.memory)); \
             config from \(escape(s.configSource)), loaded \(clockTime(s.loadedAt))
             """
+    }
+
+    /// What the process holds for clients besides bodies, in units a person
+    /// reads: `answers staged 512KiB, output queued 64KiB, kept answers 2MiB`.
+    static func memoryWords(_ pools: [(pool: String, bytes: Int)]) -> String {
+        let names = ["staged_answers": "answers staged", "client_output": "output queued", "kept_answers": "kept answers"]
+        let words = pools.compactMap { p in names[p.pool].map { "\($0) \(byteSizeText(p.bytes))" } }
+        return words.isEmpty ? "no memory reading" : words.joined(separator: ", ")
     }
 
     /// The last health check: `last check 1.2 s ago: 2 of 2 endpoints answered`.

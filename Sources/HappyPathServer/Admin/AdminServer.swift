@@ -184,7 +184,8 @@ final class AdminServer: HTTPServerDelegate {
             body: shared.metrics.exposition(
                 bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current,
                 http2: (shared.http2Connections.current, shared.http2Streams.current),
-                pausedHTTP2: shared.pausedHTTP2.current, parkedLimit: runtime.configuration.limits.maxParked))
+                pausedHTTP2: shared.pausedHTTP2.current, parkedLimit: runtime.configuration.limits.maxParked,
+                memory: shared.memoryReading))
     }
 
     /// The admin listener holds `maxConnections`: counted, so a flood shows.
@@ -416,7 +417,7 @@ final class AdminServer: HTTPServerDelegate {
             // a forced breaker, the pause's reason, the last health check.
             operatorView(of: guardian, into: &upstreams[upstreams.count - 1], at: now)
         }
-        return AdminSnapshot(
+        var snapshot = AdminSnapshot(
             takenAt: Date(), ready: ready.value.load(ordering: .relaxed), inFlight: shared.inFlight.current,
             parked: shared.parked.current, maxParked: shared.parked.limit, bufferedBytes: shared.bodies.current,
             maxBufferedBytes: shared.bodies.limit, deliveries: shared.deliveries?.stateSnapshot(),
@@ -429,6 +430,8 @@ final class AdminServer: HTTPServerDelegate {
                 ($0.usage.entries, $0.usage.bytes, $0.maxBytes)
             },
             configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
+        snapshot.memory = shared.memoryReading.pools.map { (pool: $0.0, bytes: $0.1) }
+        return snapshot
     }
 
     /// The snapshot with what the metrics registry counts per route (read

@@ -52,6 +52,8 @@ enum MetricHelp {
         "happypath_client_connections": "Client connections open in the process now.",
         "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",
         "happypath_buffered_body_bytes": "Request and response body bytes buffered in the process now.",
+        "happypath_memory_bytes":
+            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
         "happypath_tls_handshakes_total": "TLS handshakes completed on TLS listeners, by protocol version.",
         "happypath_tls_handshake_failures_total": "TLS handshakes that failed, by reason.",

@@ -67,8 +67,11 @@ final class ProxyMetrics: Sendable {
     /// `pausedHTTP2`: HTTP/2 upstream transfers paused for a slow client.
     func exposition(
         bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0, http2: (connections: Int, streams: Int) = (0, 0),
-        pausedHTTP2: Int = 0, parkedLimit: Int? = nil
+        pausedHTTP2: Int = 0, parkedLimit: Int? = nil, memory: MemoryReading? = nil
     ) -> String {
+        if let memory {
+            for (pool, bytes) in memory.pools { gauge("happypath_memory_bytes", [("pool", pool)]).record(bytes) }
+        }
         if let parkedLimit { gauge("happypath_parked_commands_limit", []).record(parkedLimit) }
         process.record(into: self)
         gauge("happypath_tunnels_open", []).record(tunnels)

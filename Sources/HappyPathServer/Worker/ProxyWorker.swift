@@ -99,6 +99,8 @@ final class ProxyWorker: HTTPServerDelegate {
                         initialConnectionWindow: $0.initialConnectionWindow, drainTimeout: configuration.drainTimeout)
                 })
             serverLimits.connectionBuffer = limits.connectionBuffer
+            serverLimits.clientShares = shared.clientShares
+            serverLimits.memory = shared.connectionMemory
             servers.append(
                 try HTTPServer(
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,

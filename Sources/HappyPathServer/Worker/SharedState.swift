@@ -32,6 +32,10 @@ final class SharedState: @unchecked Sendable {
     let pausedHTTP2: InFlightCount
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
+    /// Each client's share of `bodies` (`limits.max_buffered_per_client`).
+    let clientShares: ClientShares
+    /// What client connections hold: staged answers and queued output.
+    let connectionMemory: ConnectionMemory
     /// Client connections open (`limits.max_connections`).
     let connections: ConnectionBudget
     let loadedAt = Date()
@@ -73,6 +77,9 @@ final class SharedState: @unchecked Sendable {
         // The same for the body budget: bodies held now stay counted.
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes
+        clientShares = previous?.clientShares ?? ClientShares(process: bodies, perClient: runtime.configuration.limits.bufferedPerClient)
+        clientShares.limit = runtime.configuration.limits.bufferedPerClient
+        connectionMemory = previous?.connectionMemory ?? ConnectionMemory()
         // Connections open now stay counted; a lower cap stops new ones only.
         connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxClientConnections)
         connections.limit = runtime.configuration.limits.maxClientConnections
@@ -142,4 +149,31 @@ final class InFlightCount: Sendable {
     private let count = Atomic<Int>(0)
     var current: Int { count.load(ordering: .relaxed) }
     func add(_ n: Int) { count.wrappingAdd(n, ordering: .relaxed) }
+}
+
+/// What the process holds for its clients now, pool by pool
+/// (`happypath_memory_bytes{pool}`, `/admin/state`'s `memory`, the status page).
+struct MemoryReading: Sendable, Equatable {
+    var requestBodies = 0
+    var stagedAnswers = 0
+    var clientOutput = 0
+    var keptAnswers = 0
+
+    /// Each pool by its label, in a fixed order.
+    var pools: [(String, Int)] {
+        [
+            ("request_bodies", requestBodies), ("staged_answers", stagedAnswers), ("client_output", clientOutput),
+            ("kept_answers", keptAnswers),
+        ]
+    }
+
+    var total: Int { requestBodies + stagedAnswers + clientOutput + keptAnswers }
+}
+
+extension SharedState {
+    var memoryReading: MemoryReading {
+        MemoryReading(
+            requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
+            clientOutput: connectionMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0)
+    }
 }

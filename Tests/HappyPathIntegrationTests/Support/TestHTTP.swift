@@ -37,9 +37,25 @@ final class TestConnection {
     /// - Parameter receiveBuffer: pins the socket's receive buffer (set
     ///   before connecting, so the window is sized for it), for tests that
     ///   count what the kernel holds for a client that does not read.
-    init(port: Int, timeout: Double = 10, host: String = "127.0.0.1", receiveBuffer: Int32? = nil) throws {
+    /// - Parameter source: the local address to connect from (another
+    ///   loopback address, 127.0.0.2, is another client to the proxy).
+    init(
+        port: Int, timeout: Double = 10, host: String = "127.0.0.1", receiveBuffer: Int32? = nil, source: String? = nil
+    ) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw TestError("socket: \(errno)") }
+        if let source {
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            local.sin_addr.s_addr = inet_addr(source)
+            let bound = withUnsafePointer(to: &local) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard bound == 0 else {
+                Glibc.close(fd)
+                throw TestError("bind to \(source): errno \(errno)")
+            }
+        }
         var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -169,9 +185,9 @@ enum HTTP {
     /// One request on a fresh connection.
     static func request(
         port: Int, _ method: String, _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
-        timeout: Double = 10, host: String = "127.0.0.1"
+        timeout: Double = 10, host: String = "127.0.0.1", source: String? = nil
     ) throws -> TestResponse {
-        let connection = try TestConnection(port: port, timeout: timeout, host: host)
+        let connection = try TestConnection(port: port, timeout: timeout, host: host, source: source)
         var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         if let body { head += "Content-Length: \(body.count)\r\n" }

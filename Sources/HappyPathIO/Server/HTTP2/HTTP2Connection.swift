@@ -89,6 +89,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
             initialConnectionWindow: Int32(clamping: settings.initialConnectionWindow),
             request: server.requestLimits)
         session = try HTTP2Session(settings: sessionSettings)
+        session.stagedPool = server.limits.memory?.staged
         machine = Machine(limits: Machine.Limits(idle: server.limits.timeout, drainTimeout: settings.drainTimeout))
         self.isSecure = isSecure
         streamIdle = server.limits.timeout
@@ -216,7 +217,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                     session: session, id: id, peerAddress: peerAddress, localAddress: localAddress, isSecure: isSecure,
                     idle: streamIdle, now: { MonotonicClock().now() })  // a stream may outlive this driver
                 stream.owner = self
-                stream.budget = server.limits.bodyBudget
+                stream.budget = connection.bodyBudget()
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer

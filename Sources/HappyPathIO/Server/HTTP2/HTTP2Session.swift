@@ -236,7 +236,10 @@ public final class HTTP2Session {
         }
     }
 
-    deinit { nghttp2_session_del(session) }
+    deinit {
+        nghttp2_session_del(session)
+        stagedPool?.add(-stagedBytes)
+    }
 
     private static func check(_ rv: Int32) throws(HTTP2SessionError) {
         if rv != 0 { throw HTTP2SessionError(code: Int(rv)) }
@@ -408,7 +411,11 @@ public final class HTTP2Session {
 
     /// Bytes staged for every stream of the session and not yet taken by
     /// nghttp2: what the connection's staging bound (`limits.connection_buffer`) counts.
-    public internal(set) var stagedBytes = 0
+    public internal(set) var stagedBytes = 0 {
+        didSet { stagedPool?.add(stagedBytes - oldValue) }
+    }
+    /// Where the process counts staged answer bytes (nil: not counted).
+    public var stagedPool: MemoryPool?
 
     /// Answer body bytes sent so far in the stream's DATA frames (0 once it is gone).
     public func dataSent(of id: Int32) -> Int { streams[id]?.dataSent ?? 0 }

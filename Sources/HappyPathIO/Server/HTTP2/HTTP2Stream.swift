@@ -279,13 +279,14 @@ public final class HTTP2Stream: ClientStream {
         if output { owner?.http2StreamHasOutput(self) }
     }
 
-    /// The body does not fit `limits.max_buffered_bytes`: what was kept
-    /// goes, and the request is refused (503, as on HTTP/1.1).
+    /// The body does not fit `limits.max_buffered_bytes` (or its client's
+    /// share of it): what was kept goes, and the request is refused (503,
+    /// as on HTTP/1.1).
     private func overBudget() {
         body = []
         budget?.release(reserved)
         reserved = 0
-        refusal = .http1(.bodyOverBudget)
+        refusal = .http1(budget?.lastRefusalWasOwn == true ? .bodyOverClientShare : .bodyOverBudget)
         perform(machine.refused(now: now()))
         owner?.http2StreamHasOutput(self)
     }

@@ -1,0 +1,63 @@
+import HappyPathCore
+import Testing
+
+/// `ClientShares` and a `BodyBudget` with a parent: a client's bytes count in
+/// its share and in the process's budget, a reservation must fit both, and a
+/// refusal says which one refused.
+@Suite struct ClientSharesTests {
+    @Test func aClientsConnectionsShareOneAccountAndBothLimitsHold() {
+        let process = BodyBudget(limit: 1000)
+        let shares = ClientShares(process: process, perClient: 400)
+        let a1 = shares.account(for: "10.0.0.1")
+        let a2 = shares.account(for: "10.0.0.1")
+        let b = shares.account(for: "10.0.0.2")
+        #expect(a1 === a2)
+        #expect(a1.reserve(300))
+        #expect(!a2.reserve(101), "the client's share: 300 + 101 > 400")
+        #expect(a2.lastRefusalWasOwn)
+        #expect(a2.reserve(100))
+        #expect(shares.held(by: "10.0.0.1") == 400)
+        #expect(b.reserve(400))
+        let c = shares.account(for: "10.0.0.3")
+        #expect(c.reserve(200))
+        #expect(!c.reserve(1), "the process's budget: 1000 held")
+        #expect(!c.lastRefusalWasOwn)
+        #expect(process.current == 1000)
+        a1.release(400)
+        b.release(400)
+        c.release(200)
+        #expect(process.current == 0)
+    }
+
+    @Test func anAccountStaysWhileABodyHoldsBytesAndGoesAfter() {
+        let shares = ClientShares(process: BodyBudget(limit: 1000), perClient: 100)
+        let a = shares.account(for: "a")
+        #expect(a.reserve(60))
+        shares.leave("a")  // the connection closed; a parked body still holds 60
+        #expect(shares.clients == 1)
+        let again = shares.account(for: "a")
+        #expect(again === a, "reconnecting does not give a fresh share")
+        #expect(!again.reserve(41))
+        a.release(60)
+        shares.leave("a")
+        #expect(shares.clients == 0)
+        #expect(shares.held(by: "a") == 0)
+    }
+
+    @Test func aReloadChangesEveryShare() {
+        let shares = ClientShares(process: BodyBudget(limit: 1000), perClient: 100)
+        let a = shares.account(for: "a")
+        #expect(!a.reserve(150))
+        shares.limit = 200
+        #expect(a.reserve(150))
+        #expect(shares.account(for: "b").limit == 200)
+    }
+
+    /// A share as large as the process's budget: a refusal is the process's.
+    @Test func aShareAsLargeAsTheBudgetNamesTheBudget() {
+        let shares = ClientShares(process: BodyBudget(limit: 100), perClient: 100)
+        let a = shares.account(for: "a")
+        #expect(!a.reserve(101))
+        #expect(!a.lastRefusalWasOwn)
+    }
+}
