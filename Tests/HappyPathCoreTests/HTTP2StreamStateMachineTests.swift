@@ -21,8 +21,6 @@ import Testing
         case answer(Int, length: Int?)
         case bytes(Int)
         case sent(Int)
-        /// The answer waits for room on the connection (true) or goes on (false).
-        case room(waiting: Bool)
         case ended(trailers: Bool = false)
         case endSent
         case clientReset
@@ -69,7 +67,6 @@ import Testing
                 let r = machine.bodyBytes(n, now: t)
                 return .accepted(r.accepted, r.actions)
             case let .sent(n): return .actions(machine.dataSent(n, now: t))
-            case let .room(waiting): return .actions(machine.waitingForRoom(waiting, now: t))
             case let .ended(trailers): return .actions(machine.responseEnded(trailers: trailers, now: t))
             case .endSent: return .actions(machine.endStreamSent(now: t))
             case .clientReset: return .actions(machine.clientReset(now: t))
@@ -365,17 +362,6 @@ import Testing
                 Step(.wait(milliseconds: 20_000)), Step(.sent(1_000), .none), Step(.sent(24), .none),
                 Step(.wait(milliseconds: 20_000)), Step(.timer, A(timer: .arm(.seconds(10)))),
                 Step(.wait(milliseconds: 10_000)), Step(.sent(64_512), cancel, .answering),
-            ]),
-        Scenario(
-            name: "waiting for the connection's room is a wait on the client: timed, and ended by room",
-            steps: getDispatched + [
-                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none)),
-                Step(.room(waiting: true), arm), Step(.room(waiting: true), .none),
-                Step(.wait(milliseconds: 20_000)), Step(.room(waiting: false), cancel),
-                Step(.bytes(10), outcome: .accepted(10, arm)), Step(.room(waiting: true), .none),
-                Step(.sent(10), .none),  // still waiting for room: the timer runs on
-                Step(.wait(milliseconds: 30_000)), Step(.timer, A(reset: .cancel, cancelExchange: true), .closed(.idle)),
-                Step(.room(waiting: false), .none, .closed(.idle)),
             ]),
         Scenario(
             name: "while the exchange works, no client wait runs",

@@ -189,8 +189,6 @@ public struct HTTP2StreamStateMachine: Sendable {
     private var lastProgress: Instant
     /// Answer bytes delivered since `lastProgress` moved (`progressQuantum`).
     private var deliveredSinceProgress = 0
-    /// The answer waits for room on the connection (`waitingForRoom`).
-    public private(set) var awaitingRoom = false
 
     public init(idle: Duration, now: Instant) {
         self.idle = idle
@@ -382,17 +380,6 @@ public struct HTTP2StreamStateMachine: Sendable {
     /// reach the client (fewer count only if they were all it waited for).
     public static let progressQuantum = 1024
 
-    /// The answer waits for room on the connection (`limits.connection_buffer`:
-    /// its other streams' bytes fill it), with none of its own staged, or
-    /// goes on again. Waiting counts as waiting on the client: a connection
-    /// whose client takes nothing for `idle` resets the streams that wait
-    /// on it as well as those whose bytes it does not take.
-    public mutating func waitingForRoom(_ waiting: Bool, now: Instant) -> Actions {
-        guard !isClosed, awaitingRoom != waiting else { return .none }
-        awaitingRoom = waiting
-        return Actions(timer: settle(now: now))
-    }
-
     /// The exchange ended its answer.
     /// - Parameter trailers: trailers are staged (sent after the data).
     public mutating func responseEnded(trailers: Bool, now: Instant) -> Actions {
@@ -455,7 +442,7 @@ public struct HTTP2StreamStateMachine: Sendable {
     private var waitingOnClient: Bool {
         switch state {
         case .head, .body: true
-        case .answering, .ended: pendingOutput > 0 || awaitingRoom
+        case .answering, .ended: pendingOutput > 0
         default: false
         }
     }

@@ -208,7 +208,7 @@ extension UpstreamClient {
         // libcurl's own default, set here so that it stays a choice: each
         // transfer in flight holds a read buffer of this size, and a paused
         // one (a client slower than its upstream) one read more. At 64 KiB
-        // 1,000 stalled HTTP/2 streams held 143 MiB, at 16 KiB 50 MiB
+        // 1,000 stalled HTTP/2 streams held 143 MiB, at 16 KiB 66 MiB
         // (docs/http2.md, "Memory"); a larger body takes more, smaller reads.
         hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 16 * 1024)
         hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)

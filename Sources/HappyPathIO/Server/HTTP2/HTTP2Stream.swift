@@ -202,25 +202,24 @@ public final class HTTP2Stream: ClientStream {
             perform(machine.aborted(now: t))
             owner?.http2StreamHasOutput(self)
         }
-        // On once the connection has room again: this stream's own bytes all
-        // taken, or the connection's down to half its bound (so that many
-        // streams resume together, not one at a time at the edge).
-        let staged = session.stagedBytes
-        if drainWanted, staged < stagingBound, session.pendingOutput(for: id) == 0 || staged <= stagingBound / 2 {
+        // On once this stream's own bytes are all framed (it may then stage a
+        // read more, `outputRoom`), or the connection is down to half its
+        // bound (so that many streams resume together, not one at a time at the edge).
+        if drainWanted, session.pendingOutput(for: id) == 0 || session.stagedBytes <= stagingBound / 2 {
             drainWanted = false
-            perform(machine.waitingForRoom(false, now: t))
             current?.streamDrained()
         }
     }
 
-    /// The connection is full (`stagingBound`): an answer still fed waits
-    /// now, before its transfer's next bytes arrive (they would wait inside
-    /// the upstream client, one read of them per stream), and hears
-    /// `streamDrained` once the connection has room again.
+    /// The connection is full (`stagingBound`): an answer still fed that has
+    /// bytes of its own staged waits now, before its transfer's next bytes
+    /// arrive (they would wait inside the upstream client, a read of them per
+    /// stream), and hears `streamDrained` once they are framed. (One with
+    /// nothing staged goes on: `outputRoom`.)
     func connectionFull() {
-        guard let request = current, !drainWanted, machine.state == .answering else { return }
+        guard let request = current, !drainWanted, machine.state == .answering, session.pendingOutput(for: id) > 0
+        else { return }
         drainWanted = true
-        if session.pendingOutput(for: id) == 0 { perform(machine.waitingForRoom(true, now: now())) }
         request.streamMustWait()
     }
 
@@ -470,12 +469,7 @@ public final class HTTP2Stream: ClientStream {
             if session.stagedBytes >= stagingBound { owner?.http2ConnectionFull(self) }
         }
         perform(actions)
-        if notify {
-            drainWanted = true
-            // Nothing given and nothing of its own staged: it waits for the
-            // connection's room, and that wait is timed like any other on the client.
-            if n == 0, session.pendingOutput(for: id) == 0 { perform(machine.waitingForRoom(true, now: now())) }
-        }
+        if notify { drainWanted = true }
         owner?.http2StreamHasOutput(self)
     }
 
@@ -524,9 +518,15 @@ public final class HTTP2Stream: ClientStream {
     }
 
     /// What the connection may still stage, all its streams together (0 or
-    /// less: this answer waits, however little this stream staged itself).
+    /// less: this answer waits). A stream with nothing of its own staged may
+    /// always stage one read more: a read its upstream transfer made already
+    /// costs the same waiting here as inside libcurl, and so one stalled
+    /// stream that filled the connection never holds up another's answer.
+    /// A stalled client's connection holds the bound plus one read per stream.
     public func outputRoom(for request: HTTPRequest) -> Int {
-        current === request ? stagingBound - session.stagedBytes : 0
+        guard current === request else { return 0 }
+        let room = stagingBound - session.stagedBytes
+        return session.pendingOutput(for: id) == 0 ? max(1, room) : room
     }
 
     // MARK: - Fields
