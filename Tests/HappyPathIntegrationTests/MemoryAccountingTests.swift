@@ -102,3 +102,82 @@ import Testing
         print(json.dumps(out))
         """#
 }
+
+/// A streamed HTTP/2 body is kept for a replay only where its route could
+/// send it again once it began: a retry (`retry.attempts` above 1) or a
+/// replay after a token refresh. Elsewhere nothing is kept: the count
+/// stays at zero while the body passes.
+@Suite(.serialized) struct StreamedBodyKeepingTests {
+    static func yaml(attempts: Int) -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        upstreams:
+          demo: { endpoints: [{{DEMO}}] }
+        routes:
+          - match: { path_prefix: / }
+            upstream: demo
+            retry: { attempts: \(attempts) }
+        """
+    }
+
+    /// (retry.attempts, whether the bytes the proxy took are kept and counted).
+    @Test(arguments: [(1, false), (3, true)])
+    func keptOnlyWhereItCouldBeSentAgain(attempts: Int, kept: Bool) throws {
+        let h = try ProxyHarness(Self.yaml(attempts: attempts), workers: 1)
+        defer { h.stop() }
+        let go = FileManager.default.temporaryDirectory.appendingPathComponent("hp-body-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: go) }
+        let lines = Locked<[String]>([])
+        let client = try startPythonScript(
+            python: try PythonH2.python(), Self.client, arguments: ["\(h.port)", go.path], lines: lines)
+        defer { if client.process.isRunning { client.process.terminate() } }
+        #expect(waitUntil("the proxy took the first 48 KiB") { lines.withLock { $0.contains("taken") } })
+        let held = try HTTP.request(port: h.adminPort, "/admin/state").json["buffered_bytes"] as? Int ?? -1
+        #expect(kept ? held >= 32 * 1024 : held == 0, "attempts \(attempts): \(held) bytes kept")
+        FileManager.default.createFile(atPath: go.path, contents: nil)
+        #expect(waitUntil("the answer") { lines.withLock { $0.contains { $0.hasPrefix("status") } } })
+        #expect(lines.withLock { $0.contains("status 200 65536") }, "\(lines.withLock { $0 })")
+        #expect(try eventually { try HTTP.request(port: h.adminPort, "/admin/state").json["buffered_bytes"] as? Int == 0 })
+    }
+
+    /// POST /echo: HEADERS, 48 KiB of DATA, "taken" once the proxy gave at
+    /// least 32 KiB of window back, then (when the file `argv[2]` exists) 16 KiB more and
+    /// END_STREAM; prints the status and the body length /echo reports.
+    static let client = #"""
+        import socket, sys, os, time, json
+        import h2.connection, h2.config, h2.events
+        port, go = int(sys.argv[1]), sys.argv[2]
+        print("started", flush=True)
+        s = socket.create_connection(("127.0.0.1", port))
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        c.initiate_connection(); s.sendall(c.data_to_send())
+        sid = c.get_next_available_stream_id()
+        c.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/echo")])
+        s.sendall(c.data_to_send())
+        time.sleep(0.05)
+        for _ in range(3): c.send_data(sid, b"a" * 16384)
+        s.sendall(c.data_to_send())
+        returned, status, body, said = 0, None, b"", False
+        s.settimeout(0.05)
+        while True:
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                data = None
+            if data == b"": break
+            for e in c.receive_data(data or b""):
+                if isinstance(e, h2.events.WindowUpdated) and e.stream_id == sid: returned += e.delta
+                if isinstance(e, h2.events.ResponseReceived): status = dict(e.headers)[":status"]
+                if isinstance(e, h2.events.DataReceived):
+                    body += e.data; c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                if isinstance(e, h2.events.StreamEnded):
+                    print("status %s %s" % (status, json.loads(body).get("body_bytes")), flush=True); sys.exit(0)
+            s.sendall(c.data_to_send())
+            if returned >= 32768 and not said:
+                print("taken", flush=True); said = True
+            if said and os.path.exists(go):
+                c.send_data(sid, b"a" * 16384, end_stream=True)
+                s.sendall(c.data_to_send()); go = "/nonexistent-" + go
+        """#
+}

@@ -18,7 +18,10 @@
 ///   from the start (`rewind`). Once the budget refuses, what the reader
 ///   took is let go: the body is no longer `replayable`, and the exchange
 ///   retries no more (gRFC A6's rule: a call is retried only while its
-///   request fits the buffer).
+///   request fits the buffer). A body its route can never send twice is
+///   not kept at all (`keeps: false`): only what its reader has not taken
+///   is held, and it stays replayable only until its first byte is read
+///   (a try refused at connect, then parked, still sends it whole).
 /// - **Waiting.** A read with nothing new returns `.wait`; the reader is
 ///   called back once (`onAvailable`) when bytes, the end or a failure
 ///   arrive. The callbacks run on the loop, from the producer's or the
@@ -75,10 +78,12 @@ public final class RequestBodyStream {
     private var storage: UnsafeMutableRawPointer?
     private var capacity = 0
 
-    public init(declaredLength: Int?, ahead: Int, budget: BodyBudget?) {
+    /// - Parameter keeps: keep the bytes for a replay (while `budget` takes them).
+    public init(declaredLength: Int?, ahead: Int, budget: BodyBudget?, keeps: Bool = true) {
         self.declaredLength = declaredLength
         self.ahead = max(1, ahead)
         self.budget = budget
+        keepsAll = keeps
     }
 
     deinit {

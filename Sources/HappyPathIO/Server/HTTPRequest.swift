@@ -29,6 +29,10 @@ public final class HTTPRequest {
     /// was read (a rate limit's token taken then), for when it serves the
     /// request.
     public var headDecision: AnyObject?
+    /// Set by the delegate when it lets the body stream
+    /// (`HTTPServerDelegate.streamsBody`): false when the request can never
+    /// be sent twice once it began, so no copy is kept for a replay.
+    public var keepsStreamedBody = true
     private var cachedMethod: String?
     private var cachedTarget: String?
 

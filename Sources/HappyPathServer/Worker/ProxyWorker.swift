@@ -239,7 +239,12 @@ final class ProxyWorker: HTTPServerDelegate {
         let (path, _) = Router.split(target: request.target)
         if let deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
         guard let routeIndex = runtime.router.route(path: path, method: request.method) else { return false }
-        return runtime.routes[routeIndex].delivery.mode == .now
+        let route = runtime.routes[routeIndex]
+        guard route.delivery.mode == .now else { return false }
+        // Sent again after it began only by a retry or by a replay after a
+        // token refresh (a 401): without either, no copy is kept for one.
+        request.keepsStreamedBody = route.retry.configuration.attempts > 1 || shared.guards[route.upstreamIndex].tokens != nil
+        return true
     }
 
     func bodyHeld(_ request: HTTPRequest) {

@@ -346,7 +346,8 @@ public final class HTTP2Stream: ClientStream {
         guard current === request else { return }
         let actions = machine.releaseBody(streaming: true, now: now())
         if machine.streaming, bodyStream == nil {
-            let stream = RequestBodyStream(declaredLength: head?.contentLength, ahead: streamAhead, budget: budget)
+            let stream = RequestBodyStream(
+                declaredLength: head?.contentLength, ahead: streamAhead, budget: budget, keeps: request.keepsStreamedBody)
             stream.onRoom = { [weak self] in self?.feed() }
             bodyStream = stream
         }
