@@ -41,7 +41,7 @@ extension Reader {
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
                     "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers", "connection_buffer",
-                    "max_buffered_per_client",
+                    "max_buffered_per_client", "max_memory",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -66,6 +66,13 @@ extension Reader {
                             + " (\(Units.sizeText(config.limits.maxBufferedBytes))): it is one client's share of it")
                 } else {
                     config.limits.maxBufferedPerClient = v
+                }
+            }
+            if let v = size(lf["max_memory"]?.value, "limits.max_memory") {
+                if v < 1024 * 1024 {
+                    error(lf["max_memory"]?.value, "limits.max_memory must be at least 1MiB (what the process holds for clients in all)")
+                } else {
+                    config.limits.maxMemory = v
                 }
             }
             if let v = size(lf["connection_buffer"]?.value, "limits.connection_buffer") {

@@ -105,6 +105,11 @@ public struct Limits: Sendable {
     /// `limits.max_buffered_per_client` in the file.
     public var maxBufferedPerClient: Int?
 
+    /// What the process may hold for clients in all (request bodies, staged
+    /// answers, queued output): at 90 % the listeners stop accepting and new
+    /// HTTP/2 streams are refused, below 75 % they resume. `limits.max_memory`.
+    public var maxMemory: Int = 1024 * 1024 * 1024
+
     /// `maxBufferedPerClient` as it applies.
     public var bufferedPerClient: Int { maxBufferedPerClient ?? max(1, maxBufferedBytes / 8) }
     /// `%2F`, `%5C` and `\` in a path: kept as they came (never decoded)

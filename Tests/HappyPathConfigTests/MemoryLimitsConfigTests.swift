@@ -18,6 +18,7 @@ import Testing
     @Test func defaults() throws {
         let c = try ConfigLoader.parse(Self.yaml("{}"), file: "t.yaml")
         #expect(c.limits.connectionBuffer == 256 * 1024)
+        #expect(c.limits.maxMemory == 1024 * 1024 * 1024)
         #expect(c.limits.maxBufferedPerClient == nil)
         #expect(c.limits.bufferedPerClient == 32 * 1024 * 1024, "an eighth of max_buffered_bytes (256MiB)")
         let small = try ConfigLoader.parse(Self.yaml("{ max_buffered_bytes: 8MiB }"), file: "t.yaml")
@@ -35,6 +36,7 @@ import Testing
         ("{ connection_buffer: 8KiB }", "limits.connection_buffer must be between 16KiB and 64MiB"),
         ("{ connection_buffer: 65MiB }", "limits.connection_buffer must be between 16KiB and 64MiB"),
         ("{ connection_buffer: lots }", "limits.connection_buffer: 'lots' is not a size"),
+        ("{ max_memory: 512KiB }", "limits.max_memory must be at least 1MiB"),
         (
             "{ max_buffered_bytes: 8MiB, max_buffered_per_client: 9MiB }",
             "limits.max_buffered_per_client (9MiB) must not be above limits.max_buffered_bytes (8MiB)"

@@ -61,3 +61,28 @@ import Testing
         #expect(!a.lastRefusalWasOwn)
     }
 }
+
+/// `MemoryPressure`: on at 90 % of the limit, off below 75 %, each change
+/// seen by exactly one checker.
+@Suite struct MemoryPressureTests {
+    /// (what is held at each check, the action after it, the change it made).
+    @Test func theMarksAndTheirHysteresis() {
+        let p = MemoryPressure(limit: 1000)
+        let steps: [(Int, Bool, MemoryPressure.Change?)] = [
+            (0, false, nil), (899, false, nil), (900, true, .began), (950, true, nil), (800, true, nil),
+            (750, true, nil), (749, false, .ended), (899, false, nil), (1200, true, .began),
+        ]
+        for (total, active, change) in steps {
+            let r = p.check(total: total)
+            #expect(r.active == active && r.change == change, "at \(total): \(r)")
+            #expect(p.active == active)
+        }
+    }
+
+    @Test func aReloadMovesTheMarks() {
+        let p = MemoryPressure(limit: 1000)
+        #expect(p.check(total: 500).change == nil)
+        p.limit = 500
+        #expect(p.check(total: 500).change == .began)
+    }
+}

@@ -279,7 +279,7 @@ final class H2Attacker: @unchecked Sendable {
     private var stopped = false
     /// Made by `stop()`: the script watches for it (a signal would not do:
     /// the test runner's children inherit its blocked signals).
-    private let stopFile = FileManager.default.temporaryDirectory.appendingPathComponent("h2-attack-stop-\(UUID())")
+    let stopFile = FileManager.default.temporaryDirectory.appendingPathComponent("h2-attack-stop-\(UUID())")
 
     /// - Parameter rounds: at most this many rounds.
     init(_ attack: String, port: Int, rounds: Int = 1000) throws {
@@ -310,7 +310,10 @@ final class H2Attacker: @unchecked Sendable {
         guard !stopped else { return }
         stopped = true
         FileManager.default.createFile(atPath: stopFile.path, contents: nil)
-        defer { try? FileManager.default.removeItem(at: stopFile) }
+        defer {
+            try? FileManager.default.removeItem(at: stopFile)
+            try? FileManager.default.removeItem(atPath: stopFile.path + ".more")
+        }
         if !eventually(20, { !process.isRunning }) { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
     }

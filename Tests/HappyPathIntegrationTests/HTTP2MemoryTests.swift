@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathCore
 import HappyPathDemo
 import Testing
 
@@ -102,6 +103,42 @@ import Testing
         #expect((state["memory"] as? [String: Int])?["staged_answers"] == 0, "\(state["memory"] ?? "none")")
     }
 
+    /// `limits.max_memory`'s overload action: 20 stalled streams fill a
+    /// connection's 1 MiB `connection_buffer`, past 90 % of a 1 MiB
+    /// `max_memory`. Then a new stream is refused (REFUSED_STREAM, never
+    /// processed), a new client waits in the backlog instead of being
+    /// served, the change is counted; once the stalled client leaves, it
+    /// ends and the waiting client is answered.
+    @Test func overMaxMemoryNewStreamsAreRefusedAndNewClientsWait() throws {
+        let h = try ProxyHarness(
+            HTTP2EdgeTests.yaml(limits: "{ client_timeout: 30s, max_memory: 1MiB, connection_buffer: 1MiB }"), workers: 1)
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        let attacker = try H2Attacker("pressure", port: h.port, rounds: 1)
+        defer { attacker.stop() }
+        // Each scrape checks it too: the action goes on as the bound fills.
+        #expect(waitUntil("the overload action on") { try admin.metric("happypath_memory_pressure") == 1 })
+        #expect(try admin.metric(#"happypath_memory_pressure_changes_total{change="began"}"#) == 1)
+        attacker.more()
+        attacker.waitForReports(1, timeout: 30)
+        let r = attacker.reports.first ?? [:]
+        #expect(r["extra_reset"] as? Int == Int(HTTP2ErrorCode.refusedStream.rawValue), "\(r)")
+        // A new client now waits in the backlog; served once the stalled one left.
+        let waiting = Locked<Int?>(nil)
+        let port = h.port
+        let bystander = Thread {
+            let status = (try? HTTP.request(port: port, "/ok", timeout: 30))?.status ?? -1
+            waiting.withLock { $0 = status }
+        }
+        bystander.start()
+        #expect(waiting.withLock { $0 } == nil, "answered while the action was on")
+        attacker.stop()
+        #expect(waitUntil("the overload action off") { try admin.metric("happypath_memory_pressure") == 0 })
+        #expect(waitUntil("the waiting client answered") { waiting.withLock { $0 } != nil })
+        #expect(waiting.withLock { $0 } == 200)
+        #expect(try admin.metric(#"happypath_memory_pressure_changes_total{change="ended"}"#) == 1)
+    }
+
     static func yaml(demo: Int, clientTimeout: String) -> String {
         """
         listen: 127.0.0.1:0
@@ -120,6 +157,9 @@ import Testing
 }
 
 extension H2Attacker {
+    /// Tells an attack that waits for it (`pressure`) to go on.
+    func more() { FileManager.default.createFile(atPath: stopFile.path + ".more", contents: nil) }
+
     /// The attacks of `HTTP2MemoryTests`, added to the script's `ATTACKS`.
     static let memoryAttacks = #"""
 def stalled_connections(count, streams, size):
@@ -184,6 +224,21 @@ def stalled_one():
     for c in conns:
         c.close()
 
-ATTACKS.update({"stalled_streams": stalled_streams, "window_trickle": window_trickle, "stalled_one": stalled_one})
+def pressure():
+    """20 stalled streams of 1 MiB answers; once told (the file argv[4] + ".more"), one stream more: its reset reported."""
+    (c,) = stalled_connections(1, 20, 1 << 20)
+    while not os.path.exists(sys.argv[4] + ".more") and not stop.is_set():
+        time.sleep(0.01)
+    c.send([HeadersFrame(41, data=request(), flags=["END_HEADERS", "END_STREAM"])])
+    c.wait(lambda c: 41 in c.resets or 41 in c.status, timeout=10)
+    with c.lock:
+        extra = c.resets[41][0] if 41 in c.resets else None
+    c.report(extra_reset=extra, extra_status=c.status.get(41))
+    while not stop.is_set():
+        time.sleep(0.05)
+    c.close()
+
+ATTACKS.update({"stalled_streams": stalled_streams, "window_trickle": window_trickle, "stalled_one": stalled_one,
+                "pressure": pressure})
 """#
 }

@@ -32,3 +32,48 @@ public struct ConnectionMemory: Sendable {
 
     public init() {}
 }
+
+/// The whole budget over what the process holds for clients
+/// (`limits.max_memory`: request bodies, staged answers, queued output),
+/// with the overload action's two marks, as Envoy's overload manager acts on
+/// its resources: at `high` (90 %) the listeners stop accepting and new
+/// HTTP/2 streams are refused (REFUSED_STREAM, safe for a client to retry);
+/// below `low` (75 %) they resume. Checked where a client would add to it
+/// (an accept, a new stream): a few atomic loads, no lock, no timer.
+public final class MemoryPressure: Sendable {
+    private let maximum: Atomic<Int>
+    private let isHigh = Atomic<Bool>(false)
+
+    public init(limit: Int) { maximum = Atomic(limit) }
+
+    /// `limits.max_memory` (a reload may change it).
+    public var limit: Int {
+        get { maximum.load(ordering: .relaxed) }
+        set { maximum.store(newValue, ordering: .relaxed) }
+    }
+
+    public var high: Int { limit / 10 * 9 }
+    public var low: Int { limit / 4 * 3 }
+
+    /// Above the high mark now (as last checked).
+    public var active: Bool { isHigh.load(ordering: .relaxed) }
+
+    public enum Change: Sendable, Equatable {
+        case began, ended
+    }
+
+    /// `total` is what the process holds now: whether the action is on, and
+    /// the change this check made (exactly one checker sees each change).
+    public func check(total: Int) -> (active: Bool, change: Change?) {
+        let on = isHigh.load(ordering: .relaxed)
+        if !on, total >= high {
+            let won = isHigh.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged
+            return (true, won ? .began : nil)
+        }
+        if on, total < low {
+            let won = isHigh.compareExchange(expected: true, desired: false, ordering: .relaxed).exchanged
+            return (false, won ? .ended : nil)
+        }
+        return (on, nil)
+    }
+}

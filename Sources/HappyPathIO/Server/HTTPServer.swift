@@ -36,6 +36,18 @@ public struct HTTPServerLimits: Sendable {
     public var clientShares: ClientShares?
     /// Where the process counts what its client connections hold (nil: not counted).
     public var memory: ConnectionMemory?
+    /// `limits.max_memory` over request bodies and `memory` (nil: none).
+    public var memoryPressure: MemoryPressure?
+
+    /// Whether the memory overload action is on now, checked against what
+    /// the process holds; `changed` hears a change (one checker sees each).
+    func memoryPressureActive(changed: (MemoryPressure.Change, Int) -> Void) -> Bool {
+        guard let memoryPressure else { return false }
+        let total = (bodyBudget?.current ?? 0) + (memory?.staged.current ?? 0) + (memory?.output.current ?? 0)
+        let (active, change) = memoryPressure.check(total: total)
+        if let change { changed(change, total) }
+        return active
+    }
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,
@@ -89,6 +101,10 @@ public protocol HTTPServerDelegate: AnyObject {
     /// Accepting stopped because the process holds `limit` client
     /// connections (`limits.max_connections`); it resumes when one closes.
     func acceptCapped(limit: Int)
+    /// What the process holds for clients passed the high mark of
+    /// `limits.max_memory` (`.began`: accepting stops, new HTTP/2 streams
+    /// are refused) or fell below the low one (`.ended`). Told once per change.
+    func memoryPressureChanged(_ change: MemoryPressure.Change, holding bytes: Int, limit: Int)
     /// A TLS handshake completed (version 12 or 13).
     func tlsHandshake(version: Int)
     /// A TLS handshake failed; the connection is closed.
@@ -123,6 +139,7 @@ extension HTTPServerDelegate {
     public func streamsBody(_ request: HTTPRequest) -> Bool { false }
     public func acceptPaused(errno: Int32, pause: Duration) {}
     public func acceptCapped(limit: Int) {}
+    public func memoryPressureChanged(_ change: MemoryPressure.Change, holding bytes: Int, limit: Int) {}
     public func tlsHandshake(version: Int) {}
     public func tlsHandshakeFailed(reason: TLSHandshakeFailure) {}
     public func silentConnectionClosed() {}
@@ -281,6 +298,14 @@ public final class HTTPServer {
     // MARK: - Accepting
 
     fileprivate func acceptReady() {
+        // Over the high mark of limits.max_memory: clients wait in the
+        // backlog until what the process holds falls below the low one.
+        if memoryUnderPressure() {
+            event_del(acceptEvent)
+            var tv = timeval(Self.capRecheck)
+            event_add(resumeEvent, &tv)
+            return
+        }
         // A bounded batch per wake-up, so one busy listener cannot starve the loop.
         for _ in 0..<64 {
             if let budget = limits.connections, !budget.reserve(1),
@@ -324,6 +349,14 @@ public final class HTTPServer {
             joinSilent(connection)
             connection.start()
             if draining { connection.drain() }
+        }
+    }
+
+    /// The memory overload action is on (the delegate hears each change).
+    func memoryUnderPressure() -> Bool {
+        guard let pressure = limits.memoryPressure else { return false }
+        return limits.memoryPressureActive { change, total in
+            delegate?.memoryPressureChanged(change, holding: total, limit: pressure.limit)
         }
     }
 

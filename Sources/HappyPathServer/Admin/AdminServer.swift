@@ -179,6 +179,7 @@ final class AdminServer: HTTPServerDelegate {
             shared.metrics.paused(upstream: g.name, scope: .client, seconds: clients.longest?.seconds ?? 0)
             shared.metrics.pausedClients(upstream: g.name, count: clients.count)
         }
+        shared.checkMemoryPressure()
         request.reply(
             status: 200, headers: [HTTPField(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")],
             body: shared.metrics.exposition(

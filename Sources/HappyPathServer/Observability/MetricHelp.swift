@@ -52,6 +52,10 @@ enum MetricHelp {
         "happypath_client_connections": "Client connections open in the process now.",
         "happypath_client_connections_limit": "limits.max_connections: client connections the process holds at most.",
         "happypath_buffered_body_bytes": "Request and response body bytes buffered in the process now.",
+        "happypath_memory_limit_bytes": "limits.max_memory: what the process may hold for clients in all.",
+        "happypath_memory_pressure":
+            "1 while the process holds 90% of limits.max_memory for clients (new connections wait, new HTTP/2 streams are refused) until it falls below 75%.",
+        "happypath_memory_pressure_changes_total": "Times the memory overload action began or ended.",
         "happypath_memory_bytes":
             "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",

@@ -71,6 +71,8 @@ final class ProxyMetrics: Sendable {
     ) -> String {
         if let memory {
             for (pool, bytes) in memory.pools { gauge("happypath_memory_bytes", [("pool", pool)]).record(bytes) }
+            gauge("happypath_memory_limit_bytes", []).record(memory.limit)
+            gauge("happypath_memory_pressure", []).record(memory.pressure ? 1 : 0)
         }
         if let parkedLimit { gauge("happypath_parked_commands_limit", []).record(parkedLimit) }
         process.record(into: self)

@@ -80,6 +80,22 @@ extension ProxyWorker {
             ])
     }
 
+    /// `limits.max_memory`'s overload action began or ended: an event, a
+    /// counted change, one log line each time.
+    func memoryPressureChanged(_ change: MemoryPressure.Change, holding bytes: Int, limit: Int) {
+        shared.memoryPressureChanged(change, holding: bytes)
+        if change == .began {
+            logger.warning(
+                "the process holds \(byteSizeText(bytes)) for clients, 90% of limits.max_memory: new connections wait and new HTTP/2 streams are refused",
+                metadata: [
+                    "max_memory": "\(byteSizeText(limit))",
+                    "hint": "see happypath_memory_bytes by pool; raise limits.max_memory if the machine has room",
+                ])
+        } else {
+            logger.info("the process holds \(byteSizeText(bytes)) for clients again, below 75% of limits.max_memory: accepting")
+        }
+    }
+
     /// Out of descriptors: the listener pauses for `pause`.
     func acceptPaused(errno code: Int32, pause: Duration) {
         metrics.acceptPaused()

@@ -101,6 +101,7 @@ final class ProxyWorker: HTTPServerDelegate {
             serverLimits.connectionBuffer = limits.connectionBuffer
             serverLimits.clientShares = shared.clientShares
             serverLimits.memory = shared.connectionMemory
+            serverLimits.memoryPressure = shared.memoryPressure
             servers.append(
                 try HTTPServer(
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,

@@ -36,6 +36,8 @@ final class SharedState: @unchecked Sendable {
     let clientShares: ClientShares
     /// What client connections hold: staged answers and queued output.
     let connectionMemory: ConnectionMemory
+    /// `limits.max_memory` and its overload action.
+    let memoryPressure: MemoryPressure
     /// Client connections open (`limits.max_connections`).
     let connections: ConnectionBudget
     let loadedAt = Date()
@@ -80,6 +82,8 @@ final class SharedState: @unchecked Sendable {
         clientShares = previous?.clientShares ?? ClientShares(process: bodies, perClient: runtime.configuration.limits.bufferedPerClient)
         clientShares.limit = runtime.configuration.limits.bufferedPerClient
         connectionMemory = previous?.connectionMemory ?? ConnectionMemory()
+        memoryPressure = previous?.memoryPressure ?? MemoryPressure(limit: runtime.configuration.limits.maxMemory)
+        memoryPressure.limit = runtime.configuration.limits.maxMemory
         // Connections open now stay counted; a lower cap stops new ones only.
         connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxClientConnections)
         connections.limit = runtime.configuration.limits.maxClientConnections
@@ -158,6 +162,9 @@ struct MemoryReading: Sendable, Equatable {
     var stagedAnswers = 0
     var clientOutput = 0
     var keptAnswers = 0
+    /// `limits.max_memory`, and whether its overload action is on.
+    var limit = 0
+    var pressure = false
 
     /// Each pool by its label, in a fixed order.
     var pools: [(String, Int)] {
@@ -171,9 +178,27 @@ struct MemoryReading: Sendable, Equatable {
 }
 
 extension SharedState {
+    /// `limits.max_memory`'s overload action began or ended (seen by a
+    /// worker at an accept or a new stream, or by a `/metrics` scrape): the
+    /// event and the count, once per change.
+    func memoryPressureChanged(_ change: MemoryPressure.Change, holding bytes: Int) {
+        let began = change == .began
+        metrics.counter("happypath_memory_pressure_changes_total", [("change", began ? "began" : "ended")]).increment()
+        events.publish(
+            "memory_pressure",
+            [("state", began ? "high" : "normal"), ("bytes", "\(bytes)"), ("max_memory", "\(memoryPressure.limit)")])
+    }
+
+    /// Checks the overload action against what is held now (a scrape's view).
+    func checkMemoryPressure() {
+        let total = bodies.current + connectionMemory.staged.current + connectionMemory.output.current
+        if let change = memoryPressure.check(total: total).change { memoryPressureChanged(change, holding: total) }
+    }
+
     var memoryReading: MemoryReading {
         MemoryReading(
             requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
-            clientOutput: connectionMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0)
+            clientOutput: connectionMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
+            limit: memoryPressure.limit, pressure: memoryPressure.active)
     }
 }

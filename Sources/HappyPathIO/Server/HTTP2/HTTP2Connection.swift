@@ -208,6 +208,12 @@ final class HTTP2Connection: HTTP2StreamOwner {
         for event in events {
             switch event {
             case let .opened(id):
+                // Over the high mark of limits.max_memory: the stream was
+                // never processed, so the client may send it again (RFC 9113 section 8.7).
+                if server.memoryUnderPressure() {
+                    session.resetStream(id, code: HTTP2ErrorCode.refusedStream.rawValue)
+                    continue
+                }
                 let actions = machine.streamOpened(id, now: t)
                 if let refused = actions.refuse {
                     session.resetStream(refused, code: HTTP2ErrorCode.refusedStream.rawValue)
