@@ -47,7 +47,10 @@ import Testing
             return now - last < 1 << 20
         }
         let grown = serve.residentBytes - before
-        if residentMemoryIsMeaningful {
+        // ThreadSanitizer's shadow memory multiplies what the process
+        // touches (239 MiB measured for these 66 MiB): checked in the plain
+        // pass only, as AddressSanitizer's quarantine is (`residentMemoryIsMeaningful`).
+        if residentMemoryIsMeaningful, ProcessInfo.processInfo.environment["TSAN_OPTIONS"] == nil {
             #expect(grown < 96 << 20, "resident memory grew by \(grown >> 20) MiB for 1,000 stalled streams")
         }
         print("stalled streams: resident memory grew by \(grown >> 10) KiB for 10 connections x 100 streams")
