@@ -18,7 +18,8 @@ public final class ClientShares: Sendable {
         var users: Int
     }
 
-    private let entries = Mutex<[String: Entry]>([:])
+    // `Locked` (a pthread mutex), not `Mutex`: ThreadSanitizer sees the one and not the other.
+    private let entries = Locked<[String: Entry]>([:])
     private let perClient: Atomic<Int>
     /// The process's budget every account draws from as well.
     public let process: BodyBudget
