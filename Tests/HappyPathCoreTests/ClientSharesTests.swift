@@ -79,6 +79,20 @@ import Testing
         }
     }
 
+    /// `check()` sums what `limits.max_memory` counts: bodies, staged answers, queued output.
+    @Test func itSumsTheBodiesAndTheConnectionsPools() {
+        let bodies = BodyBudget(limit: 10_000)
+        let memory = ConnectionMemory()
+        let p = MemoryPressure(limit: 1000, bodies: bodies, memory: memory)
+        #expect(bodies.reserve(400))
+        memory.staged.add(300)
+        #expect(p.check() == (false, nil, 700))
+        memory.output.add(200)
+        #expect(p.check() == (true, .began, 900))
+        bodies.release(400)
+        #expect(p.check() == (false, .ended, 500))
+    }
+
     @Test func aReloadMovesTheMarks() {
         let p = MemoryPressure(limit: 1000)
         #expect(p.check(total: 500).change == nil)

@@ -39,12 +39,25 @@ public struct ConnectionMemory: Sendable {
 /// its resources: at `high` (90 %) the listeners stop accepting and new
 /// HTTP/2 streams are refused (REFUSED_STREAM, safe for a client to retry);
 /// below `low` (75 %) they resume. Checked where a client would add to it
-/// (an accept, a new stream): a few atomic loads, no lock, no timer.
+/// (an accept, a new stream) and at each scrape: a few atomic loads, no
+/// lock, no timer.
 public final class MemoryPressure: Sendable {
     private let maximum: Atomic<Int>
     private let isHigh = Atomic<Bool>(false)
+    /// What it sums: the request bodies and the connections' pools.
+    private let bodies: BodyBudget?
+    private let memory: ConnectionMemory?
 
-    public init(limit: Int) { maximum = Atomic(limit) }
+    public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil) {
+        maximum = Atomic(limit)
+        self.bodies = bodies
+        self.memory = memory
+    }
+
+    /// What the process holds for clients now, as `limits.max_memory` counts it.
+    public var total: Int {
+        (bodies?.current ?? 0) + (memory?.staged.current ?? 0) + (memory?.output.current ?? 0)
+    }
 
     /// `limits.max_memory` (a reload may change it).
     public var limit: Int {
@@ -60,6 +73,14 @@ public final class MemoryPressure: Sendable {
 
     public enum Change: Sendable, Equatable {
         case began, ended
+    }
+
+    /// Checks against what is held now (`total`): whether the action is on,
+    /// the change this check made, and the bytes it saw.
+    public func check() -> (active: Bool, change: Change?, total: Int) {
+        let held = total
+        let (active, change) = check(total: held)
+        return (active, change, held)
     }
 
     /// `total` is what the process holds now: whether the action is on, and

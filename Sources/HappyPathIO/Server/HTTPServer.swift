@@ -39,16 +39,6 @@ public struct HTTPServerLimits: Sendable {
     /// `limits.max_memory` over request bodies and `memory` (nil: none).
     public var memoryPressure: MemoryPressure?
 
-    /// Whether the memory overload action is on now, checked against what
-    /// the process holds; `changed` hears a change (one checker sees each).
-    func memoryPressureActive(changed: (MemoryPressure.Change, Int) -> Void) -> Bool {
-        guard let memoryPressure else { return false }
-        let total = (bodyBudget?.current ?? 0) + (memory?.staged.current ?? 0) + (memory?.output.current ?? 0)
-        let (active, change) = memoryPressure.check(total: total)
-        if let change { changed(change, total) }
-        return active
-    }
-
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,
         path: PathNormalization = PathNormalization(), connections: ConnectionBudget? = nil,
@@ -355,9 +345,9 @@ public final class HTTPServer {
     /// The memory overload action is on (the delegate hears each change).
     func memoryUnderPressure() -> Bool {
         guard let pressure = limits.memoryPressure else { return false }
-        return limits.memoryPressureActive { change, total in
-            delegate?.memoryPressureChanged(change, holding: total, limit: pressure.limit)
-        }
+        let (active, change, total) = pressure.check()
+        if let change { delegate?.memoryPressureChanged(change, holding: total, limit: pressure.limit) }
+        return active
     }
 
     fileprivate func resumeAccepting() {

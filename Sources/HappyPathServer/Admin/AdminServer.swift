@@ -431,7 +431,7 @@ final class AdminServer: HTTPServerDelegate {
                 ($0.usage.entries, $0.usage.bytes, $0.maxBytes)
             },
             configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
-        snapshot.memory = shared.memoryReading.pools.map { (pool: $0.0, bytes: $0.1) }
+        snapshot.memory = shared.memoryReading.pools
         return snapshot
     }
 

@@ -82,7 +82,9 @@ final class SharedState: @unchecked Sendable {
         clientShares = previous?.clientShares ?? ClientShares(process: bodies, perClient: runtime.configuration.limits.bufferedPerClient)
         clientShares.limit = runtime.configuration.limits.bufferedPerClient
         connectionMemory = previous?.connectionMemory ?? ConnectionMemory()
-        memoryPressure = previous?.memoryPressure ?? MemoryPressure(limit: runtime.configuration.limits.maxMemory)
+        memoryPressure =
+            previous?.memoryPressure
+            ?? MemoryPressure(limit: runtime.configuration.limits.maxMemory, bodies: bodies, memory: connectionMemory)
         memoryPressure.limit = runtime.configuration.limits.maxMemory
         // Connections open now stay counted; a lower cap stops new ones only.
         connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxClientConnections)
@@ -157,7 +159,7 @@ final class InFlightCount: Sendable {
 
 /// What the process holds for its clients now, pool by pool
 /// (`happypath_memory_bytes{pool}`, `/admin/state`'s `memory`, the status page).
-struct MemoryReading: Sendable, Equatable {
+struct MemoryReading: Sendable {
     var requestBodies = 0
     var stagedAnswers = 0
     var clientOutput = 0
@@ -167,14 +169,12 @@ struct MemoryReading: Sendable, Equatable {
     var pressure = false
 
     /// Each pool by its label, in a fixed order.
-    var pools: [(String, Int)] {
+    var pools: [(pool: String, bytes: Int)] {
         [
             ("request_bodies", requestBodies), ("staged_answers", stagedAnswers), ("client_output", clientOutput),
             ("kept_answers", keptAnswers),
         ]
     }
-
-    var total: Int { requestBodies + stagedAnswers + clientOutput + keptAnswers }
 }
 
 extension SharedState {
@@ -191,8 +191,8 @@ extension SharedState {
 
     /// Checks the overload action against what is held now (a scrape's view).
     func checkMemoryPressure() {
-        let total = bodies.current + connectionMemory.staged.current + connectionMemory.output.current
-        if let change = memoryPressure.check(total: total).change { memoryPressureChanged(change, holding: total) }
+        let (_, change, total) = memoryPressure.check()
+        if let change { memoryPressureChanged(change, holding: total) }
     }
 
     var memoryReading: MemoryReading {
