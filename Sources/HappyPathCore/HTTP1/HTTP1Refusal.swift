@@ -69,6 +69,12 @@ public enum HTTP1Refusal: String, Error, Sendable, CaseIterable {
     /// of the body budget, `limits.max_buffered_per_client` (503 OVERLOADED).
     case bodyOverClientShare = "body_over_client_share"
 
+    /// The refusal of a body `budget` did not take: the client's share
+    /// when its own limit refused, else the process's budget.
+    public static func bodyOver(_ budget: BodyBudget?) -> HTTP1Refusal {
+        budget?.lastRefusalWasOwn == true ? .bodyOverClientShare : .bodyOverBudget
+    }
+
     /// The status the client is answered with.
     public var status: Int {
         switch self {

@@ -245,7 +245,8 @@ final class HTTPConnection {
     /// A request the edge will not serve: the delegate answers it, then the
     /// connection closes.
     private func refuse(_ reason: HTTP1Refusal) {
-        let reason = reason == .bodyOverBudget && clientAccount?.lastRefusalWasOwn == true ? .bodyOverClientShare : reason
+        // The machine names the process's budget; the account knows whether it was the share.
+        let reason = reason == .bodyOverBudget ? .bodyOver(clientAccount) : reason
         input.dropBody()
         let request = current ?? begin(.http11, isHead: false)
         if let delegate = server.delegate { delegate.reject(request, reason: reason) } else { request.reply(status: reason.status) }

@@ -223,7 +223,6 @@ final class HTTP2Connection: HTTP2StreamOwner {
                     session: session, id: id, peerAddress: peerAddress, localAddress: localAddress, isSecure: isSecure,
                     idle: streamIdle, now: { MonotonicClock().now() })  // a stream may outlive this driver
                 stream.owner = self
-                stream.budget = connection.bodyBudget()
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer
@@ -258,9 +257,11 @@ final class HTTP2Connection: HTTP2StreamOwner {
     /// A head with a body still to come: the delegate may hold it (a rate
     /// limit judged at the head) before any of the body is kept.
     private func screen(_ stream: HTTP2Stream) {
-        guard let delegate = server.delegate, stream.head != nil, stream.machine.state == .body,
-            let request = stream.hold()
-        else { return }
+        guard stream.head != nil, stream.machine.state == .body else { return }
+        // A body comes: counted in its client's share, taken now (a
+        // connection that sends none never takes an account).
+        stream.budget = connection.bodyBudget()
+        guard let delegate = server.delegate, let request = stream.hold() else { return }
         request.screened = true
         if delegate.holdsBody(request) {
             delegate.bodyHeld(request)

@@ -285,7 +285,7 @@ public final class HTTP2Stream: ClientStream {
         body = []
         budget?.release(reserved)
         reserved = 0
-        refusal = .http1(budget?.lastRefusalWasOwn == true ? .bodyOverClientShare : .bodyOverBudget)
+        refusal = .http1(.bodyOver(budget))
         perform(machine.refused(now: now()))
         owner?.http2StreamHasOutput(self)
     }
