@@ -28,14 +28,8 @@ struct OutputQueue {
     /// Writes `pieces` after anything queued: `.queued` when some of them
     /// wait (the caller watches the socket), `.failed` when the peer is gone.
     mutating func write(_ pieces: [UnsafeRawBufferPointer], to fd: Int32, tls: TLSSession?) -> WriteResult {
-        guard let pool else { return writeUncounted(pieces, to: fd, tls: tls) }
         let before = pending
-        let result = writeUncounted(pieces, to: fd, tls: tls)
-        pool.add(pending - before)
-        return result
-    }
-
-    private mutating func writeUncounted(_ pieces: [UnsafeRawBufferPointer], to fd: Int32, tls: TLSSession?) -> WriteResult {
+        defer { pool?.add(pending - before) }  // what stays queued, counted (nothing, usually)
         if let tls { return write(pieces, tls: tls) }
         var total = 0
         for p in pieces { total += p.count }
@@ -84,7 +78,7 @@ struct OutputQueue {
         }
         for p in pieces where p.count > 0 { buffer.append(p) }
         compact()
-        switch flushUncounted(to: -1, tls: tls) {
+        switch flushQueued(tls: tls) {
         case .drained: return .written
         case .progressed, .again: return .queued
         case .failed: return .failed
@@ -103,14 +97,13 @@ struct OutputQueue {
 
     /// Writes what is queued, as far as the kernel (or the TLS session) takes it.
     mutating func flush(to fd: Int32, tls: TLSSession?) -> FlushResult {
-        guard let pool else { return flushUncounted(to: fd, tls: tls) }
         let before = pending
-        let result = flushUncounted(to: fd, tls: tls)
-        pool.add(pending - before)
-        return result
+        defer { pool?.add(pending - before) }
+        return flushQueued(to: fd, tls: tls)
     }
 
-    private mutating func flushUncounted(to fd: Int32, tls: TLSSession?) -> FlushResult {
+    /// `flush` without the pool's count (the caller counts: a write through TLS).
+    private mutating func flushQueued(to fd: Int32 = -1, tls: TLSSession?) -> FlushResult {
         var progressed = false
         while buffer.count > sent {
             let n =
