@@ -20,16 +20,14 @@ import Testing
     /// 96 MiB: each connection's `limits.connection_buffer` (256 KiB) and
     /// output queue, and for each stream its upstream transfer in flight
     /// (about 50 KiB: libcurl's 16 KiB read buffer, one read staged, the
-    /// exchange). Measured 66 MiB (docs/http2.md,
-    /// "Memory"). Before the connection-wide bound each stream staged up to
-    /// 1 MiB, and libcurl read 64 KiB at a time: about 1.1 GiB here. (1 MiB, not more: what the proxy does not read waits in
-    /// the kernel's socket buffers, about an answer's worth per stream.)
+    /// exchange). Measured 66 MiB (docs/http2.md, "Memory"). Before the
+    /// connection-wide bound each stream staged up to 1 MiB, and libcurl read
+    /// 64 KiB at a time: about 1.1 GiB here. (1 MiB, not more: what the
+    /// proxy does not read waits in the kernel's socket buffers, about an
+    /// answer's worth per stream.)
     @Test func stalledStreamsPinOnlyTheConnectionsBound() throws {
-        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
-        demo.start()
+        let (demo, serve, port) = try Self.serve(clientTimeout: "60s")
         defer { demo.stop() }
-        let serve = try ServeProcess(config: Self.yaml(demo: demo.port, clientTimeout: "60s"))
-        let port = try #require(serve.listeningPort())
         #expect(try HTTP.request(port: port, "/ok").status == 200)
         let before = serve.residentBytes
         let attacker = try H2Attacker("stalled_streams", port: port, rounds: 1)
@@ -59,15 +57,13 @@ import Testing
         attacker.stop()
     }
 
-    /// 50 stalled streams kept "moving" by a 1-byte WINDOW_UPDATE each every
-    /// 0.5 s: progress counts only in whole KiB, so each is reset CANCEL
-    /// within about `client_timeout` (2 s here), not kept forever.
+    /// 50 stalled streams kept "moving" by a 1-byte WINDOW_UPDATE every
+    /// second to each that has bytes coming: progress counts only in whole
+    /// KiB, so all are reset CANCEL within two `client_timeout`s (2 s here),
+    /// not kept forever.
     @Test func aOneByteWindowTrickleDoesNotKeepAStreamAlive() throws {
-        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
-        demo.start()
-        defer { demo.stop() }
-        let serve = try ServeProcess(config: Self.yaml(demo: demo.port, clientTimeout: "2s"))
-        let port = try #require(serve.listeningPort())
+        let (demo, serve, port) = try Self.serve(clientTimeout: "2s")
+        defer { withExtendedLifetime(serve) { demo.stop() } }  // the process ends with its object
         let r = try H2Attacker.once("window_trickle", port: port)
         #expect(r["trickled_resets"] as? Int == 50, "\(r)")
         let last = r["last_reset_seconds"] as? Double ?? 99
@@ -140,6 +136,20 @@ import Testing
         #expect(waitUntil("the waiting client answered") { waiting.withLock { $0 } != nil })
         #expect(waiting.withLock { $0 } == 200)
         #expect(try admin.metric(#"happypath_memory_pressure_changes_total{change="ended"}"#) == 1)
+    }
+
+    /// `happypath serve` (a process of its own, one worker) in front of a
+    /// demo upstream of the test's (stop it when done), and its port.
+    static func serve(clientTimeout: String) throws -> (demo: DemoUpstream, serve: ServeProcess, port: Int) {
+        let demo = try DemoUpstream(host: "127.0.0.1", port: 0)
+        demo.start()
+        do {
+            let serve = try ServeProcess(config: yaml(demo: demo.port, clientTimeout: clientTimeout))
+            return (demo, serve, try #require(serve.listeningPort()))
+        } catch {
+            demo.stop()
+            throw error
+        }
     }
 
     static func yaml(demo: Int, clientTimeout: String) -> String {
