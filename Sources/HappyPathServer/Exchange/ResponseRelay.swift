@@ -5,9 +5,10 @@ import HappyPathPolicies
 /// One try's response on its way to the client: held back or streamed, its
 /// framing checked and rewritten, and the client's pace respected
 /// (back-pressure: past the client connection's `limits.connection_buffer`,
-/// all its streams together, the upstream transfer pauses). An error answer (4xx, 5xx, or a status the route
-/// retries) is held while the exchange decides what to do with it; its
-/// first 16 KiB are kept for `upstream_body` and the error mappings.
+/// all its streams together, the upstream transfer pauses). An error answer
+/// (4xx, 5xx, or a status the route retries) is held while the exchange
+/// decides what to do with it; its first 16 KiB are kept for
+/// `upstream_body` and the error mappings.
 struct ResponseRelay {
     enum Mode {
         /// No status yet.

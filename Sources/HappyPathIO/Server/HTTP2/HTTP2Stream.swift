@@ -72,9 +72,9 @@ public final class HTTP2Stream: ClientStream {
     /// (set by the driver: the stream window).
     var streamAhead = 64 * 1024
     /// Answer bytes all streams of the connection may stage together
-    /// (`limits.connection_buffer`, set by the driver): past it every
-    /// stream's answer waits (`outputRoom`), and a stream that waits is told
-    /// to go on once the connection's staged bytes are down to half of it.
+    /// (`limits.connection_buffer`, set by the driver): past it a stream
+    /// with bytes of its own staged waits (`outputRoom`), and is told to go
+    /// on once they are framed or the connection is down to half of it.
     var stagingBound = 256 * 1024
     /// Where request bodies are counted (`limits.max_buffered_bytes`), and
     /// how much of it this stream's body holds now.
