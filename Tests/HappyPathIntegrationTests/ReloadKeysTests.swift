@@ -64,6 +64,31 @@ import Testing
         #expect(h.proxy.reload(try ConfigLoader.parse(base + "\nhttp2: true", file: "test.yaml")).isEmpty)
     }
 
+    /// A client's share and `max_memory` take effect on the reload: the
+    /// next body is judged by the new share, the gauge shows the new limit.
+    @Test func theMemoryLimitsApplyOnReload() throws {
+        let base = """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams: { demo: { endpoints: [{{DEMO}}] } }
+            routes: [ { match: { path_prefix: / }, upstream: demo } ]
+            """
+        let h = try ProxyHarness(base.replacingOccurrences(of: "routes:", with: "limits: { max_buffered_per_client: 64KiB }\nroutes:"))
+        defer { h.stop() }
+        let body = [UInt8](repeating: 0x61, count: 100 * 1024)
+        let refused = try HTTP.request(port: h.port, "POST", "/echo", body: body)
+        #expect(refused.status == 503)
+        #expect((refused.json["detail"] as? String)?.contains("limits.max_buffered_per_client") == true)
+        let demo = h.demo.port
+        let next = try ConfigLoader.parse(
+            base.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo)")
+                .replacingOccurrences(of: "routes:", with: "limits: { max_buffered_per_client: 1MiB, max_memory: 512MiB }\nroutes:"),
+            file: "next.yaml")
+        #expect(h.proxy.reload(next).isEmpty)
+        #expect(try HTTP.request(port: h.port, "POST", "/echo", body: body).status == 200)
+        #expect(try AdminProbe(port: h.adminPort).metric("happypath_memory_limit_bytes") == Double(512 << 20))
+    }
+
     @Test func aRestartOnlyKeyRefusesTheWholeReloadByName() throws {
         let down = RefusingPort()
         let dead = down.port
@@ -86,6 +111,9 @@ import Testing
         new.limits.maxHeaderBytes += 1
         new.limits.clientTimeout += .seconds(1)
         new.limits.maxParked += 1
+        new.limits.connectionBuffer += 1
+        new.limits.maxBufferedPerClient = 1 << 20  // applied, as max_memory is
+        new.limits.maxMemory += 1
         new.admin.allowRemote.toggle()
         new.drainTimeout += .seconds(1)
         let keys = RestartOnlyKeys.changes(from: old, to: new, cores: 3).map {
@@ -94,7 +122,7 @@ import Testing
         #expect(
             keys == [
                 "listen", "admin.listen", "limits.max_request_body", "limits.max_header_bytes",
-                "limits.client_timeout",
+                "limits.client_timeout", "limits.connection_buffer",
             ])  // workers: 3 is what `auto` means on 3 cores, so no change
         new.workers = 4
         #expect(
