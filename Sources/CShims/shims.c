@@ -1,6 +1,11 @@
 #define _GNU_SOURCE
 #include <sys/socket.h>
 #include <malloc.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <linux/falloc.h>
 #include "CShims.h"
 #include <openssl/ssl.h>
 
@@ -49,6 +54,21 @@ void hp_malloc_map_large_blocks(size_t bytes) {
 
 int hp_accept(int fd, struct sockaddr *addr, socklen_t *len) {
     return accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+}
+
+int hp_open_unlinked(const char *directory) {
+    int fd = open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) return fd;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/happypath-spool.XXXXXX", directory);
+    if (n < 0 || (size_t)n >= sizeof path) return -1;
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0) unlink(path);
+    return fd;
+}
+
+int hp_punch_hole(int fd, long long offset, long long length) {
+    return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)offset, (off_t)length);
 }
 
 static CURLcode hp_moving_write_buffer(CURL *easy, void *ssl_ctx, void *userptr) {

@@ -41,7 +41,7 @@ extension Reader {
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
                     "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers", "connection_buffer",
-                    "max_buffered_per_client", "max_memory",
+                    "max_buffered_per_client", "max_memory", "read_ahead", "max_spooled_bytes",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -82,6 +82,17 @@ extension Reader {
                         "limits.connection_buffer must be between 16KiB and 64MiB (answer bytes staged per client connection)")
                 } else {
                     config.limits.connectionBuffer = v
+                }
+            }
+            if let v = size(lf["max_spooled_bytes"]?.value, "limits.max_spooled_bytes") { config.limits.maxSpooledBytes = v }
+            if let v = size(lf["read_ahead"]?.value, "limits.read_ahead", allowZero: true) {
+                if v > config.limits.maxSpooledBytes {
+                    error(
+                        lf["read_ahead"]?.value,
+                        "limits.read_ahead (\(Units.sizeText(v))) must not be above limits.max_spooled_bytes"
+                            + " (\(Units.sizeText(config.limits.maxSpooledBytes))): one answer's spool counts in it")
+                } else {
+                    config.limits.readAhead = v
                 }
             }
             if let v = choice(lf["encoded_slashes"]?.value, "limits.encoded_slashes", PathNormalization.EncodedSlashes.self) {
@@ -203,7 +214,14 @@ extension Reader {
         var s = StorageConfiguration()
         let f = fields(
             node, "storage",
-            known: ["path", "sync", "max_bytes", "retention", "status_path", "url", "pool", "lease", "required"])
+            known: ["path", "sync", "max_bytes", "retention", "status_path", "url", "pool", "lease", "required", "spool_dir"])
+        if let d = string(f["spool_dir"]?.value, "storage.spool_dir") {
+            if d.isEmpty || !d.hasPrefix("/") {
+                error(f["spool_dir"]?.value, "storage.spool_dir must be an absolute directory path, such as /var/lib/happypath/spool")
+            } else {
+                s.spoolDir = d
+            }
+        }
         if let u = string(f["url"]?.value, "storage.url") {
             if !(u.hasPrefix("postgres://") || u.hasPrefix("postgresql://") || u.contains("=")) {
                 error(

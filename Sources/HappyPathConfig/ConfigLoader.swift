@@ -76,6 +76,24 @@ public enum ConfigLoader {
         } ?? []
     }
 
+    /// The spool directory (`storage.spool_dir`, or its default) when
+    /// answers are read ahead (`limits.read_ahead` above 0): one this
+    /// process can make files in, or why not (the proxy still runs: slow
+    /// clients' answers then wait in their upstream transfers).
+    public static func spoolProblem(_ config: Configuration) -> String? {
+        guard config.limits.readAhead > 0 else { return nil }
+        let dir = config.spoolDirectory
+        var isDirectory: ObjCBool = false
+        if !FileManager.default.fileExists(atPath: dir, isDirectory: &isDirectory) {
+            return "storage.spool_dir: \(dir) does not exist; create it, set storage.spool_dir, or set limits.read_ahead: 0"
+        }
+        if !isDirectory.boolValue { return "storage.spool_dir: \(dir) is not a directory" }
+        if access(dir, W_OK | X_OK) != 0 {
+            return "storage.spool_dir: \(dir) is not writable by this user (uid \(getuid())); answers read ahead of slow clients are spooled there"
+        }
+        return nil
+    }
+
     static func yamlError(_ error: YamlError, file: String) -> ConfigError {
         switch error {
         case let .scanner(_, problem, mark, _), let .parser(_, problem, mark, _), let .composer(_, problem, mark, _):
@@ -269,10 +287,10 @@ final class Reader {
         return d
     }
 
-    func size(_ node: Node?, _ path: String) -> Int? {
+    func size(_ node: Node?, _ path: String, allowZero: Bool = false) -> Int? {
         guard let s = text(node, path) else { return nil }
-        guard let v = Units.size(s), v > 0 else {
-            error(node, "\(path): '\(s)' is not a size; write e.g. 512KiB, 10MiB")
+        guard let v = Units.size(s), v > 0 || (allowZero && v == 0) else {
+            error(node, "\(path): '\(s)' is not a size; write e.g. 512KiB, 10MiB\(allowZero ? " (0: off)" : "")")
             return nil
         }
         return v

@@ -47,6 +47,18 @@ public struct Configuration: Sendable {
 
     /// Some route stores its requests for later delivery (the store is needed).
     public var usesStore: Bool { routes.contains { $0.delivery.mode == .later } }
+    /// Where spool files go: `storage.spool_dir`, else beside the delivery
+    /// store's file when a route delivers later (a directory the process
+    /// writes already), else `$TMPDIR` or `/tmp`.
+    public var spoolDirectory: String {
+        if let dir = storage.spoolDir { return dir }
+        if usesStore, storage.url == nil {
+            let dir = (storage.path as NSString).deletingLastPathComponent
+            return dir.isEmpty ? "." : dir
+        }
+        let tmp = ProcessInfo.processInfo.environment["TMPDIR"] ?? ""
+        return tmp.isEmpty ? "/tmp" : tmp
+    }
     /// Some route keeps answers for `fallback.serve_stale` (the process then has a store of them).
     public var keepsAnswers: Bool { routes.contains { $0.fallback?.serveStale != nil } }
 
@@ -112,6 +124,20 @@ public struct Limits: Sendable {
 
     /// `maxBufferedPerClient` as it applies.
     public var bufferedPerClient: Int { maxBufferedPerClient ?? max(1, maxBufferedBytes / 8) }
+
+    /// Bytes of one answer read ahead of a slow client into a spool file
+    /// (`storage.spool_dir`) past `connectionBuffer`, so that its upstream
+    /// is free once it sent its last byte; 0: off (the upstream waits for
+    /// the client). `limits.read_ahead` in the file.
+    public var readAhead: Int = 16 * 1024 * 1024
+    /// Spool files of the whole process, all answers together
+    /// (`limits.max_spooled_bytes`); past it answers wait for their clients.
+    public var maxSpooledBytes: Int = 1024 * 1024 * 1024
+    /// One client's share of `maxSpooledBytes`: `max_buffered_per_client`
+    /// when set, else an eighth.
+    public var spooledPerClient: Int {
+        min(maxSpooledBytes, maxBufferedPerClient ?? max(1, maxSpooledBytes / 8))
+    }
     /// `%2F`, `%5C` and `\` in a path: kept as they came (never decoded)
     /// or refused with 400.
     public var encodedSlashes: PathNormalization.EncodedSlashes = .keep
@@ -270,6 +296,11 @@ public struct StorageConfiguration: Sendable, Equatable {
     public var statusPath = "/_happypath/deliveries"
     /// `storage.url`: a PostgreSQL database shared by every replica, instead of the file at `path`.
     public var url: String?
+    /// `storage.spool_dir`: where answers read ahead of slow clients are
+    /// spooled (`limits.read_ahead`); nil: beside the delivery store's
+    /// file when a route delivers later, else the system's temporary
+    /// directory (`spoolDirectory`).
+    public var spoolDir: String?
     /// Connections to it: one writes, the rest read (status URLs, listings).
     public var pool = 4
     /// A claimed delivery whose replica stopped renewing it (it died) is

@@ -166,6 +166,7 @@ struct Check: ParsableCommand {
         let file = config ?? ConfigLoader.defaultPath()
         let configuration = loadConfiguration(file)
         var storage = ConfigLoader.storageProblems(configuration).map(\.description)
+        if let spool = ConfigLoader.spoolProblem(configuration) { storage.append("\(file): \(spool)") }
         if connect, let url = configuration.storage.url {
             let name = StorageConfiguration.redact(url)
             do {

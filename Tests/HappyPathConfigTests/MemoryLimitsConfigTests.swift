@@ -1,3 +1,4 @@
+import Foundation
 import HappyPathConfig
 import Testing
 
@@ -37,6 +38,12 @@ import Testing
         ("{ connection_buffer: 65MiB }", "limits.connection_buffer must be between 16KiB and 64MiB"),
         ("{ connection_buffer: lots }", "limits.connection_buffer: 'lots' is not a size"),
         ("{ max_memory: 512KiB }", "limits.max_memory must be at least 1MiB"),
+        ("{ read_ahead: -1 }", "limits.read_ahead: '-1' is not a size"),
+        ("{ max_spooled_bytes: 0 }", "limits.max_spooled_bytes: '0' is not a size"),
+        (
+            "{ max_spooled_bytes: 8MiB, read_ahead: 16MiB }",
+            "limits.read_ahead (16MiB) must not be above limits.max_spooled_bytes (8MiB)"
+        ),
         (
             "{ max_buffered_bytes: 8MiB, max_buffered_per_client: 9MiB }",
             "limits.max_buffered_per_client (9MiB) must not be above limits.max_buffered_bytes (8MiB)"
@@ -45,6 +52,32 @@ import Testing
     func refusals(_ limits: String, _ message: String) {
         let found = errors(Self.yaml(limits)).map(\.message)
         #expect(found.contains { $0.contains(message) }, "\(found)")
+    }
+
+    /// Reading ahead (`limits.read_ahead`, `limits.max_spooled_bytes`,
+    /// `storage.spool_dir`): defaults, `0` turning it off, the per-client
+    /// share, and where the spool goes when the file does not say.
+    @Test func readAheadAndTheSpool() throws {
+        let c = try ConfigLoader.parse(Self.yaml("{}"), file: "t.yaml")
+        #expect(c.limits.readAhead == 16 << 20)
+        #expect(c.limits.maxSpooledBytes == 1 << 30)
+        #expect(c.limits.spooledPerClient == 128 << 20, "an eighth of max_spooled_bytes")
+        #expect(c.storage.spoolDir == nil)
+        let tmp = ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+        #expect(c.spoolDirectory == tmp, "no route delivers later: the system's temporary directory")
+        let off = try ConfigLoader.parse(Self.yaml("{ read_ahead: 0, max_buffered_per_client: 4MiB }"), file: "t.yaml")
+        #expect(off.limits.readAhead == 0)
+        #expect(off.limits.spooledPerClient == 4 << 20, "max_buffered_per_client, when set, is the spool's share too")
+        let set = try ConfigLoader.parse(
+            Self.yaml("{ read_ahead: 1MiB, max_spooled_bytes: 64MiB }") + "\nstorage: { spool_dir: /srv/spool }", file: "t.yaml")
+        #expect(set.limits.readAhead == 1 << 20 && set.limits.spooledPerClient == 8 << 20)
+        #expect(set.spoolDirectory == "/srv/spool")
+        let later = try ConfigLoader.parse(
+            Self.yaml("{}").replacingOccurrences(of: "upstream: api", with: "upstream: api\n    delivery: { mode: later }")
+                + "\nstorage: { path: /var/lib/hp/d.db }", file: "t.yaml")
+        #expect(later.spoolDirectory == "/var/lib/hp", "beside the delivery store")
+        let relative = errors(Self.yaml("{}") + "\nstorage: { spool_dir: spool }").map(\.message)
+        #expect(relative.contains { $0.contains("storage.spool_dir must be an absolute directory path") }, "\(relative)")
     }
 
     @Test(arguments: [(700, "700B"), (1024, "1KiB"), (1536, "1.5KiB"), (256 << 20, "256MiB"), (3 << 30, "3GiB")])

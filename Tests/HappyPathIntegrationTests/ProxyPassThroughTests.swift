@@ -107,7 +107,8 @@ import Testing
         let length = max(64 << 20, kernelMax + highWater + rounds * step + (8 << 20))
         let up = BulkUpstream(length: length).started()
         defer { up.stop() }
-        let h = try ProxyHarness(ProxyHarness.single(upstream: up.url), workers: 1)
+        // Back-pressure itself: nothing read ahead (ReadAheadTests has the spool).
+        let h = try ProxyHarness(ProxyHarness.single(upstream: up.url) + "\nlimits: { read_ahead: 0 }\n", workers: 1)
         let c = try TestConnection(port: h.port, receiveBuffer: 64 * 1024)
         try c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         let head = try Edge.readRawHead(c)

@@ -87,6 +87,16 @@ import Testing
         #expect(h.proxy.reload(next).isEmpty)
         #expect(try HTTP.request(port: h.port, "POST", "/echo", body: body).status == 200)
         #expect(try AdminProbe(port: h.adminPort).metric("happypath_memory_limit_bytes") == Double(512 << 20))
+        // The spool's budget applies at once; its directory needs a restart.
+        let spool = try ConfigLoader.parse(
+            base.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demo)")
+                .replacingOccurrences(of: "routes:", with: "limits: { read_ahead: 1MiB, max_spooled_bytes: 64MiB }\nroutes:"),
+            file: "spool.yaml")
+        #expect(h.proxy.reload(spool).isEmpty)
+        #expect(try AdminProbe(port: h.adminPort).metric("happypath_spool_limit_bytes") == Double(64 << 20))
+        var moved = spool
+        moved.storage.spoolDir = "/srv/elsewhere"
+        #expect(h.proxy.reload(moved) == ["storage.spool_dir cannot change on reload (restart to apply)"])
     }
 
     @Test func aRestartOnlyKeyRefusesTheWholeReloadByName() throws {

@@ -226,7 +226,8 @@ import Testing
     /// whole body arrives once the client reads.
     @Test func aPausedH2TransferIsCountedUntilItResumes() throws {
         let (up, tls, certificates) = try Self.upstream()
-        let h = try Self.proxy("https://127.0.0.1:\(up.tlsPort)", extra: tls)
+        // Nothing read ahead: the transfer itself waits for the client.
+        let h = try Self.proxy("https://127.0.0.1:\(up.tlsPort)", extra: tls, limits: "{ client_timeout: 5s, read_ahead: 0 }")
         defer { h.stop() }
         let admin = AdminProbe(port: h.adminPort)
         #expect(try admin.metrics()["happypath_upstream_h2_paused_transfers"] == 0)

@@ -34,6 +34,14 @@ CURLcode hp_msg_result(CURLMsg *msg);
 // module does not show): one call instead of accept + two fcntl.
 int hp_accept(int fd, struct sockaddr *addr, socklen_t *len);
 
+// MARK: - spool files
+// A file in `directory` no one can see: O_TMPFILE where the file system has
+// it, else a named file (happypath-spool.XXXXXX) unlinked at once. -1 on failure.
+int hp_open_unlinked(const char *directory);
+// Frees the blocks of [offset, offset + length) and keeps the file's size
+// (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). 0, or -1 with errno.
+int hp_punch_hole(int fd, long long offset, long long length);
+
 // MARK: - memory
 // Allocations of `bytes` or more get their own mappings, returned to the
 // system when freed. Setting it also turns off glibc's dynamic threshold,

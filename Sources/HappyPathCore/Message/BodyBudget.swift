@@ -34,6 +34,13 @@ public final class BodyBudget: Sendable {
         set { maximum.store(newValue, ordering: .relaxed) }
     }
 
+    /// Bytes a reservation could take now: what is left here and in the parent.
+    public var available: Int {
+        let own = limit - current
+        guard let parent else { return max(0, own) }
+        return max(0, min(own, parent.available))
+    }
+
     /// Takes `bytes` from the budget (and its parent), or nothing if they do not fit.
     public func reserve(_ bytes: Int) -> Bool {
         guard bytes > 0 else { return true }

@@ -103,10 +103,16 @@ public protocol ClientStream: AnyObject {
     /// an HTTP/2 connection together); 0 or less: wait now (`writeBodyPart`
     /// with nothing and `notifyWhenDrained`), 0 for a request not carried now.
     func outputRoom(for request: HTTPRequest) -> Int
+    /// The answer started may be read ahead of the client into a spool file
+    /// (`limits.read_ahead`): past the connection's bound its bytes go to
+    /// disk instead of waiting in the upstream transfer. Not for answers
+    /// that must keep the client's pace (event streams, gRPC calls).
+    func permitReadAhead(for request: HTTPRequest)
 }
 
 extension ClientStream {
     public func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream? { nil }
+    public func permitReadAhead(for request: HTTPRequest) {}
 }
 
 /// What `HTTPRequest` knows of a request's head besides its method, target

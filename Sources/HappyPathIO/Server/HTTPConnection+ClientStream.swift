@@ -212,9 +212,19 @@ extension HTTPConnection: ClientStream {
         return pendingOutput
     }
 
+    /// The connection's bound less what is queued (nothing while the spool
+    /// holds bytes: they go first), plus what the answer may still read
+    /// ahead into the spool.
     func outputRoom(for request: HTTPRequest) -> Int {
         guard current === request else { return 0 }
-        return server.limits.connectionBuffer - pendingOutput
+        let memory = spool?.isEmpty == false ? 0 : server.limits.connectionBuffer - output.pending
+        let ahead = readAheadRoom
+        return ahead > 0 ? max(0, memory) + ahead : memory
+    }
+
+    func permitReadAhead(for request: HTTPRequest) {
+        guard current === request, let readAhead = server.limits.readAhead, readAhead.perAnswer > 0 else { return }
+        readsAhead = true
     }
 
     /// The staged head if it has not left yet (it goes with the next write).

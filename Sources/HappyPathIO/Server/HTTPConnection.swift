@@ -53,6 +53,14 @@ final class HTTPConnection {
 
     /// Bytes accepted for the client and not yet written.
     var output = OutputQueue()
+    /// Answer bytes read ahead of the client past `limits.connection_buffer`
+    /// (`limits.read_ahead`): written after `output`, refilled from as it drains.
+    var spool: AnswerSpool?
+    /// The answer now may be read ahead (`permitReadAhead`: not an event
+    /// stream); cleared when it ends.
+    var readsAhead = false
+    /// The client's share of `limits.max_spooled_bytes`, taken at the first spill.
+    private var spoolAccount: BodyBudget?
 
     /// The client's share of the body budget (`limits.max_buffered_per_client`),
     /// taken when its first body needs it and given back at the close.
@@ -298,6 +306,7 @@ final class HTTPConnection {
     func finished(_ request: HTTPRequest) {
         guard current === request else { return }
         current = nil
+        readsAhead = false
         input.forgetBody()
         let end = machine.requestEnd
         let actions = machine.responseEnded(buffered: input.buffered - end, outputPending: pendingOutput > 0)
@@ -345,6 +354,7 @@ final class HTTPConnection {
     func forget() -> Int32 {
         input.dropBody()
         leaveClientShare()
+        dropSpool()
         for event in [readEvent, writeEvent, timerEvent] { if let event { event_free(event) } }
         (readEvent, writeEvent, timerEvent) = (nil, nil, nil)
         defer { fd = -1 }
@@ -353,15 +363,26 @@ final class HTTPConnection {
 
     // MARK: - Writing
 
-    var pendingOutput: Int { output.pending }
+    /// Bytes for the client not written yet: queued, and read ahead into the spool.
+    var pendingOutput: Int { output.pending + (spool?.held ?? 0) }
 
     /// Writes `pieces` in order, after anything already queued: directly
     /// when nothing is queued (one writev), and whatever the kernel does
-    /// not take is queued, with a write event until it is gone. False if
-    /// the connection is gone.
+    /// not take is queued, with a write event until it is gone. An answer
+    /// read ahead (`readsAhead`) that would queue past `limits.connection_buffer`
+    /// goes to the spool instead, and so does everything after it until the
+    /// spool is empty. False if the connection is gone.
     @discardableResult
     func write(_ pieces: [UnsafeRawBufferPointer]) -> Bool {
         guard readEvent != nil else { return false }
+        if let spool, !spool.isEmpty {
+            spool.append(pieces)
+            return true
+        }
+        if readsAhead, output.pending > 0, spills(pieces), let spool = answerSpool() {
+            spool.append(pieces)
+            return true
+        }
         switch output.write(pieces, to: fd, tls: tls) {
         case .written: return true
         case .queued:
@@ -386,8 +407,72 @@ final class HTTPConnection {
         case .again: return
         case .failed: perform(machine.writeFailed())
         case .progressed: perform(machine.outputProgressed())
-        case .drained: perform(machine.outputDrained())
+        case .drained:
+            if let spool, !spool.isEmpty { return refill(from: spool) }
+            perform(machine.outputDrained())
         }
+    }
+
+    // MARK: - Reading ahead
+
+    /// Whether `pieces` would queue past `limits.connection_buffer`.
+    private func spills(_ pieces: [UnsafeRawBufferPointer]) -> Bool {
+        var total = output.pending
+        for p in pieces { total += p.count }
+        return total > server.limits.connectionBuffer
+    }
+
+    /// The connection's spool, made at its first spill (nil: no read-ahead).
+    private func answerSpool() -> AnswerSpool? {
+        if let spool { return spool }
+        spool = makeSpool()
+        return spool
+    }
+
+    /// A spool for one answer (this connection's, or an HTTP/2 stream's),
+    /// drawing on the client's share of `limits.max_spooled_bytes`; nil
+    /// without `limits.read_ahead`.
+    func makeSpool() -> AnswerSpool? {
+        guard let readAhead = server.limits.readAhead, readEvent != nil else { return nil }
+        let account = spoolAccount ?? readAhead.shares.account(for: peerAddress)
+        spoolAccount = account
+        return AnswerSpool(
+            account: account, limit: readAhead.perAnswer, pool: server.limits.memory?.output, open: readAhead.openFile)
+    }
+
+    /// Bytes the answer may still read ahead into the spool (0: none).
+    var readAheadRoom: Int {
+        guard readsAhead, let readAhead = server.limits.readAhead else { return 0 }
+        return spool?.room ?? readAhead.perAnswer
+    }
+
+    /// The queue drained: the spool's front follows it, as far as the kernel takes it.
+    private func refill(from spool: AnswerSpool) {
+        var result = OutputQueue.WriteResult.written
+        while result == .written, !spool.isEmpty {
+            result = withUnsafeTemporaryAllocation(byteCount: Self.refillChunk, alignment: 16) { buffer in
+                guard let n = spool.read(into: buffer.baseAddress!, max: buffer.count) else { return .failed }
+                return output.write([UnsafeRawBufferPointer(rebasing: buffer[0..<n])], to: fd, tls: tls)
+            }
+        }
+        switch result {
+        case .written: perform(machine.outputDrained())
+        case .queued: perform(machine.outputProgressed())
+        case .failed: perform(machine.writeFailed())
+        }
+    }
+
+    /// Bytes taken from the spool per refill.
+    static let refillChunk = 64 * 1024
+
+    /// The connection is gone: its spool file and its client's account go.
+    private func dropSpool() {
+        spool?.close()
+        spool = nil
+        readsAhead = false
+        guard spoolAccount != nil, let readAhead = server.limits.readAhead else { return }
+        spoolAccount = nil
+        readAhead.shares.leave(peerAddress)
     }
 
     /// Tells `current`'s observer when everything queued so far is written;

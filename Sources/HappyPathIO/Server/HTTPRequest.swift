@@ -188,6 +188,10 @@ public final class HTTPRequest {
     /// streams together); 0 or less: the answer waits for the client.
     public var outputRoom: Int { stream.outputRoom(for: self) }
 
+    /// The answer started may be read ahead of the client into a spool
+    /// file (`ClientStream.permitReadAhead`).
+    public func permitReadAhead() { stream.permitReadAhead(for: self) }
+
     /// Finishes a streamed reply and releases the request. A body shorter
     /// than its announced length cannot end well: the stream breaks it off.
     public func endReply() {

@@ -38,6 +38,9 @@ public struct HTTPServerLimits: Sendable {
     public var memory: ConnectionMemory?
     /// `limits.max_memory` over request bodies and `memory` (nil: none).
     public var memoryPressure: MemoryPressure?
+    /// Answers read ahead of slow clients into spool files (`limits.read_ahead`;
+    /// nil: none, a slow client's answer waits in its upstream transfer).
+    public var readAhead: ReadAhead?
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,

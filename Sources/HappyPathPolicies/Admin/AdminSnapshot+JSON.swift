@@ -17,6 +17,7 @@ extension AdminSnapshot {
             "parked":\(parked),"max_parked":\(maxParked),\
             "buffered_bytes":\(bufferedBytes),"max_buffered_bytes":\(maxBufferedBytes),\
             "memory":{\(memory.map { "\(JSON.quote($0.pool)):\($0.bytes)" }.joined(separator: ","))},\
+            "spooled_bytes":\(spooled),\
             "deliveries":\(deliveriesJSON),\
             "rate_limits":[\(limits.joined(separator: ","))],"fallback":\(fallback),\
             "config":{"source":\(JSON.quote(configSource)),"loaded_at":\(JSON.quote(loadedAt.formatted(.iso8601)))},\

@@ -431,7 +431,9 @@ final class AdminServer: HTTPServerDelegate {
                 ($0.usage.entries, $0.usage.bytes, $0.maxBytes)
             },
             configSource: config.source, loadedAt: shared.loadedAt, upstreams: upstreams)
-        snapshot.memory = shared.memoryReading.pools
+        let reading = shared.memoryReading
+        snapshot.memory = reading.pools
+        snapshot.spooled = reading.spooled
         return snapshot
     }
 

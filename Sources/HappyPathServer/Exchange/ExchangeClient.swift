@@ -26,6 +26,8 @@ protocol ExchangeClient: AnyObject {
     /// Bytes the client's connection may still queue, all its streams
     /// together (back-pressure: 0 or less, the answer waits).
     var outputRoom: Int { get }
+    /// The answer started may be read ahead of the client (`limits.read_ahead`).
+    func permitReadAhead()
     func endReply()
     func abort()
     func reply(status: Int, headers: [HTTPField], body: String?)
@@ -95,6 +97,7 @@ final class DeliverySink: ExchangeClient {
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool) {}
     var pendingOutput: Int { 0 }
     var outputRoom: Int { Int.max }
+    func permitReadAhead() {}
     func endReply() {}
     func abort() {}
     func reply(status: Int, headers: [HTTPField], body: String?) {}

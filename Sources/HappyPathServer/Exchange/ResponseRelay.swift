@@ -79,6 +79,8 @@ struct ResponseRelay {
     private var grpcDetails: [UInt8]?
     /// Paused until the client's connection drains.
     private(set) var waitingForDrain = false
+    /// The streamed answer's `content-type` is `text/event-stream`.
+    private var eventStream = false
     /// The head is checked as it comes; its framing is the proxy's to write,
     /// never forwarded as it came (see `ResponseFraming`).
     private var framing = ResponseFraming()
@@ -156,6 +158,7 @@ struct ResponseRelay {
         heldForRetry = nil
         holdingHeadForGRPC = false
         framing = ResponseFraming()
+        eventStream = false
         upstreamConnection.removeAll(keepingCapacity: true)
         kept?.reset()
     }
@@ -219,6 +222,7 @@ struct ResponseRelay {
         case .streaming:
             request.addResponseHeader(name: name, value: value)
             kept?.add(name: name, value: value)
+            if name.count == 12, HTTPBytes.equals(name, "content-type") { eventStream = Self.isEventStream(value) }
         case .holding:
             if HTTPBytes.equals(name, "ratelimit") { rateLimit = String(decoding: value, as: UTF8.self) }
             heldFields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
@@ -267,7 +271,21 @@ struct ResponseRelay {
         request.addResponseHeader("X-Happypath-Attempts", String(attempt))
         extra?.stage(on: request)
         request.startReply(status: status, contentLength: length, reason: reason)
+        // An event stream and a gRPC call keep their client's pace; any other
+        // answer is read from its upstream at the upstream's pace.
+        if !eventStream, !readsGRPCStatus { request.permitReadAhead() }
         return .streamed
+    }
+
+    /// `text/event-stream` (its parameters aside): an answer whose events
+    /// are worth nothing late, never read ahead of its client.
+    static func isEventStream(_ value: UnsafeRawBufferPointer) -> Bool {
+        let type: StaticString = "text/event-stream"
+        let n = type.utf8CodeUnitCount
+        guard value.count >= n else { return false }
+        let head = UnsafeRawBufferPointer(rebasing: value[0..<n])
+        guard HTTPBytes.equals(head, type) else { return false }
+        return value.count == n || value[n] == UInt8(ascii: ";") || value[n] == 0x20 || value[n] == 0x09
     }
 
     /// Body bytes: kept (holding) or sent (streaming). False: the client is

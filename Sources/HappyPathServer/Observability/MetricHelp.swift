@@ -59,6 +59,8 @@ enum MetricHelp {
         "happypath_memory_bytes":
             "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
+        "happypath_spool_bytes": "Answer bytes read ahead of slow clients into spool files now (limits.read_ahead), on disk.",
+        "happypath_spool_limit_bytes": "limits.max_spooled_bytes: answer bytes the process spools to disk at most.",
         "happypath_tls_handshakes_total": "TLS handshakes completed on TLS listeners, by protocol version.",
         "happypath_tls_handshake_failures_total": "TLS handshakes that failed, by reason.",
         "happypath_tls_certificate_expiry_seconds": "When each listener certificate expires, as Unix time in seconds.",

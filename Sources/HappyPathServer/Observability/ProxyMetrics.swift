@@ -73,6 +73,8 @@ final class ProxyMetrics: Sendable {
             for (pool, bytes) in memory.pools { gauge("happypath_memory_bytes", [("pool", pool)]).record(bytes) }
             gauge("happypath_memory_limit_bytes", []).record(memory.limit)
             gauge("happypath_memory_pressure", []).record(memory.pressure ? 1 : 0)
+            gauge("happypath_spool_bytes", []).record(memory.spooled)
+            gauge("happypath_spool_limit_bytes", []).record(memory.spoolLimit)
         }
         if let parkedLimit { gauge("happypath_parked_commands_limit", []).record(parkedLimit) }
         process.record(into: self)

@@ -92,6 +92,7 @@ public final class ProxyServer: @unchecked Sendable {
             self.deliveries = deliveries
             shared.deliveries = deliveries
         }
+        checkSpool(shared.readAhead)
         if let tracing = config.tracing {
             let tracer = Tracer(tracing, version: ProxyServer.version, clock: clock)
             tracer.exporter.start()
@@ -141,6 +142,27 @@ public final class ProxyServer: @unchecked Sendable {
                 "workers": "\(workerCount)", "routes": "\(config.routes.count)",
                 "upstreams": "\(config.upstreams.count)", "config": "\(config.source)",
             ])
+    }
+
+    /// The spool directory at start: what a killed process may have left
+    /// there goes, and a directory no file can be made in is said once (the
+    /// proxy runs on: slow clients' answers then wait in their upstream
+    /// transfers, as with `limits.read_ahead: 0`).
+    private func checkSpool(_ readAhead: ReadAhead) {
+        guard readAhead.perAnswer > 0 else { return }
+        let removed = readAhead.sweep()
+        if removed > 0 {
+            logger.info("spool files left by an earlier process removed", metadata: ["spool_dir": "\(readAhead.directory)", "files": "\(removed)"])
+        }
+        let fd = readAhead.openFile()
+        if fd >= 0 {
+            close(fd)
+        } else {
+            let reason = String(cString: strerror(errno))
+            logger.warning(
+                "storage.spool_dir: cannot make a spool file; answers are not read ahead of slow clients",
+                metadata: ["spool_dir": "\(readAhead.directory)", "error": "\(reason)"])
+        }
     }
 
     /// Each TLS listener's certificates, read now (nil for a plain one).

@@ -30,6 +30,8 @@ enum RestartOnlyKeys {
         if new.listeners.map({ new.http2(for: $0) }) != old.listeners.map({ old.http2(for: $0) }) { keys.append("http2") }
         if new.limits.clientTimeout != old.limits.clientTimeout { keys.append("limits.client_timeout") }
         if new.limits.connectionBuffer != old.limits.connectionBuffer { keys.append("limits.connection_buffer") }
+        // Its default follows the store's file; the directory in use is the one chosen at start.
+        if new.storage.spoolDir != old.storage.spoolDir { keys.append("storage.spool_dir") }
         if new.limits.encodedSlashes != old.limits.encodedSlashes { keys.append("limits.encoded_slashes") }
         if new.mergeSlashes != old.mergeSlashes { keys.append("normalize.merge_slashes") }
         if old.keepsAnswers {

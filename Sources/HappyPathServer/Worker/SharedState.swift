@@ -38,6 +38,10 @@ final class SharedState: @unchecked Sendable {
     let connectionMemory: ConnectionMemory
     /// `limits.max_memory` and its overload action.
     let memoryPressure: MemoryPressure
+    /// Answers read ahead of slow clients into spool files (`limits.read_ahead`,
+    /// `limits.max_spooled_bytes`, `storage.spool_dir`): one for the
+    /// process's life (the directory is restart-only), its limits reloaded.
+    let readAhead: ReadAhead
     /// Client connections open (`limits.max_connections`).
     let connections: ConnectionBudget
     let loadedAt = Date()
@@ -86,6 +90,15 @@ final class SharedState: @unchecked Sendable {
             previous?.memoryPressure
             ?? MemoryPressure(limit: runtime.configuration.limits.maxMemory, bodies: bodies, memory: connectionMemory)
         memoryPressure.limit = runtime.configuration.limits.maxMemory
+        let spooling = runtime.configuration.limits
+        readAhead =
+            previous?.readAhead
+            ?? ReadAhead(
+                directory: runtime.configuration.spoolDirectory, perAnswer: spooling.readAhead,
+                maxSpooled: spooling.maxSpooledBytes, perClient: spooling.spooledPerClient)
+        readAhead.perAnswer = spooling.readAhead
+        readAhead.shares.process.limit = spooling.maxSpooledBytes
+        readAhead.shares.limit = spooling.spooledPerClient
         // Connections open now stay counted; a lower cap stops new ones only.
         connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxClientConnections)
         connections.limit = runtime.configuration.limits.maxClientConnections
@@ -167,6 +180,10 @@ struct MemoryReading: Sendable {
     /// `limits.max_memory`, and whether its overload action is on.
     var limit = 0
     var pressure = false
+    /// Answer bytes read ahead to disk (`limits.read_ahead`), and their
+    /// budget (`limits.max_spooled_bytes`): on disk, not in `limit`.
+    var spooled = 0
+    var spoolLimit = 0
 
     /// Each pool by its label, in a fixed order.
     var pools: [(pool: String, bytes: Int)] {
@@ -199,6 +216,7 @@ extension SharedState {
         MemoryReading(
             requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
             clientOutput: connectionMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
-            limit: memoryPressure.limit, pressure: memoryPressure.active)
+            limit: memoryPressure.limit, pressure: memoryPressure.active, spooled: readAhead.spooled,
+            spoolLimit: readAhead.shares.process.limit)
     }
 }

@@ -226,6 +226,10 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer
+                if let readAhead = server.limits.readAhead {
+                    stream.readAheadLimit = readAhead.perAnswer
+                    stream.makeSpool = { [unowned connection] in connection.makeSpool() }
+                }
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)

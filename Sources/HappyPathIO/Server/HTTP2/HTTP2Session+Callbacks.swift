@@ -232,6 +232,7 @@ extension HTTP2Session {
     func streamClosed(_ id: Int32, code: UInt32) {
         guard let stream = streams.removeValue(forKey: id) else { return }
         stagedBytes -= stream.output.count
+        stream.spool?.close()
         current.events.append(.closed(id, code: code))
     }
 
@@ -244,9 +245,18 @@ extension HTTP2Session {
         _ id: Int32, into buffer: UnsafeMutablePointer<UInt8>?, length: Int, flags: UnsafeMutablePointer<UInt32>?
     ) -> Int {
         guard let stream = streams[id] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-        let n = buffer.map { stream.output.take(into: UnsafeMutableRawPointer($0), max: length) } ?? 0
+        var n = buffer.map { stream.output.take(into: UnsafeMutableRawPointer($0), max: length) } ?? 0
         stagedBytes -= n
         guard stream.output.isEmpty else { return n }
+        // Then what was read ahead into the spool (the file's front).
+        if let spool = stream.spool, !spool.isEmpty, let buffer, n < length {
+            guard let read = spool.read(into: UnsafeMutableRawPointer(buffer + n), max: length - n) else {
+                // The spool could not be read: the answer is broken off (the stream reset).
+                return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+            }
+            n += read
+            if !spool.isEmpty { return n }
+        }
         if stream.outputEnded {
             var f = NGHTTP2_DATA_FLAG_EOF.rawValue
             if let trailers = stream.trailers, !trailers.isEmpty {

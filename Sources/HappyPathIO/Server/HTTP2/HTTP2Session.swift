@@ -163,6 +163,9 @@ public final class HTTP2Session {
         var answerSubmitted = false
         /// Bytes staged for the data provider (counted in the session's `stagedBytes`).
         var output = ByteQueue()
+        /// Bytes read ahead past the connection's bound (`limits.read_ahead`),
+        /// framed after `output`; nil until the stream's first spill.
+        var spool: AnswerSpool?
         var outputEnded = false
         var trailers: HTTP2FieldBlock?
         /// The data provider said DEFERRED: `resume_data` on the next bytes.
@@ -388,14 +391,29 @@ public final class HTTP2Session {
 
     /// `sendData` with the trailers as bytes (names lower-cased there).
     public func sendData(_ id: Int32, _ bytes: UnsafeRawBufferPointer, end: Bool, trailerBlock trailers: HTTP2FieldBlock?) {
+        sendData(id, bytes, end: end, trailerBlock: trailers, spill: nil)
+    }
+
+    /// `sendData`, the bytes into a spool: `spill` (kept as the stream's)
+    /// when given, and the stream's spool whenever it holds bytes (they
+    /// go first); else staged in memory.
+    public func sendData(
+        _ id: Int32, _ bytes: UnsafeRawBufferPointer, end: Bool = false, trailerBlock trailers: HTTP2FieldBlock? = nil,
+        spill: AnswerSpool?
+    ) {
         guard let stream = streams[id], !stream.outputEnded else { return }
-        stream.output.append(bytes)
-        stagedBytes += bytes.count
+        if stream.spool == nil, let spill { stream.spool = spill }
+        if let spool = stream.spool, spill != nil || !spool.isEmpty {
+            spool.append(bytes)
+        } else {
+            stream.output.append(bytes)
+            stagedBytes += bytes.count
+        }
         if end {
             stream.outputEnded = true
             stream.trailers = trailers
         }
-        if stream.deferred, !stream.output.isEmpty || end {
+        if stream.deferred, !stream.output.isEmpty || stream.spool?.isEmpty == false || end {
             stream.deferred = false
             nghttp2_session_resume_data(session, id)
         }
@@ -406,8 +424,17 @@ public final class HTTP2Session {
         bytes.withUnsafeBytes { sendData(id, $0, end: end, trailers: trailers) }
     }
 
-    /// Bytes staged for the stream and not yet taken by nghttp2.
-    public func pendingOutput(for id: Int32) -> Int { streams[id]?.output.count ?? 0 }
+    /// Bytes for the stream not yet taken by nghttp2: staged, and read ahead into its spool.
+    public func pendingOutput(for id: Int32) -> Int {
+        guard let stream = streams[id] else { return 0 }
+        return stream.output.count + (stream.spool?.held ?? 0)
+    }
+
+    /// The stream's bytes staged in memory (what `stagedBytes` counts of it).
+    public func stagedOutput(for id: Int32) -> Int { streams[id]?.output.count ?? 0 }
+
+    /// The stream's spool (nil until its first spill, or once it is gone).
+    public func spool(for id: Int32) -> AnswerSpool? { streams[id]?.spool }
 
     /// Bytes staged for every stream of the session and not yet taken by
     /// nghttp2: what the connection's staging bound (`limits.connection_buffer`) counts.

@@ -76,6 +76,13 @@ public final class HTTP2Stream: ClientStream {
     /// with bytes of its own staged waits (`outputRoom`), and is told to go
     /// on once they are framed or the connection is down to half of it.
     var stagingBound = 256 * 1024
+    /// Makes this stream's spool at its first spill (set by the driver when
+    /// the process reads answers ahead, `limits.read_ahead`), and how much
+    /// one answer may hold there.
+    var makeSpool: (() -> AnswerSpool?)?
+    var readAheadLimit = 0
+    /// The answer may be read ahead (`permitReadAhead`).
+    var readsAhead = false
     /// Where request bodies are counted (`limits.max_buffered_bytes`), and
     /// how much of it this stream's body holds now.
     public var budget: BodyBudget?
@@ -217,7 +224,8 @@ public final class HTTP2Stream: ClientStream {
     /// stream), and hears `streamDrained` once they are framed. (One with
     /// nothing staged goes on: `outputRoom`.)
     func connectionFull() {
-        guard let request = current, !drainWanted, machine.state == .answering, session.pendingOutput(for: id) > 0
+        guard let request = current, !drainWanted, machine.state == .answering, session.pendingOutput(for: id) > 0,
+            readAheadRoom == 0
         else { return }
         drainWanted = true
         request.streamMustWait()
@@ -466,8 +474,14 @@ public final class HTTP2Stream: ClientStream {
         let (n, actions) = machine.bodyBytes(bytes.count, now: now())
         if n > 0 {
             submitPendingHead()
-            session.sendData(id, UnsafeRawBufferPointer(rebasing: bytes[0..<n]))
-            if session.stagedBytes >= stagingBound { owner?.http2ConnectionFull(self) }
+            let part = UnsafeRawBufferPointer(rebasing: bytes[0..<n])
+            if readsAhead, spills(n) {
+                // Past the connection's bound: read ahead into the stream's spool.
+                session.sendData(id, part, spill: session.spool(for: id) ?? makeSpool?())
+            } else {
+                session.sendData(id, part)
+                if session.stagedBytes >= stagingBound { owner?.http2ConnectionFull(self) }
+            }
         }
         perform(actions)
         if notify { drainWanted = true }
@@ -516,18 +530,6 @@ public final class HTTP2Stream: ClientStream {
     /// The stream's bytes staged and not yet taken into DATA frames.
     public func pendingOutput(for request: HTTPRequest) -> Int {
         current === request ? session.pendingOutput(for: id) : 0
-    }
-
-    /// What the connection may still stage, all its streams together (0 or
-    /// less: this answer waits). A stream with nothing of its own staged may
-    /// always stage one read more: a read its upstream transfer made already
-    /// costs the same waiting here as inside libcurl, and so one stalled
-    /// stream that filled the connection never holds up another's answer.
-    /// A stalled client's connection holds the bound plus one read per stream.
-    public func outputRoom(for request: HTTPRequest) -> Int {
-        guard current === request else { return 0 }
-        let room = stagingBound - session.stagedBytes
-        return session.pendingOutput(for: id) == 0 ? max(1, room) : room
     }
 
     // MARK: - Fields

@@ -1,0 +1,41 @@
+import HappyPathCore
+
+/// How much of an answer a stream may stage or read ahead now: the
+/// connection's shared bound, and the stream's spool (`limits.read_ahead`).
+extension HTTP2Stream {
+    /// What the connection may still stage, all its streams together (0 or
+    /// less: this answer waits). A stream with nothing of its own staged may
+    /// always stage one read more: a read its upstream transfer made already
+    /// costs the same waiting here as inside libcurl, and so one stalled
+    /// stream that filled the connection never holds up another's answer.
+    /// A stalled client's connection holds the bound plus one read per stream.
+    ///
+    /// An answer read ahead has the room its spool has left besides: the
+    /// memory's none while the spool holds bytes (they go first).
+    public func outputRoom(for request: HTTPRequest) -> Int {
+        guard current === request else { return 0 }
+        let room = stagingBound - session.stagedBytes
+        let memory = session.stagedOutput(for: id) == 0 ? max(1, room) : room
+        let ahead = readAheadRoom
+        guard ahead > 0 else { return memory }
+        return session.spool(for: id)?.isEmpty == false ? ahead : max(0, memory) + ahead
+    }
+
+    public func permitReadAhead(for request: HTTPRequest) {
+        guard current === request, makeSpool != nil, readAheadLimit > 0 else { return }
+        readsAhead = true
+    }
+
+    /// Bytes the answer may still read ahead into its spool (0: none).
+    var readAheadRoom: Int {
+        guard readsAhead else { return 0 }
+        return session.spool(for: id)?.room ?? readAheadLimit
+    }
+
+    /// `n` bytes go to the spool: it holds bytes already, or they would
+    /// take the connection past its bound while this stream has bytes staged.
+    func spills(_ n: Int) -> Bool {
+        if session.spool(for: id)?.isEmpty == false { return true }
+        return session.stagedOutput(for: id) > 0 && session.stagedBytes + n > stagingBound
+    }
+}
