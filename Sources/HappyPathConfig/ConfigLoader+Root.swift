@@ -41,7 +41,7 @@ extension Reader {
                 known: [
                     "max_request_body", "max_header_bytes", "client_timeout", "max_parked", "max_buffered_bytes", "max_connections",
                     "encoded_slashes", "stale_max_bytes", "stale_max_entry", "max_headers", "connection_buffer",
-                    "max_buffered_per_client", "max_memory", "read_ahead", "max_spooled_bytes",
+                    "max_buffered_per_client", "max_memory", "read_ahead", "max_spooled_bytes", "body_in_memory",
                 ])
             if let v = size(lf["max_request_body"]?.value, "limits.max_request_body") { config.limits.maxRequestBody = v }
             if let v = size(lf["max_header_bytes"]?.value, "limits.max_header_bytes") {
@@ -85,6 +85,7 @@ extension Reader {
                 }
             }
             if let v = size(lf["max_spooled_bytes"]?.value, "limits.max_spooled_bytes") { config.limits.maxSpooledBytes = v }
+            if let v = size(lf["body_in_memory"]?.value, "limits.body_in_memory") { config.limits.bodyInMemory = v }
             if let v = size(lf["read_ahead"]?.value, "limits.read_ahead", allowZero: true) {
                 if v > config.limits.maxSpooledBytes {
                     error(

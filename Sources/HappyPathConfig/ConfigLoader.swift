@@ -77,11 +77,13 @@ public enum ConfigLoader {
     }
 
     /// The spool directory (`storage.spool_dir`, or its default) when
-    /// answers are read ahead (`limits.read_ahead` above 0): one this
-    /// process can make files in, or why not (the proxy still runs: slow
-    /// clients' answers then wait in their upstream transfers).
+    /// answers are read ahead (`limits.read_ahead` above 0) or bodies may
+    /// be spooled (`limits.body_in_memory` below `max_request_body`): one
+    /// this process can make files in, or why not (the proxy still runs:
+    /// slow clients' answers then wait in their upstream transfers, and
+    /// bodies are kept in memory).
     public static func spoolProblem(_ config: Configuration) -> String? {
-        guard config.limits.readAhead > 0 else { return nil }
+        guard config.limits.readAhead > 0 || config.limits.bodyInMemory < config.limits.maxRequestBody else { return nil }
         let dir = config.spoolDirectory
         var isDirectory: ObjCBool = false
         if !FileManager.default.fileExists(atPath: dir, isDirectory: &isDirectory) {

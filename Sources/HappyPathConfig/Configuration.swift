@@ -130,6 +130,11 @@ public struct Limits: Sendable {
     /// is free once it sent its last byte; 0: off (the upstream waits for
     /// the client). `limits.read_ahead` in the file.
     public var readAhead: Int = 16 * 1024 * 1024
+    /// A request body larger than this is kept (for retries and replays) in
+    /// a spool file instead of memory, counted in `maxSpooledBytes`; one
+    /// the disk cannot take is kept in memory within `maxBufferedBytes`.
+    /// `limits.body_in_memory` in the file.
+    public var bodyInMemory: Int = 64 * 1024
     /// Spool files of the whole process, all answers together
     /// (`limits.max_spooled_bytes`); past it answers wait for their clients.
     public var maxSpooledBytes: Int = 1024 * 1024 * 1024

@@ -62,6 +62,7 @@ import Testing
         #expect(c.limits.readAhead == 16 << 20)
         #expect(c.limits.maxSpooledBytes == 1 << 30)
         #expect(c.limits.spooledPerClient == 128 << 20, "an eighth of max_spooled_bytes")
+        #expect(c.limits.bodyInMemory == 64 << 10)
         #expect(c.storage.spoolDir == nil)
         let tmp = ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
         #expect(c.spoolDirectory == tmp, "no route delivers later: the system's temporary directory")

@@ -159,12 +159,37 @@ import Testing
         for name in ["happypath-spool.abc123", "happypath-spool.zzz999", "keep.me"] {
             FileManager.default.createFile(atPath: dir.path + "/" + name, contents: Data([1]))
         }
-        let readAhead = ReadAhead(directory: dir.path, perAnswer: 1 << 20, maxSpooled: 1 << 30, perClient: 1 << 27)
+        let readAhead = Spool(directory: dir.path, perAnswer: 1 << 20, maxSpooled: 1 << 30, perClient: 1 << 27)
         #expect(readAhead.sweep() == 2)
         #expect(dir.names == ["keep.me"])
         let fd = readAhead.openFile()
         #expect(fd >= 0)
         close(fd)
         #expect(dir.names == ["keep.me"])
+    }
+
+    /// A request body kept in a spool file (`limits.body_in_memory`):
+    /// written and read through its address like one in memory, counted in
+    /// the client's account until it is freed, and never made when the
+    /// account, the directory or the device cannot take it.
+    @Test func aSpooledBodyIsMappedCountedAndGivenBack() throws {
+        let dir = Directory()
+        let account = BodyBudget(limit: 4 << 20)
+        do {
+            let body = try #require(RequestBody(spooling: 3 << 20, budget: account) { AnswerSpool.openUnlinked(in: dir.path) })
+            #expect(body.isSpooled && body.count == 3 << 20)
+            #expect(account.current == 3 << 20)
+            let bytes = Self.pattern(3 << 20, seed: 9)
+            bytes.withUnsafeBytes { body.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+            #expect(body.bytes == bytes)
+            #expect(dir.names.isEmpty)
+            // The share has 1 MiB left: a second body of 2 MiB is not made.
+            #expect(RequestBody(spooling: 2 << 20, budget: account) { AnswerSpool.openUnlinked(in: dir.path) } == nil)
+            #expect(account.current == 3 << 20)
+        }
+        #expect(account.current == 0, "freed with the body")
+        #expect(RequestBody(spooling: 1 << 20, budget: account) { open("/dev/full", O_RDWR | O_CLOEXEC) } == nil)
+        #expect(RequestBody(spooling: 1 << 20, budget: account) { -1 } == nil)
+        #expect(account.current == 0)
     }
 }

@@ -6,12 +6,14 @@ import Testing
 /// process. A body that does not fit is answered 503 OVERLOADED before it is
 /// read; held bytes are given back when the request is done or its client
 /// leaves. (Every client here is 127.0.0.1: its share is set to the whole
-/// budget, so these test the process's; `ClientShareTests` the shares.)
+/// budget, so these test the process's; `ClientShareTests` the shares.
+/// Bodies stay in memory here, `body_in_memory` at `max_request_body`:
+/// `BodySpoolTests` has the spool.)
 @Suite struct BodyBudgetTests {
     static let yaml = """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
-        limits: { max_buffered_bytes: 1MiB, max_buffered_per_client: 1MiB }
+        limits: { max_buffered_bytes: 1MiB, max_buffered_per_client: 1MiB, body_in_memory: 10MiB }
         upstreams:
           demo: { endpoints: ["{{DEMO}}"] }
         routes:

@@ -5,12 +5,13 @@ import Testing
 /// `limits.max_buffered_per_client`: one client (its address) holds at most
 /// its share of the memory for request bodies; past it only its own new
 /// bodies are refused (503 OVERLOADED naming its share), and another client
-/// is served as before. Two clients: 127.0.0.1 and 127.0.0.2.
+/// is served as before. Two clients: 127.0.0.1 and 127.0.0.2. (Bodies stay
+/// in memory here, `body_in_memory` at `max_request_body`.)
 @Suite(.serialized) struct ClientShareTests {
     static let yaml = """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
-        limits: { max_buffered_bytes: 8MiB, max_buffered_per_client: 2MiB }
+        limits: { max_buffered_bytes: 8MiB, max_buffered_per_client: 2MiB, body_in_memory: 10MiB }
         upstreams:
           demo: { endpoints: ["{{DEMO}}"] }
         routes:

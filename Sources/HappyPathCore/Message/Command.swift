@@ -8,11 +8,19 @@
 /// `@unchecked Sendable`: the bytes are written once, by whoever made the
 /// body, before it is shared (a delivery's body goes to the store's
 /// thread); after that every user only reads them.
+///
+/// A large body may be kept in a spool file instead of memory
+/// (`limits.body_in_memory`): the file (without a name) is mapped, so the
+/// body is read into it and sent from it through the same `baseAddress`;
+/// its pages are the kernel's page cache, written to disk and given back
+/// under pressure, not the process's own memory.
 public final class RequestBody: @unchecked Sendable {
     public let count: Int
     public let baseAddress: UnsafeMutableRawPointer?
     /// Where this body's bytes are counted, given back when it is freed.
     private let budget: BodyBudget?
+    /// The spool file mapped at `baseAddress` (-1: the bytes are in memory).
+    private let spoolFile: Int32
 
     public static let empty = RequestBody(count: 0)
 
@@ -20,8 +28,38 @@ public final class RequestBody: @unchecked Sendable {
     public init(count: Int) {
         self.count = count
         budget = nil
+        spoolFile = -1
         baseAddress = count > 0 ? malloc(count)! : nil
     }
+
+    /// `count` bytes in the spool file `open` makes (a file without a
+    /// name), their blocks allocated at once so a full disk says so now,
+    /// not with a fault as the body is read; counted in `budget` (the
+    /// client's share of `limits.max_spooled_bytes`). Nil, with nothing
+    /// left behind, when the budget, the directory or the disk cannot take it.
+    public init?(spooling count: Int, budget: BodyBudget, open: () -> Int32) {
+        guard count > 0, budget.reserve(count) else { return nil }
+        let fd = open()
+        guard fd >= 0 else {
+            budget.release(count)
+            return nil
+        }
+        guard posix_fallocate(fd, 0, off_t(count)) == 0,
+            let base = mmap(nil, count, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),
+            base != UnsafeMutableRawPointer(bitPattern: -1)
+        else {
+            close(fd)
+            budget.release(count)
+            return nil
+        }
+        self.count = count
+        self.budget = budget
+        spoolFile = fd
+        baseAddress = base
+    }
+
+    /// The body is kept in a spool file.
+    public var isSpooled: Bool { spoolFile >= 0 }
 
     /// Allocates `count` bytes counted in `budget`; nil if they do not fit.
     /// `reserved`: bytes the caller already took from the budget for this body.
@@ -30,6 +68,7 @@ public final class RequestBody: @unchecked Sendable {
         if reserved > count { budget.release(reserved - count) }
         self.count = count
         self.budget = budget
+        spoolFile = -1
         baseAddress = count > 0 ? malloc(count)! : nil
     }
 
@@ -38,6 +77,7 @@ public final class RequestBody: @unchecked Sendable {
     init(adopting base: UnsafeMutableRawPointer?, count: Int, budget: BodyBudget?) {
         self.count = count
         self.budget = budget
+        spoolFile = -1
         baseAddress = base
     }
 
@@ -52,7 +92,12 @@ public final class RequestBody: @unchecked Sendable {
     }
 
     deinit {
-        free(baseAddress)
+        if spoolFile >= 0 {
+            munmap(baseAddress, count)
+            close(spoolFile)
+        } else {
+            free(baseAddress)
+        }
         budget?.release(count)
     }
 }

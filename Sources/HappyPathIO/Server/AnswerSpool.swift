@@ -6,17 +6,19 @@ import Synchronization
     import Glibc
 #endif
 
-/// Reading answers ahead of slow clients (`limits.read_ahead`), for the
-/// whole process: where the spool files go (`storage.spool_dir`), how much
-/// one answer may hold there, and the disk budget (`limits.max_spooled_bytes`)
-/// with each client's share of it. Shared by every worker.
+/// Spool files for the whole process: where they go (`storage.spool_dir`),
+/// how much of one answer may be read ahead of a slow client there
+/// (`limits.read_ahead`), which request bodies are kept there instead of
+/// memory (`limits.body_in_memory`), and the disk budget they share
+/// (`limits.max_spooled_bytes`) with each client's share of it. Shared by
+/// every worker.
 ///
 /// An answer is read from its upstream at the upstream's pace: what its
 /// client's connection cannot take yet goes into the connection's memory
 /// (`limits.connection_buffer`), then into a spool file, so the upstream
 /// connection and its concurrency slot are free once the upstream sent its
 /// last byte, as nginx's `proxy_buffering` reads into temporary files.
-public final class ReadAhead: Sendable {
+public final class Spool: Sendable {
     /// The directory spool files are made in (each unlinked at once).
     public let directory: String
     private let perAnswerLimit: Atomic<Int>
@@ -24,9 +26,12 @@ public final class ReadAhead: Sendable {
     /// (`limits.max_buffered_per_client`'s eighth of it by default).
     public let shares: ClientShares
 
-    public init(directory: String, perAnswer: Int, maxSpooled: Int, perClient: Int) {
+    private let bodyLimit: Atomic<Int>
+
+    public init(directory: String, perAnswer: Int, maxSpooled: Int, perClient: Int, bodyInMemory: Int = Int.max) {
         self.directory = directory
         perAnswerLimit = Atomic(perAnswer)
+        bodyLimit = Atomic(bodyInMemory)
         shares = ClientShares(process: BodyBudget(limit: maxSpooled), perClient: perClient)
     }
 
@@ -34,6 +39,12 @@ public final class ReadAhead: Sendable {
     public var perAnswer: Int {
         get { perAnswerLimit.load(ordering: .relaxed) }
         set { perAnswerLimit.store(newValue, ordering: .relaxed) }
+    }
+
+    /// A request body larger than this is kept in a spool file (a reload may change it).
+    public var bodyInMemory: Int {
+        get { bodyLimit.load(ordering: .relaxed) }
+        set { bodyLimit.store(newValue, ordering: .relaxed) }
     }
 
     /// Bytes in spool files now, all clients together.

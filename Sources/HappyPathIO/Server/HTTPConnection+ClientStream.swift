@@ -223,7 +223,7 @@ extension HTTPConnection: ClientStream {
     }
 
     func permitReadAhead(for request: HTTPRequest) {
-        guard current === request, let readAhead = server.limits.readAhead, readAhead.perAnswer > 0 else { return }
+        guard current === request, let readAhead = server.limits.spool, readAhead.perAnswer > 0 else { return }
         readsAhead = true
     }
 

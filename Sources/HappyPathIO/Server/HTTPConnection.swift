@@ -218,9 +218,13 @@ final class HTTPConnection {
         }
         var buffered = 0
         if case let .contentLength(n) = head.framing {
-            // The whole body is kept (for retries and replays): it must fit
-            // the process's budget, checked before the client is invited to send it.
-            guard let moved = input.startBody(length: n, headLength: head.headLength, budget: bodyBudget())
+            // The whole body is kept (for retries and replays): in a spool
+            // file when it is large and the disk takes it, else in memory,
+            // where it must fit the process's budget; checked before the
+            // client is invited to send it.
+            guard
+                let moved = input.startBody(
+                    length: n, headLength: head.headLength, budget: bodyBudget(), spooled: spooledBody(length: n))
             else { return perform(machine.refused(.bodyOverBudget)) }
             buffered = moved
         } else {
@@ -422,6 +426,17 @@ final class HTTPConnection {
         return total > server.limits.connectionBuffer
     }
 
+    /// Storage in a spool file for a body of `length` bytes larger than
+    /// `limits.body_in_memory`, counted in the client's share of
+    /// `limits.max_spooled_bytes`; nil (the body is kept in memory) for a
+    /// smaller one, or when the share, the directory or the disk cannot take it.
+    private func spooledBody(length: Int) -> RequestBody? {
+        guard let settings = server.limits.spool, length > settings.bodyInMemory, readEvent != nil else { return nil }
+        let account = spoolAccount ?? settings.shares.account(for: peerAddress)
+        spoolAccount = account
+        return RequestBody(spooling: length, budget: account, open: settings.openFile)
+    }
+
     /// The connection's spool, made at its first spill (nil: no read-ahead).
     private func answerSpool() -> AnswerSpool? {
         if let spool { return spool }
@@ -433,7 +448,7 @@ final class HTTPConnection {
     /// drawing on the client's share of `limits.max_spooled_bytes`; nil
     /// without `limits.read_ahead`.
     func makeSpool() -> AnswerSpool? {
-        guard let readAhead = server.limits.readAhead, readEvent != nil else { return nil }
+        guard let readAhead = server.limits.spool, readEvent != nil else { return nil }
         let account = spoolAccount ?? readAhead.shares.account(for: peerAddress)
         spoolAccount = account
         return AnswerSpool(
@@ -442,7 +457,7 @@ final class HTTPConnection {
 
     /// Bytes the answer may still read ahead into the spool (0: none).
     var readAheadRoom: Int {
-        guard readsAhead, let readAhead = server.limits.readAhead else { return 0 }
+        guard readsAhead, let readAhead = server.limits.spool else { return 0 }
         return spool?.room ?? readAhead.perAnswer
     }
 
@@ -470,7 +485,7 @@ final class HTTPConnection {
         spool?.close()
         spool = nil
         readsAhead = false
-        guard spoolAccount != nil, let readAhead = server.limits.readAhead else { return }
+        guard spoolAccount != nil, let readAhead = server.limits.spool else { return }
         spoolAccount = nil
         readAhead.shares.leave(peerAddress)
     }

@@ -40,7 +40,7 @@ public struct HTTPServerLimits: Sendable {
     public var memoryPressure: MemoryPressure?
     /// Answers read ahead of slow clients into spool files (`limits.read_ahead`;
     /// nil: none, a slow client's answer waits in its upstream transfer).
-    public var readAhead: ReadAhead?
+    public var spool: Spool?
 
     public init(
         maxHeaderBytes: Int, maxBodyBytes: Int, timeout: Duration, maxFields: Int = 100, bodyBudget: BodyBudget? = nil,

@@ -70,11 +70,13 @@ struct RequestInput {
 
     // MARK: - The body
 
-    /// Makes the storage of a body of `length` bytes (counted in `budget`)
-    /// and moves in what the buffer already holds of it. The bytes moved;
-    /// nil if the body does not fit the budget.
-    mutating func startBody(length: Int, headLength: Int, budget: BodyBudget?) -> Int? {
-        if let budget {
+    /// Makes the storage of a body of `length` bytes (`spooled` when given,
+    /// else in memory counted in `budget`) and moves in what the buffer
+    /// already holds of it. The bytes moved; nil if the body does not fit the budget.
+    mutating func startBody(length: Int, headLength: Int, budget: BodyBudget?, spooled: RequestBody? = nil) -> Int? {
+        if let spooled {
+            body = spooled
+        } else if let budget {
             guard let storage = RequestBody(count: length, budget: budget) else { return nil }
             body = storage
         } else {

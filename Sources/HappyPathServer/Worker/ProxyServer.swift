@@ -92,7 +92,7 @@ public final class ProxyServer: @unchecked Sendable {
             self.deliveries = deliveries
             shared.deliveries = deliveries
         }
-        checkSpool(shared.readAhead)
+        checkSpool(shared.spool)
         if let tracing = config.tracing {
             let tracer = Tracer(tracing, version: ProxyServer.version, clock: clock)
             tracer.exporter.start()
@@ -147,21 +147,20 @@ public final class ProxyServer: @unchecked Sendable {
     /// The spool directory at start: what a killed process may have left
     /// there goes, and a directory no file can be made in is said once (the
     /// proxy runs on: slow clients' answers then wait in their upstream
-    /// transfers, as with `limits.read_ahead: 0`).
-    private func checkSpool(_ readAhead: ReadAhead) {
-        guard readAhead.perAnswer > 0 else { return }
-        let removed = readAhead.sweep()
+    /// transfers, as with `limits.read_ahead: 0`, and bodies stay in memory).
+    private func checkSpool(_ spool: Spool) {
+        let removed = spool.sweep()
         if removed > 0 {
-            logger.info("spool files left by an earlier process removed", metadata: ["spool_dir": "\(readAhead.directory)", "files": "\(removed)"])
+            logger.info("spool files left by an earlier process removed", metadata: ["spool_dir": "\(spool.directory)", "files": "\(removed)"])
         }
-        let fd = readAhead.openFile()
+        let fd = spool.openFile()
         if fd >= 0 {
             close(fd)
         } else {
             let reason = String(cString: strerror(errno))
             logger.warning(
-                "storage.spool_dir: cannot make a spool file; answers are not read ahead of slow clients",
-                metadata: ["spool_dir": "\(readAhead.directory)", "error": "\(reason)"])
+                "storage.spool_dir: cannot make a spool file; answers are not read ahead of slow clients, bodies are kept in memory",
+                metadata: ["spool_dir": "\(spool.directory)", "error": "\(reason)"])
         }
     }
 

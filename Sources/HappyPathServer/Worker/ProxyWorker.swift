@@ -102,7 +102,7 @@ final class ProxyWorker: HTTPServerDelegate {
             serverLimits.clientShares = shared.clientShares
             serverLimits.memory = shared.connectionMemory
             serverLimits.memoryPressure = shared.memoryPressure
-            serverLimits.readAhead = shared.readAhead
+            serverLimits.spool = shared.spool
             servers.append(
                 try HTTPServer(
                     loop: loop, host: listener.host, port: listener.port, reusePort: true, limits: serverLimits,

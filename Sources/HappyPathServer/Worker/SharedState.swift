@@ -41,7 +41,7 @@ final class SharedState: @unchecked Sendable {
     /// Answers read ahead of slow clients into spool files (`limits.read_ahead`,
     /// `limits.max_spooled_bytes`, `storage.spool_dir`): one for the
     /// process's life (the directory is restart-only), its limits reloaded.
-    let readAhead: ReadAhead
+    let spool: Spool
     /// Client connections open (`limits.max_connections`).
     let connections: ConnectionBudget
     let loadedAt = Date()
@@ -91,14 +91,16 @@ final class SharedState: @unchecked Sendable {
             ?? MemoryPressure(limit: runtime.configuration.limits.maxMemory, bodies: bodies, memory: connectionMemory)
         memoryPressure.limit = runtime.configuration.limits.maxMemory
         let spooling = runtime.configuration.limits
-        readAhead =
-            previous?.readAhead
-            ?? ReadAhead(
+        spool =
+            previous?.spool
+            ?? Spool(
                 directory: runtime.configuration.spoolDirectory, perAnswer: spooling.readAhead,
-                maxSpooled: spooling.maxSpooledBytes, perClient: spooling.spooledPerClient)
-        readAhead.perAnswer = spooling.readAhead
-        readAhead.shares.process.limit = spooling.maxSpooledBytes
-        readAhead.shares.limit = spooling.spooledPerClient
+                maxSpooled: spooling.maxSpooledBytes, perClient: spooling.spooledPerClient,
+                bodyInMemory: spooling.bodyInMemory)
+        spool.perAnswer = spooling.readAhead
+        spool.bodyInMemory = spooling.bodyInMemory
+        spool.shares.process.limit = spooling.maxSpooledBytes
+        spool.shares.limit = spooling.spooledPerClient
         // Connections open now stay counted; a lower cap stops new ones only.
         connections = previous?.connections ?? ConnectionBudget(limit: runtime.configuration.limits.maxClientConnections)
         connections.limit = runtime.configuration.limits.maxClientConnections
@@ -216,7 +218,7 @@ extension SharedState {
         MemoryReading(
             requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
             clientOutput: connectionMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
-            limit: memoryPressure.limit, pressure: memoryPressure.active, spooled: readAhead.spooled,
-            spoolLimit: readAhead.shares.process.limit)
+            limit: memoryPressure.limit, pressure: memoryPressure.active, spooled: spool.spooled,
+            spoolLimit: spool.shares.process.limit)
     }
 }

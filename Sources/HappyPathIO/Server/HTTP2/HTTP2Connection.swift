@@ -226,7 +226,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer
-                if let readAhead = server.limits.readAhead {
+                if let readAhead = server.limits.spool {
                     stream.readAheadLimit = readAhead.perAnswer
                     stream.makeSpool = { [unowned connection] in connection.makeSpool() }
                 }
