@@ -102,6 +102,33 @@ import Testing
         #expect(state["spooled_bytes"] as? Int == 0)
     }
 
+    /// `limits.read_ahead` bounds what one answer spools: a stalled client
+    /// of a 50 MB answer holds 4 MiB on disk (and a read more), and its
+    /// upstream transfer waits for it beyond; once it leaves (killed), its
+    /// connection is seen gone and the spool is empty. (Over HTTP/2 the
+    /// stream's drain once spun: its memory was below half the bound while
+    /// its spool had no room, and each drain asked for the next.)
+    @Test(arguments: [false, true])
+    func oneAnswerSpoolsAtMostReadAhead(http2: Bool) throws {
+        let h = try ProxyHarness(Self.yaml(readAhead: "4MiB"), workers: 1)
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        let slow = try StalledClient(port: h.port, "/bytes?n=\(Self.size)", http2: http2)
+        defer { slow.stop() }
+        var last = -1.0
+        var same = 0
+        #expect(waitUntil("the spool settled", timeout: 30) {
+            let now = try admin.metric("happypath_spool_bytes")
+            same = now == last && now > 0 ? same + 1 : 0
+            last = now
+            return same >= 3
+        })
+        #expect(last >= Double(3 << 20) && last <= Double((4 << 20) + (64 << 10)), "\(last) bytes spooled for one answer")
+        slow.stop()
+        #expect(waitUntil("the spool empty") { try admin.metric("happypath_spool_bytes") == 0 })
+        #expect(try admin.metric("happypath_client_connections") == 0, "the client's connection is gone")
+    }
+
     /// A spool directory on a full disk: nothing is read ahead, the answer
     /// waits in its upstream transfer for the client (as with `read_ahead: 0`),
     /// and arrives whole.

@@ -125,11 +125,12 @@ public final class AnswerSpool {
     /// Bytes in the file now (reserved in the account).
     public var fileBytes: Int { written - freed }
 
-    /// Bytes the answer may still read ahead: within `limit`, the client's
-    /// share and the process's budget; 0 after a failure.
+    /// Bytes the answer may still read ahead: within `limit` (what the file
+    /// holds on disk, its read front until a hole is punched included), the
+    /// client's share and the process's budget; 0 after a failure.
     public var room: Int {
         guard !failed, tail.isEmpty else { return 0 }
-        return max(0, min(limit - (written - readTo), account.available))
+        return max(0, min(limit - fileBytes, account.available))
     }
 
     /// Appends `pieces` after everything held: to the file while it takes

@@ -177,6 +177,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
             stream.connectionClosed()
             server.delegate?.http2StreamClosed()
         }
+        session.closeSpools()
         server.delegate?.http2ConnectionClosed(reason: reason, sentGoaway: sentGoaway)
     }
 

@@ -433,6 +433,12 @@ public final class HTTP2Session {
     /// The stream's bytes staged in memory (what `stagedBytes` counts of it).
     public func stagedOutput(for id: Int32) -> Int { streams[id]?.output.count ?? 0 }
 
+    /// The connection is gone: every stream's spool file goes now (the
+    /// streams themselves may outlive the connection a while).
+    public func closeSpools() {
+        for stream in streams.values { stream.spool?.close() }
+    }
+
     /// The stream's spool (nil until its first spill, or once it is gone).
     public func spool(for id: Int32) -> AnswerSpool? { streams[id]?.spool }
 

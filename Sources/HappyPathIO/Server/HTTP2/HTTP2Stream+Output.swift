@@ -14,16 +14,24 @@ extension HTTP2Stream {
     /// memory's none while the spool holds bytes (they go first).
     public func outputRoom(for request: HTTPRequest) -> Int {
         guard current === request else { return 0 }
+        // Spooling: what follows goes to the spool too, within its room alone.
+        if session.spool(for: id)?.isEmpty == false { return readAheadRoom }
         let room = stagingBound - session.stagedBytes
         let memory = session.stagedOutput(for: id) == 0 ? max(1, room) : room
         let ahead = readAheadRoom
-        guard ahead > 0 else { return memory }
-        return session.spool(for: id)?.isEmpty == false ? ahead : max(0, memory) + ahead
+        return ahead > 0 ? max(0, memory) + ahead : memory
     }
 
     public func permitReadAhead(for request: HTTPRequest) {
         guard current === request, makeSpool != nil, readAheadLimit > 0 else { return }
         readsAhead = true
+    }
+
+    /// A stream waiting for room (`drainWanted`) may go on.
+    var mayGoOn: Bool {
+        if session.pendingOutput(for: id) == 0 { return true }
+        if session.spool(for: id)?.isEmpty == false { return readAheadRoom > 0 }
+        return session.stagedBytes <= stagingBound / 2
     }
 
     /// Bytes the answer may still read ahead into its spool (0: none).

@@ -211,8 +211,10 @@ public final class HTTP2Stream: ClientStream {
         }
         // On once this stream's own bytes are all framed (it may then stage a
         // read more, `outputRoom`), or the connection is down to half its
-        // bound (so that many streams resume together, not one at a time at the edge).
-        if drainWanted, session.pendingOutput(for: id) == 0 || session.stagedBytes <= stagingBound / 2 {
+        // bound (so that many streams resume together, not one at a time at
+        // the edge); a stream whose answer waits in its spool, once the
+        // spool has room again (its memory is not what holds it).
+        if drainWanted, mayGoOn {
             drainWanted = false
             current?.streamDrained()
         }
