@@ -307,7 +307,12 @@ for (n, key, rid, body), (status, data, retry) in zip(items, results):
         except (ValueError, KeyError):
             others.append((rid, status, data[:200]))
             continue
-        if answer.get("state") != "queued" or not did.startswith("dlv_"):
+        # A new delivery is queued; the later of a repeated key's two sends
+        # (either may arrive first) gets the one stored and its state now,
+        # which a round may have taken in flight meanwhile (the upstream is
+        # down, so never further).
+        states = ("queued", "in_flight") if key else ("queued",)
+        if answer.get("state") not in states or not did.startswith("dlv_"):
             others.append((rid, status, data[:200]))
         upstream_key = key or did
         e = expected.setdefault(upstream_key, {"rids": set(), "sha": hashlib.sha1(body).hexdigest()[:16],

@@ -5,7 +5,11 @@
 #   - the upstream process is gone for 10 s every OUTAGE_EVERY s (default
 #     120; the first at 20 s): requests park and replay,
 #   - the token the proxy injects expires every TOKEN_TTL s (default 60),
-#   - the proxy reloads its configuration (SIGHUP) every RELOAD_EVERY s (default 30).
+#   - the proxy reloads its configuration (SIGHUP) every RELOAD_EVERY s (default 30),
+#   - hostile clients (deploy/soak/hostile.py; HOSTILE=0 leaves them out) read
+#     8 MB answers at 64 KiB/s, hold HTTP/2 streams with shut windows and
+#     abandon uploads after their first MiB, on a route of their own whose
+#     answers the verdict leaves out: the normal clients must not notice them.
 # Every second it samples the proxy's resident memory, open descriptors,
 # parked and in-flight requests and the answers it gave, into a CSV and an
 # SVG chart ($OUT, default /tmp/happypath-soak). It passes (exit 0) when no
@@ -24,6 +28,7 @@ OUTAGE_EVERY=${OUTAGE_EVERY:-120}
 OUTAGE_S=${OUTAGE_S:-10}
 TOKEN_TTL=${TOKEN_TTL:-60}
 RELOAD_EVERY=${RELOAD_EVERY:-30}
+HOSTILE=${HOSTILE:-1}
 CONNS=${CONNS:-32}
 . "$HERE/../loadtest/ports.sh"
 if [ -n "${PORT_BASE:-}" ]; then UP_PORT=$PORT_BASE; PX=$((UP_PORT + 1)); ADMIN=$((UP_PORT + 2))
@@ -68,6 +73,7 @@ upstreams:
       client_secret: \${SOAK_SECRET:-soak-secret}
       refresh_ahead: 0s
 routes:
+  - { match: { path_prefix: /hostile/ }, upstream: demo, strip_prefix: /hostile, retry: { attempts: 1 } }
   - { match: { path_prefix: / }, upstream: demo }
 YAML
 : > "$OUT/demo.log"
@@ -75,11 +81,14 @@ start_demo
 "$BIN" serve --config "$OUT/soak.yaml" --log-level warning >"$OUT/proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY)
 wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $PROXY "the proxy"
 
-echo "== soak: ${SOAK_S}s, wrk -c$CONNS on /private/flaky (25% 503), ${OUTAGE_S}s outage every ${OUTAGE_EVERY}s, token every ${TOKEN_TTL}s, SIGHUP every ${RELOAD_EVERY}s"
+echo "== soak: ${SOAK_S}s, wrk -c$CONNS on /private/flaky (25% 503), ${OUTAGE_S}s outage every ${OUTAGE_EVERY}s, token every ${TOKEN_TTL}s, SIGHUP every ${RELOAD_EVERY}s$( [ "$HOSTILE" != 0 ] && echo ", hostile clients on /hostile/")"
 : > "$OUT/events.txt"
 wrk -t2 -c"$CONNS" -d"${SOAK_S}s" --timeout 40s -s "$HERE/../loadtest/report.lua" \
   "http://127.0.0.1:$PX/private/flaky?fail=0.25&status=503" > "$OUT/wrk.txt" 2>&1 & WRK=$!
-python3 "$HERE/sample.py" sample "$PROXY" "127.0.0.1:$ADMIN" "$SOAK_S" "$OUT" & SAMPLER=$!
+python3 "$HERE/sample.py" sample "$PROXY" "127.0.0.1:$ADMIN" "$SOAK_S" "$OUT" $( [ "$HOSTILE" != 0 ] && echo "$UP_PORT") & SAMPLER=$!
+if [ "$HOSTILE" != 0 ]; then
+  python3 "$HERE/hostile.py" 127.0.0.1 "$PX" "$SOAK_S" > "$OUT/hostile.txt" 2>&1 & HOSTILE_PID=$!; PIDS+=($HOSTILE_PID)
+fi
 
 start=$(date +%s)
 next_outage=20; next_reload=$RELOAD_EVERY
@@ -100,5 +109,6 @@ while kill -0 $WRK 2>/dev/null; do
   sleep 0.5
 done
 wait $WRK || true
+[ "$HOSTILE" != 0 ] && { wait "$HOSTILE_PID" || true; cat "$OUT/hostile.txt"; }
 wait $SAMPLER || true
 python3 "$HERE/sample.py" verdict "$OUT"
