@@ -1,3 +1,4 @@
+import Foundation
 import CNghttp2
 import HappyPathCore
 import Testing
@@ -29,6 +30,8 @@ import Testing
         var events: [HTTP2SessionEvent] = []
         var outputAsked = 0
         var clock = Instant(nanoseconds: 0)
+        /// Given to every stream (`HTTP2Stream.makeBodySpool`), as the connection does with a spool.
+        var bodySpool: ((Int) -> RequestBody?)?
 
         init() throws {
             server = try HTTP2Session(settings: HTTP2SessionSettings(request: HTTP2StreamTests.limits))
@@ -48,6 +51,7 @@ import Testing
                         session: server, id: id, peerAddress: "192.0.2.1:5000", localAddress: "192.0.2.2:80",
                         isSecure: false, idle: .seconds(30), now: { [unowned self] in clock })
                     stream.owner = self
+                    stream.makeBodySpool = bodySpool
                     streams[id] = stream
                 } else if let id = event.streamID {
                     streams[id]?.handle(event)
@@ -142,6 +146,26 @@ import Testing
         #expect(request.peerAddress == "192.0.2.1:5000")
         // More than the 64 KiB window: the stream took the bytes as they came, so the client could send on.
         #expect(request.takeBody().bytes == body)
+        #expect(request.takeBody().count == 0)
+    }
+
+    /// A held body with a `content-length` past `limits.body_in_memory`
+    /// (the driver's `makeBodySpool` says so) is read into its spool file
+    /// as DATA arrives, and handed over as that file, whole.
+    @Test func aLargeBodyWithALengthIsReadIntoItsSpoolFile() throws {
+        let rig = try Rig()
+        let account = BodyBudget(limit: 1 << 20)
+        var asked: [Int] = []
+        rig.bodySpool = { length in
+            asked.append(length)
+            return RequestBody(spooling: length, budget: account) { AnswerSpool.openUnlinked(in: NSTemporaryDirectory()) }
+        }
+        let body = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 3) }
+        let (_, request, _) = try rig.request("PUT", "/up", fields: [Self.field("content-length", "200000")], body: body)
+        #expect(asked == [200_000])
+        let handed = request.takeBody()
+        #expect(handed.isSpooled && handed.bytes == body)
+        #expect(account.current == 200_000)
         #expect(request.takeBody().count == 0)
     }
 

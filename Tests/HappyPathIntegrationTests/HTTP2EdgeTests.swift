@@ -67,13 +67,15 @@ import Testing
     /// A body read whole (a route with a rate limit holds the head, then
     /// reads the body before the exchange) counts against the budget as it
     /// arrives; the same body on a route that lets it stream goes through
-    /// (it is not kept past the budget: docs/http2.md).
+    /// (it is not kept past the budget: docs/http2.md). Bodies stay in
+    /// memory here (`body_in_memory` at `max_request_body`); the next test
+    /// spools one.
     @Test func bodiesCountAgainstTheBufferedBytesLimitAndAnswersCarryADate() throws {
         let h = try ProxyHarness(
             """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
-            limits: { max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s }
+            limits: { max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s, body_in_memory: 8MiB }
             upstreams:
               demo: { endpoints: [{{DEMO}}] }
             routes:
@@ -105,6 +107,36 @@ import Testing
         let small = try curl(["--http2-prior-knowledge", "--data-binary", "0123456789", base + "/echo", "-w", " %{http_code}"])
         #expect(small.out.hasSuffix(" 200"), "\(small.out)")
         #expect(eventually { (try? HTTP.request(port: h.adminPort, "/metrics").text.contains("happypath_buffered_body_bytes 0")) == true })
+    }
+
+    /// The same held body past `limits.body_in_memory` (64 KiB): read into
+    /// a spool file instead of memory, so the 1 MiB budget does not refuse
+    /// it, and sent whole.
+    @Test func aHeldBodyPastBodyInMemoryIsSpooledNotRefused() throws {
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            limits: { max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s }
+            upstreams:
+              demo: { endpoints: [{{DEMO}}] }
+            routes:
+              - match: { path_prefix: /held }
+                upstream: demo
+                strip_prefix: /held
+                rate_limit: { rate: 1000/s }
+            """)
+        defer { h.stop() }
+        let bytes = (0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("h2-spool-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        FileManager.default.createFile(atPath: file, contents: Data(bytes))
+        let r = try runProcess(
+            "/usr/bin/curl", ["-sS", "--http2-prior-knowledge", "--data-binary", "@\(file)", "http://127.0.0.1:\(h.port)/held/echo"],
+            timeout: 30)
+        let json = (try? JSONSerialization.jsonObject(with: Data(r.out.utf8)) as? [String: Any]) ?? [:]
+        #expect(json["body_bytes"] as? Int == bytes.count, "\(r.out) \(r.err)")
+        #expect(json["body_fnv1a64"] as? String == fnv1a(bytes))
     }
 
     @Test func manyStreamsOnFewConnectionsAreAllAnswered() throws {

@@ -430,7 +430,7 @@ final class HTTPConnection {
     /// `limits.body_in_memory`, counted in the client's share of
     /// `limits.max_spooled_bytes`; nil (the body is kept in memory) for a
     /// smaller one, or when the share, the directory or the disk cannot take it.
-    private func spooledBody(length: Int) -> RequestBody? {
+    func spooledBody(length: Int) -> RequestBody? {
         guard let settings = server.limits.spool, length > settings.bodyInMemory, readEvent != nil else { return nil }
         let account = spoolAccount ?? settings.shares.account(for: peerAddress)
         spoolAccount = account

@@ -230,6 +230,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 if let readAhead = server.limits.spool {
                     stream.readAheadLimit = readAhead.perAnswer
                     stream.makeSpool = { [unowned connection] in connection.makeSpool() }
+                    stream.makeBodySpool = { [unowned connection] in connection.spooledBody(length: $0) }
                 }
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()

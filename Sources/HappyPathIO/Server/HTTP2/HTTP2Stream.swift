@@ -65,6 +65,14 @@ public final class HTTP2Stream: ClientStream {
     private(set) var current: HTTPRequest?
 
     private var body: [UInt8] = []
+    /// A body with a `content-length` past `limits.body_in_memory`, read
+    /// into a spool file instead of `body` (`makeBodySpool`), and how much
+    /// of it arrived.
+    private var spooledBody: RequestBody?
+    private var spooledFilled = 0
+    /// Storage in a spool file for a body of the given length, or nil (the
+    /// body is kept in memory); set by the driver.
+    var makeBodySpool: ((Int) -> RequestBody?)?
     /// The body as it streams to the exchange, for a request handed over at
     /// its head (`streamBody`).
     private var bodyStream: RequestBodyStream?
@@ -259,11 +267,21 @@ public final class HTTP2Stream: ClientStream {
         if a.consume > 0 {
             // The bytes arrived are stored; taking them gives the window back.
             let bytes = session.takeBody(of: id)
-            if let budget, !bytes.isEmpty {
-                guard budget.reserve(bytes.count) else { return overBudget() }
-                reserved += bytes.count
+            if spooledBody == nil, body.isEmpty, !bytes.isEmpty, let length = head?.contentLength {
+                spooledBody = makeBodySpool?(length)
             }
-            body.append(contentsOf: bytes)
+            if let spooled = spooledBody {
+                // nghttp2 holds DATA to the announced length; a body past it is not stored.
+                guard bytes.count <= spooled.count - spooledFilled else { return overBudget() }
+                bytes.withUnsafeBytes { spooled.baseAddress!.advanced(by: spooledFilled).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                spooledFilled += bytes.count
+            } else {
+                if let budget, !bytes.isEmpty {
+                    guard budget.reserve(bytes.count) else { return overBudget() }
+                    reserved += bytes.count
+                }
+                body.append(contentsOf: bytes)
+            }
             output = true
         }
         if a.pass > 0 || a.passEnd { feed() }
@@ -293,6 +311,7 @@ public final class HTTP2Stream: ClientStream {
     /// as on HTTP/1.1).
     private func overBudget() {
         body = []
+        spooledBody = nil
         budget?.release(reserved)
         reserved = 0
         refusal = .http1(.bodyOver(budget))
@@ -333,6 +352,10 @@ public final class HTTP2Stream: ClientStream {
 
     /// The body received, handed over once (the stream keeps no copy).
     public func takeBody(of request: HTTPRequest) -> RequestBody {
+        if current === request, let spooled = spooledBody, spooledFilled == spooled.count {
+            spooledBody = nil
+            return spooled
+        }
         guard current === request, !body.isEmpty else { return .empty }
         defer { body = [] }
         guard let budget else { return RequestBody(body) }
@@ -532,44 +555,6 @@ public final class HTTP2Stream: ClientStream {
     /// The stream's bytes staged and not yet taken into DATA frames.
     public func pendingOutput(for request: HTTPRequest) -> Int {
         current === request ? session.pendingOutput(for: id) : 0
-    }
-
-    // MARK: - Fields
-
-    /// `date`, as bytes for the field block (a StaticString's storage is static).
-    static var dateName: UnsafeRawBufferPointer {
-        let name: StaticString = "date"
-        return UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
-    }
-
-    /// Connection-specific fields (RFC 9113 section 8.2.2, less `Connection`
-    /// itself, whose value is kept) and the framing fields, which are the stream's.
-    static func dropped(_ name: UnsafeRawBufferPointer) -> Bool {
-        HTTPBytes.equals(name, "keep-alive") || HTTPBytes.equals(name, "proxy-connection")
-            || HTTPBytes.equals(name, "transfer-encoding") || HTTPBytes.equals(name, "upgrade")
-            || HTTPBytes.equals(name, "content-length")
-    }
-
-    /// Each `Name: value` line of a CRLF-separated block (the value without
-    /// its surrounding spaces and tabs); a line without a colon is skipped.
-    static func forEachLine(
-        _ block: UnsafeRawBufferPointer, _ body: (_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Void
-    ) {
-        var start = 0
-        while start < block.count {
-            var end = start
-            while end < block.count, block[end] != UInt8(ascii: "\n") { end += 1 }
-            var lineEnd = end
-            if lineEnd > start, block[lineEnd - 1] == UInt8(ascii: "\r") { lineEnd -= 1 }
-            if let colon = block[start..<lineEnd].firstIndex(of: UInt8(ascii: ":")), colon > start {
-                var v = colon + 1
-                var w = lineEnd
-                while v < w, block[v] == 0x20 || block[v] == 0x09 { v += 1 }
-                while w > v, block[w - 1] == 0x20 || block[w - 1] == 0x09 { w -= 1 }
-                body(UnsafeRawBufferPointer(rebasing: block[start..<colon]), UnsafeRawBufferPointer(rebasing: block[v..<w]))
-            }
-            start = end + 1
-        }
     }
 }
 
