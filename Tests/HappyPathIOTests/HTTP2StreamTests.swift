@@ -30,8 +30,10 @@ import Testing
         var events: [HTTP2SessionEvent] = []
         var outputAsked = 0
         var clock = Instant(nanoseconds: 0)
-        /// Given to every stream (`HTTP2Stream.makeBodySpool`), as the connection does with a spool.
+        /// What the rig, as every stream's owner, gives for `http2BodySpool` (the connection: a spool file).
         var bodySpool: ((Int) -> RequestBody?)?
+
+        func http2BodySpool(length: Int) -> RequestBody? { bodySpool?(length) }
 
         init() throws {
             server = try HTTP2Session(settings: HTTP2SessionSettings(request: HTTP2StreamTests.limits))
@@ -51,7 +53,6 @@ import Testing
                         session: server, id: id, peerAddress: "192.0.2.1:5000", localAddress: "192.0.2.2:80",
                         isSecure: false, idle: .seconds(30), now: { [unowned self] in clock })
                     stream.owner = self
-                    stream.makeBodySpool = bodySpool
                     streams[id] = stream
                 } else if let id = event.streamID {
                     streams[id]?.handle(event)
@@ -150,7 +151,7 @@ import Testing
     }
 
     /// A held body with a `content-length` past `limits.body_in_memory`
-    /// (the driver's `makeBodySpool` says so) is read into its spool file
+    /// (the owner's `http2BodySpool` says so) is read into its spool file
     /// as DATA arrives, and handed over as that file, whole.
     @Test func aLargeBodyWithALengthIsReadIntoItsSpoolFile() throws {
         let rig = try Rig()

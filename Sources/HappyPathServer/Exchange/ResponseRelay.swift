@@ -222,7 +222,9 @@ struct ResponseRelay {
         case .streaming:
             request.addResponseHeader(name: name, value: value)
             kept?.add(name: name, value: value)
-            if name.count == 12, HTTPBytes.equals(name, "content-type") { eventStream = Self.isEventStream(value) }
+            if value.count >= 17, name.count == 12, HTTPBytes.equals(name, "content-type") {
+                eventStream = Self.isEventStream(value)
+            }
         case .holding:
             if HTTPBytes.equals(name, "ratelimit") { rateLimit = String(decoding: value, as: UTF8.self) }
             heldFields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))

@@ -227,11 +227,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer
-                if let readAhead = server.limits.spool {
-                    stream.readAheadLimit = readAhead.perAnswer
-                    stream.makeSpool = { [unowned connection] in connection.makeSpool() }
-                    stream.makeBodySpool = { [unowned connection] in connection.spooledBody(length: $0) }
-                }
+                stream.readAheadLimit = server.limits.spool?.perAnswer ?? 0
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)
@@ -291,6 +287,10 @@ final class HTTP2Connection: HTTP2StreamOwner {
     func http2StreamHasOutput(_ stream: HTTP2Stream) {
         if !inTurn { scheduleTurn() }
     }
+
+    func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool? { connection.makeSpool() }
+
+    func http2BodySpool(length: Int) -> RequestBody? { connection.spooledBody(length: length) }
 
     func http2ConnectionFull(_ stream: HTTP2Stream) {
         fullPending = true

@@ -15,7 +15,7 @@ extension HTTP2Stream {
     public func outputRoom(for request: HTTPRequest) -> Int {
         guard current === request else { return 0 }
         // Spooling: what follows goes to the spool too, within its room alone.
-        if session.spool(for: id)?.isEmpty == false { return readAheadRoom }
+        if spooling { return readAheadRoom }
         let room = stagingBound - session.stagedBytes
         let memory = session.stagedOutput(for: id) == 0 ? max(1, room) : room
         let ahead = readAheadRoom
@@ -23,27 +23,31 @@ extension HTTP2Stream {
     }
 
     public func permitReadAhead(for request: HTTPRequest) {
-        guard current === request, makeSpool != nil, readAheadLimit > 0 else { return }
+        guard current === request, readAheadLimit > 0 else { return }
         readsAhead = true
     }
 
     /// A stream waiting for room (`drainWanted`) may go on.
     var mayGoOn: Bool {
         if session.pendingOutput(for: id) == 0 { return true }
-        if session.spool(for: id)?.isEmpty == false { return readAheadRoom > 0 }
+        if spooling { return readAheadRoom > 0 }
         return session.stagedBytes <= stagingBound / 2
     }
 
     /// Bytes the answer may still read ahead into its spool (0: none).
     var readAheadRoom: Int {
         guard readsAhead else { return 0 }
+        guard hasSpool else { return readAheadLimit }
         return session.spool(for: id)?.room ?? readAheadLimit
     }
+
+    /// The stream's spool holds bytes (what follows must go there too).
+    var spooling: Bool { hasSpool && session.spool(for: id)?.isEmpty == false }
 
     /// `n` bytes go to the spool: it holds bytes already, or they would
     /// take the connection past its bound while this stream has bytes staged.
     func spills(_ n: Int) -> Bool {
-        if session.spool(for: id)?.isEmpty == false { return true }
-        return session.stagedOutput(for: id) > 0 && session.stagedBytes + n > stagingBound
+        if spooling { return true }
+        return session.stagedBytes + n > stagingBound && session.stagedOutput(for: id) > 0
     }
 }

@@ -13,11 +13,18 @@ public protocol HTTP2StreamOwner: AnyObject {
     /// The stream's request is ready for the connection's dispatch turn
     /// (`readyToDispatch`), told once.
     func http2StreamReady(_ stream: HTTP2Stream)
+    /// A spool for the stream's answer to read ahead into (`limits.read_ahead`), or nil.
+    func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool?
+    /// Storage in a spool file for a request body of `length` bytes past
+    /// `limits.body_in_memory`, or nil (kept in memory).
+    func http2BodySpool(length: Int) -> RequestBody?
 }
 
 extension HTTP2StreamOwner {
     public func http2StreamReady(_ stream: HTTP2Stream) {}
     public func http2ConnectionFull(_ stream: HTTP2Stream) {}
+    public func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool? { nil }
+    public func http2BodySpool(length: Int) -> RequestBody? { nil }
 }
 
 /// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
@@ -66,13 +73,10 @@ public final class HTTP2Stream: ClientStream {
 
     private var body: [UInt8] = []
     /// A body with a `content-length` past `limits.body_in_memory`, read
-    /// into a spool file instead of `body` (`makeBodySpool`), and how much
-    /// of it arrived.
+    /// into a spool file instead of `body` (the owner's `http2BodySpool`),
+    /// and how much of it arrived.
     private var spooledBody: RequestBody?
     private var spooledFilled = 0
-    /// Storage in a spool file for a body of the given length, or nil (the
-    /// body is kept in memory); set by the driver.
-    var makeBodySpool: ((Int) -> RequestBody?)?
     /// The body as it streams to the exchange, for a request handed over at
     /// its head (`streamBody`).
     private var bodyStream: RequestBodyStream?
@@ -84,13 +88,15 @@ public final class HTTP2Stream: ClientStream {
     /// with bytes of its own staged waits (`outputRoom`), and is told to go
     /// on once they are framed or the connection is down to half of it.
     var stagingBound = 256 * 1024
-    /// Makes this stream's spool at its first spill (set by the driver when
-    /// the process reads answers ahead, `limits.read_ahead`), and how much
-    /// one answer may hold there.
-    var makeSpool: (() -> AnswerSpool?)?
+    /// How much of one answer may be read ahead into a spool the owner
+    /// makes at its first spill (`limits.read_ahead`; 0, as set by a driver
+    /// without one: none).
     var readAheadLimit = 0
     /// The answer may be read ahead (`permitReadAhead`).
     var readsAhead = false
+    /// The stream has a spool (it spilled once): only then is the session
+    /// asked about it, so an answer that never spills pays no lookup.
+    var hasSpool = false
     /// Where request bodies are counted (`limits.max_buffered_bytes`), and
     /// how much of it this stream's body holds now.
     public var budget: BodyBudget?
@@ -268,7 +274,7 @@ public final class HTTP2Stream: ClientStream {
             // The bytes arrived are stored; taking them gives the window back.
             let bytes = session.takeBody(of: id)
             if spooledBody == nil, body.isEmpty, !bytes.isEmpty, let length = head?.contentLength {
-                spooledBody = makeBodySpool?(length)
+                spooledBody = owner?.http2BodySpool(length: length)
             }
             if let spooled = spooledBody {
                 // nghttp2 holds DATA to the announced length; a body past it is not stored.
@@ -502,7 +508,9 @@ public final class HTTP2Stream: ClientStream {
             let part = UnsafeRawBufferPointer(rebasing: bytes[0..<n])
             if readsAhead, spills(n) {
                 // Past the connection's bound: read ahead into the stream's spool.
-                session.sendData(id, part, spill: session.spool(for: id) ?? makeSpool?())
+                let spool = hasSpool ? session.spool(for: id) : owner?.http2AnswerSpool(self)
+                hasSpool = hasSpool || spool != nil
+                session.sendData(id, part, spill: spool)
             } else {
                 session.sendData(id, part)
                 if session.stagedBytes >= stagingBound { owner?.http2ConnectionFull(self) }
