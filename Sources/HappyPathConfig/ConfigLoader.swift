@@ -84,10 +84,13 @@ public enum ConfigLoader {
     /// bodies are kept in memory).
     public static func spoolProblem(_ config: Configuration) -> String? {
         guard config.limits.readAhead > 0 || config.limits.bodyInMemory < config.limits.maxRequestBody else { return nil }
+        // Beside the store's file by default: the store makes that directory
+        // at start, and `storageProblems` says whether it can.
+        if config.storage.spoolDir == nil, config.usesStore, config.storage.url == nil { return nil }
         let dir = config.spoolDirectory
         var isDirectory: ObjCBool = false
         if !FileManager.default.fileExists(atPath: dir, isDirectory: &isDirectory) {
-            return "storage.spool_dir: \(dir) does not exist; create it, set storage.spool_dir, or set limits.read_ahead: 0"
+            return "storage.spool_dir: \(dir) does not exist; create it, or set storage.spool_dir to a directory this user can write"
         }
         if !isDirectory.boolValue { return "storage.spool_dir: \(dir) is not a directory" }
         if access(dir, W_OK | X_OK) != 0 {

@@ -81,6 +81,24 @@ import Testing
         #expect(relative.contains { $0.contains("storage.spool_dir must be an absolute directory path") }, "\(relative)")
     }
 
+    /// `happypath check` on the spool directory: one that is set and missing
+    /// is reported; the default beside the store's file is the store's to
+    /// make (the example config's /var/lib/happypath need not exist yet);
+    /// with nothing ever spooled, none is looked at.
+    @Test func theSpoolDirectoryIsChecked() throws {
+        let missing = try ConfigLoader.parse(Self.yaml("{}") + "\nstorage: { spool_dir: /nonexistent/happypath }", file: "t.yaml")
+        #expect(ConfigLoader.spoolProblem(missing)?.contains("/nonexistent/happypath does not exist") == true)
+        let unused = try ConfigLoader.parse(
+            Self.yaml("{ read_ahead: 0, body_in_memory: 10MiB }") + "\nstorage: { spool_dir: /nonexistent/happypath }",
+            file: "t.yaml")
+        #expect(ConfigLoader.spoolProblem(unused) == nil)
+        let besideStore = try ConfigLoader.parse(
+            Self.yaml("{}").replacingOccurrences(of: "upstream: api", with: "upstream: api\n    delivery: { mode: later }")
+                + "\nstorage: { path: /nonexistent/happypath/d.db }", file: "t.yaml")
+        #expect(ConfigLoader.spoolProblem(besideStore) == nil)
+        #expect(ConfigLoader.spoolProblem(try ConfigLoader.parse(Self.yaml("{}"), file: "t.yaml")) == nil, "the temporary directory")
+    }
+
     @Test(arguments: [(700, "700B"), (1024, "1KiB"), (1536, "1.5KiB"), (256 << 20, "256MiB"), (3 << 30, "3GiB")])
     func sizesReadAsAPersonWritesThem(_ bytes: Int, _ text: String) {
         #expect(Units.sizeText(bytes) == text)

@@ -157,7 +157,7 @@ import Testing
     @Test func theSweepRemovesOnlySpoolNames() throws {
         let dir = Directory()
         for name in ["happypath-spool.abc123", "happypath-spool.zzz999", "keep.me"] {
-            FileManager.default.createFile(atPath: dir.path + "/" + name, contents: Data([1]))
+            _ = FileManager.default.createFile(atPath: dir.path + "/" + name, contents: Data([1]))
         }
         let readAhead = Spool(directory: dir.path, perAnswer: 1 << 20, maxSpooled: 1 << 30, perClient: 1 << 27)
         #expect(readAhead.sweep() == 2)
