@@ -192,4 +192,29 @@ import Testing
         #expect(RequestBody(spooling: 1 << 20, budget: account) { -1 } == nil)
         #expect(account.current == 0)
     }
+
+    /// Answer spool files are capped (a quarter of the process's
+    /// descriptors by default): past the cap a spool cannot open one, its
+    /// bytes wait in memory and the answer waits for its client, and each
+    /// close gives a place back.
+    @Test func answerFilesAreCapped() {
+        let dir = Directory()
+        let settings = Spool(directory: dir.path, perAnswer: 1 << 20, maxSpooled: 1 << 30, perClient: 1 << 30, maxAnswerFiles: 3)
+        let account = BodyBudget(limit: 1 << 30)
+        let spools = (0..<4).map { _ in
+            AnswerSpool(account: account, limit: 1 << 20, open: settings.openAnswerFile, closed: settings.answerFileClosed)
+        }
+        let bytes = Self.pattern(10_000)
+        for spool in spools { bytes.withUnsafeBytes { spool.append($0) } }
+        #expect(settings.openAnswerFiles == 3)
+        #expect(spools.map(\.failed) == [false, false, false, true], "the fourth had no file")
+        #expect(Self.drain(spools[3]) == bytes)
+        spools[0].close()
+        #expect(settings.openAnswerFiles == 2)
+        #expect(Self.drain(spools[1]) == bytes, "read to its end: its file closes")
+        #expect(settings.openAnswerFiles == 1)
+        spools[2].close()
+        #expect(settings.openAnswerFiles == 0)
+        #expect(Spool(directory: dir.path, perAnswer: 1, maxSpooled: 1, perClient: 1).maxAnswerFiles >= 16)
+    }
 }

@@ -34,6 +34,11 @@ import Testing
         var bodySpool: ((Int) -> RequestBody?)?
 
         func http2BodySpool(length: Int) -> RequestBody? { bodySpool?(length) }
+        /// The same for `http2AnswerSpool` (the connection: a spool for an answer read ahead).
+        var answerSpool: (() -> AnswerSpool?)?
+        /// Given to every stream as it opens (`HTTP2Stream.bodyInMemory`).
+        var bodyInMemory = Int.max
+        func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool? { answerSpool?() }
 
         init() throws {
             server = try HTTP2Session(settings: HTTP2SessionSettings(request: HTTP2StreamTests.limits))
@@ -53,6 +58,7 @@ import Testing
                         session: server, id: id, peerAddress: "192.0.2.1:5000", localAddress: "192.0.2.2:80",
                         isSecure: false, idle: .seconds(30), now: { [unowned self] in clock })
                     stream.owner = self
+                    stream.bodyInMemory = bodyInMemory
                     streams[id] = stream
                 } else if let id = event.streamID {
                     streams[id]?.handle(event)
@@ -162,12 +168,40 @@ import Testing
             return RequestBody(spooling: length, budget: account) { AnswerSpool.openUnlinked(in: NSTemporaryDirectory()) }
         }
         let body = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 3) }
+        rig.bodyInMemory = 64 << 10
         let (_, request, _) = try rig.request("PUT", "/up", fields: [Self.field("content-length", "200000")], body: body)
         #expect(asked == [200_000])
         let handed = request.takeBody()
         #expect(handed.isSpooled && handed.bytes == body)
         #expect(account.current == 200_000)
         #expect(request.takeBody().count == 0)
+    }
+
+    /// An answer read ahead whose staged bytes fill exactly one DATA frame
+    /// (16,384: libcurl's read size), the rest in the spool, then ended:
+    /// the frame that empties the staging must not end the stream while the
+    /// spool still holds the rest (it did: the client got 16,384 bytes and
+    /// a clean END_STREAM). Every byte arrives, and the account is given back.
+    @Test func anAnswerReadAheadIsNotEndedBeforeItsSpoolIsSent() throws {
+        let rig = try Rig()
+        let account = BodyBudget(limit: 64 << 20)
+        rig.answerSpool = { AnswerSpool(account: account, limit: 1 << 20) { AnswerSpool.openUnlinked(in: NSTemporaryDirectory()) } }
+        let (id, request, _) = try rig.request()
+        let stream = try #require(rig.streams[id])
+        stream.stagingBound = 16384
+        stream.readAheadLimit = 1 << 20
+        request.startReply(status: 200)
+        request.permitReadAhead()
+        let staged = [UInt8](repeating: 0x61, count: 16384)
+        let spooled = (0..<20000).map { UInt8(truncatingIfNeeded: $0) }
+        staged.withUnsafeBytes { request.send($0) }
+        spooled.withUnsafeBytes { request.send($0) }
+        #expect(stream.hasSpool)
+        request.endReply()
+        rig.pump()
+        let answer = try #require(rig.client.answers[id])
+        #expect(answer.body == staged + spooled)
+        #expect(account.current == 0)
     }
 
     @Test func aStreamResetBeforeItsDispatchTurnIsNeverHandedOver() throws {

@@ -27,11 +27,23 @@ public final class Spool: Sendable {
     public let shares: ClientShares
 
     private let bodyLimit: Atomic<Int>
+    /// Answer spool files open now, and how many may be (a quarter of the
+    /// process's descriptors, so that slow clients' spools never leave
+    /// `accept` without one): past it an answer waits for its client instead.
+    private let answerFiles = Atomic<Int>(0)
+    public let maxAnswerFiles: Int
 
-    public init(directory: String, perAnswer: Int, maxSpooled: Int, perClient: Int, bodyInMemory: Int = Int.max) {
+    /// - Parameter maxAnswerFiles: nil: a quarter of the process's descriptors.
+    public init(
+        directory: String, perAnswer: Int, maxSpooled: Int, perClient: Int, bodyInMemory: Int = Int.max,
+        maxAnswerFiles: Int? = nil
+    ) {
         self.directory = directory
         perAnswerLimit = Atomic(perAnswer)
         bodyLimit = Atomic(bodyInMemory)
+        var limit = rlimit()
+        let descriptors = getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 ? Int(clamping: limit.rlim_cur) : 1024
+        self.maxAnswerFiles = maxAnswerFiles ?? max(16, min(descriptors, 1 << 20) / 4)
         shares = ClientShares(process: BodyBudget(limit: maxSpooled), perClient: perClient)
     }
 
@@ -53,6 +65,23 @@ public final class Spool: Sendable {
     /// A file of its own in `directory`, already unlinked (no name is left
     /// behind, even after a crash), or -1.
     public func openFile() -> Int32 { AnswerSpool.openUnlinked(in: directory) }
+
+    /// `openFile` for an answer's spool, within `maxAnswerFiles` (-1 past
+    /// it); give it back with `answerFileClosed`.
+    public func openAnswerFile() -> Int32 {
+        guard answerFiles.wrappingAdd(1, ordering: .relaxed).newValue <= maxAnswerFiles else {
+            answerFiles.wrappingSubtract(1, ordering: .relaxed)
+            return -1
+        }
+        let fd = openFile()
+        if fd < 0 { answerFiles.wrappingSubtract(1, ordering: .relaxed) }
+        return fd
+    }
+
+    public func answerFileClosed() { answerFiles.wrappingSubtract(1, ordering: .relaxed) }
+
+    /// Answer spool files open now.
+    public var openAnswerFiles: Int { answerFiles.load(ordering: .relaxed) }
 
     /// Removes what a process killed between making a spool file and
     /// unlinking it may have left (the fallback without `O_TMPFILE` only):
@@ -92,10 +121,13 @@ public final class AnswerSpool {
 
     private var fd: Int32 = -1
     private let open: () -> Int32
+    /// Told each time the spool closes a file `open` gave it.
+    private let closed: (() -> Void)?
     /// The client's share of `limits.max_spooled_bytes`.
     let account: BodyBudget
-    /// `limits.read_ahead`: bytes the file may hold at once.
-    let limit: Int
+    /// `limits.read_ahead`: bytes the file may hold at once (a kept-alive
+    /// connection's spool takes a reloaded value at its next answer).
+    var limit: Int
     /// Where what waits in memory (`tail`) is counted.
     let pool: MemoryPool?
     private var written = 0
@@ -110,11 +142,14 @@ public final class AnswerSpool {
     /// Bytes the spool gives back (a hole punched) at a time.
     static let freeStep = 1 << 20
 
-    public init(account: BodyBudget, limit: Int, pool: MemoryPool? = nil, open: @escaping () -> Int32) {
+    public init(
+        account: BodyBudget, limit: Int, pool: MemoryPool? = nil, open: @escaping () -> Int32, closed: (() -> Void)? = nil
+    ) {
         self.account = account
         self.limit = limit
         self.pool = pool
         self.open = open
+        self.closed = closed
     }
 
     deinit { close() }
@@ -199,8 +234,7 @@ public final class AnswerSpool {
         if readTo == written {
             // Caught up: the file goes (a spill later makes a new one), so an
             // idle connection holds no descriptor and no disk.
-            Glibc.close(fd)
-            fd = -1
+            closeFile()
             account.release(written - freed)
             (written, readTo, freed) = (0, 0, 0)
             return
@@ -214,12 +248,16 @@ public final class AnswerSpool {
         }
     }
 
+    private func closeFile() {
+        guard fd >= 0 else { return }
+        Glibc.close(fd)
+        fd = -1
+        closed?()
+    }
+
     /// Lets the file go; what it held goes back to the account, and the tail to its pool.
     public func close() {
-        if fd >= 0 {
-            Glibc.close(fd)
-            fd = -1
-        }
+        closeFile()
         account.release(written - freed)
         (written, readTo, freed) = (0, 0, 0)
         pool?.add(-tail.count)

@@ -225,6 +225,7 @@ extension HTTPConnection: ClientStream {
     func permitReadAhead(for request: HTTPRequest) {
         guard current === request, let readAhead = server.limits.spool, readAhead.perAnswer > 0 else { return }
         readsAhead = true
+        spool?.limit = readAhead.perAnswer
     }
 
     /// The staged head if it has not left yet (it goes with the next write).

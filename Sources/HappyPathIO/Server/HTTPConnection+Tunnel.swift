@@ -24,6 +24,13 @@ extension HTTPConnection {
         input.dropBody()
         _ = machine.closed()
         if let timerEvent { event_del(timerEvent) }
+        // A pipelined upgrade behind an answer still in the spool: the rest
+        // of that answer goes to the output queue first, in order (the
+        // tunnel writes to the queue only).
+        guard unspool() else {
+            close()
+            return nil
+        }
         if output.pending == 0, let writeEvent { event_del(writeEvent) }
         guard tunnelWrite(head) else {
             close()  // the client is gone; the upstream end stays the caller's

@@ -452,7 +452,8 @@ final class HTTPConnection {
         let account = spoolAccount ?? readAhead.shares.account(for: peerAddress)
         spoolAccount = account
         return AnswerSpool(
-            account: account, limit: readAhead.perAnswer, pool: server.limits.memory?.output, open: readAhead.openFile)
+            account: account, limit: readAhead.perAnswer, pool: server.limits.memory?.output,
+            open: readAhead.openAnswerFile, closed: readAhead.answerFileClosed)
     }
 
     /// Bytes the answer may still read ahead into the spool (0: none).
@@ -479,6 +480,22 @@ final class HTTPConnection {
 
     /// Bytes taken from the spool per refill.
     static let refillChunk = 64 * 1024
+
+    /// Moves everything the spool holds into the output queue (at most
+    /// `limits.read_ahead`, for a pipelined upgrade behind a spooled
+    /// answer); false if the client is gone or the spool cannot be read.
+    func unspool() -> Bool {
+        guard let spool, !spool.isEmpty else { return true }
+        while !spool.isEmpty {
+            let result = withUnsafeTemporaryAllocation(byteCount: Self.refillChunk, alignment: 16) { buffer in
+                guard let n = spool.read(into: buffer.baseAddress!, max: buffer.count) else { return OutputQueue.WriteResult.failed }
+                return output.write([UnsafeRawBufferPointer(rebasing: buffer[0..<n])], to: fd, tls: tls)
+            }
+            if result == .failed { return false }
+        }
+        if output.pending > 0, let writeEvent { event_add(writeEvent, nil) }
+        return true
+    }
 
     /// The connection is gone: its spool file and its client's account go.
     private func dropSpool() {

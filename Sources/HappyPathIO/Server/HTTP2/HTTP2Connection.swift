@@ -228,6 +228,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer
                 stream.readAheadLimit = server.limits.spool?.perAnswer ?? 0
+                stream.bodyInMemory = server.limits.spool?.bodyInMemory ?? Int.max
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)

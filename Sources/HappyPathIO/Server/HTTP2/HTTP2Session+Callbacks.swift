@@ -248,13 +248,17 @@ extension HTTP2Session {
         var n = buffer.map { stream.output.take(into: UnsafeMutableRawPointer($0), max: length) } ?? 0
         stagedBytes -= n
         guard stream.output.isEmpty else { return n }
-        // Then what was read ahead into the spool (the file's front).
-        if let spool = stream.spool, !spool.isEmpty, let buffer, n < length {
-            guard let read = spool.read(into: UnsafeMutableRawPointer(buffer + n), max: length - n) else {
-                // The spool could not be read: the answer is broken off (the stream reset).
-                return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+        // Then what was read ahead into the spool (the file's front); while
+        // it holds bytes the answer has not ended, whether or not this frame
+        // had room for any of them.
+        if let spool = stream.spool, !spool.isEmpty {
+            if let buffer, n < length {
+                guard let read = spool.read(into: UnsafeMutableRawPointer(buffer + n), max: length - n) else {
+                    // The spool could not be read: the answer is broken off (the stream reset).
+                    return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+                }
+                n += read
             }
-            n += read
             if !spool.isEmpty { return n }
         }
         if stream.outputEnded {

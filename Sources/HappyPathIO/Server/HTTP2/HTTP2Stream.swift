@@ -77,6 +77,9 @@ public final class HTTP2Stream: ClientStream {
     /// and how much of it arrived.
     private var spooledBody: RequestBody?
     private var spooledFilled = 0
+    /// `limits.body_in_memory` as the stream opened (set by the driver): only
+    /// a longer body asks the owner for a spool file.
+    var bodyInMemory = Int.max
     /// The body as it streams to the exchange, for a request handed over at
     /// its head (`streamBody`).
     private var bodyStream: RequestBodyStream?
@@ -273,7 +276,7 @@ public final class HTTP2Stream: ClientStream {
         if a.consume > 0 {
             // The bytes arrived are stored; taking them gives the window back.
             let bytes = session.takeBody(of: id)
-            if spooledBody == nil, body.isEmpty, !bytes.isEmpty, let length = head?.contentLength {
+            if spooledBody == nil, body.isEmpty, !bytes.isEmpty, let length = head?.contentLength, length > bodyInMemory {
                 spooledBody = owner?.http2BodySpool(length: length)
             }
             if let spooled = spooledBody {
