@@ -31,8 +31,16 @@ RELOAD_EVERY=${RELOAD_EVERY:-30}
 HOSTILE=${HOSTILE:-1}
 CONNS=${CONNS:-32}
 . "$HERE/../loadtest/ports.sh"
-if [ -n "${PORT_BASE:-}" ]; then UP_PORT=$PORT_BASE; PX=$((UP_PORT + 1)); ADMIN=$((UP_PORT + 2))
-else read -r UP_PORT PX ADMIN <<<"$(free_ports 3)"; fi
+if [ -n "${PORT_BASE:-}" ]; then UP_PORT=$PORT_BASE; PX=$((UP_PORT + 1)); ADMIN=$((UP_PORT + 2)); HOSTILE_PORT=$((UP_PORT + 3))
+else read -r UP_PORT PX ADMIN HOSTILE_PORT <<<"$(free_ports 4)"; fi
+# The hostile clients' own upstream (a second demo process): the demo runs one
+# loop, and their bursts (100 streams of answers at once) would slow the
+# normal clients' upstream, which is not the proxy's doing.
+HOSTILE_UPSTREAM=""; HOSTILE_ROUTE=""
+if [ "$HOSTILE" != 0 ]; then
+  HOSTILE_UPSTREAM="  hostile: { endpoints: [http://127.0.0.1:$HOSTILE_PORT], max_connections: 1024 }"
+  HOSTILE_ROUTE="  - { match: { path_prefix: /hostile/ }, upstream: hostile, strip_prefix: /hostile, retry: { attempts: 1 } }"
+fi
 for tool in wrk python3 curl; do command -v $tool >/dev/null || { echo "missing $tool (make test-deps)"; exit 2; }; done
 [ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 
@@ -72,12 +80,17 @@ upstreams:
       client_id: soak
       client_secret: \${SOAK_SECRET:-soak-secret}
       refresh_ahead: 0s
+$HOSTILE_UPSTREAM
 routes:
-  - { match: { path_prefix: /hostile/ }, upstream: demo, strip_prefix: /hostile, retry: { attempts: 1 } }
+$HOSTILE_ROUTE
   - { match: { path_prefix: / }, upstream: demo }
 YAML
 : > "$OUT/demo.log"
 start_demo
+if [ "$HOSTILE" != 0 ]; then
+  "$BIN" demo-upstream --listen 127.0.0.1:$HOSTILE_PORT >"$OUT/hostile-demo.log" 2>&1 & PIDS+=($!)
+  wait_http "http://127.0.0.1:$HOSTILE_PORT/healthz"
+fi
 "$BIN" serve --config "$OUT/soak.yaml" --log-level warning >"$OUT/proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY)
 wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $PROXY "the proxy"
 
@@ -85,7 +98,7 @@ echo "== soak: ${SOAK_S}s, wrk -c$CONNS on /private/flaky (25% 503), ${OUTAGE_S}
 : > "$OUT/events.txt"
 wrk -t2 -c"$CONNS" -d"${SOAK_S}s" --timeout 40s -s "$HERE/../loadtest/report.lua" \
   "http://127.0.0.1:$PX/private/flaky?fail=0.25&status=503" > "$OUT/wrk.txt" 2>&1 & WRK=$!
-python3 "$HERE/sample.py" sample "$PROXY" "127.0.0.1:$ADMIN" "$SOAK_S" "$OUT" $( [ "$HOSTILE" != 0 ] && echo "$UP_PORT") & SAMPLER=$!
+python3 "$HERE/sample.py" sample "$PROXY" "127.0.0.1:$ADMIN" "$SOAK_S" "$OUT" $( [ "$HOSTILE" != 0 ] && echo "$HOSTILE_PORT") & SAMPLER=$!
 if [ "$HOSTILE" != 0 ]; then
   python3 "$HERE/hostile.py" 127.0.0.1 "$PX" "$SOAK_S" > "$OUT/hostile.txt" 2>&1 & HOSTILE_PID=$!; PIDS+=($HOSTILE_PID)
 fi
