@@ -92,8 +92,10 @@ public final class Spool: Sendable {
         defer { closedir(dir) }
         var removed = 0
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+            // Read in place: a dirent may end before `d_name`'s 256 bytes do
+            // (copying the field read past its block: AddressSanitizer).
+            let name = withUnsafeMutablePointer(to: &entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 1) { String(cString: $0) }
             }
             guard name.hasPrefix(AnswerSpool.namePrefix) else { continue }
             if unlink(directory + "/" + name) == 0 { removed += 1 }
