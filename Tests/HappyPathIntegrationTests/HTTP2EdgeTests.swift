@@ -64,6 +64,26 @@ import Testing
         #expect(down.out.trimmingCharacters(in: .whitespacesAndNewlines) == "20000000", "\(down.err)")
     }
 
+    /// A 1 MiB body budget, a route under `/held` that reads bodies whole
+    /// (its rate limit holds the head), and one that lets them stream;
+    /// `bodyInMemory` adds to `limits`.
+    static func heldYAML(bodyInMemory: String) -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        limits: { max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s\(bodyInMemory) }
+        upstreams:
+          demo: { endpoints: [{{DEMO}}] }
+        routes:
+          - match: { path_prefix: /held }
+            upstream: demo
+            strip_prefix: /held
+            rate_limit: { rate: 1000/s }
+          - match: { path_prefix: / }
+            upstream: demo
+        """
+    }
+
     /// A body read whole (a route with a rate limit holds the head, then
     /// reads the body before the exchange) counts against the budget as it
     /// arrives; the same body on a route that lets it stream goes through
@@ -71,21 +91,7 @@ import Testing
     /// memory here (`body_in_memory` at `max_request_body`); the next test
     /// spools one.
     @Test func bodiesCountAgainstTheBufferedBytesLimitAndAnswersCarryADate() throws {
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            limits: { max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s, body_in_memory: 8MiB }
-            upstreams:
-              demo: { endpoints: [{{DEMO}}] }
-            routes:
-              - match: { path_prefix: /held }
-                upstream: demo
-                strip_prefix: /held
-                rate_limit: { rate: 1000/s }
-              - match: { path_prefix: / }
-                upstream: demo
-            """)
+        let h = try ProxyHarness(Self.heldYAML(bodyInMemory: ", body_in_memory: 8MiB"))
         defer { h.stop() }
         let base = "http://127.0.0.1:\(h.port)"
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("h2-budget-\(UUID())").path
@@ -113,19 +119,7 @@ import Testing
     /// a spool file instead of memory, so the 1 MiB budget does not refuse
     /// it, and sent whole.
     @Test func aHeldBodyPastBodyInMemoryIsSpooledNotRefused() throws {
-        let h = try ProxyHarness(
-            """
-            listen: 127.0.0.1:0
-            admin: { listen: 127.0.0.1:0 }
-            limits: { max_request_body: 8MiB, max_buffered_bytes: 1MiB, client_timeout: 5s }
-            upstreams:
-              demo: { endpoints: [{{DEMO}}] }
-            routes:
-              - match: { path_prefix: /held }
-                upstream: demo
-                strip_prefix: /held
-                rate_limit: { rate: 1000/s }
-            """)
+        let h = try ProxyHarness(Self.heldYAML(bodyInMemory: ""))
         defer { h.stop() }
         let bytes = (0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("h2-spool-\(UUID())").path

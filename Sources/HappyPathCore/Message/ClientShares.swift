@@ -1,10 +1,12 @@
 import Synchronization
 
-/// Each client's share of the process's body budget
-/// (`limits.max_buffered_per_client`): a client, by its address, may hold at
-/// most this many bytes of request bodies in memory, all its connections
-/// and workers together; past it only that client's new bodies are refused
-/// (503 OVERLOADED naming its share), and the other clients keep the rest.
+/// Each client's share of a process budget: of request bodies in memory
+/// (`limits.max_buffered_per_client`), and of spool files
+/// (`limits.max_spooled_bytes`, `Spool.shares`). A client, by its address,
+/// may hold at most this many bytes, all its connections and workers
+/// together; past it only that client's new bodies are refused (503
+/// OVERLOADED naming its share) or its answers stop reading ahead, and the
+/// other clients keep the rest.
 ///
 /// A connection asks for its client's account when its first body needs
 /// one (`account`), and gives it back when it closes (`leave`). An account
