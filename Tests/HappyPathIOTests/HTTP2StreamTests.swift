@@ -30,10 +30,10 @@ import Testing
         var events: [HTTP2SessionEvent] = []
         var outputAsked = 0
         var clock = Instant(nanoseconds: 0)
-        /// What the rig, as every stream's owner, gives for `http2BodySpool` (the connection: a spool file).
-        var bodySpool: ((Int) -> RequestBody?)?
+        /// What the rig, as every stream's owner, gives for `http2BodyMapping` (the connection: a spool file).
+        var bodySpool: ((Int) -> SpoolMapping?)?
 
-        func http2BodySpool(length: Int) -> RequestBody? { bodySpool?(length) }
+        func http2BodyMapping(capacity: Int) -> SpoolMapping? { bodySpool?(capacity) }
         /// The same for `http2AnswerSpool` (the connection: a spool for an answer read ahead).
         var answerSpool: (() -> AnswerSpool?)?
         /// Given to every stream as it opens (`HTTP2Stream.bodyInMemory`).
@@ -157,7 +157,7 @@ import Testing
     }
 
     /// A held body with a `content-length` past `limits.body_in_memory`
-    /// (the owner's `http2BodySpool` says so) is read into its spool file
+    /// (the owner's `http2BodyMapping` says so) is read into its spool file
     /// as DATA arrives, and handed over as that file, whole.
     @Test func aLargeBodyWithALengthIsReadIntoItsSpoolFile() throws {
         let rig = try Rig()
@@ -165,7 +165,7 @@ import Testing
         var asked: [Int] = []
         rig.bodySpool = { length in
             asked.append(length)
-            return RequestBody(spooling: length, budget: account) { AnswerSpool.openUnlinked(in: NSTemporaryDirectory()) }
+            return SpoolMapping(capacity: length, budget: account) { AnswerSpool.openUnlinked(in: NSTemporaryDirectory()) }
         }
         let body = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 3) }
         rig.bodyInMemory = 64 << 10

@@ -89,6 +89,48 @@ import Testing
         }
     }
 
+    /// A chunked 8 MiB PUT (its length learned as it arrives) through a
+    /// memory budget of 1 MiB (a client's share: 128 KiB): past
+    /// `body_in_memory` it goes on in a spool file that grows, is retried
+    /// from it intact after the first endpoint's 503, and the share is
+    /// given back once it is answered.
+    @Test func aChunkedUploadGrowsInItsSpoolFileAndIsRetriedIntact() throws {
+        let down = try DemoUpstream(host: "127.0.0.1", port: 0)
+        down.start()
+        defer { down.stop() }
+        let up = try DemoUpstream(host: "127.0.0.1", port: 0)
+        up.start()
+        defer { up.stop() }
+        #expect(try HTTP.request(port: down.port, "POST", "/_demo/outage?ms=600000&status=503", body: []).status == 200)
+        let h = try ProxyHarness(
+            Self.yaml(endpoints: [down.port, up.port], limits: ", max_buffered_bytes: 1MiB").replacingOccurrences(
+                of: "workers: 1\n", with: ""), workers: 1)
+        defer { h.stop() }
+        let size = 8 << 20
+        let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 13) }
+        var attempts: [String] = []
+        for _ in 0..<2 {
+            let c = try TestConnection(port: h.port, timeout: 60)
+            try c.send("PUT /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for start in stride(from: 0, to: size, by: 100_000) {
+                let piece = Array(body[start..<min(start + 100_000, size)])
+                try c.send(Array((String(piece.count, radix: 16) + "\r\n").utf8) + piece + Array("\r\n".utf8))
+            }
+            try c.send("0\r\n\r\n")
+            let r = try c.readResponse()
+            #expect(r.status == 200, "\(r.status) \(String(decoding: r.body, as: UTF8.self))")
+            #expect(r.json["body_bytes"] as? Int == size)
+            #expect(r.json["body_fnv1a64"] as? String == fnv1a(body), "the body sent again changed")
+            attempts.append(r.header("X-Happypath-Attempts") ?? "")
+        }
+        #expect(attempts.contains("2"), "no request was retried: \(attempts)")
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(waitUntil("the spool and the bodies given back") {
+            let m = try admin.metrics()
+            return m["happypath_spool_bytes"] == 0 && m["happypath_memory_bytes{pool=\"request_bodies\"}"] == 0
+        })
+    }
+
     /// A spool disk that is full: the body is kept in memory while it fits
     /// `max_buffered_bytes` (answered as usual); a larger one gets 503
     /// OVERLOADED with `Retry-After` before it is read, and the process

@@ -350,10 +350,33 @@ import Testing
         #expect(run.upstreamSaid("req retry") == 2)
     }
 
-    @Test func pastTheBudgetTheBodyStillStreamsButIsNotRetried() throws {
+    /// The replay copy of a 1 MiB streamed body past `body_in_memory`
+    /// goes to a spool file: through a memory budget of 256 KiB (which
+    /// could not keep it) the body is still sent again whole after its
+    /// first try is cut, and the spool share is given back.
+    @Test func aRetrySendsTheBodyAgainFromItsSpoolFile() throws {
         let run = try Run(kind: "h1")
         defer { run.stop() }
         let h = try Self.proxy(run.port, limits: ", max_buffered_bytes: 256KiB")
+        defer { h.stop() }
+        let out = try run.client(h.port, "retry")
+        let sha = out.last.map { String($0.split(separator: " ").last ?? "") } ?? "?"
+        #expect(
+            out == ["retry 200 \(1 << 20) \(sha) te=chunked cl=None \(sha)"]
+                || out == ["retry 200 \(1 << 20) \(sha) te=None cl=\(1 << 20) \(sha)"], "\(out)")
+        #expect(run.upstreamSaid("req retry") == 2)
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(waitUntil("the spool and the bodies given back") {
+            let m = try admin.metrics()
+            return m["happypath_spool_bytes"] == 0 && m["happypath_memory_bytes{pool=\"request_bodies\"}"] == 0
+        })
+    }
+
+    @Test func pastTheBudgetTheBodyStillStreamsButIsNotRetried() throws {
+        let run = try Run(kind: "h1")
+        defer { run.stop() }
+        // Neither memory (a client's share: 32 KiB) nor the spool (64 KiB) can keep it.
+        let h = try Self.proxy(run.port, limits: ", max_buffered_bytes: 256KiB, max_spooled_bytes: 512KiB, read_ahead: 0")
         defer { h.stop() }
         let whole = try run.client(h.port, "whole")
         let sha = whole.last.map { String($0.split(separator: " ").last ?? "") } ?? "?"

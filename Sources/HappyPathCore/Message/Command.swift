@@ -19,8 +19,8 @@ public final class RequestBody: @unchecked Sendable {
     public let baseAddress: UnsafeMutableRawPointer?
     /// Where this body's bytes are counted, given back when it is freed.
     private let budget: BodyBudget?
-    /// The spool file mapped at `baseAddress` (-1: the bytes are in memory).
-    private let spoolFile: Int32
+    /// The spool file mapped at `baseAddress` (nil: the bytes are in memory).
+    private let mapping: SpoolMapping?
 
     public static let empty = RequestBody(count: 0)
 
@@ -28,7 +28,7 @@ public final class RequestBody: @unchecked Sendable {
     public init(count: Int) {
         self.count = count
         budget = nil
-        spoolFile = -1
+        mapping = nil
         baseAddress = count > 0 ? malloc(count)! : nil
     }
 
@@ -37,29 +37,23 @@ public final class RequestBody: @unchecked Sendable {
     /// not with a fault as the body is read; counted in `budget` (the
     /// client's share of `limits.max_spooled_bytes`). Nil, with nothing
     /// left behind, when the budget, the directory or the disk cannot take it.
-    public init?(spooling count: Int, budget: BodyBudget, open: () -> Int32) {
-        guard count > 0, budget.reserve(count) else { return nil }
-        let fd = open()
-        guard fd >= 0 else {
-            budget.release(count)
-            return nil
-        }
-        guard posix_fallocate(fd, 0, off_t(count)) == 0,
-            let base = mmap(nil, count, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),
-            base != UnsafeMutableRawPointer(bitPattern: -1)
-        else {
-            close(fd)
-            budget.release(count)
-            return nil
-        }
+    public convenience init?(spooling count: Int, budget: BodyBudget, open: () -> Int32) {
+        guard let mapping = SpoolMapping(capacity: count, budget: budget, open: open) else { return nil }
+        self.init(mapping: mapping, count: count)
+    }
+
+    /// The first `count` bytes of `mapping`, which the body keeps (and
+    /// its reservation) until it is freed.
+    public init(mapping: SpoolMapping, count: Int) {
+        precondition(count <= mapping.capacity)
         self.count = count
-        self.budget = budget
-        spoolFile = fd
-        baseAddress = base
+        budget = nil
+        self.mapping = mapping
+        baseAddress = mapping.base
     }
 
     /// The body is kept in a spool file.
-    public var isSpooled: Bool { spoolFile >= 0 }
+    public var isSpooled: Bool { mapping != nil }
 
     /// Allocates `count` bytes counted in `budget`; nil if they do not fit.
     /// `reserved`: bytes the caller already took from the budget for this body.
@@ -68,7 +62,7 @@ public final class RequestBody: @unchecked Sendable {
         if reserved > count { budget.release(reserved - count) }
         self.count = count
         self.budget = budget
-        spoolFile = -1
+        mapping = nil
         baseAddress = count > 0 ? malloc(count)! : nil
     }
 
@@ -77,7 +71,7 @@ public final class RequestBody: @unchecked Sendable {
     init(adopting base: UnsafeMutableRawPointer?, count: Int, budget: BodyBudget?) {
         self.count = count
         self.budget = budget
-        spoolFile = -1
+        mapping = nil
         baseAddress = base
     }
 
@@ -92,12 +86,8 @@ public final class RequestBody: @unchecked Sendable {
     }
 
     deinit {
-        if spoolFile >= 0 {
-            munmap(baseAddress, count)
-            close(spoolFile)
-        } else {
-            free(baseAddress)
-        }
+        // A mapping is let go (and its reservation given back) with the body.
+        if mapping == nil { free(baseAddress) }
         budget?.release(count)
     }
 }

@@ -18,7 +18,11 @@
 ///   from the start (`rewind`). Once the budget refuses, what the reader
 ///   took is let go: the body is no longer `replayable`, and the exchange
 ///   retries no more (gRFC A6's rule: a call is retried only while its
-///   request fits the buffer). A body its route can never send twice is
+///   request fits the buffer). Past `inMemory` bytes (`limits.body_in_memory`)
+///   the kept copy moves to a spool file (`spill`, counted in the client's
+///   share of `limits.max_spooled_bytes`, not in `budget`), mapped, so it
+///   is read the same way; a disk or share that cannot take more ends the
+///   keeping as a full budget does. A body its route can never send twice is
 ///   not kept at all (`keeps: false`): only what its reader has not taken
 ///   is held, and it stays replayable only until its first byte is read
 ///   (a try refused at connect, then parked, still sends it whole).
@@ -74,20 +78,34 @@ public final class RequestBodyStream {
     private let budget: BodyBudget?
     private var reserved = 0
     private var keepsAll = true
-    /// The bytes from `dropped` to `received`.
+    /// The bytes from `dropped` to `received` (`mapping`'s when it is set).
     private var storage: UnsafeMutableRawPointer?
     private var capacity = 0
+    /// Kept bytes past this go to a spool file.
+    private let inMemory: Int
+    /// Makes a spool file of at least the given capacity (nil: none).
+    private let spill: ((Int) -> SpoolMapping?)?
+    /// The spool file the kept copy is in, once it moved there.
+    private var mapping: SpoolMapping?
 
-    /// - Parameter keeps: keep the bytes for a replay (while `budget` takes them).
-    public init(declaredLength: Int?, ahead: Int, budget: BodyBudget?, keeps: Bool = true) {
+    /// - Parameters:
+    ///   - keeps: keep the bytes for a replay (while `budget` takes them).
+    ///   - inMemory: past this many bytes, keep them in `spill`'s file instead.
+    public init(
+        declaredLength: Int?, ahead: Int, budget: BodyBudget?, keeps: Bool = true, inMemory: Int = .max,
+        spill: ((Int) -> SpoolMapping?)? = nil
+    ) {
         self.declaredLength = declaredLength
         self.ahead = max(1, ahead)
         self.budget = budget
         keepsAll = keeps
+        self.inMemory = inMemory
+        self.spill = spill
     }
 
     deinit {
-        free(storage)
+        // A spool file is let go (and its reservation given back) with `mapping`.
+        if mapping == nil { free(storage) }
         budget?.release(reserved)
     }
 
@@ -106,8 +124,11 @@ public final class RequestBodyStream {
     /// How many more bytes the producer may append now.
     public var room: Int { max(0, ahead - (received - readOffset)) }
 
-    /// Bytes held in memory now.
+    /// Bytes held now (in memory or in the spool file).
     public var held: Int { received - dropped }
+
+    /// The kept copy is in a spool file.
+    public var isSpooled: Bool { mapping != nil }
 
     // MARK: - The producer (the client's stream)
 
@@ -115,10 +136,24 @@ public final class RequestBodyStream {
     public func append(_ bytes: UnsafeRawBufferPointer) {
         guard !ended, failure == nil, !bytes.isEmpty, let base = bytes.baseAddress else { return }
         if keepsAll {
-            if budget?.reserve(bytes.count) ?? true {
-                reserved += bytes.count
-            } else {
-                stopKeeping()
+            let needed = received + bytes.count
+            if mapping == nil, needed > inMemory { moveToFile(needing: needed) }
+            if mapping == nil {
+                if budget?.reserve(bytes.count) ?? true {
+                    reserved += bytes.count
+                } else {
+                    // Memory refuses: the file may still take it.
+                    moveToFile(needing: needed)
+                    if mapping == nil { stopKeeping() }
+                }
+            }
+            if let mapping {
+                if mapping.grow(toHold: needed) {
+                    storage = mapping.base
+                    capacity = mapping.capacity
+                } else {
+                    leaveFile()
+                }
             }
         }
         let used = received - dropped
@@ -193,6 +228,36 @@ public final class RequestBodyStream {
         budget?.release(reserved)
         reserved = 0
         letGoOfRead()
+    }
+
+    /// The kept copy (every byte so far, `dropped` is 0) moves to a spool
+    /// file with room for `needed` bytes (the announced length when it is
+    /// larger), and its memory and reservation are given back. Stays in
+    /// memory when no file can be had.
+    private func moveToFile(needing needed: Int) {
+        let doubled = needed > Int.max / 2 ? needed : needed * 2
+        let size = declaredLength.map { $0 >= needed ? $0 : doubled } ?? doubled
+        guard let spill, let file = spill(size) ?? (size > needed ? spill(needed) : nil) else { return }
+        if let storage, received > 0 { file.base.copyMemory(from: storage, byteCount: received) }
+        free(storage)
+        budget?.release(reserved)
+        reserved = 0
+        storage = file.base
+        capacity = file.capacity
+        mapping = file
+    }
+
+    /// The spool file cannot take more: the keeping ends (as when the
+    /// budget refuses), and the bytes not yet read go back to memory.
+    private func leaveFile() {
+        keepsAll = false
+        let rest = received - readOffset
+        let moved = malloc(max(rest, 16 * 1024))!
+        if rest > 0 { moved.copyMemory(from: storage! + (readOffset - dropped), byteCount: rest) }
+        dropped = readOffset
+        storage = moved
+        capacity = max(rest, 16 * 1024)
+        mapping = nil
     }
 
     private func letGoOfRead() {

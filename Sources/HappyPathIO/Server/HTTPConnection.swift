@@ -227,6 +227,10 @@ final class HTTPConnection {
                     length: n, headLength: head.headLength, budget: bodyBudget(), spooled: spooledBody(length: n))
             else { return perform(machine.refused(.bodyOverBudget)) }
             buffered = moved
+        } else if let settings = server.limits.spool, readEvent != nil {
+            input.countChunkedBody(in: bodyBudget(), inMemory: settings.bodyInMemory) { [weak self] in
+                self?.spoolMapping(capacity: $0)
+            }
         } else {
             input.countChunkedBody(in: bodyBudget())
         }
@@ -431,10 +435,18 @@ final class HTTPConnection {
     /// `limits.max_spooled_bytes`; nil (the body is kept in memory) for a
     /// smaller one, or when the share, the directory or the disk cannot take it.
     func spooledBody(length: Int) -> RequestBody? {
-        guard let settings = server.limits.spool, length > settings.bodyInMemory, readEvent != nil else { return nil }
+        guard let settings = server.limits.spool, length > settings.bodyInMemory else { return nil }
+        return spoolMapping(capacity: length).map { RequestBody(mapping: $0, count: length) }
+    }
+
+    /// A spool file of `capacity` bytes for a request body kept for
+    /// retries, counted in the client's share of `limits.max_spooled_bytes`;
+    /// nil when the share, the directory or the disk cannot take it.
+    func spoolMapping(capacity: Int) -> SpoolMapping? {
+        guard let settings = server.limits.spool, readEvent != nil else { return nil }
         let account = spoolAccount ?? settings.shares.account(for: peerAddress)
         spoolAccount = account
-        return RequestBody(spooling: length, budget: account, open: settings.openFile)
+        return SpoolMapping(capacity: capacity, budget: account, open: settings.openFile)
     }
 
     /// The connection's spool, made at its first spill (nil: no read-ahead).

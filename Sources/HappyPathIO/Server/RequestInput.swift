@@ -23,8 +23,13 @@ struct RequestInput {
 
     init(budget: BodyBudget?) { decoded = GrowingBody(budget: budget) }
 
-    /// A chunked body about to be decoded is counted in `budget`.
-    mutating func countChunkedBody(in budget: BodyBudget?) { decoded.count(in: budget) }
+    /// A chunked body about to be decoded is counted in `budget`, and moves
+    /// to `spill`'s file past `inMemory` bytes.
+    mutating func countChunkedBody(
+        in budget: BodyBudget?, inMemory: Int = .max, spill: ((Int) -> SpoolMapping?)? = nil
+    ) {
+        decoded.count(in: budget, inMemory: inMemory, spill: spill)
+    }
 
     mutating func deallocate() {
         buffer.deallocate()

@@ -291,7 +291,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
 
     func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool? { connection.makeSpool() }
 
-    func http2BodySpool(length: Int) -> RequestBody? { connection.spooledBody(length: length) }
+    func http2BodyMapping(capacity: Int) -> SpoolMapping? { connection.spoolMapping(capacity: capacity) }
 
     func http2ConnectionFull(_ stream: HTTP2Stream) {
         fullPending = true

@@ -15,16 +15,16 @@ public protocol HTTP2StreamOwner: AnyObject {
     func http2StreamReady(_ stream: HTTP2Stream)
     /// A spool for the stream's answer to read ahead into (`limits.read_ahead`), or nil.
     func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool?
-    /// Storage in a spool file for a request body of `length` bytes past
+    /// A spool file of `capacity` bytes for a request body kept past
     /// `limits.body_in_memory`, or nil (kept in memory).
-    func http2BodySpool(length: Int) -> RequestBody?
+    func http2BodyMapping(capacity: Int) -> SpoolMapping?
 }
 
 extension HTTP2StreamOwner {
     public func http2StreamReady(_ stream: HTTP2Stream) {}
     public func http2ConnectionFull(_ stream: HTTP2Stream) {}
     public func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool? { nil }
-    public func http2BodySpool(length: Int) -> RequestBody? { nil }
+    public func http2BodyMapping(capacity: Int) -> SpoolMapping? { nil }
 }
 
 /// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
@@ -73,7 +73,7 @@ public final class HTTP2Stream: ClientStream {
 
     private var body: [UInt8] = []
     /// A body with a `content-length` past `limits.body_in_memory`, read
-    /// into a spool file instead of `body` (the owner's `http2BodySpool`),
+    /// into a spool file instead of `body` (the owner's `http2BodyMapping`),
     /// and how much of it arrived.
     private var spooledBody: RequestBody?
     private var spooledFilled = 0
@@ -277,7 +277,7 @@ public final class HTTP2Stream: ClientStream {
             // The bytes arrived are stored; taking them gives the window back.
             let bytes = session.takeBody(of: id)
             if spooledBody == nil, body.isEmpty, !bytes.isEmpty, let length = head?.contentLength, length > bodyInMemory {
-                spooledBody = owner?.http2BodySpool(length: length)
+                spooledBody = owner?.http2BodyMapping(capacity: length).map { RequestBody(mapping: $0, count: length) }
             }
             if let spooled = spooledBody {
                 // nghttp2 holds DATA to the announced length; a body past it is not stored.
@@ -388,8 +388,13 @@ public final class HTTP2Stream: ClientStream {
         guard current === request else { return }
         let actions = machine.releaseBody(streaming: true, now: now())
         if machine.streaming, bodyStream == nil {
+            // A kept copy past `limits.body_in_memory` goes on in a spool file.
+            let spill: ((Int) -> SpoolMapping?)? =
+                request.keepsStreamedBody && bodyInMemory < Int.max
+                ? { [weak owner] in owner?.http2BodyMapping(capacity: $0) } : nil
             let stream = RequestBodyStream(
-                declaredLength: head?.contentLength, ahead: streamAhead, budget: budget, keeps: request.keepsStreamedBody)
+                declaredLength: head?.contentLength, ahead: streamAhead, budget: budget, keeps: request.keepsStreamedBody,
+                inMemory: bodyInMemory, spill: spill)
             stream.onRoom = { [weak self] in self?.feed() }
             bodyStream = stream
         }
