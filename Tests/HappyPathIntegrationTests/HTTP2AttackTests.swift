@@ -398,6 +398,7 @@ class Conn:
         self.last_data = {}
         self.pings = 0
         self.settings_acks = 0
+        self.settings_seen = []
         self.decoder = Decoder()
         self.decoder.max_header_list_size = 1 << 20
         self.sent_frames = 0
@@ -468,6 +469,8 @@ class Conn:
                 self.pings += 1
             elif isinstance(f, SettingsFrame) and "ACK" in f.flags:
                 self.settings_acks += 1
+            elif isinstance(f, SettingsFrame):
+                self.settings_seen.append(dict(f.settings))
             self.lock.notify_all()
 
     def wait(self, condition, timeout=10):

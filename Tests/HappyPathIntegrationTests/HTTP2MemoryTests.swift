@@ -57,6 +57,47 @@ import Testing
         attacker.stop()
     }
 
+    /// The same stalled streams, 10 connections × 100 of them, each asking
+    /// for 10 MiB, towards an HTTP/2 upstream (nginx, h2c; a connection per
+    /// call until h2c connections are reused): every head is
+    /// answered, and the proxy's resident memory stays within the same
+    /// bound: what it reads of each answer goes to memory up to the
+    /// connection's bound and then to the client's share of spool files
+    /// (128 MiB on disk here), and past both the upstream's stream windows
+    /// hold the rest. Measured 116 MiB (76 MiB towards HTTP/1.1: the rest
+    /// is libcurl's HTTP/2 state for each of the 1,000 upstream
+    /// connections); the bar is 160 MiB. Another client is served meanwhile.
+    @Test func stalledStreamsTowardsAnHTTP2UpstreamPinOnlyTheBounds() throws {
+        let certificates = try TestCertificates()
+        let nginx = try NginxUpstream(certificate: try certificates.make("nginx-upstream", names: ["localhost"]))
+        defer { nginx.stop() }
+        let serve = try ServeProcess(
+            config: Self.yaml(demo: nginx.plainPort, clientTimeout: "60s").replacingOccurrences(
+                of: "max_connections: 1100,", with: "protocol: h2, max_connections: 1100,"))
+        let port = try #require(serve.listeningPort())
+        #expect(try HTTP.request(port: port, "/bytes").body.count == 10 << 20)
+        let before = serve.residentBytes
+        let attacker = try H2Attacker("stalled_streams_10mib", port: port, rounds: 1)
+        defer { attacker.stop() }
+        attacker.waitForReports(1, timeout: 90)
+        let holding = attacker.reports.first ?? [:]
+        #expect(holding["statuses"] as? [String: Int] == ["200": 1000], "\(holding)")
+        var last = serve.residentBytes
+        _ = eventually(30) {
+            usleep(1_000_000)
+            let now = serve.residentBytes
+            defer { last = now }
+            return now - last < 1 << 20
+        }
+        let grown = serve.residentBytes - before
+        if residentMemoryIsMeaningful, ProcessInfo.processInfo.environment["TSAN_OPTIONS"] == nil {
+            #expect(grown < 160 << 20, "resident memory grew by \(grown >> 20) MiB for 1,000 stalled streams")
+        }
+        print("stalled streams towards h2c: resident memory grew by \(grown >> 10) KiB for 10 connections x 100 streams of 10 MiB")
+        #expect(try HTTP.request(port: port, "/ok").status == 200)
+        attacker.stop()
+    }
+
     /// 50 stalled streams kept "moving" by a 1-byte WINDOW_UPDATE every
     /// second to each that has bytes coming: progress counts only in whole
     /// KiB, so all are reset CANCEL within two `client_timeout`s (2 s here),
@@ -136,6 +177,27 @@ import Testing
         #expect(waitUntil("the waiting client answered") { waiting.withLock { $0 } != nil })
         #expect(waiting.withLock { $0 } == 200)
         #expect(try admin.metric(#"happypath_memory_pressure_changes_total{change="ended"}"#) == 1)
+    }
+
+    /// The same overload action shrinks the stream windows of a connection
+    /// it sees at work: SETTINGS_INITIAL_WINDOW_SIZE 16 KiB while it is on
+    /// (request bodies then hold less), the configured 64 KiB again once the
+    /// client's reset streams bring the budget back under its low mark.
+    @Test func overMaxMemoryStreamWindowsShrinkAndComeBack() throws {
+        let h = try ProxyHarness(
+            HTTP2EdgeTests.yaml(limits: "{ client_timeout: 30s, max_memory: 1MiB, connection_buffer: 1MiB }"), workers: 1)
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        let attacker = try H2Attacker("pressure_windows", port: h.port, rounds: 1)
+        defer { attacker.stop() }
+        #expect(waitUntil("the overload action on") { try admin.metric("happypath_memory_pressure") == 1 })
+        attacker.more()
+        attacker.waitForReports(1, timeout: 30)
+        let r = attacker.reports.first ?? [:]
+        #expect(r["extra_reset"] as? Int == Int(HTTP2ErrorCode.refusedStream.rawValue), "\(r)")
+        // The first is the connection's own SETTINGS; then shrunk, then back.
+        #expect(r["windows"] as? [Int] == [65536, 16384, 65536], "\(r)")
+        #expect(waitUntil("the overload action off") { try admin.metric("happypath_memory_pressure") == 0 })
     }
 
     /// `happypath serve` (a process of its own, one worker) in front of a
@@ -228,6 +290,15 @@ def window_trickle():
              ended_seconds=ended and round(ended, 3))
     c.close()
 
+def stalled_streams_10mib():
+    """10 connections x 100 stalled streams of 10 MiB answers, held until stopped."""
+    conns = stalled_connections(10, 100, 10 << 20)
+    say(attack=attack, statuses=statuses_of(conns), resets=sum(len(c.resets) for c in conns))
+    while not stop.is_set():
+        time.sleep(0.05)
+    for c in conns:
+        c.close()
+
 def stalled_one():
     """One connection, 20 stalled streams of 1 MiB answers, held until stopped."""
     conns = stalled_connections(1, 20, 1 << 20)
@@ -251,7 +322,27 @@ def pressure():
         time.sleep(0.05)
     c.close()
 
+def pressure_windows():
+    """20 stalled streams of 1 MiB answers; once told, one stream more (refused), then the 20 reset:
+    the stream windows (SETTINGS_INITIAL_WINDOW_SIZE) the server offered along the way are reported."""
+    (c,) = stalled_connections(1, 20, 1 << 20)
+    while not os.path.exists(sys.argv[4] + ".more") and not stop.is_set():
+        time.sleep(0.01)
+    c.send([HeadersFrame(41, data=request(), flags=["END_HEADERS", "END_STREAM"])])
+    shrunk = c.wait(lambda c: any(s.get(4) == 16384 for s in c.settings_seen), timeout=10)
+    c.send([RstStreamFrame(1 + 2 * i, error_code=8) for i in range(20)])
+    # A ping makes a turn after the resets were taken (the end is seen at a turn).
+    c.send([PingFrame(0, opaque_data=b"12345678")])
+    back = c.wait(lambda c: shrunk and c.settings_seen[-1].get(4) == 65536, timeout=10)
+    with c.lock:
+        windows = [s[4] for s in c.settings_seen if 4 in s]
+    c.report(extra_reset=c.resets.get(41, (None,))[0], windows=windows, shrunk=shrunk, back=back)
+    while not stop.is_set():
+        time.sleep(0.05)
+    c.close()
+
 ATTACKS.update({"stalled_streams": stalled_streams, "window_trickle": window_trickle, "stalled_one": stalled_one,
-                "pressure": pressure})
+                "pressure": pressure, "pressure_windows": pressure_windows,
+                "stalled_streams_10mib": stalled_streams_10mib})
 """#
 }

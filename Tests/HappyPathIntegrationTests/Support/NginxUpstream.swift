@@ -12,7 +12,8 @@ import Testing
 /// nginx` and the trailer `X-Checksum: c0ffee`, without `Content-Length`
 /// (`sub_filter` takes it off, so trailers reach libcurl). Its access log
 /// says how each request came: `$server_protocol $connection
-/// $connection_requests $request_uri $http_x_tenant`.
+/// $connection_requests $request_uri $http_x_tenant`. `/bytes` answers
+/// a file of `bytes` bytes (10 MiB by default) with its length.
 final class NginxUpstream {
     static let binary = "/usr/sbin/nginx"
     let folder: URL
@@ -20,16 +21,18 @@ final class NginxUpstream {
     let plainPort: Int
     let tlsPort: Int
 
-    init(certificate: TestCertificates.Pair) throws {
+    init(certificate: TestCertificates.Pair, bytes: Int = 10 << 20) throws {
         guard FileManager.default.isExecutableFile(atPath: Self.binary) else { throw TestError("no \(Self.binary)") }
         folder = FileManager.default.temporaryDirectory.appendingPathComponent("hp-nginx-\(UUID())")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         plainPort = Self.freePort()
         tlsPort = Self.freePort()
         let dir = folder.path
+        FileManager.default.createFile(
+            atPath: dir + "/bytes.bin", contents: Data((0..<bytes).map { UInt8(truncatingIfNeeded: $0 &* 7) }))
         let config = """
             master_process off; daemon off; pid \(dir)/nginx.pid; error_log \(dir)/error.log warn;
-            events { worker_connections 256; }
+            events { worker_connections 4096; }
             http {
               log_format h2 '$server_protocol $connection $connection_requests $request_uri $http_x_tenant';
               access_log \(dir)/access.log h2;
@@ -39,6 +42,7 @@ final class NginxUpstream {
                 listen 127.0.0.1:\(plainPort) http2;
                 listen 127.0.0.1:\(tlsPort) ssl http2;
                 ssl_certificate \(certificate.cert); ssl_certificate_key \(certificate.key);
+                location /bytes { alias \(dir)/bytes.bin; default_type application/octet-stream; }
                 location / {
                   default_type text/html;
                   add_header X-Upstream nginx;

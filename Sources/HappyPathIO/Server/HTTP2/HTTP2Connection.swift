@@ -79,6 +79,10 @@ final class HTTP2Connection: HTTP2StreamOwner {
     private var ended = false
     /// Each stream's receive window: how far a streamed body may run ahead of its reader.
     private let streamWindow: Int
+    /// The stream windows offered now are shrunk (`limits.max_memory`'s overload action).
+    private var windowsShrunk = false
+    /// Each stream's receive window while the overload action is on.
+    static let shrunkStreamWindow = 16 * 1024
 
     init(connection: HTTPConnection, settings: HTTP2ServerSettings, isSecure: Bool) throws(HTTP2SessionError) {
         self.connection = connection
@@ -181,6 +185,21 @@ final class HTTP2Connection: HTTP2StreamOwner {
         server.delegate?.http2ConnectionClosed(reason: reason, sentGoaway: sentGoaway)
     }
 
+    /// `limits.max_memory`'s overload action shrinks every stream's receive
+    /// window (SETTINGS_INITIAL_WINDOW_SIZE) to 16 KiB while it is on, so
+    /// request bodies arriving faster than their upstreams take them hold
+    /// less; its end gives the configured window back. Seen at each turn:
+    /// an atomic load while the action is off, a check of the budget while
+    /// this connection's windows are shrunk (so their end is seen without a
+    /// scrape or a new stream).
+    private func followMemoryPressure() {
+        guard let pressure = server.limits.memoryPressure, streamWindow > Self.shrunkStreamWindow else { return }
+        let active = windowsShrunk ? server.memoryUnderPressure() : pressure.active
+        guard active != windowsShrunk else { return }
+        windowsShrunk = active
+        session.offerStreamWindow(active ? Self.shrunkStreamWindow : streamWindow)
+    }
+
     // MARK: - A turn
 
     /// Bytes from the client through the session, then what they made ready, then the output.
@@ -199,6 +218,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
         }
         perform(machine.turnEnded(outboundQueue: session.outboundQueueSize, outputPending: connection.output.pending, now: t))
         dispatchReady()
+        followMemoryPressure()
         inTurn = false
         flush()
     }

@@ -468,6 +468,16 @@ public final class HTTP2Session {
         return rv >= 0 ? nil : HTTP2SessionError(code: Int(rv))
     }
 
+    /// Offers every stream `size` bytes of receive window from now on
+    /// (SETTINGS_INITIAL_WINDOW_SIZE; nghttp2 applies it to the open streams
+    /// once the client acknowledges it, RFC 9113 section 6.9.2).
+    @discardableResult
+    public func offerStreamWindow(_ size: Int) -> Bool {
+        var entry = nghttp2_settings_entry(
+            settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: UInt32(clamping: max(0, size)))
+        return nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &entry, 1) == 0
+    }
+
     /// Resets the stream (RST_STREAM with `code`).
     @discardableResult
     public func resetStream(_ id: Int32, code: UInt32 = NGHTTP2_CANCEL.rawValue) -> Bool {
