@@ -16,11 +16,19 @@ final class ServeProcess {
     let configFile: URL
     private let stdout = StreamCapture()
     private let stderr = StreamCapture()
+    /// The binary runs without a sanitizer: its resident memory is its own.
+    let isPlain: Bool
 
     /// - Parameters:
     ///   - logLevel: `--log-level` (nil: the binary's default, info).
     ///   - openFilesLimit: run under `ulimit -n` of this (soft and hard).
-    init(config yaml: String, logLevel: String? = "error", openFilesLimit: Int? = nil) throws {
+    ///   - plain: a test that measures the proxy's memory: under a
+    ///     sanitizer pass, run the build without one when the Makefile names
+    ///     it (`HAPPYPATH_PLAIN_BINARY`), so the bound is checked there too.
+    init(config yaml: String, logLevel: String? = "error", openFilesLimit: Int? = nil, plain: Bool = false) throws {
+        let plainBinary = plain ? ProcessInfo.processInfo.environment["HAPPYPATH_PLAIN_BINARY"] : nil
+        let happypathBinary = plainBinary ?? happypathBinary
+        isPlain = plainBinary != nil || !underSanitizer
         configFile = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
         try yaml.write(to: configFile, atomically: true, encoding: .utf8)
         var arguments = ["serve", "--config", configFile.path]
@@ -173,3 +181,7 @@ func readSmallFile(_ path: String) -> String? {
 /// runner and every proxy it starts; the plain and ThreadSanitizer passes
 /// check the bounds on memory.
 let residentMemoryIsMeaningful = ProcessInfo.processInfo.environment["ASAN_OPTIONS"] == nil
+
+/// The tests run under a sanitizer (`make sanitize-thread`, `-address`),
+/// and so does every proxy they start from their own build.
+let underSanitizer = ["ASAN_OPTIONS", "TSAN_OPTIONS"].contains { ProcessInfo.processInfo.environment[$0] != nil }
