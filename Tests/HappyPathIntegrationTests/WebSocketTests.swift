@@ -83,6 +83,45 @@ import Testing
         #expect(metrics["happypath_requests_total{route=\"/\",code=\"OK\"}"] == 1, "the upgrade counts as a request")
     }
 
+    /// An upstream that reads nothing after its 101: the client's bytes
+    /// that the proxy has read and the upstream's socket has not taken are
+    /// counted (`happypath_memory_bytes{pool="tunnels"}`), at most about
+    /// the tunnel's high water (256 KiB) and a read, and given back when
+    /// the tunnel closes. The admin listener's own output has a pool too.
+    @Test func bytesWaitingForADeafUpstreamAreCountedAndGivenBack() throws {
+        let up = try Upstream()
+        let h = try ProxyHarness(
+            Self.yaml(upstream: "http://127.0.0.1:\(up.port)", idle: "2s"), holding: [up])
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        let tunnels = #"happypath_memory_bytes{pool="tunnels"}"#
+        #expect(try admin.metrics()[#"happypath_memory_bytes{pool="admin_output"}"#] != nil)
+        let c = try TestConnection(port: h.port, timeout: 10)
+        try c.send(
+            "GET /x/deaf HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        // The 101's head (readResponse takes a 1xx for an interim answer).
+        let fd = c.fd
+        var head: [UInt8] = []
+        var byte: UInt8 = 0
+        while !head.ends(with: Array("\r\n\r\n".utf8)), recv(fd, &byte, 1, 0) == 1 { head.append(byte) }
+        #expect(String(decoding: head, as: UTF8.self).hasPrefix("HTTP/1.1 101"))
+        let chunk = [UInt8](repeating: 0x42, count: 64 * 1024)
+        var flags = fcntl(fd, F_GETFL)
+        flags |= O_NONBLOCK
+        _ = fcntl(fd, F_SETFL, flags)
+        // Sends until the kernel takes no more: the proxy stopped reading it.
+        #expect(waitUntil("the proxy to stop reading the client", timeout: 20) {
+            let n = chunk.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard n < 0, errno == EAGAIN else { return false }
+            return try admin.metric(tunnels) >= 128 * 1024
+        })
+        let held = try admin.metric(tunnels)
+        #expect(held <= Double(256 * 1024 + 64 * 1024), "\(held) bytes queued for the upstream")
+        shutdown(fd, Int32(SHUT_RDWR))
+        #expect(waitUntil("the tunnel's bytes given back", timeout: 30) { try admin.metric(tunnels) == 0 })
+    }
+
     @Test func theUpstreamClosingFirstClosesTheClientAfterItsLastBytes() throws {
         let up = try Upstream()
         let h = try ProxyHarness(Self.yaml(upstream: "http://127.0.0.1:\(up.port)"), holding: [up])

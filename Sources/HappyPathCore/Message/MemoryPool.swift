@@ -29,6 +29,9 @@ public struct ConnectionMemory: Sendable {
     /// Bytes queued for clients' sockets that the kernel has not taken yet
     /// (HTTP/1.1 answers, HTTP/2 frames, tunnels).
     public let output = MemoryPool()
+    /// Bytes from tunnels' clients (WebSocket, `CONNECT`-like upgrades)
+    /// that their upstreams' sockets have not taken yet.
+    public let tunnels = MemoryPool()
 
     public init() {}
 }
@@ -44,19 +47,25 @@ public struct ConnectionMemory: Sendable {
 public final class MemoryPressure: Sendable {
     private let maximum: Atomic<Int>
     private let isHigh = Atomic<Bool>(false)
-    /// What it sums: the request bodies and the connections' pools.
+    /// What it sums: the request bodies, the connections' pools, and
+    /// other listeners' (the admin listener's output: event streams).
     private let bodies: BodyBudget?
     private let memory: ConnectionMemory?
+    private let others: [MemoryPool]
 
-    public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil) {
+    public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil, others: [MemoryPool] = []) {
         maximum = Atomic(limit)
         self.bodies = bodies
         self.memory = memory
+        self.others = others
     }
 
     /// What the process holds for clients now, as `limits.max_memory` counts it.
     public var total: Int {
-        (bodies?.current ?? 0) + (memory?.staged.current ?? 0) + (memory?.output.current ?? 0)
+        var sum = (bodies?.current ?? 0)
+        if let memory { sum += memory.staged.current + memory.output.current + memory.tunnels.current }
+        for pool in others { sum += pool.current }
+        return sum
     }
 
     /// `limits.max_memory` (a reload may change it).

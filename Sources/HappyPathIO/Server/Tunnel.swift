@@ -39,6 +39,9 @@ public final class Tunnel {
     /// Bytes for the upstream that its socket has not taken yet.
     private var towardUpstream = ByteBuffer(capacity: 256)
     private var towardUpstreamSent = 0
+    /// What `pool` counts of `towardUpstream` now (`happypath_memory_bytes{pool="tunnels"}`).
+    private var counted = 0
+    private let pool: MemoryPool?
     private var bytesToUpstream = 0
     private var bytesToClient = 0
     /// Told once, when the tunnel closes.
@@ -51,11 +54,22 @@ public final class Tunnel {
         self.connection = connection
         self.upstream = upstream
         self.now = now
+        pool = connection.server.limits.memory?.tunnels
         openedAt = now()
         machine = Machine(limits: limits, now: openedAt)
     }
 
-    deinit { towardUpstream.deallocate() }
+    deinit {
+        towardUpstream.deallocate()
+        pool?.add(-counted)
+    }
+
+    /// The pool counts what waits for the upstream now.
+    private func countPending() {
+        let pending = pendingTowardUpstream
+        pool?.add(pending - counted)
+        counted = pending
+    }
 
     public var isClosed: Bool { machine.isClosed }
 
@@ -171,6 +185,7 @@ public final class Tunnel {
         }
         towardUpstream.append(bytes)
         compactTowardUpstream()
+        countPending()
         if let upstreamWrite { event_add(upstreamWrite, nil) }
     }
 
@@ -192,6 +207,7 @@ public final class Tunnel {
         } else {
             compactTowardUpstream()
         }
+        countPending()
         perform(machine.flushed(toward: .upstream, queued: pendingTowardUpstream, now: now()))
     }
 

@@ -167,7 +167,10 @@ public enum StatusPage {
     /// What the process holds for clients besides bodies, in units a person
     /// reads: `answers staged 512KiB, output queued 64KiB, kept answers 2MiB`.
     static func memoryWords(_ pools: [(pool: String, bytes: Int)]) -> String {
-        let names = ["staged_answers": "answers staged", "client_output": "output queued", "kept_answers": "kept answers"]
+        let names = [
+            "staged_answers": "answers staged", "client_output": "output queued", "tunnels": "tunnel bytes queued",
+            "admin_output": "admin output queued", "kept_answers": "kept answers",
+        ]
         let words = pools.compactMap { p in names[p.pool].map { "\($0) \(byteSizeText(p.bytes))" } }
         return words.isEmpty ? "no memory reading" : words.joined(separator: ", ")
     }

@@ -46,13 +46,15 @@ final class AdminServer: HTTPServerDelegate {
         self.shared = shared
         self.runtime = runtime
         self.clock = clock
+        var limits = HTTPServerLimits(
+            maxHeaderBytes: min(16 * 1024, configuration.limits.maxHeaderBytes), maxBodyBytes: 64 * 1024,
+            timeout: Self.headDeadline, bodyBudget: shared.bodies, connections: ConnectionBudget(limit: Self.maxConnections))
+        // What waits for the admin listener's clients (event streams above
+        // all) is counted, apart from the proxy's clients' output.
+        limits.memory = shared.adminMemory
         server = try HTTPServer(
             loop: loop, host: configuration.admin.listen.host, port: configuration.admin.listen.port, reusePort: false,
-            limits: HTTPServerLimits(
-                maxHeaderBytes: min(16 * 1024, configuration.limits.maxHeaderBytes), maxBodyBytes: 64 * 1024,
-                timeout: Self.headDeadline, bodyBudget: shared.bodies,
-                connections: ConnectionBudget(limit: Self.maxConnections)),
-            delegate: self)
+            limits: limits, delegate: self)
     }
 
     /// Connections the admin listener holds at once: a scraper, probes,

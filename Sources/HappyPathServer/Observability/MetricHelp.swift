@@ -57,7 +57,7 @@ enum MetricHelp {
             "1 while the process holds 90% of limits.max_memory for clients (new connections wait, new HTTP/2 streams are refused) until it falls below 75%.",
         "happypath_memory_pressure_changes_total": "Times the memory overload action began or ended.",
         "happypath_memory_bytes":
-            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), kept_answers (fallback.serve_stale).",
+            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), tunnels (client bytes queued for upstreams), admin_output (queued for admin clients: event streams), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
         "happypath_spool_bytes": "Answer bytes read ahead of slow clients into spool files now (limits.read_ahead), on disk.",
         "happypath_spool_limit_bytes": "limits.max_spooled_bytes: answer bytes the process spools to disk at most.",

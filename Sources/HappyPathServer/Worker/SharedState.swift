@@ -36,6 +36,9 @@ final class SharedState: @unchecked Sendable {
     let clientShares: ClientShares
     /// What client connections hold: staged answers and queued output.
     let connectionMemory: ConnectionMemory
+    /// The admin listener's connections (its output: `/admin/events`
+    /// streams, scrapes), in `happypath_memory_bytes{pool="admin_output"}`.
+    let adminMemory: ConnectionMemory
     /// `limits.max_memory` and its overload action.
     let memoryPressure: MemoryPressure
     /// Answers read ahead of slow clients into spool files (`limits.read_ahead`,
@@ -86,9 +89,12 @@ final class SharedState: @unchecked Sendable {
         clientShares = previous?.clientShares ?? ClientShares(process: bodies, perClient: runtime.configuration.limits.bufferedPerClient)
         clientShares.limit = runtime.configuration.limits.bufferedPerClient
         connectionMemory = previous?.connectionMemory ?? ConnectionMemory()
+        adminMemory = previous?.adminMemory ?? ConnectionMemory()
         memoryPressure =
             previous?.memoryPressure
-            ?? MemoryPressure(limit: runtime.configuration.limits.maxMemory, bodies: bodies, memory: connectionMemory)
+            ?? MemoryPressure(
+                limit: runtime.configuration.limits.maxMemory, bodies: bodies, memory: connectionMemory,
+                others: [adminMemory.output])
         memoryPressure.limit = runtime.configuration.limits.maxMemory
         let spooling = runtime.configuration.limits
         spool =
@@ -178,6 +184,8 @@ struct MemoryReading: Sendable {
     var requestBodies = 0
     var stagedAnswers = 0
     var clientOutput = 0
+    var tunnels = 0
+    var adminOutput = 0
     var keptAnswers = 0
     /// `limits.max_memory`, and whether its overload action is on.
     var limit = 0
@@ -191,7 +199,7 @@ struct MemoryReading: Sendable {
     var pools: [(pool: String, bytes: Int)] {
         [
             ("request_bodies", requestBodies), ("staged_answers", stagedAnswers), ("client_output", clientOutput),
-            ("kept_answers", keptAnswers),
+            ("tunnels", tunnels), ("admin_output", adminOutput), ("kept_answers", keptAnswers),
         ]
     }
 }
@@ -217,7 +225,8 @@ extension SharedState {
     var memoryReading: MemoryReading {
         MemoryReading(
             requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
-            clientOutput: connectionMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
+            clientOutput: connectionMemory.output.current, tunnels: connectionMemory.tunnels.current,
+            adminOutput: adminMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
             limit: memoryPressure.limit, pressure: memoryPressure.active, spooled: spool.spooled,
             spoolLimit: spool.shares.process.limit)
     }

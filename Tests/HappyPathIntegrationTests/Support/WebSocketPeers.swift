@@ -58,6 +58,9 @@ async def handle(r, w):
         if path.endswith("/close"):
             w.write(frame(1, b"bye") + frame(8, struct.pack("!H", 1000)))
             await w.drain(); w.close(); return
+        if path.endswith("/deaf"):
+            # Reads nothing after its 101: what the client sends waits.
+            await w.drain(); await asyncio.sleep(3600); return
         while True:
             op, data = await read_frame(r)
             if op == 8:
