@@ -31,6 +31,17 @@ import Testing
         """
     }
 
+    /// Two demo upstreams: `down` in an outage (it reads each body and
+    /// answers 503), `up` echoing each body's length and hash.
+    static func outageAndEcho() throws -> (down: DemoUpstream, up: DemoUpstream) {
+        let down = try DemoUpstream(host: "127.0.0.1", port: 0)
+        down.start()
+        let up = try DemoUpstream(host: "127.0.0.1", port: 0)
+        up.start()
+        #expect(try HTTP.request(port: down.port, "POST", "/_demo/outage?ms=600000&status=503", body: []).status == 200)
+        return (down, up)
+    }
+
     /// The process's own memory (`RssAnon`: not the page cache a mapped
     /// spool file's pages belong to).
     static func anonymousBytes(_ pid: Int32) -> Int {
@@ -46,13 +57,8 @@ import Testing
     /// spool file), while the proxy's own memory stays flat: the body is
     /// in the spool file, not in the process.
     @Test func aLargeUploadIsRetriedIntactFromItsSpoolFile() throws {
-        let down = try DemoUpstream(host: "127.0.0.1", port: 0)
-        down.start()
-        defer { down.stop() }
-        let up = try DemoUpstream(host: "127.0.0.1", port: 0)
-        up.start()
-        defer { up.stop() }
-        #expect(try HTTP.request(port: down.port, "POST", "/_demo/outage?ms=600000&status=503", body: []).status == 200)
+        let (down, up) = try Self.outageAndEcho()
+        defer { down.stop(); up.stop() }
         // A client address may spool an eighth of max_spooled_bytes: 256 MiB here.
         let serve = try ServeProcess(
             config: Self.yaml(endpoints: [down.port, up.port], limits: ", max_spooled_bytes: 2GiB"), plain: true)
@@ -96,13 +102,8 @@ import Testing
     /// from it intact after the first endpoint's 503, and the share is
     /// given back once it is answered.
     @Test func aChunkedUploadGrowsInItsSpoolFileAndIsRetriedIntact() throws {
-        let down = try DemoUpstream(host: "127.0.0.1", port: 0)
-        down.start()
-        defer { down.stop() }
-        let up = try DemoUpstream(host: "127.0.0.1", port: 0)
-        up.start()
-        defer { up.stop() }
-        #expect(try HTTP.request(port: down.port, "POST", "/_demo/outage?ms=600000&status=503", body: []).status == 200)
+        let (down, up) = try Self.outageAndEcho()
+        defer { down.stop(); up.stop() }
         let h = try ProxyHarness(
             Self.yaml(endpoints: [down.port, up.port], limits: ", max_buffered_bytes: 1MiB").replacingOccurrences(
                 of: "workers: 1\n", with: ""), workers: 1)

@@ -28,34 +28,7 @@ import Testing
     @Test func stalledStreamsPinOnlyTheConnectionsBound() throws {
         let (demo, serve, port) = try Self.serve(clientTimeout: "60s", plain: true)
         defer { demo.stop() }
-        #expect(try HTTP.request(port: port, "/ok").status == 200)
-        let before = serve.residentBytes
-        let attacker = try H2Attacker("stalled_streams", port: port, rounds: 1)
-        defer { attacker.stop() }
-        attacker.waitForReports(1, timeout: 60)
-        let holding = attacker.reports.first ?? [:]
-        #expect(holding["statuses"] as? [String: Int] == ["200": 1000], "\(holding)")
-        // The transfers pause as the connections fill: wait until resident
-        // memory stops moving (one second without 1 MiB of growth).
-        var last = serve.residentBytes
-        _ = eventually(20) {
-            usleep(1_000_000)
-            let now = serve.residentBytes
-            defer { last = now }
-            return now - last < 1 << 20
-        }
-        let grown = serve.residentBytes - before
-        // ThreadSanitizer's shadow memory multiplies what the process
-        // touches (239 MiB measured for these 66 MiB), and AddressSanitizer's
-        // quarantine keeps what it frees: under either, the proxy is the
-        // build without one (`plain:`), or the bound is not checked.
-        if serve.isPlain {
-            #expect(grown < 96 << 20, "resident memory grew by \(grown >> 20) MiB for 1,000 stalled streams")
-        }
-        print("stalled streams: resident memory grew by \(grown >> 10) KiB for 10 connections x 100 streams")
-        // Another client is served meanwhile.
-        #expect(try HTTP.request(port: port, "/ok").status == 200)
-        attacker.stop()
+        try Self.stallStreams("stalled_streams", of: serve, port: port, bound: 96 << 20)
     }
 
     /// The same stalled streams, 10 connections × 100 of them, each asking
@@ -77,12 +50,26 @@ import Testing
                 of: "max_connections: 1100,", with: "protocol: h2, max_connections: 1100,"), plain: true)
         let port = try #require(serve.listeningPort())
         #expect(try HTTP.request(port: port, "/bytes").body.count == 10 << 20)
+        try Self.stallStreams("stalled_streams_10mib", of: serve, port: port, bound: 160 << 20)
+    }
+
+    /// Runs `attack` (10 connections × 100 stalled streams) against `serve`:
+    /// every head answered 200, the resident memory's growth once it stops
+    /// moving (one second without 1 MiB more) under `bound`, another client
+    /// served meanwhile. ThreadSanitizer's shadow memory multiplies what
+    /// the process touches (239 MiB measured for 66 MiB), and
+    /// AddressSanitizer's quarantine keeps what it frees: under either, the
+    /// proxy is the build without one (`plain:`), or the bound is not checked.
+    static func stallStreams(
+        _ attack: String, of serve: ServeProcess, port: Int, bound: Int, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        #expect(try HTTP.request(port: port, "/ok").status == 200, sourceLocation: sourceLocation)
         let before = serve.residentBytes
-        let attacker = try H2Attacker("stalled_streams_10mib", port: port, rounds: 1)
+        let attacker = try H2Attacker(attack, port: port, rounds: 1)
         defer { attacker.stop() }
         attacker.waitForReports(1, timeout: 90)
         let holding = attacker.reports.first ?? [:]
-        #expect(holding["statuses"] as? [String: Int] == ["200": 1000], "\(holding)")
+        #expect(holding["statuses"] as? [String: Int] == ["200": 1000], "\(holding)", sourceLocation: sourceLocation)
         var last = serve.residentBytes
         _ = eventually(30) {
             usleep(1_000_000)
@@ -92,11 +79,12 @@ import Testing
         }
         let grown = serve.residentBytes - before
         if serve.isPlain {
-            #expect(grown < 160 << 20, "resident memory grew by \(grown >> 20) MiB for 1,000 stalled streams")
+            #expect(
+                grown < bound, "resident memory grew by \(grown >> 20) MiB for 1,000 stalled streams",
+                sourceLocation: sourceLocation)
         }
-        print("stalled streams towards h2c: resident memory grew by \(grown >> 10) KiB for 10 connections x 100 streams of 10 MiB")
-        #expect(try HTTP.request(port: port, "/ok").status == 200)
-        attacker.stop()
+        print("\(attack): resident memory grew by \(grown >> 10) KiB for 10 connections x 100 streams")
+        #expect(try HTTP.request(port: port, "/ok").status == 200, sourceLocation: sourceLocation)
     }
 
     /// 50 stalled streams kept "moving" by a 1-byte WINDOW_UPDATE every

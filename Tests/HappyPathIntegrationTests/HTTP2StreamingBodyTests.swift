@@ -324,6 +324,19 @@ import Testing
         #expect(whole == ["whole 200 \(2 << 20) \(wholeSHA) \(chunked) \(wholeSHA)"])
     }
 
+    /// The client's `retry` mode: its 1 MiB PUT, cut by the upstream once,
+    /// reaches it whole on the second try.
+    static func expectRetriedWhole(_ run: Run, proxy h: ProxyHarness, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let out = try run.client(h.port, "retry")
+        let sha = out.last.map { String($0.split(separator: " ").last ?? "") } ?? "?"
+        // The retry streams the body again, or, if the client finished meanwhile, sends it whole with its length.
+        #expect(
+            out == ["retry 200 \(1 << 20) \(sha) te=chunked cl=None \(sha)"]
+                || out == ["retry 200 \(1 << 20) \(sha) te=None cl=\(1 << 20) \(sha)"], "\(out)",
+            sourceLocation: sourceLocation)
+        #expect(run.upstreamSaid("req retry") == 2, sourceLocation: sourceLocation)
+    }
+
     @Test func aClientWhoseUpstreamDoesNotReadStopsAtItsWindow() throws {
         let run = try Run(kind: "h1")
         defer { run.stop() }
@@ -341,13 +354,7 @@ import Testing
         defer { run.stop() }
         let h = try Self.proxy(run.port)
         defer { h.stop() }
-        let out = try run.client(h.port, "retry")
-        let sha = out.last.map { String($0.split(separator: " ").last ?? "") } ?? "?"
-        // The retry streams the body again, or, if the client finished meanwhile, sends it whole with its length.
-        #expect(
-            out == ["retry 200 \(1 << 20) \(sha) te=chunked cl=None \(sha)"]
-                || out == ["retry 200 \(1 << 20) \(sha) te=None cl=\(1 << 20) \(sha)"], "\(out)")
-        #expect(run.upstreamSaid("req retry") == 2)
+        try Self.expectRetriedWhole(run, proxy: h)
     }
 
     /// The replay copy of a 1 MiB streamed body past `body_in_memory`
@@ -359,12 +366,7 @@ import Testing
         defer { run.stop() }
         let h = try Self.proxy(run.port, limits: ", max_buffered_bytes: 256KiB")
         defer { h.stop() }
-        let out = try run.client(h.port, "retry")
-        let sha = out.last.map { String($0.split(separator: " ").last ?? "") } ?? "?"
-        #expect(
-            out == ["retry 200 \(1 << 20) \(sha) te=chunked cl=None \(sha)"]
-                || out == ["retry 200 \(1 << 20) \(sha) te=None cl=\(1 << 20) \(sha)"], "\(out)")
-        #expect(run.upstreamSaid("req retry") == 2)
+        try Self.expectRetriedWhole(run, proxy: h)
         let admin = AdminProbe(port: h.adminPort)
         #expect(waitUntil("the spool and the bodies given back") {
             let m = try admin.metrics()
