@@ -46,26 +46,29 @@ public struct ConnectionMemory: Sendable {
 /// lock, no timer.
 public final class MemoryPressure: Sendable {
     private let maximum: Atomic<Int>
-    private let isHigh = Atomic<Bool>(false)
+    @usableFromInline let isHigh = Atomic<Bool>(false)
     /// What it sums: the request bodies, the connections' pools, and
-    /// other listeners' (the admin listener's output: event streams).
+    /// another listener's output (the admin listener's: event streams),
+    /// each held apart (no copy of a `ConnectionMemory` per reading).
     private let bodies: BodyBudget?
-    private let memory: ConnectionMemory?
-    private let others: [MemoryPool]
+    private let staged: MemoryPool?
+    private let output: MemoryPool?
+    private let tunnels: MemoryPool?
+    private let other: MemoryPool?
 
-    public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil, others: [MemoryPool] = []) {
+    public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil, other: MemoryPool? = nil) {
         maximum = Atomic(limit)
         self.bodies = bodies
-        self.memory = memory
-        self.others = others
+        staged = memory?.staged
+        output = memory?.output
+        tunnels = memory?.tunnels
+        self.other = other
     }
 
     /// What the process holds for clients now, as `limits.max_memory` counts it.
     public var total: Int {
-        var sum = (bodies?.current ?? 0)
-        if let memory { sum += memory.staged.current + memory.output.current + memory.tunnels.current }
-        for pool in others { sum += pool.current }
-        return sum
+        (bodies?.current ?? 0) + (staged?.current ?? 0) + (output?.current ?? 0) + (tunnels?.current ?? 0)
+            + (other?.current ?? 0)
     }
 
     /// `limits.max_memory` (a reload may change it).
@@ -78,7 +81,7 @@ public final class MemoryPressure: Sendable {
     public var low: Int { limit / 4 * 3 }
 
     /// Above the high mark now (as last checked).
-    public var active: Bool { isHigh.load(ordering: .relaxed) }
+    @inlinable public var active: Bool { isHigh.load(ordering: .relaxed) }
 
     public enum Change: Sendable, Equatable {
         case began, ended

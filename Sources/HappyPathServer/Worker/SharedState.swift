@@ -94,7 +94,7 @@ final class SharedState: @unchecked Sendable {
             previous?.memoryPressure
             ?? MemoryPressure(
                 limit: runtime.configuration.limits.maxMemory, bodies: bodies, memory: connectionMemory,
-                others: [adminMemory.output])
+                other: adminMemory.output)
         memoryPressure.limit = runtime.configuration.limits.maxMemory
         let spooling = runtime.configuration.limits
         spool =

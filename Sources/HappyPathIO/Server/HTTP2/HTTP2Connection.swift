@@ -81,6 +81,11 @@ final class HTTP2Connection: HTTP2StreamOwner {
     private let streamWindow: Int
     /// The stream windows offered now are shrunk (`limits.max_memory`'s overload action).
     private var windowsShrunk = false
+    /// `limits.max_memory`'s overload action (nil: none), and the spool
+    /// settings (`limits.read_ahead`, `body_in_memory`: atomics a reload
+    /// moves), looked up once: not a copy of the server's limits per stream.
+    private let memoryPressure: MemoryPressure?
+    private let spool: Spool?
     /// Each stream's receive window while the overload action is on.
     static let shrunkStreamWindow = 16 * 1024
 
@@ -98,6 +103,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
         self.isSecure = isSecure
         streamIdle = server.limits.timeout
         streamWindow = settings.initialStreamWindow
+        memoryPressure = server.limits.memoryPressure
+        spool = server.limits.spool
         peerAddress = connection.peerAddress
         localAddress = connection.localAddress
         readBuffer = UnsafeMutableRawPointer.allocate(byteCount: Self.readSize, alignment: 16)
@@ -193,7 +200,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
     /// this connection's windows are shrunk (so their end is seen without a
     /// scrape or a new stream).
     private func followMemoryPressure() {
-        guard let pressure = server.limits.memoryPressure, streamWindow > Self.shrunkStreamWindow else { return }
+        guard let pressure = memoryPressure, streamWindow > Self.shrunkStreamWindow else { return }
         let active = windowsShrunk ? server.memoryUnderPressure() : pressure.active
         guard active != windowsShrunk else { return }
         windowsShrunk = active
@@ -247,8 +254,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 stream.dateHeader = server.dateHeader
                 stream.streamAhead = streamWindow
                 stream.stagingBound = server.limits.connectionBuffer
-                stream.readAheadLimit = server.limits.spool?.perAnswer ?? 0
-                stream.bodyInMemory = server.limits.spool?.bodyInMemory ?? Int.max
+                stream.readAheadLimit = spool?.perAnswer ?? 0
+                stream.bodyInMemory = spool?.bodyInMemory ?? Int.max
                 streams[id] = stream
                 server.delegate?.http2StreamOpened()
                 perform(actions)
