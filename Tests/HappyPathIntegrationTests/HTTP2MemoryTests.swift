@@ -139,18 +139,9 @@ import Testing
     /// served, the change is counted; once the stalled client leaves, it
     /// ends and the waiting client is answered.
     @Test func overMaxMemoryNewStreamsAreRefusedAndNewClientsWait() throws {
-        let h = try ProxyHarness(
-            HTTP2EdgeTests.yaml(limits: "{ client_timeout: 30s, max_memory: 1MiB, connection_buffer: 1MiB }"), workers: 1)
-        defer { h.stop() }
-        let admin = AdminProbe(port: h.adminPort)
-        let attacker = try H2Attacker("pressure", port: h.port, rounds: 1)
-        defer { attacker.stop() }
-        // Each scrape checks it too: the action goes on as the bound fills.
-        #expect(waitUntil("the overload action on") { try admin.metric("happypath_memory_pressure") == 1 })
+        let (h, admin, attacker, r) = try Self.underPressure("pressure")
+        defer { h.stop(); attacker.stop() }
         #expect(try admin.metric(#"happypath_memory_pressure_changes_total{change="began"}"#) == 1)
-        attacker.more()
-        attacker.waitForReports(1, timeout: 30)
-        let r = attacker.reports.first ?? [:]
         #expect(r["extra_reset"] as? Int == Int(HTTP2ErrorCode.refusedStream.rawValue), "\(r)")
         // A new client now waits in the backlog; served once the stalled one left.
         let waiting = Locked<Int?>(nil)
@@ -173,20 +164,31 @@ import Testing
     /// (request bodies then hold less), the configured 64 KiB again once the
     /// client's reset streams bring the budget back under its low mark.
     @Test func overMaxMemoryStreamWindowsShrinkAndComeBack() throws {
-        let h = try ProxyHarness(
-            HTTP2EdgeTests.yaml(limits: "{ client_timeout: 30s, max_memory: 1MiB, connection_buffer: 1MiB }"), workers: 1)
-        defer { h.stop() }
-        let admin = AdminProbe(port: h.adminPort)
-        let attacker = try H2Attacker("pressure_windows", port: h.port, rounds: 1)
-        defer { attacker.stop() }
-        #expect(waitUntil("the overload action on") { try admin.metric("happypath_memory_pressure") == 1 })
-        attacker.more()
-        attacker.waitForReports(1, timeout: 30)
-        let r = attacker.reports.first ?? [:]
+        let (h, admin, attacker, r) = try Self.underPressure("pressure_windows")
+        defer { h.stop(); attacker.stop() }
         #expect(r["extra_reset"] as? Int == Int(HTTP2ErrorCode.refusedStream.rawValue), "\(r)")
         // The first is the connection's own SETTINGS; then shrunk, then back.
         #expect(r["windows"] as? [Int] == [65536, 16384, 65536], "\(r)")
         #expect(waitUntil("the overload action off") { try admin.metric("happypath_memory_pressure") == 0 })
+    }
+
+    /// A proxy with a 1 MiB `max_memory` and `connection_buffer`, and
+    /// `attack` (one of the `pressure` attacks) against it: once its 20
+    /// stalled streams turned the overload action on (each scrape checks
+    /// it too), the attack is told to go on; its report.
+    static func underPressure(_ attack: String) throws -> (ProxyHarness, AdminProbe, H2Attacker, [String: Any]) {
+        let h = try ProxyHarness(
+            HTTP2EdgeTests.yaml(limits: "{ client_timeout: 30s, max_memory: 1MiB, connection_buffer: 1MiB }"), workers: 1)
+        let admin = AdminProbe(port: h.adminPort)
+        let attacker: H2Attacker
+        do { attacker = try H2Attacker(attack, port: h.port, rounds: 1) } catch {
+            h.stop()
+            throw error
+        }
+        #expect(waitUntil("the overload action on") { try admin.metric("happypath_memory_pressure") == 1 })
+        attacker.more()
+        attacker.waitForReports(1, timeout: 30)
+        return (h, admin, attacker, attacker.reports.first ?? [:])
     }
 
     /// `happypath serve` (a process of its own, one worker) in front of a
