@@ -31,7 +31,7 @@ import Testing
         var outputAsked = 0
         var clock = Instant(nanoseconds: 0)
         /// What the rig, as every stream's owner, gives for `http2BodyMapping` (the connection: a spool file).
-        var bodySpool: ((Int) -> SpoolMapping?)?
+        var bodySpool: SpoolMapping.Maker?
 
         func http2BodyMapping(capacity: Int) -> SpoolMapping? { bodySpool?(capacity) }
         /// The same for `http2AnswerSpool` (the connection: a spool for an answer read ahead).

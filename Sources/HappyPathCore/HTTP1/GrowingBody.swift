@@ -18,7 +18,7 @@ public struct GrowingBody {
     public private(set) var count = 0
     private var budget: BodyBudget?
     private var inMemory = Int.max
-    private var spill: ((Int) -> SpoolMapping?)?
+    private var spill: SpoolMapping.Maker?
     /// The spool file `base` maps, once the body moved there.
     private var mapping: SpoolMapping?
 
@@ -28,7 +28,7 @@ public struct GrowingBody {
     /// first body needs it), and moves it to `spill`'s file past `inMemory`
     /// bytes. Only while nothing is held.
     public mutating func count(
-        in budget: BodyBudget?, inMemory: Int = .max, spill: ((Int) -> SpoolMapping?)? = nil
+        in budget: BodyBudget?, inMemory: Int = .max, spill: SpoolMapping.Maker? = nil
     ) {
         guard base == nil, capacity == 0 else { return }
         self.budget = budget
@@ -112,10 +112,11 @@ public struct GrowingBody {
     /// twice that), their memory and reservation given back. Stays in
     /// memory when no file can be had.
     private mutating func moveToFile(needing needed: Int) {
-        guard let spill else { return }
-        let doubled = needed > Int.max / 2 ? needed : needed * 2
-        guard let file = spill(doubled) ?? spill(needed) else { return }
-        if let base, count > 0 { file.base.copyMemory(from: base, byteCount: count) }
+        guard let spill,
+            let file = SpoolMapping.holding(
+                UnsafeRawBufferPointer(start: base, count: count), room: needed, preferred: SpoolMapping.doubled(needed),
+                from: spill)
+        else { return }
         free(base)
         budget?.release(capacity)
         base = file.base

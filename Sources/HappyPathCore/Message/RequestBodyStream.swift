@@ -84,7 +84,7 @@ public final class RequestBodyStream {
     /// Kept bytes past this go to a spool file.
     private let inMemory: Int
     /// Makes a spool file of at least the given capacity (nil: none).
-    private let spill: ((Int) -> SpoolMapping?)?
+    private let spill: SpoolMapping.Maker?
     /// The spool file the kept copy is in, once it moved there.
     private var mapping: SpoolMapping?
 
@@ -93,7 +93,7 @@ public final class RequestBodyStream {
     ///   - inMemory: past this many bytes, keep them in `spill`'s file instead.
     public init(
         declaredLength: Int?, ahead: Int, budget: BodyBudget?, keeps: Bool = true, inMemory: Int = .max,
-        spill: ((Int) -> SpoolMapping?)? = nil
+        spill: SpoolMapping.Maker? = nil
     ) {
         self.declaredLength = declaredLength
         self.ahead = max(1, ahead)
@@ -235,10 +235,12 @@ public final class RequestBodyStream {
     /// larger), and its memory and reservation are given back. Stays in
     /// memory when no file can be had.
     private func moveToFile(needing needed: Int) {
-        let doubled = needed > Int.max / 2 ? needed : needed * 2
-        let size = declaredLength.map { $0 >= needed ? $0 : doubled } ?? doubled
-        guard let spill, let file = spill(size) ?? (size > needed ? spill(needed) : nil) else { return }
-        if let storage, received > 0 { file.base.copyMemory(from: storage, byteCount: received) }
+        let doubled = SpoolMapping.doubled(needed)
+        guard let spill,
+            let file = SpoolMapping.holding(
+                UnsafeRawBufferPointer(start: storage, count: received), room: needed,
+                preferred: declaredLength.map { $0 >= needed ? $0 : doubled } ?? doubled, from: spill)
+        else { return }
         free(storage)
         budget?.release(reserved)
         reserved = 0

@@ -21,6 +21,10 @@
 /// Owned by one body on one loop while it is written; once written it is
 /// only read (and may be freed on another thread, as a `RequestBody`).
 public final class SpoolMapping: @unchecked Sendable {
+    /// Makes a spool file of the given capacity for a body (nil: the
+    /// share, the directory or the disk cannot take it).
+    public typealias Maker = (Int) -> SpoolMapping?
+
     public private(set) var base: UnsafeMutableRawPointer
     /// Bytes mapped and allocated (and reserved in the budget).
     public private(set) var capacity: Int
@@ -55,7 +59,7 @@ public final class SpoolMapping: @unchecked Sendable {
     /// when the budget or the disk cannot take them.
     public func grow(toHold needed: Int) -> Bool {
         guard needed > capacity else { return true }
-        var size = max(needed, capacity > Int.max / 2 ? needed : capacity * 2)
+        var size = max(needed, Self.doubled(capacity))
         if !budget.reserve(size - capacity) {
             size = needed
             guard budget.reserve(size - capacity) else { return false }
@@ -86,6 +90,20 @@ public final class SpoolMapping: @unchecked Sendable {
         close(fd)
         budget.release(capacity)
     }
+
+    /// A file from `make` that holds `bytes` (a body so far, moving out of
+    /// memory), with room for `preferred` bytes when that can be had, else
+    /// exactly `needed`; nil when neither.
+    public static func holding(
+        _ bytes: UnsafeRawBufferPointer, room needed: Int, preferred: Int, from make: Maker
+    ) -> SpoolMapping? {
+        guard let file = make(preferred) ?? (preferred > needed ? make(needed) : nil) else { return nil }
+        if let base = bytes.baseAddress, !bytes.isEmpty { file.base.copyMemory(from: base, byteCount: bytes.count) }
+        return file
+    }
+
+    /// Twice `n`, or `n` where twice would not fit an `Int`.
+    public static func doubled(_ n: Int) -> Int { n > Int.max / 2 ? n : n * 2 }
 
     private static func map(_ fd: Int32, _ count: Int) -> UnsafeMutableRawPointer? {
         guard let base = mmap(nil, count, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),

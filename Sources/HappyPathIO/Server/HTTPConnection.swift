@@ -227,7 +227,7 @@ final class HTTPConnection {
                     length: n, headLength: head.headLength, budget: bodyBudget(), spooled: spooledBody(length: n))
             else { return perform(machine.refused(.bodyOverBudget)) }
             buffered = moved
-        } else if let settings = server.limits.spool, readEvent != nil {
+        } else if let settings = server.limits.spool {
             input.countChunkedBody(in: bodyBudget(), inMemory: settings.bodyInMemory) { [weak self] in
                 self?.spoolMapping(capacity: $0)
             }

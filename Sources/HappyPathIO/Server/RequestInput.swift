@@ -26,7 +26,7 @@ struct RequestInput {
     /// A chunked body about to be decoded is counted in `budget`, and moves
     /// to `spill`'s file past `inMemory` bytes.
     mutating func countChunkedBody(
-        in budget: BodyBudget?, inMemory: Int = .max, spill: ((Int) -> SpoolMapping?)? = nil
+        in budget: BodyBudget?, inMemory: Int = .max, spill: SpoolMapping.Maker? = nil
     ) {
         decoded.count(in: budget, inMemory: inMemory, spill: spill)
     }

@@ -389,7 +389,7 @@ public final class HTTP2Stream: ClientStream {
         let actions = machine.releaseBody(streaming: true, now: now())
         if machine.streaming, bodyStream == nil {
             // A kept copy past `limits.body_in_memory` goes on in a spool file.
-            let spill: ((Int) -> SpoolMapping?)? =
+            let spill: SpoolMapping.Maker? =
                 request.keepsStreamedBody && bodyInMemory < Int.max
                 ? { [weak owner] in owner?.http2BodyMapping(capacity: $0) } : nil
             let stream = RequestBodyStream(
