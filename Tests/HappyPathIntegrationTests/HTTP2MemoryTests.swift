@@ -251,14 +251,18 @@ def statuses_of(conns):
                 out[str(status)] = out.get(str(status), 0) + 1
     return out
 
-def stalled_streams():
-    """10 connections x 100 stalled streams of 1 MiB answers, held until stopped."""
-    conns = stalled_connections(10, 100, 1 << 20)
-    say(attack=attack, statuses=statuses_of(conns), resets=sum(len(c.resets) for c in conns))
+def hold(conns):
+    """Keeps the connections open until stopped."""
     while not stop.is_set():
         time.sleep(0.05)
     for c in conns:
         c.close()
+
+def held_streams(count, streams, size):
+    """`count` connections x `streams` stalled streams of `size`-byte answers, held until stopped."""
+    conns = stalled_connections(count, streams, size)
+    say(attack=attack, statuses=statuses_of(conns), resets=sum(len(c.resets) for c in conns))
+    hold(conns)
 
 def window_trickle():
     """One connection, 50 stalled streams given 1 byte of window each, then every second 1 byte more
@@ -283,45 +287,27 @@ def window_trickle():
              ended_seconds=ended and round(ended, 3))
     c.close()
 
-def stalled_streams_10mib():
-    """10 connections x 100 stalled streams of 10 MiB answers, held until stopped."""
-    conns = stalled_connections(10, 100, 10 << 20)
-    say(attack=attack, statuses=statuses_of(conns), resets=sum(len(c.resets) for c in conns))
-    while not stop.is_set():
-        time.sleep(0.05)
-    for c in conns:
-        c.close()
-
-def stalled_one():
-    """One connection, 20 stalled streams of 1 MiB answers, held until stopped."""
-    conns = stalled_connections(1, 20, 1 << 20)
-    say(attack=attack, statuses=statuses_of(conns))
-    while not stop.is_set():
-        time.sleep(0.05)
-    for c in conns:
-        c.close()
-
-def pressure():
-    """20 stalled streams of 1 MiB answers; once told (the file argv[4] + ".more"), one stream more: its reset reported."""
+def pressed():
+    """20 stalled streams of 1 MiB answers; once told (the file argv[4] + ".more"), one stream more (41)."""
     (c,) = stalled_connections(1, 20, 1 << 20)
     while not os.path.exists(sys.argv[4] + ".more") and not stop.is_set():
         time.sleep(0.01)
     c.send([HeadersFrame(41, data=request(), flags=["END_HEADERS", "END_STREAM"])])
+    return c
+
+def pressure():
+    """`pressed`, then the extra stream's reset reported."""
+    c = pressed()
     c.wait(lambda c: 41 in c.resets or 41 in c.status, timeout=10)
     with c.lock:
         extra = c.resets[41][0] if 41 in c.resets else None
     c.report(extra_reset=extra, extra_status=c.status.get(41))
-    while not stop.is_set():
-        time.sleep(0.05)
-    c.close()
+    hold([c])
 
 def pressure_windows():
-    """20 stalled streams of 1 MiB answers; once told, one stream more (refused), then the 20 reset:
-    the stream windows (SETTINGS_INITIAL_WINDOW_SIZE) the server offered along the way are reported."""
-    (c,) = stalled_connections(1, 20, 1 << 20)
-    while not os.path.exists(sys.argv[4] + ".more") and not stop.is_set():
-        time.sleep(0.01)
-    c.send([HeadersFrame(41, data=request(), flags=["END_HEADERS", "END_STREAM"])])
+    """`pressed`, then the 20 reset: the stream windows (SETTINGS_INITIAL_WINDOW_SIZE) the server
+    offered along the way are reported."""
+    c = pressed()
     shrunk = c.wait(lambda c: any(s.get(4) == 16384 for s in c.settings_seen), timeout=10)
     c.send([RstStreamFrame(1 + 2 * i, error_code=8) for i in range(20)])
     # A ping makes a turn after the resets were taken (the end is seen at a turn).
@@ -330,12 +316,13 @@ def pressure_windows():
     with c.lock:
         windows = [s[4] for s in c.settings_seen if 4 in s]
     c.report(extra_reset=c.resets.get(41, (None,))[0], windows=windows, shrunk=shrunk, back=back)
-    while not stop.is_set():
-        time.sleep(0.05)
-    c.close()
+    hold([c])
 
-ATTACKS.update({"stalled_streams": stalled_streams, "window_trickle": window_trickle, "stalled_one": stalled_one,
-                "pressure": pressure, "pressure_windows": pressure_windows,
-                "stalled_streams_10mib": stalled_streams_10mib})
+ATTACKS.update({
+    "stalled_streams": lambda: held_streams(10, 100, 1 << 20),
+    "stalled_streams_10mib": lambda: held_streams(10, 100, 10 << 20),
+    "stalled_one": lambda: held_streams(1, 20, 1 << 20),
+    "window_trickle": window_trickle, "pressure": pressure, "pressure_windows": pressure_windows,
+})
 """#
 }
