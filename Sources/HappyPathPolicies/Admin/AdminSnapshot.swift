@@ -18,7 +18,7 @@ public struct AdminSnapshot: Sendable {
     /// What the process holds for its clients, pool by pool
     /// (`happypath_memory_bytes{pool}`), in a fixed order.
     public var memory: [(pool: String, bytes: Int)] = []
-    /// Answer bytes read ahead to disk now (`happypath_spool_bytes`).
+    /// Bytes in spool files now: answers read ahead, bodies kept (`happypath_spool_bytes`).
     public var spooled = 0
     /// nil: no route delivers later.
     public var deliveries: Deliveries?

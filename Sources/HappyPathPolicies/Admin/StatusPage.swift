@@ -159,7 +159,7 @@ public enum StatusPage {
             <span data-k="parked">\(s.parked)</span> of \(s.maxParked) parked; \
             \(byteSizeText(s.bufferedBytes)) of \(byteSizeText(s.maxBufferedBytes)) of request bodies held; \
             \(memoryWords(s.memory)); \
-            \(byteSizeText(s.spooled)) of answers read ahead to disk; \
+            \(byteSizeText(s.spooled)) in spool files (answers read ahead, bodies kept); \
             config from \(escape(s.configSource)), loaded \(clockTime(s.loadedAt))
             """
     }

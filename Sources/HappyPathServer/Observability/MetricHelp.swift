@@ -54,13 +54,14 @@ enum MetricHelp {
         "happypath_buffered_body_bytes": "Request and response body bytes buffered in the process now.",
         "happypath_memory_limit_bytes": "limits.max_memory: what the process may hold for clients in all.",
         "happypath_memory_pressure":
-            "1 while the process holds 90% of limits.max_memory for clients (new connections wait, new HTTP/2 streams are refused) until it falls below 75%.",
+            "1 while the process holds 90% of limits.max_memory for clients (new connections wait, new HTTP/2 streams are refused, stream windows shrink) until it falls below 75%.",
         "happypath_memory_pressure_changes_total": "Times the memory overload action began or ended.",
         "happypath_memory_bytes":
             "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), tunnels (client bytes queued for upstreams), admin_output (queued for admin clients: event streams), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
-        "happypath_spool_bytes": "Answer bytes read ahead of slow clients into spool files now (limits.read_ahead), on disk.",
-        "happypath_spool_limit_bytes": "limits.max_spooled_bytes: answer bytes the process spools to disk at most.",
+        "happypath_spool_bytes":
+            "Bytes in spool files now, on disk: answers read ahead of slow clients (limits.read_ahead) and request bodies kept for retries (limits.body_in_memory).",
+        "happypath_spool_limit_bytes": "limits.max_spooled_bytes: bytes the process keeps in spool files at most.",
         "happypath_tls_handshakes_total": "TLS handshakes completed on TLS listeners, by protocol version.",
         "happypath_tls_handshake_failures_total": "TLS handshakes that failed, by reason.",
         "happypath_tls_certificate_expiry_seconds": "When each listener certificate expires, as Unix time in seconds.",

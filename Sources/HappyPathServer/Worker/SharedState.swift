@@ -190,8 +190,9 @@ struct MemoryReading: Sendable {
     /// `limits.max_memory`, and whether its overload action is on.
     var limit = 0
     var pressure = false
-    /// Answer bytes read ahead to disk (`limits.read_ahead`), and their
-    /// budget (`limits.max_spooled_bytes`): on disk, not in `limit`.
+    /// Bytes in spool files (answers read ahead, `limits.read_ahead`, and
+    /// bodies kept, `limits.body_in_memory`), and their budget
+    /// (`limits.max_spooled_bytes`): on disk, not in `limit`.
     var spooled = 0
     var spoolLimit = 0
 
