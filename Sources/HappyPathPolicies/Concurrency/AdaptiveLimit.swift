@@ -5,12 +5,20 @@ import HappyPathCore
 /// how the recent latency compares with a baseline, as Netflix's Gradient2,
 /// with the failure modes its users and Envoy's met designed out:
 ///
-/// - **No probe drops.** The baseline is learned from live traffic only:
-///   the least *recent* latency (an average over about `recentSamples`
-///   tries) over the last one to two half windows of `baselineSamples`
-///   tries. The limit is never forced down to re-measure it (the 503 dips
+/// - **A slow kind of request is not an overloaded upstream** (issue 44).
+///   Each kind of request (a route and the path it asks for) has its own
+///   baseline: the least of its recent latency (the median of its last
+///   `recentSamples` tries) over the last one to two half windows of
+///   `baselineSamples` of its tries. Each try is compared with its own
+///   kind's baseline, and the limit follows the median of the last
+///   `recentSamples` of those ratios (`ratio`). A path that always takes
+///   2 s is at its baseline; heavy queries that are a minority of a path's
+///   tries are outvoted; the whole upstream slowing down raises every
+///   kind's ratio, and the median with them (`AdaptiveLimit+Kinds.swift`).
+/// - **No probe drops.** Baselines are learned from live traffic only.
+///   The limit is never forced down to re-measure them (the 503 dips
 ///   of envoy#8337 and #9007): near capacity the queue empties now and
-///   then, and the recent latency shows it. A faster upstream lowers the
+///   then, and the recent latency shows it. A faster kind lowers its
 ///   baseline at once; a slower one raises it once a window has passed.
 /// - **No growth while the limit is not used, nor under mild overload.**
 ///   The limit grows only while the recent latency is at the baseline and
@@ -22,15 +30,15 @@ import HappyPathCore
 ///   reached its end; a request refused, shed or timed out in a queue never
 ///   reaches `sample` (the fast samples of concurrency-limits #176).
 ///
-/// Each sample compares `recent` with `baseline`, in three zones:
+/// Each voting sample moves the limit by the median ratio, in three zones:
 /// - **at the baseline** (at most `growUnder`, 1.25 times it by default): the target
 ///   is `limit + √limit` (the square root: the queue an upstream can hold at
 ///   its baseline latency), taken only from a sample that used the limit;
 /// - **within `tolerance`**: the target is `holdDrift` (0.98) of the limit;
-/// - **past it**: `limit × max(0.5, tolerance × baseline / recent)`.
+/// - **past it**: `limit × max(0.5, tolerance / ratio)`.
 /// The limit moves `smoothing` of the way to its target per sample, within
 /// `[minLimit, maxLimit]`. In a closed loop against an upstream of 4 slots
-/// it settles between 4 and 16 from any start (`AdaptiveLimitTests`).
+/// it settles near 7 (between 3 and 20) from any start (`AdaptiveLimitTests`).
 ///
 /// A pure value on injected samples (no clock: latency is measured by the
 /// caller); table-tested in `AdaptiveLimitTests`.
@@ -47,9 +55,10 @@ public struct AdaptiveLimit: Sendable, Equatable {
         /// How much slower than the baseline the recent latency may be
         /// before the limit shrinks. Default 1.5.
         public var tolerance: Double = 1.5
-        /// Tries the baseline averages over. Default 600.
+        /// Tries of a kind its baseline is the least recent latency over. Default 600.
         public var baselineSamples: Int = 600
-        /// Tries the recent latency averages over. Default 10.
+        /// Tries the recent latency (a median, of each kind and of the
+        /// ratios) is taken over. Default 10.
         public var recentSamples: Int = 10
         /// Recent latency at most this many times the baseline counts as
         /// "at the baseline", where a used limit grows: the allowance for
@@ -61,6 +70,9 @@ public struct AdaptiveLimit: Sendable, Equatable {
         public var growUnder: Double = 1.25
 
         public init() {}
+
+        /// The most `recentSamples` may be (the median's window is kept sorted).
+        public static let mostRecentSamples = 1_000
 
         /// The messages a configuration error would give, empty when valid.
         public func validate() -> [String] {
@@ -81,6 +93,9 @@ public struct AdaptiveLimit: Sendable, Equatable {
             if baselineSamples < recentSamples || recentSamples < 1 {
                 problems.append("baseline_samples must be at least recent_samples, and both at least 1")
             }
+            if recentSamples > Self.mostRecentSamples {
+                problems.append("recent_samples must be at most \(Self.mostRecentSamples), got \(recentSamples)")
+            }
             return problems
         }
     }
@@ -88,79 +103,64 @@ public struct AdaptiveLimit: Sendable, Equatable {
     public let configuration: Configuration
     /// The limit as a fraction (it moves in small steps); `current` is what applies.
     public private(set) var limit: Double
-    /// The long-term latency, in seconds (0: no sample yet).
-    public private(set) var baseline: Double = 0
-    /// The recent latency, in seconds (0: no sample yet).
-    public private(set) var recent: Double = 0
+    /// The baseline of the kind of request last measured, in seconds (0: no sample yet).
+    public var baseline: Double { lastKind.map { kinds.entries[$0].baseline } ?? 0 }
+    /// That kind's recent latency, in seconds (0: no sample yet).
+    public var recent: Double { lastKind.map { kinds.entries[$0].recent } ?? 0 }
+    /// How much slower than their own kinds' baselines the recent tries
+    /// were: the median of the last `recentSamples` ratios (1: at the
+    /// baselines; 0: no kind has voted yet). What moves the limit.
+    public private(set) var ratio: Double = 0
     /// Samples taken so far (saturating).
     public private(set) var samples = 0
-    private var windowMin = Double.infinity
-    private var previousWindowMin = Double.infinity
-    private var windowCount = 0
+    private var kinds: KindBaselines
+    private var lastKind: Int?
+    private var ratios: MedianWindow
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
         limit = Double(min(max(configuration.initialLimit, configuration.minLimit), configuration.maxLimit))
+        let recentSamples = min(max(1, configuration.recentSamples), Configuration.mostRecentSamples)
+        kinds = KindBaselines(idleAfter: configuration.baselineSamples, recentSamples: recentSamples)
+        ratios = MedianWindow(size: recentSamples)
     }
 
     /// Tries that may be in flight now.
     public var current: Int { Int(limit.rounded(.down)) }
 
-    /// A try completed after `latency`, with `inFlight` tries in flight
-    /// when it started (itself included). Returns the new `current` when it
-    /// changed, else nil.
-    public mutating func sample(latency: Duration, inFlight: Int, queued: Bool = false) -> Int? {
-        sample(seconds: Self.seconds(latency), inFlight: inFlight, queued: queued)
+    /// A try of `kind` completed after `latency`, with `inFlight` tries in
+    /// flight when it started (itself included). Returns the new `current`
+    /// when it changed, else nil.
+    public mutating func sample(latency: Duration, inFlight: Int, queued: Bool = false, kind: UInt64 = 0) -> Int? {
+        sample(seconds: Self.seconds(latency), inFlight: inFlight, queued: queued, kind: kind)
     }
 
     /// The same, from two readings of the monotonic clock: no `Duration`
     /// arithmetic (128-bit) on the hot path.
-    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, queued: Bool = false) -> Int? {
+    public mutating func sample(
+        from start: Instant, to end: Instant, inFlight: Int, queued: Bool = false, kind: UInt64 = 0
+    ) -> Int? {
         // Bounded before any arithmetic: a day at most, never negative.
         let ns = end.nanoseconds >= start.nanoseconds ? min(end.nanoseconds &- start.nanoseconds, 86_400_000_000_000) : 0
-        return sample(seconds: Double(ns) / 1e9, inFlight: inFlight, queued: queued)
+        return sample(seconds: Double(ns) / 1e9, inFlight: inFlight, queued: queued, kind: kind)
     }
 
     /// `queued`: requests were waiting for a slot as the try ended (the
-    /// limit is saturated): the sample may lower the baseline, never raise it.
-    private mutating func sample(seconds: Double, inFlight: Int, queued: Bool) -> Int? {
+    /// limit is saturated): the sample may lower its kind's baseline, never raise it.
+    private mutating func sample(seconds: Double, inFlight: Int, queued: Bool, kind: UInt64) -> Int? {
         let before = current
         samples = samples == Int.max ? samples : samples + 1
-        if baseline == 0 {
-            baseline = seconds
-            recent = seconds
-            windowMin = seconds
-        } else {
-            recent += (seconds - recent) * Self.weight(configuration.recentSamples)
-        }
-        // The baseline: the least recent latency (an average, so one lucky
-        // try does not set it) over the last one to two half windows of
-        // `baselineSamples` tries. While the limit sits near the upstream's
-        // capacity the queue empties now and then, and the recent latency
-        // with it; the minimum follows a slower upstream up once a window
-        // has passed, and a faster one down at once.
-        //
-        // Not from a saturated limit, though (requests waiting for a slot):
-        // an upstream kept full by a flood never empties its own queue, and
-        // a baseline that followed its latency up would let the limit climb
-        // with it (the overload scenario: 25 to 37 ms and a limit of 13
-        // against 4 slots in 20 s). Such a sample may only lower the
-        // baseline. At the minimum limit it counts: if the latency is still
-        // high there, the upstream is slower, and the baseline must follow.
-        // So its window does not move on: without a new window the minimum
-        // can only fall.
-        windowMin = min(windowMin, recent)
-        baseline = min(previousWindowMin, windowMin)
-        if !queued || limit <= Double(configuration.minLimit) {
-            windowCount += 1
-            if windowCount >= max(1, configuration.baselineSamples / 2) {
-                previousWindowMin = windowMin
-                windowMin = .infinity
-                windowCount = 0
-            }
-        }
-        guard recent > 0, baseline > 0 else { return nil }
-        let ratio = recent / baseline
+        // Its kind's baseline (a kind the table has no room for learns
+        // nothing and does not vote).
+        guard let k = kinds.entry(for: kind, at: samples) else { return nil }
+        lastKind = k
+        // Not from a saturated limit, though: at the minimum it counts (if
+        // the latency is still high there, the upstream is slower).
+        let votes = kinds.entries[k].measured(
+            seconds, recentSamples: configuration.recentSamples, baselineSamples: configuration.baselineSamples,
+            movesWindow: !queued || limit <= Double(configuration.minLimit))
+        guard let vote = votes else { return nil }
+        ratio = ratios.insert(vote)
         let target: Double
         // With requests waiting, growing turns them into load on the
         // upstream at once: there the limit grows only within 10 % of the
@@ -189,8 +189,6 @@ public struct AdaptiveLimit: Sendable, Equatable {
     /// In the tolerance zone, the target is this fraction of the limit.
     public static let holdDrift = 0.98
 
-    /// An average over about `n` samples, as an exponential weight.
-    static func weight(_ n: Int) -> Double { 2 / Double(max(1, n) + 1) }
 
     /// A latency in seconds, bounded (a day at most; never negative).
     static func seconds(_ d: Duration) -> Double {

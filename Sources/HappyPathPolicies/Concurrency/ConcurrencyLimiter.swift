@@ -231,14 +231,18 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
     /// A try of this upstream sent at `start` completed at `end`, with
     /// `inFlight` tries in flight when it started: the adaptive limit learns
-    /// from it. Returns whether the limit moved; a limit that grew hands its
-    /// new slots to waiters at once (`granted`: start their tries). Nothing
+    /// from it, against the baseline of its `kind` (`AdaptiveLimit`).
+    /// Returns whether the limit moved; a limit that grew hands its new
+    /// slots to waiters at once (`granted`: start their tries). Nothing
     /// without `adaptive`.
     @inlinable
-    public mutating func sample(from start: Instant, to end: Instant, inFlight: Int, granted: inout [Waiter]) -> Bool {
+    public mutating func sample(
+        from start: Instant, to end: Instant, inFlight: Int, kind: UInt64 = 0, granted: inout [Waiter]
+    ) -> Bool {
         guard learned != nil else { return false }
         // In place: the limit's state is not copied out and back.
-        guard let moved = learned!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty) else {
+        guard let moved = learned!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty, kind: kind)
+        else {
             return false
         }
         granted = limitMoved(to: moved)

@@ -79,6 +79,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// limit that grows hands slots to waiters at once, whose tries start
     /// then, and libcurl refuses to add a transfer inside its callbacks.
     private var measured: (from: Instant, to: Instant, inFlight: Int)?
+    private var storedKind: UInt64?
     /// This worker's lane of the upstream, from the exchange's first slot
     /// on (its slots, queue and limit); kept so a release or a sample does
     /// not look it up again. A lane is forgotten only while idle, and this
@@ -453,7 +454,21 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func sampleTry() {
         guard let from = sampleFrom, let lane else { return }
         sampleFrom = nil
-        worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight)
+        worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight, kind: kind)
+    }
+
+    /// What kind of request this is to the adaptive limit (its samples are
+    /// compared with its kind's own baseline): the route and the path the
+    /// upstream is asked for, without the query. FNV-1a, read once.
+    var kind: UInt64 {
+        if let storedKind { return storedKind }
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325 ^ UInt64(truncatingIfNeeded: route.index)
+        for b in command.target.utf8 {
+            if b == UInt8(ascii: "?") { break }
+            h = (h ^ UInt64(b)) &* 0x100_0000_01b3
+        }
+        storedKind = h
+        return h
     }
 
     /// `sampleTry` inside a libcurl callback (the response head): read now,
@@ -468,7 +483,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func applySample() {
         guard let m = measured, let lane else { return }
         measured = nil
-        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight)
+        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight, kind: kind)
     }
 
     /// A try that ended without a sample (a reset, an error status) takes none.

@@ -163,10 +163,10 @@ extension ProxyWorker {
 
     /// A try of an adaptive upstream sent at `start` completed at `end`,
     /// with `inFlight` tries in flight as it started: the limit learns from
-    /// it; slots a grown limit opened go to waiters at once.
-    func sampleTry(_ l: Lane, from start: Instant, to end: Instant, inFlight: Int) {
+    /// it (against its `kind`'s baseline); slots a grown limit opened go to waiters at once.
+    func sampleTry(_ l: Lane, from start: Instant, to end: Instant, inFlight: Int, kind: UInt64) {
         var granted: [Exchange] = []
-        let moved = l.slots.sample(from: start, to: end, inFlight: inFlight, granted: &granted)
+        let moved = l.slots.sample(from: start, to: end, inFlight: inFlight, kind: kind, granted: &granted)
         l.publishLimit(moved: moved)
         guard !granted.isEmpty else { return }
         l.publish()
