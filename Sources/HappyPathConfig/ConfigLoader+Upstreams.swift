@@ -88,9 +88,9 @@ extension Reader {
     }
 
     /// `adaptive_concurrency: { min_limit, max_limit, initial_limit, tolerance,
-    /// smoothing, queue: { interval, target } }` (docs/overload.md).
+    /// smoothing, max_streams, queue: { interval, target } }` (docs/overload.md).
     func adaptiveConcurrency(_ node: Node, _ path: String) -> AdaptiveConcurrencySettings {
-        let f = fields(node, path, known: ["min_limit", "max_limit", "initial_limit", "tolerance", "smoothing", "queue"])
+        let f = fields(node, path, known: ["min_limit", "max_limit", "initial_limit", "tolerance", "smoothing", "queue", "max_streams"])
         var a = AdaptiveConcurrencySettings()
         if let v = int(f["min_limit"]?.value, "\(path).min_limit", min: 1, max: 100_000) { a.limit.minLimit = v }
         if let v = int(f["max_limit"]?.value, "\(path).max_limit", min: 1, max: 100_000) { a.limit.maxLimit = v }
@@ -103,6 +103,7 @@ extension Reader {
         }
         if let v = double(f["tolerance"]?.value, "\(path).tolerance", min: 1, max: 10) { a.limit.tolerance = v }
         if let v = double(f["smoothing"]?.value, "\(path).smoothing", min: 0.01, max: 1) { a.limit.smoothing = v }
+        if let v = int(f["max_streams"]?.value, "\(path).max_streams", min: 0, max: 100_000) { a.maxStreams = v }
         if let q = f["queue"]?.value {
             let qf = fields(q, "\(path).queue", known: ["interval", "target"])
             if let d = duration(qf["interval"]?.value, "\(path).queue.interval") { a.queue.interval = d }

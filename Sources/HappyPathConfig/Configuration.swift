@@ -188,6 +188,11 @@ public struct AdaptiveConcurrencySettings: Sendable, Equatable {
     public var limit = AdaptiveLimit.Configuration()
     /// `queue: { interval, target }`.
     public var queue = QueueShedding()
+    /// `max_streams`: answers that stream past their head (event streams,
+    /// gRPC calls, tunnels, answers read slower than they come past
+    /// `limits.read_ahead`) counted apart from the limit, for the whole
+    /// upstream (nil: as many as `max_limit`). Past it a stream keeps its slot.
+    public var maxStreams: Int?
 
     public init() {}
 }

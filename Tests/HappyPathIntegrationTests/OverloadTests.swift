@@ -25,13 +25,15 @@ import Testing
             """, workers: 1)
     }
 
-    /// One request in flight (a slow one) and one queued behind it, on `queued`'s path with its fields.
+    /// One request in flight (a slow critical one: a critical request
+    /// never waits behind lower priorities alone) and one queued behind
+    /// it, on `queued`'s path with its fields.
     static func fillSlotAndQueue(_ h: ProxyHarness, queued: String, fields: String = "") throws -> (
         TestConnection, TestConnection
     ) {
         let admin = AdminProbe(port: h.adminPort)
         let first = try TestConnection(port: h.port)
-        try first.send("GET /slow?ms=600 HTTP/1.1\r\nHost: x\r\n\r\n")
+        try first.send("GET /c/slow?ms=600 HTTP/1.1\r\nHost: x\r\n\r\n")
         waitUntil("the slow request in flight") { try admin.metric("happypath_upstream_in_flight{upstream=\"demo\"}") == 1 }
         let second = try TestConnection(port: h.port)
         try second.send("GET \(queued) HTTP/1.1\r\nHost: x\r\n\(fields)\r\n")

@@ -12,7 +12,7 @@ import Testing
     typealias Limiter = ConcurrencyLimiter<Waiter>
 
     enum Event {
-        case acquire(Int, RequestPriority = .normal)
+        case acquire(Int, RequestPriority = .normal, client: Int = 0)
         /// The clock moves to this many milliseconds.
         case at(Int64)
         /// A try completed after this many milliseconds, with this many in flight as it started.
@@ -23,9 +23,12 @@ import Testing
         /// A release once drain ran out of time: nobody gets the slot.
         case releaseWithoutHandOver
         case leave(Int)
+        /// The oldest slot's answer streams past its head: it leaves the limit.
+        case stream
+        case streamEnded
     }
 
-    enum Decision: Equatable {
+    indirect enum Decision: Equatable {
         case granted, queued, overloaded
         case hedge(Bool)
         case freed
@@ -34,6 +37,8 @@ import Testing
         case clock
         /// The slots a grown limit opened went to these waiters.
         case started([Int])
+        /// `moveToStreams`: nil, else what the freed slot did.
+        case streamed(Decision?)
     }
 
     struct Step {
@@ -163,7 +168,7 @@ import Testing
             "with only critical requests waiting in a queue that stood 100 ms, those that waited past 100 ms are shed",
             slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 1, initial: 1),
             [
-                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(1, .critical), .granted, inFlight: 1, queued: 0),
                 Step(.acquire(2, .sheddable), .queued, inFlight: 1, queued: 1),
                 Step(.acquire(3, .critical), .queued, inFlight: 1, queued: 1, shed: [2]),  // a queue of one: room made
                 Step(.at(50), .clock, inFlight: 1, queued: 1),
@@ -174,26 +179,82 @@ import Testing
                 Step(.acquire(6, .sheddable), .queued, inFlight: 1, queued: 1, shed: [3]),
             ]),
         Scenario(
-            "an adaptive limit keeps a fifth of its slots for more important requests",
+            "an adaptive limit keeps a fifth of its slots for the top priority in use",
             slots: 0, queue: 0, adaptive: adaptive(min: 5, max: 5, initial: 5),
             [
-                Step(.acquire(1, .sheddable), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(1, .critical), .granted, inFlight: 1, queued: 0),  // critical is in use now
                 Step(.acquire(2, .sheddable), .granted, inFlight: 2, queued: 0),
                 Step(.acquire(3, .sheddable), .granted, inFlight: 3, queued: 0),
                 Step(.acquire(4, .sheddable), .granted, inFlight: 4, queued: 0),
                 Step(.acquire(5, .sheddable), .queued, inFlight: 4, queued: 1),  // 4 of 5: the last is kept
                 Step(.acquire(6, .critical), .granted, inFlight: 5, queued: 1),  // ahead of the waiting sheddable one
-                Step(.acquire(7), .queued, inFlight: 5, queued: 2),
-                Step(.release, .handedOver(to: 7), inFlight: 5, queued: 1),
-                Step(.release, .freed, inFlight: 4, queued: 1),  // the sheddable one's share is full
-                Step(.tryAcquire, .hedge(false), inFlight: 4, queued: 1),
-                Step(.release, .handedOver(to: 5), inFlight: 4, queued: 0),
+                Step(.acquire(7), .queued, inFlight: 5, queued: 2),  // a normal one is below critical too
+                Step(.release, .freed, inFlight: 4, queued: 2),  // 1 (critical) ends: 4 held, the reserve kept
+                Step(.release, .handedOver(to: 7), inFlight: 4, queued: 1),  // 2 (sheddable) ends
+                Step(.release, .handedOver(to: 5), inFlight: 4, queued: 0),  // 3 (sheddable) ends: within its share
+                Step(.tryAcquire, .hedge(false), inFlight: 4, queued: 0),  // a hedge is sheddable work
+            ]),
+        Scenario(
+            "with only sheddable requests in use, nothing is kept back",
+            slots: 0, queue: 0, adaptive: adaptive(min: 2, max: 2, initial: 2),
+            [
+                Step(.acquire(1, .sheddable), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .sheddable), .granted, inFlight: 2, queued: 0),
+                Step(.acquire(3, .sheddable), .queued, inFlight: 2, queued: 1),
+            ]),
+        Scenario(
+            "at a limit of 1 a critical request gets in past the sheddable try that holds it",
+            slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 1, initial: 1),
+            [
+                Step(.acquire(1, .sheddable), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .critical), .granted, inFlight: 2, queued: 0),  // one more than the lower ones hold
+                Step(.acquire(3, .critical), .queued, inFlight: 2, queued: 0 + 1),
+                Step(.release, .freed, inFlight: 1, queued: 1),  // 1 ends: 2 holds the limit
+            ]),
+        Scenario(
+            "a critical request is not shed while a sheddable try holds a slot it takes next",
+            slots: 0, queue: 0, adaptive: adaptive(min: 2, max: 2, initial: 2),
+            [
+                Step(.acquire(1, .sheddable), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, .critical), .granted, inFlight: 2, queued: 0),
+                Step(.acquire(3, .critical), .queued, inFlight: 2, queued: 1),
+                Step(.at(500), .clock, inFlight: 2, queued: 1),
+                // The queue stood 500 ms and 3 waited as long: not shed,
+                // the sheddable try 1 holds a slot that goes to it next.
+                Step(.acquire(4, .sheddable), .queued, inFlight: 2, queued: 2),
+                Step(.release, .handedOver(to: 3), inFlight: 2, queued: 1),
+            ]),
+        Scenario(
+            "a freed slot goes to the waiting client that holds the fewest, whatever the order they came in",
+            slots: 0, queue: 0, adaptive: adaptive(min: 3, max: 3, initial: 3),
+            [
+                Step(.acquire(1, client: 7), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2, client: 7), .granted, inFlight: 2, queued: 0),
+                Step(.acquire(3, client: 7), .granted, inFlight: 3, queued: 0),
+                Step(.acquire(4, client: 7), .queued, inFlight: 3, queued: 1),
+                Step(.acquire(5, client: 7), .queued, inFlight: 3, queued: 2),
+                Step(.acquire(6, client: 9), .queued, inFlight: 3, queued: 3),
+                Step(.release, .handedOver(to: 6), inFlight: 3, queued: 2),  // client 9 held none
+                Step(.release, .handedOver(to: 4), inFlight: 3, queued: 1),  // then in order
+            ]),
+        Scenario(
+            "an answer that streams leaves the limit: its slot goes to a waiter, up to max_streams",
+            slots: 0, queue: 0, adaptive: adaptive(min: 2, max: 2, initial: 2),
+            [
+                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(2), .granted, inFlight: 2, queued: 0),
+                Step(.acquire(3), .queued, inFlight: 2, queued: 1),
+                Step(.stream, .streamed(.handedOver(to: 3)), inFlight: 2, queued: 0),
+                Step(.stream, .streamed(.freed), inFlight: 1, queued: 0),
+                Step(.stream, .streamed(nil), inFlight: 1, queued: 0),  // max_streams 2: it keeps its slot
+                Step(.streamEnded, .clock, inFlight: 1, queued: 0),
+                Step(.stream, .streamed(.freed), inFlight: 0, queued: 0),
             ]),
         Scenario(
             "a standing queue: late sheddable requests go, critical ones are served first and never shed while others wait",
             slots: 0, queue: 0, adaptive: adaptive(min: 1, max: 4, initial: 1),
             [
-                Step(.acquire(1), .granted, inFlight: 1, queued: 0),
+                Step(.acquire(1, .critical), .granted, inFlight: 1, queued: 0),
                 Step(.acquire(2, .sheddable), .queued, inFlight: 1, queued: 1),
                 Step(.acquire(3, .critical), .queued, inFlight: 1, queued: 2),
                 Step(.at(50), .clock, inFlight: 1, queued: 2),
@@ -252,7 +313,8 @@ import Testing
     func slotsAndQueue(_ scenario: Scenario) {
         var configuration = Limiter.Configuration(maxInFlight: scenario.slots, maxQueued: scenario.queue)
         if let adaptive = scenario.adaptive {
-            configuration = .init(adaptive: adaptive, queue: QueueShedding(), connections: 1000, workers: 1)
+            configuration = .init(
+                adaptive: adaptive, queue: QueueShedding(), connections: 1000, workers: 1, maxStreams: adaptive.maxLimit)
         }
         var limiter = Limiter(configuration)
         var now = Instant(nanoseconds: 0)
@@ -263,23 +325,45 @@ import Testing
             waiters[id] = w
             return w
         }
+        // Whom each request asked for, and the slots held, oldest first
+        // (`.release` and `.stream` are the oldest's).
+        var asked: [Int: SlotHolder] = [:]
+        var holding: [SlotHolder] = []
+        func released(_ r: Limiter.Release) -> Decision {
+            guard case let .handedOver(next) = r else { return .freed }
+            holding.append(asked[next.id]!)
+            return .handedOver(to: next.id)
+        }
         for (i, step) in scenario.steps.enumerated() {
             let decision: Decision
             switch step.event {
-            case let .acquire(id, priority):
-                switch limiter.acquire(waiter(id), priority: priority, at: now) {
-                case .granted: decision = .granted
+            case let .acquire(id, priority, client):
+                let holder = SlotHolder(priority, client: client)
+                asked[id] = holder
+                switch limiter.acquire(waiter(id), holder, at: now) {
+                case .granted:
+                    holding.append(holder)
+                    decision = .granted
                 case .queued: decision = .queued
                 case .overloaded: decision = .overloaded
                 }
             case .tryAcquire:
-                decision = .hedge(limiter.tryAcquire())
+                let granted = limiter.tryAcquire()
+                if granted { holding.append(SlotHolder()) }
+                decision = .hedge(granted)
             case .release, .releaseWithoutHandOver:
-                if case let .handedOver(next) = limiter.release(handOver: step.event.handsOver, at: now) {
-                    decision = .handedOver(to: next.id)
+                decision = released(limiter.release(holding.removeFirst(), handOver: step.event.handsOver, at: now))
+            case .stream:
+                let holder = holding.removeFirst()
+                if let r = limiter.moveToStreams(holder, at: now) {
+                    decision = .streamed(released(r))
                 } else {
-                    decision = .freed
+                    holding.insert(holder, at: 0)
+                    decision = .streamed(nil)
                 }
+            case .streamEnded:
+                limiter.streamEnded()
+                decision = .clock
             case let .leave(id):
                 decision = .left(limiter.leave(waiter(id)))
             case let .at(ms):
@@ -289,6 +373,7 @@ import Testing
                 var granted: [Waiter] = []
                 let end = Instant(nanoseconds: now.nanoseconds + ms * 1_000_000)
                 _ = limiter.sample(from: now, to: end, inFlight: inFlight, granted: &granted)
+                for w in granted { holding.append(asked[w.id]!) }
                 decision = .started(granted.map(\.id))
             }
             #expect(decision == step.decision, "step \(i)")

@@ -18,6 +18,19 @@ import HappyPathCore
 /// `release`) it is a count and a comparison; the queue is touched only
 /// when the slots are all taken. The methods are inlinable so the server's
 /// use is specialized for its waiter type.
+/// Whom a slot is held for: the request's priority and its client (the
+/// route's rate-limit key, else its address, hashed by the caller). The
+/// adaptive limit keeps a reserve for the top priority in use and shares
+/// slots fairly between clients (issue 44); a fixed limit ignores both.
+public struct SlotHolder: Sendable, Equatable {
+    public var priority: RequestPriority
+    public var client: Int
+    @inlinable public init(_ priority: RequestPriority = .normal, client: Int = 0) {
+        self.priority = priority
+        self.client = client
+    }
+}
+
 public struct ConcurrencyLimiter<Waiter: AnyObject> {
     public struct Configuration: Sendable, Equatable {
         /// Tries in flight at once, when the limit is fixed: the worker's
@@ -32,6 +45,10 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         public var adaptive: AdaptiveLimit.Configuration?
         /// How the queue sheds (only with `adaptive`).
         public var queue = QueueShedding()
+        /// Answers streaming past their head that may leave the limit
+        /// (`moveToStreams`; only with `adaptive`): the worker's share of
+        /// `adaptive_concurrency.max_streams`. 0: streams keep their slots.
+        public var maxStreams = 0
 
         public init(maxInFlight: Int, maxQueued: Int? = nil) {
             self.maxInFlight = maxInFlight
@@ -47,10 +64,11 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
 
         /// The worker's share of an adaptive limit between `min` and `max`
         /// (the upstream's whole), starting at `initial`, capped by its
-        /// share of `connections`; the queue holds up to the share of `max`.
+        /// share of `connections`; the queue holds up to the share of `max`,
+        /// and the streams moved out of the limit the share of `maxStreams`.
         public init(
             adaptive: AdaptiveLimit.Configuration, queue: QueueShedding, connections: Int,
-            workers: Int
+            workers: Int, maxStreams: Int = 0
         ) {
             let workers = Swift.max(1, workers)
             func share(_ n: Int) -> Int { Swift.max(1, (n + workers - 1) / workers) }
@@ -62,6 +80,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
             self.init(maxInFlight: a.maxLimit, maxQueued: a.maxLimit)
             self.adaptive = a
             self.queue = queue
+            self.maxStreams = maxStreams > 0 ? share(maxStreams) : 0
         }
 
         /// The messages a configuration error would give, empty when valid.
@@ -97,7 +116,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     }
 
     public let configuration: Configuration
-    /// Slots taken now.
+    /// Slots taken now (streams moved apart not included).
     @inlinable public var inFlight: Int { taken }
     @usableFromInline var taken = 0
     /// Tries that may be in flight now: fixed, or `adaptive.current`.
@@ -105,12 +124,13 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @usableFromInline var storedLimit: Int {
         didSet { reserve = Self.reserve(limit: storedLimit, adaptive: learned != nil) }
     }
-    /// Slots of an adaptive limit kept for more important requests: a
-    /// sheddable request takes a slot only while `reserve` are free, a
-    /// normal one while half of them are; a critical one takes any. A
-    /// critical request then seldom waits behind sheddable tries, and the
-    /// limit, which grows while it is used, grows past the reserve. 0 for a
-    /// fixed limit (nothing changes there) and for a limit under 3.
+    /// Slots of an adaptive limit kept for the top priority in use (issue
+    /// 44): a fifth of the limit, at least one at any limit. A request of a
+    /// lower priority takes a slot only while `reserve` are free (a normal
+    /// one below critical, half of them); one of the top priority takes
+    /// any, and one more than the lower priorities hold if they hold the
+    /// whole limit (at a limit of 1, or after it shrank): a critical
+    /// request always has a way in. 0 for a fixed limit (nothing changes there).
     @usableFromInline var reserve = 0
     @usableFromInline var waiting: PriorityQueue<Waiter>
     /// The learned limit (nil: fixed).
@@ -128,6 +148,26 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable public var hasShed: Bool { pendingShed }
     @usableFromInline var pendingShed = false
 
+    // Adaptive only (issue 44): who holds the slots.
+    /// Slots held per priority (by rank).
+    @usableFromInline var takenCritical = 0
+    @usableFromInline var takenNormal = 0
+    @usableFromInline var takenSheddable = 0
+    /// When a critical and a normal request last asked for a slot
+    /// (nanoseconds; `Int64.min`: never): the top priority in use is the
+    /// highest seen within `priorityMemory`.
+    @usableFromInline var criticalSeen = Int64.min
+    @usableFromInline var normalSeen = Int64.min
+    /// The top priority's rank as of the last request.
+    @usableFromInline var top = RequestPriority.sheddable.rank
+    /// Slots held per client, in `clientBuckets` buckets by the client's
+    /// hash (clients that share a bucket share a count: at worst a little
+    /// less than their fair turn).
+    @usableFromInline var held: [Int] = []
+    /// Answers that stream past their head, moved out of the limit (`moveToStreams`).
+    @inlinable public var streaming: Int { streams }
+    @usableFromInline var streams = 0
+
     public init(_ configuration: Configuration) {
         self.configuration = configuration
         waiting = PriorityQueue(configuration.queue)
@@ -136,79 +176,140 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
             learned = limit
             storedLimit = limit.current
             reserve = Self.reserve(limit: storedLimit, adaptive: true)
+            held = Array(repeating: 0, count: Self.clientBuckets)
         } else {
             storedLimit = configuration.maxInFlight
         }
     }
 
-    /// A fifth of an adaptive limit of 3 or more (at least 1), else none.
-    @usableFromInline static func reserve(limit: Int, adaptive: Bool) -> Int { adaptive && limit >= 3 ? max(1, limit / 5) : 0 }
+    /// A fifth of an adaptive limit, at least 1; none for a fixed one.
+    @usableFromInline static func reserve(limit: Int, adaptive: Bool) -> Int { adaptive ? max(1, limit / 5) : 0 }
+    /// How long a priority counts as in use after its last request.
+    public static var priorityMemory: Int64 { 10_000_000_000 }
+    @usableFromInline static var clientBuckets: Int { 64 }
 
     /// The tries in flight under which a request of `priority` takes a slot.
     @inlinable
     public func cap(_ priority: RequestPriority) -> Int {
         guard reserve > 0 else { return limit }
+        if priority.rank <= top { return max(limit, heldBelow(priority) + 1) }
         switch priority {
         case .critical: return limit
-        case .normal: return limit - reserve / 2
-        case .sheddable: return limit - reserve
+        case .normal: return max(1, limit - max(1, reserve / 2))
+        case .sheddable: return max(1, limit - reserve)
         }
     }
+
+    /// Slots held by requests of lower priority than `priority`.
+    @inlinable func heldBelow(_ priority: RequestPriority) -> Int {
+        switch priority {
+        case .critical: takenNormal + takenSheddable
+        case .normal: takenSheddable
+        case .sheddable: 0
+        }
+    }
+
+    /// Slots held by `client` now (adaptive only; else 0).
+    @inlinable public func held(by client: Int) -> Int { held.isEmpty ? 0 : held[client & (Self.clientBuckets - 1)] }
 
     /// Requests waiting for a slot now.
     @inlinable public var queued: Int { waiting.count }
     @inlinable public func queued(_ priority: RequestPriority) -> Int { waiting.count(priority) }
 
-    /// No slot taken, nobody waiting.
-    @inlinable public var isIdle: Bool { taken == 0 && waiting.isEmpty }
+    /// No slot taken, no stream, nobody waiting.
+    @inlinable public var isIdle: Bool { taken == 0 && streams == 0 && waiting.isEmpty }
 
     /// A slot for one try; else a place in the queue (making room by
     /// shedding a waiter of a lower priority when it is full); else
     /// overloaded. `now` dates the wait (CoDel's sojourn time).
     @inlinable
     public mutating func acquire(_ waiter: Waiter, priority: RequestPriority = .normal, at now: Instant) -> Acquisition {
+        acquire(waiter, SlotHolder(priority), at: now)
+    }
+
+    @inlinable
+    public mutating func acquire(_ waiter: Waiter, _ holder: SlotHolder, at now: Instant) -> Acquisition {
         if taken < limit, reserve == 0, waiting.isEmpty {
             taken += 1
             return .granted
         }
-        return enqueue(waiter, priority, at: now)
+        if learned != nil { seen(holder.priority, at: now) }
+        return enqueue(waiter, holder, at: now)
+    }
+
+    /// The top priority in use, as of a request of `priority` at `now`.
+    @inlinable
+    mutating func seen(_ priority: RequestPriority, at now: Instant) {
+        let ns = now.nanoseconds
+        switch priority {
+        case .critical: criticalSeen = ns
+        case .normal: normalSeen = ns
+        case .sheddable: break
+        }
+        let memory = Self.priorityMemory
+        top =
+            criticalSeen != .min && ns &- criticalSeen < memory
+            ? 0 : normalSeen != .min && ns &- normalSeen < memory ? 1 : 2
     }
 
     @inlinable
-    mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) -> Acquisition {
+    mutating func enqueue(_ waiter: Waiter, _ holder: SlotHolder, at now: Instant) -> Acquisition {
+        let priority = holder.priority
         if learned != nil { shedLate(at: now) }
         // A free slot within its priority's share, and nobody as important
         // waiting for one (those less important wait for their own share).
         if taken < cap(priority), !waiting.waits(atLeast: priority) {
-            taken += 1
+            take(holder)
             return .granted
         }
         if waiting.count >= configuration.maxQueued {
             guard let lowest = waiting.lowest, let displaced = waiting.displace(below: priority) else { return .overloaded }
             outbox.append((displaced, lowest))
         }
-        waiting.enqueue(waiter, priority, at: now)
+        waiting.enqueue(waiter, priority, client: holder.client, at: now)
         return .queued
     }
 
-    /// A slot only if one is free now and nobody waits for one (a hedge
-    /// never overtakes a queued request, and never queues itself).
     @inlinable
-    public mutating func tryAcquire() -> Bool {
+    mutating func take(_ holder: SlotHolder) {
+        taken += 1
+        guard learned != nil else { return }
+        count(holder, by: 1)
+    }
+
+    @inlinable
+    mutating func count(_ holder: SlotHolder, by n: Int) {
+        switch holder.priority {
+        case .critical: takenCritical += n
+        case .normal: takenNormal += n
+        case .sheddable: takenSheddable += n
+        }
+        held[holder.client & (Self.clientBuckets - 1)] += n
+    }
+
+    /// A slot only if one is free now and nobody waits for one (a hedge
+    /// never overtakes a queued request, and never queues itself). It is
+    /// held for `holder` (counted with its request's priority and client).
+    @inlinable
+    public mutating func tryAcquire(_ holder: SlotHolder = SlotHolder()) -> Bool {
         // A hedge is extra work: it takes a slot within a sheddable request's share.
         guard taken < cap(.sheddable), waiting.isEmpty else { return false }
-        taken += 1
+        take(holder)
         return true
     }
 
-    /// A try ended and gives its slot back. With `handOver` (the default)
-    /// the waiter of the highest priority takes it over, unless the limit
-    /// shrank below the tries in flight; without (a drain that ran out of
-    /// time starts no new tries) the slot is simply freed. `now` is needed
-    /// only when requests wait on an adaptive limit (to shed the late first).
+    /// A try held for `holder` ended and gives its slot back. With
+    /// `handOver` (the default) a waiter of the highest priority takes it
+    /// over, unless the limit shrank below the tries in flight; without (a
+    /// drain that ran out of time starts no new tries) the slot is simply
+    /// freed. `now` is needed only when requests wait on an adaptive limit
+    /// (to shed the late first).
     @inlinable
-    public mutating func release(handOver: Bool = true, at now: @autoclosure () -> Instant) -> Release {
-        if handOver, !waiting.isEmpty, taken <= limit { return handOverOrFree(at: now()) }
+    public mutating func release(
+        _ holder: SlotHolder = SlotHolder(), handOver: Bool = true, at now: @autoclosure () -> Instant
+    ) -> Release {
+        if learned != nil { count(holder, by: -1) }
+        if handOver, !waiting.isEmpty { return handOverOrFree(at: now()) }
         taken -= 1
         return .freed
     }
@@ -216,18 +317,48 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// The freed slot goes to the most important waiter if its share
     /// allows one more than the others hold (else it is freed: the limit
     /// shrank, or only less important requests wait, over their share).
+    /// With an adaptive limit, to the one whose client holds the fewest
+    /// slots (`PriorityQueue.next(fewestHeld:)`).
     @inlinable
     mutating func handOverOrFree(at now: Instant) -> Release {
         if learned != nil { shedLate(at: now) }
-        if let p = waiting.highest, taken <= cap(p), let next = waiting.next() { return .handedOver(next) }
+        if let p = waiting.highest, taken <= cap(p) {
+            if learned == nil, let next = waiting.next() { return .handedOver(next) }
+            if let next = nextFairly() {
+                count(SlotHolder(p, client: next.client), by: 1)
+                return .handedOver(next.waiter)
+            }
+        }
         taken -= 1
         return .freed
+    }
+
+    @inlinable
+    mutating func nextFairly() -> (waiter: Waiter, client: Int)? {
+        let counts = held
+        return waiting.next(fewestHeld: { counts[$0 & (Self.clientBuckets - 1)] })
     }
 
     /// A queued request gave up its place (its deadline came, its client
     /// left, drain answered it). True if it was in the queue.
     @inlinable @discardableResult
     public mutating func leave(_ waiter: Waiter) -> Bool { waiting.leave(waiter) }
+
+    /// An answer held for `holder` streams past its head (an event stream,
+    /// a gRPC call, a tunnel, an answer its client reads slower than it
+    /// comes past the read-ahead): its slot leaves the limit (handed over
+    /// as `release` would) and it counts among `streaming`, up to
+    /// `configuration.maxStreams`. Nil: no room there (or a fixed limit):
+    /// it keeps its slot. `streamEnded` when it ends.
+    @inlinable
+    public mutating func moveToStreams(_ holder: SlotHolder, at now: Instant) -> Release? {
+        guard learned != nil, streams < configuration.maxStreams else { return nil }
+        streams += 1
+        return release(holder, at: now)
+    }
+
+    /// A stream `moveToStreams` took ended.
+    @inlinable public mutating func streamEnded() { streams -= 1 }
 
     /// A try of this upstream sent at `start` completed at `end`, with
     /// `inFlight` tries in flight when it started: the adaptive limit learns
@@ -253,9 +384,10 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     mutating func limitMoved(to moved: Int) -> [Waiter] {
         storedLimit = moved
         var granted: [Waiter] = []
-        while let p = waiting.highest, taken < cap(p), let next = waiting.next() {
+        while let p = waiting.highest, taken < cap(p), let next = nextFairly() {
             taken += 1
-            granted.append(next)
+            count(SlotHolder(p, client: next.client), by: 1)
+            granted.append(next.waiter)
         }
         return granted
     }
@@ -271,9 +403,13 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// Shutdown: forget every waiter (the worker abandons them itself).
     @inlinable public mutating func removeAllWaiters() { waiting.removeAll() }
 
+    /// CoDel's shedding of the late, except while tries of a lower priority
+    /// than the lowest waiting hold slots: the next of those to end hands
+    /// its slot to them (issue 44: a critical request is never shed while
+    /// a sheddable try holds a slot it could take next).
     @inlinable
     mutating func shedLate(at now: Instant) {
-        guard !waiting.isEmpty, let lowest = waiting.lowest else { return }
+        guard !waiting.isEmpty, let lowest = waiting.lowest, heldBelow(lowest) == 0 else { return }
         for w in waiting.shed(at: now) { outbox.append((w, lowest)) }
     }
 }

@@ -62,7 +62,7 @@ public struct PriorityQueue<Waiter: AnyObject> {
     // Every member is inlinable, so the limiter's use of it is specialized
     // for its waiter in the server: a generic call would look up the type's
     // metadata on every request (callgrind: about 500 instructions).
-    @usableFromInline var queues: [[(waiter: Waiter, since: Instant)]] = [[], [], []]
+    @usableFromInline var queues: [[(waiter: Waiter, since: Instant, client: Int)]] = [[], [], []]
     @usableFromInline var storedCount = 0
     @usableFromInline var standing: Instant?
     /// Requests waiting now.
@@ -93,10 +93,10 @@ public struct PriorityQueue<Waiter: AnyObject> {
         return false
     }
 
-    /// A request waits.
-    @inlinable public mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, at now: Instant) {
+    /// A request waits (for `client`: see `next(fewestHeld:)`).
+    @inlinable public mutating func enqueue(_ waiter: Waiter, _ priority: RequestPriority, client: Int = 0, at now: Instant) {
         if storedCount == 0 { standing = now }
-        queues[priority.rank].append((waiter, now))
+        queues[priority.rank].append((waiter, now, client))
         storedCount += 1
     }
 
@@ -104,6 +104,34 @@ public struct PriorityQueue<Waiter: AnyObject> {
     @inlinable public mutating func next() -> Waiter? {
         for p in 0..<queues.count where !queues[p].isEmpty {
             return removed(from: p, at: 0)
+        }
+        return nil
+    }
+
+    /// Waiters of a priority `next(fewestHeld:)` looks at (its cost is bounded).
+    public static var fairnessScan: Int { 32 }
+
+    /// The request a freed slot goes to when clients share fairly (issue
+    /// 44): of the highest priority, among its first `fairnessScan`
+    /// waiters, the one whose client holds the fewest slots now (`held`),
+    /// the longest-waiting of those. One client's many requests then wait
+    /// while another client's one is served, whatever their order.
+    @inlinable public mutating func next(fewestHeld held: (Int) -> Int) -> (waiter: Waiter, client: Int)? {
+        for p in 0..<queues.count where !queues[p].isEmpty {
+            var best = 0
+            var least = held(queues[p][0].client)
+            var i = 1
+            let end = Swift.min(queues[p].count, Self.fairnessScan)
+            while least > 0, i < end {
+                let h = held(queues[p][i].client)
+                if h < least {
+                    least = h
+                    best = i
+                }
+                i += 1
+            }
+            let client = queues[p][best].client
+            return (removed(from: p, at: best), client)
         }
         return nil
     }

@@ -44,7 +44,7 @@ extension Exchange {
         }
         if decision == .withdrawBudget { decision = machine.hedgeBudget(granted: withdrawHedge(at: now)) }
         guard case let .send(attempt, limit) = decision else {
-            if slot { worker.releaseSlot(guardian: guardian) }
+            if slot { worker.releaseSlot(guardian: guardian, slotHolder) }
             if case .skip = decision { worker.metrics.hedge(route: route, outcome: "skipped") }
             return
         }
@@ -84,7 +84,7 @@ extension Exchange {
             return false
         case .reject: return false
         }
-        return worker.tryAcquireSlot(guardian: guardian)
+        return worker.tryAcquireSlot(guardian: guardian, slotHolder)
     }
 
     /// The try in flight has its status: no hedge is due any more, and if
@@ -133,7 +133,7 @@ extension Exchange {
     /// counted, and the request goes on with the other try.
     func hedgeFinished(_ loser: HedgeTry, _ failure: UpstreamFailure?) {
         guard hedging.remove(loser) else { return }
-        worker.releaseSlot(guardian: guardian)
+        worker.releaseSlot(guardian: guardian, slotHolder)
         let now = worker.clock.now()
         let end = ExchangeStateMachine.TryEnd.failed(failure?.tryFailure ?? .init(.reset, Self.closedInHead))
         _ = report(machine.outcome(of: end), endpoint: loser.endpointIndex, at: now)
@@ -182,7 +182,7 @@ extension Exchange {
     func reap(at now: Instant) {
         for loser in hedging.removeLosers() {
             worker.client.cancel(loser.transfer)
-            if loser.holdsSlot { worker.releaseSlot(guardian: guardian) }
+            if loser.holdsSlot { worker.releaseSlot(guardian: guardian, slotHolder) }
             if let outcome = loser.outcome { _ = report(outcome, endpoint: loser.endpointIndex, at: now) }
         }
     }

@@ -71,6 +71,7 @@ extension Exchange {
             return nil
         case .streamed:
             perform(machine.streamingStarted(status: relay.status))
+            if relay.isEventStream || isGRPC { answerStreams() }
             return nil
         }
     }

@@ -33,9 +33,14 @@ extension Exchange {
     func upstreamSwitched(_ connection: UpstreamUpgrade) {
         upgradeTry = nil
         // The tunnel keeps the try's upstream connection open, so it keeps
-        // the try's slot of the upstream's max_connections until it closes.
-        let slot = holdsSlot ? guardian : nil
+        // the try's slot of the upstream's max_connections until it closes;
+        // on an adaptive upstream among its streams, if `max_streams` has room.
+        var slot: HeldSlot?
+        if holdsSlot, let lane {
+            slot = HeldSlot(lane: lane, holder: slotHolder, streams: slotStreams || worker.moveToStreams(lane, slotHolder))
+        }
         holdsSlot = false
+        slotStreams = false
         releaseSlot()
         let fields = upgrade?.answerFields(switching ?? [], requestID: command.requestID) ?? []
         switching = nil
@@ -48,7 +53,7 @@ extension Exchange {
                 fields: fields, to: connection, limits: .init(idle: route.upgradesIdleTimeout), now: { clock.now() })
         else {
             worker.shared.tunnels.add(-1)
-            if let slot { worker.releaseSlot(guardian: slot) }
+            if let slot { worker.giveBack(slot) }
             // The client left as the upstream agreed: the upstream did its part.
             connection.close()
             return perform(machine.clientGone())

@@ -91,6 +91,16 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     var timer: LoopEvent?
     /// The client hung up: handled on the next loop pass, outside the connection's teardown.
     private var goneEvent: LoopEvent?
+    /// Moves the slot of an answer that streams out of the adaptive limit,
+    /// on the next pass (not inside libcurl's callbacks: a slot handed over
+    /// starts a transfer).
+    private var streamEvent: LoopEvent?
+    /// The slot this exchange holds was moved among the upstream's streams
+    /// (`ConcurrencyLimiter.moveToStreams`): given back with `streamEnded`.
+    var slotStreams = false
+    /// Whom the slot is held for: the request's priority and its client
+    /// (set by the worker before `start` on an adaptive upstream).
+    var slotHolder = SlotHolder()
 
     /// Hedges beside the try in flight (only routes with `hedge:`;
     /// nothing is allocated for others): Exchange+Hedging.swift.
@@ -147,6 +157,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             }
         }
         self.priority = priority
+        slotHolder = SlotHolder(priority)
         self.upstream = upstream
         self.guardian = guardian
         self.command = command
@@ -203,7 +214,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     /// The worker hands over a freed connection slot.
     func slotGranted() {
-        guard isQueued else { return worker.releaseSlot(guardian: guardian) }
+        guard isQueued else { return worker.releaseSlot(guardian: guardian, slotHolder) }
         isQueued = false
         holdsSlot = true
         timer?.disarm()
@@ -502,6 +513,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             return perform(machine.clientGone())
         }
         if event === hedging.reapEvent { return reap(at: worker.clock.now()) }
+        if event === streamEvent { return moveSlotToStreams() }
         if route.hedge != nil, machine.state == .trying, !tryTimerFired(at: worker.clock.now()) { return }
         perform(machine.timerFired(at: worker.clock.now()))
     }
@@ -525,6 +537,26 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func requestOutputMustWait(_ request: HTTPRequest) {
         guard relay.mustWait() else { return }
         transfer?.pauseReceiving()
+        // Past the read-ahead, the answer goes at its client's pace: the
+        // upstream is not what is slow (issue 44).
+        answerStreams()
+    }
+
+    /// The answer streams past its head (an event stream, a gRPC call, an
+    /// answer read slower than it comes past the read-ahead): on an
+    /// adaptive upstream its slot leaves the limit for the upstream's
+    /// streams (`max_streams`), so slow clients and long streams cannot
+    /// hold the slots short requests need. On the next pass.
+    func answerStreams() {
+        guard guardian.adaptive != nil, holdsSlot, !slotStreams, streamEvent == nil, lane != nil else { return }
+        let event = worker.loop.takeEvent(target: self)
+        streamEvent = event
+        event.arm(after: .zero)
+    }
+
+    private func moveSlotToStreams() {
+        guard holdsSlot, !slotStreams, let lane else { return }
+        if worker.moveToStreams(lane, slotHolder) { slotStreams = true }
     }
 
     // MARK: - Releasing
@@ -532,7 +564,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func releaseSlot() {
         if holdsSlot {
             holdsSlot = false
-            if let lane { worker.releaseSlot(lane) } else { worker.releaseSlot(guardian: guardian) }
+            if slotStreams {
+                slotStreams = false
+                if let lane { worker.streamEnded(lane) }
+            } else if let lane {
+                worker.releaseSlot(lane, slotHolder)
+            } else {
+                worker.releaseSlot(guardian: guardian, slotHolder)
+            }
         }
         if isQueued {
             isQueued = false
@@ -559,6 +598,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     private func recycleTimers() {
         timer?.recycle()
         timer = nil
+        streamEvent?.recycle()
+        streamEvent = nil
         goneEvent?.recycle()
         goneEvent = nil
         hedging.reapEvent?.recycle()

@@ -81,6 +81,7 @@ struct ResponseRelay {
     private(set) var waitingForDrain = false
     /// The streamed answer's `content-type` is `text/event-stream`.
     private var eventStream = false
+    var isEventStream: Bool { eventStream }
     /// The head is checked as it comes; its framing is the proxy's to write,
     /// never forwarded as it came (see `ResponseFraming`).
     private var framing = ResponseFraming()

@@ -116,6 +116,14 @@ extension ProxyWorker {
 
 // MARK: - Concurrency limit
 
+/// An upstream's slot held past its exchange (by a tunnel): for whom, and
+/// whether it was moved among the upstream's streams.
+struct HeldSlot {
+    let lane: ProxyWorker.Lane
+    let holder: SlotHolder
+    let streams: Bool
+}
+
 extension ProxyWorker {
     /// A slot for one try; else a place in the upstream's queue (by the
     /// request's priority); else overloaded (OVERLOADED). Queuing may shed
@@ -127,7 +135,7 @@ extension ProxyWorker {
     {
         let l = lane(guardian)
         exchange.lane = l
-        let acquisition = l.slots.acquire(exchange, priority: exchange.priority, at: now)
+        let acquisition = l.slots.acquire(exchange, exchange.slotHolder, at: now)
         if acquisition != .granted {
             shedFrom(l)
             if acquisition == .overloaded { metrics.shed(upstream: guardian.name, priority: exchange.priority) }
@@ -137,9 +145,9 @@ extension ProxyWorker {
     }
 
     /// A slot for a hedge, only if one is free now and nobody waits for one.
-    func tryAcquireSlot(guardian: UpstreamGuard) -> Bool {
+    func tryAcquireSlot(guardian: UpstreamGuard, _ holder: SlotHolder) -> Bool {
         let l = lane(guardian)
-        guard l.slots.tryAcquire() else { return false }
+        guard l.slots.tryAcquire(holder) else { return false }
         l.publish()
         return true
     }
@@ -147,13 +155,35 @@ extension ProxyWorker {
     /// A try ended: its slot goes to the waiting exchange of the highest
     /// priority (none once drain ran out of time, nor while an adaptive
     /// limit is below the tries in flight).
-    func releaseSlot(guardian: UpstreamGuard) { releaseSlot(lane(guardian)) }
+    func releaseSlot(guardian: UpstreamGuard, _ holder: SlotHolder) { releaseSlot(lane(guardian), holder) }
 
-    func releaseSlot(_ l: Lane) {
-        let release = l.slots.release(handOver: !stopping, at: clock.now())
+    func releaseSlot(_ l: Lane, _ holder: SlotHolder) {
+        let release = l.slots.release(holder, handOver: !stopping, at: clock.now())
         shedFrom(l)
         l.publish()
         if case let .handedOver(next) = release { next.slotGranted() }
+    }
+
+    /// An answer held for `holder` streams past its head: its slot leaves
+    /// the adaptive limit (handed over as a release would) if the
+    /// upstream's `max_streams` has room. True if it moved.
+    func moveToStreams(_ l: Lane, _ holder: SlotHolder) -> Bool {
+        guard !stopping, let release = l.slots.moveToStreams(holder, at: clock.now()) else { return false }
+        shedFrom(l)
+        l.publish()
+        if case let .handedOver(next) = release { next.slotGranted() }
+        return true
+    }
+
+    /// A slot held past its exchange (a tunnel's), given back when it closes.
+    func giveBack(_ slot: HeldSlot) {
+        if slot.streams { streamEnded(slot.lane) } else { releaseSlot(slot.lane, slot.holder) }
+    }
+
+    /// A stream `moveToStreams` moved ended.
+    func streamEnded(_ l: Lane) {
+        l.slots.streamEnded()
+        l.publish()
     }
 
     func leaveQueue(_ exchange: Exchange, lane l: Lane) {

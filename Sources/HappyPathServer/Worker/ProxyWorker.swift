@@ -61,7 +61,9 @@ final class ProxyWorker: HTTPServerDelegate {
         // `connections` never changes), or of its adaptive limit.
         let slots: ConcurrencyLimiter<Exchange>.Configuration =
             guardian.adaptive.map {
-                .init(adaptive: $0.limit, queue: $0.queue, connections: guardian.connections, workers: workers)
+                .init(
+                    adaptive: $0.limit, queue: $0.queue, connections: guardian.connections, workers: workers,
+                    maxStreams: $0.maxStreams ?? $0.limit.maxLimit)
             } ?? .init(connections: guardian.connections, workers: workers)
         let lane = Lane(worker: self, guardian: guardian, slots: slots)
         lanes[ObjectIdentifier(guardian)] = lane
@@ -324,6 +326,12 @@ final class ProxyWorker: HTTPServerDelegate {
             bodyStream: request.takeBodyStream())
         exchange.rateLimitFields = fields
         if exchange.guardian.pausesClients { exchange.pacingKey = pacingKey(request, route: route, rateLimitKey: key) }
+        if exchange.guardian.adaptive != nil {
+            // Whom the upstream's slots are shared between (issue 44): the
+            // client as the route's rate limit knows it, else its address.
+            let client = key.flatMap { $0.isEmpty ? nil : $0 } ?? RateLimitKey.clientIP(request, trusted: runtime.configuration.trustedProxies)
+            exchange.slotHolder.client = client.hashValue
+        }
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
         exchange.start()
@@ -556,6 +564,7 @@ final class ProxyWorker: HTTPServerDelegate {
             // The dispatcher is one client of the upstream: a 429 to a
             // round holds the rounds, not the clients sending live requests.
             exchange.pacingKey = "deliver-later"
+            exchange.slotHolder.client = "deliver-later".hashValue
             active[ObjectIdentifier(exchange)] = exchange
             exchange.start()
         }
@@ -614,13 +623,13 @@ final class ProxyWorker: HTTPServerDelegate {
     /// An exchange ended in a tunnel: kept (and counted in flight, so a
     /// drain waits for it until `drain_timeout`) until it closes. Already
     /// counted in `happypath_tunnels_open` (before its 101 was written).
-    /// `slotOf`: the upstream whose connection slot the tunnel holds, given
-    /// back (to the longest-waiting request, if any) when it closes.
-    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream, slotOf guardian: UpstreamGuard?) {
+    /// `slotOf`: the upstream's slot the tunnel holds, given back (to the
+    /// longest-waiting request, if any) when it closes.
+    func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream, slotOf slot: HeldSlot?) {
         // The client may have gone as it opened (its first bytes could not be written).
         guard !tunnel.isClosed else {
             shared.tunnels.add(-1)
-            if let guardian { releaseSlot(guardian: guardian) }
+            if let slot { giveBack(slot) }
             return
         }
         let id = ObjectIdentifier(tunnel)
@@ -631,7 +640,7 @@ final class ProxyWorker: HTTPServerDelegate {
             tunnels[id] = nil
             shared.inFlight.add(-1)
             shared.tunnels.add(-1)
-            if let guardian { releaseSlot(guardian: guardian) }
+            if let slot { giveBack(slot) }
             metrics.tunnelClosed(upstream: name, summary)
             logger.info(
                 "tunnel closed",
