@@ -88,22 +88,27 @@ extension Reader {
     }
 
     /// `adaptive_concurrency: { min_limit, max_limit, initial_limit, tolerance,
-    /// smoothing, max_streams, queue: { interval, target } }` (docs/overload.md).
+    /// smoothing, latency_floor, max_streams, queue: { interval, target } }` (docs/overload.md).
     func adaptiveConcurrency(_ node: Node, _ path: String) -> AdaptiveConcurrencySettings {
-        let f = fields(node, path, known: ["min_limit", "max_limit", "initial_limit", "tolerance", "smoothing", "queue", "max_streams"])
+        let f = fields(node, path, known: ["min_limit", "max_limit", "initial_limit", "tolerance", "smoothing", "queue", "max_streams", "latency_floor"])
         var a = AdaptiveConcurrencySettings()
         if let v = int(f["min_limit"]?.value, "\(path).min_limit", min: 1, max: 100_000) { a.limit.minLimit = v }
         if let v = int(f["max_limit"]?.value, "\(path).max_limit", min: 1, max: 100_000) { a.limit.maxLimit = v }
         if let v = int(f["initial_limit"]?.value, "\(path).initial_limit", min: 1, max: 100_000) {
             a.limit.initialLimit = v
         } else {
-            // Start low: the first samples are then taken with no queue at
-            // the upstream, and the limit grows from there (docs/overload.md).
-            a.limit.initialLimit = a.limit.minLimit
+            // Not at min_limit: a limit that starts at 2 is held by the
+            // first slow requests, and nothing else gets a slot (or a
+            // sample) until they end (issue 44). Tries that start above the
+            // upstream's capacity find a queue there, and it falls.
+            a.limit.initialLimit = min(max(AdaptiveLimit.Configuration.defaultInitialLimit, a.limit.minLimit), a.limit.maxLimit)
         }
         if let v = double(f["tolerance"]?.value, "\(path).tolerance", min: 1, max: 10) { a.limit.tolerance = v }
         if let v = double(f["smoothing"]?.value, "\(path).smoothing", min: 0.01, max: 1) { a.limit.smoothing = v }
         if let v = int(f["max_streams"]?.value, "\(path).max_streams", min: 0, max: 100_000) { a.maxStreams = v }
+        if let d = duration(f["latency_floor"]?.value, "\(path).latency_floor", allowZero: true) {
+            a.limit.latencyFloor = Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+        }
         if let q = f["queue"]?.value {
             let qf = fields(q, "\(path).queue", known: ["interval", "target"])
             if let d = duration(qf["interval"]?.value, "\(path).queue.interval") { a.queue.interval = d }

@@ -59,12 +59,12 @@ import Testing
     @Test func theWholeUpstreamSlowingDownStillLowersTheLimit() {
         var l = Self.limit(initial: 50)
         for _ in 0..<200 {
-            _ = l.sample(latency: .milliseconds(1), inFlight: l.current, kind: Self.fast)
+            _ = l.sample(latency: .milliseconds(20), inFlight: l.current, kind: Self.fast)
             _ = l.sample(latency: .milliseconds(200), inFlight: l.current, kind: Self.slow)
         }
         let before = l.current
         for _ in 0..<60 {
-            _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: Self.fast)
+            _ = l.sample(latency: .milliseconds(200), inFlight: l.current, kind: Self.fast)
             _ = l.sample(latency: .seconds(2), inFlight: l.current, kind: Self.slow)
         }
         #expect(before > 50)
@@ -72,21 +72,36 @@ import Testing
         #expect(l.ratio > 9, "\(l.ratio)")
     }
 
-    /// A client that makes up a path per request: each made-up kind is
-    /// seen once, never votes, and cannot push out the kinds in use (their
+    /// An answer of 0.1 ms that takes up to 4 ms on a busy host is not 40
+    /// times slower: below `latency_floor` (5 ms) differences are jitter,
+    /// and a used limit grows. Past it, a fast path's queue still shows.
+    @Test func differencesUnderTheLatencyFloorAreJitter() {
+        var l = Self.limit()
+        for i in 0..<2000 {
+            let us: Int64 = i % 2 == 0 ? 100 : 4_000
+            _ = l.sample(latency: .microseconds(us), inFlight: l.current, kind: Self.fast)
+        }
+        #expect(l.current == 100, "\(l.current)")
+        for _ in 0..<60 { _ = l.sample(latency: .milliseconds(30), inFlight: l.current, kind: Self.fast) }
+        #expect(l.current == 2, "\(l.current)")
+    }
+
+    /// A client that makes up a path per request: a made-up kind votes
+    /// once (ratio 1), only while the table has a place for it, so at most
+    /// 64 of every 600 votes; it cannot push out the kinds in use (their
     /// baselines stay, so the upstream slowing down is still seen).
-    @Test func madeUpPathsNeitherVoteNorPushOutTheKindsInUse() {
+    @Test func madeUpPathsNeitherOutvoteNorPushOutTheKindsInUse() {
         var l = Self.limit(initial: 50)
         for i in 0..<2000 {
-            _ = l.sample(latency: .milliseconds(1), inFlight: l.current, kind: Self.fast)
-            // 10× slower, each once: were they tracked and voting, their
-            // first samples would be their baselines (ratio 1).
+            _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: Self.fast)
+            // 10× slower, each once: their first samples vote at ratio 1,
+            // but only as many as find a place in the table.
             _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: 1_000 + UInt64(i))
         }
         #expect(l.current == 100)
         for i in 0..<200 {
-            _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: Self.fast)
-            _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: 100_000 + UInt64(i))
+            _ = l.sample(latency: .milliseconds(100), inFlight: l.current, kind: Self.fast)
+            _ = l.sample(latency: .milliseconds(100), inFlight: l.current, kind: 100_000 + UInt64(i))
         }
         #expect(l.current == 2, "\(l.current)")
     }

@@ -57,7 +57,8 @@ extension AdminSnapshot {
         let c = u.concurrency
         func ms(_ seconds: Double) -> String { c.adaptive && seconds > 0 ? String(Double(Int(seconds * 10_000)) / 10) : "null" }
         let concurrency =
-            "{\"limit\":\(c.limit),\"in_flight\":\(c.inFlight),\"queued\":\(c.queued),\"adaptive\":\(c.adaptive),"
+            "{\"limit\":\(c.limit),\"in_flight\":\(c.inFlight),\"queued\":\(c.queued),\"streaming\":\(c.streaming),"
+            + "\"adaptive\":\(c.adaptive),"
             + "\"baseline_ms\":\(ms(c.baseline)),\"recent_ms\":\(ms(c.recent))}"
         return """
             {"name":\(JSON.quote(u.name)),"reachable":\(u.reachable),"health_check":\(health),"concurrency":\(concurrency),\

@@ -187,16 +187,23 @@ public struct AdminSnapshot: Sendable {
         public var limit = 0
         public var inFlight = 0
         public var queued = 0
+        /// Answers streaming past their head, moved out of an adaptive
+        /// limit (`max_streams`).
+        public var streaming = 0
         /// The limit is learned (`adaptive_concurrency`), with its latest
         /// baseline and recent latency in seconds (0: no sample yet).
         public var adaptive = false
         public var baseline = 0.0
         public var recent = 0.0
 
-        public init(limit: Int = 0, inFlight: Int = 0, queued: Int = 0, adaptive: Bool = false, baseline: Double = 0, recent: Double = 0) {
+        public init(
+            limit: Int = 0, inFlight: Int = 0, queued: Int = 0, streaming: Int = 0, adaptive: Bool = false,
+            baseline: Double = 0, recent: Double = 0
+        ) {
             self.limit = limit
             self.inFlight = inFlight
             self.queued = queued
+            self.streaming = streaming
             self.adaptive = adaptive
             self.baseline = baseline
             self.recent = recent

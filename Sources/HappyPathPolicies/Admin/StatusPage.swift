@@ -204,7 +204,8 @@ public enum StatusPage {
                 c.baseline > 0
                 ? " (learned: baseline \(milliseconds(c.baseline)), recent \(milliseconds(c.recent)))" : " (learned, no sample yet)"
         }
-        return words + "; \(c.queued) queued"
+        words += "; \(c.queued) queued"
+        return c.streaming > 0 ? words + "; \(c.streaming) streaming apart" : words
     }
 
     static func milliseconds(_ seconds: Double) -> String { "\(Double(Int(seconds * 10_000)) / 10) ms" }

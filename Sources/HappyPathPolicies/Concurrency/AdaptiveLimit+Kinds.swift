@@ -7,12 +7,12 @@
 /// raises every kind's ratio, and the median with them.
 extension AdaptiveLimit {
     /// The baselines of up to `capacity` kinds of request, in a table of
-    /// fixed size (no allocation after the first sample). A kind is found
-    /// within `probes` places of its hash; a new kind takes a free place or
-    /// one whose kind has not been seen for `idleAfter` samples, else it is
-    /// not tracked (its tries learn nothing and do not vote). So a client
-    /// that invents paths cannot push the kinds in use out, and a kind it
-    /// invents votes only once it has `warmUp` samples of its own.
+    /// fixed size. A kind is found within `probes` places of its hash; a
+    /// new kind takes a free place or one whose kind has not been seen for
+    /// `idleAfter` samples, else it is not tracked (its tries learn nothing
+    /// and do not vote). So a client that invents paths cannot push the
+    /// kinds in use out, and its kinds are at most `capacity` votes in
+    /// `idleAfter` (64 in 600 by default: the median does not move for them).
     struct KindBaselines: Sendable, Equatable {
         static let capacity = 64
         static let probes = 8
@@ -74,9 +74,12 @@ extension AdaptiveLimit {
             latencies = MedianWindow(size: used ? recentSamples : 1)
         }
 
-        /// Samples a kind has before it votes: one that comes once (a
-        /// path made up for the purpose) never does.
-        static let warmUp = 3
+        /// Samples a kind has before it votes. Its first does (at ratio 1:
+        /// a new kind is no evidence of a queue): a limit held by slow
+        /// first requests grows on their answers. Made-up paths cannot
+        /// outvote the kinds in use: a kind needs a place in the table,
+        /// and at most `capacity` places come free per `idleAfter` samples.
+        static let warmUp = 1
         /// A vote is at most this ratio (a baseline of a few nanoseconds
         /// would otherwise make any later try look a million times slower).
         static let mostRatio = 1_000.0
@@ -85,9 +88,9 @@ extension AdaptiveLimit {
         /// baseline (nil: the kind is too new to vote, or has no baseline).
         /// `movesWindow` false (a saturated limit): the sample may lower
         /// the baseline, never raise it, so its window does not move on.
-        mutating func measured(_ seconds: Double, recentSamples: Int, baselineSamples: Int, movesWindow: Bool)
-            -> Double?
-        {
+        mutating func measured(
+            _ seconds: Double, recentSamples: Int, baselineSamples: Int, floor: Double = 0, movesWindow: Bool
+        ) -> Double? {
             count = count == Int.max ? count : count + 1
             recent = latencies.insert(seconds)
             windowMin = min(windowMin, recent)
@@ -100,8 +103,9 @@ extension AdaptiveLimit {
                     windowCount = 0
                 }
             }
-            guard count >= Self.warmUp, baseline > 0 else { return nil }
-            return min(Self.mostRatio, seconds / baseline)
+            let base = max(baseline, floor)
+            guard count >= Self.warmUp, base > 0 else { return nil }
+            return min(Self.mostRatio, max(seconds, floor) / base)
         }
     }
 

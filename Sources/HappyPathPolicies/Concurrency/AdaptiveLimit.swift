@@ -68,8 +68,17 @@ public struct AdaptiveLimit: Sendable, Equatable {
         /// limit near its minimum (`AdaptiveLimitTests`), because the
         /// baseline is a minimum and sits below a noisy average.
         public var growUnder: Double = 1.25
+        /// Latencies are compared as if each were at least this long, in
+        /// seconds: below it a difference is the proxy's, the network's or
+        /// the machine's own jitter, not a queue at the upstream (issue 44:
+        /// an answer of 0.1 ms that takes 1 ms on a busy host is not ten
+        /// times slower). Default 5 ms (`latency_floor`).
+        public var latencyFloor: Double = 0.005
 
         public init() {}
+
+        /// Where a limit starts unless told (within its bounds).
+        public static let defaultInitialLimit = 20
 
         /// The most `recentSamples` may be (the median's window is kept sorted).
         public static let mostRecentSamples = 1_000
@@ -92,6 +101,9 @@ public struct AdaptiveLimit: Sendable, Equatable {
             }
             if baselineSamples < recentSamples || recentSamples < 1 {
                 problems.append("baseline_samples must be at least recent_samples, and both at least 1")
+            }
+            if !(latencyFloor >= 0 && latencyFloor <= 10) {
+                problems.append("latency_floor must be between 0s and 10s")
             }
             if recentSamples > Self.mostRecentSamples {
                 problems.append("recent_samples must be at most \(Self.mostRecentSamples), got \(recentSamples)")
@@ -158,7 +170,7 @@ public struct AdaptiveLimit: Sendable, Equatable {
         // the latency is still high there, the upstream is slower).
         let votes = kinds.entries[k].measured(
             seconds, recentSamples: configuration.recentSamples, baselineSamples: configuration.baselineSamples,
-            movesWindow: !queued || limit <= Double(configuration.minLimit))
+            floor: configuration.latencyFloor, movesWindow: !queued || limit <= Double(configuration.minLimit))
         guard let vote = votes else { return nil }
         ratio = ratios.insert(vote)
         let target: Double

@@ -78,7 +78,11 @@ extension Exchange {
 
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !isFinished else { return true }
-        return relay.body(bytes, to: request)
+        let taken = relay.body(bytes, to: request)
+        // Past the read-ahead, the answer goes at its client's pace: the
+        // upstream is not what is slow (issue 44).
+        if relay.waitingForDrain { answerStreams() }
+        return taken
     }
 
     func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {

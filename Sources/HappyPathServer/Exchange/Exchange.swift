@@ -537,8 +537,6 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func requestOutputMustWait(_ request: HTTPRequest) {
         guard relay.mustWait() else { return }
         transfer?.pauseReceiving()
-        // Past the read-ahead, the answer goes at its client's pace: the
-        // upstream is not what is slow (issue 44).
         answerStreams()
     }
 

@@ -34,6 +34,8 @@ enum MetricHelp {
             "Tries an upstream may have in flight now, over all workers: max_connections x endpoints, or the adaptive limit.",
         "happypath_upstream_in_flight": "Tries in flight to an upstream now (each holds one of its slots).",
         "happypath_upstream_queued": "Requests waiting for one of an upstream's slots now.",
+        "happypath_upstream_streaming":
+            "Answers of an adaptive upstream streaming past their head now, counted apart from its limit (max_streams).",
         "happypath_upstream_shed_total":
             "Requests answered OVERLOADED by an upstream's concurrency limit (queue full, or shed from it), by priority.",
         "happypath_upstream_latency_baseline_seconds":

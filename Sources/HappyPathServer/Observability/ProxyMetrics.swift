@@ -159,6 +159,7 @@ final class ProxyMetrics: Sendable {
         gauge("happypath_upstream_queued", labels).record(c.queued)
         // The latency series only for an adaptive upstream (a fixed limit learns none).
         if c.adaptive {
+            gauge("happypath_upstream_streaming", labels).record(c.streaming)
             gauge("happypath_upstream_latency_baseline_seconds", labels).record(c.baseline)
             gauge("happypath_upstream_latency_recent_seconds", labels).record(c.recent)
         }

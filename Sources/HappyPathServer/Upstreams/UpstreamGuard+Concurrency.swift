@@ -11,6 +11,7 @@ import Synchronization
 final class ConcurrencyGauges: Sendable {
     let inFlight = Atomic<Int>(0)
     let queued = Atomic<Int>(0)
+    let streaming = Atomic<Int>(0)
     /// The sum of the lanes' limits (0: no lane yet: `limit(nominal:)` says what applies).
     let lanesLimit = Atomic<Int>(0)
     let lanes = Atomic<Int>(0)
@@ -29,9 +30,10 @@ final class ConcurrencyGauges: Sendable {
 
     /// A lane's counts moved by these amounts.
     @inline(__always)
-    func moved(inFlight di: Int, queued dq: Int) {
+    func moved(inFlight di: Int, queued dq: Int, streaming ds: Int = 0) {
         if di != 0 { inFlight.wrappingAdd(di, ordering: .relaxed) }
         if dq != 0 { queued.wrappingAdd(dq, ordering: .relaxed) }
+        if ds != 0 { streaming.wrappingAdd(ds, ordering: .relaxed) }
     }
 }
 
@@ -48,7 +50,8 @@ extension UpstreamGuard {
         let c = concurrency
         return AdminSnapshot.Concurrency(
             limit: concurrencyLimit, inFlight: max(0, c.inFlight.load(ordering: .relaxed)),
-            queued: max(0, c.queued.load(ordering: .relaxed)), adaptive: adaptive != nil,
+            queued: max(0, c.queued.load(ordering: .relaxed)), streaming: max(0, c.streaming.load(ordering: .relaxed)),
+            adaptive: adaptive != nil,
             baseline: Double(c.baselineNanoseconds.load(ordering: .relaxed)) / 1e9,
             recent: Double(c.recentNanoseconds.load(ordering: .relaxed)) / 1e9)
     }

@@ -28,6 +28,7 @@ extension ProxyWorker {
         /// What this lane last added to the guard's gauges (`publish`).
         private var publishedInFlight = 0
         private var publishedQueued = 0
+        private var publishedStreaming = 0
         private(set) var publishedLimit: Int
 
         init(worker: ProxyWorker, guardian: UpstreamGuard, slots: ConcurrencyLimiter<Exchange>.Configuration) {
@@ -45,10 +46,11 @@ extension ProxyWorker {
         /// each count that moved (once per try: in flight up, then down).
         @inline(__always)
         func publish() {
-            let i = slots.inFlight, q = slots.queued
-            guardian.concurrency.moved(inFlight: i - publishedInFlight, queued: q - publishedQueued)
+            let i = slots.inFlight, q = slots.queued, s = slots.streaming
+            guardian.concurrency.moved(inFlight: i - publishedInFlight, queued: q - publishedQueued, streaming: s - publishedStreaming)
             publishedInFlight = i
             publishedQueued = q
+            publishedStreaming = s
         }
 
         /// Samples since the latency gauges were last published (the first

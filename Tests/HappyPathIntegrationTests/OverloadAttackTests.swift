@@ -1,0 +1,123 @@
+import Foundation
+import Synchronization
+import Testing
+
+/// Issue 44: the adaptive limit cannot be turned against the clients it
+/// protects. The issue's three attacks, through the real proxy (two
+/// workers) in front of the demo upstream, with `min_limit: 2` and with
+/// the default: a slow path beside a fast one, slow readers of a large
+/// answer, and a sheddable flood on a slow path beside critical clients.
+@Suite("overload attacks: the adaptive limit under slow paths, slow readers and floods", .serialized)
+struct OverloadAttackTests {
+    /// `/c/` is critical, `/s/` sheddable, the rest normal; one try, 10 s.
+    static func harness(minLimit: String) throws -> ProxyHarness {
+        try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { \(minLimit)max_limit: 100 } }
+            routes:
+              - { match: { path_prefix: /c/ }, upstream: demo, strip_prefix: /c, priority: critical, retry: { attempts: 1 }, timeout: 10s }
+              - { match: { path_prefix: /s/ }, upstream: demo, strip_prefix: /s, priority: sheddable, retry: { attempts: 1 }, timeout: 10s }
+              - { match: { path_prefix: / }, upstream: demo, retry: { attempts: 1 }, timeout: 10s }
+            """)
+    }
+
+    static let minimums = ["min_limit: 2, ", ""]
+
+    /// 16 clients on a 2 s path, 8 on a fast one of the same route: the
+    /// fast clients are served (the issue measured 0–7 %).
+    @Test(arguments: minimums)
+    func aSlowPathDoesNotDenyTheFastOne(minLimit: String) throws {
+        let h = try Self.harness(minLimit: minLimit)
+        let slow = Crowd(port: h.port, clients: 16, target: "/slow?ms=2000")
+        let fast = Crowd(port: h.port, clients: 8, target: "/ok")
+        // Two rounds of the slow clients at least, and 400 fast requests.
+        waitUntil("two rounds of slow answers and 400 fast requests", timeout: 30) {
+            slow.answered.load(ordering: .relaxed) >= 32 && fast.total >= 400
+        }
+        fast.stop()
+        slow.stop()
+        #expect(fast.availability >= 95, "fast: \(fast.summary); slow: \(slow.summary)")
+        #expect(slow.availability >= 95, "slow: \(slow.summary)")
+    }
+
+    /// 6 clients reading a large answer at 8 KiB/s beside 4 on a fast path,
+    /// with the limit held at 6 (3 slots a worker, which the 6 readers
+    /// would hold) and a read-ahead of 256 KiB: past the read-ahead each
+    /// slow answer leaves the limit for the upstream's streams, and the
+    /// fast clients are served (the issue measured 0 of 8 answered in 10 s).
+    @Test func slowReadersDoNotHoldTheSlots() throws {
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            limits: { read_ahead: 256KiB }
+            upstreams:
+              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 2, initial_limit: 6, max_limit: 6, max_streams: 8 } }
+            routes:
+              - { match: { path_prefix: / }, upstream: demo, retry: { attempts: 1 }, timeout: 10s }
+            """)
+        let admin = AdminProbe(port: h.adminPort)
+        let readers = SlowReaders(port: h.port, count: 6, target: "/bytes?n=4194304")
+        defer { readers.stop() }
+        waitUntil("six answers streaming apart from the limit") {
+            try admin.metric("happypath_upstream_streaming{upstream=\"demo\"}") == 6
+        }
+        let fast = Crowd(port: h.port, clients: 4, target: "/ok")
+        waitUntil("400 fast requests", timeout: 30) { fast.total >= 400 }
+        fast.stop()
+        #expect(fast.availability >= 95, "fast: \(fast.summary)")
+        #expect(try admin.metric("happypath_upstream_streaming{upstream=\"demo\"}") == 6)
+        readers.stop()
+        waitUntil("the streams ended") { try admin.metric("happypath_upstream_streaming{upstream=\"demo\"}") == 0 }
+        waitUntil("nothing in flight") { try admin.metric("happypath_upstream_in_flight{upstream=\"demo\"}") == 0 }
+    }
+
+    /// 80 sheddable clients on a 300 ms path beside 4 critical ones: every
+    /// critical request is served (the issue measured 50 % at `min_limit: 2`).
+    @Test(arguments: minimums)
+    func aSheddableFloodLeavesCriticalTrafficAWayIn(minLimit: String) throws {
+        let h = try Self.harness(minLimit: minLimit)
+        let flood = Crowd(port: h.port, clients: 80, target: "/s/slow?ms=300")
+        let critical = Crowd(port: h.port, clients: 4, target: "/c/slow?ms=300")
+        waitUntil("200 critical requests and 800 sheddable ones", timeout: 40) {
+            critical.total >= 200 && flood.total >= 800
+        }
+        critical.stop()
+        flood.stop()
+        #expect(critical.availability >= 99, "critical: \(critical.summary); sheddable: \(flood.summary)")
+    }
+}
+
+/// Clients that ask for a large answer and read it at 8 KiB a second
+/// (a small receive buffer, so the kernel does not read ahead for them)
+/// until stopped.
+final class SlowReaders: Sendable {
+    private let stopping = Atomic<Bool>(false)
+    private let running = Atomic<Int>(0)
+
+    init(port: Int, count: Int, target: String) {
+        running.store(count, ordering: .relaxed)
+        for _ in 0..<count {
+            let thread = Thread { [self] in
+                defer { running.subtract(1, ordering: .relaxed) }
+                guard let c = try? TestConnection(port: port, timeout: 30, receiveBuffer: 16 << 10) else { return }
+                try? c.send("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                var chunk = [UInt8](repeating: 0, count: 8 << 10)
+                while !stopping.load(ordering: .relaxed) {
+                    if recv(c.fd, &chunk, chunk.count, 0) <= 0 { return }
+                    // The reader's pace: 8 KiB a second, in tenths.
+                    for _ in 0..<10 where !stopping.load(ordering: .relaxed) { Thread.sleep(forTimeInterval: 0.1) }
+                }
+            }
+            thread.start()
+        }
+    }
+
+    func stop() {
+        stopping.store(true, ordering: .relaxed)
+        while running.load(ordering: .relaxed) > 0 { Thread.sleep(forTimeInterval: 0.01) }
+    }
+}
