@@ -60,7 +60,7 @@ struct OverloadAttackTests {
               - { match: { path_prefix: / }, upstream: demo, retry: { attempts: 1 }, timeout: 10s }
             """)
         let admin = AdminProbe(port: h.adminPort)
-        let readers = SlowReaders(port: h.port, count: 6, target: "/bytes?n=4194304")
+        let readers = SlowReaders(port: h.port, count: 6, target: "/bytes?n=67108864")
         defer { readers.stop() }
         waitUntil("six answers streaming apart from the limit") {
             try admin.metric("happypath_upstream_streaming{upstream=\"demo\"}") == 6

@@ -18,7 +18,7 @@ import Testing
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
             upstreams:
-              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 1, max_limit: \(maxLimit), queue: \(queue) } }
+              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 1, initial_limit: 1, max_limit: \(maxLimit), queue: \(queue) } }
             routes:
               - { match: { path_prefix: /c/ }, upstream: demo, strip_prefix: /c, priority: critical\(header) }
               - { match: { path_prefix: / }, upstream: demo, priority: sheddable\(header) }
@@ -116,7 +116,7 @@ import Testing
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
             upstreams:
-              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 1, max_limit: 16, smoothing: 0.5 } }
+              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 1, initial_limit: 1, max_limit: 16, smoothing: 0.5 } }
             routes: [ { match: { path_prefix: / }, upstream: demo } ]
             """, workers: 1)
         let admin = AdminProbe(port: h.adminPort)
