@@ -197,7 +197,8 @@ check: build
 #  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal),
 #    then on PostgreSQL (one proxy; two proxies on one database; over a backlog).
 #  bench-overload: a 12x spike of sheddable traffic on an upstream of fixed capacity,
-#    no limit / fixed max_connections / adaptive concurrency with priorities.
+#    no limit / fixed max_connections / adaptive concurrency with priorities; then the
+#    adaptive limit under a slow path, slow readers and a flood on a slow path (issue 44).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
@@ -243,9 +244,13 @@ bench-deliver-later: test-deps release
 # spike, 10 s; about 2.5 minutes for the three configurations), the adaptive row's
 # targets printed PASS/FAIL (BENCH_ENV="CHECK_TARGETS=1" makes a FAIL fail the target).
 # Table, CSVs and chart in /tmp/happypath-loadtest/overload (docs/performance.md,
-# "The overload scenario").
+# "The overload scenario"). Then the adaptive limit's attacks (issue 44: a slow path,
+# slow readers, a sheddable flood on a slow path; 20 s each against no limit, min_limit 2
+# and the default; about 3 minutes): overload-attacks.md, .csv and .png beside them.
 bench-overload: test-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/loadtest/overload.sh
+	deploy/loadtest/overload-attacks.py --bin $$($(SWIFT) build -c release --show-bin-path)/happypath \
+	  --out $${OUT:-/tmp/happypath-loadtest}/overload $$(case "$(BENCH_ENV)" in *CHECK_TARGETS=1*) echo --check;; esac)
 
 clean:
 	rm -rf .build

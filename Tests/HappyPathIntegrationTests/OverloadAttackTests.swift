@@ -1,4 +1,5 @@
 import Foundation
+@testable import HappyPathServer
 import Synchronization
 import Testing
 
@@ -25,6 +26,20 @@ struct OverloadAttackTests {
     }
 
     static let minimums = ["min_limit: 2, ", ""]
+
+    /// A kind of request is its route and path, the query left out and
+    /// each segment with a digit one wildcard (`/reports/17` is
+    /// `/reports/*`: a kind per identifier would never have a baseline).
+    @Test(arguments: [
+        ("/reports/17", "/reports/18", true), ("/reports/17?x=1", "/reports/a1b2", true),
+        ("/users/42/orders", "/users/7/orders", true), ("/ok", "/ok?ms=3", true),
+        ("/ok", "/slow", false), ("/users/42/orders", "/users/42/items", false), ("/a/1", "/a", false),
+        ("/v1/x", "/v2/x", true), ("/reports/17", "/report/17", false),
+    ])
+    func aKindIsARouteAndAPathTemplate(a: String, b: String, same: Bool) {
+        #expect((Exchange.kind(route: 0, target: a.utf8) == Exchange.kind(route: 0, target: b.utf8)) == same)
+        #expect(Exchange.kind(route: 0, target: a.utf8) != Exchange.kind(route: 1, target: a.utf8))
+    }
 
     /// 16 clients on a 2 s path, 8 on a fast one of the same route: the
     /// fast clients are served (the issue measured 0–7 %).

@@ -48,7 +48,7 @@ import Testing
     @Test func aMinorityOfHeavyQueriesOnOnePathDoesNotLowerIt() {
         var l = Self.limit()
         for i in 0..<3000 {
-            let ms: Int64 = i % 3 == 0 ? 500 : 1
+            let ms: Int64 = i % 3 == 0 ? 500 : 10
             _ = l.sample(latency: .milliseconds(ms), inFlight: l.current, kind: Self.fast)
         }
         #expect(l.current == 100, "\(l.current)")
@@ -86,16 +86,16 @@ import Testing
         #expect(l.current == 2, "\(l.current)")
     }
 
-    /// A client that makes up a path per request: a made-up kind votes
-    /// once (ratio 1), only while the table has a place for it, so at most
-    /// 64 of every 600 votes; it cannot push out the kinds in use (their
-    /// baselines stay, so the upstream slowing down is still seen).
+    /// A client that makes up a path per request: a made-up kind is seen
+    /// once and never votes (a kind's first sample only sets its baseline),
+    /// and it cannot push out the kinds in use (their baselines stay, so
+    /// the upstream slowing down is still seen).
     @Test func madeUpPathsNeitherOutvoteNorPushOutTheKindsInUse() {
         var l = Self.limit(initial: 50)
         for i in 0..<2000 {
             _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: Self.fast)
-            // 10× slower, each once: their first samples vote at ratio 1,
-            // but only as many as find a place in the table.
+            // 10× slower, each once: a kind's first sample sets its
+            // baseline and does not vote.
             _ = l.sample(latency: .milliseconds(10), inFlight: l.current, kind: 1_000 + UInt64(i))
         }
         #expect(l.current == 100)

@@ -274,7 +274,9 @@ import Testing
                 Step(.acquire(1), .granted, inFlight: 1, queued: 0, limit: 1),
                 Step(.acquire(2), .queued, inFlight: 1, queued: 1),
                 Step(.acquire(3), .queued, inFlight: 1, queued: 2),
-                // At the baseline with the limit used: 1 + √1 = 2.
+                // A kind's first sample sets its baseline; its second, at
+                // the baseline with the limit used: 1 + √1 = 2.
+                Step(.sample(ms: 25, inFlight: 1), .started([]), inFlight: 1, queued: 2, limit: 1),
                 Step(.sample(ms: 25, inFlight: 1), .started([2]), inFlight: 2, queued: 1, limit: 2),
             ]),
         Scenario(
@@ -286,6 +288,7 @@ import Testing
                 Step(.acquire(3), .granted, inFlight: 3, queued: 0),
                 Step(.acquire(4), .granted, inFlight: 4, queued: 0),
                 Step(.acquire(5), .queued, inFlight: 4, queued: 1),
+                Step(.sample(ms: 25, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 4),
                 Step(.sample(ms: 25, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 4),
                 // Ratios 1 and 10: their median 5.5 is past the tolerance of 1.5.
                 Step(.sample(ms: 250, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 2),

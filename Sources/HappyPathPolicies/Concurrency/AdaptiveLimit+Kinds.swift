@@ -11,8 +11,7 @@ extension AdaptiveLimit {
     /// new kind takes a free place or one whose kind has not been seen for
     /// `idleAfter` samples, else it is not tracked (its tries learn nothing
     /// and do not vote). So a client that invents paths cannot push the
-    /// kinds in use out, and its kinds are at most `capacity` votes in
-    /// `idleAfter` (64 in 600 by default: the median does not move for them).
+    /// kinds in use out, and a kind it makes up for one request never votes.
     struct KindBaselines: Sendable, Equatable {
         static let capacity = 64
         static let probes = 8
@@ -74,12 +73,11 @@ extension AdaptiveLimit {
             latencies = MedianWindow(size: used ? recentSamples : 1)
         }
 
-        /// Samples a kind has before it votes. Its first does (at ratio 1:
-        /// a new kind is no evidence of a queue): a limit held by slow
-        /// first requests grows on their answers. Made-up paths cannot
-        /// outvote the kinds in use: a kind needs a place in the table,
-        /// and at most `capacity` places come free per `idleAfter` samples.
-        static let warmUp = 1
+        /// Samples a kind has before it votes: its first sets its
+        /// baseline (and says nothing of a queue), its second votes. A
+        /// path seen once (made up, or an identifier the caller did not
+        /// fold into its kind) never votes.
+        static let warmUp = 2
         /// A vote is at most this ratio (a baseline of a few nanoseconds
         /// would otherwise make any later try look a million times slower).
         static let mostRatio = 1_000.0

@@ -73,13 +73,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let priority: RequestPriority
     /// When the try in flight was sent, and the tries in flight then (an
     /// adaptive upstream's latency sample; nil: none to take).
-    private var sampleFrom: (at: Instant, inFlight: Int)?
+    var sampleFrom: (at: Instant, inFlight: Int)?
     /// The sample read at the response head, inside libcurl's header
     /// callback, and given to the limit as the try ends (`applySample`): a
     /// limit that grows hands slots to waiters at once, whose tries start
     /// then, and libcurl refuses to add a transfer inside its callbacks.
-    private var measured: (from: Instant, to: Instant, inFlight: Int)?
-    private var storedKind: UInt64?
+    var measured: (from: Instant, to: Instant, inFlight: Int)?
+    /// `kind`, once read.
+    var storedKind: UInt64?
     /// This worker's lane of the upstream, from the exchange's first slot
     /// on (its slots, queue and limit); kept so a release or a sample does
     /// not look it up again. A lane is forgotten only while idle, and this
@@ -94,7 +95,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// Moves the slot of an answer that streams out of the adaptive limit,
     /// on the next pass (not inside libcurl's callbacks: a slot handed over
     /// starts a transfer).
-    private var streamEvent: LoopEvent?
+    var streamEvent: LoopEvent?
     /// The slot this exchange holds was moved among the upstream's streams
     /// (`ConcurrencyLimiter.moveToStreams`): given back with `streamEnded`.
     var slotStreams = false
@@ -458,48 +459,6 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         perform(action)
     }
 
-    /// The try's latency so far is a sample of the adaptive limit: taken
-    /// as its head completes (an answer the upstream worked out: below 500,
-    /// not 429) or as it runs out of time. Refused, shed and failed tries
-    /// are never samples (docs/overload.md).
-    func sampleTry() {
-        guard let from = sampleFrom, let lane else { return }
-        sampleFrom = nil
-        worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight, kind: kind)
-    }
-
-    /// What kind of request this is to the adaptive limit (its samples are
-    /// compared with its kind's own baseline): the route and the path the
-    /// upstream is asked for, without the query. FNV-1a, read once.
-    var kind: UInt64 {
-        if let storedKind { return storedKind }
-        var h: UInt64 = 0xcbf2_9ce4_8422_2325 ^ UInt64(truncatingIfNeeded: route.index)
-        for b in command.target.utf8 {
-            if b == UInt8(ascii: "?") { break }
-            h = (h ^ UInt64(b)) &* 0x100_0000_01b3
-        }
-        storedKind = h
-        return h
-    }
-
-    /// `sampleTry` inside a libcurl callback (the response head): read now,
-    /// given to the limit by `applySample` when the transfer has ended.
-    func measureTry() {
-        guard let from = sampleFrom else { return }
-        sampleFrom = nil
-        measured = (from.at, worker.clock.now(), from.inFlight)
-    }
-
-    /// The sample `measureTry` read, given to the limit (outside libcurl's callbacks).
-    func applySample() {
-        guard let m = measured, let lane else { return }
-        measured = nil
-        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight, kind: kind)
-    }
-
-    /// A try that ended without a sample (a reset, an error status) takes none.
-    func dropSample() { sampleFrom = nil }
-
     // MARK: - Timers
 
     private func arm(after delay: Duration) {
@@ -538,43 +497,6 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         guard relay.mustWait() else { return }
         transfer?.pauseReceiving()
         answerStreams()
-    }
-
-    /// The answer streams past its head (an event stream, a gRPC call, an
-    /// answer read slower than it comes past the read-ahead): on an
-    /// adaptive upstream its slot leaves the limit for the upstream's
-    /// streams (`max_streams`), so slow clients and long streams cannot
-    /// hold the slots short requests need. On the next pass.
-    func answerStreams() {
-        guard guardian.adaptive != nil, holdsSlot, !slotStreams, streamEvent == nil, lane != nil else { return }
-        let event = worker.loop.takeEvent(target: self)
-        streamEvent = event
-        event.arm(after: .zero)
-    }
-
-    private func moveSlotToStreams() {
-        guard holdsSlot, !slotStreams, let lane else { return }
-        if worker.moveToStreams(lane, slotHolder) { slotStreams = true }
-    }
-
-    // MARK: - Releasing
-
-    func releaseSlot() {
-        if holdsSlot {
-            holdsSlot = false
-            if slotStreams {
-                slotStreams = false
-                if let lane { worker.streamEnded(lane) }
-            } else if let lane {
-                worker.releaseSlot(lane, slotHolder)
-            } else {
-                worker.releaseSlot(guardian: guardian, slotHolder)
-            }
-        }
-        if isQueued {
-            isQueued = false
-            if let lane { worker.leaveQueue(self, lane: lane) }
-        }
     }
 
     /// Everything this exchange holds, let go: the try, the slot or queue

@@ -1,0 +1,105 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+
+/// An exchange and its upstream's slots (docs/overload.md): the adaptive
+/// limit's samples (and the kind of request they are of), answers that
+/// stream moved out of the limit (issue 44), and the slot given back.
+extension Exchange {
+    /// The try's latency so far is a sample of the adaptive limit: taken
+    /// as its head completes (an answer the upstream worked out: below 500,
+    /// not 429) or as it runs out of time. Refused, shed and failed tries
+    /// are never samples (docs/overload.md).
+    func sampleTry() {
+        guard let from = sampleFrom, let lane else { return }
+        sampleFrom = nil
+        worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight, kind: kind)
+    }
+
+    /// What kind of request this is to the adaptive limit (its samples are
+    /// compared with its kind's own baseline): the route and the path the
+    /// upstream is asked for, without the query, and with every segment
+    /// that holds a digit read as one wildcard: `/reports/17` and
+    /// `/reports/18` are one kind (an identifier in a path is the usual
+    /// REST shape, and a kind per identifier would never have a baseline).
+    /// FNV-1a, read once.
+    var kind: UInt64 {
+        if let storedKind { return storedKind }
+        storedKind = Self.kind(route: route.index, target: command.target.utf8)
+        return storedKind!
+    }
+
+    static func kind(route: Int, target: some Collection<UInt8>) -> UInt64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325 ^ UInt64(truncatingIfNeeded: route)
+        var segment = h
+        var wildcard = false
+        for b in target {
+            if b == UInt8(ascii: "?") { break }
+            if b == UInt8(ascii: "/") {
+                h = wildcard ? (h ^ 0x2A) &* 0x100_0000_01b3 : segment
+                h = (h ^ UInt64(b)) &* 0x100_0000_01b3
+                segment = h
+                wildcard = false
+                continue
+            }
+            if b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9") { wildcard = true }
+            segment = (segment ^ UInt64(b)) &* 0x100_0000_01b3
+        }
+        return wildcard ? (h ^ 0x2A) &* 0x100_0000_01b3 : segment
+    }
+
+    /// `sampleTry` inside a libcurl callback (the response head): read now,
+    /// given to the limit by `applySample` when the transfer has ended.
+    func measureTry() {
+        guard let from = sampleFrom else { return }
+        sampleFrom = nil
+        measured = (from.at, worker.clock.now(), from.inFlight)
+    }
+
+    /// The sample `measureTry` read, given to the limit (outside libcurl's callbacks).
+    func applySample() {
+        guard let m = measured, let lane else { return }
+        measured = nil
+        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight, kind: kind)
+    }
+
+    /// A try that ended without a sample (a reset, an error status) takes none.
+    func dropSample() { sampleFrom = nil }
+
+    /// The answer streams past its head (an event stream, a gRPC call, an
+    /// answer read slower than it comes past the read-ahead): on an
+    /// adaptive upstream its slot leaves the limit for the upstream's
+    /// streams (`max_streams`), so slow clients and long streams cannot
+    /// hold the slots short requests need. On the next pass.
+    func answerStreams() {
+        guard guardian.adaptive != nil, holdsSlot, !slotStreams, streamEvent == nil, lane != nil else { return }
+        let event = worker.loop.takeEvent(target: self)
+        streamEvent = event
+        event.arm(after: .zero)
+    }
+
+    func moveSlotToStreams() {
+        guard holdsSlot, !slotStreams, let lane else { return }
+        if worker.moveToStreams(lane, slotHolder) { slotStreams = true }
+    }
+
+    // MARK: - Releasing
+
+    func releaseSlot() {
+        if holdsSlot {
+            holdsSlot = false
+            if slotStreams {
+                slotStreams = false
+                if let lane { worker.streamEnded(lane) }
+            } else if let lane {
+                worker.releaseSlot(lane, slotHolder)
+            } else {
+                worker.releaseSlot(guardian: guardian, slotHolder)
+            }
+        }
+        if isQueued {
+            isQueued = false
+            if let lane { worker.leaveQueue(self, lane: lane) }
+        }
+    }
+}
