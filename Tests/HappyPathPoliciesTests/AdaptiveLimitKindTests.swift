@@ -43,15 +43,18 @@ import Testing
         #expect(l.current == 100, "\(l.current)")
     }
 
-    /// One client's heavy queries on the fast path (a third of its tries,
-    /// 500 times slower): the median of the ratios is the fast tries'.
-    @Test func aMinorityOfHeavyQueriesOnOnePathDoesNotLowerIt() {
+    /// One client's heavy queries on the fast path, 50 times slower: a
+    /// vote counts at most 3 (`mostVote`), so a minority adds at most
+    /// twice its share to the average. A twentieth of the tries leaves the
+    /// limit growing; a tenth does not bring it down.
+    @Test(arguments: [(20, 100), (10, 20)])
+    func aMinorityOfHeavyQueriesOnOnePathDoesNotLowerIt(every: Int, atLeast: Int) {
         var l = Self.limit()
         for i in 0..<3000 {
-            let ms: Int64 = i % 3 == 0 ? 500 : 10
+            let ms: Int64 = i % every == 0 ? 500 : 10
             _ = l.sample(latency: .milliseconds(ms), inFlight: l.current, kind: Self.fast)
         }
-        #expect(l.current == 100, "\(l.current)")
+        #expect(l.current >= atLeast, "\(l.current)")
     }
 
     /// Every kind 10 times slower at once (the upstream as a whole is
@@ -69,7 +72,7 @@ import Testing
         }
         #expect(before > 50)
         #expect(l.current == 2, "\(before) → \(l.current)")
-        #expect(l.ratio > 9, "\(l.ratio)")
+        #expect(l.ratio > 2.9, "\(l.ratio)")  // each vote counted as 3 at most
     }
 
     /// An answer of 0.1 ms that takes up to 4 ms on a busy host is not 40

@@ -290,7 +290,10 @@ import Testing
                 Step(.acquire(5), .queued, inFlight: 4, queued: 1),
                 Step(.sample(ms: 25, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 4),
                 Step(.sample(ms: 25, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 4),
-                // Ratios 1 and 10: their median 5.5 is past the tolerance of 1.5.
+                // Ratios of 10, each counted as 3 (`mostVote`): their
+                // average passes the tolerance of 1.5 at the second.
+                Step(.sample(ms: 250, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 3),
+                Step(.sample(ms: 250, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 3),
                 Step(.sample(ms: 250, inFlight: 4), .started([]), inFlight: 4, queued: 1, limit: 2),
                 Step(.release, .freed, inFlight: 3, queued: 1),
                 Step(.release, .freed, inFlight: 2, queued: 1),

@@ -1,10 +1,11 @@
 /// The parts of `AdaptiveLimit` that tell a slow kind of request from an
 /// overloaded upstream (issue 44, docs/overload.md "What a sample is
 /// compared with"): each kind of request (a route and a path) keeps its own
-/// baseline, and the limit follows the median of recent tries' latencies
-/// divided by their own kinds' baselines. A path that is always slow is
-/// at its own baseline (ratio 1); an upstream that slows down as a whole
-/// raises every kind's ratio, and the median with them.
+/// baseline, and the limit follows an average of recent tries' latencies
+/// divided by their own kinds' baselines (each counted as 3 at most). A
+/// path that is always slow is at its own baseline (ratio 1); an upstream
+/// that slows down as a whole raises every kind's ratio, and the average
+/// with them.
 extension AdaptiveLimit {
     /// The baselines of up to `capacity` kinds of request, in a table of
     /// fixed size. A kind is found within `probes` places of its hash; a

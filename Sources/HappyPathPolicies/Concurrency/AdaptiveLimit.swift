@@ -10,11 +10,12 @@ import HappyPathCore
 ///   baseline: the least of its recent latency (the median of its last
 ///   `recentSamples` tries) over the last one to two half windows of
 ///   `baselineSamples` of its tries. Each try is compared with its own
-///   kind's baseline, and the limit follows the median of the last
-///   `recentSamples` of those ratios (`ratio`). A path that always takes
-///   2 s is at its baseline; heavy queries that are a minority of a path's
-///   tries are outvoted; the whole upstream slowing down raises every
-///   kind's ratio, and the median with them (`AdaptiveLimit+Kinds.swift`).
+///   kind's baseline, and the limit follows an average of about the last
+///   `recentSamples` of those ratios, each counted as at most `mostVote`
+///   (`ratio`). A path that always takes 2 s is at its baseline; heavy
+///   queries that are a small minority of a path's tries add at most twice
+///   their share; the whole upstream slowing down raises every kind's
+///   ratio, and the average with them (`AdaptiveLimit+Kinds.swift`).
 /// - **No probe drops.** Baselines are learned from live traffic only.
 ///   The limit is never forced down to re-measure them (the 503 dips
 ///   of envoy#8337 and #9007): near capacity the queue empties now and
@@ -30,7 +31,7 @@ import HappyPathCore
 ///   reached its end; a request refused, shed or timed out in a queue never
 ///   reaches `sample` (the fast samples of concurrency-limits #176).
 ///
-/// Each voting sample moves the limit by the median ratio, in three zones:
+/// Each voting sample moves the limit by `ratio`, in three zones:
 /// - **at the baseline** (at most `growUnder`, 1.25 times it by default): the target
 ///   is `limit + √limit` (the square root: the queue an upstream can hold at
 ///   its baseline latency), taken only from a sample that used the limit;
@@ -38,7 +39,7 @@ import HappyPathCore
 /// - **past it**: `limit × max(0.5, tolerance / ratio)`.
 /// The limit moves `smoothing` of the way to its target per sample, within
 /// `[minLimit, maxLimit]`. In a closed loop against an upstream of 4 slots
-/// it settles near 7 (between 3 and 20) from any start (`AdaptiveLimitTests`).
+/// it settles between 3 and 20 from any start (`AdaptiveLimitTests`).
 ///
 /// A pure value on injected samples (no clock: latency is measured by the
 /// caller); table-tested in `AdaptiveLimitTests`.
@@ -57,8 +58,8 @@ public struct AdaptiveLimit: Sendable, Equatable {
         public var tolerance: Double = 1.5
         /// Tries of a kind its baseline is the least recent latency over. Default 600.
         public var baselineSamples: Int = 600
-        /// Tries the recent latency (a median, of each kind and of the
-        /// ratios) is taken over. Default 10.
+        /// Tries the recent latency (a kind's median) and the recent ratio
+        /// (an average) are taken over. Default 10.
         public var recentSamples: Int = 10
         /// Recent latency at most this many times the baseline counts as
         /// "at the baseline", where a used limit grows: the allowance for
@@ -80,7 +81,7 @@ public struct AdaptiveLimit: Sendable, Equatable {
         /// Where a limit starts unless told (within its bounds).
         public static let defaultInitialLimit = 20
 
-        /// The most `recentSamples` may be (the median's window is kept sorted).
+        /// The most `recentSamples` may be (a kind's window is kept sorted).
         public static let mostRecentSamples = 1_000
 
         /// The messages a configuration error would give, empty when valid.
@@ -120,21 +121,23 @@ public struct AdaptiveLimit: Sendable, Equatable {
     /// That kind's recent latency, in seconds (0: no sample yet).
     public var recent: Double { lastKind.map { kinds.entries[$0].recent } ?? 0 }
     /// How much slower than their own kinds' baselines the recent tries
-    /// were: the median of the last `recentSamples` ratios (1: at the
-    /// baselines; 0: no kind has voted yet). What moves the limit.
+    /// were: an average over about `recentSamples` ratios, each counted as
+    /// at most `mostVote` (1: at the baselines; 0: no kind has voted yet).
+    /// What moves the limit.
     public private(set) var ratio: Double = 0
     /// Samples taken so far (saturating).
     public private(set) var samples = 0
     private var kinds: KindBaselines
     private var lastKind: Int?
-    private var ratios: MedianWindow
+    /// An average over about `recentSamples` votes, as an exponential weight.
+    private let recentWeight: Double
 
     public init(_ configuration: Configuration) {
         self.configuration = configuration
         limit = Double(min(max(configuration.initialLimit, configuration.minLimit), configuration.maxLimit))
         let recentSamples = min(max(1, configuration.recentSamples), Configuration.mostRecentSamples)
         kinds = KindBaselines(idleAfter: configuration.baselineSamples, recentSamples: recentSamples)
-        ratios = MedianWindow(size: recentSamples)
+        recentWeight = 2 / Double(recentSamples + 1)
     }
 
     /// Tries that may be in flight now.
@@ -172,7 +175,11 @@ public struct AdaptiveLimit: Sendable, Equatable {
             seconds, recentSamples: configuration.recentSamples, baselineSamples: configuration.baselineSamples,
             floor: configuration.latencyFloor, movesWindow: !queued || limit <= Double(configuration.minLimit))
         guard let vote = votes else { return nil }
-        ratio = ratios.insert(vote)
+        // An average over about `recentSamples` votes, each at most
+        // `mostVote`: a minority of heavy tries adds at most its share of
+        // that, where a queue at the upstream raises every vote.
+        let clipped = min(vote, Self.mostVote)
+        ratio = ratio == 0 ? clipped : ratio + (clipped - ratio) * recentWeight
         let target: Double
         // With requests waiting, growing turns them into load on the
         // upstream at once: there the limit grows only within 10 % of the
@@ -195,6 +202,9 @@ public struct AdaptiveLimit: Sendable, Equatable {
         limit = min(Double(configuration.maxLimit), max(Double(configuration.minLimit), limit))
         return current != before ? current : nil
     }
+
+    /// A vote counts at most this much (past it the limit halves anyway).
+    static let mostVote = 3.0
 
     /// `growUnder` while requests wait for a slot.
     public static let saturatedGrowUnder = 1.1

@@ -128,9 +128,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// 44): a fifth of the limit, at least one at any limit. A request of a
     /// lower priority takes a slot only while `reserve` are free (a normal
     /// one below critical, half of them); one of the top priority takes
-    /// any, and one more than the lower priorities hold if they hold the
-    /// whole limit (at a limit of 1, or after it shrank): a critical
-    /// request always has a way in. 0 for a fixed limit (nothing changes there).
+    /// any, and at a limit of 1, one past a lower try that holds it: a
+    /// critical request always has a way in. 0 for a fixed limit (nothing
+    /// changes there).
     @usableFromInline var reserve = 0
     @usableFromInline var waiting: PriorityQueue<Waiter>
     /// The learned limit (nil: fixed).
@@ -192,7 +192,11 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable
     public func cap(_ priority: RequestPriority) -> Int {
         guard reserve > 0 else { return limit }
-        if priority.rank <= top { return max(limit, heldBelow(priority) + 1) }
+        // At a limit of 1 the reserve cannot fit: the top priority gets one
+        // slot past a lower try holding it. Above, it waits for the next
+        // freed slot, which is its (in the upstream's own queue it would
+        // wait behind every try sent before it).
+        if priority.rank <= top { return limit == 1 ? 1 + min(1, heldBelow(priority)) : limit }
         switch priority {
         case .critical: return limit
         case .normal: return max(1, limit - max(1, reserve / 2))
