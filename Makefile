@@ -249,7 +249,8 @@ bench-deliver-later: test-deps release
 # and the default; about 3 minutes): overload-attacks.md, .csv and .png beside them.
 bench-overload: test-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/loadtest/overload.sh
-	deploy/loadtest/overload-attacks.py --bin $$($(SWIFT) build -c release --show-bin-path)/happypath \
+	$$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3) deploy/loadtest/overload-attacks.py \
+	  --bin $$($(SWIFT) build -c release --show-bin-path)/happypath \
 	  --out $${OUT:-/tmp/happypath-loadtest}/overload $$(case "$(BENCH_ENV)" in *CHECK_TARGETS=1*) echo --check;; esac)
 
 clean:
