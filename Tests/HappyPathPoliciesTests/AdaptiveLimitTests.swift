@@ -80,15 +80,13 @@ import Testing
             _ = l.sample(latency: .microseconds(Int64(ms * 1000)), inFlight: inFlight)
             if i >= 4000 { tail.append(l.current) }
         }
-        // Settled: the upstream's 4 busy and a short queue (mostly under
-        // twice as many in flight), never starved, never off to the
-        // maximum. (A median of ratios reads this model's queue a little
-        // later than the mean did: 7 at the median, 11 at the 90th
-        // percentile, 18 at most, where the mean kept it under 16.)
+        // Settled: the upstream's 4 busy and a short queue (at most three
+        // times as many in flight, mostly under twice), never starved,
+        // never off to the maximum. (Measured: 4 to 12, 6 at the median.)
         let sorted = tail.sorted()
         #expect(sorted.first! >= 3, "from \(initial): \(sorted.first!)")
-        #expect(sorted[sorted.count / 2] <= 9, "from \(initial): median \(sorted[sorted.count / 2])")
-        #expect(sorted.last! <= 20, "from \(initial): \(sorted.last!)")
+        #expect(sorted[sorted.count / 2] <= 8, "from \(initial): median \(sorted[sorted.count / 2])")
+        #expect(sorted.last! <= 16, "from \(initial): \(sorted.last!)")
     }
 
     /// An upstream that is never loaded, with latencies 30 % either side of
@@ -139,7 +137,6 @@ import Testing
             }
         }
         let (a, b) = (free.current, saturated.current)
-        // (The median of the last 10 ratios turns after 5 samples: enough that the drift shows.)
         for _ in 0..<100 {
             _ = free.sample(latency: .milliseconds(12), inFlight: free.current)
             _ = saturated.sample(latency: .milliseconds(12), inFlight: saturated.current, queued: true)

@@ -39,7 +39,7 @@ import HappyPathCore
 /// - **past it**: `limit × max(0.5, tolerance / ratio)`.
 /// The limit moves `smoothing` of the way to its target per sample, within
 /// `[minLimit, maxLimit]`. In a closed loop against an upstream of 4 slots
-/// it settles between 3 and 20 from any start (`AdaptiveLimitTests`).
+/// it settles between 4 and 12 from any start (`AdaptiveLimitTests`).
 ///
 /// A pure value on injected samples (no clock: latency is measured by the
 /// caller); table-tested in `AdaptiveLimitTests`.
