@@ -122,7 +122,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// Tries that may be in flight now: fixed, or `adaptive.current`.
     @inlinable public var limit: Int { storedLimit }
     @usableFromInline var storedLimit: Int {
-        didSet { reserve = Self.reserve(limit: storedLimit, adaptive: learned != nil) }
+        didSet { reserve = Self.reserve(limit: storedLimit, adaptive: isAdaptive) }
     }
     /// Slots of an adaptive limit kept for the top priority in use (issue
     /// 44): a fifth of the limit, at least one at any limit. A request of a
@@ -135,7 +135,15 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @usableFromInline var waiting: PriorityQueue<Waiter>
     /// The learned limit (nil: fixed).
     @inlinable public var adaptive: AdaptiveLimit? { learned }
+    /// The adaptive limit's latest baseline and recent latency, read in
+    /// place (nil: a fixed limit).
+    @inlinable public var latencies: (baseline: Double, recent: Double)? {
+        isAdaptive ? (learned?.baseline ?? 0, learned?.recent ?? 0) : nil
+    }
     @usableFromInline var learned: AdaptiveLimit?
+    /// `learned != nil`, kept apart: the optional's check is a call into
+    /// its type's value witnesses (the limit holds arrays), this a load.
+    @usableFromInline let isAdaptive: Bool
     /// Waiters that left the queue without a slot (shed by CoDel, or
     /// displaced from a full queue), with their priority: the caller takes
     /// them with `takeShed` after each call and answers them OVERLOADED.
@@ -177,8 +185,10 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
             storedLimit = limit.current
             reserve = Self.reserve(limit: storedLimit, adaptive: true)
             held = Array(repeating: 0, count: Self.clientBuckets)
+            isAdaptive = true
         } else {
             storedLimit = configuration.maxInFlight
+            isAdaptive = false
         }
     }
 
@@ -237,7 +247,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
             taken += 1
             return .granted
         }
-        if learned != nil { seen(holder.priority, at: now) }
+        if isAdaptive { seen(holder.priority, at: now) }
         return enqueue(waiter, holder, at: now)
     }
 
@@ -259,7 +269,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable
     mutating func enqueue(_ waiter: Waiter, _ holder: SlotHolder, at now: Instant) -> Acquisition {
         let priority = holder.priority
-        if learned != nil { shedLate(at: now) }
+        if isAdaptive { shedLate(at: now) }
         // A free slot within its priority's share, and nobody as important
         // waiting for one (those less important wait for their own share).
         if taken < cap(priority), !waiting.waits(atLeast: priority) {
@@ -277,7 +287,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     @inlinable
     mutating func take(_ holder: SlotHolder) {
         taken += 1
-        guard learned != nil else { return }
+        guard isAdaptive else { return }
         count(holder, by: 1)
     }
 
@@ -312,7 +322,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     public mutating func release(
         _ holder: SlotHolder = SlotHolder(), handOver: Bool = true, at now: @autoclosure () -> Instant
     ) -> Release {
-        if learned != nil { count(holder, by: -1) }
+        if isAdaptive { count(holder, by: -1) }
         if handOver, !waiting.isEmpty { return handOverOrFree(at: now()) }
         taken -= 1
         return .freed
@@ -325,9 +335,9 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// slots (`PriorityQueue.next(fewestHeld:)`).
     @inlinable
     mutating func handOverOrFree(at now: Instant) -> Release {
-        if learned != nil { shedLate(at: now) }
+        if isAdaptive { shedLate(at: now) }
         if let p = waiting.highest, taken <= cap(p) {
-            if learned == nil, let next = waiting.next() { return .handedOver(next) }
+            if !isAdaptive, let next = waiting.next() { return .handedOver(next) }
             if let next = nextFairly() {
                 count(SlotHolder(p, client: next.client), by: 1)
                 return .handedOver(next.waiter)
@@ -356,7 +366,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     /// it keeps its slot. `streamEnded` when it ends.
     @inlinable
     public mutating func moveToStreams(_ holder: SlotHolder, at now: Instant) -> Release? {
-        guard learned != nil, streams < configuration.maxStreams else { return nil }
+        guard isAdaptive, streams < configuration.maxStreams else { return nil }
         streams += 1
         return release(holder, at: now)
     }
@@ -374,7 +384,7 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
     public mutating func sample(
         from start: Instant, to end: Instant, inFlight: Int, kind: UInt64 = 0, granted: inout [Waiter]
     ) -> Bool {
-        guard learned != nil else { return false }
+        guard isAdaptive else { return false }
         // In place: the limit's state is not copied out and back.
         guard let moved = learned!.sample(from: start, to: end, inFlight: inFlight, queued: !waiting.isEmpty, kind: kind)
         else {

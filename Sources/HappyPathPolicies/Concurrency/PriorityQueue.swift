@@ -89,7 +89,12 @@ public struct PriorityQueue<Waiter: AnyObject> {
 
     /// Whether a request of `priority` or a more important one waits.
     @inlinable public func waits(atLeast priority: RequestPriority) -> Bool {
-        for p in 0...priority.rank where !queues[p].isEmpty { return true }
+        guard storedCount > 0 else { return false }
+        var p = 0
+        while p <= priority.rank {
+            if !queues[p].isEmpty { return true }
+            p += 1
+        }
         return false
     }
 

@@ -25,11 +25,18 @@ extension Exchange {
     /// FNV-1a, read once.
     var kind: UInt64 {
         if let storedKind { return storedKind }
-        storedKind = Self.kind(route: route.index, target: command.target.utf8)
-        return storedKind!
+        var target = command.target
+        let h = target.withUTF8 { Self.kind(route: route.index, target: $0) }
+        storedKind = h
+        return h
     }
 
-    static func kind(route: Int, target: some Collection<UInt8>) -> UInt64 {
+    static func kind(route: Int, target: String) -> UInt64 {
+        var target = target
+        return target.withUTF8 { kind(route: route, target: $0) }
+    }
+
+    static func kind(route: Int, target: UnsafeBufferPointer<UInt8>) -> UInt64 {
         var h: UInt64 = 0xcbf2_9ce4_8422_2325 ^ UInt64(truncatingIfNeeded: route)
         var segment = h
         var wildcard = false

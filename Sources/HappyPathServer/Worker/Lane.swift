@@ -62,14 +62,14 @@ extension ProxyWorker {
         /// scrape's worth of freshness, not a store per try).
         func publishLimit(moved: Bool) {
             unpublishedSamples += 1
-            guard moved || unpublishedSamples >= 16, let adaptive = slots.adaptive else { return }
+            guard moved || unpublishedSamples >= 16, let latency = slots.latencies else { return }
             unpublishedSamples = 0
             let now = slots.limit
             if now != publishedLimit {
-                guardian.limitMoved(from: publishedLimit, to: now, baseline: adaptive.baseline, recent: adaptive.recent)
+                guardian.limitMoved(from: publishedLimit, to: now, baseline: latency.baseline, recent: latency.recent)
                 publishedLimit = now
             } else {
-                guardian.latencyMeasured(baseline: adaptive.baseline, recent: adaptive.recent)
+                guardian.latencyMeasured(baseline: latency.baseline, recent: latency.recent)
             }
         }
 

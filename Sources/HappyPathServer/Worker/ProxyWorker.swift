@@ -328,13 +328,28 @@ final class ProxyWorker: HTTPServerDelegate {
         if exchange.guardian.pausesClients { exchange.pacingKey = pacingKey(request, route: route, rateLimitKey: key) }
         if exchange.guardian.adaptive != nil {
             // Whom the upstream's slots are shared between (issue 44): the
-            // client as the route's rate limit knows it, else its address.
-            let client = key.flatMap { $0.isEmpty ? nil : $0 } ?? RateLimitKey.clientIP(request, trusted: runtime.configuration.trustedProxies)
-            exchange.slotHolder.client = client.hashValue
+            // client as the route's rate limit knows it, else its address
+            // (the connection's own text, made once, unless a trusted proxy
+            // names the client).
+            let trusted = runtime.configuration.trustedProxies
+            let client =
+                key.flatMap { $0.isEmpty ? nil : $0 }
+                ?? (trusted.isEmpty ? request.peerAddress : RateLimitKey.clientIP(request, trusted: trusted))
+            exchange.slotHolder.client = Self.clientHash(client)
         }
         active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
         exchange.start()
+    }
+
+    /// FNV-1a of a client's key (a bucket of an adaptive upstream's slots).
+    static func clientHash(_ key: String) -> Int {
+        var key = key
+        return key.withUTF8 { bytes in
+            var h: UInt64 = 0xcbf2_9ce4_8422_2325
+            for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+            return Int(truncatingIfNeeded: h ^ (h >> 29))
+        }
     }
 
     /// Whom an upstream's 429 to this request is about: the client as the
