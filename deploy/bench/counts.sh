@@ -108,7 +108,9 @@ if "upgrades" in instr and "happypath" in instr:
     print(f"| instructions on a route with upgrades: [websocket], plain requests (profile upgrades) | | {instr['upgrades']:,.0f} ({extra:+,.0f}) | +500 | {'met' if extra <= 500 else '**short**'} |")
 if "adaptive" in instr and "happypath" in instr:
     extra = instr["adaptive"] - instr["happypath"]
-    print(f"| instructions with adaptive_concurrency and a route priority (profile adaptive) | | {instr['adaptive']:,.0f} ({extra:+,.0f}) | +1,500 | {'met' if extra <= 1500 else '**short**'} |")
+    # +2,500 since issue 44 (kinds of request, a fair share per client: about +1,270 in the
+    # binary and Swift's runtime; docs/performance.md, "Overload").
+    print(f"| instructions with adaptive_concurrency and a route priority (profile adaptive) | | {instr['adaptive']:,.0f} ({extra:+,.0f}) | +2,500 | {'met' if extra <= 2500 else '**short**'} |")
 if "tracing0" in instr:
     extra = instr["tracing0"] - instr["happypath"]
     print(f"| instructions with tracing, sample_ratio 0 (profile tracing0) | | {instr['tracing0']:,.0f} ({extra:+,.0f}) | +300 | {'met' if extra <= 300 else '**short**'} |")
