@@ -39,9 +39,9 @@ enum MetricHelp {
         "happypath_upstream_shed_total":
             "Requests answered OVERLOADED by an upstream's concurrency limit (queue full, or shed from it), by priority.",
         "happypath_upstream_latency_baseline_seconds":
-            "An adaptive upstream's latency baseline: the least recent latency of the last window of tries.",
+            "An adaptive upstream's latency baseline, of the kind of request (route and path) last measured: the least recent latency of its last window of tries.",
         "happypath_upstream_latency_recent_seconds":
-            "An adaptive upstream's recent latency: the average of its last tries (about 10), to their response head.",
+            "The recent latency of that kind of request: the median of its last 10 tries, to their response head.",
         "happypath_replayed_commands_total": "Parked requests replayed once their upstream could take them, by upstream.",
         "happypath_token_refreshes_total": "Upstream credential refreshes, by upstream and result.",
         "happypath_requests_refused_total": "Requests the edge (HTTP/1.1 or HTTP/2) refused before routing, by rule and status.",
