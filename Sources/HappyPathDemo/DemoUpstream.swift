@@ -31,6 +31,7 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
         ("/bytes?n=1048576", "n bytes of body, streamed"),
         ("/_demo/stats", "requests served so far (health checks aside), as JSON"),
         ("/_demo/outage?ms=3000&status=503", "every other endpoint answers that status for that long"),
+        ("/_demo/slower?factor=10&ms=5000", "/slow waits factor times its ms for that long (the whole upstream slower)"),
         ("/_demo/token?ttl=60", "POST: issues a bearer token valid for ttl seconds (OAuth2 JSON)"),
         ("/_demo/throttle?rps=200", "200 for up to rps requests per wall-clock second, 429 with Retry-After above"),
         ("/_demo/throttle/stats", "per second: throttle requests received and passed, and when the first 429 was, as JSON"),
@@ -43,6 +44,9 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
     /// Loop thread only: an outage window, and the tokens issued with their expiry.
     private var outageUntil: Instant?
     private var outageStatus = 503
+    /// `/_demo/slower`: /slow's delays are multiplied by `slowFactor` until then.
+    private var slowerUntil: Instant?
+    private var slowFactor = 1
     private var tokens: [String: Instant] = [:]
     private let clock = MonotonicClock()
     /// Requests served (health checks aside), for tests and load reports.
@@ -114,6 +118,12 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
             outageStatus = Int(params["status"] ?? "") ?? 503
             outageUntil = now + .milliseconds(ms)
             request.reply(status: 200, headers: Self.json, body: "{\"outage_ms\":\(ms),\"status\":\(outageStatus)}\n")
+        case "/_demo/slower":
+            // Bounded: a factor of 1 to 100, for at most an hour.
+            let ms = min(3_600_000, max(0, Int(params["ms"] ?? "") ?? 5000))
+            slowFactor = min(100, max(1, Int(params["factor"] ?? "") ?? 10))
+            slowerUntil = now + .milliseconds(ms)
+            request.reply(status: 200, headers: Self.json, body: "{\"slower_ms\":\(ms),\"factor\":\(slowFactor)}\n")
         case "/_demo/token":
             let ttl = Int(params["ttl"] ?? "") ?? 60
             let token = random.requestID() + random.requestID()
@@ -156,7 +166,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
                 request.reply(status: 200, headers: Self.json, body: "{\"ok\":true}\n")
             }
         case "/slow":
-            let ms = Int(params["ms"] ?? "") ?? 500
+            var ms = Int(params["ms"] ?? "") ?? 500
+            if let until = slowerUntil, now < until { ms = min(ms, 3_600_000) * slowFactor }
             // p: the chance that this answer is the slow one (a long tail); the rest answer at once.
             let p = Double(params["p"] ?? "") ?? 1
             guard p >= 1 || Double(random.next() % 1_000_000) / 1_000_000 < p else {

@@ -90,6 +90,25 @@ struct OverloadAttackTests {
         waitUntil("nothing in flight") { try admin.metric("happypath_upstream_in_flight{upstream=\"demo\"}") == 0 }
     }
 
+    /// The whole upstream ten times slower (every path of it): each kind's
+    /// tries are slower than its own baseline, and the limit still falls,
+    /// from 20 to its minimum.
+    @Test func theWholeUpstreamSlowingDownStillLowersTheLimit() throws {
+        let h = try Self.harness(minLimit: "min_limit: 2, ")
+        let admin = AdminProbe(port: h.adminPort)
+        let limit = "happypath_upstream_concurrency_limit{upstream=\"demo\"}"
+        let a = Crowd(port: h.port, clients: 4, target: "/slow?ms=20")
+        let b = Crowd(port: h.port, clients: 4, target: "/c/slow?ms=60")
+        defer {
+            a.stop()
+            b.stop()
+        }
+        waitUntil("baselines for both kinds") { a.answered.load(ordering: .relaxed) >= 100 && b.answered.load(ordering: .relaxed) >= 40 }
+        #expect(try admin.metric(limit) > 2)
+        #expect(try HTTP.request(port: h.demo.port, "/_demo/slower?factor=10&ms=60000").status == 200)
+        waitUntil("the limit at its minimum", timeout: 30) { try admin.metric(limit) <= 2 }
+    }
+
     /// 80 sheddable clients on a 300 ms path beside 4 critical ones: every
     /// critical request is served (the issue measured 50 % at `min_limit: 2`).
     @Test(arguments: minimums)
