@@ -92,7 +92,10 @@ extension Reader {
     func adaptiveConcurrency(_ node: Node, _ path: String) -> AdaptiveConcurrencySettings {
         let f = fields(node, path, known: ["min_limit", "max_limit", "initial_limit", "tolerance", "smoothing", "queue", "max_streams", "latency_floor"])
         var a = AdaptiveConcurrencySettings()
-        if let v = int(f["min_limit"]?.value, "\(path).min_limit", min: 1, max: 100_000) { a.limit.minLimit = v }
+        if let v = int(f["min_limit"]?.value, "\(path).min_limit", min: 1, max: 100_000) {
+            a.limit.minLimit = v
+            a.minLimitGiven = true
+        }
         if let v = int(f["max_limit"]?.value, "\(path).max_limit", min: 1, max: 100_000) { a.limit.maxLimit = v }
         if let v = int(f["initial_limit"]?.value, "\(path).initial_limit", min: 1, max: 100_000) {
             a.limit.initialLimit = v

@@ -193,6 +193,10 @@ public struct AdaptiveConcurrencySettings: Sendable, Equatable {
     /// `limits.read_ahead`) counted apart from the limit, for the whole
     /// upstream (nil: as many as `max_limit`). Past it a stream keeps its slot.
     public var maxStreams: Int?
+    /// `min_limit` was given. Without it each worker's share of the limit
+    /// never goes below 2 (`ConcurrencyLimiter.Configuration.defaultMinPerWorker`):
+    /// one slot for the top priority in use and one for the rest (issue 44).
+    public var minLimitGiven = false
 
     public init() {}
 }

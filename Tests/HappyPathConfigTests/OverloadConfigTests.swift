@@ -27,7 +27,7 @@ import Testing
         let c = try ConfigLoader.parse(Self.yaml(upstream: ", adaptive_concurrency: {}"), file: "f.yaml", environment: [:])
         let a = try #require(c.upstreams[0].adaptiveConcurrency)
         #expect(a.limit.minLimit == 2 && a.limit.maxLimit == 200 && a.limit.initialLimit == 20)
-        #expect(a.limit.latencyFloor == 0.005 && a.maxStreams == nil)
+        #expect(a.limit.latencyFloor == 0.005 && a.maxStreams == nil && !a.minLimitGiven)
         let low = try ConfigLoader.parse(
             Self.yaml(upstream: ", adaptive_concurrency: { max_limit: 8 }"), file: "f.yaml", environment: [:])
         #expect(low.upstreams[0].adaptiveConcurrency?.limit.initialLimit == 8)
@@ -45,7 +45,7 @@ import Testing
         let a = try #require(c.upstreams[0].adaptiveConcurrency)
         #expect(a.limit.minLimit == 4 && a.limit.maxLimit == 40 && a.limit.initialLimit == 10)
         #expect(a.limit.tolerance == 2 && a.limit.smoothing == 0.5)
-        #expect(a.limit.latencyFloor == 0.001 && a.maxStreams == 30)
+        #expect(a.limit.latencyFloor == 0.001 && a.maxStreams == 30 && a.minLimitGiven)
         #expect(a.queue.interval == .milliseconds(50) && a.queue.target == .milliseconds(2))
         #expect(c.routes[0].priority == .sheddable && c.routes[0].priorityHeader == "x-priority")
     }

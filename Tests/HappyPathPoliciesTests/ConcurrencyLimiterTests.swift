@@ -409,6 +409,24 @@ import Testing
         #expect(c.validate().isEmpty)
     }
 
+    /// Without `min_limit`, a worker's share never goes below 2 (the
+    /// reserve fits inside it); with it, the share of what was given.
+    @Test func aWorkersLeastShareOfAnAdaptiveLimit() {
+        var a = AdaptiveLimit.Configuration()
+        a.minLimit = 2
+        a.maxLimit = 100
+        let given = Limiter.Configuration(adaptive: a, queue: QueueShedding(), connections: 1000, workers: 4)
+        #expect(given.adaptive?.minLimit == 1)
+        let unset = Limiter.Configuration(
+            adaptive: a, queue: QueueShedding(), connections: 1000, workers: 4,
+            minPerWorker: Limiter.Configuration.defaultMinPerWorker)
+        #expect(unset.adaptive?.minLimit == 2)
+        // Never above the worker's share of max_limit.
+        a.maxLimit = 4
+        let small = Limiter.Configuration(adaptive: a, queue: QueueShedding(), connections: 1000, workers: 4, minPerWorker: 2)
+        #expect(small.adaptive?.minLimit == 1)
+    }
+
     @Test func validationMessages() {
         #expect(Limiter.Configuration(maxInFlight: 1, maxQueued: 0).validate().isEmpty)
         #expect(

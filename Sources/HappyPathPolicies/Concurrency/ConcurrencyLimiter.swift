@@ -68,20 +68,26 @@ public struct ConcurrencyLimiter<Waiter: AnyObject> {
         /// and the streams moved out of the limit the share of `maxStreams`.
         public init(
             adaptive: AdaptiveLimit.Configuration, queue: QueueShedding, connections: Int,
-            workers: Int, maxStreams: Int = 0
+            workers: Int, maxStreams: Int = 0, minPerWorker: Int? = nil
         ) {
             let workers = Swift.max(1, workers)
             func share(_ n: Int) -> Int { Swift.max(1, (n + workers - 1) / workers) }
             let cap = Swift.max(1, connections / workers)
             var a = adaptive
             a.maxLimit = Swift.min(share(adaptive.maxLimit), cap)
-            a.minLimit = Swift.min(share(adaptive.minLimit), a.maxLimit)
+            a.minLimit = Swift.min(minPerWorker ?? share(adaptive.minLimit), a.maxLimit)
             a.initialLimit = Swift.min(Swift.max(share(adaptive.initialLimit), a.minLimit), a.maxLimit)
             self.init(maxInFlight: a.maxLimit, maxQueued: a.maxLimit)
             self.adaptive = a
             self.queue = queue
             self.maxStreams = maxStreams > 0 ? share(maxStreams) : 0
         }
+
+        /// A worker's least share of an adaptive limit when `min_limit` is
+        /// not given: 2, so the reserve for the top priority in use fits
+        /// inside the limit (at 1 it takes a slot past it). Chosen from
+        /// measurement (docs/overload.md, "The default min_limit").
+        public static var defaultMinPerWorker: Int { 2 }
 
         /// The messages a configuration error would give, empty when valid.
         public func validate() -> [String] {

@@ -63,7 +63,8 @@ final class ProxyWorker: HTTPServerDelegate {
             guardian.adaptive.map {
                 .init(
                     adaptive: $0.limit, queue: $0.queue, connections: guardian.connections, workers: workers,
-                    maxStreams: $0.maxStreams ?? $0.limit.maxLimit)
+                    maxStreams: $0.maxStreams ?? $0.limit.maxLimit,
+                    minPerWorker: $0.minLimitGiven ? nil : ConcurrencyLimiter<Exchange>.Configuration.defaultMinPerWorker)
             } ?? .init(connections: guardian.connections, workers: workers)
         let lane = Lane(worker: self, guardian: guardian, slots: slots)
         lanes[ObjectIdentifier(guardian)] = lane
