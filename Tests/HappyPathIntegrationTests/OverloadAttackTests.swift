@@ -11,8 +11,8 @@ import Testing
 @Suite("overload attacks: the adaptive limit under slow paths, slow readers and floods", .serialized)
 struct OverloadAttackTests {
     /// `/c/` is critical, `/s/` sheddable, the rest normal; one try, 10 s.
-    static func harness(minLimit: String) throws -> ProxyHarness {
-        try ProxyHarness(
+    static func harness(minLimit: String) throws -> AttackStack {
+        try AttackStack(
             """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
@@ -64,7 +64,7 @@ struct OverloadAttackTests {
     /// slow answer leaves the limit for the upstream's streams, and the
     /// fast clients are served (the issue measured 0 of 8 answered in 10 s).
     @Test func slowReadersDoNotHoldTheSlots() throws {
-        let h = try ProxyHarness(
+        let h = try AttackStack(
             """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
@@ -105,7 +105,7 @@ struct OverloadAttackTests {
         }
         waitUntil("baselines for both kinds") { a.answered.load(ordering: .relaxed) >= 100 && b.answered.load(ordering: .relaxed) >= 40 }
         #expect(try admin.metric(limit) > 2)
-        #expect(try HTTP.request(port: h.demo.port, "/_demo/slower?factor=10&ms=60000").status == 200)
+        #expect(try HTTP.request(port: h.demoPort, "/_demo/slower?factor=10&ms=60000").status == 200)
         waitUntil("the limit at its minimum", timeout: 30) { try admin.metric(limit) <= 2 }
     }
 
@@ -153,5 +153,56 @@ final class SlowReaders: Sendable {
     func stop() {
         stopping.store(true, ordering: .relaxed)
         while running.load(ordering: .relaxed) > 0 { Thread.sleep(forTimeInterval: 0.01) }
+    }
+}
+
+/// `happypath demo-upstream` and `happypath serve` as processes, of the
+/// build without a sanitizer when a sanitizer pass names it
+/// (`HAPPYPATH_PLAIN_BINARY`, as `ServeProcess(plain:)` does); `yaml` may
+/// use `{{DEMO}}` for the demo upstream's URL. Two workers.
+final class AttackStack {
+    let demo: Process
+    let demoPort: Int
+    let proxy: ServeProcess
+    let port: Int
+    let adminPort: Int
+
+    init(_ yaml: String) throws {
+        let binary = ProcessInfo.processInfo.environment["HAPPYPATH_PLAIN_BINARY"] ?? happypathBinary
+        demo = Process()
+        demo.executableURL = URL(fileURLWithPath: binary)
+        demo.arguments = ["demo-upstream", "--listen", "127.0.0.1:0"]
+        let out = Pipe()
+        demo.standardOutput = out
+        demo.standardError = FileHandle.nullDevice
+        try demo.run()
+        // Its first line: "listening on http://127.0.0.1:PORT".
+        var text = ""
+        while !text.contains("\n") {
+            let data = out.fileHandleForReading.availableData
+            if data.isEmpty { break }
+            text += String(decoding: data, as: UTF8.self)
+        }
+        let first = text.split(separator: "\n").first.map(String.init) ?? ""
+        guard let demoPort = Int(first.split(separator: ":").last ?? ""), demoPort > 0 else {
+            demo.terminate()
+            throw TestError("the demo upstream said '\(first)'")
+        }
+        self.demoPort = demoPort
+        let config = yaml.replacingOccurrences(of: "{{DEMO}}", with: "http://127.0.0.1:\(demoPort)") + "\nworkers: 2\n"
+        proxy = try ServeProcess(config: config, logLevel: "info", plain: true)
+        guard let port = proxy.listeningPort(), let adminPort = proxy.adminPort() else {
+            demo.terminate()
+            throw TestError("the proxy did not start: \(proxy.errors)")
+        }
+        self.port = port
+        self.adminPort = adminPort
+    }
+
+    deinit {
+        proxy.process.terminate()
+        proxy.process.waitUntilExit()
+        demo.terminate()
+        demo.waitUntilExit()
     }
 }
