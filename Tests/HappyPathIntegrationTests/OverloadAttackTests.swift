@@ -109,6 +109,39 @@ struct OverloadAttackTests {
         waitUntil("the limit at its minimum", timeout: 30) { try admin.metric(limit) <= 2 }
     }
 
+    /// One client (127.0.0.1) keeps 6 requests going at a limit of 2, the
+    /// other 4 waiting; another (127.0.0.2) asks one at a time. A freed
+    /// slot goes to the waiting client that holds the fewest: each of the
+    /// second client's requests waits for one slot to free, not behind the
+    /// first client's queue (without the fair share, at least 4 of its
+    /// answers would come first). One worker, a queue that never sheds.
+    @Test func oneClientCannotKeepAnotherWaitingBehindItsQueue() throws {
+        let h = try ProxyHarness(
+            """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            upstreams:
+              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 2, initial_limit: 2, max_limit: 16, smoothing: 0.01, queue: { interval: 10s, target: 10s } } }
+            routes:
+              - { match: { path_prefix: / }, upstream: demo, retry: { attempts: 1 }, timeout: 10s }
+            """, workers: 1)
+        let admin = AdminProbe(port: h.adminPort)
+        let greedy = Crowd(port: h.port, clients: 6, target: "/slow?ms=200")
+        defer { greedy.stop() }
+        waitUntil("the greedy client's requests queued") {
+            try admin.metric("happypath_upstream_queued{upstream=\"demo\"}") >= 3
+        }
+        var overtaken: [Int] = []
+        for _ in 0..<5 {
+            let before = greedy.answered.load(ordering: .relaxed)
+            let answer = try HTTP.request(port: h.port, "GET", "/slow?ms=200", source: "127.0.0.2")
+            #expect(answer.status == 200)
+            overtaken.append(greedy.answered.load(ordering: .relaxed) - before)
+        }
+        // One slot to free (two at most, as its request and a greedy one cross).
+        #expect(overtaken.allSatisfy { $0 <= 3 }, "greedy answers before each of the other's: \(overtaken)")
+    }
+
     /// 80 sheddable clients on a 300 ms path beside 4 critical ones: every
     /// critical request is served (the issue measured 50 % at `min_limit: 2`).
     @Test(arguments: minimums)
