@@ -28,7 +28,7 @@ import Testing
         case streamEnded
     }
 
-    indirect enum Decision: Equatable {
+    enum Decision: Equatable {
         case granted, queued, overloaded
         case hedge(Bool)
         case freed
@@ -37,8 +37,11 @@ import Testing
         case clock
         /// The slots a grown limit opened went to these waiters.
         case started([Int])
-        /// `moveToStreams`: nil, else what the freed slot did.
-        case streamed(Decision?)
+        /// `moveToStreams`: the freed slot went to this waiter, was freed,
+        /// or the answer kept its slot (no room among the streams).
+        case streamedHandingOver(to: Int)
+        case streamedFreeing
+        case notStreamed
     }
 
     struct Step {
@@ -244,11 +247,11 @@ import Testing
                 Step(.acquire(1), .granted, inFlight: 1, queued: 0),
                 Step(.acquire(2), .granted, inFlight: 2, queued: 0),
                 Step(.acquire(3), .queued, inFlight: 2, queued: 1),
-                Step(.stream, .streamed(.handedOver(to: 3)), inFlight: 2, queued: 0),
-                Step(.stream, .streamed(.freed), inFlight: 1, queued: 0),
-                Step(.stream, .streamed(nil), inFlight: 1, queued: 0),  // max_streams 2: it keeps its slot
+                Step(.stream, .streamedHandingOver(to: 3), inFlight: 2, queued: 0),
+                Step(.stream, .streamedFreeing, inFlight: 1, queued: 0),
+                Step(.stream, .notStreamed, inFlight: 1, queued: 0),  // max_streams 2: it keeps its slot
                 Step(.streamEnded, .clock, inFlight: 1, queued: 0),
-                Step(.stream, .streamed(.freed), inFlight: 0, queued: 0),
+                Step(.stream, .streamedFreeing, inFlight: 0, queued: 0),
             ]),
         Scenario(
             "a standing queue: late sheddable requests go, critical ones are served first and never shed while others wait",
@@ -357,10 +360,14 @@ import Testing
             case .stream:
                 let holder = holding.removeFirst()
                 if let r = limiter.moveToStreams(holder, at: now) {
-                    decision = .streamed(released(r))
+                    if case let .handedOver(to: id) = released(r) {
+                        decision = .streamedHandingOver(to: id)
+                    } else {
+                        decision = .streamedFreeing
+                    }
                 } else {
                     holding.insert(holder, at: 0)
-                    decision = .streamed(nil)
+                    decision = .notStreamed
                 }
             case .streamEnded:
                 limiter.streamEnded()
