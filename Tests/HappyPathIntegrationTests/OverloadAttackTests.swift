@@ -27,6 +27,11 @@ struct OverloadAttackTests {
 
     static let minimums = ["min_limit: 2, ", ""]
 
+    /// The attacks run plain processes (`AttackStack`): the thread
+    /// sanitizer's pass would only run them again; the address
+    /// sanitizer's pass (and a plain `swift test`) runs them.
+    static let plainOnce = ProcessInfo.processInfo.environment["TSAN_OPTIONS"] != nil
+
     /// A kind of request is its route and path, the query left out and
     /// each segment with a digit one wildcard (`/reports/17` is
     /// `/reports/*`: a kind per identifier would never have a baseline).
@@ -43,7 +48,7 @@ struct OverloadAttackTests {
 
     /// 16 clients on a 2 s path, 8 on a fast one of the same route: the
     /// fast clients are served (the issue measured 0–7 %).
-    @Test(arguments: minimums)
+    @Test(.disabled(if: plainOnce, "run by the address sanitizer's pass"), arguments: minimums)
     func aSlowPathDoesNotDenyTheFastOne(minLimit: String) throws {
         let h = try Self.harness(minLimit: minLimit)
         let slow = Crowd(port: h.port, clients: 16, target: "/slow?ms=2000")
@@ -63,7 +68,8 @@ struct OverloadAttackTests {
     /// would hold) and a read-ahead of 256 KiB: past the read-ahead each
     /// slow answer leaves the limit for the upstream's streams, and the
     /// fast clients are served (the issue measured 0 of 8 answered in 10 s).
-    @Test func slowReadersDoNotHoldTheSlots() throws {
+    @Test(.disabled(if: plainOnce, "run by the address sanitizer's pass"))
+    func slowReadersDoNotHoldTheSlots() throws {
         let h = try AttackStack(
             """
             listen: 127.0.0.1:0
@@ -93,7 +99,8 @@ struct OverloadAttackTests {
     /// The whole upstream ten times slower (every path of it): each kind's
     /// tries are slower than its own baseline, and the limit still falls,
     /// from 20 to its minimum.
-    @Test func theWholeUpstreamSlowingDownStillLowersTheLimit() throws {
+    @Test(.disabled(if: plainOnce, "run by the address sanitizer's pass"))
+    func theWholeUpstreamSlowingDownStillLowersTheLimit() throws {
         let h = try Self.harness(minLimit: "min_limit: 2, ")
         let admin = AdminProbe(port: h.adminPort)
         let limit = "happypath_upstream_concurrency_limit{upstream=\"demo\"}"
@@ -144,13 +151,13 @@ struct OverloadAttackTests {
 
     /// 80 sheddable clients on a 300 ms path beside 4 critical ones: every
     /// critical request is served (the issue measured 50 % at `min_limit: 2`).
-    @Test(arguments: minimums)
+    @Test(.disabled(if: plainOnce, "run by the address sanitizer's pass"), arguments: minimums)
     func aSheddableFloodLeavesCriticalTrafficAWayIn(minLimit: String) throws {
         let h = try Self.harness(minLimit: minLimit)
         let flood = Crowd(port: h.port, clients: 80, target: "/s/slow?ms=300")
         let critical = Crowd(port: h.port, clients: 4, target: "/c/slow?ms=300")
-        waitUntil("200 critical requests and 800 sheddable ones", timeout: 40) {
-            critical.total >= 200 && flood.total >= 800
+        waitUntil("100 critical requests and 400 sheddable ones", timeout: 40) {
+            critical.total >= 100 && flood.total >= 400
         }
         critical.stop()
         flood.stop()
