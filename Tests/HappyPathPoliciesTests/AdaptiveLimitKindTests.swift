@@ -12,11 +12,7 @@ import Testing
     static let slow: UInt64 = 2
 
     static func limit(initial: Int = 20, min: Int = 2, max: Int = 100) -> AdaptiveLimit {
-        var c = AdaptiveLimit.Configuration()
-        c.initialLimit = initial
-        c.minLimit = min
-        c.maxLimit = max
-        return AdaptiveLimit(c)
+        AdaptiveLimitTests.limit(initial: initial, min: min, max: max)
     }
 
     /// The first attack, as samples: a path that takes 2 s beside

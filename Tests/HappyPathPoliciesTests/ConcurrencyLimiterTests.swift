@@ -211,7 +211,7 @@ import Testing
             [
                 Step(.acquire(1, .sheddable), .granted, inFlight: 1, queued: 0),
                 Step(.acquire(2, .critical), .granted, inFlight: 2, queued: 0),  // one more than the lower ones hold
-                Step(.acquire(3, .critical), .queued, inFlight: 2, queued: 0 + 1),
+                Step(.acquire(3, .critical), .queued, inFlight: 2, queued: 1),
                 Step(.release, .freed, inFlight: 1, queued: 1),  // 1 ends: 2 holds the limit
             ]),
         Scenario(
