@@ -24,6 +24,7 @@ import Testing
         case ended(trailers: Bool = false)
         case endSent
         case clientReset
+        case malformed
         case aborted
         case closed
         case timer
@@ -70,6 +71,7 @@ import Testing
             case let .ended(trailers): return .actions(machine.responseEnded(trailers: trailers, now: t))
             case .endSent: return .actions(machine.endStreamSent(now: t))
             case .clientReset: return .actions(machine.clientReset(now: t))
+            case .malformed: return .actions(machine.malformed(now: t))
             case .aborted: return .actions(machine.aborted(now: t))
             case .closed: return .actions(machine.closed(now: t))
             case .timer: return .actions(machine.timerFired(now: t))
@@ -280,6 +282,28 @@ import Testing
                 Step(.body(100), .none),
                 Step(.answer(429, length: 0), outcome: .head(Head(endStream: true, contentLength: 0), .none), .ended),
                 Step(.endSent, A(reset: .noError), .closed(.answeredEarly)),
+            ]),
+        Scenario(
+            name: "malformed trailers on a stored body: never ready, reset PROTOCOL_ERROR, nobody to tell",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true), .body),
+                Step(.body(5), A(consume: 5), .body),
+                Step(.malformed, A(timer: .cancel, reset: .protocolError), .closed(.malformed)),
+                Step(.body(0, end: true), .none),
+                Step(.dispatched, outcome: .dispatch(nil)),
+            ]),
+        Scenario(
+            name: "malformed trailers on a streamed body: the exchange is told, the stream reset PROTOCOL_ERROR",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true)),
+                Step(.hold, cancel),
+                Step(.stream, A(ready: .request), .ready),
+                Step(.dispatched, outcome: .dispatch(.request)),
+                Step(.body(5), A(pass: 5)),
+                Step(.malformed, A(reset: .protocolError, cancelExchange: true), .closed(.malformed)),
+                Step(.malformed, .none),
             ]),
         Scenario(
             name: "a client reset before dispatch: the exchange never hears of the request",
@@ -563,7 +587,7 @@ extension TableStep where Outcome == HTTP2StreamStateMachineTests.Outcome {
             case 8: a = m.dataSent(Int.random(in: -1...600, using: &g), now: t)
             case 9: a = m.responseEnded(trailers: Bool.random(using: &g), now: t)
             case 10: a = m.endStreamSent(now: t)
-            case 11: a = m.clientReset(now: t)
+            case 11: a = Bool.random(using: &g) ? m.clientReset(now: t) : m.malformed(now: t)
             case 12: a = m.closed(now: t)
             case 13:
                 if armed {

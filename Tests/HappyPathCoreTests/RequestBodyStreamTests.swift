@@ -10,8 +10,8 @@ import Testing
         var available = 0
     }
 
-    static func make(ahead: Int = 8, budget: BodyBudget? = nil) -> (RequestBodyStream, Calls) {
-        let body = RequestBodyStream(declaredLength: nil, ahead: ahead, budget: budget)
+    static func make(ahead: Int = 8, budget: BodyBudget? = nil, declaredLength: Int? = nil) -> (RequestBodyStream, Calls) {
+        let body = RequestBodyStream(declaredLength: declaredLength, ahead: ahead, budget: budget)
         let calls = Calls()
         body.onRoom = { calls.room += 1 }
         body.onAvailable = { calls.available += 1 }
@@ -61,6 +61,38 @@ import Testing
         #expect(failCalls.available == 1)
         #expect(Self.read(failing, max: 4).0 == .failed)
         #expect(!failing.replayable)
+    }
+
+    /// An upstream that has read the declared length has a whole request:
+    /// the last byte waits for the client's END_STREAM, so a body that
+    /// turns out malformed fails while the upstream still misses it.
+    @Test func theLastByteOfADeclaredLengthWaitsForTheEnd() {
+        let (body, calls) = Self.make(declaredLength: 4)
+        Self.append(body, [1, 2])
+        #expect(Self.read(body, max: 8) == (.bytes(2), [1, 2]))
+        Self.append(body, [3, 4])
+        #expect(calls.available == 0)
+        #expect(Self.read(body, max: 8) == (.bytes(1), [3]))
+        #expect(Self.read(body, max: 8).0 == .wait)
+        body.finish()
+        #expect(calls.available == 1)
+        #expect(Self.read(body, max: 8) == (.bytes(1), [4]))
+        #expect(Self.read(body, max: 8).0 == .end)
+
+        // The length complete, then a failure (a DATA frame past it, a bad
+        // trailer): the reader never gets the last byte.
+        let (cut, cutCalls) = Self.make(declaredLength: 3)
+        Self.append(cut, [7, 8, 9])
+        #expect(Self.read(cut, max: 8) == (.bytes(2), [7, 8]))
+        #expect(Self.read(cut, max: 8).0 == .wait)
+        cut.fail(.clientGone)
+        #expect(cutCalls.available == 1)
+        #expect(Self.read(cut, max: 8).0 == .failed)
+
+        // Without a declared length every byte is readable at once.
+        let (open, _) = Self.make()
+        Self.append(open, [5, 6])
+        #expect(Self.read(open, max: 8) == (.bytes(2), [5, 6]))
     }
 
     @Test func theProducerMayRunOnlyAheadBytesBeyondTheReader() {

@@ -144,6 +144,29 @@ public struct HTTP2RequestHeadReader: Sendable {
         return reader.finish()
     }
 
+    /// A request trailer field that does not make the request malformed:
+    /// a field name as a head's (lower-case token), a value as a head's
+    /// (no NUL, CR, LF or other control byte, no whitespace at either end),
+    /// no pseudo-header (RFC 9113 section 8.1), no connection-specific field
+    /// (section 8.2.2) and no field that frames or routes the message
+    /// (`content-length`, `transfer-encoding`, `host`: RFC 9110 section 6.5.1).
+    public static func isAllowedTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
+        guard !name.isEmpty, name[0] != UInt8(ascii: ":") else { return false }
+        for b in name where (b >= 0x41 && b <= 0x5A) || !HTTPBytes.isToken(b) { return false }
+        for b in value where !HTTPBytes.isFieldValue(b) { return false }
+        if let first = value.first, let last = value.last, isWhitespace(first) || isWhitespace(last) { return false }
+        switch name.count {
+        case 2: return !HTTPBytes.equals(name, "te")
+        case 4: return !HTTPBytes.equals(name, "host")
+        case 7: return !HTTPBytes.equals(name, "upgrade")
+        case 10: return !HTTPBytes.equals(name, "connection") && !HTTPBytes.equals(name, "keep-alive")
+        case 14: return !HTTPBytes.equals(name, "content-length")
+        case 16: return !HTTPBytes.equals(name, "proxy-connection")
+        case 17: return !HTTPBytes.equals(name, "transfer-encoding")
+        default: return true
+        }
+    }
+
     // MARK: - One field
 
     private mutating func refuse(_ reason: HTTP2RequestRefusal) {

@@ -72,6 +72,9 @@ public struct HTTP2StreamStateMachine: Sendable {
         case answeredEarly = "answered_early"
         /// The exchange broke its answer off (an upstream body cut short: we reset INTERNAL_ERROR).
         case aborted
+        /// The request turned out malformed after its head (its trailers:
+        /// we reset PROTOCOL_ERROR, RFC 9113 section 8.1.1).
+        case malformed
         /// The session closed it otherwise (the connection ended).
         case lost
     }
@@ -409,6 +412,15 @@ public struct HTTP2StreamStateMachine: Sendable {
         guard !isClosed else { return .none }
         cancelTold = true
         return close(.aborted, reset: .internalError, now: now)
+    }
+
+    /// The request's trailers are malformed: the request is never served
+    /// (a request not handed over yet never will be; one streaming is
+    /// told, and its body fails before its end), the stream is reset
+    /// PROTOCOL_ERROR, and an answer begun is cut.
+    public mutating func malformed(now: Instant) -> Actions {
+        guard !isClosed else { return .none }
+        return close(.malformed, reset: .protocolError, now: now)
     }
 
     /// The client reset the stream (RST_STREAM received).

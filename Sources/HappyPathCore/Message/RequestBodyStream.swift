@@ -26,6 +26,12 @@
 ///   not kept at all (`keeps: false`): only what its reader has not taken
 ///   is held, and it stays replayable only until its first byte is read
 ///   (a try refused at connect, then parked, still sends it whole).
+/// - **Nothing complete before it is known whole.** With a declared length,
+///   the last byte is held from the reader until the client's END_STREAM
+///   confirms the length (`finish`): an upstream that reads the declared
+///   length has a complete request, so a body that turns out malformed
+///   (a DATA frame past the length, a bad trailer) must fail while the
+///   upstream still misses a byte, and it sees a cut request, not one.
 /// - **Waiting.** A read with nothing new returns `.wait`; the reader is
 ///   called back once (`onAvailable`) when bytes, the end or a failure
 ///   arrive. The callbacks run on the loop, from the producer's or the
@@ -40,6 +46,8 @@ public final class RequestBodyStream {
         case tooLarge
         /// The client reset its stream or left.
         case clientGone
+        /// The request turned out malformed (a bad trailer): it is not sent.
+        case malformed
     }
 
     public enum ReadResult: Sendable, Equatable {
@@ -185,7 +193,7 @@ public final class RequestBodyStream {
     /// Copies up to `max` bytes from the reader's position into `into`.
     public func read(into: UnsafeMutableRawPointer, max: Int) -> ReadResult {
         if failure != nil || readOffset < dropped { return .failed }
-        let available = received - readOffset
+        let available = readable - readOffset
         guard available > 0 else {
             if ended { return .end }
             readerWaiting = true
@@ -198,6 +206,13 @@ public final class RequestBodyStream {
         if !keepsAll { letGoOfRead() }
         onRoom?()
         return .bytes(n)
+    }
+
+    /// How far the reader may read: every byte received, but the last one
+    /// of a declared length only once the body ended.
+    private var readable: Int {
+        guard !ended, let declaredLength, received >= declaredLength else { return received }
+        return max(0, declaredLength - 1)
     }
 
     /// A new try reads from the first byte: false if those bytes are gone.

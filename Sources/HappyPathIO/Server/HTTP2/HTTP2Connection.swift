@@ -277,7 +277,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
                 perform(machine.streamClosed(id, now: t))
             case let .goawayReceived(code, _):
                 server.delegate?.http2GoawayReceived(code: HTTP2ErrorCode(rawValue: code) ?? .internalError)
-            case .data, .requestEnded, .bodyTooLarge:
+            case .data, .requestEnded, .bodyTooLarge, .malformed:
                 if let id = event.streamID { streams[id]?.handle(event) }
             }
             if ended { return }
@@ -295,15 +295,24 @@ final class HTTP2Connection: HTTP2StreamOwner {
         request.screened = true
         if delegate.holdsBody(request) {
             delegate.bodyHeld(request)
-        } else if !session.requestEnded(stream.id), delegate.streamsBody(request) {
+        } else if !session.requestEnded(stream.id), !lengthSatisfied(stream), delegate.streamsBody(request) {
             // Only a body still to come streams: the session has read this
             // read's frames already, so a request without a body (END_STREAM
             // on its HEADERS), or one whose body came whole with its head,
-            // is served as before, with its body read whole.
+            // is served as before, with its body read whole. So is one whose
+            // `content-length` is met already (0, or every byte came): it
+            // is complete only at END_STREAM, and a DATA frame or a bad
+            // trailer before that makes it malformed, never sent.
             stream.streamBody(for: request)
         } else {
             stream.resumeReading(for: request)
         }
+    }
+
+    /// The stream's `content-length` is met by what has arrived.
+    private func lengthSatisfied(_ stream: HTTP2Stream) -> Bool {
+        guard let length = stream.head?.contentLength else { return false }
+        return session.bufferedBody(of: stream.id) >= length
     }
 
     func http2StreamReady(_ stream: HTTP2Stream) {

@@ -121,7 +121,12 @@ extension HTTP2Session {
         else { return 0 }
         if stream.headComplete {
             // Request trailers: counted against the same limits, not kept
-            // (an HTTP/1.1 upstream gets no request trailers).
+            // (an HTTP/1.1 upstream gets no request trailers), but checked
+            // as a head's fields are: one that is malformed makes the
+            // request malformed (`malformed`, at the frame's end).
+            if invalid || !HTTP2RequestHeadReader.isAllowedTrailer(name: name, value: value) {
+                stream.malformedTrailer = true
+            }
             let size = name.count.addingReportingOverflow(value.count).partialValue
                 .addingReportingOverflow(HTTP2RequestHeadReader.fieldOverhead)
             let (sum, over) = stream.trailerBytes.addingReportingOverflow(size.partialValue)
@@ -152,6 +157,13 @@ extension HTTP2Session {
                 }
                 stream.reader = HTTP2RequestHeadReader(limits: settings.request)  // its storage is not needed any more
                 current.events.append(.headComplete(hd.stream_id))
+            }
+            if stream.malformedTrailer {
+                // Never an end: a request that could be read two ways is not served.
+                guard !stream.malformedReported else { return }
+                stream.malformedReported = true
+                current.events.append(.malformed(hd.stream_id))
+                return
             }
             if endStream { requestEnded(stream) }
         case NGHTTP2_DATA.rawValue:

@@ -62,6 +62,10 @@ public enum HTTP2SessionEvent: Sendable, Equatable {
     /// The request body passed `request.maxBodyBytes`: what came after was
     /// dropped (the driver answers 413 and resets).
     case bodyTooLarge(Int32)
+    /// The request's trailers are malformed (RFC 9113 section 8.1.1): the
+    /// request is, and is never served; the driver resets the stream
+    /// PROTOCOL_ERROR. No `requestEnded` follows.
+    case malformed(Int32)
     /// The client sent RST_STREAM.
     case resetByPeer(Int32, code: UInt32)
     /// The stream is closed (by either side, or by nghttp2 for a protocol
@@ -151,6 +155,10 @@ public final class HTTP2Session {
         var sawInvalidField = false
         /// Request trailers' bytes (counted, never kept).
         var trailerBytes = 0
+        /// A trailer field is malformed (a pseudo-header, a framing or
+        /// connection-specific field, a byte not allowed): the request is.
+        var malformedTrailer = false
+        var malformedReported = false
         var body: [UInt8] = []
         var bodyTotal = 0
         var bodyTooLarge = false

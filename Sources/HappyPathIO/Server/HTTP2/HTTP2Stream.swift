@@ -173,6 +173,10 @@ public final class HTTP2Stream: ClientStream {
             body = []
             bodyStream?.fail(.tooLarge)
             perform(machine.refused(now: t))
+        case .malformed:
+            // A streamed body fails while the upstream still misses its end.
+            bodyStream?.fail(.malformed)
+            perform(machine.malformed(now: t))
         case .resetByPeer:
             bodyStream?.fail(.clientGone)
             perform(machine.clientReset(now: t))
@@ -578,7 +582,7 @@ extension HTTP2SessionEvent {
     /// The stream the event is about (nil: the connection's).
     public var streamID: Int32? {
         switch self {
-        case let .opened(id), let .headComplete(id), let .requestEnded(id), let .bodyTooLarge(id): id
+        case let .opened(id), let .headComplete(id), let .requestEnded(id), let .bodyTooLarge(id), let .malformed(id): id
         case let .data(id, _), let .resetByPeer(id, _), let .closed(id, _), let .resetSent(id, _): id
         case .goawayReceived: nil
         }
