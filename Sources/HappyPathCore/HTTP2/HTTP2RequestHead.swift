@@ -87,6 +87,11 @@ public struct HTTP2RequestHeadReader: Sendable {
     public private(set) var size = 0
     /// The first reason to refuse the request, once there is one.
     public private(set) var refusal: HTTP2RequestRefusal?
+    /// The first `content-type` field is gRPC's (`GRPCCall.isContentType`),
+    /// read whether or not the head is refused: a gRPC call refused at the
+    /// edge is answered with a gRPC status, not problem+json.
+    public private(set) var isGRPC = false
+    private var sawContentType = false
 
     private var storage: [UInt8] = []
     private var fields: [HTTP2Field] = []
@@ -114,6 +119,10 @@ public struct HTTP2RequestHeadReader: Sendable {
             refuse(.http1(.headTooLarge))
             let (hard, overflow) = limits.maxHeadBytes.multipliedReportingOverflow(by: Self.hardLimitFactor)
             if !overflow, size > hard { return .resetStream }
+        }
+        if !sawContentType, name.count == 12, HTTPBytes.equals(name, "content-type") {
+            sawContentType = true
+            isGRPC = GRPCCall.isContentType(value)
         }
         guard refusal == nil else { return .proceed }
         if let problem = check(name: name, value: value) { refuse(problem) }

@@ -108,10 +108,14 @@ public protocol ClientStream: AnyObject {
     /// disk instead of waiting in the upstream transfer. Not for answers
     /// that must keep the client's pace (event streams, gRPC calls).
     func permitReadAhead(for request: HTTPRequest)
+    /// The request's head was refused at the edge (its fields are not
+    /// kept) and was a gRPC call's: its refusal is a gRPC status.
+    func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool
 }
 
 extension ClientStream {
     public func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream? { nil }
+    public func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool { false }
     public func permitReadAhead(for request: HTTPRequest) {}
 }
 

@@ -109,6 +109,9 @@ public final class HTTPRequest {
     /// The protocol the request came in: `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
     public var protocolName: StaticString { stream.protocolName(of: self) }
 
+    /// A gRPC call whose head the edge refused (`ClientStream.isRefusedGRPCCall`).
+    public var isRefusedGRPCCall: Bool { stream.isRefusedGRPCCall(self) }
+
     /// The whole request body (read before `serve`), handed over once.
     public func takeBody() -> RequestBody { stream.takeBody(of: self) }
     /// The body as it streams (nil: `takeBody` has it whole); see `ClientStream.takeBodyStream`.

@@ -31,6 +31,9 @@ protocol ExchangeClient: AnyObject {
     func endReply()
     func abort()
     func reply(status: Int, headers: [HTTPField], body: String?)
+    /// A gRPC call whose head the edge refused: its fields are not kept,
+    /// its content type was gRPC's.
+    var isRefusedGRPCCall: Bool { get }
 }
 
 extension HTTPRequest: ExchangeClient {}
@@ -40,7 +43,7 @@ extension ExchangeClient {
     /// (`application/grpc`, `application/grpc+…`). gRPC runs over HTTP/2
     /// only, so a request over HTTP/1.x is never one and pays only the
     /// protocol's name; an HTTP/2 request pays one look at its fields.
-    var isGRPCCall: Bool { grpcCall(protocolName: protocolName) != nil }
+    var isGRPCCall: Bool { isRefusedGRPCCall || grpcCall(protocolName: protocolName) != nil }
 
     /// The same, with what the exchange needs of the call's head, for a
     /// caller that has read the protocol's name already. Nil: not a call.
@@ -101,4 +104,5 @@ final class DeliverySink: ExchangeClient {
     func endReply() {}
     func abort() {}
     func reply(status: Int, headers: [HTTPField], body: String?) {}
+    var isRefusedGRPCCall: Bool { false }
 }

@@ -155,6 +155,7 @@ extension HTTP2Session {
                 case .success: stream.refusal = .http1(.badFieldValue)
                 case let .failure(refusal): stream.refusal = refusal
                 }
+                if stream.refusal != nil { stream.refusedGRPC = stream.reader.isGRPC }
                 stream.reader = HTTP2RequestHeadReader(limits: settings.request)  // its storage is not needed any more
                 current.events.append(.headComplete(hd.stream_id))
             }

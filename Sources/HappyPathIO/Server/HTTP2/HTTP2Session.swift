@@ -151,6 +151,8 @@ public final class HTTP2Session {
         var headComplete = false
         var head: HTTP2RequestHead?
         var refusal: HTTP2RequestRefusal?
+        /// The refused head's content type was gRPC's.
+        var refusedGRPC = false
         /// nghttp2 called `on_invalid_header` for a field the reader let through.
         var sawInvalidField = false
         /// Request trailers' bytes (counted, never kept).
@@ -319,6 +321,8 @@ public final class HTTP2Session {
     public func head(of id: Int32) -> HTTP2RequestHead? { streams[id]?.head }
     /// Why the stream's head was refused, once complete and refused.
     public func refusal(of id: Int32) -> HTTP2RequestRefusal? { streams[id]?.refusal }
+    /// The refused head of the stream carried gRPC's content type.
+    public func refusedGRPC(_ id: Int32) -> Bool { streams[id]?.refusedGRPC ?? false }
     /// Whether the client ended its request (END_STREAM seen).
     public func requestEnded(_ id: Int32) -> Bool { streams[id]?.requestEnded ?? false }
     /// Whether the session still holds the stream.

@@ -62,6 +62,8 @@ public final class HTTP2Stream: ClientStream {
     public private(set) var head: HTTP2RequestHead?
     /// Why the edge refuses the request (its head), once known.
     public private(set) var refusal: HTTP2RequestRefusal?
+    /// The refused head was a gRPC call's (its `content-type`).
+    public private(set) var refusedGRPC = false
     /// The request body passed the limit (the session dropped the rest).
     public private(set) var bodyTooLarge = false
     /// What the connection's dispatch turn will hand over (the machine said ready).
@@ -162,6 +164,7 @@ public final class HTTP2Stream: ClientStream {
                 perform(machine.headComplete(isHead: h.isHead, endStream: false, now: t))
             } else {
                 refusal = session.refusal(of: id)
+                refusedGRPC = session.refusedGRPC(id)
                 perform(machine.refused(now: t))
             }
         case let .data(_, count):
@@ -408,6 +411,8 @@ public final class HTTP2Stream: ClientStream {
     public func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream? {
         current === request ? bodyStream : nil
     }
+
+    public func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool { current === request && head == nil && refusedGRPC }
 
     /// Moves the body bytes the session holds into the streamed body while
     /// it has room (taking them gives the client that much window back), and
