@@ -149,6 +149,7 @@ extension Reader {
         } else {
             error(root, "missing 'routes': add at least one route such as '- match: { path_prefix: / }'")
         }
+        Self.defaultGRPCHealthChecks(&config)
         for (i, r) in config.routes.enumerated() where r.match.pathPrefix.hasPrefix(config.storage.statusPath + "/") {
             error(
                 f["routes"]?.value,

@@ -20,6 +20,41 @@ extension ConfigLoader {
     }
 }
 
+extension Reader {
+    /// An upstream serving gRPC routes whose health check names neither a
+    /// `path` nor `grpc` (its own or `defaults'`) is checked with gRPC's
+    /// health service: a gRPC server has no `/healthz`, and resets the
+    /// stream of a `GET` (docs/reachability.md).
+    static func defaultGRPCHealthChecks(_ config: inout Configuration) {
+        for i in config.upstreams.indices {
+            let name = config.upstreams[i].name
+            guard config.routes.contains(where: { $0.grpc != nil && $0.upstream == name }) else { continue }
+            let merged = config.upstreams[i].policies.healthCheck.merged(over: config.defaults.healthCheck)
+            guard !merged.isSet(\.grpc), !merged.isSet(\.path) else { continue }
+            config.upstreams[i].policies.healthCheck.set(\.grpc, HealthCheckConfiguration.GRPC())
+            config.upstreams[i].grpcHealthCheckByDefault = true
+        }
+    }
+}
+
+extension ConfigLoader {
+    /// What `happypath check` prints for each upstream: which active health
+    /// check it gets, and what counts as alive.
+    public static func healthCheckSummary(_ config: Configuration) -> [String] {
+        config.upstreams.map { u in
+            let check = config.resolvedPolicies(forUpstream: u).healthCheck
+            let every = "every \(check.interval.configText), timeout \(check.timeout.configText)"
+            if let grpc = check.grpc {
+                let why = u.grpcHealthCheckByDefault ? " (the default for an upstream serving gRPC routes)" : ""
+                return "upstreams.\(u.name): gRPC health check grpc.health.v1.Health/Check, service \"\(grpc.service)\", \(every)\(why);"
+                    + " up unless NOT_SERVING, UNAVAILABLE, a 5xx, a timeout or no connection (UNIMPLEMENTED counts as alive)"
+            }
+            return "upstreams.\(u.name): health check GET \(check.path) \(every);"
+                + " up on any answer below 500 or a stream reset, down on a 5xx, a timeout or no connection"
+        }
+    }
+}
+
 /// `upstreams.NAME`: endpoints, connections, credentials, pacing and TLS.
 extension Reader {
     func upstream(name: String, _ node: Node) -> Upstream? {

@@ -176,6 +176,9 @@ public struct Upstream: Sendable, Equatable {
     public var `protocol`: UpstreamProtocol = .http1
     /// `adaptive_concurrency:` (nil: the limit of tries in flight is `max_connections`).
     public var adaptiveConcurrency: AdaptiveConcurrencySettings?
+    /// Its health check is gRPC's because it serves gRPC routes and its
+    /// `health_check` names neither `path` nor `grpc` (`happypath check` says so).
+    public var grpcHealthCheckByDefault = false
 }
 
 /// `upstreams.NAME.adaptive_concurrency` (docs/overload.md): the limit of

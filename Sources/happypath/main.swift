@@ -191,6 +191,7 @@ struct Check: ParsableCommand {
         print(
             "\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.routes.count) route(s), listen \(configuration.listen))"
         )
+        for line in ConfigLoader.healthCheckSummary(configuration) { print("  " + line) }
     }
 }
 

@@ -4,7 +4,8 @@ import Testing
 
 /// `health_check.grpc`: the `grpc.health.v1.Health/Check` request the proxy
 /// sends, and how it reads the answer — up only for HTTP 200, grpc-status 0
-/// and a `HealthCheckResponse` saying SERVING; anything else is down, with a reason.
+/// and a `HealthCheckResponse` saying SERVING; a server that answers
+/// otherwise is alive (reachable), unless it says it cannot serve.
 @Suite struct GRPCHealthCheckTests {
     @Test(
         arguments: [
@@ -62,20 +63,41 @@ import Testing
         #expect(arrival.verdict == .serving)
     }
 
+    /// Down: only what says the server cannot serve (a 5xx, UNAVAILABLE, NOT_SERVING), or no answer.
     @Test(
         arguments: [
             (Arrival(status: 503, note: "HTTP 503"), "HTTP status 503"),
+            (Arrival(status: 500, note: "HTTP 500"), "HTTP status 500"),
+            (Arrival(trailers: [("grpc-status", "14")], note: "UNAVAILABLE"), "grpc-status 14 (UNAVAILABLE)"),
+            (
+                Arrival(head: [("grpc-status", "14")], body: [], trailers: [], note: "Trailers-Only UNAVAILABLE"),
+                "grpc-status 14 (UNAVAILABLE)"
+            ),
+            (Arrival(body: [GRPCFrame.encode([0x08, 0x02])], note: "NOT_SERVING"), "status NOT_SERVING"),
+        ] as [(Arrival, String)])
+    func downAnswersSayWhy(arrival: Arrival, reason: String) {
+        #expect(arrival.verdict == .down(reason))
+        #expect(!arrival.verdict.isUp)
+    }
+
+    /// A server that answers at all is reachable: any other answer is
+    /// alive, with what it said (a server without the health service
+    /// answers UNIMPLEMENTED; a malformed answer still came from a server).
+    @Test(
+        arguments: [
             (Arrival(status: 204, note: "HTTP 204"), "HTTP status 204"),
+            (Arrival(status: 404, note: "HTTP 404"), "HTTP status 404"),
             (Arrival(trailers: [], note: "no grpc-status"), "no grpc-status"),
             (Arrival(trailers: [("grpc-status", "12")], note: "UNIMPLEMENTED"), "grpc-status 12"),
+            (Arrival(head: [("grpc-status", "12")], body: [], trailers: [], note: "Trailers-Only UNIMPLEMENTED"), "grpc-status 12"),
             (Arrival(trailers: [("grpc-status", "00")], note: "not exactly 0"), "grpc-status 00"),
+            (Arrival(trailers: [("grpc-status", "140")], note: "not exactly 14"), "grpc-status 140"),
             (
                 Arrival(trailers: [("grpc-status", String(repeating: "9", count: 100))], note: "a long status"),
                 "grpc-status (too long)"
             ),
             (Arrival(head: [("grpc-status", "5")], body: [], trailers: [], note: "Trailers-Only NOT_FOUND"), "grpc-status 5"),
             (Arrival(head: [("grpc-status", "0")], body: [], trailers: [], note: "Trailers-Only OK, no message"), "no message"),
-            (Arrival(body: [GRPCFrame.encode([0x08, 0x02])], note: "NOT_SERVING"), "status NOT_SERVING"),
             (Arrival(body: [GRPCFrame.encode([0x08, 0x03])], note: "SERVICE_UNKNOWN"), "status SERVICE_UNKNOWN"),
             (Arrival(body: [GRPCFrame.encode([])], note: "an empty message is UNKNOWN"), "status UNKNOWN"),
             (
@@ -105,12 +127,13 @@ import Testing
             ),
             (Arrival(body: [GRPCFrame.encode([0x0B])], note: "a group"), "a malformed HealthCheckResponse"),
         ] as [(Arrival, String)])
-    func downAnswersSayWhy(arrival: Arrival, reason: String) {
-        #expect(arrival.verdict == .down(reason))
+    func otherAnswersAreAliveAndSayWhat(arrival: Arrival, reason: String) {
+        #expect(arrival.verdict == .alive(reason))
+        #expect(arrival.verdict.isUp)
     }
 
     @Test func nothingReceivedIsDown() {
-        #expect(GRPCHealthCheck.Answer().verdict == .down("HTTP status 0"))
+        #expect(GRPCHealthCheck.Answer().verdict == .down("no answer"))
     }
 
     @Test(arguments: [

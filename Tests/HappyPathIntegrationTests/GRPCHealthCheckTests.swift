@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathConfig
 import HappyPathCore
 import Testing
 
@@ -73,7 +74,7 @@ import Testing
         func checks(_ service: String) -> Int { serverLines.withLock { $0.filter { $0 == "check \(service)" }.count } }
         // `g` asks about the server as a whole, `named` about t.S (SERVING
         // from the start), `unknown` about a service the server does not
-        // know (it answers NOT_FOUND).
+        // know (it answers NOT_FOUND: it answered, so it is reachable).
         let h = try ProxyHarness(
             """
             listen: 127.0.0.1:0
@@ -109,9 +110,10 @@ import Testing
         waitUntil("three checks of the server as a whole") { checks("-") >= 3 && checks("t.S") >= 3 }
         #expect(try reachable("g") == true)
         #expect(try reachable("named") == true)
-        // The service name travels: one the server does not know is down.
-        waitUntil("the unknown service marked down") { try reachable("unknown") == false }
-        #expect(checks("no.Such") >= 2)
+        // The service name travels; one the server does not know is
+        // answered NOT_FOUND, which is an answer: the upstream stays reachable.
+        waitUntil("three checks of the unknown service") { checks("no.Such") >= 3 }
+        #expect(try reachable("unknown") == true)
 
         // NOT_SERVING: down after two checks; t.S, asked about by name, stays up.
         try set("- NOT_SERVING")
@@ -134,6 +136,73 @@ import Testing
         waitUntil("the upstream reachable again") { try reachable("g") == true }
         waitUntil("the parked call answered", timeout: 20) { clientLines.withLock { !$0.isEmpty } }
         #expect(clientLines.withLock { $0 } == ["ok echo:hi"])
-        #expect(try reachable("unknown") == false)
+        #expect(try reachable("unknown") == true)
+    }
+
+    /// A grpcio server without the health service: it prints `asked
+    /// METHOD` for each call to a method it does not serve (answered
+    /// UNIMPLEMENTED), and echoes `/t.S/U`.
+    static let bareServer = """
+        import grpc
+        from concurrent import futures
+        def unary(req, ctx): return b"echo:" + req
+        class H(grpc.GenericRpcHandler):
+            def service(self, d):
+                if d.method == "/t.S/U": return grpc.unary_unary_rpc_method_handler(unary)
+                print("asked", d.method, flush=True)
+                return None
+        s = grpc.server(futures.ThreadPoolExecutor(8))
+        s.add_generic_rpc_handlers((H(),))
+        port = s.add_insecure_port("127.0.0.1:0"); s.start(); print(port, flush=True)
+        s.wait_for_termination()
+        """
+
+    /// Reachable means it answered (issue 45): an upstream serving gRPC
+    /// routes, with no `path` or `grpc` in its health check, is checked
+    /// with gRPC's health service, and a server without it (UNIMPLEMENTED)
+    /// is alive; a `GET` of a path such a server resets is an answer too.
+    @Test func aGRPCServerWithoutTheHealthServiceStaysReachable() throws {
+        let python = try PythonGRPC.python()
+        let serverLines = Locked<[String]>([])
+        let (server, port) = try startPythonServer(
+            python: python, Self.bareServer, arguments: [], lines: serverLines, what: "the grpcio server")
+        defer {
+            kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+        }
+        let yaml = """
+            listen: 127.0.0.1:0
+            admin: { listen: 127.0.0.1:0 }
+            defaults:
+              health_check: { interval: 100ms, timeout: 1s, unhealthy_after: 2 }
+            upstreams:
+              bare: { endpoints: [http://127.0.0.1:\(port)], protocol: h2 }
+              byPath:
+                endpoints: [http://127.0.0.1:\(port)]
+                protocol: h2
+                health_check: { path: /healthz }
+            routes:
+              - { match: { path_prefix: /t.S/ }, upstream: bare, grpc: {} }
+              - { match: { path_prefix: /p/ }, upstream: byPath, grpc: {} }
+            """
+        let config = try ConfigLoader.parse(yaml, file: "t.yaml")
+        #expect(config.upstreams.map(\.grpcHealthCheckByDefault) == [true, false])
+        let h = try ProxyHarness(yaml)
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        func asked() -> Int { serverLines.withLock { $0.filter { $0 == "asked /grpc.health.v1.Health/Check" }.count } }
+        // Three checks answered UNIMPLEMENTED (two counted down in a row would have marked it unreachable).
+        waitUntil("three gRPC health checks at the server") { asked() >= 3 }
+        #expect(try admin.upstream("bare")["reachable"] as? Bool == true)
+        let bare = try admin.upstream("bare")["health_check"] as? [String: Any]
+        #expect(bare?["healthy_endpoints"] as? Int == 1, "\(bare ?? [:])")
+        // GET /healthz: grpcio resets the stream, and that is an answer.
+        waitUntil("a check of byPath") { try (admin.upstream("byPath")["health_check"] as? [String: Any]) != nil }
+        let byPath = try admin.upstream("byPath")["health_check"] as? [String: Any]
+        #expect(byPath?["healthy_endpoints"] as? Int == 1, "\(byPath ?? [:])")
+        #expect(try admin.upstream("byPath")["reachable"] as? Bool == true)
+        // And calls pass.
+        let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 30)
+        #expect(r.out.contains("ok echo:hi"), "\(r.out) \(r.err)")
     }
 }

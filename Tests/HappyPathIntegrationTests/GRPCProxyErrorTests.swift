@@ -378,4 +378,47 @@ import Testing
             #expect(left.map { $0 > .milliseconds(1000) && $0 <= .milliseconds(1500) } == true, "\(timeouts)")
         }
     }
+
+    /// A call parked for an unreachable upstream whose own `grpc-timeout`
+    /// passes first gets DEADLINE_EXCEEDED, what any gRPC server says at
+    /// its deadline (issue 45); one bounded by the route's `park_for` keeps
+    /// UNAVAILABLE.
+    @Test func aCallWhoseDeadlinePassesWhileParkedIsDeadlineExceeded() throws {
+        let down = RefusingPort()
+        let h = try Self.proxy(
+            """
+            upstreams:
+              down:
+                endpoints: [http://127.0.0.1:\(down.port)]
+                protocol: h2
+                connect_timeout: 200ms
+                reachability: { park_for: 10s }
+              brief:
+                endpoints: [http://127.0.0.1:\(down.port)]
+                protocol: h2
+                connect_timeout: 200ms
+                reachability: { park_for: 300ms }
+            routes:
+              - { match: { path_prefix: /t.S/ }, upstream: down, timeout: 20s, grpc: {} }
+              - { match: { path_prefix: /b.S/ }, upstream: brief, timeout: 20s, grpc: {} }
+            """, holding: [down])
+        defer { h.stop() }
+        let calls = [["/t.S/M", "500m"], ["/b.S/M", "20S"]]
+        let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
+        let r = try runProcess(try PythonH2.python(), ["-c", Self.rawCalls, String(h.port), json], timeout: 60)
+        try #require(r.status == 0, "\(r.err)")
+        let last = r.out.split(separator: "\n").last.map(String.init) ?? ""
+        let object = try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any]
+        let results = try #require(object?["calls"] as? [[Any]])
+        try #require(results.count == 2, "\(r.out)")
+        let parked = results[0]
+        #expect(parked[0] as? Int == 200 && parked[1] as? String == "4", "\(parked)")
+        let message = parked[2] as? String ?? ""
+        #expect(message.contains("grpc-timeout of 500ms") && message.contains("could not be reached"), "\(message)")
+        #expect((parked[3] as? Double ?? 0) >= 0.45, "\(parked)")
+        // park_for ran out before the call's 20 s: the upstream is unreachable, as before.
+        let brief = results[1]
+        #expect(brief[1] as? String == "14", "\(brief)")
+        #expect((brief[2] as? String ?? "").contains("could not be reached"), "\(brief)")
+    }
 }

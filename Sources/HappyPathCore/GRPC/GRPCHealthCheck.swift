@@ -1,9 +1,11 @@
 /// gRPC's health service (`grpc/health/v1/health.proto`), as the proxy's
-/// active health check asks it (`health_check.grpc`): a unary
-/// `grpc.health.v1.Health/Check` call whose answer says up only when it is
-/// HTTP 200, `grpc-status` 0 and a `HealthCheckResponse` saying `SERVING`.
-/// Everything read from the upstream is bounded; an answer that is not
-/// what the protocol says is "down", with the reason.
+/// active health check asks it (`health_check.grpc`, and by default for an
+/// upstream serving gRPC routes): a unary `grpc.health.v1.Health/Check`
+/// call. A server that answers at all is reachable: `SERVING` is up, and
+/// so is any other answer (a server without the health service answers
+/// `UNIMPLEMENTED`) but `NOT_SERVING`, `UNAVAILABLE` (gRPC's 503) and an
+/// HTTP status of 500 or more, which are down. Everything read from the
+/// upstream is bounded; every verdict but `serving` carries its reason.
 public enum GRPCHealthCheck {
     /// The method's request target.
     public static let path = "/grpc.health.v1.Health/Check"
@@ -32,8 +34,17 @@ public enum GRPCHealthCheck {
 
     public enum Verdict: Equatable, Sendable {
         case serving
+        /// It answered, not `SERVING` (why, for the log): it is alive, and
+        /// counts as a passed check.
+        case alive(String)
         /// Why the endpoint is down, for the log.
         case down(String)
+
+        /// The check passed: the endpoint is reachable.
+        public var isUp: Bool {
+            if case .down = self { return false }
+            return true
+        }
     }
 
     /// One answer as it arrives: the status, `grpc-status` from the head
@@ -74,33 +85,41 @@ public enum GRPCHealthCheck {
         }
 
         public var verdict: Verdict {
-            guard status == 200 else { return .down("HTTP status \(status)") }
+            guard status > 0 else { return .down("no answer") }
+            guard status < 500 else { return .down("HTTP status \(status)") }
+            guard status == 200 else { return .alive("HTTP status \(status)") }
             // The trailers' grpc-status is the call's; the head's stands only in a Trailers-Only answer.
-            guard let code = trailerGRPCStatus ?? headGRPCStatus else { return .down("no grpc-status") }
+            guard let code = trailerGRPCStatus ?? headGRPCStatus else { return .alive("no grpc-status") }
             guard code == [UInt8(ascii: "0")] else {
-                return .down("grpc-status \(String(decoding: code, as: UTF8.self))")
+                let text = "grpc-status \(String(decoding: code, as: UTF8.self))"
+                // UNAVAILABLE is gRPC's 503: the server says it cannot serve now.
+                return code == Array("14".utf8) ? .down(text + " (UNAVAILABLE)") : .alive(text)
             }
-            guard !bodyOverflowed else { return .down("an answer longer than one \(maxMessageBytes)-byte message") }
+            guard !bodyOverflowed else { return .alive("an answer longer than one \(maxMessageBytes)-byte message") }
             let message: ArraySlice<UInt8>
             switch GRPCFrame.single(body[...], limit: maxMessageBytes) {
             case let .success(m): message = m
-            case .failure(.truncated): return .down(body.isEmpty ? "no message" : "a cut message")
-            case .failure(.compressed): return .down("a compressed message")
-            case let .failure(.tooLong(length)): return .down("a message of \(length) bytes")
-            case .failure(.trailingBytes): return .down("more than one message")
+            case .failure(.truncated): return .alive(body.isEmpty ? "no message" : "a cut message")
+            case .failure(.compressed): return .alive("a compressed message")
+            case let .failure(.tooLong(length)): return .alive("a message of \(length) bytes")
+            case .failure(.trailingBytes): return .alive("more than one message")
             }
             var reader = ProtoReader(message)
             var serving: UInt64 = 0  // proto3: a field left out is 0, UNKNOWN
             do {
                 while let (field, value) = try reader.next() {
                     guard field == 1 else { continue }  // fields a newer health.proto may add
-                    guard case let .varint(v) = value else { return .down("a malformed HealthCheckResponse") }
+                    guard case let .varint(v) = value else { return .alive("a malformed HealthCheckResponse") }
                     serving = v  // the last occurrence wins
                 }
             } catch {
-                return .down("a malformed HealthCheckResponse")
+                return .alive("a malformed HealthCheckResponse")
             }
-            return serving == 1 ? .serving : .down("status \(statusName(serving))")
+            switch serving {
+            case 1: return .serving
+            case 2: return .down("status NOT_SERVING")
+            default: return .alive("status \(statusName(serving))")
+            }
         }
 
         /// The value if it is short enough to be a code, else a marker that is none.

@@ -249,6 +249,8 @@ public final class UpstreamClient {
             return sent == 0 ? .connectFailed(message) : .timeout
         case CURLE_GOT_NOTHING, CURLE_RECV_ERROR, CURLE_SEND_ERROR, CURLE_PARTIAL_FILE:
             return .reset(message)
+        case CURLE_HTTP2_STREAM:
+            return .streamReset(message)
         case CURLE_WEIRD_SERVER_REPLY, CURLE_UNSUPPORTED_PROTOCOL, CURLE_BAD_CONTENT_ENCODING:
             return .badResponse(message)
         case _ where Self.isTLSFailure(code):

@@ -107,6 +107,10 @@ public enum UpstreamFailure: Error, Sendable, Equatable {
     case timeout
     /// The connection dropped before the response was complete.
     case reset(String)
+    /// The upstream reset the try's HTTP/2 stream (RST_STREAM): the try
+    /// failed as a dropped connection does, but the server answered, so it
+    /// is alive (a health check counts it as passed).
+    case streamReset(String)
     /// What came back was not valid HTTP.
     case badResponse(String)
     /// The TLS connection failed: the certificate was not verified, or no

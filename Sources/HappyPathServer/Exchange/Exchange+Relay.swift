@@ -117,7 +117,7 @@ extension UpstreamFailure {
         switch self {
         case let .connectFailed(message): .init(.unreachable, message)
         case .timeout: .init(.timeout, "timeout")
-        case let .reset(message), let .other(message): .init(.reset, message)
+        case let .reset(message), let .streamReset(message), let .other(message): .init(.reset, message)
         case let .badResponse(message): .init(.invalidResponse, message)
         case let .tls(message): .init(.tls, message)
         }

@@ -62,6 +62,18 @@ struct ExchangeProblem {
                 .circuitOpen, "The circuit breaker for '\(upstream)' is open after repeated failures.",
                 retryAfter: Int(OutsideValues.wholeSeconds(retryAfter)))
         case let .parkExpired(reason, waited, byDeadline):
+            if byDeadline, clientTimeout != nil {
+                // A gRPC call's own deadline passed while it waited: what any
+                // gRPC server says then, DEADLINE_EXCEEDED, with what it waited for.
+                let why =
+                    switch reason {
+                    case .unreachable: "'\(upstream)' could not be reached"
+                    case .circuitOpen: "the circuit breaker for '\(upstream)' was open"
+                    case .auth: "the token endpoint did not answer"
+                    case .paused: "'\(upstream)' was paused (HTTP \(pause?.cause ?? 503) with Retry-After)"
+                    }
+                return problem(.upstreamTimeout, "No response within \(deadlineText): the call waited \(waited.configText) while \(why).")
+            }
             let limit = byDeadline ? deadlineText : "reachability.park_for of \(route.parkFor.configText)"
             let waitedText = "waited \(waited.configText) (\(limit))"
             switch reason {

@@ -5,8 +5,10 @@ import Logging
 
 /// Active health checks (`health_check`), on the admin loop with a libcurl
 /// client of its own. An upstream is reachable while any endpoint answers
-/// its path with a status below 500 — or, with `health_check.grpc`, answers
-/// gRPC's `Health/Check` with `SERVING`. When an upstream turns reachable again
+/// at all: its path with a status below 500, or a reset of the stream — or,
+/// with a gRPC check (`health_check.grpc`, the default for an upstream
+/// serving gRPC routes), gRPC's `Health/Check` with anything but
+/// `NOT_SERVING`, `UNAVAILABLE` or a 5xx (`GRPCHealthCheck.Verdict`). When an upstream turns reachable again
 /// — or answers after a worker reported it suspect — every worker replays
 /// the commands it parked for it.
 final class HealthChecker: LoopEventTarget {
@@ -114,11 +116,12 @@ final class HealthChecker: LoopEventTarget {
         return body
     }
 
-    /// A gRPC check's answer said down: why, at debug level (the transition
-    /// itself is logged at warning when the upstream turns unreachable).
-    fileprivate func grpcDown(_ u: Int, _ reason: String) {
+    /// A gRPC check's answer was not SERVING: what it said, at debug level
+    /// (a turn to unreachable is logged at warning).
+    fileprivate func grpcNote(_ u: Int, alive: Bool, _ reason: String) {
         logger.debug(
-            "grpc health check: not serving", metadata: ["upstream": "\(runtime.upstreams[u].name)", "reason": "\(reason)"])
+            alive ? "grpc health check: answered, not SERVING (counted alive)" : "grpc health check: not serving",
+            metadata: ["upstream": "\(runtime.upstreams[u].name)", "reason": "\(reason)"])
     }
 
     fileprivate func finished(_ probe: HealthProbe, _ u: Int, healthy: Bool) {
@@ -210,12 +213,22 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         grpc?.received(trailer: name, value: value)
     }
 
+    /// A server that answers at all is reachable: any status below 500, an
+    /// HTTP/2 stream reset (a gRPC server without the path resets it), or
+    /// a gRPC answer other than NOT_SERVING and UNAVAILABLE. Only a failed
+    /// connect, a timeout, a dropped connection, a 5xx and those two count
+    /// against it.
     func upstreamFinished(_ failure: UpstreamFailure?) {
         transfer = nil
+        if case .streamReset? = failure { return report(true) }
         if failure == nil, let grpc {
             let verdict = grpc.verdict
-            if case let .down(reason) = verdict { checker.grpcDown(upstreamIndex, reason) }
-            report(verdict == .serving)
+            switch verdict {
+            case .serving: break
+            case let .alive(reason): checker.grpcNote(upstreamIndex, alive: true, reason)
+            case let .down(reason): checker.grpcNote(upstreamIndex, alive: false, reason)
+            }
+            report(verdict.isUp)
         } else {
             report(failure == nil && status > 0 && status < 500)
         }

@@ -146,6 +146,7 @@ public enum OutsideValuesHarness {
             Array("grpc-status".utf8).withUnsafeBytes { n in Array("0".utf8).withUnsafeBytes { answer.received(trailer: n, value: $0) } }
             switch answer.verdict {
             case .serving: return "serving"
+            case let .alive(why): return "alive: " + why
             case let .down(why): return why
             }
         default:
