@@ -148,7 +148,51 @@ import Testing
         #expect(try send(port, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\n").status == 200)
     }
 
-    // MARK: - What every answer carries
+    // MARK: - Repeated fields and what every answer carries
+
+    /// A field the rules read, sent twice, is refused before any rule
+    /// reads it (400, naming the field): with the first value winning, an
+    /// own `Origin` followed by a forged one would pass the CSRF rule, and
+    /// a proxy in front that keeps the last would pass the forged one on.
+    @Test func aRepeatedFieldTheRulesReadIsRefused() throws {
+        let store = try DeliverLaterTests.StoreDirectory()
+        let upstream = RefusingPort()
+        let h = try ProxyHarness(DeliverLaterTests.yaml(upstream: upstream.url, store: store), holding: [upstream])
+        let port = h.adminPort
+        let purge = "POST /admin/deliveries/purge HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\n"
+        let own = "Origin: http://127.0.0.1:\(port)\r\n"
+        let jsonType = "Content-Type: application/json\r\n"
+        let sameSite = "Sec-Fetch-Site: same-origin\r\n"
+
+        let repeated: [(String, String, String, String)] = [
+            // (what, the fields, a body, the field named)
+            ("Origin, the own one first", own + "Origin: https://evil.example\r\n", "", "Origin"),
+            ("Origin, the own one twice", own + own, "", "Origin"),
+            ("Content-Type, JSON first", jsonType + "Content-Type: text/plain\r\n", "{}", "Content-Type"),
+            ("Content-Type, in two cases", jsonType + "content-type: application/json\r\n", "{}", "Content-Type"),
+            ("Sec-Fetch-Site", sameSite + "Sec-Fetch-Site: cross-site\r\n", "", "Sec-Fetch-Site"),
+            ("Sec-Fetch-Site, in two cases", sameSite + "sec-fetch-site: same-origin\r\n", "", "Sec-Fetch-Site"),
+        ]
+        for (what, fields, body, name) in repeated {
+            let r = try send(port, purge + fields, body: body)
+            #expect(r.status == 400, "\(what)")
+            #expect(json(r.body)["code"] as? String == "BAD_REQUEST", "\(what)")
+            let detail = json(r.body)["detail"] as? String ?? ""
+            #expect(detail.contains("carries \(name) 2 times") && detail.contains("send \(name) once"), "\(what): \(detail)")
+            #expect(!r.body.contains("purged"), "\(what)")
+        }
+        // On any admin request, reads included.
+        let read = try send(
+            port, "GET /admin/state HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nSec-Fetch-Site: none\r\nSec-Fetch-Site: none\r\n")
+        #expect(read.status == 400 && !read.body.contains("upstreams"))
+        // A repeated Host never reaches the admin server: the HTTP/1.1 edge refuses it (RFC 9112 section 3.2).
+        let hosts = try send(port, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nHost: 127.0.0.1:\(port)\r\n")
+        #expect(hosts.status == 400)
+        #expect(json(hosts.body)["detail"] as? String == "The request carries more than one Host header.")
+        // Each once: served.
+        let once = try send(port, purge + own + sameSite + jsonType, body: "{}")
+        #expect(once.status == 200 && json(once.body)["purged"] as? Int == 0)
+    }
 
     /// Every admin answer, whatever built it (JSON, metrics, the page and
     /// its assets, the redirect, the event stream, the deliveries and
@@ -186,6 +230,7 @@ import Testing
             ("POST /healthz HTTP/1.1\r\n" + host, 400),
             ("GET /admin/state HTTP/1.1\r\nHost: evil.example\r\n", 403),
             ("POST /admin/deliveries/purge HTTP/1.1\r\n" + host + "Origin: https://evil.example\r\n", 403),
+            ("GET /healthz HTTP/1.1\r\n" + host + "Origin: a\r\nOrigin: b\r\n", 400),
             ("GET /healthz HTTP/1.1\r\n" + host + host, 400),  // refused at the HTTP/1.1 edge
             ("GET /healthz HTTP/1.1\r\n" + host + manyFields, 431),  // the edge too: 100 fields at most
             ("GET /healthz HTTP/1.0\r\n", 200),

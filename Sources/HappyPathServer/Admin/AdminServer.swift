@@ -15,8 +15,9 @@ import Synchronization
 /// so a reload that changes it takes effect at the next request); refuses
 /// what a browser could have been tricked into sending (a foreign `Host`, a
 /// cross-site POST: `AdminAccessPolicy`), `admin.allowed_hosts` read the
-/// same way. Every answer carries `X-Content-Type-Options: nosniff` and
-/// `Cache-Control: no-store` (`answerFields`).
+/// same way, and a request that repeats a field those rules read. Every
+/// answer carries `X-Content-Type-Options: nosniff` and `Cache-Control:
+/// no-store` (`answerFields`).
 ///
 /// Anyone who can reach the port can hold its connections, so they are
 /// bounded like the proxy listener's, with fixed limits of their own: at
@@ -88,6 +89,10 @@ final class AdminServer: HTTPServerDelegate {
         }
         // Before any path is looked at: a refused request learns nothing,
         // not even which paths exist.
+        if let detail = AdminAccessPolicy.checkSingleFields(Self.singleFieldCounts(request)) {
+            Self.respond(request, Problem(.badRequest, requestID: ids.requestID(), detail: detail))
+            return
+        }
         let admin = runtime.configuration.admin
         let access = AdminAccessPolicy(allowedHosts: admin.allowedHosts, listenHost: admin.listen.host)
         let host = request.header("Host")
@@ -236,6 +241,19 @@ final class AdminServer: HTTPServerDelegate {
     static func respond(_ request: HTTPRequest, _ problem: Problem) {
         ProblemResponder.respond(request, problem, extraHeaders: [answerFields[0]])
     }
+
+    /// How many times each of `AdminAccessPolicy.singleFields` came, names
+    /// compared case-insensitively: one pass over the head, no copies.
+    static func singleFieldCounts(_ request: HTTPRequest) -> [Int] {
+        var counts = [Int](repeating: 0, count: singleFieldNames.count)
+        request.forEachRawHeader { name, _ in
+            for (i, wanted) in singleFieldNames.enumerated() where name.count == wanted.count {
+                if wanted.withUnsafeBytes({ HTTPBytes.equalsIgnoringCase(name, $0) }) { counts[i] += 1 }
+            }
+        }
+        return counts
+    }
+    private static let singleFieldNames = AdminAccessPolicy.singleFields.map { Array($0.utf8) }
 
     // MARK: - Fallback
 
