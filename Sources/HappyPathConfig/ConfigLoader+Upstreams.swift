@@ -70,14 +70,19 @@ extension Reader {
         if let e = f["endpoints"] {
             for (i, item) in (sequence(e.value, "\(path).endpoints") ?? []).enumerated() {
                 guard let s = text(item, "\(path).endpoints[\(i)]") else { continue }
-                if let url = endpoint(s) {
+                if Self.hasUserinfo(s) {
+                    error(item, Self.userinfoRefusal(s, upstream: name, index: i))
+                } else if let url = endpoint(s) {
                     // The base path is put in front of every (normalized)
                     // target: it must be a normalized path itself, with no
                     // query or fragment, or it would undo that normalization.
                     let afterScheme = url[url.range(of: "://")!.upperBound...]
                     let base = afterScheme.firstIndex(of: "/").map { String(afterScheme[$0...]) } ?? ""
                     if base.contains("?") || base.contains("#") || afterScheme.contains("?") || afterScheme.contains("#") {
-                        error(item, "\(path).endpoints[\(i)]: '\(s)' has a query or fragment; an endpoint is an origin and a base path only")
+                        error(
+                            item,
+                            "\(path).endpoints[\(i)]: '\(Self.shown(s))' has a query or fragment; "
+                                + "an endpoint is an origin and a base path only")
                     } else if !base.isEmpty, case let .success(normal) = PathNormalizer.normalize(base), normal != base {
                         error(item, "\(path).endpoints[\(i)]: the base path '\(base)' is not normalized; write it as '\(normal)'")
                     } else if !base.isEmpty, case let .failure(refusal) = PathNormalizer.normalize(base) {
@@ -85,7 +90,7 @@ extension Reader {
                     }
                     u.endpoints.append(url)
                 } else {
-                    error(item, "\(path).endpoints[\(i)]: '\(s)' is not an http:// or https:// URL with a host")
+                    error(item, "\(path).endpoints[\(i)]: '\(Self.shown(s))' is not an http:// or https:// URL with a host")
                 }
             }
             if u.endpoints.isEmpty && errors.isEmpty { error(e.value, "\(path).endpoints must list at least one URL") }
@@ -154,6 +159,33 @@ extension Reader {
         }
         for problem in a.limit.validate() { error(node, "\(path): \(problem)") }
         return a
+    }
+
+    /// Whether `url` carries a userinfo (`user:password@`, `user@`): an `@`
+    /// in its authority, which ends at the first `/`, `?` or `#` after the
+    /// scheme (RFC 3986 section 3.2). A password with a raw `/` in it ends
+    /// the authority early; such a URL fails as one without a host, its
+    /// message redacted all the same (`shown`).
+    static func hasUserinfo(_ url: String) -> Bool {
+        guard let scheme = url.range(of: "://") else { return false }
+        let rest = url[scheme.upperBound...]
+        let end = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
+        return rest[..<end].contains("@")
+    }
+
+    /// An endpoint as a message may quote it: a password, or a user alone, as `***`.
+    static func shown(_ url: String) -> String { StorageConfiguration.redact(url, hidingLoneUser: true) }
+
+    /// Credentials in an endpoint's URL would be shown wherever the endpoint
+    /// is: `/admin/state`, `/status`, the events and logs that name it. The
+    /// upstream's `auth` keeps them as secrets (docs/auth.md), and libcurl
+    /// sends a URL's userinfo as `Basic` anyway, which `kind: static,
+    /// scheme: Basic` does the same.
+    static func userinfoRefusal(_ url: String, upstream: String, index: Int) -> String {
+        "upstreams.\(upstream).endpoints[\(index)]: '\(shown(url))' carries credentials before the host, which "
+            + "/admin/state, /status and the logs would show; remove them from the URL and set them in "
+            + "upstreams.\(upstream).auth instead, e.g. auth: { kind: static, scheme: Basic, value: \"${BASIC_CREDENTIALS}\" } "
+            + "with BASIC_CREDENTIALS in the environment holding the base64 of user:password (docs/auth.md)"
     }
 
     func endpoint(_ s: String) -> String? {
@@ -243,7 +275,7 @@ extension Reader {
         }
         for key in ["token_url", "login_url"] {
             if let n = f[key]?.value, let url = text(n, "\(path).\(key)"), endpoint(url) == nil {
-                error(n, "\(path).\(key): '\(url)' is not an http:// or https:// URL")
+                error(n, "\(path).\(key): '\(Self.shown(url))' is not an http:// or https:// URL")
             }
         }
         if let p = a.tokenPointer, !p.hasPrefix("/") {

@@ -328,15 +328,27 @@ public struct StorageConfiguration: Sendable, Equatable {
     public var required = false
 
     /// What logs and `/admin/state` name the store by: the file, or the URL without its password.
-    public var name: String { url.map(Self.redact) ?? path }
+    public var name: String { url.map { Self.redact($0) } ?? path }
 
-    /// `postgres://user:secret@host/db` as `postgres://user:***@host/db`; a `password=` value as `***`.
-    public static func redact(_ url: String) -> String {
+    /// `postgres://user:secret@host/db` as `postgres://user:***@host/db`; a
+    /// `password=` value as `***`. The password runs from the first `:`
+    /// after the scheme to the last `@` before the query: one that holds an
+    /// `@` or a `/` of its own, written raw, is hidden whole too.
+    /// `hidingLoneUser`: a user without a password (`https://TOKEN@host`)
+    /// shows as `***` as well, since a user part alone is often a token
+    /// (for `storage.url` it is a role name, and stays).
+    public static func redact(_ url: String, hidingLoneUser: Bool = false) -> String {
         var out = url
-        if let scheme = out.range(of: "://"), let at = out[scheme.upperBound...].firstIndex(of: "@"),
-            let colon = out[scheme.upperBound..<at].firstIndex(of: ":")
-        {
-            out.replaceSubrange(out.index(after: colon)..<at, with: "***")
+        if let scheme = out.range(of: "://") {
+            let rest = out[scheme.upperBound...]
+            let end = rest.firstIndex { $0 == "?" || $0 == "#" } ?? rest.endIndex
+            if let at = rest[..<end].lastIndex(of: "@") {
+                if let colon = rest[..<at].firstIndex(of: ":") {
+                    out.replaceSubrange(out.index(after: colon)..<at, with: "***")
+                } else if hidingLoneUser {
+                    out.replaceSubrange(scheme.upperBound..<at, with: "***")
+                }
+            }
         }
         if let key = out.range(of: "password=") {
             let end = out[key.upperBound...].firstIndex(where: { $0 == "&" || $0 == " " }) ?? out.endIndex

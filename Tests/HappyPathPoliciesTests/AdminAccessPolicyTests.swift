@@ -72,4 +72,17 @@ import Testing
             method: method, host: "127.0.0.1:9901", origin: origin, fetchSite: fetchSite, contentType: contentType)
         #expect((verdict == .allow) == allowed)
     }
+
+    @Test func eachFieldTheRulesReadMayComeOnceAtMost() {
+        #expect(AdminAccessPolicy.singleFields == ["Host", "Origin", "Sec-Fetch-Site", "Content-Type"])
+        #expect(AdminAccessPolicy.checkSingleFields([1, 1, 1, 1]) == nil)
+        #expect(AdminAccessPolicy.checkSingleFields([0, 0, 0, 0]) == nil)
+        #expect(
+            AdminAccessPolicy.checkSingleFields([1, 2, 0, 0])
+                == "The request carries Origin 2 times; the admin listener reads it once, so send Origin once.")
+        // The first repeated one is named.
+        let first = AdminAccessPolicy.checkSingleFields([1, 1, 3, 2])
+        #expect(first?.hasPrefix("The request carries Sec-Fetch-Site 3 times") == true)
+        #expect(AdminAccessPolicy.checkSingleFields([1, 0, 0, 2])?.contains("send Content-Type once") == true)
+    }
 }

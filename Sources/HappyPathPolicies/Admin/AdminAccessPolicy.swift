@@ -84,6 +84,22 @@ public struct AdminAccessPolicy: Sendable, Equatable {
         return .allow
     }
 
+    /// The fields the rules read (and `Content-Type`, which says how a
+    /// body is read). Each may come once at most: of two values, a rule
+    /// reads one (the first) where another reader (a proxy in front that
+    /// keeps the last, a later check) could take the other, and that gap
+    /// is all a forger needs. No browser sends any of them twice.
+    public static let singleFields = ["Host", "Origin", "Sec-Fetch-Site", "Content-Type"]
+
+    /// `counts[i]`: how many times `singleFields[i]` came in the request.
+    /// Nil when none came more than once; else the detail of the 400, which
+    /// names the first that did.
+    public static func checkSingleFields(_ counts: [Int]) -> String? {
+        guard let i = zip(singleFields.indices, counts).first(where: { $0.1 > 1 })?.0 else { return nil }
+        let name = singleFields[i]
+        return "The request carries \(name) \(counts[i]) times; the admin listener reads it once, so send \(name) once."
+    }
+
     /// The content types a page can send cross-site without a CORS preflight.
     public static let formTypes: Set<String> = ["application/x-www-form-urlencoded", "multipart/form-data", "text/plain"]
 

@@ -1,17 +1,11 @@
 /// `/status.css` and `/status.js`: served by the admin listener beside the
 /// page, so its `Content-Security-Policy` needs no inline style or script.
+/// (The admin listener adds `X-Content-Type-Options: nosniff` and
+/// `Cache-Control: no-store` to both, as to every answer.)
 extension StatusPage {
-    public static let scriptHeaders: [(String, String)] = [
-        ("Content-Type", "text/javascript; charset=utf-8"),
-        ("X-Content-Type-Options", "nosniff"),
-        ("Cache-Control", "no-cache"),
-    ]
+    public static let scriptHeaders: [(String, String)] = [("Content-Type", "text/javascript; charset=utf-8")]
 
-    public static let styleHeaders: [(String, String)] = [
-        ("Content-Type", "text/css; charset=utf-8"),
-        ("X-Content-Type-Options", "nosniff"),
-        ("Cache-Control", "no-cache"),
-    ]
+    public static let styleHeaders: [(String, String)] = [("Content-Type", "text/css; charset=utf-8")]
 
     /// Colour is a second cue: every coloured span also says its state in
     /// words, and bad states are bold as well.

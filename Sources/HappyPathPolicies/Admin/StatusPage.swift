@@ -16,14 +16,14 @@ public enum StatusPage {
     public static let eventsShown = 50
 
     /// The page's headers: nothing but its own origin may load, connect,
-    /// frame it or receive a form from it; no inline script or style.
+    /// frame it or receive a form from it; no inline script or style. (The
+    /// admin listener adds `X-Content-Type-Options: nosniff` and
+    /// `Cache-Control: no-store` to every answer, this page's included.)
     public static let headers: [(String, String)] = [
         ("Content-Type", "text/html; charset=utf-8"),
         ("Content-Security-Policy", contentSecurityPolicy),
-        ("X-Content-Type-Options", "nosniff"),
         ("X-Frame-Options", "DENY"),
         ("Referrer-Policy", "no-referrer"),
-        ("Cache-Control", "no-store"),
     ]
 
     public static let contentSecurityPolicy =

@@ -17,7 +17,7 @@ extension AdminServer {
         func refuse(_ status: Int, _ code: ProblemCode, _ detail: String) {
             var problem = Problem(code, requestID: requestID, detail: detail)
             problem.status = status
-            ProblemResponder.answer(request, problem)
+            Self.respond(request, problem)
         }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst(3).map {
             String($0).removingPercentEncoding ?? String($0)

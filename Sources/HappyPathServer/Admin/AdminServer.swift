@@ -15,7 +15,9 @@ import Synchronization
 /// so a reload that changes it takes effect at the next request); refuses
 /// what a browser could have been tricked into sending (a foreign `Host`, a
 /// cross-site POST: `AdminAccessPolicy`), `admin.allowed_hosts` read the
-/// same way.
+/// same way, and a request that repeats a field those rules read. Every
+/// answer carries `X-Content-Type-Options: nosniff` and `Cache-Control:
+/// no-store` (`answerFields`).
 ///
 /// Anyone who can reach the port can hold its connections, so they are
 /// bounded like the proxy listener's, with fixed limits of their own: at
@@ -76,8 +78,9 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     func serve(_ request: HTTPRequest) {
+        Self.stageAnswerFields(request)
         if !runtime.configuration.admin.allowRemote, !Self.isLoopback(request.peerAddress) {
-            ProblemResponder.respond(
+            Self.respond(
                 request,
                 Problem(
                     .forbidden, requestID: ids.requestID(),
@@ -86,6 +89,10 @@ final class AdminServer: HTTPServerDelegate {
         }
         // Before any path is looked at: a refused request learns nothing,
         // not even which paths exist.
+        if let detail = AdminAccessPolicy.checkSingleFields(Self.singleFieldCounts(request)) {
+            Self.respond(request, Problem(.badRequest, requestID: ids.requestID(), detail: detail))
+            return
+        }
         let admin = runtime.configuration.admin
         let access = AdminAccessPolicy(allowedHosts: admin.allowedHosts, listenHost: admin.listen.host)
         let host = request.header("Host")
@@ -96,7 +103,7 @@ final class AdminServer: HTTPServerDelegate {
                 fetchSite: request.header("Sec-Fetch-Site"), contentType: request.header("Content-Type"))
         }
         if case let .refuse(detail) = verdict {
-            ProblemResponder.respond(request, Problem(.forbidden, requestID: ids.requestID(), detail: detail))
+            Self.respond(request, Problem(.forbidden, requestID: ids.requestID(), detail: detail))
             return
         }
         let (path, query) = Router.split(target: request.target)
@@ -106,7 +113,7 @@ final class AdminServer: HTTPServerDelegate {
         if path == "/admin/fallback/purge" { return purgeStale(request, query: query) }
         if path.hasPrefix("/admin/upstreams/") { return upstreamsAPI(request, path: path) }
         guard request.method == "GET" || request.method == "HEAD" else {
-            ProblemResponder.respond(
+            Self.respond(
                 request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
             return
         }
@@ -154,7 +161,7 @@ final class AdminServer: HTTPServerDelegate {
         case "/admin/events":
             shared.events.subscribe(request)
         default:
-            ProblemResponder.respond(
+            Self.respond(
                 request,
                 Problem(
                     .noRoute, requestID: ids.requestID(),
@@ -200,14 +207,53 @@ final class AdminServer: HTTPServerDelegate {
     private var acceptCappedCounter: CoreMetrics.Counter?
 
     func reject(_ request: HTTPRequest, reason: HTTP1Refusal) {
-        ProblemResponder.respond(
+        Self.respond(
             request, ProblemResponder.problem(for: reason, requestID: ids.requestID(), limits: server.limits))
     }
 
     func reject(_ request: HTTPRequest, refusal: HTTP2RequestRefusal) {
-        ProblemResponder.respond(
+        Self.respond(
             request, ProblemResponder.problem(for: refusal, requestID: ids.requestID(), limits: server.limits))
     }
+
+    // MARK: - What every answer carries
+
+    /// Every admin answer carries these, once: a browser never reads one
+    /// as another type than it says (an answer that quotes a path or a
+    /// header is never run as a script or rendered as a page), and no cache,
+    /// the browser's or one in between, keeps the state, the metrics or a
+    /// delivery's request. Staged where a request enters (`serve`), so
+    /// JSON, metrics, the page and its assets, the redirect and the event
+    /// stream have them whatever built the answer (none of those names
+    /// either field again); `respond` gives them to problems, whose answer
+    /// starts from no fields.
+    static let answerFields = [
+        HTTPField(name: "X-Content-Type-Options", value: "nosniff"), HTTPField(name: "Cache-Control", value: "no-store"),
+    ]
+
+    static func stageAnswerFields(_ request: HTTPRequest) {
+        for field in answerFields { request.addResponseHeader(field.name, field.value) }
+    }
+
+    /// A problem answer on the admin listener: ProblemResponder's, which
+    /// clears what was staged and writes `Cache-Control: no-store` itself,
+    /// with `X-Content-Type-Options: nosniff` back.
+    static func respond(_ request: HTTPRequest, _ problem: Problem) {
+        ProblemResponder.respond(request, problem, extraHeaders: [answerFields[0]])
+    }
+
+    /// How many times each of `AdminAccessPolicy.singleFields` came, names
+    /// compared case-insensitively: one pass over the head, no copies.
+    static func singleFieldCounts(_ request: HTTPRequest) -> [Int] {
+        var counts = [Int](repeating: 0, count: singleFieldNames.count)
+        request.forEachRawHeader { name, _ in
+            for (i, wanted) in singleFieldNames.enumerated() where name.count == wanted.count {
+                if wanted.withUnsafeBytes({ HTTPBytes.equalsIgnoringCase(name, $0) }) { counts[i] += 1 }
+            }
+        }
+        return counts
+    }
+    private static let singleFieldNames = AdminAccessPolicy.singleFields.map { Array($0.utf8) }
 
     // MARK: - Fallback
 
@@ -217,17 +263,17 @@ final class AdminServer: HTTPServerDelegate {
     private func purgeStale(_ request: HTTPRequest, query: String?) {
         let requestID = ids.requestID()
         guard request.method == "POST" else {
-            ProblemResponder.respond(
+            Self.respond(
                 request, Problem(.badRequest, requestID: requestID, detail: "/admin/fallback/purge takes POST."))
             return
         }
         guard let stale = shared.stale else {
-            return ProblemResponder.answer(
+            return Self.respond(
                 request, Problem(.notFound, requestID: requestID, detail: "No route keeps answers (fallback.serve_stale)."))
         }
         let prefix = Self.queryItems(query).first { $0.0 == "prefix" }?.1 ?? "/"
         guard prefix.hasPrefix("/") else {
-            ProblemResponder.respond(
+            Self.respond(
                 request,
                 Problem(.badRequest, requestID: requestID, detail: "prefix must be a path starting with /, got '\(prefix)'."))
             return
@@ -246,14 +292,14 @@ final class AdminServer: HTTPServerDelegate {
     private func deliveriesAPI(_ request: HTTPRequest, path: String, query: String?) {
         let requestID = ids.requestID()
         guard let deliveries = shared.deliveries else {
-            return ProblemResponder.answer(
+            return Self.respond(
                 request, Problem(.notFound, requestID: requestID, detail: "No route delivers later (delivery.mode: later)."))
         }
         let parts = path.split(separator: "/", omittingEmptySubsequences: true).map(String.init)
         let isGet = request.method == "GET" || request.method == "HEAD"
         let isPost = request.method == "POST"
         func wrongMethod(_ allowed: String) {
-            ProblemResponder.respond(
+            Self.respond(
                 request, Problem(.badRequest, requestID: requestID, detail: "\(path) takes \(allowed)."))
         }
         let box = LoopBound((request: request, server: self), on: adminLoop)
@@ -269,7 +315,7 @@ final class AdminServer: HTTPServerDelegate {
                 switch key {
                 case "state":
                     guard let s = DeliveryState(name: value) else {
-                        return ProblemResponder.answer(
+                        return Self.respond(
                             request,
                             Problem(
                                 .badRequest, requestID: requestID,
@@ -279,18 +325,18 @@ final class AdminServer: HTTPServerDelegate {
                 case "upstream": upstream = value
                 case "after":
                     guard let v = Int64(value) else {
-                        return ProblemResponder.answer(
+                        return Self.respond(
                             request, Problem(.badRequest, requestID: requestID, detail: "after must be the 'next' of a page."))
                     }
                     after = v
                 case "limit":
                     guard let v = Int(value), (1...1000).contains(v) else {
-                        return ProblemResponder.answer(
+                        return Self.respond(
                             request, Problem(.badRequest, requestID: requestID, detail: "limit must be 1 to 1000."))
                     }
                     limit = v
                 default:
-                    return ProblemResponder.answer(
+                    return Self.respond(
                         request,
                         Problem(
                             .badRequest, requestID: requestID,
@@ -317,7 +363,7 @@ final class AdminServer: HTTPServerDelegate {
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
                         let detail = "No delivery \(id) (or it was purged)."
-                        return ProblemResponder.answer(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
+                        return Self.respond(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
                     box.value.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
                 }
@@ -329,13 +375,13 @@ final class AdminServer: HTTPServerDelegate {
                 loop.execute {
                     guard let record = (try? result.get()) ?? nil else {
                         let detail = "No delivery \(id) (or it was purged)."
-                        return ProblemResponder.answer(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
+                        return Self.respond(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                     }
                     box.value.server.replay(box.value.request, record: record, deliveries: deliveries, requestID: requestID)
                 }
             }
         default:
-            ProblemResponder.respond(
+            Self.respond(
                 request, Problem(.noRoute, requestID: requestID, detail: "No admin resource at \(path)."))
         }
     }
@@ -367,9 +413,9 @@ final class AdminServer: HTTPServerDelegate {
                             .clientError, requestID: requestID,
                             detail: "Only a dead delivery can be replayed; \(id) is \(state.name).")
                         conflict.status = 409
-                        ProblemResponder.respond(request, conflict)
+                        Self.respond(request, conflict)
                     case .unknown:
-                        ProblemResponder.respond(
+                        Self.respond(
                             request, Problem(.notFound, requestID: requestID, detail: "No delivery \(id) (or it was purged)."))
                     }
                 }

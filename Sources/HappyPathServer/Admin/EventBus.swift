@@ -81,8 +81,9 @@ private final class EventSubscriber: HTTPRequestObserver, LoopEventTarget {
 
     func start() {
         request.observer = self
+        // Cache-Control (no-store) and X-Content-Type-Options: staged by
+        // the admin server, as on every admin answer (AdminServer.answerFields).
         request.addResponseHeader("Content-Type", "text/event-stream")
-        request.addResponseHeader("Cache-Control", "no-cache")
         request.startReply(status: 200)
         send(": happypath events\n\n")
     }
