@@ -15,7 +15,9 @@ import HappyPathIO
 /// - 0, 1, 2: a frame of any type (`type % 11`, 10 being an unknown type),
 ///   then flags, a stream (`s % 9`: 0, or one of the odd ids 1 … 15), a
 ///   length (`% 48`) and that many payload bytes
-/// - 3: a well-formed request HEADERS (stream, flags: END_STREAM, a method, a field)
+/// - 3: a well-formed request HEADERS (stream, flags: END_STREAM, a method,
+///   a field), or with flag 0x80 trailers (END_STREAM) with one field, good
+///   or malformed
 /// - 4: a DATA frame (stream, flags, length `% 64`) of zeros
 /// - 5: RST_STREAM (stream, code)
 /// - 6: deliver the frames made so far, split in two at a point from the next byte
@@ -76,6 +78,8 @@ struct FuzzedHTTP2Driver {
     var answerable: [Int32] = []
     /// Streams the client reset or that closed: never ready after that.
     var gone: Set<Int32> = []
+    /// Streams whose trailers were malformed: never ended, never ready after.
+    var malformed: Set<Int32> = []
     var answered: Set<Int32> = []
     var framesMade = 0
     var submitted = 0
@@ -95,7 +99,7 @@ struct FuzzedHTTP2Driver {
 
     var summary: String {
         "reads \(reads), ready \(everReady.count), answered \(answered.count), open \(session.openStreams)"
-            + (error.map { ", ended: \($0)" } ?? "")
+            + (malformed.isEmpty ? "" : ", malformed \(malformed.count)") + (error.map { ", ended: \($0)" } ?? "")
     }
 
     // MARK: - Client bytes
@@ -115,14 +119,35 @@ struct FuzzedHTTP2Driver {
     /// `:method` GET or POST, `:scheme http`, `:path /`, `:authority a`,
     /// and maybe a regular field or a forbidden one.
     mutating func requestHead(stream: UInt32, flags: UInt8) {
+        if flags & 0x80 != 0 { return trailers(stream: stream, flags: flags) }
         var block: [UInt8] = [flags & 0x2 == 0 ? 0x82 : 0x83, 0x86, 0x84, 0x41, 0x01, 0x61]
-        switch flags >> 4 & 0x3 {
+        switch flags >> 4 & 0x7 {
         case 1: block += [0x40, 0x01, 0x78, 0x01, 0x79]  // x: y
         case 2: block += [0x40, 0x0A] + Array("connection".utf8) + [0x01, 0x63]  // connection: c
         case 3: block += [0x5C, 0x02, 0x31, 0x30]  // content-length: 10
+        case 4: block += [0x5C, 0x01, 0x30]  // content-length: 0
+        case 5: block += [0x40, 0x01, 0x78, 0x03, 0x61, 0x0A, 0x62]  // x: a LF b
         default: break
         }
         frame(type: 1, flags: 0x4 | (flags & 0x1), stream: max(1, stream), block)
+    }
+
+    /// Trailers (HEADERS, END_STREAM and END_HEADERS) with one field:
+    /// `x: y`, `:path /`, `content-length: 1`, `x: a CR LF b`,
+    /// `transfer-encoding: c`, `te: trailers`, an upper-case name, none.
+    mutating func trailers(stream: UInt32, flags: UInt8) {
+        let block: [UInt8]
+        switch flags >> 4 & 0x7 {
+        case 0: block = [0x40, 0x01, 0x78, 0x01, 0x79]
+        case 1: block = [0x84]
+        case 2: block = [0x5C, 0x01, 0x31]
+        case 3: block = [0x40, 0x01, 0x78, 0x04, 0x61, 0x0D, 0x0A, 0x62]
+        case 4: block = [0x40, 0x11] + Array("transfer-encoding".utf8) + [0x01, 0x63]
+        case 5: block = [0x40, 0x02, 0x74, 0x65, 0x08] + Array("trailers".utf8)
+        case 6: block = [0x40, 0x01, 0x58, 0x01, 0x79]
+        default: block = []
+        }
+        frame(type: 1, flags: 0x5, stream: max(1, stream), block)
     }
 
     mutating func deliver(split: Int) {
@@ -141,6 +166,11 @@ struct FuzzedHTTP2Driver {
         for event in result.events {
             switch event {
             case let .resetByPeer(id, _), let .closed(id, _): gone.insert(id)
+            case let .malformed(id):
+                precondition(!malformed.contains(id), "stream \(id) malformed twice")
+                malformed.insert(id)
+            case let .requestEnded(id):
+                precondition(!malformed.contains(id), "stream \(id) ended after its trailers were malformed")
             default: break
             }
         }
@@ -148,6 +178,7 @@ struct FuzzedHTTP2Driver {
             precondition(!everReady.contains(id), "stream \(id) ready twice")
             precondition(!gone.contains(id), "stream \(id) ready after it was reset or closed")
             precondition(!before.contains(id), "stream \(id) ready after it was gone")
+            precondition(!malformed.contains(id), "stream \(id) ready after its trailers were malformed")
             precondition(session.isOpen(id), "stream \(id) ready but not open")
             precondition(
                 (session.head(of: id) != nil) != (session.refusal(of: id) != nil), "stream \(id): neither head nor refusal")
