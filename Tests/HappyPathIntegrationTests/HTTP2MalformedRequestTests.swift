@@ -151,4 +151,117 @@ import Testing
             #expect(!run.lines.withLock { $0 }.contains { $0.hasPrefix("done \(key) ") }, "\(key)")
         }
     }
+
+    /// `PORT CASES`: one connection; each case's fields as one HEADERS
+    /// frame with END_STREAM on a stream of its own, then a good request
+    /// last; one line per stream: `NAME status NNN` or `NAME reset CODE`.
+    static let heads = #"""
+        import socket, sys, json
+        import hpack
+        from hyperframe.frame import Frame, SettingsFrame, HeadersFrame, RstStreamFrame, GoAwayFrame, DataFrame
+        port, cases = int(sys.argv[1]), json.loads(sys.argv[2])
+        s = socket.create_connection(("127.0.0.1", port)); s.settimeout(10)
+        enc, dec = hpack.Encoder(), hpack.Decoder()
+        out, names, sid = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize(), {}, 1
+        for name, fields in cases:
+            f = HeadersFrame(sid)
+            f.data = enc.encode([(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields])
+            f.flags.add("END_HEADERS"); f.flags.add("END_STREAM")
+            out += f.serialize(); names[sid] = name; sid += 2
+        s.sendall(out)
+        done, buf = {}, b""
+        while len(done) < len(names):
+            try: chunk = s.recv(65536)
+            except (socket.timeout, ConnectionError): break
+            if not chunk: break
+            buf += chunk
+            while len(buf) >= 9:
+                f, n = Frame.parse_frame_header(memoryview(buf[:9]))
+                if len(buf) < 9 + n: break
+                f.parse_body(memoryview(buf[9:9 + n])); buf = buf[9 + n:]
+                if isinstance(f, SettingsFrame) and "ACK" not in f.flags: s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
+                if isinstance(f, GoAwayFrame): done["goaway"] = "goaway %d" % f.error_code
+                if f.stream_id not in names or f.stream_id in done: continue
+                if isinstance(f, HeadersFrame):
+                    status = dict(dec.decode(f.data)).get(":status", "")
+                    if status: done[f.stream_id] = "status " + status
+                elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
+        for sid, name in names.items(): print(name, done.get(sid, "none"), flush=True)
+        if "goaway" in done: print("GOAWAY", done["goaway"], flush=True)
+        """#
+
+    /// The malformed heads of the attack run (RFC 9113 section 8, and the
+    /// rules HTTP/1.1 has too): each refused on its stream (a 4xx, or
+    /// RST_STREAM PROTOCOL_ERROR where nghttp2 refuses it first), the
+    /// connection goes on, and the recording upstream sees none of them.
+    @Test func everyMalformedHeadIsRefusedOnItsStreamAndNeverForwarded() throws {
+        let run = try HTTP2StreamingBodyTests.Run(kind: "h1")
+        defer { run.stop() }
+        let h = try HTTP2StreamingBodyTests.proxy(run.port)
+        defer { h.stop() }
+        func head(_ key: String, method: String = "GET", path: String? = nil, _ extra: [[String]] = []) -> [[String]] {
+            [[":method", method], [":scheme", "http"], [":authority", "t"], [":path", path ?? "/up?key=\(key)"]] + extra
+        }
+        let cases: [(String, [[String]])] = [
+            ("no_method", [[":scheme", "http"], [":authority", "t"], [":path", "/up?key=no_method"]]),
+            ("no_scheme", [[":method", "GET"], [":authority", "t"], [":path", "/up?key=no_scheme"]]),
+            ("no_path", [[":method", "GET"], [":scheme", "http"], [":authority", "t"]]),
+            ("empty_path", head("empty_path", path: "")),
+            ("relative_path", head("relative_path", path: "up?key=relative_path")),
+            ("ftp_scheme", [[":method", "GET"], [":scheme", "ftp"], [":authority", "t"], [":path", "/up?key=ftp_scheme"]]),
+            ("unknown_pseudo", head("unknown_pseudo", [[":foo", "1"]])),
+            ("status_pseudo", head("status_pseudo", [[":status", "200"]])),
+            ("protocol_pseudo", head("protocol_pseudo", [[":protocol", "websocket"]])),
+            ("repeated_path", head("repeated_path", [[":path", "/up?key=repeated_path"]])),
+            ("pseudo_after_field", [[":method", "GET"], [":scheme", "http"], ["x-a", "1"], [":path", "/up?key=pseudo_after_field"]]),
+            ("host_mismatch", head("host_mismatch", [["host", "other"]])),
+            ("two_hosts", [[":method", "GET"], [":scheme", "http"], [":path", "/up?key=two_hosts"], ["host", "a"], ["host", "b"]]),
+            ("bad_authority", [[":method", "GET"], [":scheme", "http"], [":authority", "a b"], [":path", "/up?key=bad_authority"]]),
+            ("connection", head("connection", [["connection", "close"]])),
+            ("transfer_encoding", head("transfer_encoding", [["transfer-encoding", "chunked"]])),
+            ("te_gzip", head("te_gzip", [["te", "gzip"]])),
+            ("upgrade", head("upgrade", [["upgrade", "h2c"]])),
+            ("keep_alive", head("keep_alive", [["keep-alive", "1"]])),
+            ("proxy_connection", head("proxy_connection", [["proxy-connection", "x"]])),
+            ("uppercase_name", head("uppercase_name", [["X-A", "1"]])),
+            ("space_in_name", head("space_in_name", [["a b", "1"]])),
+            ("cr_in_value", head("cr_in_value", [["x-a", "a\rb"]])),
+            ("lf_in_value", head("lf_in_value", [["x-a", "a\nb"]])),
+            ("nul_in_value", head("nul_in_value", [["x-a", "a\u{0}b"]])),
+            ("control_in_value", head("control_in_value", [["x-a", "a\u{1}b"]])),
+            ("leading_space", head("leading_space", [["x-a", " a"]])),
+            ("trailing_tab", head("trailing_tab", [["x-a", "a\t"]])),
+            ("connect", [[":method", "CONNECT"], [":authority", "t:443"]]),
+            ("space_in_method", head("space_in_method", method: "GE T")),
+            ("space_in_path", head("space_in_path", path: "/up?key=space_in_path&a b")),
+            ("hash_in_path", head("hash_in_path", path: "/up?key=hash_in_path#x")),
+            ("asterisk_get", head("asterisk_get", path: "*")),
+            ("content_length_text", head("content_length_text", method: "POST", [["content-length", "abc"]])),
+            ("content_length_negative", head("content_length_negative", method: "POST", [["content-length", "-1"]])),
+            ("content_length_two", head("content_length_two", method: "POST", [["content-length", "1"], ["content-length", "2"]])),
+            ("content_length_huge", head("content_length_huge", method: "POST", [["content-length", "99999999999999999999"]])),
+            ("content_length_unmet", head("content_length_unmet", method: "POST", [["content-length", "5"]])),
+            ("good", head("good")),
+        ]
+        let json = String(decoding: try JSONSerialization.data(withJSONObject: cases.map { [$0.0, $0.1] as [Any] }), as: UTF8.self)
+        let r = try runProcess(try PythonH2.python(), ["-c", Self.heads, "\(h.port)", json], timeout: 60)
+        #expect(r.status == 0, "\(r.err)")
+        let out = Dictionary(
+            r.out.split(separator: "\n").map { line in
+                let words = line.split(separator: " ", maxSplits: 1).map(String.init)
+                return (words[0], words.count > 1 ? words[1] : "")
+            }, uniquingKeysWith: { a, _ in a })
+        #expect(out["good"] == "status 200", "\(r.out)")
+        #expect(out["GOAWAY"] == nil, "the connection went on: \(r.out)")
+        for (name, _) in cases where name != "good" {
+            let outcome = out[name] ?? "none"
+            let refused = outcome == "reset 1" || (outcome.hasPrefix("status 4") && outcome != "status 404")
+            #expect(refused, "\(name): \(outcome)")
+        }
+        // Only the good request reached the upstream.
+        #expect(waitUntil("the good request at the upstream") { run.upstreamSaid("req good") == 1 })
+        // (The upstream's other requests are the proxy's health checks, `req x`.)
+        let seen = run.lines.withLock { $0 }.filter { $0.hasPrefix("req ") && $0 != "req x" }
+        #expect(seen == ["req good"], "\(seen)")
+    }
 }
