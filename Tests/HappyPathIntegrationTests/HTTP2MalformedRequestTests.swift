@@ -125,7 +125,8 @@ import Testing
                      lambda c: c.send(c.headers([("x-checksum", "c0ffee")], end=True))])
         """#
 
-    @Test func malformedRequestsNeverReachTheUpstreamWhole() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "raw frames at the edge: run once, by the address sanitizer's pass"))
+    func malformedRequestsNeverReachTheUpstreamWhole() throws {
         let run = try HTTP2StreamingBodyTests.Run(kind: "h1")
         defer { run.stop() }
         let h = try HTTP2StreamingBodyTests.proxy(run.port)
@@ -194,7 +195,8 @@ import Testing
     /// rules HTTP/1.1 has too): each refused on its stream (a 4xx, or
     /// RST_STREAM PROTOCOL_ERROR where nghttp2 refuses it first), the
     /// connection goes on, and the recording upstream sees none of them.
-    @Test func everyMalformedHeadIsRefusedOnItsStreamAndNeverForwarded() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "raw frames at the edge: run once, by the address sanitizer's pass"))
+    func everyMalformedHeadIsRefusedOnItsStreamAndNeverForwarded() throws {
         let run = try HTTP2StreamingBodyTests.Run(kind: "h1")
         defer { run.stop() }
         let h = try HTTP2StreamingBodyTests.proxy(run.port)
