@@ -160,19 +160,40 @@ public struct HTTP2RequestHeadReader: Sendable {
     /// (section 8.2.2) and no field that frames or routes the message
     /// (`content-length`, `transfer-encoding`, `host`: RFC 9110 section 6.5.1).
     public static func isAllowedTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
-        guard !name.isEmpty, name[0] != UInt8(ascii: ":") else { return false }
-        for b in name where (b >= 0x41 && b <= 0x5A) || !HTTPBytes.isToken(b) { return false }
-        for b in value where !HTTPBytes.isFieldValue(b) { return false }
-        if let first = value.first, let last = value.last, isWhitespace(first) || isWhitespace(last) { return false }
+        guard !name.isEmpty, name[0] != UInt8(ascii: ":"), syntaxRefusal(name: name, value: value) == nil,
+            !isConnectionSpecific(name)
+        else { return false }
+        return !(name.count == 2 && HTTPBytes.equals(name, "te")) && !(name.count == 4 && HTTPBytes.equals(name, "host"))
+            && !(name.count == 14 && HTTPBytes.equals(name, "content-length"))
+    }
+
+    /// What is wrong with a field's bytes, heads and trailers alike (nil:
+    /// nothing): a name of lower-case token bytes after a pseudo-header's
+    /// `:` (RFC 9113 section 8.2.1), and a value with no NUL, CR or LF and
+    /// no whitespace at either end; as HTTP/1.1, no other control byte either.
+    static func syntaxRefusal(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> HTTP2RequestRefusal? {
+        guard !name.isEmpty else { return .http1(.badFieldName) }
+        for b in name.dropFirst(name[0] == UInt8(ascii: ":") ? 1 : 0) {
+            if b >= 0x41, b <= 0x5A { return .malformed(.uppercaseFieldName) }
+            if !HTTPBytes.isToken(b) { return .http1(.badFieldName) }
+        }
+        for b in value where !HTTPBytes.isFieldValue(b) { return .http1(.badFieldValue) }
+        if let first = value.first, let last = value.last, isWhitespace(first) || isWhitespace(last) {
+            return .http1(.badFieldValue)
+        }
+        return nil
+    }
+
+    /// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`
+    /// and `Upgrade`, which HTTP/2 forbids (RFC 9113 section 8.2.2; `TE`
+    /// is allowed with the value `trailers` in a head).
+    static func isConnectionSpecific(_ name: UnsafeRawBufferPointer) -> Bool {
         switch name.count {
-        case 2: return !HTTPBytes.equals(name, "te")
-        case 4: return !HTTPBytes.equals(name, "host")
-        case 7: return !HTTPBytes.equals(name, "upgrade")
-        case 10: return !HTTPBytes.equals(name, "connection") && !HTTPBytes.equals(name, "keep-alive")
-        case 14: return !HTTPBytes.equals(name, "content-length")
-        case 16: return !HTTPBytes.equals(name, "proxy-connection")
-        case 17: return !HTTPBytes.equals(name, "transfer-encoding")
-        default: return true
+        case 7: HTTPBytes.equals(name, "upgrade")
+        case 10: HTTPBytes.equals(name, "connection") || HTTPBytes.equals(name, "keep-alive")
+        case 16: HTTPBytes.equals(name, "proxy-connection")
+        case 17: HTTPBytes.equals(name, "transfer-encoding")
+        default: false
         }
     }
 
@@ -183,19 +204,8 @@ public struct HTTP2RequestHeadReader: Sendable {
     }
 
     private mutating func check(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> HTTP2RequestRefusal? {
-        guard !name.isEmpty else { return .http1(.badFieldName) }
-        let isPseudo = name[0] == UInt8(ascii: ":")
-        for b in name.dropFirst(isPseudo ? 1 : 0) {
-            if b >= 0x41, b <= 0x5A { return .malformed(.uppercaseFieldName) }
-            if !HTTPBytes.isToken(b) { return .http1(.badFieldName) }
-        }
-        // RFC 9113 section 8.2.1: no NUL, CR or LF, no whitespace at either
-        // end; as HTTP/1.1, no other control byte either.
-        for b in value where !HTTPBytes.isFieldValue(b) { return .http1(.badFieldValue) }
-        if let first = value.first, let last = value.last, Self.isWhitespace(first) || Self.isWhitespace(last) {
-            return .http1(.badFieldValue)
-        }
-        return isPseudo ? pseudoHeader(name, value) : regularField(name, value)
+        if let refusal = Self.syntaxRefusal(name: name, value: value) { return refusal }
+        return name[0] == UInt8(ascii: ":") ? pseudoHeader(name, value) : regularField(name, value)
     }
 
     private mutating func pseudoHeader(_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer)
@@ -240,9 +250,7 @@ public struct HTTP2RequestHeadReader: Sendable {
             return countField()
         case 6 where HTTPBytes.equals(name, "cookie"):
             isCookieCrumb = cookieIndex != nil
-        case 7 where HTTPBytes.equals(name, "upgrade"), 10 where HTTPBytes.equals(name, "connection"),
-            10 where HTTPBytes.equals(name, "keep-alive"), 16 where HTTPBytes.equals(name, "proxy-connection"),
-            17 where HTTPBytes.equals(name, "transfer-encoding"):
+        case _ where Self.isConnectionSpecific(name):
             return .malformed(.connectionSpecificField)
         case 14 where HTTPBytes.equals(name, "content-length"):
             switch RequestHeadParser.parseContentLength(value, previous: contentLength) {

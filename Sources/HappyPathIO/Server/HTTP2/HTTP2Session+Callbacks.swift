@@ -160,9 +160,9 @@ extension HTTP2Session {
                 current.events.append(.headComplete(hd.stream_id))
             }
             if stream.malformedTrailer {
-                // Never an end: a request that could be read two ways is not served.
-                guard !stream.malformedReported else { return }
-                stream.malformedReported = true
+                // Never an end: a request that could be read two ways is not
+                // served. (Trailers come once: nghttp2 refuses a HEADERS
+                // frame after them, or trailers without END_STREAM.)
                 current.events.append(.malformed(hd.stream_id))
                 return
             }

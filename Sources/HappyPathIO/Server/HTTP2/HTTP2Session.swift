@@ -160,7 +160,6 @@ public final class HTTP2Session {
         /// A trailer field is malformed (a pseudo-header, a framing or
         /// connection-specific field, a byte not allowed): the request is.
         var malformedTrailer = false
-        var malformedReported = false
         var body: [UInt8] = []
         var bodyTotal = 0
         var bodyTooLarge = false

@@ -412,7 +412,7 @@ public final class HTTP2Stream: ClientStream {
         current === request ? bodyStream : nil
     }
 
-    public func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool { current === request && head == nil && refusedGRPC }
+    public func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool { current === request && refusedGRPC }
 
     /// Moves the body bytes the session holds into the streamed body while
     /// it has room (taking them gives the client that much window back), and
