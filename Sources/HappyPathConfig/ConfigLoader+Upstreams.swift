@@ -21,16 +21,17 @@ extension ConfigLoader {
 }
 
 extension Reader {
-    /// An upstream serving gRPC routes whose health check names neither a
-    /// `path` nor `grpc` (its own or `defaults'`) is checked with gRPC's
-    /// health service: a gRPC server has no `/healthz`, and resets the
-    /// stream of a `GET` (docs/reachability.md).
+    /// An upstream serving gRPC routes is checked with gRPC's health service
+    /// unless its own `health_check` names a `path`, or its own or
+    /// `defaults'` names `grpc`: a gRPC server has no `/healthz`, and
+    /// resets the stream of a `GET` (docs/reachability.md). A `path` in
+    /// `defaults` is for the HTTP upstreams (the example config sets one).
     static func defaultGRPCHealthChecks(_ config: inout Configuration) {
         for i in config.upstreams.indices {
             let name = config.upstreams[i].name
             guard config.routes.contains(where: { $0.grpc != nil && $0.upstream == name }) else { continue }
-            let merged = config.upstreams[i].policies.healthCheck.merged(over: config.defaults.healthCheck)
-            guard !merged.isSet(\.grpc), !merged.isSet(\.path) else { continue }
+            let own = config.upstreams[i].policies.healthCheck
+            guard !own.isSet(\.path), !own.merged(over: config.defaults.healthCheck).isSet(\.grpc) else { continue }
             config.upstreams[i].policies.healthCheck.set(\.grpc, HealthCheckConfiguration.GRPC())
             config.upstreams[i].grpcHealthCheckByDefault = true
         }

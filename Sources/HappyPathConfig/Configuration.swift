@@ -177,7 +177,7 @@ public struct Upstream: Sendable, Equatable {
     /// `adaptive_concurrency:` (nil: the limit of tries in flight is `max_connections`).
     public var adaptiveConcurrency: AdaptiveConcurrencySettings?
     /// Its health check is gRPC's because it serves gRPC routes and its
-    /// `health_check` names neither `path` nor `grpc` (`happypath check` says so).
+    /// `health_check` names no `path` of its own and no `grpc` (`happypath check` says so).
     public var grpcHealthCheckByDefault = false
 }
 

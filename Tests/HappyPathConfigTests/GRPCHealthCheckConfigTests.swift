@@ -90,4 +90,33 @@ import Testing
             """)
         #expect(e.count == 1, "\(e)")
     }
+
+    /// Issue 45: an upstream serving gRPC routes is checked with gRPC's
+    /// health service unless its own check names a `path`, or a `grpc` is
+    /// named (its own or `defaults'`); a `path` in `defaults` is for the
+    /// HTTP upstreams (the example config sets one), not a way out.
+    @Test(
+        arguments: [
+            // (defaults' health_check, the upstream's, the route is gRPC's, the check is gRPC's by default, its service)
+            ("", "", true, true, ""),
+            ("{ path: /healthz }", "", true, true, ""),
+            ("{ path: /healthz, interval: 5s }", "{ unhealthy_after: 2 }", true, true, ""),
+            ("", "{ path: /ready }", true, false, nil),
+            ("{ grpc: { service: a } }", "", true, false, "a"),
+            ("", "{ grpc: { service: b } }", true, false, "b"),
+            ("", "", false, false, nil),
+        ] as [(String, String, Bool, Bool, String?)])
+    func anUpstreamServingGRPCRoutesGetsAGRPCCheckByDefault(
+        defaults: String, upstream: String, grpcRoute: Bool, byDefault: Bool, service: String?
+    ) throws {
+        let yaml = Self.yaml(defaults: defaults, upstream: upstream).replacingOccurrences(
+            of: "upstream: api }", with: grpcRoute ? "upstream: api, grpc: {} }" : "upstream: api }")
+        let c = try ConfigLoader.parse(yaml, file: "f.yaml", environment: [:])
+        #expect(c.upstreams[0].grpcHealthCheckByDefault == byDefault)
+        #expect(c.resolvedPolicies(forUpstream: c.upstreams[0]).healthCheck.grpc?.service == service)
+        let summary = ConfigLoader.healthCheckSummary(c)
+        #expect(summary.count == 1)
+        #expect(summary.first?.contains("(the default for an upstream serving gRPC routes)") == byDefault, "\(summary)")
+        #expect(summary.first?.hasPrefix(service == nil ? "upstreams.api: health check GET " : "upstreams.api: gRPC health check") == true)
+    }
 }
