@@ -43,47 +43,30 @@ import Testing
         #expect(statuses == Set(Self.byStatus.keys), "every row is used: \(statuses.sorted())")
     }
 
-    /// Raw frames (hpack does not check what it encodes): one call per
-    /// connection, `PORT CASES` (JSON: name, path, extra fields, method,
-    /// body size); per call, its `:status`, every field of its HEADERS
-    /// frames, DATA bytes, and a reset if any.
+    /// After `PythonH2.rawFrames` (hpack does not check what it encodes):
+    /// one call per connection, `PORT CASES` (JSON: name, path, extra
+    /// fields, method, body size); per call, every field of its HEADERS
+    /// frames, DATA bytes, a reset if any, and whether the stream ended.
     static let client = #"""
-        import socket, sys, json
-        import hpack
-        from hyperframe.frame import Frame, SettingsFrame, HeadersFrame, DataFrame, RstStreamFrame, GoAwayFrame
+        import sys, json
         port, cases = int(sys.argv[1]), json.loads(sys.argv[2])
         out = {}
         for name, path, extra, method, size in cases:
-            s = socket.create_connection(("127.0.0.1", port)); s.settimeout(10)
-            enc, dec = hpack.Encoder(), hpack.Decoder()
-            h = HeadersFrame(1)
+            c = H2(port)
             fields = [(":method", method), (":scheme", "http"), (":authority", "t"), (":path", path),
                       ("content-type", "application/grpc"), ("te", "trailers")] + [tuple(f) for f in extra]
-            h.data = enc.encode(fields); h.flags.add("END_HEADERS")
-            d = DataFrame(1); d.data = b"\0" * max(0, size); d.flags.add("END_STREAM")
             # A size below 0: the head alone, the body still to come (an early answer).
-            body = d.serialize() if size >= 0 else b""
-            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize() + h.serialize() + body)
+            c.send(c.headers(fields), c.data(b"\0" * size, end=True) if size >= 0 else b"")
             r = {"fields": {}, "data": 0, "reset": None, "ended": False}
-            buf = b""
-            while not r["ended"] and r["reset"] is None:
-                try: chunk = s.recv(65536)
-                except (socket.timeout, ConnectionError): break
-                if not chunk: break
-                buf += chunk
-                while len(buf) >= 9:
-                    f, n = Frame.parse_frame_header(memoryview(buf[:9]))
-                    if len(buf) < 9 + n: break
-                    f.parse_body(memoryview(buf[9:9 + n])); buf = buf[9 + n:]
-                    if isinstance(f, SettingsFrame) and "ACK" not in f.flags: s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
-                    if f.stream_id != 1: continue
-                    if isinstance(f, HeadersFrame):
-                        for k, v in dec.decode(f.data): r["fields"][k if isinstance(k, str) else k.decode()] = v if isinstance(v, str) else v.decode()
-                    elif isinstance(f, DataFrame): r["data"] += len(f.data)
-                    elif isinstance(f, RstStreamFrame): r["reset"] = f.error_code
-                    if "END_STREAM" in f.flags: r["ended"] = True
+            for f in c.frames:
+                if f.stream_id != 1: continue
+                if isinstance(f, HeadersFrame): r["fields"].update(c.fields(f))
+                elif isinstance(f, DataFrame): r["data"] += len(f.data)
+                elif isinstance(f, RstStreamFrame): r["reset"] = f.error_code
+                if "END_STREAM" in f.flags: r["ended"] = True
+                if r["ended"] or r["reset"] is not None: break
             out[name] = r
-            s.close()
+            c.s.close()
         print(json.dumps(out))
         """#
 
@@ -111,7 +94,7 @@ import Testing
             ["method", "/t.S/M", [], "TRACE", 5],
         ]
         let arguments = String(decoding: try JSONSerialization.data(withJSONObject: cases), as: UTF8.self)
-        let r = try runProcess(try PythonH2.python(), ["-c", Self.client, "\(h.port)", arguments], timeout: 60)
+        let r = try runProcess(try PythonH2.python(), ["-c", PythonH2.rawFrames + Self.client, "\(h.port)", arguments], timeout: 60)
         #expect(r.status == 0, "\(r.err)")
         let all = try #require(try JSONSerialization.jsonObject(with: Data(r.out.utf8)) as? [String: [String: Any]], "\(r.out)")
         let expected = [

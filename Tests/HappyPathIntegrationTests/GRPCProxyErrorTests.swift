@@ -322,6 +322,17 @@ import Testing
         print(json.dumps({"calls": out}))
         """#
 
+    /// `rawCalls` through the proxy at `port`: per call, `[status,
+    /// grpc-status, grpc-message, seconds, body bytes]`.
+    static func rawCallResults(port: Int, _ calls: [[String]]) throws -> [[Any]] {
+        let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
+        let r = try runProcess(try PythonH2.python(), ["-c", rawCalls, String(port), json], timeout: 60)
+        try #require(r.status == 0, "\(r.err)")
+        let last = r.out.split(separator: "\n").last.map(String.init) ?? ""
+        let object = try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any]
+        return try #require(object?["calls"] as? [[Any]], "\(r.out)")
+    }
+
     /// The upstream is `H2Upstream`, which answers after `delay` whatever
     /// the call's `grpc-timeout` says (a grpcio server would answer
     /// DEADLINE_EXCEEDED itself at the same moment as the proxy, since each
@@ -341,13 +352,8 @@ import Testing
             ["/t.S/Slow?delay=3000&n=1", "300m"], ["/t.S/Past?n=2", "0n"], ["/t.S/Slow?delay=3000&n=3", "20S"],
             ["/t.S/U?n=4", "junk"], ["/t.S/U?n=5", ""],
         ]
-        let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
-        let r = try runProcess(try PythonH2.python(), ["-c", Self.rawCalls, String(h.port), json], timeout: 60)
-        try #require(r.status == 0, "\(r.err)")
-        let last = r.out.split(separator: "\n").last.map(String.init) ?? ""
-        let object = try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any]
-        let results = try #require(object?["calls"] as? [[Any]])
-        try #require(results.count == calls.count, "\(r.out)")
+        let results = try Self.rawCallResults(port: h.port, calls)
+        try #require(results.count == calls.count, "\(results)")
         func row(_ i: Int) -> (status: Int?, grpc: String?, message: String, seconds: Double, bytes: Int?) {
             let x = results[i]
             return (x[0] as? Int, x[1] as? String, x[2] as? String ?? "", x[3] as? Double ?? -1, x[4] as? Int)
@@ -404,13 +410,8 @@ import Testing
             """, holding: [down])
         defer { h.stop() }
         let calls = [["/t.S/M", "500m"], ["/b.S/M", "20S"]]
-        let json = String(decoding: try JSONSerialization.data(withJSONObject: calls), as: UTF8.self)
-        let r = try runProcess(try PythonH2.python(), ["-c", Self.rawCalls, String(h.port), json], timeout: 60)
-        try #require(r.status == 0, "\(r.err)")
-        let last = r.out.split(separator: "\n").last.map(String.init) ?? ""
-        let object = try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any]
-        let results = try #require(object?["calls"] as? [[Any]])
-        try #require(results.count == 2, "\(r.out)")
+        let results = try Self.rawCallResults(port: h.port, calls)
+        try #require(results.count == 2, "\(results)")
         let parked = results[0]
         #expect(parked[0] as? Int == 200 && parked[1] as? String == "4", "\(parked)")
         let message = parked[2] as? String ?? ""

@@ -23,13 +23,11 @@ import Testing
 /// - Trailers are checked as a head's fields: a pseudo-header, a framing
 ///   field or a CR/LF makes the request malformed, never silently shortened.
 @Suite(.serialized) struct HTTP2MalformedRequestTests {
-    /// `PORT DIR`: each case on a connection of its own, one line each:
-    /// `CASE status NNN` or `CASE reset CODE` (or `CASE none`).
+    /// After `PythonH2.rawFrames`; `PORT DIR`: each case on a connection
+    /// of its own, one line each: `CASE status NNN` or `CASE reset CODE`
+    /// (or `CASE none`).
     static let client = #"""
-        import socket, sys, os, time
-        import hpack
-        from hyperframe.frame import (Frame, SettingsFrame, HeadersFrame, DataFrame, RstStreamFrame, PingFrame,
-            GoAwayFrame, WindowUpdateFrame)
+        import sys, os, time
         port, d = int(sys.argv[1]), sys.argv[2]
 
         def wait_file(name, timeout=10):
@@ -39,56 +37,13 @@ import Testing
                 time.sleep(0.01)
             return False
 
-        class Conn:
-            def __init__(self):
-                self.s = socket.create_connection(("127.0.0.1", port)); self.s.settimeout(10)
-                self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.enc, self.dec = hpack.Encoder(), hpack.Decoder()
-                self.buf = b""
-                self.s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize())
-            def headers(self, fields, end=False, sid=1):
-                f = HeadersFrame(sid); f.data = self.enc.encode(fields); f.flags.add("END_HEADERS")
-                if end: f.flags.add("END_STREAM")
-                return f.serialize()
-            def data(self, payload, end=False, sid=1):
-                f = DataFrame(sid); f.data = payload
-                if end: f.flags.add("END_STREAM")
-                return f.serialize()
-            def send(self, *frames): self.s.sendall(b"".join(frames))
-            def frames(self):
-                while True:
-                    while len(self.buf) >= 9:
-                        f, n = Frame.parse_frame_header(memoryview(self.buf[:9]))
-                        if len(self.buf) < 9 + n: break
-                        f.parse_body(memoryview(self.buf[9:9 + n])); self.buf = self.buf[9 + n:]
-                        yield f
-                    try: data = self.s.recv(65536)
-                    except (socket.timeout, ConnectionError): return
-                    if not data: return
-                    self.buf += data
-            def ping(self):
-                # The PING's ACK: every frame sent before it was read.
-                self.s.sendall(PingFrame(0, opaque_data=b"happy123").serialize())
-                for f in self.frames():
-                    if isinstance(f, SettingsFrame) and "ACK" not in f.flags: self.s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
-                    if isinstance(f, PingFrame) and "ACK" in f.flags: return
-            def outcome(self, sid=1):
-                for f in self.frames():
-                    if isinstance(f, SettingsFrame) and "ACK" not in f.flags: self.s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
-                    elif isinstance(f, HeadersFrame) and f.stream_id == sid:
-                        status = dict(self.dec.decode(f.data)).get(":status")
-                        if status and not status.startswith("1"): return "status " + status
-                    elif isinstance(f, RstStreamFrame) and f.stream_id == sid: return "reset %d" % f.error_code
-                    elif isinstance(f, GoAwayFrame): return "goaway %d" % f.error_code
-                return "none"
-
         def head(key, method="POST", length=None):
             fields = [(":method", method), (":scheme", "http"), (":authority", "t"), (":path", "/up?key=" + key)]
             if length is not None: fields.append(("content-length", str(length)))
             return fields
 
         def run(name, steps):
-            c = Conn()
+            c = H2(port)
             for step in steps: step(c)
             print(name, c.outcome(), flush=True)
             c.s.close()
@@ -131,18 +86,12 @@ import Testing
         defer { run.stop() }
         let h = try HTTP2StreamingBodyTests.proxy(run.port)
         defer { h.stop() }
-        let r = try runProcess(try PythonH2.python(), ["-c", Self.client, "\(h.port)", run.dir.path], timeout: 120)
-        #expect(r.status == 0, "\(r.err)")
-        let out = Dictionary(
-            r.out.split(separator: "\n").map { line in
-                let words = line.split(separator: " ", maxSplits: 1).map(String.init)
-                return (words[0], words.count > 1 ? words[1] : "")
-            }, uniquingKeysWith: { a, _ in a })
+        let (out, printed) = try PythonH2.runRawFrames(Self.client, ["\(h.port)", run.dir.path])
         // RST_STREAM PROTOCOL_ERROR (1) for each malformed request; the stream only, the connection goes on.
         for key in ["cl0post", "cl0get", "short", "long", "tcl", "tpseudo", "tcrlf", "tte", "open", "stored"] {
-            #expect(out[key] == "reset 1", "\(key): \(r.out)")
+            #expect(out[key] == "reset 1", "\(key): \(printed)")
         }
-        #expect(out["fine"] == "status 200", "\(r.out)")
+        #expect(out["fine"] == "status 200", "\(printed)")
         #expect(waitUntil("the good request at the upstream") { run.upstreamSaid("done fine 5") == 1 })
         // Never sent: not even a head.
         for key in ["cl0post", "cl0get", "stored"] { #expect(run.upstreamSaid("req \(key)") == 0, "\(key)") }
@@ -153,42 +102,30 @@ import Testing
         }
     }
 
-    /// `PORT CASES`: one connection; each case's fields as one HEADERS
-    /// frame with END_STREAM on a stream of its own, then a good request
-    /// last; one line per stream: `NAME status NNN` or `NAME reset CODE`.
+    /// After `PythonH2.rawFrames`; `PORT CASES`: one connection; each
+    /// case's fields (as bytes: latin-1) as one HEADERS frame with
+    /// END_STREAM on a stream of its own, then a good request last; one
+    /// line per stream: `NAME status NNN` or `NAME reset CODE`, and
+    /// `GOAWAY CODE` if the connection got one.
     static let heads = #"""
-        import socket, sys, json
-        import hpack
-        from hyperframe.frame import Frame, SettingsFrame, HeadersFrame, RstStreamFrame, GoAwayFrame, DataFrame
+        import sys, json
         port, cases = int(sys.argv[1]), json.loads(sys.argv[2])
-        s = socket.create_connection(("127.0.0.1", port)); s.settimeout(10)
-        enc, dec = hpack.Encoder(), hpack.Decoder()
-        out, names, sid = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize(), {}, 1
-        for name, fields in cases:
-            f = HeadersFrame(sid)
-            f.data = enc.encode([(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields])
-            f.flags.add("END_HEADERS"); f.flags.add("END_STREAM")
-            out += f.serialize(); names[sid] = name; sid += 2
-        s.sendall(out)
-        done, buf = {}, b""
-        while len(done) < len(names):
-            try: chunk = s.recv(65536)
-            except (socket.timeout, ConnectionError): break
-            if not chunk: break
-            buf += chunk
-            while len(buf) >= 9:
-                f, n = Frame.parse_frame_header(memoryview(buf[:9]))
-                if len(buf) < 9 + n: break
-                f.parse_body(memoryview(buf[9:9 + n])); buf = buf[9 + n:]
-                if isinstance(f, SettingsFrame) and "ACK" not in f.flags: s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
-                if isinstance(f, GoAwayFrame): done["goaway"] = "goaway %d" % f.error_code
-                if f.stream_id not in names or f.stream_id in done: continue
-                if isinstance(f, HeadersFrame):
-                    status = dict(dec.decode(f.data)).get(":status", "")
-                    if status: done[f.stream_id] = "status " + status
-                elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
+        c, names, out = H2(port), {}, b""
+        for i, (name, fields) in enumerate(cases):
+            names[2 * i + 1] = name
+            out += c.headers([(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields], end=True, sid=2 * i + 1)
+        c.send(out)
+        done, goaway = {}, None
+        for f in c.frames:
+            if isinstance(f, GoAwayFrame): goaway = f.error_code
+            if f.stream_id not in names or f.stream_id in done: continue
+            if isinstance(f, HeadersFrame):
+                status = c.fields(f).get(":status", "")
+                if status: done[f.stream_id] = "status " + status
+            elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
+            if len(done) == len(names): break
         for sid, name in names.items(): print(name, done.get(sid, "none"), flush=True)
-        if "goaway" in done: print("GOAWAY", done["goaway"], flush=True)
+        if goaway is not None: print("GOAWAY", goaway, flush=True)
         """#
 
     /// The malformed heads of the attack run (RFC 9113 section 8, and the
@@ -246,15 +183,9 @@ import Testing
             ("good", head("good")),
         ]
         let json = String(decoding: try JSONSerialization.data(withJSONObject: cases.map { [$0.0, $0.1] as [Any] }), as: UTF8.self)
-        let r = try runProcess(try PythonH2.python(), ["-c", Self.heads, "\(h.port)", json], timeout: 60)
-        #expect(r.status == 0, "\(r.err)")
-        let out = Dictionary(
-            r.out.split(separator: "\n").map { line in
-                let words = line.split(separator: " ", maxSplits: 1).map(String.init)
-                return (words[0], words.count > 1 ? words[1] : "")
-            }, uniquingKeysWith: { a, _ in a })
-        #expect(out["good"] == "status 200", "\(r.out)")
-        #expect(out["GOAWAY"] == nil, "the connection went on: \(r.out)")
+        let (out, printed) = try PythonH2.runRawFrames(Self.heads, ["\(h.port)", json], timeout: 60)
+        #expect(out["good"] == "status 200", "\(printed)")
+        #expect(out["GOAWAY"] == nil, "the connection went on: \(printed)")
         for (name, _) in cases where name != "good" {
             let outcome = out[name] ?? "none"
             let refused = outcome == "reset 1" || (outcome.hasPrefix("status 4") && outcome != "status 404")

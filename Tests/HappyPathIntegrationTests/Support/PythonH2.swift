@@ -21,6 +21,83 @@ enum PythonH2 {
     }
 }
 
+extension PythonH2 {
+    /// Python that speaks raw HTTP/2 frames (hyperframe, hpack: neither
+    /// checks what it is given), put before a test's own script:
+    /// `H2(port)` connects with the preface and SETTINGS; `headers` and
+    /// `data` make frames, `send` sends them; `frames` is one generator per
+    /// connection over every frame the proxy sends (SETTINGS acknowledged),
+    /// ending when the connection ends or is quiet for 10 s; `ping` returns
+    /// once the proxy has read all sent before it; `outcome(sid)` is the
+    /// stream's `status NNN`, `reset CODE`, the connection's `goaway CODE`,
+    /// or `none`.
+    static let rawFrames = #"""
+        import socket
+        import hpack
+        from hyperframe.frame import Frame, SettingsFrame, HeadersFrame, DataFrame, RstStreamFrame, PingFrame, GoAwayFrame
+
+        class H2:
+            def __init__(self, port):
+                self.s = socket.create_connection(("127.0.0.1", port)); self.s.settimeout(10)
+                self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.enc, self.dec = hpack.Encoder(), hpack.Decoder()
+                self.s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize())
+                self.frames = self._frames()
+            def headers(self, fields, end=False, sid=1):
+                f = HeadersFrame(sid); f.data = self.enc.encode(fields); f.flags.add("END_HEADERS")
+                if end: f.flags.add("END_STREAM")
+                return f.serialize()
+            def data(self, payload, end=False, sid=1):
+                f = DataFrame(sid); f.data = payload
+                if end: f.flags.add("END_STREAM")
+                return f.serialize()
+            def send(self, *frames): self.s.sendall(b"".join(frames))
+            def _frames(self):
+                buf = b""
+                while True:
+                    while len(buf) >= 9:
+                        f, n = Frame.parse_frame_header(memoryview(buf[:9]))
+                        if len(buf) < 9 + n: break
+                        f.parse_body(memoryview(buf[9:9 + n])); buf = buf[9 + n:]
+                        if isinstance(f, SettingsFrame) and "ACK" not in f.flags:
+                            self.s.sendall(SettingsFrame(0, flags=["ACK"]).serialize())
+                        yield f
+                    try: chunk = self.s.recv(65536)
+                    except (socket.timeout, ConnectionError): return
+                    if not chunk: return
+                    buf += chunk
+            def fields(self, f): return dict(self.dec.decode(f.data))
+            def ping(self):
+                self.s.sendall(PingFrame(0, opaque_data=b"happy123").serialize())
+                for f in self.frames:
+                    if isinstance(f, PingFrame) and "ACK" in f.flags: return
+            def outcome(self, sid=1):
+                for f in self.frames:
+                    if isinstance(f, HeadersFrame) and f.stream_id == sid:
+                        status = self.fields(f).get(":status")
+                        if status and not status.startswith("1"): return "status " + status
+                    elif isinstance(f, RstStreamFrame) and f.stream_id == sid: return "reset %d" % f.error_code
+                    elif isinstance(f, GoAwayFrame): return "goaway %d" % f.error_code
+                return "none"
+
+        """#
+
+    /// Runs `rawFrames` and `script` with `arguments`; each line of its
+    /// output `NAME WHAT…` as NAME → WHAT (the first of a name kept).
+    static func runRawFrames(_ script: String, _ arguments: [String], timeout: Double = 120) throws
+        -> (lines: [String: String], out: String)
+    {
+        let r = try runProcess(try python(), ["-c", rawFrames + script] + arguments, timeout: timeout)
+        #expect(r.status == 0, "\(r.err)")
+        let lines = Dictionary(
+            r.out.split(separator: "\n").map { line in
+                let words = line.split(separator: " ", maxSplits: 1).map(String.init)
+                return (words[0], words.count > 1 ? words[1] : "")
+            }, uniquingKeysWith: { a, _ in a })
+        return (lines, r.out)
+    }
+}
+
 /// Runs `script` (with `arguments`) under `python`, its output read line
 /// by line: the first line comes back (a script prints what the test needs
 /// to reach it, such as its ports), every later one goes to `lines`.
