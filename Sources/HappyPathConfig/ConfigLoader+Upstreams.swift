@@ -10,12 +10,15 @@ extension ConfigLoader {
     /// cannot reuse (curl#10634): each request opens a connection of its own.
     public static func upstreamWarnings(_ config: Configuration) -> [String] {
         config.upstreams.compactMap { u in
-            guard u.protocol == .h2, let plain = u.endpoints.first(where: { $0.lowercased().hasPrefix("http://") }) else {
+            guard u.protocol == .h2, u.h2Client == .libcurl,
+                let plain = u.endpoints.first(where: { $0.lowercased().hasPrefix("http://") })
+            else {
                 return nil
             }
             return "upstreams.\(u.name).protocol: h2 to \(plain) is HTTP/2 without TLS (h2c): libcurl 7.88.1 cannot"
                 + " reuse such a connection, so every request opens one of its own (one stream per connection);"
-                + " use an https:// endpoint to share connections, or protocol: http1"
+                + " use h2_client: nghttp2 (the proxy's own HTTP/2 client) or an https:// endpoint to share"
+                + " connections, or protocol: http1"
         }
     }
 }
@@ -64,7 +67,7 @@ extension Reader {
             node, path,
             known: [
                 "endpoints", "connect_timeout", "max_connections", "auth", "errors", "upstream_errors", "pacing", "tls",
-                "protocol", "adaptive_concurrency",
+                "protocol", "h2_client", "adaptive_concurrency",
             ]
                 + Self.policyKeys)
         var u = Upstream(name: name, endpoints: [])
@@ -114,6 +117,7 @@ extension Reader {
             }
         }
         if let p = choice(f["protocol"]?.value, "\(path).protocol", UpstreamProtocol.self) { u.protocol = p }
+        if let c = choice(f["h2_client"]?.value, "\(path).h2_client", UpstreamH2Client.self) { u.h2Client = c }
         if let a = f["adaptive_concurrency"]?.value {
             u.adaptiveConcurrency = adaptiveConcurrency(a, "\(path).adaptive_concurrency")
             if let limit = u.adaptiveConcurrency?.limit, !u.endpoints.isEmpty,

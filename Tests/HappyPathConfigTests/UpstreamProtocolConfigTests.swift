@@ -37,12 +37,29 @@ import Testing
         ("http://127.0.0.1:9000", ", protocol: h2", true), ("HTTP://127.0.0.1:9000", ", protocol: h2", true),
         ("https://127.0.0.1:9443", ", protocol: h2", false), ("http://127.0.0.1:9000", "", false),
         ("http://127.0.0.1:9000", ", protocol: http1", false),
+        ("http://127.0.0.1:9000", ", protocol: h2, h2_client: nghttp2", false),
+        ("http://127.0.0.1:9000", ", protocol: h2, h2_client: libcurl", true),
     ])
     func checkWarnsOnlyOfH2WithoutTLS(endpoint: String, setting: String, warns: Bool) throws {
         let c = try ConfigLoader.parse(Self.yaml(endpoint, setting), file: "f.yaml", environment: [:])
         let warnings = ConfigLoader.upstreamWarnings(c)
         #expect(warnings.count == (warns ? 1 : 0))
         if warns { #expect(warnings[0].hasPrefix("upstreams.api.protocol: h2 to \(endpoint) is HTTP/2 without TLS (h2c)")) }
+    }
+
+    /// `h2_client` (transitional, issue 46): libcurl by default, nghttp2 asked by name.
+    @Test(arguments: [
+        ("", UpstreamH2Client.libcurl), (", h2_client: libcurl", .libcurl), (", h2_client: nghttp2", .nghttp2),
+    ])
+    func theH2ClientIsReadWithLibcurlAsDefault(setting: String, expected: UpstreamH2Client) throws {
+        let c = try ConfigLoader.parse(
+            Self.yaml("http://127.0.0.1:9000", ", protocol: h2" + setting), file: "f.yaml", environment: [:])
+        #expect(c.upstreams[0].h2Client == expected)
+    }
+
+    @Test func aWrongH2ClientNamesTheChoices() {
+        let e = errors(Self.yaml("http://127.0.0.1:9000", ", protocol: h2, h2_client: curl"))
+        #expect(e.map(\.message) == ["upstreams.api.h2_client must be one of libcurl, nghttp2, got 'curl'"])
     }
 
     /// A reload tells a changed upstream by equality, as for its other keys.

@@ -22,7 +22,8 @@
 #   BENCH_PROFILE=grpc: foundation with `protocol: h2` on the upstream (h2c
 #     to an http:// endpoint, one connection per call with libcurl 7.88;
 #     with BENCH_UPSTREAM_CA, https:// trusting that CA for `localhost`,
-#     calls multiplexed) and `grpc: {}` on the route: gRPC calls passed through.
+#     calls multiplexed) and `grpc: {}` on the route: gRPC calls passed through;
+#     BENCH_H2_CLIENT=nghttp2 carries h2c on the proxy's own HTTP/2 client.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -103,6 +104,8 @@ case $profile in
   grpc)
     level=warning
     upstream_lines="    protocol: h2"
+    # BENCH_H2_CLIENT=nghttp2: h2c on the proxy's own HTTP/2 client (issue 46).
+    [ -n "${BENCH_H2_CLIENT:-}" ] && upstream_lines+=$'\n'"    h2_client: ${BENCH_H2_CLIENT}"
     [ -n "${BENCH_UPSTREAM_CA:-}" ] && upstream_lines+=$'\n'"    tls: { ca: ${BENCH_UPSTREAM_CA}, server_name: localhost }"
     foundation_yaml "$upstream_lines" "    grpc: {}" > "$cfg"
     ;;

@@ -33,6 +33,9 @@ public struct UpstreamRequest {
     public var connectTo: String?
     /// HTTP/1.1, or HTTP/2 as the endpoint's scheme allows.
     public var httpVersion: UpstreamHTTPVersion
+    /// `h2_client: nghttp2`: an h2c try goes on the proxy's own HTTP/2
+    /// client (`HTTP2UpstreamClient`), multiplexed, instead of libcurl.
+    public var h2Client = false
 
     public init(
         origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,

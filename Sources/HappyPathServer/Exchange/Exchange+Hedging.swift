@@ -117,7 +117,7 @@ extension Exchange {
         }
         worker.metrics.hedge(route: route, outcome: "won")
         if let transfer {
-            worker.client.detach(transfer)
+            transfer.detach()
             hedging.lost(.init(transfer: transfer, holdsSlot: holdsSlot, endpointIndex: endpointIndex))
             holdsSlot = false
         }
@@ -165,7 +165,7 @@ extension Exchange {
         if trace != nil {
             trace?.tryEnded(lostHedge: true, outcome: outcome?.metricLabel ?? "lost", status: nil, at: worker.clock.now())
         }
-        worker.client.detach(hedge.transfer)
+        hedge.transfer.detach()
         hedging.lost(.init(transfer: hedge.transfer, holdsSlot: true, endpointIndex: hedge.endpointIndex, outcome: outcome))
         worker.metrics.hedge(route: route, outcome: "lost")
     }
@@ -181,7 +181,7 @@ extension Exchange {
     /// failures counted.
     func reap(at now: Instant) {
         for loser in hedging.removeLosers() {
-            worker.client.cancel(loser.transfer)
+            loser.transfer.cancel()
             if loser.holdsSlot { worker.releaseSlot(guardian: guardian, slotHolder) }
             if let outcome = loser.outcome { _ = report(outcome, endpoint: loser.endpointIndex, at: now) }
         }

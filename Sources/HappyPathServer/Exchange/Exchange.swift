@@ -55,7 +55,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let startedAt: Instant
 
     // What this exchange holds, released by `releaseAll`.
-    var transfer: UpstreamTransfer?
+    var transfer: (any UpstreamTry)?
     /// An upgrade request (the route's `upgrades`): its tries are
     /// `UpstreamUpgrade`s, not libcurl transfers (Exchange+Upgrade.swift).
     let upgrade: UpgradeRequest?
@@ -244,12 +244,12 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func abandon() {
         guard !isFinished else { return }
         _ = machine.clientGone()
-        if let transfer { worker.client.cancel(transfer) }
+        if let transfer { transfer.cancel() }
         transfer = nil
         upgradeTry?.close()
         upgradeTry = nil
-        for hedge in hedging.removeAll() { worker.client.cancel(hedge.transfer) }
-        for loser in hedging.removeLosers() { worker.client.cancel(loser.transfer) }
+        for hedge in hedging.removeAll() { hedge.transfer.cancel() }
+        for loser in hedging.removeLosers() { loser.transfer.cancel() }
         recycleTimers()
         request.abort()
     }
@@ -282,7 +282,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             if trace != nil { trace?.parkedChanged(true, at: worker.clock.now()) }
             arm(after: limit)
         case .cancelTry:
-            if let transfer { worker.client.cancel(transfer) }
+            if let transfer { transfer.cancel() }
             transfer = nil
             upgradeTry?.close()
             upgradeTry = nil
@@ -369,7 +369,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// A libcurl transfer to endpoint `index` carrying `token`, its parts
     /// reported to `handler` (the exchange, or a hedge beside its try).
     func start(endpoint index: Int, limit: Duration, token: Token?, handler: UpstreamResponseHandler)
-        -> UpstreamTransfer
+        -> any UpstreamTry
     {
         let endpoint = upstream.endpoints[index]
         let method = command.method
@@ -383,14 +383,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 spanID: Tracer.nonZero(worker.ids.next()), endpoint: endpoint.origin, attempt: command.attempt,
                 hedge: handler !== self, at: worker.clock.now())
         }
-        return worker.client.start(
-            UpstreamRequest(
-                origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
-                headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
-                connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
-                connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream,
-                replacingAlso: isGRPC ? tryTimeout(at: worker.clock.now()) : nil),
-            handler: handler)
+        var request = UpstreamRequest(
+            origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
+            headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
+            connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
+            connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream,
+            replacingAlso: isGRPC ? tryTimeout(at: worker.clock.now()) : nil)
+        request.h2Client = upstream.h2Client
+        return worker.transports.start(request, handler: handler)
     }
 
     /// A gRPC try's own `grpc-timeout`: the time its call has left (the
@@ -502,7 +502,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// Everything this exchange holds, let go: the try, the slot or queue
     /// place, the parking place, the timer.
     func releaseAll() {
-        if let transfer { worker.client.cancel(transfer) }
+        if let transfer { transfer.cancel() }
         transfer = nil
         upgradeTry?.close()
         upgradeTry = nil

@@ -16,7 +16,7 @@ struct HedgeCoordinator {
     /// refuses to remove a transfer): cancelled, its slot freed and its
     /// failure counted on the next loop pass (`Exchange.reap`).
     struct Loser {
-        var transfer: UpstreamTransfer
+        var transfer: any UpstreamTry
         var holdsSlot: Bool
         var endpointIndex: Int
         /// Its failure, for the breaker and metrics (nil: it was only cancelled).
@@ -115,7 +115,7 @@ struct HedgeCoordinator {
 /// other and passes everything through.
 final class HedgeTry: UpstreamResponseHandler {
     unowned let exchange: Exchange
-    var transfer: UpstreamTransfer!
+    var transfer: (any UpstreamTry)!
     let endpointIndex: Int
     let token: Token?
     let startedAt: Instant

@@ -3,8 +3,8 @@ import HappyPathCore
 import HappyPathIO
 import Logging
 
-/// Active health checks (`health_check`), on the admin loop with a libcurl
-/// client of its own. An upstream is reachable while any endpoint answers
+/// Active health checks (`health_check`), on the admin loop with upstream
+/// clients of its own. An upstream is reachable while any endpoint answers
 /// at all: its path with a status below 500, or a reset of the stream — or,
 /// with a gRPC check (`health_check.grpc`, the default for an upstream
 /// serving gRPC routes), gRPC's `Health/Check` with anything but
@@ -16,7 +16,7 @@ final class HealthChecker: LoopEventTarget {
     private let runtime: RuntimeConfiguration
     private let shared: SharedState
     private let logger: Logger
-    private let client: UpstreamClient
+    private let client: UpstreamTransports
     private var states: [UpstreamCheck]
     private var timers: [LoopEvent] = []
     private var probes: [ObjectIdentifier: HealthProbe] = [:]
@@ -36,7 +36,11 @@ final class HealthChecker: LoopEventTarget {
         self.runtime = runtime
         self.shared = shared
         self.logger = logger
-        client = UpstreamClient(loop: loop, maxConnectionsPerHost: 4, maxCachedConnections: 16)
+        // An `h2_client: nghttp2` upstream is checked on a pool of the admin
+        // loop's own: a worker's busy or stalled streams never delay a probe.
+        client = UpstreamTransports(
+            curl: UpstreamClient(loop: loop, maxConnectionsPerHost: 4, maxCachedConnections: 16),
+            h2: HTTP2UpstreamClient(loop: loop, clock: { MonotonicClock().now() }, maxConnectionsPerEndpoint: 1))
         states = Array(repeating: UpstreamCheck(), count: runtime.upstreams.count)
     }
 
@@ -82,13 +86,14 @@ final class HealthChecker: LoopEventTarget {
         let userAgent = HTTPField(name: "User-Agent", value: "happypath-health-check")
         for endpoint in upstream.endpoints {
             let probe = HealthProbe(
-                checker: self, client: client, upstreamIndex: u, grpc: settings.grpc == nil ? nil : GRPCHealthCheck.Answer())
+                checker: self, upstreamIndex: u, grpc: settings.grpc == nil ? nil : GRPCHealthCheck.Answer())
             probes[ObjectIdentifier(probe)] = probe
             var request = UpstreamRequest(
                 origin: endpoint.origin, target: endpoint.basePath + settings.path, method: "GET",
                 headers: HeaderBlock([userAgent]), body: .empty, sendsBody: false,
                 connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout, tls: upstream.tls,
                 connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion)
+            request.h2Client = upstream.h2Client
             if let grpc = settings.grpc {
                 // A unary call (gRPC over HTTP/2): POST, framed body, and `te: trailers`, which gRPC servers require.
                 request.target = endpoint.basePath + GRPCHealthCheck.path
@@ -169,18 +174,16 @@ final class HealthChecker: LoopEventTarget {
 /// it (its `probes`) until it reports or the checker stops.
 private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
     let checker: HealthChecker
-    let client: UpstreamClient
     let upstreamIndex: Int
-    var transfer: UpstreamTransfer?
+    var transfer: (any UpstreamTry)?
     var status = 0
     /// A gRPC check's answer as it arrives; nil for an HTTP check.
     var grpc: GRPCHealthCheck.Answer?
     var timer: LoopEvent?
     var reported = false
 
-    init(checker: HealthChecker, client: UpstreamClient, upstreamIndex: Int, grpc: GRPCHealthCheck.Answer?) {
+    init(checker: HealthChecker, upstreamIndex: Int, grpc: GRPCHealthCheck.Answer?) {
         self.checker = checker
-        self.client = client
         self.upstreamIndex = upstreamIndex
         self.grpc = grpc
     }
@@ -235,7 +238,7 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
     }
 
     func loopEventFired(_ event: LoopEvent) {
-        if let transfer { client.cancel(transfer) }
+        transfer?.cancel()
         transfer = nil
         report(false)
     }
@@ -253,7 +256,7 @@ private final class HealthProbe: UpstreamResponseHandler, LoopEventTarget {
         reported = true
         timer?.recycle()
         timer = nil
-        if let transfer { client.cancel(transfer) }
+        transfer?.cancel()
         transfer = nil
     }
 }

@@ -23,6 +23,8 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var servers: [HTTPServer] = []
     var server: HTTPServer { servers[0] }
     let client: UpstreamClient
+    /// libcurl and the proxy's own HTTP/2 client: what a try starts on.
+    let transports: UpstreamTransports
     var ids = IdentifierGenerator()
     /// An upstream silent this long in mid-response is cut (limits.client_timeout).
     let idleTimeout: Duration
@@ -86,11 +88,18 @@ final class ProxyWorker: HTTPServerDelegate {
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
         let caps = runtime.connectionCaps(workers: workers)
-        client = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
-        // Weak: the worker owns its client (whose shutdown may run as the worker goes).
-        client.http2PauseChanged = { [weak self] in self?.shared.pausedHTTP2.add($0) }
+        let curl = UpstreamClient(loop: loop, maxConnectionsPerHost: caps.perHost, maxCachedConnections: caps.cached)
+        client = curl
         let configuration = runtime.configuration
         let limits = configuration.limits
+        transports = UpstreamTransports(
+            curl: curl,
+            h2: HTTP2UpstreamClient(
+                loop: loop, clock: { [clock] in clock.now() },
+                limits: HTTP2ClientLimits(maxHeadBytes: limits.maxHeaderBytes, maxHeadFields: limits.maxHeaders),
+                maxConnectionsPerEndpoint: caps.perHost))
+        // Weak: the worker owns its client (whose shutdown may run as the worker goes).
+        client.http2PauseChanged = { [weak self] in self?.shared.pausedHTTP2.add($0) }
         for listener in listeners {
             var serverLimits = HTTPServerLimits(
                 maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
@@ -540,6 +549,7 @@ final class ProxyWorker: HTTPServerDelegate {
         self.shared = shared
         let caps = runtime.connectionCaps(workers: workers)
         client.setConnectionLimits(perHost: caps.perHost, cached: caps.cached)
+        transports.h2.maxConnectionsPerEndpoint = caps.perHost
         let kept = Set(shared.guards.map(ObjectIdentifier.init))
         for (key, l) in lanes where !kept.contains(key) {
             // A reload that changed the upstream ends its pause: what waited goes now.
@@ -688,7 +698,7 @@ final class ProxyWorker: HTTPServerDelegate {
         refreshes.removeAll()
         lanes.removeAll()
         for s in servers { s.close() }
-        client.shutdown()
+        transports.shutdown()
         accessLog.flush()
     }
 }

@@ -32,7 +32,10 @@ enum PythonGRPC {
     /// with `upstream` added to its mapping) and `routes` (YAML list items,
     /// already indented by two), with `limits` if any.
     static func proxy(port: Int, upstream: String = "", limits: String? = nil, routes: String) throws -> ProxyHarness {
-        try ProxyHarness(
+        // HAPPYPATH_TEST_H2_CLIENT=nghttp2 runs the gRPC suites on the proxy's own HTTP/2 client.
+        let own = upstream.contains("h2_client")
+        let upstream = upstream + (own ? "" : h2Client.map { ", h2_client: \($0)" } ?? "")
+        return try ProxyHarness(
             """
             listen: 127.0.0.1:0
             admin: { listen: 127.0.0.1:0 }
@@ -42,6 +45,9 @@ enum PythonGRPC {
             \(routes)
             """)
     }
+
+    /// `h2_client` for the gRPC suites' upstream (nil: the default).
+    static let h2Client: String? = ProcessInfo.processInfo.environment["HAPPYPATH_TEST_H2_CLIENT"]
 
     /// The virtual environment's python, made (with `packages`) if missing.
     static func python() throws -> String {

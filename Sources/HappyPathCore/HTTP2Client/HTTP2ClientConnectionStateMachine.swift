@@ -1,0 +1,141 @@
+/// One HTTP/2 connection to an upstream, from connect to close. Pure: the
+/// driver (`HTTP2UpstreamConnection`) makes the socket calls and runs the
+/// nghttp2 client session, reports what happened, and performs the actions.
+///
+/// connecting → awaitingSettings → ready → draining → closed. The TCP
+/// connect has `connectTimeout`; the server's first SETTINGS has
+/// `connectTimeout` again from the moment TCP connected (an h2c server that
+/// waits for our preface answers it at once; one that does not speak
+/// HTTP/2 never does). Nothing is sent on a stream before that SETTINGS.
+public struct HTTP2ClientConnectionStateMachine: Sendable {
+    public enum State: Sendable, Equatable {
+        case idle
+        case connecting(deadline: Instant)
+        case awaitingSettings(deadline: Instant)
+        case ready
+        /// A GOAWAY came (or we stop using it): open streams finish.
+        case draining
+        case closed(CloseReason)
+    }
+
+    public enum CloseReason: Sendable, Equatable {
+        /// The TCP connect failed (refused, unreachable), with the system's words.
+        case connectFailed(String)
+        /// No TCP connection within the connect timeout.
+        case connectTimeout
+        /// Connected, but no SETTINGS from the server within the connect timeout.
+        case settingsTimeout
+        /// The server closed the connection, or a read or write failed.
+        case peerClosed(String)
+        /// nghttp2 found the server's frames invalid (the session ended).
+        case protocolError(String)
+        /// The pool closed it (idle, drained, shutdown).
+        case closedByPool
+
+        /// Why the connection could not be used, for the tries that waited on it.
+        public var failure: String {
+            switch self {
+            case let .connectFailed(why): "could not connect to the upstream: \(why)"
+            case .connectTimeout: "no connection to the upstream within connect_timeout"
+            case .settingsTimeout:
+                "the upstream accepted the connection but sent no HTTP/2 SETTINGS within connect_timeout (does it speak h2c?)"
+            case let .peerClosed(why): "the upstream closed the connection: \(why)"
+            case let .protocolError(why): "the upstream broke the HTTP/2 protocol: \(why)"
+            case .closedByPool: "the connection was closed"
+            }
+        }
+    }
+
+    public enum Action: Sendable, Equatable {
+        case none
+        /// TCP connected: start the session (preface and SETTINGS) and read.
+        case startSession
+        /// The server's SETTINGS came: the pool may put streams on it.
+        case ready(maxStreams: Int)
+        /// The server changed its stream limit.
+        case capacityChanged(maxStreams: Int)
+        /// A GOAWAY: the pool puts nothing new on it.
+        case draining
+        /// Close the socket now; the streams still on it end (`reason.failure`).
+        case close(CloseReason)
+    }
+
+    public private(set) var state: State = .idle
+    public let connectTimeout: Duration
+
+    public init(connectTimeout: Duration) { self.connectTimeout = connectTimeout }
+
+    /// When `timer` must run next (nil: no deadline).
+    public var deadline: Instant? {
+        switch state {
+        case let .connecting(deadline), let .awaitingSettings(deadline): deadline
+        default: nil
+        }
+    }
+
+    public var isClosed: Bool {
+        if case .closed = state { return true }
+        return false
+    }
+
+    /// The connect starts.
+    public mutating func start(at now: Instant) -> Action {
+        guard state == .idle else { return .none }
+        state = .connecting(deadline: now + connectTimeout)
+        return .none
+    }
+
+    /// The socket is connected.
+    public mutating func connected(at now: Instant) -> Action {
+        guard case .connecting = state else { return .none }
+        state = .awaitingSettings(deadline: now + connectTimeout)
+        return .startSession
+    }
+
+    /// The connect failed.
+    public mutating func connectFailed(_ why: String) -> Action { close(.connectFailed(why)) }
+
+    /// A SETTINGS frame (not an ACK) came from the server, with its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS as nghttp2 now applies it.
+    public mutating func settings(maxStreams: Int) -> Action {
+        switch state {
+        case .awaitingSettings:
+            state = .ready
+            return .ready(maxStreams: maxStreams)
+        case .ready, .draining: return .capacityChanged(maxStreams: maxStreams)
+        default: return .none
+        }
+    }
+
+    /// The server sent GOAWAY.
+    public mutating func goaway() -> Action {
+        switch state {
+        case .ready:
+            state = .draining
+            return .draining
+        case .awaitingSettings: return close(.protocolError("GOAWAY before SETTINGS"))
+        default: return .none
+        }
+    }
+
+    /// The server closed, a read or write failed, or the session ended on a protocol error.
+    public mutating func failed(_ reason: CloseReason) -> Action { close(reason) }
+
+    /// The pool closes it.
+    public mutating func closeRequested() -> Action { close(.closedByPool) }
+
+    /// The timer ran: a connect or SETTINGS deadline passed.
+    public mutating func timer(at now: Instant) -> Action {
+        switch state {
+        case let .connecting(deadline) where now >= deadline: return close(.connectTimeout)
+        case let .awaitingSettings(deadline) where now >= deadline: return close(.settingsTimeout)
+        default: return .none
+        }
+    }
+
+    private mutating func close(_ reason: CloseReason) -> Action {
+        if case .closed = state { return .none }
+        state = .closed(reason)
+        return .close(reason)
+    }
+}

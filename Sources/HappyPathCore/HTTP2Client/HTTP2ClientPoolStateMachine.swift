@@ -1,0 +1,226 @@
+/// The HTTP/2 connections one worker keeps to one upstream endpoint, and
+/// the tries waiting for a stream on them. Pure: the driver
+/// (`HTTP2ConnectionPool`) opens and closes sockets and submits streams as
+/// the actions say, and reports what happened as events.
+///
+/// The rules (docs/http2.md, "Towards upstreams"):
+/// - A try goes on the **oldest** ready connection with room (fill first, so
+///   extra connections go idle and close). Room is the peer's
+///   SETTINGS_MAX_CONCURRENT_STREAMS less the streams open on it.
+/// - A connection opens only when every open one is full (or none is open)
+///   and fewer than `maxConnections` are open; one opening at a time is
+///   assumed to take `assumedCapacity` tries, so a burst opens one, not many.
+/// - No stream goes on a connection before the server's SETTINGS: it proved
+///   it speaks HTTP/2, and its stream limit is known.
+/// - A connection that fails before it is ready fails the tries waiting,
+///   unless another connection that may take them is open or opening; it
+///   opens no other by itself (a connect that fails at once never loops).
+/// - A GOAWAY drains: no new stream; the connection closes when its last
+///   stream ends. A ready connection without a stream for `idleTimeout` closes.
+public struct HTTP2ClientPoolStateMachine: Sendable {
+    public typealias ConnectionID = Int
+    public typealias TryID = Int
+
+    public enum Phase: Sendable, Equatable {
+        /// Connecting, or waiting for the server's SETTINGS.
+        case opening
+        case ready
+        /// A GOAWAY came: the streams below its id finish, nothing new goes on it.
+        case draining
+    }
+
+    public struct Connection: Sendable, Equatable {
+        public let id: ConnectionID
+        public var phase: Phase
+        public var streams: Int
+        /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS (once ready).
+        public var capacity: Int
+        /// Since when it has had no stream (ready connections only).
+        public var idleSince: Instant?
+
+        var room: Int { phase == .ready ? max(0, capacity - streams) : 0 }
+    }
+
+    public enum CloseReason: String, Sendable, Equatable {
+        /// No stream for `idleTimeout`.
+        case idle
+        /// A GOAWAY came and its last stream ended.
+        case drained
+        /// The pool is being shut down (its streams are dropped).
+        case shutdown
+    }
+
+    public enum Action: Sendable, Equatable {
+        /// Open a new connection with this id.
+        case open(ConnectionID)
+        /// Start the try as a stream on the connection.
+        case assign(TryID, ConnectionID)
+        /// The try cannot get a connection: it fails, never sent.
+        case fail(TryID, String)
+        /// Close the connection (no stream is left on it, unless `.shutdown`).
+        case close(ConnectionID, CloseReason)
+    }
+
+    /// Connections a connection still opening is assumed to take (nghttp2's
+    /// own assumption before SETTINGS); it only decides whether to open another.
+    public static let assumedCapacity = 100
+
+    public let maxConnections: Int
+    public let idleTimeout: Duration
+    public private(set) var connections: [Connection] = []
+    /// Tries waiting for room, oldest first.
+    public private(set) var waiting: [TryID] = []
+    private var nextID: ConnectionID = 1
+    public private(set) var isShutDown = false
+
+    public init(maxConnections: Int, idleTimeout: Duration) {
+        self.maxConnections = max(1, maxConnections)
+        self.idleTimeout = idleTimeout
+    }
+
+    /// Streams open on every connection of the pool.
+    public var openStreams: Int { connections.reduce(0) { $0 + $1.streams } }
+
+    /// The earliest instant `timer` has something to do (an idle connection's close).
+    public var nextDeadline: Instant? {
+        connections.compactMap { $0.phase == .ready ? $0.idleSince.map { $0 + idleTimeout } : nil }.min()
+    }
+
+    private func index(of id: ConnectionID) -> Int? { connections.firstIndex { $0.id == id } }
+
+    // MARK: - Events
+
+    /// A try wants a stream.
+    public mutating func want(_ tryID: TryID, at now: Instant) -> [Action] {
+        guard !isShutDown else { return [.fail(tryID, "the proxy is shutting down")] }
+        if waiting.isEmpty, let i = connections.firstIndex(where: { $0.room > 0 }) {
+            return [assign(tryID, i)]
+        }
+        waiting.append(tryID)
+        return openIfNeeded()
+    }
+
+    /// The connection's server sent its first SETTINGS: it is ready, with
+    /// room for `maxStreams` streams.
+    public mutating func opened(_ id: ConnectionID, maxStreams: Int, at now: Instant) -> [Action] {
+        guard let i = index(of: id), connections[i].phase == .opening else { return [] }
+        connections[i].phase = .ready
+        connections[i].capacity = max(0, maxStreams)
+        connections[i].idleSince = now
+        var actions = assignWaiting(at: now)
+        actions += openIfNeeded()
+        return actions
+    }
+
+    /// The server changed SETTINGS_MAX_CONCURRENT_STREAMS. A lower value
+    /// takes no stream back (nghttp2 holds what is past it).
+    public mutating func capacityChanged(_ id: ConnectionID, maxStreams: Int, at now: Instant) -> [Action] {
+        guard let i = index(of: id) else { return [] }
+        connections[i].capacity = max(0, maxStreams)
+        var actions = assignWaiting(at: now)
+        actions += openIfNeeded()
+        return actions
+    }
+
+    /// A stream on the connection ended (whichever way).
+    public mutating func streamEnded(_ id: ConnectionID, at now: Instant) -> [Action] {
+        guard let i = index(of: id) else { return [] }
+        connections[i].streams = max(0, connections[i].streams - 1)
+        if connections[i].streams == 0 {
+            if connections[i].phase == .draining { return [.close(id, .drained)] }
+            connections[i].idleSince = now
+        }
+        return assignWaiting(at: now)
+    }
+
+    /// The server sent GOAWAY on the connection: it drains.
+    public mutating func goaway(_ id: ConnectionID) -> [Action] {
+        guard let i = index(of: id), connections[i].phase != .draining else { return [] }
+        let wasOpening = connections[i].phase == .opening
+        connections[i].phase = .draining
+        connections[i].idleSince = nil
+        var actions: [Action] = []
+        if connections[i].streams == 0 { actions.append(.close(id, .drained)) }
+        if wasOpening { actions += failIfNothingLeft("the upstream sent GOAWAY before its SETTINGS") }
+        return actions + openIfNeeded()
+    }
+
+    /// The connection is gone (closed by either side, or it never opened).
+    /// `failure` says why, when it closed before it was ready.
+    public mutating func connectionClosed(_ id: ConnectionID, failure: String?) -> [Action] {
+        guard let i = index(of: id) else { return [] }
+        let wasOpening = connections[i].phase == .opening
+        connections.remove(at: i)
+        // One that never became ready opens no other at once (the next try
+        // may): a connect that fails at once must not loop.
+        if wasOpening { return failIfNothingLeft(failure ?? "the upstream closed the connection before its SETTINGS") }
+        return openIfNeeded()
+    }
+
+    /// A waiting try is no longer wanted (a stream already assigned is the connection's to reset).
+    public mutating func cancelled(_ tryID: TryID) {
+        if let i = waiting.firstIndex(of: tryID) { waiting.remove(at: i) }
+    }
+
+    /// Time passed: ready connections idle for `idleTimeout` close.
+    public mutating func timer(at now: Instant) -> [Action] {
+        var actions: [Action] = []
+        for i in connections.indices where connections[i].phase == .ready && connections[i].streams == 0 {
+            if let since = connections[i].idleSince, now - since >= idleTimeout {
+                connections[i].phase = .draining
+                actions.append(.close(connections[i].id, .idle))
+            }
+        }
+        return actions
+    }
+
+    /// Everything stops: waiting tries fail, every connection closes now.
+    public mutating func shutdown() -> [Action] {
+        isShutDown = true
+        let failed = waiting.map { Action.fail($0, "the proxy is shutting down") }
+        waiting.removeAll()
+        return failed + connections.map { .close($0.id, .shutdown) }
+    }
+
+    // MARK: - Rules
+
+    private mutating func assign(_ tryID: TryID, _ i: Int) -> Action {
+        connections[i].streams += 1
+        connections[i].idleSince = nil
+        return .assign(tryID, connections[i].id)
+    }
+
+    /// Waiting tries onto the oldest ready connections with room.
+    private mutating func assignWaiting(at now: Instant) -> [Action] {
+        var actions: [Action] = []
+        var taken = 0
+        while taken < waiting.count, let i = connections.firstIndex(where: { $0.room > 0 }) {
+            actions.append(assign(waiting[taken], i))
+            taken += 1
+        }
+        if taken > 0 { waiting.removeFirst(taken) }
+        return actions
+    }
+
+    /// One more connection when the waiting tries are more than the
+    /// connections opening are assumed to take, within `maxConnections`.
+    private mutating func openIfNeeded() -> [Action] {
+        guard !isShutDown, !waiting.isEmpty else { return [] }
+        let opening = connections.reduce(0) { $0 + ($1.phase == .opening ? 1 : 0) }
+        let live = connections.reduce(0) { $0 + ($1.phase == .draining ? 0 : 1) }
+        guard waiting.count > opening * Self.assumedCapacity, live < maxConnections else { return [] }
+        let id = nextID
+        nextID += 1
+        connections.append(Connection(id: id, phase: .opening, streams: 0, capacity: 0, idleSince: nil))
+        return [.open(id)]
+    }
+
+    /// A connection failed before it was ready: the waiting tries fail
+    /// unless another connection is opening or ready (it will take them).
+    private mutating func failIfNothingLeft(_ why: String) -> [Action] {
+        guard !connections.contains(where: { $0.phase != .draining }) else { return [] }
+        let failed = waiting.map { Action.fail($0, why) }
+        waiting.removeAll()
+        return failed
+    }
+}

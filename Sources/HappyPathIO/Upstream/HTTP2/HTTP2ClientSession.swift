@@ -1,0 +1,288 @@
+import CNghttp2
+import HappyPathCore
+
+/// The limits a client session holds an upstream's answers to.
+public struct HTTP2ClientLimits: Sendable, Equatable {
+    /// A response head's (and its trailers') bytes: name + value + 32 per
+    /// field (`limits.max_header_bytes`), also sent as SETTINGS_MAX_HEADER_LIST_SIZE.
+    public var maxHeadBytes: Int
+    /// Fields in one response head (`limits.max_headers`).
+    public var maxHeadFields: Int
+    /// SETTINGS_INITIAL_WINDOW_SIZE: what the upstream may send a stream
+    /// before the handler takes its bytes (a stalled client's cost).
+    public var streamWindow: Int32
+    /// The connection's receive window, raised once at the start and given
+    /// back as DATA arrives (one stalled stream never stalls its neighbours).
+    public var connectionWindow: Int32
+
+    public init(
+        maxHeadBytes: Int = 64 * 1024, maxHeadFields: Int = 100, streamWindow: Int32 = 64 * 1024,
+        connectionWindow: Int32 = 1024 * 1024
+    ) {
+        self.maxHeadBytes = maxHeadBytes
+        self.maxHeadFields = maxHeadFields
+        self.streamWindow = streamWindow
+        self.connectionWindow = connectionWindow
+    }
+}
+
+/// What one `receive` found, for the connection driver.
+struct HTTP2ClientReceiveResult {
+    /// A fatal error (`mem_recv` < 0): the session is unusable.
+    var error: HTTP2SessionError?
+    /// The server's SETTINGS_MAX_CONCURRENT_STREAMS, when a SETTINGS frame (not an ACK) came.
+    var maxStreams: Int?
+    /// A GOAWAY came (its last stream id).
+    var goaway: Int32?
+}
+
+/// A client `nghttp2_session` with no I/O, the mirror of the edge's
+/// `HTTP2Session`: bytes read from the upstream go in through `receive`,
+/// bytes for it come out of `produce`, requests go in through `submit`.
+/// One per upstream connection, used only on its loop's thread.
+///
+/// Retention at the C boundary:
+/// - `user_data` is this object, passed unretained; the `nghttp2_session`
+///   is deleted in `deinit`, so no callback runs after the object is gone
+///   (callbacks run only inside `mem_recv`, `mem_send` and `resume_data`,
+///   called on the object).
+/// - A stream is an `HTTP2UpstreamStream` held by `streams` from `submit`
+///   until `on_stream_close`, the last callback for it. nghttp2 holds no
+///   pointer to it (no stream user data, no data source pointer): the
+///   callbacks look it up by id, so nothing can go stale.
+/// - Frame, name, value and data pointers are nghttp2's, valid only during
+///   the call: what is kept is copied.
+/// - Parts of a response go to the stream's handler from inside the
+///   callbacks (as libcurl's do); the end of a try is listed in `ended` and
+///   told by the driver after `mem_recv` returns, so a retry may start from it.
+final class HTTP2ClientSession {
+    let limits: HTTP2ClientLimits
+    private(set) var session: OpaquePointer?
+    var streams: [Int32: HTTP2UpstreamStream] = [:]
+    /// Tries ended (inside `mem_recv` or `mem_send`) and not yet told.
+    var ended: [HTTP2UpstreamStream] = []
+    /// Streams nghttp2 closed since the driver last took the count (their room goes back to the pool).
+    var closedStreams = 0
+    var current = HTTP2ClientReceiveResult()
+    private(set) var fatalError: HTTP2SessionError?
+
+    init(limits: HTTP2ClientLimits) throws(HTTP2SessionError) {
+        self.limits = limits
+        var callbacks: OpaquePointer?
+        try Self.check(nghttp2_session_callbacks_new(&callbacks))
+        defer { nghttp2_session_callbacks_del(callbacks) }  // copied into the session
+        Self.install(callbacks)
+        var option: OpaquePointer?
+        try Self.check(nghttp2_option_new(&option))
+        defer { nghttp2_option_del(option) }
+        nghttp2_option_set_no_auto_window_update(option, 1)
+        nghttp2_option_set_no_closed_streams(option, 1)
+        nghttp2_option_set_max_settings(option, 32)
+        nghttp2_option_set_max_outbound_ack(option, 1000)
+        nghttp2_option_set_max_continuations(option, 8)
+        nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
+        try Self.check(nghttp2_session_client_new2(&session, callbacks, Unmanaged.passUnretained(self).toOpaque(), option))
+        var entries = [
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
+            nghttp2_settings_entry(
+                settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
+                value: UInt32(clamping: max(0, limits.streamWindow))),
+            nghttp2_settings_entry(
+                settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue),
+                value: UInt32(clamping: max(0, limits.maxHeadBytes))),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1),
+        ]
+        try Self.check(nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &entries, entries.count))
+        if limits.connectionWindow > HTTP2Session.defaultWindow {
+            try Self.check(
+                nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, limits.connectionWindow))
+        }
+    }
+
+    deinit { nghttp2_session_del(session) }
+
+    private static func check(_ rv: Int32) throws(HTTP2SessionError) {
+        if rv != 0 { throw HTTP2SessionError(code: Int(rv)) }
+    }
+
+    // MARK: - Reading and writing
+
+    /// Feeds bytes read from the upstream to nghttp2. Parts of responses go
+    /// to their handlers meanwhile; ended streams wait in `ended`.
+    func receive(_ bytes: UnsafeRawBufferPointer) -> HTTP2ClientReceiveResult {
+        guard fatalError == nil else { return HTTP2ClientReceiveResult(error: fatalError) }
+        let n = nghttp2_session_mem_recv(session, bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), bytes.count)
+        var result = current
+        current = HTTP2ClientReceiveResult()
+        if n < 0 {
+            fatalError = HTTP2SessionError(code: n)
+            result.error = fatalError
+        }
+        return result
+    }
+
+    func receive(_ bytes: [UInt8]) -> HTTP2ClientReceiveResult { bytes.withUnsafeBytes { receive($0) } }
+
+    /// Copies what nghttp2 has to send to `sink` until at least `highWater`
+    /// bytes went out or nothing is left; returns the count.
+    @discardableResult
+    func produce(highWater: Int, into sink: (UnsafeRawBufferPointer) -> Void) -> Int {
+        var produced = 0
+        while fatalError == nil, produced < highWater {
+            var data: UnsafePointer<UInt8>?
+            let n = nghttp2_session_mem_send(session, &data)
+            if n < 0 {
+                fatalError = HTTP2SessionError(code: n)
+                break
+            }
+            guard n > 0, let data else { break }
+            sink(UnsafeRawBufferPointer(start: data, count: n))
+            produced = produced &+ n
+        }
+        return produced
+    }
+
+    func produceAll() -> [UInt8] {
+        var out: [UInt8] = []
+        produce(highWater: Int.max) { out.append(contentsOf: $0) }
+        return out
+    }
+
+    /// The streams ended since the last call, in order (the driver tells their handlers).
+    func takeEnded() -> [HTTP2UpstreamStream] {
+        defer { ended.removeAll(keepingCapacity: true) }
+        return ended
+    }
+
+    var wantsRead: Bool { fatalError == nil && nghttp2_session_want_read(session) != 0 }
+    var wantsWrite: Bool { fatalError == nil && nghttp2_session_want_write(session) != 0 }
+    var outboundQueueSize: Int { nghttp2_session_get_outbound_queue_size(session) }
+    /// The server's SETTINGS_MAX_CONCURRENT_STREAMS as nghttp2 applies it.
+    var remoteMaxStreams: Int {
+        Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
+    }
+
+    // MARK: - Requests
+
+    /// Submits `stream`'s request (HEADERS, and a data provider when it has
+    /// a body); the stream is the session's until it closes. Nil on success.
+    func submit(
+        _ stream: HTTP2UpstreamStream, scheme: String, authority: String, scratch: inout HTTP2RequestFields
+    ) -> HTTP2SessionError? {
+        let hasBody = stream.prepareBody()
+        let id: Int32 = scratch.build(
+            stream.request, scheme: scheme, authority: authority, contentLength: stream.contentLength
+        ) { nv in
+            if hasBody {
+                var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: clientDataSourceRead)
+                return nghttp2_submit_request(session, nil, nv.baseAddress, nv.count, &provider, nil)
+            }
+            return nghttp2_submit_request(session, nil, nv.baseAddress, nv.count, nil, nil)
+        }
+        guard id > 0 else { return HTTP2SessionError(code: Int(id)) }
+        stream.id = id
+        streams[id] = stream
+        return nil
+    }
+
+    /// Gives `n` bytes of the stream's window back (its handler took them).
+    func consume(_ id: Int32, _ n: Int) {
+        guard n > 0, streams[id] != nil else { return }
+        nghttp2_session_consume_stream(session, id, n)
+    }
+
+    /// RST_STREAM with `code` (sent by the next `produce`).
+    func reset(_ id: Int32, code: UInt32) {
+        guard streams[id] != nil else { return }
+        nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), id, code)
+    }
+
+    /// A deferred request body has bytes again.
+    func resumeData(_ id: Int32) {
+        guard streams[id] != nil else { return }
+        nghttp2_session_resume_data(session, id)
+    }
+
+    /// GOAWAY (NO_ERROR) and nothing more read: the connection is closing.
+    func terminate() { nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue) }
+}
+
+// MARK: - Callbacks
+
+extension HTTP2ClientSession {
+    static func session(_ userData: UnsafeMutableRawPointer?) -> HTTP2ClientSession? {
+        userData.map { Unmanaged<HTTP2ClientSession>.fromOpaque($0).takeUnretainedValue() }
+    }
+
+    static func install(_ callbacks: OpaquePointer?) {
+        // One decoded field of a response head, a 1xx head or trailers: to the stream (found by id).
+        nghttp2_session_callbacks_set_on_header_callback(callbacks) {
+            _, frame, name, nameLength, value, valueLength, _, userData in
+            guard let frame, let session = HTTP2ClientSession.session(userData),
+                let stream = session.streams[frame.pointee.hd.stream_id]
+            else { return 0 }
+            let ok = stream.field(
+                name: UnsafeRawBufferPointer(start: name, count: nameLength),
+                value: UnsafeRawBufferPointer(start: value, count: valueLength), limits: session.limits)
+            // Past the limits: nghttp2 resets the stream and decodes the rest without calling back.
+            return ok ? 0 : NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue
+        }
+        // A whole frame: a head's end goes to its stream; SETTINGS and GOAWAY to the driver.
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
+            guard let frame, let session = HTTP2ClientSession.session(userData) else { return 0 }
+            session.frameReceived(frame)
+            return 0
+        }
+        // Response body bytes (nghttp2's buffer, during the call only). The connection window goes back at once.
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, length, userData in
+            guard let session = HTTP2ClientSession.session(userData) else { return 0 }
+            nghttp2_session_consume_connection(session.session, length)
+            guard let stream = session.streams[streamID] else {
+                nghttp2_session_consume_stream(session.session, streamID, length)
+                return 0
+            }
+            let taken = stream.data(UnsafeRawBufferPointer(start: data, count: length))
+            if taken > 0 { nghttp2_session_consume_stream(session.session, streamID, taken) }
+            return 0
+        }
+        // The last callback for a stream: `streams` lets go of it; its end is told after mem_recv/mem_send.
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
+            guard let session = HTTP2ClientSession.session(userData),
+                let stream = session.streams.removeValue(forKey: streamID)
+            else { return 0 }
+            session.closedStreams &+= 1
+            if stream.closed(code: errorCode) { session.ended.append(stream) }
+            return 0
+        }
+    }
+
+    func frameReceived(_ frame: UnsafePointer<nghttp2_frame>) {
+        let hd = frame.pointee.hd
+        switch UInt32(hd.type) {
+        case NGHTTP2_HEADERS.rawValue:
+            guard let stream = streams[hd.stream_id] else { return }
+            if stream.headersFrameEnded() {
+                // The handler refused the head: the stream is reset, and the try has ended.
+                // (It stays in `streams` until nghttp2 closes it.)
+                nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), hd.stream_id, NGHTTP2_CANCEL.rawValue)
+                ended.append(stream)
+            }
+        case NGHTTP2_RST_STREAM.rawValue:
+            streams[hd.stream_id]?.resetByPeer = true
+        case NGHTTP2_SETTINGS.rawValue:
+            if hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 { current.maxStreams = remoteMaxStreams }
+        case NGHTTP2_GOAWAY.rawValue:
+            current.goaway = frame.pointee.goaway.last_stream_id
+        default: break
+        }
+    }
+}
+
+/// The data provider's read callback (`source` is unused: the stream is
+/// found by id in the session's `streams`).
+let clientDataSourceRead: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, _, userData in
+    guard let session = HTTP2ClientSession.session(userData), let stream = session.streams[streamID] else {
+        return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+    }
+    return stream.readBody(into: buffer, max: length, flags: flags)
+}

@@ -1,0 +1,194 @@
+internal import CLibevent
+import HappyPathCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Where one pool's connections go and how they speak: made once per
+/// endpoint (its origin and connect-to entry) by `HTTP2UpstreamClient`.
+struct HTTP2Endpoint {
+    let scheme: String
+    /// `:authority`: the origin's `host:port` (what libcurl sends as `Host`).
+    let authority: String
+    let family: Int32
+    private let address: sockaddr_storage
+    private let length: socklen_t
+    let connectTimeout: Duration
+    let limits: HTTP2ClientLimits
+
+    /// The endpoint of `request`, or nil when this client cannot carry it
+    /// yet: an https:// origin, or a host that is not an IP address (no
+    /// resolver yet); libcurl carries those.
+    init?(_ request: UpstreamRequest, limits: HTTP2ClientLimits) {
+        let (scheme, authority) = HTTP2RequestFields.split(request.origin)
+        guard scheme == "http" else { return nil }
+        // The connection goes to connect-to's host and port when there is one.
+        var target = authority
+        if let connectTo = request.connectTo {
+            // HOST:PORT:CONNECT-HOST:CONNECT-PORT (the connect host may be a bracketed IPv6 literal).
+            let parts = connectTo.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+            guard parts.count == 3 else { return nil }
+            target = String(parts[2])
+        }
+        guard let (host, port) = Self.hostAndPort(target, defaultPort: 80) else { return nil }
+        var storage = sockaddr_storage()
+        var length: socklen_t
+        var family: Int32
+        let ok = withUnsafeMutableBytes(of: &storage) { raw -> Bool in
+            if host.contains(":") {
+                let a = raw.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
+                a.pointee.sin6_family = sa_family_t(AF_INET6)
+                a.pointee.sin6_port = in_port_t(UInt16(port).bigEndian)
+                return inet_pton(AF_INET6, host, &a.pointee.sin6_addr) == 1
+            }
+            let a = raw.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
+            a.pointee.sin_family = sa_family_t(AF_INET)
+            a.pointee.sin_port = in_port_t(UInt16(port).bigEndian)
+            return inet_pton(AF_INET, host, &a.pointee.sin_addr) == 1
+        }
+        guard ok else { return nil }
+        if host.contains(":") {
+            family = AF_INET6
+            length = socklen_t(MemoryLayout<sockaddr_in6>.size)
+        } else {
+            family = AF_INET
+            length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        }
+        self.scheme = scheme
+        self.authority = authority
+        self.family = family
+        self.address = storage
+        self.length = length
+        connectTimeout = request.connectTimeout
+        self.limits = limits
+    }
+
+    func withSockaddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
+        withUnsafeBytes(of: address) { body($0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
+    }
+
+    /// `host:port` or `[v6]:port` (no port: `defaultPort`).
+    static func hostAndPort(_ text: String, defaultPort: Int) -> (String, Int)? {
+        var host = Substring(text)
+        var port = defaultPort
+        if host.hasPrefix("[") {
+            guard let close = host.firstIndex(of: "]") else { return nil }
+            let rest = host[host.index(after: close)...]
+            host = host[host.index(after: host.startIndex)..<close]
+            if rest.hasPrefix(":") {
+                guard let p = Int(rest.dropFirst()) else { return nil }
+                port = p
+            } else if !rest.isEmpty {
+                return nil
+            }
+        } else if let colon = host.lastIndex(of: ":") {
+            guard let p = Int(host[host.index(after: colon)...]) else { return nil }
+            port = p
+            host = host[..<colon]
+        }
+        guard (1...65535).contains(port), !host.isEmpty else { return nil }
+        return (String(host), port)
+    }
+}
+
+/// The driver of one endpoint's pool on one loop: owns its connections and
+/// the tries waiting for a stream, and performs what
+/// `HTTP2ClientPoolStateMachine` decides.
+final class HTTP2ConnectionPool: LoopEventTarget {
+    unowned let client: HTTP2UpstreamClient
+    let endpoint: HTTP2Endpoint
+    private var machine: HTTP2ClientPoolStateMachine
+    private(set) var connections: [Int: HTTP2UpstreamConnection] = [:]
+    private var waiting: [Int: HTTP2UpstreamStream] = [:]
+    private var idleTimer: LoopEvent?
+    private var idleArmedFor: Instant?
+
+    init(client: HTTP2UpstreamClient, endpoint: HTTP2Endpoint, maxConnections: Int, idleTimeout: Duration) {
+        self.client = client
+        self.endpoint = endpoint
+        machine = HTTP2ClientPoolStateMachine(maxConnections: maxConnections, idleTimeout: idleTimeout)
+    }
+
+    /// Connections opened over the pool's life.
+    private(set) var opened = 0
+
+    func start(_ stream: HTTP2UpstreamStream) {
+        waiting[stream.tryID] = stream
+        stream.pool = self
+        perform(machine.want(stream.tryID, at: client.clock()))
+    }
+
+    func withdraw(_ stream: HTTP2UpstreamStream) {
+        waiting[stream.tryID] = nil
+        machine.cancelled(stream.tryID)
+    }
+
+    func connectionReady(_ connection: HTTP2UpstreamConnection, maxStreams: Int) {
+        perform(machine.opened(connection.id, maxStreams: maxStreams, at: client.clock()))
+    }
+
+    func capacityChanged(_ connection: HTTP2UpstreamConnection, maxStreams: Int) {
+        perform(machine.capacityChanged(connection.id, maxStreams: maxStreams, at: client.clock()))
+    }
+
+    func streamEnded(on connection: HTTP2UpstreamConnection) {
+        perform(machine.streamEnded(connection.id, at: client.clock()))
+    }
+
+    func goaway(on connection: HTTP2UpstreamConnection) {
+        perform(machine.goaway(connection.id))
+    }
+
+    func connectionClosed(_ connection: HTTP2UpstreamConnection, reason: HTTP2ClientConnectionStateMachine.CloseReason) {
+        guard connections.removeValue(forKey: connection.id) != nil else { return }
+        perform(machine.connectionClosed(connection.id, failure: reason.failure))
+    }
+
+    func shutdown() {
+        perform(machine.shutdown())
+        idleTimer?.recycle()
+        idleTimer = nil
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        idleArmedFor = nil
+        perform(machine.timer(at: client.clock()))
+    }
+
+    private func perform(_ actions: [HTTP2ClientPoolStateMachine.Action]) {
+        for action in actions {
+            switch action {
+            case let .open(id):
+                let connection = HTTP2UpstreamConnection(pool: self, id: id)
+                connections[id] = connection
+                opened += 1
+                connection.open()
+            case let .assign(tryID, id):
+                guard let stream = waiting.removeValue(forKey: tryID) else { continue }
+                stream.pool = nil
+                if let connection = connections[id] {
+                    connection.submit(stream)
+                } else {
+                    stream.failedWaiting("the upstream connection closed before the request was sent")
+                    client.soon(stream)
+                }
+            case let .fail(tryID, why):
+                guard let stream = waiting.removeValue(forKey: tryID) else { continue }
+                stream.failedWaiting(why)
+                client.soon(stream)  // never inside `start`: the handler hears it on the next pass
+            case let .close(id, _):
+                connections[id]?.closeRequested()
+            }
+        }
+        armIdleTimer()
+    }
+
+    private func armIdleTimer() {
+        guard !machine.isShutDown, let deadline = machine.nextDeadline else { return }
+        if let armed = idleArmedFor, armed <= deadline { return }
+        if idleTimer == nil { idleTimer = client.loop.takeEvent(target: self) }
+        idleArmedFor = deadline
+        idleTimer?.arm(afterNanoseconds: max(0, (deadline - client.clock()).nanoseconds))
+    }
+}

@@ -1,0 +1,130 @@
+internal import CLibevent
+import HappyPathCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The proxy's own HTTP/2 client on one event loop (`protocol: h2` to an
+/// http:// endpoint, with `h2_client: nghttp2`): a pool of multiplexed
+/// connections per endpoint, driven by the loop. Nothing here blocks.
+///
+/// Retention: the client owns its pools, a pool its connections and the
+/// tries waiting in it, a connection's session the tries it carries.
+/// `shutdown` (by the owner, before letting go) ends them all.
+public final class HTTP2UpstreamClient {
+    let loop: EventLoop
+    let clock: () -> Instant
+    public var limits: HTTP2ClientLimits
+    /// Connections per endpoint at most (the worker's share of `max_connections`).
+    public var maxConnectionsPerEndpoint: Int
+    /// A connection without a stream this long closes.
+    public var idleTimeout: Duration
+    private var pools: [String: HTTP2ConnectionPool] = [:]
+    /// One read buffer for every connection of the loop (one read at a time).
+    let readBuffer = UnsafeMutableRawPointer.allocate(byteCount: HTTP2UpstreamConnection.readSize, alignment: 16)
+    private var nextTryID = 0
+    private var soonStreams: [HTTP2UpstreamStream] = []
+    private var soonFlushes: [HTTP2UpstreamConnection] = []
+    private var soonEvent: OpaquePointer?
+    private var isShutDown = false
+
+    public init(
+        loop: EventLoop, clock: @escaping () -> Instant, limits: HTTP2ClientLimits = HTTP2ClientLimits(),
+        maxConnectionsPerEndpoint: Int = 4, idleTimeout: Duration = .seconds(60)
+    ) {
+        self.loop = loop
+        self.clock = clock
+        self.limits = limits
+        self.maxConnectionsPerEndpoint = maxConnectionsPerEndpoint
+        self.idleTimeout = idleTimeout
+        // Points at `self` unretained: freed in `shutdown`, which the owner calls before letting go.
+        soonEvent = event_new(loop.base, -1, 0, h2ClientSoonCallback, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    deinit {
+        shutdown()
+        readBuffer.deallocate()
+    }
+
+    /// Whether this client carries `request` (an h2c endpoint at an IP address); libcurl carries the rest.
+    public func carries(_ request: UpstreamRequest) -> Bool {
+        pool(for: request) != nil
+    }
+
+    /// Starts a try. Its handler hears nothing before `start` returns.
+    public func start(_ request: UpstreamRequest, handler: UpstreamResponseHandler) -> HTTP2UpstreamStream {
+        nextTryID &+= 1
+        let stream = HTTP2UpstreamStream(request: request, handler: handler, client: self, tryID: nextTryID)
+        guard !isShutDown, let pool = pool(for: request) else {
+            stream.failedWaiting(isShutDown ? "the proxy is shutting down" : "not an h2c endpoint at an IP address")
+            soon(stream)
+            return stream
+        }
+        pool.start(stream)
+        return stream
+    }
+
+    private func pool(for request: UpstreamRequest) -> HTTP2ConnectionPool? {
+        let key = request.connectTo.map { request.origin + "|" + $0 } ?? request.origin
+        if let pool = pools[key] { return pool }
+        guard let endpoint = HTTP2Endpoint(request, limits: limits) else { return nil }
+        let pool = HTTP2ConnectionPool(
+            client: self, endpoint: endpoint, maxConnections: maxConnectionsPerEndpoint, idleTimeout: idleTimeout)
+        pools[key] = pool
+        return pool
+    }
+
+    /// Upstream connections open now, over every endpoint (tests, metrics).
+    public var openConnections: Int { pools.values.reduce(0) { $0 + $1.connections.count } }
+    /// Connections opened since the client began.
+    public var connectionsOpened: Int { pools.values.reduce(0) { $0 + $1.opened } }
+
+    /// Ends every try without telling its handler, and closes every connection.
+    public func shutdown() {
+        guard !isShutDown else { return }
+        isShutDown = true
+        for pool in pools.values { pool.shutdown() }
+        pools.removeAll()
+        soonStreams.removeAll()
+        soonFlushes.removeAll()
+        if let soonEvent { event_free(soonEvent) }
+        soonEvent = nil
+    }
+
+    // MARK: - The next pass
+
+    /// `stream` has held bytes to hand over, or its end to tell: on the loop's next pass.
+    func soon(_ stream: HTTP2UpstreamStream) {
+        guard !stream.soon, !isShutDown else { return }
+        stream.soon = true
+        soonStreams.append(stream)
+        wake()
+    }
+
+    /// `connection` has frames to write: on the loop's next pass (once per pass).
+    func flushSoon(_ connection: HTTP2UpstreamConnection) {
+        guard !isShutDown else { return }
+        soonFlushes.append(connection)
+        wake()
+    }
+
+    private func wake() {
+        if soonStreams.count + soonFlushes.count == 1, let soonEvent { event_active(soonEvent, 0, 0) }
+    }
+
+    fileprivate func runSoon() {
+        while !soonStreams.isEmpty || !soonFlushes.isEmpty {
+            let streams = soonStreams
+            soonStreams.removeAll(keepingCapacity: true)
+            for stream in streams { stream.runSoon() }
+            let flushes = soonFlushes
+            soonFlushes.removeAll(keepingCapacity: true)
+            for connection in flushes where connection.flushQueued { connection.flush() }
+        }
+    }
+}
+
+private func h2ClientSoonCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<HTTP2UpstreamClient>.fromOpaque(arg!).takeUnretainedValue().runSoon()
+}

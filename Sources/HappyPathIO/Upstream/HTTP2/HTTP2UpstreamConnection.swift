@@ -1,0 +1,280 @@
+internal import CLibevent
+import CNghttp2
+import HappyPathCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The driver of one HTTP/2 connection to an upstream: its socket, its
+/// read, write and timer events, and its nghttp2 client session. It
+/// performs what `HTTP2ClientConnectionStateMachine` decides and tells its
+/// pool what happened (ready, a stream's room back, GOAWAY, closed).
+///
+/// Retention: the pool holds the connection from `open` until `closed`;
+/// the libevent events and the timer point at it unretained and are freed
+/// (or recycled) in `close`, before the pool lets go of it.
+final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
+    unowned let pool: HTTP2ConnectionPool
+    let id: Int
+    private var machine: HTTP2ClientConnectionStateMachine
+    private var fd: Int32 = -1
+    private(set) var session: HTTP2ClientSession?
+    private var readEvent: OpaquePointer?
+    private var writeEvent: OpaquePointer?
+    private var writeWatched = false
+    private var timer: LoopEvent?
+    /// Frames produced and not yet taken by the socket.
+    private var output = ByteBuffer(capacity: 16 * 1024)
+    private var outputSent = 0
+    private var fields = HTTP2RequestFields()
+    /// In the client's next pass already.
+    var flushQueued = false
+
+    /// Produce frames while less than this waits for the socket.
+    static let outputHighWater = 64 * 1024
+    /// Bytes read in one turn at most (then the loop serves others).
+    static let readSize = 16 * 1024
+    static let readsPerTurn = 4
+
+    init(pool: HTTP2ConnectionPool, id: Int) {
+        self.pool = pool
+        self.id = id
+        machine = HTTP2ClientConnectionStateMachine(connectTimeout: pool.endpoint.connectTimeout)
+    }
+
+    deinit { output.deallocate() }
+
+    var isClosed: Bool { machine.isClosed }
+
+    // MARK: - Opening
+
+    /// Starts the connect (non-blocking) to the endpoint's address.
+    func open() {
+        let now = pool.client.clock()
+        _ = machine.start(at: now)
+        armTimer(now: now)
+        let endpoint = pool.endpoint
+        fd = socket(endpoint.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return perform(machine.connectFailed(Self.errorText(errno))) }
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        let rc = endpoint.withSockaddr { connect(fd, $0, $1) }
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        let base = pool.client.loop.base
+        readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), h2UpstreamReadCallback, me)
+        writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), h2UpstreamWriteCallback, me)
+        if rc == 0 { return connected() }
+        guard errno == EINPROGRESS else { return perform(machine.connectFailed(Self.errorText(errno))) }
+        watchWrite(true)
+    }
+
+    private func connected() {
+        perform(machine.connected(at: pool.client.clock()))
+    }
+
+    // MARK: - Streams (from the pool and the streams)
+
+    /// Puts a try on the connection as a new stream.
+    func submit(_ stream: HTTP2UpstreamStream) {
+        guard let session, !machine.isClosed else {
+            // Never told inside `start`: on the client's next pass.
+            if stream.connectionLost("the upstream connection closed before the request was sent") { pool.client.soon(stream) }
+            return pool.streamEnded(on: self)
+        }
+        stream.machine.assigned()
+        stream.connection = self
+        if let error = session.submit(stream, scheme: pool.endpoint.scheme, authority: pool.endpoint.authority, scratch: &fields) {
+            stream.connection = nil
+            if stream.connectionLost("the request could not be submitted (\(error))") { pool.client.soon(stream) }
+            return pool.streamEnded(on: self)
+        }
+        flushSoon()
+    }
+
+    func reset(_ stream: HTTP2UpstreamStream, code: UInt32) {
+        session?.reset(stream.id, code: code)
+        stream.connection = nil
+        flushSoon()
+    }
+
+    func consume(_ stream: HTTP2UpstreamStream, _ n: Int) {
+        session?.consume(stream.id, n)
+        flushSoon()
+    }
+
+    func resumeData(_ stream: HTTP2UpstreamStream) {
+        session?.resumeData(stream.id)
+        flushSoon()
+    }
+
+    private func flushSoon() {
+        guard !flushQueued, !machine.isClosed else { return }
+        flushQueued = true
+        pool.client.flushSoon(self)
+    }
+
+    /// The pool closes the connection (idle, drained, shutdown).
+    func closeRequested() { perform(machine.closeRequested()) }
+
+    // MARK: - Events
+
+    fileprivate func readable() {
+        guard let session, !machine.isClosed else { return }
+        let buffer = pool.client.readBuffer
+        for _ in 0..<Self.readsPerTurn {
+            let n = read(fd, buffer, Self.readSize)
+            if n < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { break }
+                return perform(machine.failed(.peerClosed(Self.errorText(errno))))
+            }
+            if n == 0 { return perform(machine.failed(.peerClosed("end of stream"))) }
+            let result = session.receive(UnsafeRawBufferPointer(start: buffer, count: n))
+            afterSession()
+            if let maxStreams = result.maxStreams { perform(machine.settings(maxStreams: maxStreams)) }
+            if result.goaway != nil { perform(machine.goaway()) }
+            if let error = result.error { return perform(machine.failed(.protocolError("\(error)"))) }
+            if machine.isClosed { return }
+            if n < Self.readSize { break }
+        }
+        flush()
+    }
+
+    fileprivate func writable() {
+        if case .connecting = machine.state {
+            watchWrite(false)
+            var error: Int32 = 0
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
+            return error == 0 ? connected() : perform(machine.connectFailed(Self.errorText(error)))
+        }
+        flush()
+    }
+
+    func loopEventFired(_ event: LoopEvent) {
+        let now = pool.client.clock()
+        perform(machine.timer(at: now))
+        if !machine.isClosed { armTimer(now: now) }
+    }
+
+    /// Tells the ended tries and gives their room back to the pool (after
+    /// `mem_recv` or `mem_send` returned).
+    private func afterSession() {
+        guard let session else { return }
+        for stream in session.takeEnded() { stream.tell() }
+        let closed = session.closedStreams
+        session.closedStreams = 0
+        for _ in 0..<closed { pool.streamEnded(on: self) }
+    }
+
+    /// Produces frames and writes them while the socket takes them.
+    func flush() {
+        flushQueued = false
+        guard let session, !machine.isClosed, fd >= 0 else { return }
+        while true {
+            if output.count - outputSent < Self.outputHighWater {
+                compactOutput()
+                session.produce(highWater: Self.outputHighWater) { output.append($0) }
+                afterSession()
+                if let error = session.fatalError { return perform(machine.failed(.protocolError("\(error)"))) }
+                if machine.isClosed { return }
+            }
+            let pending = output.count - outputSent
+            guard pending > 0 else { break }
+            let n = write(fd, output.base + outputSent, pending)
+            if n < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK { break }
+                if errno == EINTR { continue }
+                return perform(machine.failed(.peerClosed(Self.errorText(errno))))
+            }
+            outputSent += n
+            if n < pending { break }
+        }
+        watchWrite(output.count > outputSent)
+        if !session.wantsRead, !session.wantsWrite, output.count == outputSent {
+            perform(machine.failed(.peerClosed("the session ended")))
+        }
+    }
+
+    private func compactOutput() {
+        guard outputSent > 0 else { return }
+        if outputSent == output.count {
+            output.count = 0
+        } else {
+            output.removeFirst(outputSent)
+        }
+        outputSent = 0
+    }
+
+    // MARK: - Actions
+
+    private func perform(_ action: HTTP2ClientConnectionStateMachine.Action) {
+        switch action {
+        case .none: break
+        case .startSession:
+            do {
+                session = try HTTP2ClientSession(limits: pool.endpoint.limits)
+            } catch {
+                return perform(machine.failed(.protocolError("nghttp2 could not make a session (\(error))")))
+            }
+            event_add(readEvent, nil)
+            armTimer(now: pool.client.clock())
+            flush()
+        case let .ready(maxStreams):
+            armTimer(now: pool.client.clock())
+            pool.connectionReady(self, maxStreams: maxStreams)
+        case let .capacityChanged(maxStreams):
+            pool.capacityChanged(self, maxStreams: maxStreams)
+        case .draining:
+            pool.goaway(on: self)
+        case let .close(reason):
+            close(reason)
+        }
+    }
+
+    private func close(_ reason: HTTP2ClientConnectionStateMachine.CloseReason) {
+        if let readEvent { event_free(readEvent) }
+        if let writeEvent { event_free(writeEvent) }
+        readEvent = nil
+        writeEvent = nil
+        timer?.recycle()
+        timer = nil
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+        // Every try still on it ends: those nghttp2 had ended first, then the rest.
+        if let session {
+            for stream in session.takeEnded() { stream.tell() }
+            let why = reason.failure
+            let open = session.streams.values.sorted { $0.id < $1.id }
+            session.streams.removeAll()
+            for stream in open where stream.connectionLost(why) { stream.tell() }
+        }
+        session = nil
+        pool.connectionClosed(self, reason: reason)
+    }
+
+    private func watchWrite(_ on: Bool) {
+        guard on != writeWatched, let writeEvent else { return }
+        writeWatched = on
+        _ = on ? event_add(writeEvent, nil) : event_del(writeEvent)
+    }
+
+    private func armTimer(now: Instant) {
+        guard let deadline = machine.deadline else {
+            timer?.disarm()
+            return
+        }
+        if timer == nil { timer = pool.client.loop.takeEvent(target: self) }
+        timer?.arm(afterNanoseconds: max(0, (deadline - now).nanoseconds))
+    }
+
+    static func errorText(_ code: Int32) -> String { String(cString: strerror(code)) }
+}
+
+private func h2UpstreamReadCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<HTTP2UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue().readable()
+}
+
+private func h2UpstreamWriteCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<HTTP2UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue().writable()
+}

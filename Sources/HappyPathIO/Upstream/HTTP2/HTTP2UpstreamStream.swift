@@ -1,0 +1,363 @@
+import CNghttp2
+import HappyPathCore
+
+/// One try carried on the proxy's own HTTP/2 client (`UpstreamTry` on
+/// nghttp2): it waits in its endpoint's pool, becomes a stream of one of
+/// its connections, hands the response to its handler as libcurl's
+/// transfers do (status, fields, 1xx, body, trailers, then the end), and
+/// follows `HTTP2ClientStreamStateMachine` for what to hold and when to end.
+///
+/// Retention: the exchange holds the try; the pool holds it while it waits
+/// (`pool`, strong, let go when it is assigned or withdrawn), the session's
+/// `streams` while it is a stream; it holds its connection (`connection`)
+/// until it ends, and its handler until it ends, is detached or cancelled.
+/// What a stream asks of the connection it is on (the connection driver;
+/// a session alone in tests).
+protocol HTTP2StreamCarrier: AnyObject {
+    /// RST_STREAM with `code`.
+    func reset(_ stream: HTTP2UpstreamStream, code: UInt32)
+    /// `n` bytes of the stream's window back to the server.
+    func consume(_ stream: HTTP2UpstreamStream, _ n: Int)
+    /// The stream's deferred request body has bytes again.
+    func resumeData(_ stream: HTTP2UpstreamStream)
+}
+
+public final class HTTP2UpstreamStream: UpstreamTry {
+    let request: UpstreamRequest
+    var handler: UpstreamResponseHandler?
+    unowned let client: HTTP2UpstreamClient
+    var machine = HTTP2ClientStreamStateMachine()
+    /// The pool while the try waits for a stream.
+    var pool: HTTP2ConnectionPool?
+    var connection: (any HTTP2StreamCarrier)?
+    /// The pool's number for it.
+    let tryID: Int
+    var id: Int32 = -1
+    var outcome: HTTP2ClientStreamStateMachine.Outcome?
+    /// Waits in the client's next pass (held bytes, or its end).
+    var soon = false
+
+    // MARK: The response as it is read
+    enum Phase { case awaitingHead, informational, finalHead, body }
+    var phase = Phase.awaitingHead
+    var informational = 0
+    var informationalFields: [UInt8] = []
+    var informationalCount = 0
+    var headBytes = 0
+    var headFields = 0
+    var trailerBytes = 0
+    /// Why the head was refused (past the limits, or by the handler).
+    var refusal: String?
+    var resetByPeer = false
+    /// DATA the handler did not take yet (at most the stream's window).
+    var held: [UInt8] = []
+
+    // MARK: The request body
+    var wholeBody: UnsafeRawBufferPointer?
+    var bodyOffset = 0
+    var contentLength: Int?
+    /// This try reads `request.bodyStream` as it comes.
+    var readsBody = false
+    /// The data provider said DEFERRED: resume on the body's next bytes.
+    var deferred = false
+
+    init(request: UpstreamRequest, handler: UpstreamResponseHandler, client: HTTP2UpstreamClient, tryID: Int) {
+        self.request = request
+        self.handler = handler
+        self.client = client
+        self.tryID = tryID
+    }
+
+    // MARK: - UpstreamTry
+
+    public func resume() {
+        switch machine.resume() {
+        case .deliverHeldSoon: client.soon(self)
+        case let .finish(outcome):
+            self.outcome = outcome
+            client.soon(self)
+        default: break
+        }
+    }
+
+    public func pauseReceiving() { machine.pause() }
+
+    public func detach() { handler = nil }
+
+    public func cancel() {
+        handler = nil
+        switch machine.cancel() {
+        case .withdraw:
+            pool?.withdraw(self)
+            pool = nil
+        case let .reset(code, _):
+            connection?.reset(self, code: code)
+        default: break
+        }
+        letGoOfBody()
+        held = []
+    }
+
+    // MARK: - The response (from the session's callbacks)
+
+    /// One field of a head, 1xx head or trailers. False: past the limits
+    /// (nghttp2 resets the stream; the try ends as a bad response).
+    func field(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, limits: HTTP2ClientLimits) -> Bool {
+        guard machine.state == .open else { return true }
+        let size = name.count &+ value.count &+ 32
+        if phase == .body {
+            // Trailers: bounded as a head is; past the bound the rest are dropped.
+            trailerBytes = trailerBytes &+ size
+            if trailerBytes <= limits.maxHeadBytes, Self.isPassedTrailer(name, value) {
+                handler?.upstreamTrailer(name: name, value: value)
+            }
+            return true
+        }
+        headBytes = headBytes &+ size
+        headFields &+= 1
+        if headBytes > limits.maxHeadBytes || headFields > limits.maxHeadFields {
+            refusal = "The upstream's response head is larger than limits.max_header_bytes or has more than limits.max_headers fields."
+            return false
+        }
+        if name.count == 7, name.first == UInt8(ascii: ":") {
+            // ":status": three digits (nghttp2 checked it).
+            guard HTTPBytes.equals(name, ":status"), value.count == 3 else { return true }
+            let status = value.reduce(0) { $0 * 10 + Int($1 &- 0x30) }
+            if status < 200 {
+                phase = .informational
+                let forward = status >= 102 && informationalCount < UpstreamTransfer.maxInformational
+                informational = forward ? status : 0
+                informationalFields.removeAll(keepingCapacity: true)
+            } else {
+                phase = .finalHead
+                handler?.upstreamStatus(status, reason: UnsafeRawBufferPointer(start: nil, count: 0))
+            }
+            return true
+        }
+        switch phase {
+        case .finalHead: handler?.upstreamHeader(name: name, value: value)
+        case .informational where informational != 0: addInformationalField(name, value)
+        default: break
+        }
+        return true
+    }
+
+    /// A HEADERS frame (and its CONTINUATIONs) ended. True: the handler
+    /// refused the head, the try has ended (`outcome`), the stream is to be reset.
+    func headersFrameEnded() -> Bool {
+        switch phase {
+        case .informational:
+            if informational != 0 {
+                informationalCount += 1
+                informationalFields.withUnsafeBytes { handler?.upstreamInformational(informational, fields: $0) }
+            }
+            headBytes = 0
+            headFields = 0
+            phase = .awaitingHead
+        case .finalHead:
+            phase = .body
+            let refused = handler?.upstreamHeadersComplete()
+            if case let .reset(_, outcome) = machine.headEnded(refusal: refused) {
+                refusal = refused
+                self.outcome = outcome
+                return true
+            }
+        default: break
+        }
+        return false
+    }
+
+    /// Body bytes: how many were taken (their window goes back now).
+    func data(_ bytes: UnsafeRawBufferPointer) -> Int {
+        switch machine.data(bytes.count) {
+        case .deliver:
+            let taken = handler?.upstreamBody(bytes) ?? true
+            if case .consume = machine.delivered(bytes.count, taken: taken) { return bytes.count }
+            held.append(contentsOf: bytes)
+            return 0
+        case .hold:
+            held.append(contentsOf: bytes)
+            return 0
+        default:
+            return bytes.count
+        }
+    }
+
+    /// nghttp2 closed the stream with `code`. True: the try ended now (tell it).
+    func closed(code: UInt32) -> Bool {
+        let outcome: HTTP2ClientStreamStateMachine.Outcome
+        if let refusal {
+            outcome = .badResponse(refusal)
+        } else if code == HTTP2ErrorCode.refusedStream.rawValue {
+            outcome = .refused
+        } else if resetByPeer {
+            outcome = .resetByPeer(code)
+        } else if code != 0 {
+            outcome = .badResponse("The upstream's HTTP/2 response was malformed (\(Self.codeName(code))).")
+        } else if phase != .body {
+            outcome = .badResponse("The upstream ended the stream before its response head.")
+        } else {
+            outcome = .complete
+        }
+        guard case let .finish(o) = machine.closed(outcome) else { return false }
+        self.outcome = o
+        return true
+    }
+
+    /// The connection went under the stream. True: the try ended now.
+    func connectionLost(_ why: String) -> Bool {
+        guard case let .finish(o) = machine.closed(.connectionLost(why)) else { return false }
+        outcome = o
+        return true
+    }
+
+    /// The pool could not give the try a connection.
+    func failedWaiting(_ why: String) {
+        pool = nil
+        if case let .finish(o) = machine.failedWaiting(why) { outcome = o }
+    }
+
+    /// The client's pass: held bytes to the handler, or the end told.
+    func runSoon() {
+        soon = false
+        if machine.state == .finished {
+            if outcome != nil { tell() }
+            return
+        }
+        guard !held.isEmpty else { return }
+        let taken = held.withUnsafeBytes { handler?.upstreamBody($0) ?? true }
+        let n = held.count
+        switch machine.heldDelivered(taken: taken) {
+        case .consume:
+            held = []
+            connection?.consume(self, n)
+        case let .finish(o):
+            held = []
+            outcome = o
+            tell()
+        default: break
+        }
+    }
+
+    /// Tells the handler the try ended (once), and lets go of everything.
+    func tell() {
+        guard let outcome else { return }
+        self.outcome = nil
+        let handler = self.handler
+        self.handler = nil
+        connection = nil
+        pool = nil
+        held = []
+        letGoOfBody()
+        handler?.upstreamFinished(Self.failure(outcome))
+    }
+
+    static func failure(_ outcome: HTTP2ClientStreamStateMachine.Outcome) -> UpstreamFailure? {
+        switch outcome {
+        case .complete: nil
+        // Never processed (RFC 9113 section 8.7): as safe to send again as a request that never left.
+        case .refused: .connectFailed("The upstream refused the stream (REFUSED_STREAM): it was not processed.")
+        case let .resetByPeer(code): .streamReset("The upstream reset the stream (\(codeName(code))).")
+        case let .badResponse(why): .badResponse(why)
+        case let .connectionLost(why): .reset(why)
+        case let .noConnection(why): .connectFailed(why)
+        }
+    }
+
+    static func codeName(_ code: UInt32) -> String {
+        HTTP2ErrorCode(rawValue: code).map { $0.label.uppercased() } ?? "error code \(code)"
+    }
+
+    // MARK: - Fields
+
+    /// A trailer that passes: a token name, a valid value, not hop-by-hop or framing.
+    static func isPassedTrailer(_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) -> Bool {
+        name.allSatisfy({ HTTPBytes.isToken($0) }) && value.allSatisfy({ HTTPBytes.isFieldValue($0) })
+            && !HopByHop.isHopByHop(name) && !HTTPBytes.equals(name, "content-length")
+    }
+
+    /// A field of a forwarded 1xx answer, as `Name: value\r\n` (checked as libcurl's path checks them).
+    private func addInformationalField(_ name: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) {
+        guard name.allSatisfy({ HTTPBytes.isToken($0) }), value.allSatisfy({ HTTPBytes.isFieldValue($0) }) else {
+            informational = 0
+            return
+        }
+        if HopByHop.isHopByHop(name) || HTTPBytes.equals(name, "content-length")
+            || HTTPBytes.equals(name, "transfer-encoding")
+        {
+            return
+        }
+        guard informationalFields.count + name.count + value.count + 4 <= UpstreamTransfer.maxInformationalBytes else {
+            informational = 0
+            return
+        }
+        informationalFields.append(contentsOf: name)
+        informationalFields.append(contentsOf: [0x3A, 0x20])
+        informationalFields.append(contentsOf: value)
+        informationalFields.append(contentsOf: [0x0D, 0x0A])
+    }
+
+    // MARK: - The request body
+
+    /// Gets the body ready to send. True: a data provider follows the HEADERS.
+    func prepareBody() -> Bool {
+        if request.method == "HEAD" { return false }
+        if let stream = request.bodyStream {
+            if let whole = stream.completeBody {
+                wholeBody = whole
+                contentLength = whole.count
+                return whole.count > 0
+            }
+            readsBody = true
+            contentLength = stream.declaredLength
+            stream.onAvailable = { [unowned self] in self.bodyAvailable() }
+            return true
+        }
+        guard request.sendsBody else { return false }
+        wholeBody = UnsafeRawBufferPointer(start: request.body.baseAddress, count: request.body.count)
+        contentLength = request.body.count
+        return request.body.count > 0
+    }
+
+    /// nghttp2 asks for body bytes (the data provider's read callback).
+    func readBody(into buffer: UnsafeMutablePointer<UInt8>?, max: Int, flags: UnsafeMutablePointer<UInt32>?) -> Int {
+        if let whole = wholeBody {
+            let n = Swift.min(max, whole.count - bodyOffset)
+            if n > 0, let buffer, let base = whole.baseAddress {
+                UnsafeMutableRawPointer(buffer).copyMemory(from: base + bodyOffset, byteCount: n)
+                bodyOffset += n
+            }
+            if bodyOffset >= whole.count { flags?.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
+            return Swift.max(0, n)
+        }
+        guard readsBody, let stream = request.bodyStream, let buffer else {
+            return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+        }
+        switch stream.read(into: UnsafeMutableRawPointer(buffer), max: max) {
+        case let .bytes(n): return n
+        case .end:
+            flags?.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+            return 0
+        case .failed: return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+        case .wait:
+            deferred = true
+            return Int(NGHTTP2_ERR_DEFERRED.rawValue)
+        }
+    }
+
+    /// The streamed body has bytes again (or ended, or failed).
+    func bodyAvailable() {
+        guard deferred, machine.state == .open else { return }
+        deferred = false
+        connection?.resumeData(self)
+    }
+
+    private func letGoOfBody() {
+        wholeBody = nil
+        if readsBody, let stream = request.bodyStream {
+            stream.onAvailable = nil
+            stream.readerLeft()
+        }
+        readsBody = false
+    }
+}

@@ -1,0 +1,130 @@
+import Foundation
+import HappyPathCore
+import Testing
+
+@testable import HappyPathServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// gRPC through the proxy's own HTTP/2 client (`h2_client: nghttp2`,
+/// issue 46): real grpcio clients and servers, the proxy in between on
+/// loopback, upstream connections counted with `ss`.
+@Suite(.serialized) struct UpstreamH2ClientTests {
+    /// Sockets to `port` on this machine in any state (established, TIME-WAIT …), from `ss`.
+    static func socketsTo(port: Int) throws -> [String] {
+        let r = try runProcess("/usr/bin/ss", ["-Htan", "( dport = :\(port) )"], timeout: 10)
+        return r.out.split(separator: "\n").map(String.init)
+    }
+
+    static let routes = "  - { match: { path_prefix: / }, upstream: g, upstream_errors: pass }"
+
+    @Test func unaryStreamingErrorsAndLargeMessagesPassThrough() throws {
+        try PythonGRPC.withServer(GRPCPassThroughTests.server) { python, port in
+            let h = try PythonGRPC.proxy(
+                port: port, upstream: ", h2_client: nghttp2", limits: "{ max_request_body: 16MiB }", routes: Self.routes)
+            defer { h.stop() }
+            let r = try runProcess(python, ["-c", GRPCPassThroughTests.client, "127.0.0.1:\(h.port)"], timeout: 60)
+            #expect(r.status == 0, "\(r.err)")
+            let lines = r.out.split(separator: "\n").map(String.init)
+            #expect(lines.contains("unary echo:hi t1 True"), "\(r.out) \(r.err)")
+            #expect(lines.contains("stream part0,part1,part2"), "\(r.out)")
+            #expect(lines.contains("fail NOT_FOUND no such thing"), "\(r.out)")
+            #expect(lines.contains("big True 5242880"), "\(r.out)")
+        }
+    }
+
+    /// 8 grpcio channels, 250 unary calls each, 4 at a time per channel.
+    static let load = """
+        import grpc, sys, threading, json
+        from concurrent import futures
+        target, ok, bad = sys.argv[1], [0], []
+        lock = threading.Lock()
+        def channel(n):
+            ch = grpc.insecure_channel(target)
+            call = ch.unary_unary("/t.S/U")
+            for i in range(250):
+                try:
+                    r = call(b"c%d-%d" % (n, i), timeout=20)
+                    with lock:
+                        if r == b"echo:c%d-%d" % (n, i): ok[0] += 1
+                        else: bad.append(repr(r))
+                except grpc.RpcError as e:
+                    with lock: bad.append(e.code().name + " " + str(e.details()))
+        with futures.ThreadPoolExecutor(8) as ex: list(ex.map(channel, range(8)))
+        print(json.dumps({"ok": ok[0], "bad": bad[:5]}))
+        """
+
+    @Test func twoThousandCallsShareAHandfulOfConnections() throws {
+        try PythonGRPC.withServer(GRPCPassThroughTests.server) { python, port in
+            let h = try PythonGRPC.proxy(port: port, upstream: ", h2_client: nghttp2", routes: Self.routes)
+            defer { h.stop() }
+            let result = try PythonGRPC.run(Self.load, arguments: ["127.0.0.1:\(h.port)"], timeout: 120)
+            #expect(result["ok"] as? Int == 2000, "\(result)")
+            // Every socket the proxy opened to the upstream, whatever its state
+            // now (libcurl's h2c leaves one in TIME-WAIT per call): at most one
+            // per worker (2) and one for the health checks (the admin loop's own).
+            let sockets = try Self.socketsTo(port: port)
+            #expect(sockets.count >= 1 && sockets.count <= 3, "\(sockets.count) sockets to the upstream: \(sockets.prefix(5))")
+            #expect(sockets.allSatisfy { $0.hasPrefix("ESTAB") }, "\(sockets.prefix(5))")
+        }
+    }
+
+    func field(_ request: [String: Any], _ name: String) -> String? {
+        (request["fields"] as? [[String]])?.first { $0.first == name }?.last
+    }
+
+    /// The Python h2 upstream (`H2Upstream`) sees every request, one after
+    /// another and at once, as streams of one connection (one worker).
+    @Test func requestsOneAfterAnotherAndAtOnceAreStreamsOfOneConnection() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        let h = try UpstreamHTTP2Tests.proxy("http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2")
+        defer { h.stop() }
+        let get = try HTTP.request(port: h.port, "/one/get?q=1", headers: [("X-Tenant", "blue")])
+        #expect(get.status == 200)
+        #expect(get.header("X-Upstream") == "h2")
+        #expect(get.json["path"] as? String == "/one/get?q=1")
+        let post = try HTTP.request(port: h.port, "POST", "/one/post", body: Array(repeating: 0x61, count: 3000))
+        #expect(post.status == 200)
+        #expect(post.json["body_bytes"] as? Int == 3000)
+        #expect(
+            UpstreamHTTP2Tests.statusesAtOnce(port: h.port, (0..<4).map { "/one/at-once-\($0)?delay=300" })
+                == [200, 200, 200, 200])
+        let seen = up.requests(to: "/one/", atLeast: 6)
+        try #require(seen.count == 6)
+        #expect(seen.allSatisfy { $0["reached"] as? String == "h2c" })
+        #expect(field(seen[0], "x-tenant") == "blue")
+        #expect(field(seen[0], ":authority") == "127.0.0.1:\(up.plainPort)")
+        #expect(field(seen[1], "content-length") == "3000")
+        let connections = Set(seen.compactMap { $0["conn"] as? Int })
+        #expect(connections.count == 1, "\(seen.map { ($0["conn"] ?? "-", $0["stream"] ?? "-") })")
+        #expect(Set(seen.compactMap { $0["stream"] as? Int }).count == 6)
+    }
+
+    /// Trailers after a body without content-length reach an HTTP/1.1
+    /// client that asked for them, in the last chunk.
+    @Test func trailersReachAClientThatAsksForThem() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        let h = try UpstreamHTTP2Tests.proxy("http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2")
+        defer { h.stop() }
+        let asked = try HTTP.request(port: h.port, "/t/asked?trailers=1", headers: [("TE", "trailers")])
+        #expect(asked.status == 200)
+        #expect(asked.json["path"] as? String == "/t/asked?trailers=1")
+        #expect(asked.trailers.map { "\($0.name.lowercased())=\($0.value)" } == ["grpc-status=0", "x-checksum=c0ffee"])
+    }
+
+    /// Nothing listens: the try fails as libcurl's does (a connect
+    /// failure, the same answer), never a hang.
+    @Test func anUpstreamThatIsNotThereFailsAsWithLibcurl() throws {
+        var answers: [String] = []
+        for client in ["libcurl", "nghttp2"] {
+            let h = try UpstreamHTTP2Tests.proxy("http://127.0.0.1:9", extra: "h2_client: \(client)")
+            defer { h.stop() }
+            let r = try HTTP.request(port: h.port, "/x")
+            answers.append("\(r.status) \(r.json["code"] ?? "-") \(r.json["attempts"] ?? "-")")
+        }
+        #expect(answers[0] == answers[1], "\(answers)")
+        #expect(answers[1].hasPrefix("502") || answers[1].hasPrefix("503"), "\(answers)")
+    }
+}
