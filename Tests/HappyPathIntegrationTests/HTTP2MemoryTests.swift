@@ -41,13 +41,20 @@ import Testing
     /// hold the rest. Measured 116 MiB (76 MiB towards HTTP/1.1: the rest
     /// is libcurl's HTTP/2 state for each of the 1,000 upstream
     /// connections); the bar is 160 MiB. Another client is served meanwhile.
-    @Test func stalledStreamsTowardsAnHTTP2UpstreamPinOnlyTheBounds() throws {
+    ///
+    /// On the proxy's own HTTP/2 client (`h2_client: nghttp2`, issue 46) the
+    /// 1,000 streams share a few connections (nginx takes 128 streams on
+    /// one), and past what the proxy reads ahead each stream holds at most
+    /// its 64 KiB window: the same bound holds.
+    @Test(arguments: ["libcurl", "nghttp2"])
+    func stalledStreamsTowardsAnHTTP2UpstreamPinOnlyTheBounds(client: String) throws {
         let certificates = try TestCertificates()
         let nginx = try NginxUpstream(certificate: try certificates.make("nginx-upstream", names: ["localhost"]))
         defer { nginx.stop() }
         let serve = try ServeProcess(
             config: Self.yaml(demo: nginx.plainPort, clientTimeout: "60s").replacingOccurrences(
-                of: "max_connections: 1100,", with: "protocol: h2, max_connections: 1100,"), plain: true)
+                of: "max_connections: 1100,", with: "protocol: h2, h2_client: \(client), max_connections: 1100,"),
+            plain: true)
         let port = try #require(serve.listeningPort())
         #expect(try HTTP.request(port: port, "/bytes").body.count == 10 << 20)
         try Self.stallStreams("stalled_streams_10mib", of: serve, port: port, bound: 160 << 20)

@@ -127,4 +127,100 @@ import Testing
         #expect(answers[0] == answers[1], "\(answers)")
         #expect(answers[1].hasPrefix("502") || answers[1].hasPrefix("503"), "\(answers)")
     }
+
+    /// A grpcio server whose `/t.S/Flood` streams 256 KiB messages without
+    /// end (printing `flood N` at each call's first), and `/t.S/U` echoes.
+    static let floodServer = """
+        import grpc, sys
+        from concurrent import futures
+        def unary(req, ctx): return b"echo:" + req
+        started = [0]
+        def flood(req, ctx):
+            started[0] += 1
+            print("flood", started[0], flush=True)
+            while ctx.is_active(): yield b"x" * (256 << 10)
+        handlers = {"/t.S/U": grpc.unary_unary_rpc_method_handler(unary),
+                    "/t.S/Flood": grpc.unary_stream_rpc_method_handler(flood)}
+        class H(grpc.GenericRpcHandler):
+            def service(self, d): return handlers.get(d.method)
+        s = grpc.server(futures.ThreadPoolExecutor(32)); s.add_generic_rpc_handlers((H(),))
+        port = s.add_insecure_port("127.0.0.1:0"); s.start(); print(port, flush=True); s.wait_for_termination()
+        """
+
+    /// A raw HTTP/2 client that opens 20 `/t.S/Flood` calls with every
+    /// stream window shut (SETTINGS_INITIAL_WINDOW_SIZE 0), prints `heads N`
+    /// once their heads came, and holds them until killed.
+    static let stalledClient = PythonH2.rawFrames + #"""
+        import sys, time
+        from hyperframe.frame import SettingsFrame
+        c = H2(int(sys.argv[1]))
+        c.send(SettingsFrame(0, settings={4: 0}).serialize())
+        for i in range(20):
+            sid = 1 + 2 * i
+            c.send(c.headers([(":method", "POST"), (":scheme", "http"), (":authority", "p"), (":path", "/t.S/Flood"),
+                              ("content-type", "application/grpc"), ("te", "trailers")], sid=sid),
+                   c.data(b"\x00\x00\x00\x00\x00", end=True, sid=sid))
+        heads = set()
+        for f in c.frames:
+            if isinstance(f, HeadersFrame): heads.add(f.stream_id)
+            if len(heads) == 20: break
+        print("heads", len(heads), flush=True)
+        time.sleep(120)
+        """#
+
+    /// Twenty server-streaming calls whose client reads nothing hold only
+    /// their stream windows (20 × 64 KiB, past the 1 MiB connection window:
+    /// that one is given back as DATA arrives): new unary calls on the same
+    /// upstream connection (one worker) are answered at once, and the
+    /// upstream stays reachable for its health checks throughout.
+    @Test func stalledStreamsNeverStallNewCallsOrTheHealthChecks() throws {
+        let serverLines = Locked<[String]>([])
+        try PythonGRPC.withServer(Self.floodServer, lines: serverLines) { python, port in
+            let h = try ProxyHarness(
+                """
+                listen: 127.0.0.1:0
+                admin: { listen: 127.0.0.1:0 }
+                upstreams:
+                  g:
+                    endpoints: [http://127.0.0.1:\(port)]
+                    protocol: h2
+                    h2_client: nghttp2
+                    health_check: { interval: 100ms, timeout: 1s, unhealthy_after: 2 }
+                routes:
+                  - { match: { path_prefix: / }, upstream: g, timeout: 300s, grpc: {}, retry: { attempts: 1, per_try_timeout: 300s } }
+                """, workers: 1)
+            defer { h.stop() }
+            let clientLines = Locked<[String]>([])
+            let (stalled, heads) = try startPythonScript(
+                python: try PythonH2.python(), Self.stalledClient, arguments: ["\(h.port)"], lines: clientLines)
+            defer {
+                kill(stalled.processIdentifier, SIGKILL)
+                stalled.waitUntilExit()
+            }
+            #expect(heads == "heads 20")
+            #expect(waitUntil("every flood call started at the server") {
+                serverLines.withLock { $0.contains("flood 20") }
+            })
+            let calls = try PythonGRPC.run(
+                """
+                import grpc, json, sys, time
+                ch = grpc.insecure_channel(sys.argv[1]); call = ch.unary_unary("/t.S/U")
+                ok, slowest = 0, 0.0
+                for i in range(50):
+                    t = time.monotonic()
+                    try:
+                        if call(b"n%d" % i, timeout=2) == b"echo:n%d" % i: ok += 1
+                    except grpc.RpcError as e: print(e.code().name, file=sys.stderr)
+                    slowest = max(slowest, time.monotonic() - t)
+                print(json.dumps({"ok": ok, "slowest": slowest}))
+                """, arguments: ["127.0.0.1:\(h.port)"], timeout: 120)
+            #expect(calls["ok"] as? Int == 50, "\(calls)")
+            #expect((calls["slowest"] as? Double ?? 99) < 1, "\(calls)")
+            let admin = AdminProbe(port: h.adminPort)
+            #expect(try admin.upstream("g")["reachable"] as? Bool == true)
+            // One connection for the worker's calls, stalled or not, and one for the health checks.
+            let sockets = try Self.socketsTo(port: port)
+            #expect(sockets.count <= 2 && sockets.allSatisfy { $0.hasPrefix("ESTAB") }, "\(sockets)")
+        }
+    }
 }
