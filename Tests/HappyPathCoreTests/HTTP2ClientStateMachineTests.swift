@@ -8,6 +8,7 @@ import Testing
     typealias M = HTTP2ClientPoolStateMachine
     enum Event: Sendable {
         case want(Int)
+        case replayed(Int)
         case opened(Int, Int)
         case capacity(Int, Int)
         case ended(Int)
@@ -31,6 +32,7 @@ import Testing
             feed: { event in
                 switch event {
                 case let .want(t): return m.want(t, at: now)
+                case let .replayed(t): return m.want(t, at: now, replayed: true)
                 case let .opened(c, n): return m.opened(c, maxStreams: n, at: now)
                 case let .capacity(c, n): return m.capacityChanged(c, maxStreams: n, at: now)
                 case let .ended(c): return m.streamEnded(c, at: now)
@@ -165,6 +167,14 @@ import Testing
                 TableStep(.want(1), outcome: [.open(1)]),
                 TableStep(.opened(1, 0), outcome: [.open(2)]),
                 TableStep(.capacity(1, 1), outcome: [.assign(1, 1)]),
+            ]),
+        TableScenario(
+            name: "a replayed try goes before the tries waiting",
+            steps: [
+                TableStep(.want(1), outcome: [.open(1)]),
+                TableStep(.want(2), outcome: []),
+                TableStep(.replayed(9), outcome: [], Summary(connections: ["1 opening 0"], waiting: [9, 1, 2])),
+                TableStep(.opened(1, 2), outcome: [.assign(9, 1), .assign(1, 1), .open(2)]),
             ]),
         TableScenario(
             name: "shutdown fails the waiters and closes every connection",
@@ -370,6 +380,7 @@ extension Array {
     enum Event: Sendable {
         case assigned, head(String?), data(Int), delivered(Int, Bool), pause, resume, heldDelivered(Bool)
         case closed(M.Outcome), cancel, failedWaiting(String)
+        case closedResendable(M.Outcome)
     }
     struct Summary: Sendable, Equatable {
         var state: M.State
@@ -395,6 +406,7 @@ extension Array {
                 case .resume: return m.resume()
                 case let .heldDelivered(taken): return m.heldDelivered(taken: taken)
                 case let .closed(o): return m.closed(o)
+                case let .closedResendable(o): return m.closed(o, canResend: true)
                 case .cancel: return m.cancel()
                 case let .failedWaiting(why): return m.failedWaiting(why)
                 }
@@ -491,11 +503,40 @@ extension Array {
                 TableStep(.assigned, outcome: M.Action.none, Summary(state: .finished, paused: false, held: 0)),
             ]),
         TableScenario(
-            name: "refused or lost streams end at once",
+            name: "refused or lost streams whose body cannot be sent again end at once",
             steps: [
                 TableStep(.assigned),
                 TableStep(.closed(.refused), outcome: .finish(.refused)),
                 TableStep(.closed(.connectionLost("x")), outcome: M.Action.none),
+            ]),
+        TableScenario(
+            name: "a refused stream is sent again twice, then the try fails as never sent",
+            steps: [
+                TableStep(.assigned),
+                TableStep(.closedResendable(.refused), outcome: .replay, Summary(state: .waiting, paused: false, held: 0)),
+                TableStep(.assigned),
+                TableStep(.closedResendable(.unsent("gone")), outcome: .replay),
+                TableStep(.assigned),
+                TableStep(.closedResendable(.refused), outcome: .finish(.refused), Summary(state: .finished, paused: false, held: 0)),
+            ]),
+        TableScenario(
+            name: "a stream lost after its HEADERS went out is not sent again",
+            steps: [
+                TableStep(.assigned),
+                TableStep(.closedResendable(.connectionLost("reset")), outcome: .finish(.connectionLost("reset"))),
+            ]),
+        TableScenario(
+            name: "a refusal after the head reached the handler is not sent again",
+            steps: [
+                TableStep(.assigned), TableStep(.head(nil)),
+                TableStep(.closedResendable(.refused), outcome: .finish(.refused)),
+            ]),
+        TableScenario(
+            name: "a replayed try cancelled while it waits again is withdrawn",
+            steps: [
+                TableStep(.assigned),
+                TableStep(.closedResendable(.refused), outcome: .replay),
+                TableStep(.cancel, outcome: .withdraw),
             ]),
     ]
 

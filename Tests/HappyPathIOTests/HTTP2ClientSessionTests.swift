@@ -228,11 +228,8 @@ import Testing
         #expect(pair.serverEvents.contains(.resetByPeer(id, code: HTTP2ErrorCode.cancel.rawValue)))
     }
 
-    @Test(arguments: [
-        (HTTP2ErrorCode.refusedStream, "connectFailed"), (HTTP2ErrorCode.internalError, "streamReset"),
-        (HTTP2ErrorCode.cancel, "streamReset"),
-    ])
-    func aResetFromTheServerSaysWhetherItWasProcessed(code: HTTP2ErrorCode, kind: String) throws {
+    @Test(arguments: [HTTP2ErrorCode.internalError, .cancel, .protocolError])
+    func aResetFromTheServerIsAStreamReset(code: HTTP2ErrorCode) throws {
         let pair = try Pair()
         let r = Recorder()
         _ = pair.start(handler: r)
@@ -241,11 +238,45 @@ import Testing
         pair.server.resetStream(id, code: code.rawValue)
         pair.pump()
         #expect(r.finished.count == 1)
-        switch r.finished.first ?? nil {
-        case .connectFailed?: #expect(kind == "connectFailed")
-        case .streamReset?: #expect(kind == "streamReset")
-        default: Issue.record("unexpected \(r.finished)")
+        guard case .streamReset? = r.finished.first ?? nil else {
+            Issue.record("unexpected \(r.finished)")
+            return
         }
+    }
+
+    /// REFUSED_STREAM: never processed, so the try goes back for another
+    /// stream (twice), its state as new; the third refusal fails it as never sent.
+    @Test func aRefusedStreamIsSentAgainTwiceThenFailsAsNeverSent() throws {
+        let pair = try Pair()
+        let r = Recorder()
+        let stream = pair.start("POST", "/refused", body: Array("payload".utf8), handler: r)
+        var ids: [Int32] = []
+        for round in 0..<3 {
+            pair.pump()
+            let id = try #require(pair.readyStreams.last)
+            ids.append(id)
+            #expect(pair.server.takeBody(of: id) == Array("payload".utf8), "round \(round): the whole body each time")
+            pair.server.resetStream(id, code: HTTP2ErrorCode.refusedStream.rawValue)
+            pair.pump()
+            let replays = pair.session.takeReplays()
+            if round < 2 {
+                #expect(replays.count == 1 && replays.first === stream, "round \(round)")
+                #expect(r.finished.isEmpty)
+                #expect(stream.id == -1 && stream.machine.state == .waiting)
+                stream.machine.assigned()
+                stream.connection = pair
+                #expect(pair.session.submit(stream, scheme: "http", authority: "a", scratch: &pair.fields) == nil)
+            } else {
+                #expect(replays.isEmpty)
+                #expect(r.finished.count == 1)
+                guard case .connectFailed(let why)? = r.finished.first ?? nil else {
+                    Issue.record("unexpected \(r.finished)")
+                    return
+                }
+                #expect(why.contains("REFUSED_STREAM"))
+            }
+        }
+        #expect(Set(ids).count == 3)
     }
 
     @Test func aCancelResetsTheStreamAndTellsNothing() throws {

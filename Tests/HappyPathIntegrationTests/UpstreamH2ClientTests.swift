@@ -223,4 +223,51 @@ import Testing
             #expect(sockets.count <= 2 && sockets.allSatisfy { $0.hasPrefix("ESTAB") }, "\(sockets)")
         }
     }
+
+    /// A stream the upstream refuses (RST_STREAM REFUSED_STREAM) was never
+    /// processed: the POST is sent again on another stream inside the
+    /// transport, without a retry (`attempts: 1`) or the retry budget,
+    /// and answered; counted in `happypath_upstream_h2_streams_replayed_total`.
+    @Test func aRefusedStreamOfAPostIsSentAgainWithoutARetry() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        let h = try UpstreamHTTP2Tests.proxy(
+            "http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2",
+            defaults: "{ retry: { attempts: 1 }, reachability: { park_for: 0s } }")
+        defer { h.stop() }
+        let r = try HTTP.request(port: h.port, "POST", "/r/post?refuse=2&key=a", body: Array(repeating: 0x62, count: 5000))
+        #expect(r.status == 200, "\(r.text)")
+        #expect(r.json["body_bytes"] as? Int == 5000)
+        #expect(r.header("X-Happypath-Attempts") == nil || r.header("X-Happypath-Attempts") == "1")
+        let seen = up.requests(to: "/r/", atLeast: 3)
+        #expect(seen.count == 3, "two refused, one answered")
+        #expect(seen.allSatisfy { $0["body_bytes"] as? Int == 5000 }, "the whole body each time")
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(try admin.metric(#"happypath_upstream_h2_streams_replayed_total{upstream="u"}"#) == 2)
+        #expect(try admin.metric(#"happypath_upstream_h2_connections{upstream="u"}"#) >= 1)
+        // Refused three times: a failure as for a request that never left.
+        let refused = try HTTP.request(port: h.port, "POST", "/r/again?refuse=3&key=b", body: [0x63])
+        #expect(refused.status == 503 || refused.status == 502, "\(refused.status) \(refused.text)")
+        #expect(up.requests(to: "/r/again", atLeast: 3).count == 3)
+    }
+
+    /// A grpcio server that drains every connection older than 200 ms
+    /// (GOAWAY, then the calls in flight finish): 2,000 unary calls through
+    /// the proxy all succeed, on a new connection after each GOAWAY.
+    @Test func goawaysMidLoadLoseNoCall() throws {
+        let server = GRPCPassThroughTests.server.replacingOccurrences(
+            of: "s = grpc.server(futures.ThreadPoolExecutor(4), options=opts)",
+            with: """
+                s = grpc.server(futures.ThreadPoolExecutor(4), options=opts + [("grpc.max_connection_age_ms", 200), ("grpc.max_connection_age_grace_ms", 5000)])
+                """)
+        #expect(server != GRPCPassThroughTests.server)
+        try PythonGRPC.withServer(server) { python, port in
+            let h = try PythonGRPC.proxy(port: port, upstream: ", h2_client: nghttp2", routes: Self.routes)
+            defer { h.stop() }
+            let result = try PythonGRPC.run(Self.load, arguments: ["127.0.0.1:\(h.port)"], timeout: 120)
+            #expect(result["ok"] as? Int == 2000, "\(result)")
+            let admin = AdminProbe(port: h.adminPort)
+            #expect(try admin.metric(#"happypath_upstream_h2_goaways_total{upstream="g"}"#) >= 2)
+            #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) >= 3)
+        }
+    }
 }

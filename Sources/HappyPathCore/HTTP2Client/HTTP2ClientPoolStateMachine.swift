@@ -90,13 +90,15 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
 
     // MARK: - Events
 
-    /// A try wants a stream.
-    public mutating func want(_ tryID: TryID, at now: Instant) -> [Action] {
+    /// A try wants a stream. `replayed`: it was refused unprocessed on a
+    /// stream already (REFUSED_STREAM, past a GOAWAY, never sent), and goes
+    /// before the tries waiting, as it came before them.
+    public mutating func want(_ tryID: TryID, at now: Instant, replayed: Bool = false) -> [Action] {
         guard !isShutDown else { return [.fail(tryID, "the proxy is shutting down")] }
         if waiting.isEmpty, let i = connections.firstIndex(where: { $0.room > 0 }) {
             return [assign(tryID, i)]
         }
-        waiting.append(tryID)
+        if replayed { waiting.insert(tryID, at: 0) } else { waiting.append(tryID) }
         return openIfNeeded()
     }
 

@@ -34,6 +34,9 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
         case badResponse(String)
         /// The connection was lost or failed under the stream.
         case connectionLost(String)
+        /// The connection was lost before the stream's HEADERS went out:
+        /// never processed, safe to send again.
+        case unsent(String)
         /// No connection could be had: the request never left.
         case noConnection(String)
     }
@@ -55,7 +58,15 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
         case reset(code: UInt32, outcome: Outcome?)
         /// Take the try out of the pool's queue (it had no stream yet).
         case withdraw
+        /// The stream was refused unprocessed: the try goes back to the
+        /// pool's queue, first, for another stream (RFC 9113 section 8.7).
+        case replay
     }
+
+    /// Streams refused unprocessed that a try sends again itself, inside
+    /// the transport (a rolling restart may refuse twice: a GOAWAY, then the
+    /// next connection's). Past them the try fails as never sent.
+    public static let maxReplays = 2
 
     public private(set) var state: State = .waiting
     /// The handler refused a chunk, or the exchange paused receiving.
@@ -66,6 +77,8 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
     public private(set) var endedWithHeld = false
     /// The final head arrived (a 1xx does not count).
     public private(set) var headComplete = false
+    /// Times the try was sent again after a refusal.
+    public private(set) var replays = 0
 
     public init() {}
 
@@ -129,9 +142,21 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
         return endedWithHeld ? finish(.complete) : .consume(n)
     }
 
-    /// The stream closed (nghttp2's `on_stream_close`), or its connection went.
-    public mutating func closed(_ outcome: Outcome) -> Action {
+    /// The stream closed (nghttp2's `on_stream_close`), or its connection
+    /// went. `canResend`: nothing of the response reached the handler and
+    /// the request body can be sent again from its first byte.
+    public mutating func closed(_ outcome: Outcome, canResend: Bool = false) -> Action {
         guard state == .open else { return .none }
+        switch outcome {
+        case .refused, .unsent:
+            guard canResend, !headComplete, replays < Self.maxReplays else { break }
+            replays += 1
+            state = .waiting
+            paused = false
+            held = 0
+            return .replay
+        default: break
+        }
         if outcome == .complete, held > 0 {
             endedWithHeld = true
             return .none

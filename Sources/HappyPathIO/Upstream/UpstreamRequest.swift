@@ -36,6 +36,8 @@ public struct UpstreamRequest {
     /// `h2_client: nghttp2`: an h2c try goes on the proxy's own HTTP/2
     /// client (`HTTP2UpstreamClient`), multiplexed, instead of libcurl.
     public var h2Client = false
+    /// The upstream's counters for that client (`happypath_upstream_h2_*`).
+    public var h2Counters: HTTP2ClientCounters?
 
     public init(
         origin: String, target: String, method: String, headers: HeaderBlock, replacing: HTTPField? = nil,

@@ -181,6 +181,9 @@ final class AdminServer: HTTPServerDelegate {
         shared.metrics.eventSubscribersDropped(shared.events.dropped.load(ordering: .relaxed))
         let now = clock.now()
         for g in shared.guards { shared.metrics.concurrency(upstream: g.name, g.concurrencyReading) }
+        for (g, u) in zip(shared.guards, runtime.upstreams) where u.h2Client {
+            shared.metrics.h2Client(upstream: g.name, g.h2Counters)
+        }
         for g in shared.guards where g.pacing != nil {
             shared.metrics.paused(upstream: g.name, scope: .upstream, seconds: g.pausedFor(at: now)?.seconds ?? 0)
             guard g.pausesClients else { continue }

@@ -70,6 +70,13 @@ enum MetricHelp {
         "happypath_tunnels_open": "WebSocket (upgrade) tunnels open now.",
         "happypath_upstream_h2_paused_transfers":
             "HTTP/2 upstream transfers paused for a slow client now; each may hold up to 32 MiB inside libcurl.",
+        "happypath_upstream_h2_connections":
+            "Connections the proxy's own HTTP/2 client (h2_client: nghttp2) holds to the upstream now, all workers and the health checks.",
+        "happypath_upstream_h2_streams": "Streams open on those connections now.",
+        "happypath_upstream_h2_connections_opened_total": "Connections the proxy's own HTTP/2 client opened to the upstream.",
+        "happypath_upstream_h2_streams_replayed_total":
+            "Tries sent again on another stream because the upstream refused theirs unprocessed (REFUSED_STREAM, past a GOAWAY, never sent); not retries: no attempt or retry budget spent.",
+        "happypath_upstream_h2_goaways_total": "GOAWAY frames the upstream sent the proxy's own HTTP/2 client.",
         "happypath_tunnels_total": "Tunnels closed, by upstream and reason.",
         "happypath_tunnel_bytes_total": "Bytes tunnels carried, by upstream and direction.",
         "happypath_tunnel_duration_seconds": "How long tunnels lasted, by upstream.",

@@ -165,6 +165,24 @@ final class ProxyMetrics: Sendable {
         }
     }
 
+    /// The proxy's own HTTP/2 client for one upstream, read at a scrape:
+    /// gauges as they are, counters by what they grew since the last scrape.
+    func h2Client(upstream: String, _ c: HTTP2ClientCounters) {
+        let labels = [("upstream", upstream)]
+        gauge("happypath_upstream_h2_connections", labels).record(c.connections.now)
+        gauge("happypath_upstream_h2_streams", labels).record(c.streams.now)
+        let now = (c.opened.now, c.replayed.now, c.goaways.now)
+        let grown = h2Totals.withLock { totals -> (Int, Int, Int) in
+            let last = totals[upstream] ?? (0, 0, 0)
+            totals[upstream] = now
+            return (max(0, now.0 - last.0), max(0, now.1 - last.1), max(0, now.2 - last.2))
+        }
+        counter("happypath_upstream_h2_connections_opened_total", labels).increment(by: grown.0)
+        counter("happypath_upstream_h2_streams_replayed_total", labels).increment(by: grown.1)
+        counter("happypath_upstream_h2_goaways_total", labels).increment(by: grown.2)
+    }
+    private let h2Totals = Locked<[String: (Int, Int, Int)]>([:])
+
     func parked(upstream: String, reason: String, count: Int) {
         gauge("happypath_parked_commands", [("upstream", upstream), ("reason", reason)]).record(count)
     }

@@ -148,6 +148,8 @@ func startPythonScript(
 /// method, path and fields. The query steers the answer:
 /// - `status=NNN` (default 200);
 /// - `fail=N&key=K`: the first N requests with key K get 503, later ones the status;
+/// - `refuse=N&key=K`: the first N requests with key K get RST_STREAM
+///   REFUSED_STREAM (not processed), later ones the answer;
 /// - `delay=MS`: the answer waits that long (streams overlap on a connection);
 /// - `trailers=1`: no `content-length`, then trailers `grpc-status: 0` and
 ///   `x-checksum: c0ffee` after the body;
@@ -212,6 +214,13 @@ class Connection(asyncio.Protocol):
             "conn": self.number, "stream": stream, "reached": self.reached, "method": fields.get(":method"),
             "path": path, "fields": [[k, v] for k, v in headers], "body_bytes": len(body),
         }), flush=True)
+        if "refuse" in query:
+            key = "refuse:" + query.get("key", "")
+            failures[key] = failures.get(key, 0) + 1
+            if failures[key] <= int(query["refuse"]):
+                self.conn.reset_stream(stream, error_code=7)  # REFUSED_STREAM: not processed
+                self.flush()
+                return
         if "delay" in query:
             await asyncio.sleep(int(query["delay"]) / 1000)
         status = query.get("status", "200")

@@ -61,6 +61,8 @@ final class HTTP2ClientSession {
     var streams: [Int32: HTTP2UpstreamStream] = [:]
     /// Tries ended (inside `mem_recv` or `mem_send`) and not yet told.
     var ended: [HTTP2UpstreamStream] = []
+    /// Tries whose stream was refused unprocessed, to be sent again on another stream.
+    var replays: [HTTP2UpstreamStream] = []
     /// Streams nghttp2 closed since the driver last took the count (their room goes back to the pool).
     var closedStreams = 0
     var current = HTTP2ClientReceiveResult()
@@ -154,6 +156,12 @@ final class HTTP2ClientSession {
         return ended
     }
 
+    /// The tries to send again since the last call, in order.
+    func takeReplays() -> [HTTP2UpstreamStream] {
+        defer { replays.removeAll(keepingCapacity: true) }
+        return replays
+    }
+
     var wantsRead: Bool { fatalError == nil && nghttp2_session_want_read(session) != 0 }
     var wantsWrite: Bool { fatalError == nil && nghttp2_session_want_write(session) != 0 }
     var outboundQueueSize: Int { nghttp2_session_get_outbound_queue_size(session) }
@@ -245,13 +253,25 @@ extension HTTP2ClientSession {
             if taken > 0 { nghttp2_session_consume_stream(session.session, streamID, taken) }
             return 0
         }
+        // A frame of ours went out of `mem_send`: a request's HEADERS may now reach the upstream.
+        nghttp2_session_callbacks_set_on_frame_send_callback(callbacks) { _, frame, userData in
+            guard let frame, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue),
+                let session = HTTP2ClientSession.session(userData)
+            else { return 0 }
+            session.streams[frame.pointee.hd.stream_id]?.headersProduced = true
+            return 0
+        }
         // The last callback for a stream: `streams` lets go of it; its end is told after mem_recv/mem_send.
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
             guard let session = HTTP2ClientSession.session(userData),
                 let stream = session.streams.removeValue(forKey: streamID)
             else { return 0 }
             session.closedStreams &+= 1
-            if stream.closed(code: errorCode) { session.ended.append(stream) }
+            switch stream.closed(code: errorCode) {
+            case .ended: session.ended.append(stream)
+            case .replay: session.replays.append(stream)
+            case .none: break
+            }
             return 0
         }
     }

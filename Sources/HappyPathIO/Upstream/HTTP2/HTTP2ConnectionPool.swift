@@ -104,9 +104,16 @@ final class HTTP2ConnectionPool: LoopEventTarget {
     private var idleTimer: LoopEvent?
     private var idleArmedFor: Instant?
 
-    init(client: HTTP2UpstreamClient, endpoint: HTTP2Endpoint, maxConnections: Int, idleTimeout: Duration) {
+    /// The upstream's counters (`happypath_upstream_h2_*`).
+    let counters: HTTP2ClientCounters
+
+    init(
+        client: HTTP2UpstreamClient, endpoint: HTTP2Endpoint, counters: HTTP2ClientCounters, maxConnections: Int,
+        idleTimeout: Duration
+    ) {
         self.client = client
         self.endpoint = endpoint
+        self.counters = counters
         machine = HTTP2ClientPoolStateMachine(maxConnections: maxConnections, idleTimeout: idleTimeout)
     }
 
@@ -117,6 +124,14 @@ final class HTTP2ConnectionPool: LoopEventTarget {
         waiting[stream.tryID] = stream
         stream.pool = self
         perform(machine.want(stream.tryID, at: client.clock()))
+    }
+
+    /// A try whose stream was refused unprocessed: first in line for another.
+    func replay(_ stream: HTTP2UpstreamStream) {
+        counters.replayed.wrappingAdd(1, ordering: .relaxed)
+        waiting[stream.tryID] = stream
+        stream.pool = self
+        perform(machine.want(stream.tryID, at: client.clock(), replayed: true))
     }
 
     func withdraw(_ stream: HTTP2UpstreamStream) {
@@ -133,6 +148,8 @@ final class HTTP2ConnectionPool: LoopEventTarget {
     }
 
     func streamEnded(on connection: HTTP2UpstreamConnection) {
+        guard machine.connections.contains(where: { $0.id == connection.id && $0.streams > 0 }) else { return }
+        counters.streams.wrappingAdd(-1, ordering: .relaxed)
         perform(machine.streamEnded(connection.id, at: client.clock()))
     }
 
@@ -142,6 +159,9 @@ final class HTTP2ConnectionPool: LoopEventTarget {
 
     func connectionClosed(_ connection: HTTP2UpstreamConnection, reason: HTTP2ClientConnectionStateMachine.CloseReason) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
+        let streams = machine.connections.first { $0.id == connection.id }?.streams ?? 0
+        counters.streams.wrappingAdd(-streams, ordering: .relaxed)
+        counters.connections.wrappingAdd(-1, ordering: .relaxed)
         perform(machine.connectionClosed(connection.id, failure: reason.failure))
     }
 
@@ -163,10 +183,13 @@ final class HTTP2ConnectionPool: LoopEventTarget {
                 let connection = HTTP2UpstreamConnection(pool: self, id: id)
                 connections[id] = connection
                 opened += 1
+                counters.opened.wrappingAdd(1, ordering: .relaxed)
+                counters.connections.wrappingAdd(1, ordering: .relaxed)
                 connection.open()
             case let .assign(tryID, id):
                 guard let stream = waiting.removeValue(forKey: tryID) else { continue }
                 stream.pool = nil
+                counters.streams.wrappingAdd(1, ordering: .relaxed)
                 if let connection = connections[id] {
                     connection.submit(stream)
                 } else {

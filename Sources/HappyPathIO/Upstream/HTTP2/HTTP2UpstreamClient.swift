@@ -20,7 +20,14 @@ public final class HTTP2UpstreamClient {
     public var maxConnectionsPerEndpoint: Int
     /// A connection without a stream this long closes.
     public var idleTimeout: Duration
-    private var pools: [String: HTTP2ConnectionPool] = [:]
+    private struct PoolKey: Hashable {
+        let origin: String
+        let connectTo: String?
+        let counters: ObjectIdentifier
+    }
+    private var pools: [PoolKey: HTTP2ConnectionPool] = [:]
+    /// Counters of tries whose request names none (tests).
+    private let unnamed = HTTP2ClientCounters()
     /// One read buffer for every connection of the loop (one read at a time).
     let readBuffer = UnsafeMutableRawPointer.allocate(byteCount: HTTP2UpstreamConnection.readSize, alignment: 16)
     private var nextTryID = 0
@@ -66,11 +73,14 @@ public final class HTTP2UpstreamClient {
     }
 
     private func pool(for request: UpstreamRequest) -> HTTP2ConnectionPool? {
-        let key = request.connectTo.map { request.origin + "|" + $0 } ?? request.origin
+        // One pool per endpoint and upstream (two upstreams naming one endpoint count apart).
+        let counters = request.h2Counters ?? unnamed
+        let key = PoolKey(origin: request.origin, connectTo: request.connectTo, counters: ObjectIdentifier(counters))
         if let pool = pools[key] { return pool }
         guard let endpoint = HTTP2Endpoint(request, limits: limits) else { return nil }
         let pool = HTTP2ConnectionPool(
-            client: self, endpoint: endpoint, maxConnections: maxConnectionsPerEndpoint, idleTimeout: idleTimeout)
+            client: self, endpoint: endpoint, counters: counters, maxConnections: maxConnectionsPerEndpoint,
+            idleTimeout: idleTimeout)
         pools[key] = pool
         return pool
     }

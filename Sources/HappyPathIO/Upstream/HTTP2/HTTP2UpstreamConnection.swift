@@ -77,19 +77,28 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
 
     /// Puts a try on the connection as a new stream.
     func submit(_ stream: HTTP2UpstreamStream) {
-        guard let session, !machine.isClosed else {
-            // Never told inside `start`: on the client's next pass.
-            if stream.connectionLost("the upstream connection closed before the request was sent") { pool.client.soon(stream) }
-            return pool.streamEnded(on: self)
-        }
         stream.machine.assigned()
+        guard let session, !machine.isClosed else {
+            pool.streamEnded(on: self)
+            return unsent(stream, "the upstream connection closed before the request was sent")
+        }
         stream.connection = self
         if let error = session.submit(stream, scheme: pool.endpoint.scheme, authority: pool.endpoint.authority, scratch: &fields) {
             stream.connection = nil
-            if stream.connectionLost("the request could not be submitted (\(error))") { pool.client.soon(stream) }
-            return pool.streamEnded(on: self)
+            pool.streamEnded(on: self)
+            return unsent(stream, "the request could not be submitted (\(error))")
         }
         flushSoon()
+    }
+
+    /// A try that never became a stream here: sent again, or told on the
+    /// client's next pass (never inside `start`).
+    private func unsent(_ stream: HTTP2UpstreamStream, _ why: String) {
+        switch stream.connectionLost(why) {
+        case .replay: pool.replay(stream)
+        case .ended: pool.client.soon(stream)
+        case .none: break
+        }
     }
 
     func reset(_ stream: HTTP2UpstreamStream, code: UInt32) {
@@ -130,9 +139,14 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             }
             if n == 0 { return perform(machine.failed(.peerClosed("end of stream"))) }
             let result = session.receive(UnsafeRawBufferPointer(start: buffer, count: n))
-            afterSession()
+            // The pool hears of SETTINGS and GOAWAY first: a try refused by the
+            // GOAWAY goes to another connection, not back to this one.
             if let maxStreams = result.maxStreams { perform(machine.settings(maxStreams: maxStreams)) }
-            if result.goaway != nil { perform(machine.goaway()) }
+            if result.goaway != nil {
+                pool.counters.goaways.wrappingAdd(1, ordering: .relaxed)
+                perform(machine.goaway())
+            }
+            afterSession()
             if let error = result.error { return perform(machine.failed(.protocolError("\(error)"))) }
             if machine.isClosed { return }
             if n < Self.readSize { break }
@@ -162,6 +176,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     private func afterSession() {
         guard let session else { return }
         for stream in session.takeEnded() { stream.tell() }
+        for stream in session.takeReplays() { pool.replay(stream) }
         let closed = session.closedStreams
         session.closedStreams = 0
         for _ in 0..<closed { pool.streamEnded(on: self) }
@@ -241,16 +256,25 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         timer = nil
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
-        // Every try still on it ends: those nghttp2 had ended first, then the rest.
-        if let session {
-            for stream in session.takeEnded() { stream.tell() }
-            let why = reason.failure
-            let open = session.streams.values.sorted { $0.id < $1.id }
-            session.streams.removeAll()
-            for stream in open where stream.connectionLost(why) { stream.tell() }
-        }
+        // The pool forgets the connection first (so nothing is sent again on
+        // it); then every try still on it ends, those nghttp2 had ended
+        // first, or goes to another stream if it was never sent.
+        let ended = session?.takeEnded() ?? []
+        let replays = session?.takeReplays() ?? []
+        let open = session?.streams.values.sorted { $0.id < $1.id } ?? []
+        session?.streams.removeAll()
         session = nil
         pool.connectionClosed(self, reason: reason)
+        for stream in ended { stream.tell() }
+        for stream in replays { pool.replay(stream) }
+        let why = reason.failure
+        for stream in open {
+            switch stream.connectionLost(why) {
+            case .ended: stream.tell()
+            case .replay: pool.replay(stream)
+            case .none: break
+            }
+        }
     }
 
     private func watchWrite(_ on: Bool) {

@@ -49,6 +49,8 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     /// Why the head was refused (past the limits, or by the handler).
     var refusal: String?
     var resetByPeer = false
+    /// nghttp2 produced the request's HEADERS (it may have reached the upstream).
+    var headersProduced = false
     /// DATA the handler did not take yet (at most the stream's window).
     var held: [UInt8] = []
 
@@ -183,8 +185,11 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         }
     }
 
-    /// nghttp2 closed the stream with `code`. True: the try ended now (tell it).
-    func closed(code: UInt32) -> Bool {
+    /// What a stream's close means for its try.
+    enum End { case none, ended, replay }
+
+    /// nghttp2 closed the stream with `code`.
+    func closed(code: UInt32) -> End {
         let outcome: HTTP2ClientStreamStateMachine.Outcome
         if let refusal {
             outcome = .badResponse(refusal)
@@ -199,16 +204,57 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         } else {
             outcome = .complete
         }
-        guard case let .finish(o) = machine.closed(outcome) else { return false }
-        self.outcome = o
-        return true
+        return end(machine.closed(outcome, canResend: canResend))
     }
 
-    /// The connection went under the stream. True: the try ended now.
-    func connectionLost(_ why: String) -> Bool {
-        guard case let .finish(o) = machine.closed(.connectionLost(why)) else { return false }
-        outcome = o
-        return true
+    /// The connection went under the stream (before its HEADERS were
+    /// produced: never sent, so sent again elsewhere).
+    func connectionLost(_ why: String) -> End {
+        end(machine.closed(headersProduced ? .connectionLost(why) : .unsent(why), canResend: canResend))
+    }
+
+    private func end(_ action: HTTP2ClientStreamStateMachine.Action) -> End {
+        switch action {
+        case let .finish(o):
+            outcome = o
+            return .ended
+        case .replay:
+            prepareReplay()
+            return .replay
+        default: return .none
+        }
+    }
+
+    /// Nothing of the response reached the handler, and the body can be
+    /// sent again from its first byte.
+    private var canResend: Bool {
+        guard phase == .awaitingHead, informationalCount == 0 else { return false }
+        return !readsBody || request.bodyStream?.replayable == true
+    }
+
+    /// Back to how `start` made it, for another stream.
+    private func prepareReplay() {
+        id = -1
+        connection = nil
+        phase = .awaitingHead
+        informational = 0
+        informationalFields.removeAll()
+        headBytes = 0
+        headFields = 0
+        trailerBytes = 0
+        refusal = nil
+        resetByPeer = false
+        held = []
+        headersProduced = false
+        deferred = false
+        bodyOffset = 0
+        if readsBody, let stream = request.bodyStream {
+            stream.onAvailable = nil
+            _ = stream.rewind()
+        }
+        readsBody = false
+        wholeBody = nil
+        contentLength = nil
     }
 
     /// The pool could not give the try a connection.
@@ -260,7 +306,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         case let .resetByPeer(code): .streamReset("The upstream reset the stream (\(codeName(code))).")
         case let .badResponse(why): .badResponse(why)
         case let .connectionLost(why): .reset(why)
-        case let .noConnection(why): .connectFailed(why)
+        case let .noConnection(why), let .unsent(why): .connectFailed(why)
         }
     }
 
