@@ -381,6 +381,7 @@ extension Array {
         case assigned, head(String?), data(Int), delivered(Int, Bool), pause, resume, heldDelivered(Bool)
         case closed(M.Outcome), cancel, failedWaiting(String)
         case closedResendable(M.Outcome)
+        case idle
     }
     struct Summary: Sendable, Equatable {
         var state: M.State
@@ -407,6 +408,7 @@ extension Array {
                 case let .heldDelivered(taken): return m.heldDelivered(taken: taken)
                 case let .closed(o): return m.closed(o)
                 case let .closedResendable(o): return m.closed(o, canResend: true)
+                case .idle: return m.idle()
                 case .cancel: return m.cancel()
                 case let .failedWaiting(why): return m.failedWaiting(why)
                 }
@@ -530,6 +532,23 @@ extension Array {
             steps: [
                 TableStep(.assigned), TableStep(.head(nil)),
                 TableStep(.closedResendable(.refused), outcome: .finish(.refused)),
+            ]),
+        TableScenario(
+            name: "an idle stream times out; one the proxy paused never does",
+            steps: [
+                TableStep(.idle, outcome: M.Action.none, Summary(state: .waiting, paused: false, held: 0)),
+                TableStep(.assigned), TableStep(.head(nil)), TableStep(.pause),
+                TableStep(.idle, outcome: M.Action.none, Summary(state: .open, paused: true, held: 0)),
+                TableStep(.resume),
+                TableStep(
+                    .idle, outcome: .reset(code: 8, outcome: .timedOut), Summary(state: .finished, paused: false, held: 0)),
+                TableStep(.idle, outcome: M.Action.none),
+            ]),
+        TableScenario(
+            name: "a stream holding bytes for its handler is not idle",
+            steps: [
+                TableStep(.assigned), TableStep(.data(10)), TableStep(.delivered(10, false)), TableStep(.resume),
+                TableStep(.idle, outcome: M.Action.none, Summary(state: .open, paused: false, held: 10)),
             ]),
         TableScenario(
             name: "a replayed try cancelled while it waits again is withdrawn",

@@ -270,4 +270,26 @@ import Testing
             #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) >= 3)
         }
     }
+
+    /// An upstream silent for `limits.client_timeout` (1 s) is cut as
+    /// libcurl's stall check cuts it: the same answer on both clients,
+    /// long before the route's 5 s.
+    @Test func aSilentUpstreamIsCutAfterTheIdleTimeoutAsWithLibcurl() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        var answers: [String] = []
+        for client in ["libcurl", "nghttp2"] {
+            let h = try UpstreamHTTP2Tests.proxy(
+                "http://127.0.0.1:\(up.plainPort)", extra: "h2_client: \(client)",
+                defaults: "{ retry: { attempts: 1, per_try_timeout: 5s }, reachability: { park_for: 0s } }",
+                limits: "{ client_timeout: 1s }")
+            defer { h.stop() }
+            let started = Date()
+            let r = try HTTP.request(port: h.port, "/idle/\(client)?delay=4000", timeout: 10)
+            let elapsed = Date().timeIntervalSince(started)
+            answers.append("\(r.status) \(r.json["code"] ?? "-")")
+            #expect(elapsed >= 0.9 && elapsed < 3, "\(client): \(elapsed) s")
+        }
+        #expect(answers[0] == answers[1], "\(answers)")
+        #expect(answers[1].hasPrefix("504"), "\(answers)")
+    }
 }

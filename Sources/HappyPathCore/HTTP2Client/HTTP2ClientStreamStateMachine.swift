@@ -34,6 +34,9 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
         case badResponse(String)
         /// The connection was lost or failed under the stream.
         case connectionLost(String)
+        /// No byte either way for the try's idle timeout (`limits.client_timeout`)
+        /// while the proxy was not holding it back.
+        case timedOut
         /// The connection was lost before the stream's HEADERS went out:
         /// never processed, safe to send again.
         case unsent(String)
@@ -176,6 +179,14 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
             return .reset(code: HTTP2ErrorCode.cancel.rawValue, outcome: nil)
         case .finished: return .none
         }
+    }
+
+    /// No byte moved either way for the idle timeout. A stream the proxy
+    /// paused (its client is slow) is never idle: the wait is not the upstream's.
+    public mutating func idle() -> Action {
+        guard state == .open, !paused, held == 0, !endedWithHeld else { return .none }
+        state = .finished
+        return .reset(code: HTTP2ErrorCode.cancel.rawValue, outcome: .timedOut)
     }
 
     /// The pool could not give it a connection.

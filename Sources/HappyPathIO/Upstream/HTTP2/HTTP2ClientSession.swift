@@ -67,6 +67,9 @@ final class HTTP2ClientSession {
     var closedStreams = 0
     var current = HTTP2ClientReceiveResult()
     private(set) var fatalError: HTTP2SessionError?
+    /// The driver's clock reading for this turn (set before `receive` and
+    /// `produce`): what the callbacks stamp on streams that moved.
+    var now = Instant(nanoseconds: 0)
 
     init(limits: HTTP2ClientLimits) throws(HTTP2SessionError) {
         self.limits = limits
@@ -229,6 +232,7 @@ extension HTTP2ClientSession {
             guard let frame, let session = HTTP2ClientSession.session(userData),
                 let stream = session.streams[frame.pointee.hd.stream_id]
             else { return 0 }
+            stream.lastMoved = session.now
             let ok = stream.field(
                 name: UnsafeRawBufferPointer(start: name, count: nameLength),
                 value: UnsafeRawBufferPointer(start: value, count: valueLength), limits: session.limits)
@@ -249,16 +253,24 @@ extension HTTP2ClientSession {
                 nghttp2_session_consume_stream(session.session, streamID, length)
                 return 0
             }
+            stream.lastMoved = session.now
             let taken = stream.data(UnsafeRawBufferPointer(start: data, count: length))
             if taken > 0 { nghttp2_session_consume_stream(session.session, streamID, taken) }
             return 0
         }
         // A frame of ours went out of `mem_send`: a request's HEADERS may now reach the upstream.
+        // (A DATA frame of the request body counts as a byte moved, for the idle sweep.)
         nghttp2_session_callbacks_set_on_frame_send_callback(callbacks) { _, frame, userData in
-            guard let frame, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue),
-                let session = HTTP2ClientSession.session(userData)
+            guard let frame, let session = HTTP2ClientSession.session(userData),
+                let stream = session.streams[frame.pointee.hd.stream_id]
             else { return 0 }
-            session.streams[frame.pointee.hd.stream_id]?.headersProduced = true
+            switch UInt32(frame.pointee.hd.type) {
+            case NGHTTP2_HEADERS.rawValue:
+                stream.headersProduced = true
+                stream.lastMoved = session.now
+            case NGHTTP2_DATA.rawValue: stream.lastMoved = session.now
+            default: break
+            }
             return 0
         }
         // The last callback for a stream: `streams` lets go of it; its end is told after mem_recv/mem_send.

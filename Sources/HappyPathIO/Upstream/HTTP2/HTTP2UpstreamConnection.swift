@@ -83,6 +83,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             return unsent(stream, "the upstream connection closed before the request was sent")
         }
         stream.connection = self
+        stream.lastMoved = pool.client.clock()
+        armSweep(stream.request.idleTimeout)
         if let error = session.submit(stream, scheme: pool.endpoint.scheme, authority: pool.endpoint.authority, scratch: &fields) {
             stream.connection = nil
             pool.streamEnded(on: self)
@@ -130,6 +132,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
 
     fileprivate func readable() {
         guard let session, !machine.isClosed else { return }
+        session.now = pool.client.clock()
         let buffer = pool.client.readBuffer
         for _ in 0..<Self.readsPerTurn {
             let n = read(fd, buffer, Self.readSize)
@@ -167,8 +170,46 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
 
     func loopEventFired(_ event: LoopEvent) {
         let now = pool.client.clock()
+        if event.tag == Self.sweepTag { return sweepIdle(at: now) }
         perform(machine.timer(at: now))
         if !machine.isClosed { armTimer(now: now) }
+    }
+
+    // MARK: - Idle streams
+
+    static let sweepTag = 1
+    private var sweep: LoopEvent?
+    private var sweepArmed = false
+    private var sweepInterval = Duration.seconds(1)
+
+    /// Streams with no byte either way for their idle timeout
+    /// (`limits.client_timeout`, as libcurl's stall check) are found by a
+    /// sweep every second (a quarter of the timeout when that is shorter),
+    /// run only while the connection has streams.
+    private func armSweep(_ idleTimeout: Duration) {
+        let interval = min(.seconds(1), max(.milliseconds(50), idleTimeout / 4))
+        if sweepArmed, interval >= sweepInterval { return }
+        sweepInterval = min(sweepInterval, interval)
+        if sweep == nil { sweep = pool.client.loop.takeEvent(target: self, tag: Self.sweepTag) }
+        sweepArmed = true
+        sweep?.arm(after: sweepInterval)
+    }
+
+    private func sweepIdle(at now: Instant) {
+        sweepArmed = false
+        guard let session, !machine.isClosed else { return }
+        var timedOut: [HTTP2UpstreamStream] = []
+        for stream in session.streams.values where stream.idleCheck(at: now) { timedOut.append(stream) }
+        for stream in timedOut.sorted(by: { $0.id < $1.id }) {
+            session.reset(stream.id, code: HTTP2ErrorCode.cancel.rawValue)
+            stream.connection = nil
+            stream.tell()
+        }
+        if !session.streams.isEmpty {
+            sweepArmed = true
+            sweep?.arm(after: sweepInterval)
+        }
+        if !timedOut.isEmpty { flush() }
     }
 
     /// Tells the ended tries and gives their room back to the pool (after
@@ -186,6 +227,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     func flush() {
         flushQueued = false
         guard let session, !machine.isClosed, fd >= 0 else { return }
+        session.now = pool.client.clock()
         while true {
             if output.count - outputSent < Self.outputHighWater {
                 compactOutput()
@@ -254,6 +296,9 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         writeEvent = nil
         timer?.recycle()
         timer = nil
+        sweep?.recycle()
+        sweep = nil
+        sweepArmed = false
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
         // The pool forgets the connection first (so nothing is sent again on

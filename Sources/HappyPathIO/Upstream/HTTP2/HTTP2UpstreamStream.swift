@@ -51,6 +51,8 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     var resetByPeer = false
     /// nghttp2 produced the request's HEADERS (it may have reached the upstream).
     var headersProduced = false
+    /// When a byte last moved either way on the stream (the idle sweep's reading).
+    var lastMoved = Instant(nanoseconds: 0)
     /// DATA the handler did not take yet (at most the stream's window).
     var held: [UInt8] = []
 
@@ -257,6 +259,16 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         contentLength = nil
     }
 
+    /// The connection's idle sweep: true when the try timed out now (the
+    /// stream is to be reset; tell it).
+    func idleCheck(at now: Instant) -> Bool {
+        guard machine.state == .open, now - lastMoved >= request.idleTimeout,
+            case let .reset(_, outcome?) = machine.idle()
+        else { return false }
+        self.outcome = outcome
+        return true
+    }
+
     /// The pool could not give the try a connection.
     func failedWaiting(_ why: String) {
         pool = nil
@@ -307,6 +319,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         case let .badResponse(why): .badResponse(why)
         case let .connectionLost(why): .reset(why)
         case let .noConnection(why), let .unsent(why): .connectFailed(why)
+        case .timedOut: .timeout
         }
     }
 
