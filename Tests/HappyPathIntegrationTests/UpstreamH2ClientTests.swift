@@ -292,4 +292,19 @@ import Testing
         #expect(answers[0] == answers[1], "\(answers)")
         #expect(answers[1].hasPrefix("504"), "\(answers)")
     }
+
+    /// A whole answer that comes before the request's body went, then
+    /// RST_STREAM NO_ERROR (RFC 9113 section 8.1: "stop sending"): the
+    /// answer is complete, not a reset stream.
+    @Test func anAnswerBeforeTheBodyThenNoErrorIsComplete() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        let h = try UpstreamHTTP2Tests.proxy(
+            "http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2",
+            defaults: "{ retry: { attempts: 1 }, reachability: { park_for: 0s } }")
+        defer { h.stop() }
+        let r = try HTTP.request(
+            port: h.port, "POST", "/early?early=1", body: Array(repeating: 0x65, count: 3 << 20), timeout: 10)
+        #expect(r.status == 413, "\(r.status) \(r.text)")
+        #expect(r.json["detail"] as? String == "The upstream answered 413.", "the upstream's answer, not a failure")
+    }
 }

@@ -148,6 +148,8 @@ func startPythonScript(
 /// method, path and fields. The query steers the answer:
 /// - `status=NNN` (default 200);
 /// - `fail=N&key=K`: the first N requests with key K get 503, later ones the status;
+/// - `early=1`: a whole 413 at the request's head, before its body, then
+///   RST_STREAM NO_ERROR (the body is not needed);
 /// - `refuse=N&key=K`: the first N requests with key K get RST_STREAM
 ///   REFUSED_STREAM (not processed), later ones the answer;
 /// - `delay=MS`: the answer waits that long (streams overlap on a connection);
@@ -196,11 +198,18 @@ class Connection(asyncio.Protocol):
         for event in events:
             if isinstance(event, h2.events.RequestReceived):
                 self.streams[event.stream_id] = (event.headers, bytearray())
+                if "early=1" in dict(event.headers).get(":path", ""):
+                    # A whole answer before the request's body, then RST_STREAM NO_ERROR (RFC 9113 section 8.1).
+                    self.conn.send_headers(event.stream_id, [(":status", "413"), ("content-length", "5")])
+                    self.conn.send_data(event.stream_id, b"early", end_stream=True)
+                    self.conn.reset_stream(event.stream_id, error_code=0)
+                    del self.streams[event.stream_id]
             elif isinstance(event, h2.events.DataReceived):
+                if event.stream_id not in self.streams: continue
                 self.streams[event.stream_id][1].extend(event.data)
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
-                asyncio.ensure_future(self.answer(event.stream_id))
+                if event.stream_id in self.streams: asyncio.ensure_future(self.answer(event.stream_id))
             elif isinstance(event, (h2.events.WindowUpdated, h2.events.StreamReset)):
                 self.window.set()
         self.flush()

@@ -63,6 +63,9 @@ final class HTTP2ClientSession {
     var ended: [HTTP2UpstreamStream] = []
     /// Tries whose stream was refused unprocessed, to be sent again on another stream.
     var replays: [HTTP2UpstreamStream] = []
+    /// Streams whose response ended (END_STREAM) in this read: those still
+    /// open are waiting for the rest of our request, which is not needed.
+    var remoteEnded: [HTTP2UpstreamStream] = []
     /// Streams nghttp2 closed since the driver last took the count (their room goes back to the pool).
     var closedStreams = 0
     var current = HTTP2ClientReceiveResult()
@@ -86,6 +89,9 @@ final class HTTP2ClientSession {
         nghttp2_option_set_max_outbound_ack(option, 1000)
         nghttp2_option_set_max_continuations(option, 8)
         nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
+        // A request head nghttp2 would refuse to send is closed REFUSED_STREAM
+        // (as if the server refused it): room past any head the edge lets in.
+        nghttp2_option_set_max_send_header_block_length(option, max(64 * 1024, limits.maxHeadBytes) * 4)
         try Self.check(nghttp2_session_client_new2(&session, callbacks, Unmanaged.passUnretained(self).toOpaque(), option))
         var entries = [
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
@@ -157,6 +163,12 @@ final class HTTP2ClientSession {
     func takeEnded() -> [HTTP2UpstreamStream] {
         defer { ended.removeAll(keepingCapacity: true) }
         return ended
+    }
+
+    func takeRemoteEnded() -> [HTTP2UpstreamStream] {
+        guard !remoteEnded.isEmpty else { return [] }
+        defer { remoteEnded.removeAll(keepingCapacity: true) }
+        return remoteEnded
     }
 
     /// The tries to send again since the last call, in order.
@@ -293,11 +305,20 @@ extension HTTP2ClientSession {
         switch UInt32(hd.type) {
         case NGHTTP2_HEADERS.rawValue:
             guard let stream = streams[hd.stream_id] else { return }
+            if hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 {
+                stream.endStreamReceived = true
+                remoteEnded.append(stream)
+            }
             if stream.headersFrameEnded() {
                 // The handler refused the head: the stream is reset, and the try has ended.
                 // (It stays in `streams` until nghttp2 closes it.)
                 nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), hd.stream_id, NGHTTP2_CANCEL.rawValue)
                 ended.append(stream)
+            }
+        case NGHTTP2_DATA.rawValue:
+            if hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0, let stream = streams[hd.stream_id] {
+                stream.endStreamReceived = true
+                remoteEnded.append(stream)
             }
         case NGHTTP2_RST_STREAM.rawValue:
             streams[hd.stream_id]?.resetByPeer = true

@@ -128,6 +128,7 @@ final class HTTP2ConnectionPool: LoopEventTarget {
 
     /// A try whose stream was refused unprocessed: first in line for another.
     func replay(_ stream: HTTP2UpstreamStream) {
+        guard stream.machine.state == .waiting else { return }  // cancelled meanwhile
         counters.replayed.wrappingAdd(1, ordering: .relaxed)
         waiting[stream.tryID] = stream
         stream.pool = self

@@ -60,12 +60,13 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         let rc = endpoint.withSockaddr { connect(fd, $0, $1) }
+        let connectError = errno  // before libevent's calls touch it
         let me = Unmanaged.passUnretained(self).toOpaque()
         let base = pool.client.loop.base
         readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), h2UpstreamReadCallback, me)
         writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), h2UpstreamWriteCallback, me)
         if rc == 0 { return connected() }
-        guard errno == EINPROGRESS else { return perform(machine.connectFailed(Self.errorText(errno))) }
+        guard connectError == EINPROGRESS else { return perform(machine.connectFailed(Self.errorText(connectError))) }
         watchWrite(true)
     }
 
@@ -78,6 +79,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     /// Puts a try on the connection as a new stream.
     func submit(_ stream: HTTP2UpstreamStream) {
         stream.machine.assigned()
+        // A try cancelled while it waited to be sent again is never sent.
+        guard stream.machine.state == .open else { return pool.streamEnded(on: self) }
         guard let session, !machine.isClosed else {
             pool.streamEnded(on: self)
             return unsent(stream, "the upstream connection closed before the request was sent")
@@ -88,6 +91,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         if let error = session.submit(stream, scheme: pool.endpoint.scheme, authority: pool.endpoint.authority, scratch: &fields) {
             stream.connection = nil
             pool.streamEnded(on: self)
+            // Stream ids used up (2^31 of them): nothing new on this one.
+            if error.code == Int(NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE.rawValue) { perform(machine.goaway()) }
             return unsent(stream, "the request could not be submitted (\(error))")
         }
         flushSoon()
@@ -214,13 +219,24 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
 
     /// Tells the ended tries and gives their room back to the pool (after
     /// `mem_recv` or `mem_send` returned).
+    ///
+    /// The order matters: the pool hears of the room first (a try started
+    /// from a tell takes it, not a new connection); the refused tries go
+    /// back before any tell (a tell may end an exchange, which cancels its
+    /// other tries: a replayed one is then withdrawn, never sent); then the
+    /// responses the server ended while our request was still being sent
+    /// are complete (RFC 9113 section 8.1: our side is reset NO_ERROR).
     private func afterSession() {
         guard let session else { return }
-        for stream in session.takeEnded() { stream.tell() }
-        for stream in session.takeReplays() { pool.replay(stream) }
         let closed = session.closedStreams
         session.closedStreams = 0
         for _ in 0..<closed { pool.streamEnded(on: self) }
+        for stream in session.takeReplays() { pool.replay(stream) }
+        for stream in session.takeRemoteEnded() where session.streams[stream.id] === stream {
+            if stream.remoteEnded() { session.ended.append(stream) }
+            session.reset(stream.id, code: HTTP2ErrorCode.noError.rawValue)
+        }
+        for stream in session.takeEnded() { stream.tell() }
     }
 
     /// Produces frames and writes them while the socket takes them.

@@ -51,6 +51,8 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     var resetByPeer = false
     /// nghttp2 produced the request's HEADERS (it may have reached the upstream).
     var headersProduced = false
+    /// The response's END_STREAM came.
+    var endStreamReceived = false
     /// When a byte last moved either way on the stream (the idle sweep's reading).
     var lastMoved = Instant(nanoseconds: 0)
     /// DATA the handler did not take yet (at most the stream's window).
@@ -197,7 +199,8 @@ public final class HTTP2UpstreamStream: UpstreamTry {
             outcome = .badResponse(refusal)
         } else if code == HTTP2ErrorCode.refusedStream.rawValue {
             outcome = .refused
-        } else if resetByPeer {
+        } else if resetByPeer, !(code == 0 && endStreamReceived && phase == .body) {
+            // (A whole response, then RST_STREAM NO_ERROR to stop our request: complete.)
             outcome = .resetByPeer(code)
         } else if code != 0 {
             outcome = .badResponse("The upstream's HTTP/2 response was malformed (\(Self.codeName(code))).")
@@ -207,6 +210,15 @@ public final class HTTP2UpstreamStream: UpstreamTry {
             outcome = .complete
         }
         return end(machine.closed(outcome, canResend: canResend))
+    }
+
+    /// The response ended while the stream stays open for the rest of our
+    /// request (RFC 9113 section 8.1): the answer is complete. True: the
+    /// try ended now (tell it). The driver resets the stream NO_ERROR.
+    func remoteEnded() -> Bool {
+        guard phase == .body else { return false }  // no final head: nghttp2 resets it itself
+        letGoOfBody()
+        return end(machine.closed(.complete)) == .ended
     }
 
     /// The connection went under the stream (before its HEADERS were
@@ -248,6 +260,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         resetByPeer = false
         held = []
         headersProduced = false
+        endStreamReceived = false
         deferred = false
         bodyOffset = 0
         if readsBody, let stream = request.bodyStream {
