@@ -137,6 +137,10 @@ let package = Package(
         .target(
             name: "FuzzHTTP2Harness", dependencies: ["HappyPathIO", "HappyPathCore"],
             path: "Tests/Support/FuzzHarnesses/FuzzHTTP2Harness"),
+        // The proxy's own HTTP/2 client session fed an upstream's random frames, its handlers' contract checked.
+        .target(
+            name: "FuzzHTTP2ClientHarness", dependencies: ["HappyPathIO", "HappyPathCore"],
+            path: "Tests/Support/FuzzHarnesses/FuzzHTTP2ClientHarness"),
         // `make fuzz` builds these with -sanitize=fuzzer -DFUZZING; a plain build
         // gives a driver that replays the input files named on its command line.
         // libFuzzer's driver and the replay driver, shared by the fuzz targets.
@@ -148,6 +152,7 @@ let package = Package(
         .executableTarget(name: "FuzzConnection", dependencies: ["FuzzSupport", "FuzzConnectionHarness"]),
         .executableTarget(name: "FuzzOutsideValues", dependencies: ["FuzzSupport", "FuzzOutsideValuesHarness"]),
         .executableTarget(name: "FuzzHTTP2", dependencies: ["FuzzSupport", "FuzzHTTP2Harness"]),
+        .executableTarget(name: "FuzzHTTP2Client", dependencies: ["FuzzSupport", "FuzzHTTP2ClientHarness"]),
 
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
@@ -185,7 +190,7 @@ let package = Package(
             name: "HappyPathFuzzSeedTests",
             dependencies: [
                 "FuzzRequestParserHarness", "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness",
-                "FuzzConnectionHarness", "FuzzOutsideValuesHarness", "FuzzHTTP2Harness",
+                "FuzzConnectionHarness", "FuzzOutsideValuesHarness", "FuzzHTTP2Harness", "FuzzHTTP2ClientHarness",
             ]
         ),
         .testTarget(
@@ -210,7 +215,8 @@ if Context.environment["HAPPYPATH_BUILD"] == "tsan" {
         "HappyPathFuzzSeedTests", "HTTP1Framing", "HTTP1Oracle", "FuzzSupport", "FuzzRequestParserHarness",
         "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness", "FuzzOutsideValuesHarness",
         "FuzzConnectionHarness", "FuzzHTTP2Harness", "FuzzRequestParser", "FuzzResponseHead", "FuzzConfig",
-        "FuzzDifferential", "FuzzConnection", "FuzzOutsideValues", "FuzzHTTP2",
+        "FuzzDifferential", "FuzzConnection", "FuzzOutsideValues", "FuzzHTTP2", "FuzzHTTP2ClientHarness",
+        "FuzzHTTP2Client",
     ]
     package.targets.removeAll { singleThreaded.contains($0.name) }
 }

@@ -8,6 +8,7 @@ import Foundation
 import FuzzConfigHarness
 import FuzzConnectionHarness
 import FuzzDifferentialHarness
+import FuzzHTTP2ClientHarness
 import FuzzHTTP2Harness
 import FuzzOutsideValuesHarness
 import FuzzRequestParserHarness
@@ -24,6 +25,7 @@ let harnesses: [String: @Sendable ([UInt8]) -> String] = [
     "FuzzConnection": ConnectionHarness.check,
     "FuzzOutsideValues": OutsideValuesHarness.check,
     "FuzzHTTP2": HTTP2Harness.check,
+    "FuzzHTTP2Client": HTTP2ClientHarness.check,
 ]
 
 /// Tests/FuzzSeeds, found from this file's place in the repository.

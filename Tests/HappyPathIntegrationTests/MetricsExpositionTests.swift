@@ -41,6 +41,12 @@ struct MetricsExpositionTests {
             endpoints: [http://127.0.0.1:\(down)]
             connect_timeout: 200ms
             reachability: { park_for: 300ms }
+          h2down:
+            endpoints: [http://127.0.0.1:\(down)]
+            protocol: h2
+            h2_client: nghttp2
+            connect_timeout: 200ms
+            reachability: { park_for: 0s }
         routes:
           - { match: { path_prefix: /later/ }, upstream: demo, strip_prefix: /later, delivery: { mode: later } }
           - { match: { path_prefix: /later-down/ }, upstream: down, strip_prefix: /later-down, delivery: { mode: later } }
@@ -56,6 +62,7 @@ struct MetricsExpositionTests {
           - { match: { path_prefix: /authed/ }, upstream: authed, strip_prefix: /authed }
           - { match: { path_prefix: /fragile/ }, upstream: fragile, strip_prefix: /fragile }
           - { match: { path_prefix: /down/ }, upstream: down, strip_prefix: /down }
+          - { match: { path_prefix: /h2down/ }, upstream: h2down, strip_prefix: /h2down }
           - { match: { path_prefix: / }, upstream: demo }
         """
     }
@@ -70,7 +77,7 @@ struct MetricsExpositionTests {
         let h = try ProxyHarness(Self.yaml(store: directory + "/deliveries.db", down: down.port, tls: tls), holding: [down])
         for path in [
             "/ok", "/status/404", "/limited/ok", "/limited/ok", "/hedged/slow?ms=20", "/fallback/status/503",
-            "/authed/private/ok", "/down/ok",
+            "/authed/private/ok", "/down/ok", "/h2down/ok",
         ] + Array(repeating: "/fragile/status/502", count: 20) {
             _ = try HTTP.request(port: h.port, path)
         }
@@ -191,6 +198,9 @@ struct MetricsExpositionTests {
             "process_cpu_seconds_total", "process_open_fds", "happypath_tls_certificate_expiry_seconds",
             "happypath_http2_connections", "happypath_http2_connections_total", "happypath_http2_streams_open",
             "happypath_http2_streams_total", "happypath_http2_resets_total", "happypath_http2_goaways_total",
+            "happypath_upstream_h2_connections", "happypath_upstream_h2_streams",
+            "happypath_upstream_h2_connections_opened_total", "happypath_upstream_h2_streams_replayed_total",
+            "happypath_upstream_h2_goaways_total",
         ] {
             #expect(families[name]?.type != nil, "\(name) is not in the scrape")
         }

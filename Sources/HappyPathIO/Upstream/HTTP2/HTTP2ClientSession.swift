@@ -171,6 +171,26 @@ final class HTTP2ClientSession {
         return remoteEnded
     }
 
+    /// What a turn left behind, once `mem_recv` or `mem_send` returned, in
+    /// the order the pool needs it: the room of the streams nghttp2 closed
+    /// (a try started from a tell takes it, not a new connection); the
+    /// tries refused unprocessed, back to be sent again before any tell (a
+    /// tell may end an exchange, which cancels its other tries: a replayed
+    /// one is then withdrawn, never sent); the answers the server ended
+    /// while our request still flowed, complete (RFC 9113 section 8.1: our
+    /// side is reset NO_ERROR); then the ends told.
+    func settle(room: (Int) -> Void, replay: (HTTP2UpstreamStream) -> Void) {
+        let closed = closedStreams
+        closedStreams = 0
+        if closed > 0 { room(closed) }
+        for stream in takeReplays() { replay(stream) }
+        for stream in takeRemoteEnded() where streams[stream.id] === stream {
+            if stream.remoteEnded() { ended.append(stream) }
+            reset(stream.id, code: HTTP2ErrorCode.noError.rawValue)
+        }
+        for stream in takeEnded() { stream.tell() }
+    }
+
     /// The tries to send again since the last call, in order.
     func takeReplays() -> [HTTP2UpstreamStream] {
         defer { replays.removeAll(keepingCapacity: true) }
@@ -266,7 +286,7 @@ extension HTTP2ClientSession {
                 return 0
             }
             stream.lastMoved = session.now
-            let taken = stream.data(UnsafeRawBufferPointer(start: data, count: length))
+            let taken = stream.data(UnsafeRawBufferPointer(start: data, count: length), window: session.limits.streamWindow)
             if taken > 0 { nghttp2_session_consume_stream(session.session, streamID, taken) }
             return 0
         }

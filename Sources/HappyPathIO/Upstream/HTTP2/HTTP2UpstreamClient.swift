@@ -123,7 +123,7 @@ public final class HTTP2UpstreamClient {
         if soonStreams.count + soonFlushes.count == 1, let soonEvent { event_active(soonEvent, 0, 0) }
     }
 
-    fileprivate func runSoon() {
+    func runSoon() {
         while !soonStreams.isEmpty || !soonFlushes.isEmpty {
             let streams = soonStreams
             soonStreams.removeAll(keepingCapacity: true)

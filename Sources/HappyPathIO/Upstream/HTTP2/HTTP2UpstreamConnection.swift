@@ -217,26 +217,10 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         if !timedOut.isEmpty { flush() }
     }
 
-    /// Tells the ended tries and gives their room back to the pool (after
-    /// `mem_recv` or `mem_send` returned).
-    ///
-    /// The order matters: the pool hears of the room first (a try started
-    /// from a tell takes it, not a new connection); the refused tries go
-    /// back before any tell (a tell may end an exchange, which cancels its
-    /// other tries: a replayed one is then withdrawn, never sent); then the
-    /// responses the server ended while our request was still being sent
-    /// are complete (RFC 9113 section 8.1: our side is reset NO_ERROR).
+    /// What the turn left behind, to the pool and the tries (`HTTP2ClientSession.settle`).
     private func afterSession() {
-        guard let session else { return }
-        let closed = session.closedStreams
-        session.closedStreams = 0
-        for _ in 0..<closed { pool.streamEnded(on: self) }
-        for stream in session.takeReplays() { pool.replay(stream) }
-        for stream in session.takeRemoteEnded() where session.streams[stream.id] === stream {
-            if stream.remoteEnded() { session.ended.append(stream) }
-            session.reset(stream.id, code: HTTP2ErrorCode.noError.rawValue)
-        }
-        for stream in session.takeEnded() { stream.tell() }
+        session?.settle(
+            room: { for _ in 0..<$0 { pool.streamEnded(on: self) } }, replay: { pool.replay($0) })
     }
 
     /// Produces frames and writes them while the socket takes them.

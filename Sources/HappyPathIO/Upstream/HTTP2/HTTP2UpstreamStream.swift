@@ -174,7 +174,15 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     }
 
     /// Body bytes: how many were taken (their window goes back now).
-    func data(_ bytes: UnsafeRawBufferPointer) -> Int {
+    /// Bytes past the stream's window are dropped and the try ends as a
+    /// bad response: nghttp2 resets such a stream (FLOW_CONTROL_ERROR) but
+    /// hands over what came in the same read first, which would be held past
+    /// the bound (found by `FuzzHTTP2Client`).
+    func data(_ bytes: UnsafeRawBufferPointer, window: Int32) -> Int {
+        if held.count &+ bytes.count > max(Int(window), 65_535) {
+            if refusal == nil { refusal = "The upstream sent past the stream's flow-control window." }
+            return bytes.count
+        }
         switch machine.data(bytes.count) {
         case .deliver:
             let taken = handler?.upstreamBody(bytes) ?? true
