@@ -244,6 +244,12 @@ import Testing
         let admin = AdminProbe(port: h.adminPort)
         #expect(try admin.metric(#"happypath_upstream_h2_streams_replayed_total{upstream="u"}"#) == 2)
         #expect(try admin.metric(#"happypath_upstream_h2_connections{upstream="u"}"#) >= 1)
+        // The same on /admin/state and the status page.
+        let h2 = try admin.upstream("u")["h2"] as? [String: Any] ?? [:]
+        #expect(h2["streams_replayed"] as? Int == 2, "\(h2)")
+        #expect((h2["connections"] as? Int ?? 0) >= 1 && (h2["connections_opened"] as? Int ?? 0) >= 1, "\(h2)")
+        let page = try HTTP.request(port: h.adminPort, "/status").text
+        #expect(page.contains("2 streams sent again after a refusal"), "the status page's HTTP/2 line")
         // Refused three times: a failure as for a request that never left.
         let refused = try HTTP.request(port: h.port, "POST", "/r/again?refuse=3&key=b", body: [0x63])
         #expect(refused.status == 503 || refused.status == 502, "\(refused.status) \(refused.text)")

@@ -117,6 +117,16 @@ import Testing
         #expect(StatusPage.slotWords(c) == words)
     }
 
+    @Test(arguments: [
+        (AdminSnapshot.H2Client(), "0 connections, 0 streams; 0 opened, 0 streams sent again after a refusal, 0 GOAWAYs"),
+        (AdminSnapshot.H2Client(connections: 2, streams: 37, opened: 3, replayed: 1, goaways: 1),
+         "2 connections, 37 streams (18.5 a connection); 3 opened, 1 stream sent again after a refusal, 1 GOAWAY"),
+        (AdminSnapshot.H2Client(connections: 1, streams: 1, opened: 1), "1 connection, 1 stream (1.0 a connection); 1 opened, 0 streams sent again after a refusal, 0 GOAWAYs"),
+    ])
+    func theOwnHTTP2ClientInWords(c: AdminSnapshot.H2Client, words: String) {
+        #expect(StatusPage.h2Words(c) == words)
+    }
+
     @Test func rendersEachUpstreamItsBreakerAndItsEndpoints() {
         let html = StatusPage.render(snapshot(), events: [])
         #expect(html.hasPrefix("<!DOCTYPE html>"))

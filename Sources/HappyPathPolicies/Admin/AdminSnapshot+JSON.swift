@@ -60,12 +60,19 @@ extension AdminSnapshot {
             "{\"limit\":\(c.limit),\"in_flight\":\(c.inFlight),\"queued\":\(c.queued),\"streaming\":\(c.streaming),"
             + "\"adaptive\":\(c.adaptive),"
             + "\"baseline_ms\":\(ms(c.baseline)),\"recent_ms\":\(ms(c.recent))}"
+        var h2 = "null"
+        if let c = u.h2 {
+            h2 =
+                "{\"connections\":\(c.connections),\"streams\":\(c.streams),\"connections_opened\":\(c.opened),"
+                + "\"streams_replayed\":\(c.replayed),\"goaways\":\(c.goaways)}"
+        }
         return """
             {"name":\(JSON.quote(u.name)),"reachable":\(u.reachable),"health_check":\(health),"concurrency":\(concurrency),\
             "circuit_breaker":\(breaker),"endpoints":[\(endpoints.joined(separator: ","))],\
             "parked":{\(parked.joined(separator: ","))},"auth":\(token),"paused_until":\(paused),\
             "pause_cause":\(u.pausedFor == nil || u.pauseCause == 0 ? "null" : String(u.pauseCause)),\
-            "paused_clients":\(u.pausedClients),"breaker_failures":\(failures),"retries_left":\(u.retriesLeft)}
+            "paused_clients":\(u.pausedClients),"breaker_failures":\(failures),"retries_left":\(u.retriesLeft),\
+            "h2":\(h2)}
             """
     }
 

@@ -159,6 +159,8 @@ public struct AdminSnapshot: Sendable {
         public var pausedClients: Int
         /// Its slots: tries in flight against the limit, requests queued (docs/overload.md).
         public var concurrency = Concurrency()
+        /// The proxy's own HTTP/2 client towards it (`h2_client: nghttp2`); nil otherwise.
+        public var h2: H2Client?
 
         public init(
             name: String, reachable: Bool = true, breaker: Breaker = .closed,
@@ -180,6 +182,23 @@ public struct AdminSnapshot: Sendable {
         }
 
         public var parkedTotal: Int { parked.reduce(0) { $0 + $1.count } }
+    }
+
+    /// The proxy's own HTTP/2 client towards one upstream, over every
+    /// worker and the health checks (docs/http2.md).
+    public struct H2Client: Sendable, Equatable {
+        public var connections = 0
+        public var streams = 0
+        public var opened = 0
+        public var replayed = 0
+        public var goaways = 0
+        public init(connections: Int = 0, streams: Int = 0, opened: Int = 0, replayed: Int = 0, goaways: Int = 0) {
+            self.connections = connections
+            self.streams = streams
+            self.opened = opened
+            self.replayed = replayed
+            self.goaways = goaways
+        }
     }
 
     /// An upstream's slots over all workers (docs/overload.md).

@@ -141,6 +141,14 @@ extension StatusPage {
                 if (c.adaptive) slots += c.baseline_ms ? " (learned: baseline " + c.baseline_ms + " ms, recent " + c.recent_ms + " ms)" : " (learned, no sample yet)";
                 put(k(card, "slots"), c.queued > 0 ? "warn" : "ok", slots + "; " + c.queued + " queued");
               }
+              var h2 = u.h2, h2k = k(card, "h2");
+              if (h2 && h2k) {
+                var n = function (c, w) { return c + " " + w + (c === 1 ? "" : "s"); };
+                var words = n(h2.connections, "connection") + ", " + n(h2.streams, "stream");
+                if (h2.connections > 0) words += " (" + Math.floor(h2.streams * 10 / h2.connections) / 10 + " a connection)";
+                words += "; " + h2.connections_opened + " opened, " + n(h2.streams_replayed, "stream") + " sent again after a refusal, ";
+                h2k.textContent = words + (h2.goaways === 1 ? "1 GOAWAY" : h2.goaways + " GOAWAYs");
+              }
               var pause = "not paused";
               if (u.paused_until) {
                 pause = "paused until " + clock(new Date(u.paused_until)) + " (" + secs((new Date(u.paused_until).getTime() - Date.now()) / 1000) + ")";

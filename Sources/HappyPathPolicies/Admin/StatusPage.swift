@@ -208,6 +208,16 @@ public enum StatusPage {
         return c.streaming > 0 ? words + "; \(c.streaming) streaming apart" : words
     }
 
+    /// The proxy's own HTTP/2 client in words: `2 connections, 37 streams
+    /// (18.5 a connection); 3 opened, 12 streams sent again after a refusal, 1 GOAWAY`.
+    public static func h2Words(_ c: AdminSnapshot.H2Client) -> String {
+        func n(_ count: Int, _ word: String) -> String { "\(count) \(word)\(count == 1 ? "" : "s")" }
+        var words = n(c.connections, "connection") + ", " + n(c.streams, "stream")
+        if c.connections > 0 { words += " (\(Double(c.streams * 10 / c.connections) / 10) a connection)" }
+        words += "; \(c.opened) opened, " + n(c.replayed, "stream") + " sent again after a refusal, "
+        return words + (c.goaways == 1 ? "1 GOAWAY" : "\(c.goaways) GOAWAYs")
+    }
+
     static func milliseconds(_ seconds: Double) -> String { "\(Double(Int(seconds * 10_000)) / 10) ms" }
 
     /// An endpoint's place: `in rotation`, `ejected until 14:03:07 UTC (28.0 s)`, `drained by an operator`.
@@ -270,6 +280,7 @@ public enum StatusPage {
             let expires = token.expiresIn.map { "expires in \($0) s" } ?? "no token yet"
             html += "<dt>Credentials</dt><dd>\(escape(token.kind)), \(expires)</dd>\n"
         }
+        if let h2 = u.h2 { html += "<dt>HTTP/2</dt><dd data-k=\"h2\">\(h2Words(h2))</dd>\n" }
         // One endpoint cannot be drained (it is the last): no button for it.
         let drains = u.endpoints.count > 1
         html += """

@@ -80,7 +80,7 @@ extension AdminServer {
     /// each endpoint in rotation, ejected until when or drained; a forced
     /// breaker; the pause's reason; the last health check. Read under the
     /// guard's locks, on the admin loop.
-    func operatorView(of guardian: UpstreamGuard, into u: inout AdminSnapshot.Upstream, at now: Instant) {
+    func operatorView(of guardian: UpstreamGuard, h2Client: Bool, into u: inout AdminSnapshot.Upstream, at now: Instant) {
         let rotation = guardian.rotation(at: now)
         for (i, e) in u.endpoints.enumerated() where i < rotation.count {
             u.endpoints[i] = AdminSnapshot.Endpoint(url: e.url, rotation[i], at: now)
@@ -91,5 +91,11 @@ extension AdminServer {
             AdminSnapshot.HealthCheck(age: now - $0.at, healthy: $0.healthy, endpoints: $0.endpoints)
         }
         u.concurrency = guardian.concurrencyReading
+        if h2Client {
+            let c = guardian.h2Counters
+            u.h2 = AdminSnapshot.H2Client(
+                connections: c.connections.now, streams: c.streams.now, opened: c.opened.now, replayed: c.replayed.now,
+                goaways: c.goaways.now)
+        }
     }
 }

@@ -467,7 +467,7 @@ final class AdminServer: HTTPServerDelegate {
                     pausedFor: guardian.pausedFor(at: now), pausedClients: guardian.clientPauses(at: now).count))
             // What an operator needs beyond it: when an ejection ends, drains,
             // a forced breaker, the pause's reason, the last health check.
-            operatorView(of: guardian, into: &upstreams[upstreams.count - 1], at: now)
+            operatorView(of: guardian, h2Client: upstream.h2Client, into: &upstreams[upstreams.count - 1], at: now)
         }
         var snapshot = AdminSnapshot(
             takenAt: Date(), ready: ready.value.load(ordering: .relaxed), inFlight: shared.inFlight.current,
