@@ -262,7 +262,9 @@ final class HTTP2Connection: HTTP2StreamOwner {
             case let .headComplete(id):
                 guard let stream = streams[id] else { continue }
                 stream.handle(event)
-                screen(stream)
+                // Trailers that came malformed in the same read: never handed
+                // over, not even its head (the `malformed` event resets it).
+                if !session.isMalformed(id) { screen(stream) }
             case let .resetByPeer(id, code):
                 server.delegate?.http2StreamReset(byClient: true, code: HTTP2ErrorCode(rawValue: code) ?? .internalError)
                 streams[id]?.handle(event)

@@ -281,8 +281,10 @@ public final class HTTP2Session {
         for event in result.events {
             // A stream's id is never reused (client ids only grow), so its
             // own flag keeps "ready once" without a record of closed streams.
+            // One whose trailers came malformed in the same read is never
+            // ready: it is reset before anything of it is served (found by FuzzHTTP2).
             guard case let .headComplete(id) = event, let stream = streams[id], !stream.resetByPeer,
-                !stream.readyReported
+                !stream.readyReported, !stream.malformedTrailer
             else { continue }
             stream.readyReported = true
             result.ready.append(id)
@@ -322,6 +324,8 @@ public final class HTTP2Session {
     public func refusal(of id: Int32) -> HTTP2RequestRefusal? { streams[id]?.refusal }
     /// The refused head of the stream carried gRPC's content type.
     public func refusedGRPC(_ id: Int32) -> Bool { streams[id]?.refusedGRPC ?? false }
+    /// Whether the stream's trailers were malformed (it is never served).
+    public func isMalformed(_ id: Int32) -> Bool { streams[id]?.malformedTrailer ?? false }
     /// Whether the client ended its request (END_STREAM seen).
     public func requestEnded(_ id: Int32) -> Bool { streams[id]?.requestEnded ?? false }
     /// Whether the session still holds the stream.

@@ -31,8 +31,17 @@ public final class HTTP2ClientSessionDriver: HTTP2StreamCarrier {
         client = Self.shared!.1
     }
 
-    deinit {
-        for stream in tries { stream.cancel() }
+    deinit { end() }
+
+    /// Ends every try (their handlers are not told) and lets go of them: a
+    /// try holds its carrier (this driver) until it ends, so the driver
+    /// goes only after this.
+    public func end() {
+        for stream in tries {
+            stream.cancel()
+            stream.connection = nil
+        }
+        tries.removeAll()
         client.runSoon()
     }
 

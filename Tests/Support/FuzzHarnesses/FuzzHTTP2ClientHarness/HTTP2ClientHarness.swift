@@ -212,6 +212,7 @@ public func checkHTTP2ClientInvariants(_ program: [UInt8]) -> String {
     driver.runSoon()
     checkAll()
     let ended = handlers.filter { $0.finished == 1 }.count
+    defer { driver.end() }  // the tries hold the driver: without this every input would leak its session
     return "tries \(handlers.count), ended \(ended), replays \(driver.replays), open \(driver.openStreams)"
         + (driver.ended ? ", session ended" : "")
 }
