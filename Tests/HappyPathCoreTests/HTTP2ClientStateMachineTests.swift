@@ -16,6 +16,8 @@ import Testing
         case closed(Int, String?)
         case cancelled(Int)
         case at(Int)  // seconds on the clock, then `timer`
+        case heard(Int)
+        case pong(Int)
         case shutdown
     }
     /// Per connection: id, phase, streams.
@@ -44,6 +46,10 @@ import Testing
                 case let .at(s):
                     now = Instant(nanoseconds: Int64(s) * 1_000_000_000)
                     return m.timer(at: now)
+                case let .heard(c):
+                    m.heard(c, at: now)
+                    return []
+                case let .pong(c): return m.pingAnswered(c, at: now)
                 case .shutdown: return m.shutdown()
                 }
             },
@@ -169,6 +175,35 @@ import Testing
                 TableStep(.capacity(1, 1), outcome: [.assign(1, 1)]),
             ]),
         TableScenario(
+            name: "a connection silent past 10 s is asked a PING before it takes a stream; the ACK lets the try on",
+            steps: [
+                TableStep(.want(1), outcome: [.open(1)]),
+                TableStep(.opened(1, 100), outcome: [.assign(1, 1)]),
+                TableStep(.ended(1), outcome: []),
+                TableStep(.at(9), outcome: []),
+                TableStep(.want(2), outcome: [.assign(2, 1)], Summary(connections: ["1 ready 1"], waiting: [])),
+                TableStep(.ended(1), outcome: []),
+                TableStep(.heard(1)),
+                TableStep(.at(18), outcome: []),
+                TableStep(.want(3), outcome: [.assign(3, 1)]),
+                TableStep(.at(29), outcome: []),
+                TableStep(
+                    .want(4), outcome: [.verify(1)], Summary(connections: ["1 verifying 1"], waiting: [4])),
+                TableStep(.want(5), outcome: [], Summary(connections: ["1 verifying 1"], waiting: [4, 5])),
+                TableStep(.pong(1), outcome: [.assign(4, 1), .assign(5, 1)], Summary(connections: ["1 ready 3"], waiting: [])),
+                TableStep(.pong(1), outcome: []),
+            ]),
+        TableScenario(
+            name: "a PING unanswered: the connection closes and the waiting tries go to a new one",
+            steps: [
+                TableStep(.want(1), outcome: [.open(1)]),
+                TableStep(.opened(1, 100), outcome: [.assign(1, 1)]),
+                TableStep(.at(11), outcome: []),
+                TableStep(.want(2), outcome: [.verify(1)]),
+                TableStep(.closed(1, "the upstream did not answer a PING"), outcome: [.open(2)], Summary(connections: ["2 opening 0"], waiting: [2])),
+                TableStep(.opened(2, 100), outcome: [.assign(2, 2)]),
+            ]),
+        TableScenario(
             name: "a replayed try goes before the tries waiting",
             steps: [
                 TableStep(.want(1), outcome: [.open(1)]),
@@ -225,6 +260,7 @@ import Testing
                 case let .close(c, _):
                     streams[c] = nil
                     take(m.connectionClosed(c, failure: nil))
+                case let .verify(c): if Int.random(in: 0..<2, using: &random) == 0 { take(m.pingAnswered(c, at: now)) }
                 case .open: break
                 }
             }
@@ -280,6 +316,7 @@ extension Array {
     enum Event: Sendable {
         case start, connected, connectFailed(String), settings(Int), goaway, failed(M.CloseReason), close
         case at(Int)  // milliseconds, then `timer`
+        case ping, pong
     }
 
     static func play(_ scenario: TableScenario<Event, M.Action, M.State>) {
@@ -299,6 +336,10 @@ extension Array {
                 case let .at(ms):
                     now = Instant(nanoseconds: Int64(ms) * 1_000_000)
                     return m.timer(at: now)
+                case .ping:
+                    m.pingSent(at: now)
+                    return M.Action.none
+                case .pong: return m.pingAnswered() ? .ready(maxStreams: -1) : M.Action.none
                 }
             }, state: { m.state })
     }
@@ -354,6 +395,19 @@ extension Array {
             steps: [
                 TableStep(.start), TableStep(.connected),
                 TableStep(.goaway, outcome: .close(.protocolError("GOAWAY before SETTINGS"))),
+            ]),
+        TableScenario(
+            name: "a PING answered in time; one unanswered closes the connection",
+            steps: [
+                TableStep(.start), TableStep(.connected), TableStep(.settings(100)),
+                TableStep(.at(5000), outcome: M.Action.none),
+                TableStep(.ping), TableStep(.at(5999), outcome: M.Action.none),
+                TableStep(.pong, outcome: .ready(maxStreams: -1), .ready),
+                TableStep(.at(9000), outcome: M.Action.none),
+                TableStep(.pong, outcome: M.Action.none),
+                TableStep(.ping), TableStep(.ping),
+                TableStep(.at(9999), outcome: M.Action.none),
+                TableStep(.at(10000), outcome: .close(.pingTimeout), .closed(.pingTimeout)),
             ]),
         TableScenario(
             name: "the peer closes a ready connection",

@@ -313,4 +313,67 @@ import Testing
         #expect(r.status == 413, "\(r.status) \(r.text)")
         #expect(r.json["detail"] as? String == "The upstream answered 413.", "the upstream's answer, not a failure")
     }
+
+    /// Sets the workers' `pingAfterSilence` and waits until each has it.
+    static func pingAfterSilence(_ d: Duration, on h: ProxyHarness, workers: Int) {
+        let applied = Locked(0)
+        for w in 0..<workers {
+            h.proxy.onWorker(w) { worker in
+                worker.transports.h2.pingAfterSilence = d
+                applied.withLock { $0 += 1 }
+            }
+        }
+        _ = waitUntil("every worker has the new pingAfterSilence") { applied.withLock { $0 } == workers }
+    }
+
+    /// A connection whose server died behind an open socket: before the
+    /// next request goes on it (silent past `pingAfterSilence`, 0 here), a
+    /// PING; no ACK within `connect_timeout` (1 s) closes it, and the
+    /// request goes on a new connection and is answered, never lost on the
+    /// dead one (a POST too).
+    @Test func aDeadConnectionIsFoundByAPingBeforeARequestGoesOnIt() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        let h = try UpstreamHTTP2Tests.proxy(
+            "http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2",
+            defaults: "{ retry: { attempts: 1 }, reachability: { park_for: 0s } }")
+        defer { h.stop() }
+        Self.pingAfterSilence(.zero, on: h, workers: 1)
+        let first = try HTTP.request(port: h.port, "/dead/first?mute=1")
+        #expect(first.status == 200)
+        let started = Date()
+        let post = try HTTP.request(port: h.port, "POST", "/dead/after", body: Array("once".utf8), timeout: 10)
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(post.status == 200, "\(post.status) \(post.text)")
+        #expect(elapsed >= 0.8 && elapsed < 4, "\(elapsed) s: the PING's deadline, then a new connection")
+        #expect(post.json["conn"] as? Int != first.json["conn"] as? Int, "answered on another connection")
+        let seen = up.requests(to: "/dead/after", atLeast: 1)
+        #expect(seen.count == 1, "the POST reached the upstream once")
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="u"}"#) >= 2)
+    }
+
+    /// A PING before every call (`pingAfterSilence` 0, harsher than the 10 s
+    /// default) against grpcio, whose servers answer pings they find too
+    /// frequent with GOAWAY ENHANCE_YOUR_CALM "too_many_pings": each PING
+    /// is followed by a call, so 20 calls one after another draw none.
+    @Test func pingsBeforeCallsDrawNoGoawayFromGRPC() throws {
+        try PythonGRPC.withServer(GRPCPassThroughTests.server) { python, port in
+            let h = try PythonGRPC.proxy(port: port, upstream: ", h2_client: nghttp2", routes: Self.routes)
+            defer { h.stop() }
+            Self.pingAfterSilence(.zero, on: h, workers: 2)
+            let result = try PythonGRPC.run(
+                """
+                import grpc, json, sys, time
+                ch = grpc.insecure_channel(sys.argv[1]); call = ch.unary_unary("/t.S/U"); ok = 0
+                for i in range(20):
+                    if call(b"p%d" % i, timeout=5) == b"echo:p%d" % i: ok += 1
+                    time.sleep(0.05)
+                print(json.dumps({"ok": ok}))
+                """, arguments: ["127.0.0.1:\(h.port)"], timeout: 60)
+            #expect(result["ok"] as? Int == 20, "\(result)")
+            let admin = AdminProbe(port: h.adminPort)
+            #expect(try admin.metric(#"happypath_upstream_h2_goaways_total{upstream="g"}"#) == 0)
+            #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) <= 3)
+        }
+    }
 }

@@ -29,6 +29,8 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         case peerClosed(String)
         /// nghttp2 found the server's frames invalid (the session ended).
         case protocolError(String)
+        /// Asked a PING after a silence, the server did not answer within the connect timeout.
+        case pingTimeout
         /// The pool closed it (idle, drained, shutdown).
         case closedByPool
 
@@ -41,6 +43,7 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
                 "the upstream accepted the connection but sent no HTTP/2 SETTINGS within connect_timeout (does it speak h2c?)"
             case let .peerClosed(why): "the upstream closed the connection: \(why)"
             case let .protocolError(why): "the upstream broke the HTTP/2 protocol: \(why)"
+            case .pingTimeout: "the upstream did not answer a PING within connect_timeout (the connection is dead)"
             case .closedByPool: "the connection was closed"
             }
         }
@@ -69,8 +72,25 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
     public var deadline: Instant? {
         switch state {
         case let .connecting(deadline), let .awaitingSettings(deadline): deadline
+        case .ready, .draining: pingDeadline
         default: nil
         }
+    }
+
+    /// A PING of ours is unanswered until then.
+    public private(set) var pingDeadline: Instant?
+
+    /// We sent a PING (the pool asked, after a silence).
+    public mutating func pingSent(at now: Instant) {
+        guard state == .ready || state == .draining, pingDeadline == nil else { return }
+        pingDeadline = now + connectTimeout
+    }
+
+    /// The server answered our PING.
+    public mutating func pingAnswered() -> Bool {
+        guard pingDeadline != nil else { return false }
+        pingDeadline = nil
+        return true
     }
 
     public var isClosed: Bool {
@@ -129,6 +149,9 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         switch state {
         case let .connecting(deadline) where now >= deadline: return close(.connectTimeout)
         case let .awaitingSettings(deadline) where now >= deadline: return close(.settingsTimeout)
+        case .ready, .draining:
+            if let pingDeadline, now >= pingDeadline { return close(.pingTimeout) }
+            return .none
         default: return .none
         }
     }

@@ -17,6 +17,9 @@
 ///   opens no other by itself (a connect that fails at once never loops).
 /// - A GOAWAY drains: no new stream; the connection closes when its last
 ///   stream ends. A ready connection without a stream for `idleTimeout` closes.
+/// - A connection the server was silent on for `pingAfterSilence` is asked
+///   a PING before it takes another stream (its driver closes it when no
+///   ACK comes within the connect timeout; the tries wait for another).
 public struct HTTP2ClientPoolStateMachine: Sendable {
     public typealias ConnectionID = Int
     public typealias TryID = Int
@@ -25,6 +28,9 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         /// Connecting, or waiting for the server's SETTINGS.
         case opening
         case ready
+        /// Silent for `pingAfterSilence`: a PING went out before it takes
+        /// another stream; it is ready again at the ACK, closed without one.
+        case verifying
         /// A GOAWAY came: the streams below its id finish, nothing new goes on it.
         case draining
     }
@@ -37,6 +43,8 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         public var capacity: Int
         /// Since when it has had no stream (ready connections only).
         public var idleSince: Instant?
+        /// When a byte last came from the server.
+        public var lastHeard = Instant(nanoseconds: 0)
 
         var room: Int { phase == .ready ? max(0, capacity - streams) : 0 }
     }
@@ -53,6 +61,8 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     public enum Action: Sendable, Equatable {
         /// Open a new connection with this id.
         case open(ConnectionID)
+        /// Send a PING on the connection (it was silent); report the ACK.
+        case verify(ConnectionID)
         /// Start the try as a stream on the connection.
         case assign(TryID, ConnectionID)
         /// The try cannot get a connection: it fails, never sent.
@@ -67,15 +77,21 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
 
     public let maxConnections: Int
     public let idleTimeout: Duration
+    /// A connection the server has said nothing on for this long is asked
+    /// a PING before it takes another stream: a dead one is found before a
+    /// request is put on it. Never on a schedule (gRPC servers answer
+    /// pings without requests with GOAWAY): only before a request.
+    public let pingAfterSilence: Duration
     public private(set) var connections: [Connection] = []
     /// Tries waiting for room, oldest first.
     public private(set) var waiting: [TryID] = []
     private var nextID: ConnectionID = 1
     public private(set) var isShutDown = false
 
-    public init(maxConnections: Int, idleTimeout: Duration) {
+    public init(maxConnections: Int, idleTimeout: Duration, pingAfterSilence: Duration = .seconds(10)) {
         self.maxConnections = max(1, maxConnections)
         self.idleTimeout = idleTimeout
+        self.pingAfterSilence = pingAfterSilence
     }
 
     /// Streams open on every connection of the pool.
@@ -95,11 +111,8 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// before the tries waiting, as it came before them.
     public mutating func want(_ tryID: TryID, at now: Instant, replayed: Bool = false) -> [Action] {
         guard !isShutDown else { return [.fail(tryID, "the proxy is shutting down")] }
-        if waiting.isEmpty, let i = connections.firstIndex(where: { $0.room > 0 }) {
-            return [assign(tryID, i)]
-        }
         if replayed { waiting.insert(tryID, at: 0) } else { waiting.append(tryID) }
-        return openIfNeeded()
+        return assignWaiting(at: now) + openIfNeeded()
     }
 
     /// The connection's server sent its first SETTINGS: it is ready, with
@@ -109,6 +122,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         connections[i].phase = .ready
         connections[i].capacity = max(0, maxStreams)
         connections[i].idleSince = now
+        connections[i].lastHeard = now
         var actions = assignWaiting(at: now)
         actions += openIfNeeded()
         return actions
@@ -159,6 +173,20 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         return openIfNeeded()
     }
 
+    /// Bytes came from the server on the connection.
+    public mutating func heard(_ id: ConnectionID, at now: Instant) {
+        if let i = index(of: id) { connections[i].lastHeard = now }
+    }
+
+    /// The server answered the connection's PING: it takes streams again.
+    public mutating func pingAnswered(_ id: ConnectionID, at now: Instant) -> [Action] {
+        guard let i = index(of: id), connections[i].phase == .verifying else { return [] }
+        connections[i].phase = .ready
+        connections[i].lastHeard = now
+        if connections[i].streams == 0 { connections[i].idleSince = now }
+        return assignWaiting(at: now) + openIfNeeded()
+    }
+
     /// A waiting try is no longer wanted (a stream already assigned is the connection's to reset).
     public mutating func cancelled(_ tryID: TryID) {
         if let i = waiting.firstIndex(of: tryID) { waiting.remove(at: i) }
@@ -192,11 +220,18 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         return .assign(tryID, connections[i].id)
     }
 
-    /// Waiting tries onto the oldest ready connections with room.
+    /// Waiting tries onto the oldest ready connections with room; one
+    /// silent too long is asked a PING first.
     private mutating func assignWaiting(at now: Instant) -> [Action] {
         var actions: [Action] = []
         var taken = 0
         while taken < waiting.count, let i = connections.firstIndex(where: { $0.room > 0 }) {
+            // (Strictly longer: the ACK's own instant lets the waiting tries on, even with 0.)
+            if now - connections[i].lastHeard > pingAfterSilence {
+                connections[i].phase = .verifying
+                actions.append(.verify(connections[i].id))
+                continue
+            }
             actions.append(assign(waiting[taken], i))
             taken += 1
         }
@@ -208,7 +243,8 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// connections opening are assumed to take, within `maxConnections`.
     private mutating func openIfNeeded() -> [Action] {
         guard !isShutDown, !waiting.isEmpty else { return [] }
-        let opening = connections.reduce(0) { $0 + ($1.phase == .opening ? 1 : 0) }
+        // One being asked a PING counts as one opening: it will take them, or close.
+        let opening = connections.reduce(0) { $0 + ($1.phase == .opening || $1.phase == .verifying ? 1 : 0) }
         let live = connections.reduce(0) { $0 + ($1.phase == .draining ? 0 : 1) }
         guard waiting.count > opening * Self.assumedCapacity, live < maxConnections else { return [] }
         let id = nextID

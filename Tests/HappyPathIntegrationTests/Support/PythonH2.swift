@@ -148,6 +148,8 @@ func startPythonScript(
 /// method, path and fields. The query steers the answer:
 /// - `status=NNN` (default 200);
 /// - `fail=N&key=K`: the first N requests with key K get 503, later ones the status;
+/// - `mute=1`: answered, then the connection reads and answers nothing more
+///   (a server dead behind a socket that stays open);
 /// - `early=1`: a whole 413 at the request's head, before its body, then
 ///   RST_STREAM NO_ERROR (the body is not needed);
 /// - `refuse=N&key=K`: the first N requests with key K get RST_STREAM
@@ -189,6 +191,7 @@ class Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def data_received(self, data):
+        if getattr(self, "muted", False): return  # a dead server behind a live socket
         try:
             events = self.conn.receive_data(data)
         except Exception as e:
@@ -253,6 +256,7 @@ class Connection(asyncio.Protocol):
         if trailers:
             self.conn.send_headers(stream, [("grpc-status", "0"), ("x-checksum", "c0ffee")], end_stream=True)
         self.flush()
+        if query.get("mute") == "1": self.muted = True
 
     async def send_large(self, stream, head, size):
         # As the windows allow: the client's pace reaches this server.

@@ -34,6 +34,8 @@ struct HTTP2ClientReceiveResult {
     var maxStreams: Int?
     /// A GOAWAY came (its last stream id).
     var goaway: Int32?
+    /// The server acknowledged a PING of ours.
+    var pingAcked = false
 }
 
 /// A client `nghttp2_session` with no I/O, the mirror of the edge's
@@ -246,6 +248,9 @@ final class HTTP2ClientSession {
         nghttp2_session_resume_data(session, id)
     }
 
+    /// A PING (sent by the next `produce`).
+    func ping() { nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil) }
+
     /// GOAWAY (NO_ERROR) and nothing more read: the connection is closing.
     func terminate() { nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue) }
 }
@@ -346,6 +351,8 @@ extension HTTP2ClientSession {
             if hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 { current.maxStreams = remoteMaxStreams }
         case NGHTTP2_GOAWAY.rawValue:
             current.goaway = frame.pointee.goaway.last_stream_id
+        case NGHTTP2_PING.rawValue:
+            if hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0 { current.pingAcked = true }
         default: break
         }
     }

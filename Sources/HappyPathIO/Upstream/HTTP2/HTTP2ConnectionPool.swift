@@ -114,7 +114,8 @@ final class HTTP2ConnectionPool: LoopEventTarget {
         self.client = client
         self.endpoint = endpoint
         self.counters = counters
-        machine = HTTP2ClientPoolStateMachine(maxConnections: maxConnections, idleTimeout: idleTimeout)
+        machine = HTTP2ClientPoolStateMachine(
+            maxConnections: maxConnections, idleTimeout: idleTimeout, pingAfterSilence: client.pingAfterSilence)
     }
 
     /// Connections opened over the pool's life.
@@ -152,6 +153,13 @@ final class HTTP2ConnectionPool: LoopEventTarget {
         guard machine.connections.contains(where: { $0.id == connection.id && $0.streams > 0 }) else { return }
         counters.streams.wrappingAdd(-1, ordering: .relaxed)
         perform(machine.streamEnded(connection.id, at: client.clock()))
+    }
+
+    /// Bytes came from the server (once per read turn).
+    func heard(on connection: HTTP2UpstreamConnection, at now: Instant) { machine.heard(connection.id, at: now) }
+
+    func pingAnswered(on connection: HTTP2UpstreamConnection) {
+        perform(machine.pingAnswered(connection.id, at: client.clock()))
     }
 
     func goaway(on connection: HTTP2UpstreamConnection) {
@@ -203,6 +211,8 @@ final class HTTP2ConnectionPool: LoopEventTarget {
                 client.soon(stream)  // never inside `start`: the handler hears it on the next pass
             case let .close(id, _):
                 connections[id]?.closeRequested()
+            case let .verify(id):
+                connections[id]?.verify()
             }
         }
         armIdleTimer()

@@ -20,6 +20,10 @@ public final class HTTP2UpstreamClient {
     public var maxConnectionsPerEndpoint: Int
     /// A connection without a stream this long closes.
     public var idleTimeout: Duration
+    /// A connection the server was silent on this long is asked a PING
+    /// before it takes another stream (tests shorten it; pools made after
+    /// a change take it).
+    public var pingAfterSilence = Duration.seconds(10)
     private struct PoolKey: Hashable {
         let origin: String
         let connectTo: String?

@@ -130,6 +130,17 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         pool.client.flushSoon(self)
     }
 
+    /// The pool asks whether the server is still there (it was silent):
+    /// a PING, answered within the connect timeout or the connection closes.
+    func verify() {
+        guard let session, !machine.isClosed else { return }
+        let now = pool.client.clock()
+        session.ping()
+        machine.pingSent(at: now)
+        armTimer(now: now)
+        flushSoon()
+    }
+
     /// The pool closes the connection (idle, drained, shutdown).
     func closeRequested() { perform(machine.closeRequested()) }
 
@@ -146,7 +157,12 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
                 return perform(machine.failed(.peerClosed(Self.errorText(errno))))
             }
             if n == 0 { return perform(machine.failed(.peerClosed("end of stream"))) }
+            pool.heard(on: self, at: session.now)
             let result = session.receive(UnsafeRawBufferPointer(start: buffer, count: n))
+            if result.pingAcked, machine.pingAnswered() {
+                armTimer(now: session.now)
+                pool.pingAnswered(on: self)
+            }
             // The pool hears of SETTINGS and GOAWAY first: a try refused by the
             // GOAWAY goes to another connection, not back to this one.
             if let maxStreams = result.maxStreams { perform(machine.settings(maxStreams: maxStreams)) }
