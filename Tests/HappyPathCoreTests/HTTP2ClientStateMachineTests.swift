@@ -228,6 +228,46 @@ import Testing
         Self.play(scenario)
     }
 
+    /// An upstream that refuses every connection (a failed connect here;
+    /// GOAWAY at once or no SETTINGS count the same): from the third in a
+    /// row, the next connection waits 100 ms, doubling to 5 s; one that
+    /// serves a stream resets it.
+    @Test func aStormOfFailedConnectionsBacksOff() {
+        var m = M(maxConnections: 2, idleTimeout: .seconds(60))
+        var t = Instant(nanoseconds: 1_000_000_000)
+        for i in 1...3 {
+            #expect(m.want(i, at: t) == [.open(i)])
+            #expect(m.connectionClosed(i, failure: "refused", served: false, at: t) == [.fail(i, "refused")])
+        }
+        #expect(m.failedInARow == 3)
+        #expect(m.backoffUntil == t + .milliseconds(100))
+        #expect(
+            m.want(40, at: t)
+                == [.fail(40, "refused (3 connections in a row served nothing; the next opens after a backoff)")],
+            "fails at once: no connection to wait for")
+        #expect(m.nextDeadline == nil, "nothing waits")
+        t = t + .milliseconds(99)
+        #expect(m.want(41, at: t).count == 1)
+        t = t + .milliseconds(1)
+        #expect(m.want(42, at: t) == [.open(4)])
+        #expect(m.connectionClosed(4, failure: "refused", served: false, at: t) == [.fail(42, "refused")])
+        #expect(m.backoffUntil == t + .milliseconds(200))
+        var id = 5
+        for _ in 0..<10 {
+            t = t + .seconds(6)
+            #expect(m.want(id, at: t) == [.open(id)])
+            _ = m.connectionClosed(id, failure: "refused", served: false, at: t)
+            id += 1
+        }
+        #expect(m.backoffUntil == t + .seconds(5), "never more than 5 s")
+        t = t + .seconds(5)
+        #expect(m.want(id, at: t) == [.open(id)])
+        #expect(m.opened(id, maxStreams: 10, at: t) == [.assign(id, id)])
+        _ = m.streamEnded(id, at: t)
+        #expect(m.connectionClosed(id, failure: nil, served: true, at: t) == [])
+        #expect(m.failedInARow == 0 && m.backoffUntil == nil)
+    }
+
     @Test func oneConnectionAtMostWhenThatIsTheLimit() {
         Self.play(
             TableScenario(

@@ -97,10 +97,24 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// Streams open on every connection of the pool.
     public var openStreams: Int { connections.reduce(0) { $0 + $1.streams } }
 
-    /// The earliest instant `timer` has something to do (an idle connection's close).
+    /// The earliest instant `timer` has something to do (an idle
+    /// connection's close, the end of a backoff with tries waiting).
     public var nextDeadline: Instant? {
-        connections.compactMap { $0.phase == .ready ? $0.idleSince.map { $0 + idleTimeout } : nil }.min()
+        let idle = connections.compactMap { $0.phase == .ready ? $0.idleSince.map { $0 + idleTimeout } : nil }.min()
+        guard let backoffUntil, !waiting.isEmpty else { return idle }
+        return min(idle ?? backoffUntil, backoffUntil)
     }
+
+    /// Connections in a row that closed without one complete answer (a
+    /// server that refuses everything: GOAWAY at once, no SETTINGS, a
+    /// failed connect). From the third, the next one opens only after a
+    /// backoff, 100 ms doubling to 5 s, and a try meanwhile with no
+    /// connection to wait for fails at once; a connection that served resets it.
+    public private(set) var failedInARow = 0
+    public private(set) var backoffUntil: Instant?
+    private var lastFailure = ""
+    /// The latest instant an event carried (what `openIfNeeded` compares the backoff with).
+    private var now = Instant(nanoseconds: 0)
 
     private func index(of id: ConnectionID) -> Int? { connections.firstIndex { $0.id == id } }
 
@@ -110,7 +124,13 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// stream already (REFUSED_STREAM, past a GOAWAY, never sent), and goes
     /// before the tries waiting, as it came before them.
     public mutating func want(_ tryID: TryID, at now: Instant, replayed: Bool = false) -> [Action] {
+        self.now = max(self.now, now)
         guard !isShutDown else { return [.fail(tryID, "the proxy is shutting down")] }
+        // In a backoff with no connection to wait for: it fails at once, as a
+        // refused connect would (the exchange parks it or tries elsewhere).
+        if let backoffUntil, now < backoffUntil, !connections.contains(where: { $0.phase != .draining }) {
+            return [.fail(tryID, lastFailure + " (\(failedInARow) connections in a row served nothing; the next opens after a backoff)")]
+        }
         if replayed { waiting.insert(tryID, at: 0) } else { waiting.append(tryID) }
         return assignWaiting(at: now) + openIfNeeded()
     }
@@ -118,6 +138,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// The connection's server sent its first SETTINGS: it is ready, with
     /// room for `maxStreams` streams.
     public mutating func opened(_ id: ConnectionID, maxStreams: Int, at now: Instant) -> [Action] {
+        self.now = max(self.now, now)
         guard let i = index(of: id), connections[i].phase == .opening else { return [] }
         connections[i].phase = .ready
         connections[i].capacity = max(0, maxStreams)
@@ -131,6 +152,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// The server changed SETTINGS_MAX_CONCURRENT_STREAMS. A lower value
     /// takes no stream back (nghttp2 holds what is past it).
     public mutating func capacityChanged(_ id: ConnectionID, maxStreams: Int, at now: Instant) -> [Action] {
+        self.now = max(self.now, now)
         guard let i = index(of: id) else { return [] }
         connections[i].capacity = max(0, maxStreams)
         var actions = assignWaiting(at: now)
@@ -140,6 +162,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
 
     /// A stream on the connection ended (whichever way).
     public mutating func streamEnded(_ id: ConnectionID, at now: Instant) -> [Action] {
+        self.now = max(self.now, now)
         guard let i = index(of: id) else { return [] }
         connections[i].streams = max(0, connections[i].streams - 1)
         if connections[i].streams == 0 {
@@ -163,10 +186,24 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
 
     /// The connection is gone (closed by either side, or it never opened).
     /// `failure` says why, when it closed before it was ready.
-    public mutating func connectionClosed(_ id: ConnectionID, failure: String?) -> [Action] {
+    public mutating func connectionClosed(
+        _ id: ConnectionID, failure: String?, served: Bool = true, at now: Instant? = nil
+    ) -> [Action] {
         guard let i = index(of: id) else { return [] }
+        if let now { self.now = max(self.now, now) }
         let wasOpening = connections[i].phase == .opening
         connections.remove(at: i)
+        if !served {
+            lastFailure = failure ?? "the upstream closed the connection without answering"
+            failedInARow += 1
+            if failedInARow >= 3 {
+                let shift = min(failedInARow - 3, 6)
+                backoffUntil = self.now + min(Duration.milliseconds(100 << shift), .seconds(5))
+            }
+        } else {
+            failedInARow = 0
+            backoffUntil = nil
+        }
         // One that never became ready opens no other at once (the next try
         // may): a connect that fails at once must not loop.
         if wasOpening { return failIfNothingLeft(failure ?? "the upstream closed the connection before its SETTINGS") }
@@ -180,6 +217,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
 
     /// The server answered the connection's PING: it takes streams again.
     public mutating func pingAnswered(_ id: ConnectionID, at now: Instant) -> [Action] {
+        self.now = max(self.now, now)
         guard let i = index(of: id), connections[i].phase == .verifying else { return [] }
         connections[i].phase = .ready
         connections[i].lastHeard = now
@@ -192,9 +230,15 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         if let i = waiting.firstIndex(of: tryID) { waiting.remove(at: i) }
     }
 
-    /// Time passed: ready connections idle for `idleTimeout` close.
+    /// Time passed: ready connections idle for `idleTimeout` close; a
+    /// backoff over opens a connection for the tries waiting.
     public mutating func timer(at now: Instant) -> [Action] {
+        self.now = max(self.now, now)
         var actions: [Action] = []
+        if let backoffUntil, now >= backoffUntil {
+            self.backoffUntil = nil
+            actions += openIfNeeded()
+        }
         for i in connections.indices where connections[i].phase == .ready && connections[i].streams == 0 {
             if let since = connections[i].idleSince, now - since >= idleTimeout {
                 connections[i].phase = .draining
@@ -243,6 +287,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// connections opening are assumed to take, within `maxConnections`.
     private mutating func openIfNeeded() -> [Action] {
         guard !isShutDown, !waiting.isEmpty else { return [] }
+        if let backoffUntil, now < backoffUntil { return [] }
         // One being asked a PING counts as one opening: it will take them, or close.
         let opening = connections.reduce(0) { $0 + ($1.phase == .opening || $1.phase == .verifying ? 1 : 0) }
         let live = connections.reduce(0) { $0 + ($1.phase == .draining ? 0 : 1) }

@@ -190,8 +190,15 @@ final class HTTP2ClientSession {
             if stream.remoteEnded() { ended.append(stream) }
             reset(stream.id, code: HTTP2ErrorCode.noError.rawValue)
         }
-        for stream in takeEnded() { stream.tell() }
+        for stream in takeEnded() {
+            if stream.outcome == .complete { completedStreams &+= 1 }
+            stream.tell()
+        }
     }
+
+    /// Tries answered whole on this session (a connection that served none
+    /// counts towards the pool's backoff when it closes).
+    private(set) var completedStreams = 0
 
     /// The tries to send again since the last call, in order.
     func takeReplays() -> [HTTP2UpstreamStream] {

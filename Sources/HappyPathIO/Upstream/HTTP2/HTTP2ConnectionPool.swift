@@ -166,12 +166,16 @@ final class HTTP2ConnectionPool: LoopEventTarget {
         perform(machine.goaway(connection.id))
     }
 
-    func connectionClosed(_ connection: HTTP2UpstreamConnection, reason: HTTP2ClientConnectionStateMachine.CloseReason) {
+    func connectionClosed(
+        _ connection: HTTP2UpstreamConnection, reason: HTTP2ClientConnectionStateMachine.CloseReason, served: Bool
+    ) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
         let streams = machine.connections.first { $0.id == connection.id }?.streams ?? 0
         counters.streams.wrappingAdd(-streams, ordering: .relaxed)
         counters.connections.wrappingAdd(-1, ordering: .relaxed)
-        perform(machine.connectionClosed(connection.id, failure: reason.failure))
+        // One that answered nothing whole (GOAWAY at once, no SETTINGS, a failed
+        // connect) counts towards the backoff, however it closed.
+        perform(machine.connectionClosed(connection.id, failure: reason.failure, served: served, at: client.clock()))
     }
 
     func shutdown() {

@@ -323,9 +323,10 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         let ended = session?.takeEnded() ?? []
         let replays = session?.takeReplays() ?? []
         let open = session?.streams.values.sorted { $0.id < $1.id } ?? []
+        let served = (session?.completedStreams ?? 0) > 0 || ended.contains { $0.outcome == .complete }
         session?.streams.removeAll()
         session = nil
-        pool.connectionClosed(self, reason: reason)
+        pool.connectionClosed(self, reason: reason, served: served)
         for stream in ended { stream.tell() }
         for stream in replays { pool.replay(stream) }
         let why = reason.failure
