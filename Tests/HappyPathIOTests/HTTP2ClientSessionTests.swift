@@ -38,15 +38,11 @@ import Testing
         func upstreamFinished(_ failure: UpstreamFailure?) { finished.append(failure) }
     }
 
-    /// A client session and a server session joined in memory; the pair
-    /// carries the streams as a connection would.
-    final class Pair: HTTP2StreamCarrier {
-        func reset(_ stream: HTTP2UpstreamStream, code: UInt32) {
-            session.reset(stream.id, code: code)
-            stream.connection = nil
-        }
-        func consume(_ stream: HTTP2UpstreamStream, _ n: Int) { session.consume(stream.id, n) }
-        func resumeData(_ stream: HTTP2UpstreamStream) { session.resumeData(stream.id) }
+    /// A client session and a server session joined in memory; the
+    /// session carries its streams as a connection would (`HTTP2SessionCarrier`,
+    /// which holds it unowned: no cycle through the streams).
+    final class Pair {
+        lazy var carrier = HTTP2SessionCarrier(session)
 
         let loop = EventLoop()
         let client: HTTP2UpstreamClient
@@ -83,7 +79,7 @@ import Testing
                 httpVersion: .h2PriorKnowledge)
             let stream = HTTP2UpstreamStream(request: request, handler: handler, client: client, tryID: 1)
             stream.machine.assigned()
-            stream.connection = self
+            stream.connection = carrier
             #expect(session.submit(stream, scheme: "http", authority: "10.0.0.1:8080", scratch: &fields) == nil)
             return stream
         }
@@ -264,7 +260,7 @@ import Testing
                 #expect(r.finished.isEmpty)
                 #expect(stream.id == -1 && stream.machine.state == .waiting)
                 stream.machine.assigned()
-                stream.connection = pair
+                stream.connection = pair.carrier
                 #expect(pair.session.submit(stream, scheme: "http", authority: "a", scratch: &pair.fields) == nil)
             } else {
                 #expect(replays.isEmpty)
@@ -290,6 +286,24 @@ import Testing
         #expect(pair.serverEvents.contains(.resetByPeer(id, code: HTTP2ErrorCode.cancel.rawValue)))
         #expect(r.finished.isEmpty)
         #expect(pair.session.streams.isEmpty)
+    }
+
+    /// A session let go with a stream still open is freed, its stream too:
+    /// a stream holds its carrier, which holds the session unowned (the
+    /// AddressSanitizer run found the cycle when the carrier held it).
+    @Test func aSessionWithAnOpenStreamIsFreedWithItsOwner() throws {
+        weak var session: HTTP2ClientSession?
+        weak var stream: HTTP2UpstreamStream?
+        do {
+            let pair = try Pair()
+            let s = pair.start("POST", "/open", body: [1, 2, 3], handler: Recorder())
+            pair.pump()
+            #expect(pair.session.streams.count == 1, "the stream is still open")
+            session = pair.session
+            stream = s
+        }
+        #expect(session == nil)
+        #expect(stream == nil)
     }
 
     @Test func theClientsSettingsBoundWhatTheServerMaySend() throws {

@@ -57,11 +57,14 @@ import Testing
         print("big", ch.unary_unary("/t.S/Big")(payload, timeout=20) == payload, len(payload))
         """
 
-    @Test func unaryStreamingErrorsAndLargeMessagesPassThrough() throws {
+    /// On libcurl (or the client `HAPPYPATH_TEST_H2_CLIENT` names) and on
+    /// the proxy's own HTTP/2 client (`h2_client: nghttp2`, issue 46).
+    @Test(arguments: ["", ", h2_client: nghttp2"])
+    func unaryStreamingErrorsAndLargeMessagesPassThrough(client: String) throws {
         let serverLines = Locked<[String]>([])
         try PythonGRPC.withServer(Self.server, lines: serverLines) { python, port in
             let h = try PythonGRPC.proxy(
-                port: port, limits: "{ max_request_body: 16MiB }",
+                port: port, upstream: client, limits: "{ max_request_body: 16MiB }",
                 routes: "  - { match: { path_prefix: / }, upstream: g, upstream_errors: pass }")
             defer { h.stop() }
             let r = try runProcess(python, ["-c", Self.client, "127.0.0.1:\(h.port)"], timeout: 60)

@@ -17,16 +17,8 @@ public final class HTTP2ClientCounters: Sendable {
     public let replayed = Atomic<Int>(0)
     /// GOAWAY frames received.
     public let goaways = Atomic<Int>(0)
-    /// Response bytes held for handlers that do not take them now (at most
-    /// a stream window each).
-    public let held = Atomic<Int>(0)
 
     public init() {}
-
-    /// Adds `n` (negative to take off) to a counter, from any thread.
-    @inline(__always) public static func add(_ counter: borrowing Atomic<Int>, _ n: Int) {
-        counter.wrappingAdd(n, ordering: .relaxed)
-    }
 }
 
 extension Atomic where Value == Int {

@@ -351,6 +351,16 @@ public final class HTTP2Session {
     /// A negative `mem_send` ends the session (`fatalError`).
     @discardableResult
     public func produce(highWater: Int, into sink: (UnsafeRawBufferPointer) -> Void) -> Int {
+        Self.produce(session, highWater: highWater, fatalError: &fatalError, into: sink)
+    }
+
+    /// `nghttp2_session_mem_send` into `sink` until `highWater` bytes went
+    /// out or nothing is left (a negative result sets `fatalError`): both
+    /// sessions', the edge's and the upstream client's.
+    static func produce(
+        _ session: OpaquePointer?, highWater: Int, fatalError: inout HTTP2SessionError?,
+        into sink: (UnsafeRawBufferPointer) -> Void
+    ) -> Int {
         var produced = 0
         while fatalError == nil, produced < highWater {
             var data: UnsafePointer<UInt8>?

@@ -140,19 +140,7 @@ final class HTTP2ClientSession {
     /// bytes went out or nothing is left; returns the count.
     @discardableResult
     func produce(highWater: Int, into sink: (UnsafeRawBufferPointer) -> Void) -> Int {
-        var produced = 0
-        while fatalError == nil, produced < highWater {
-            var data: UnsafePointer<UInt8>?
-            let n = nghttp2_session_mem_send(session, &data)
-            if n < 0 {
-                fatalError = HTTP2SessionError(code: n)
-                break
-            }
-            guard n > 0, let data else { break }
-            sink(UnsafeRawBufferPointer(start: data, count: n))
-            produced = produced &+ n
-        }
-        return produced
+        HTTP2Session.produce(session, highWater: highWater, fatalError: &fatalError, into: sink)
     }
 
     func produceAll() -> [UInt8] {

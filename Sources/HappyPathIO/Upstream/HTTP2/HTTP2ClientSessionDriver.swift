@@ -7,8 +7,10 @@ import HappyPathCore
 /// submitted again on the same session (as the pool would on a connection
 /// with room). On one thread; the loop it makes is never run (`runSoon`
 /// does the client's next pass by hand).
-public final class HTTP2ClientSessionDriver: HTTP2StreamCarrier {
+public final class HTTP2ClientSessionDriver {
     private let session: HTTP2ClientSession
+    /// What the tries ask of their connection, done on the session.
+    private let carrier: HTTP2SessionCarrier
     private let client: HTTP2UpstreamClient
     private var fields = HTTP2RequestFields()
     /// Every try started, in order.
@@ -24,6 +26,7 @@ public final class HTTP2ClientSessionDriver: HTTP2StreamCarrier {
 
     public init(limits: HTTP2ClientLimits) throws(HTTP2SessionError) {
         session = try HTTP2ClientSession(limits: limits)
+        carrier = HTTP2SessionCarrier(session)
         if Self.shared == nil {
             let loop = EventLoop()
             Self.shared = (loop, HTTP2UpstreamClient(loop: loop, clock: { Instant(nanoseconds: 0) }))
@@ -33,9 +36,7 @@ public final class HTTP2ClientSessionDriver: HTTP2StreamCarrier {
 
     deinit { end() }
 
-    /// Ends every try (their handlers are not told) and lets go of them: a
-    /// try holds its carrier (this driver) until it ends, so the driver
-    /// goes only after this.
+    /// Ends every try (their handlers are not told) and lets go of them.
     public func end() {
         for stream in tries {
             stream.cancel()
@@ -74,7 +75,7 @@ public final class HTTP2ClientSessionDriver: HTTP2StreamCarrier {
     private func submit(_ stream: HTTP2UpstreamStream) {
         stream.machine.assigned()
         guard stream.machine.state == .open else { return }
-        stream.connection = self
+        stream.connection = carrier
         if session.submit(stream, scheme: "http", authority: "10.0.0.1", scratch: &fields) != nil {
             stream.connection = nil
             if stream.connectionLost("not submitted") == .ended { stream.tell() }
@@ -122,8 +123,16 @@ public final class HTTP2ClientSessionDriver: HTTP2StreamCarrier {
         session.streams.removeAll()
         for stream in open where stream.connectionLost("the session ended") == .ended { stream.tell() }
     }
+}
 
-    // MARK: - HTTP2StreamCarrier
+/// A session alone as the carrier of its streams (no socket, no flush):
+/// the in-memory driver's and the session tests'. It holds the session
+/// unowned, so a stream (which holds its carrier) never keeps its session,
+/// and the session's owner lets go of both.
+final class HTTP2SessionCarrier: HTTP2StreamCarrier {
+    unowned let session: HTTP2ClientSession
+
+    init(_ session: HTTP2ClientSession) { self.session = session }
 
     func reset(_ stream: HTTP2UpstreamStream, code: UInt32) {
         session.reset(stream.id, code: code)
