@@ -46,7 +46,8 @@ import Testing
     /// 1,000 streams share a few connections (nginx takes 128 streams on
     /// one), and past what the proxy reads ahead each stream holds at most
     /// its 64 KiB window: the same bound holds.
-    @Test(arguments: ["libcurl", "nghttp2"])
+    /// (Not in the thread sanitizer's pass: it cannot check the bound there.)
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "the bound is checked by the address sanitizer's pass"), arguments: ["libcurl", "nghttp2"])
     func stalledStreamsTowardsAnHTTP2UpstreamPinOnlyTheBounds(client: String) throws {
         let certificates = try TestCertificates()
         let nginx = try NginxUpstream(certificate: try certificates.make("nginx-upstream", names: ["localhost"]))

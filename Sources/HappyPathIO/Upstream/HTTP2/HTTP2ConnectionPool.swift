@@ -14,6 +14,7 @@ struct HTTP2Endpoint {
     let family: Int32
     private let address: sockaddr_storage
     private let length: socklen_t
+    /// The first try's; the pool keeps the longest any try asked (`connectTimeout`).
     let connectTimeout: Duration
     let limits: HTTP2ClientLimits
 
@@ -114,6 +115,7 @@ final class HTTP2ConnectionPool: LoopEventTarget {
         self.client = client
         self.endpoint = endpoint
         self.counters = counters
+        connectTimeout = endpoint.connectTimeout
         machine = HTTP2ClientPoolStateMachine(
             maxConnections: maxConnections, idleTimeout: idleTimeout, pingAfterSilence: client.pingAfterSilence)
     }
@@ -121,7 +123,14 @@ final class HTTP2ConnectionPool: LoopEventTarget {
     /// Connections opened over the pool's life.
     private(set) var opened = 0
 
+    /// What a new connection's connect and SETTINGS get: the longest a try
+    /// asked (`min(connect_timeout, the try's own limit)`: the first try
+    /// may have had little time left, the upstream's `connect_timeout` is
+    /// the bound; a changed one makes a new upstream guard, so a new pool).
+    private(set) var connectTimeout: Duration
+
     func start(_ stream: HTTP2UpstreamStream) {
+        connectTimeout = max(connectTimeout, stream.request.connectTimeout)
         waiting[stream.tryID] = stream
         stream.pool = self
         perform(machine.want(stream.tryID, at: client.clock()))

@@ -40,7 +40,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     init(pool: HTTP2ConnectionPool, id: Int) {
         self.pool = pool
         self.id = id
-        machine = HTTP2ClientConnectionStateMachine(connectTimeout: pool.endpoint.connectTimeout)
+        machine = HTTP2ClientConnectionStateMachine(connectTimeout: pool.connectTimeout)
     }
 
     deinit { output.deallocate() }

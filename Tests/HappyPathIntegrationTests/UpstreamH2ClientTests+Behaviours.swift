@@ -7,12 +7,15 @@ import Testing
 /// The proxy's own HTTP/2 client (`h2_client: nghttp2`, issue 46) against
 /// the Python h2 upstream (`H2Upstream`), one behaviour each: streams of one
 /// connection, trailers, refused streams, idle cuts, early answers, a dead
-/// connection. A suite of its own beside `UpstreamH2ClientTests` (grpcio),
-/// so the two serialized suites run side by side.
-@Suite(.serialized) struct UpstreamH2ClientBehaviourTests {
+/// connection. In `UpstreamH2ClientTests`' serialized suite: side by side
+/// with it, a loaded run's timing tests elsewhere suffered. The thread
+/// sanitizer's pass runs `aRefusedStreamOfAPostIsSentAgainWithoutARetry`
+/// (admin scrapes beside the workers' pools); the rest once, in the
+/// address sanitizer's pass.
+extension UpstreamH2ClientTests {
     /// The Python h2 upstream (`H2Upstream`) sees every request, one after
     /// another and at once, as streams of one connection (one worker).
-    @Test func requestsOneAfterAnotherAndAtOnceAreStreamsOfOneConnection() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func requestsOneAfterAnotherAndAtOnceAreStreamsOfOneConnection() throws {
         let (up, _, _) = try UpstreamHTTP2Tests.upstream()
         let h = try UpstreamHTTP2Tests.proxy("http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2")
         defer { h.stop() }
@@ -38,7 +41,7 @@ import Testing
     }
     /// Trailers after a body without content-length reach an HTTP/1.1
     /// client that asked for them, in the last chunk.
-    @Test func trailersReachAClientThatAsksForThem() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func trailersReachAClientThatAsksForThem() throws {
         let (up, _, _) = try UpstreamHTTP2Tests.upstream()
         let h = try UpstreamHTTP2Tests.proxy("http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2")
         defer { h.stop() }
@@ -49,7 +52,7 @@ import Testing
     }
     /// Nothing listens: the try fails as libcurl's does (a connect
     /// failure, the same answer), never a hang.
-    @Test func anUpstreamThatIsNotThereFailsAsWithLibcurl() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func anUpstreamThatIsNotThereFailsAsWithLibcurl() throws {
         var answers: [String] = []
         for client in ["libcurl", "nghttp2"] {
             let h = try UpstreamHTTP2Tests.proxy("http://127.0.0.1:9", extra: "h2_client: \(client)")
@@ -94,7 +97,7 @@ import Testing
     /// An upstream silent for `limits.client_timeout` (1 s) is cut as
     /// libcurl's stall check cuts it: the same answer on both clients,
     /// long before the route's 5 s.
-    @Test func aSilentUpstreamIsCutAfterTheIdleTimeoutAsWithLibcurl() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aSilentUpstreamIsCutAfterTheIdleTimeoutAsWithLibcurl() throws {
         let (up, _, _) = try UpstreamHTTP2Tests.upstream()
         var answers: [String] = []
         for client in ["libcurl", "nghttp2"] {
@@ -115,7 +118,7 @@ import Testing
     /// A whole answer that comes before the request's body went, then
     /// RST_STREAM NO_ERROR (RFC 9113 section 8.1: "stop sending"): the
     /// answer is complete, not a reset stream.
-    @Test func anAnswerBeforeTheBodyThenNoErrorIsComplete() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func anAnswerBeforeTheBodyThenNoErrorIsComplete() throws {
         let (up, _, _) = try UpstreamHTTP2Tests.upstream()
         let h = try UpstreamHTTP2Tests.proxy(
             "http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2",
@@ -131,7 +134,7 @@ import Testing
     /// PING; no ACK within `connect_timeout` (1 s) closes it, and the
     /// request goes on a new connection and is answered, never lost on the
     /// dead one (a POST too).
-    @Test func aDeadConnectionIsFoundByAPingBeforeARequestGoesOnIt() throws {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aDeadConnectionIsFoundByAPingBeforeARequestGoesOnIt() throws {
         let (up, _, _) = try UpstreamHTTP2Tests.upstream()
         let h = try UpstreamHTTP2Tests.proxy(
             "http://127.0.0.1:\(up.plainPort)", extra: "h2_client: nghttp2",
