@@ -94,9 +94,6 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         self.pingAfterSilence = pingAfterSilence
     }
 
-    /// Streams open on every connection of the pool.
-    public var openStreams: Int { connections.reduce(0) { $0 + $1.streams } }
-
     /// The earliest instant `timer` has something to do (an idle
     /// connection's close, the end of a backoff with tries waiting).
     public var nextDeadline: Instant? {

@@ -196,7 +196,6 @@ final class HTTP2ClientSession {
 
     var wantsRead: Bool { fatalError == nil && nghttp2_session_want_read(session) != 0 }
     var wantsWrite: Bool { fatalError == nil && nghttp2_session_want_write(session) != 0 }
-    var outboundQueueSize: Int { nghttp2_session_get_outbound_queue_size(session) }
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS as nghttp2 applies it.
     var remoteMaxStreams: Int {
         Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
@@ -246,8 +245,6 @@ final class HTTP2ClientSession {
     /// A PING (sent by the next `produce`).
     func ping() { nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil) }
 
-    /// GOAWAY (NO_ERROR) and nothing more read: the connection is closing.
-    func terminate() { nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue) }
 }
 
 // MARK: - Callbacks

@@ -46,13 +46,10 @@ public final class HTTP2ClientSessionDriver {
         client.runSoon()
     }
 
-    public var tryCount: Int { tries.count }
     /// Streams the session holds.
     public var openStreams: Int { session.streams.count }
     /// Bytes held for try `i`'s handler.
     public func held(_ i: Int) -> Int { i < tries.count ? tries[i].held.count : 0 }
-    /// Frames queued in nghttp2.
-    public var outboundQueueSize: Int { session.outboundQueueSize }
     /// The stream id try `i` has now (-1: none).
     public func streamID(_ i: Int) -> Int32 { i < tries.count ? tries[i].id : -1 }
 

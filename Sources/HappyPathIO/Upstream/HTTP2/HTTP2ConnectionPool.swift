@@ -120,9 +120,6 @@ final class HTTP2ConnectionPool: LoopEventTarget {
             maxConnections: maxConnections, idleTimeout: idleTimeout, pingAfterSilence: client.pingAfterSilence)
     }
 
-    /// Connections opened over the pool's life.
-    private(set) var opened = 0
-
     /// What a new connection's connect and SETTINGS get: the longest a try
     /// asked (`min(connect_timeout, the try's own limit)`: the first try
     /// may have had little time left, the upstream's `connect_timeout` is
@@ -204,7 +201,6 @@ final class HTTP2ConnectionPool: LoopEventTarget {
             case let .open(id):
                 let connection = HTTP2UpstreamConnection(pool: self, id: id)
                 connections[id] = connection
-                opened += 1
                 counters.opened.wrappingAdd(1, ordering: .relaxed)
                 counters.connections.wrappingAdd(1, ordering: .relaxed)
                 connection.open()

@@ -89,11 +89,6 @@ public final class HTTP2UpstreamClient {
         return pool
     }
 
-    /// Upstream connections open now, over every endpoint (tests, metrics).
-    public var openConnections: Int { pools.values.reduce(0) { $0 + $1.connections.count } }
-    /// Connections opened since the client began.
-    public var connectionsOpened: Int { pools.values.reduce(0) { $0 + $1.opened } }
-
     /// Ends every try without telling its handler, and closes every connection.
     public func shutdown() {
         guard !isShutDown else { return }
