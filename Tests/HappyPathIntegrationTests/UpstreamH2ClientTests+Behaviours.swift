@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathConfig
 import HappyPathCore
 import Testing
 
@@ -156,5 +157,23 @@ extension UpstreamH2ClientTests {
     }
     func field(_ request: [String: Any], _ name: String) -> String? {
         (request["fields"] as? [[String]])?.first { $0.first == name }?.last
+    }
+
+    /// `h2_client` applies on reload: the next tries go on the other
+    /// client (libcurl opens a connection per try; the own client reuses one).
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass"))
+    func aReloadSwitchesTheH2Client() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        let endpoint = "http://127.0.0.1:\(up.plainPort)"
+        let h = try UpstreamHTTP2Tests.proxy(endpoint, extra: "h2_client: libcurl")
+        defer { h.stop() }
+        for i in 0..<2 { #expect(try HTTP.request(port: h.port, "/reload/curl\(i)").status == 200) }
+        let next = try ConfigLoader.parse(UpstreamHTTP2Tests.yaml(endpoint, extra: "h2_client: nghttp2"), file: "test.yaml")
+        #expect(h.proxy.reload(next).isEmpty, "applied, not refused")
+        for i in 0..<2 { #expect(try HTTP.request(port: h.port, "/reload/own\(i)").status == 200) }
+        let curl = up.requests(to: "/reload/curl", atLeast: 2).compactMap { $0["conn"] as? Int }
+        let own = up.requests(to: "/reload/own", atLeast: 2).compactMap { $0["conn"] as? Int }
+        #expect(Set(curl).count == 2, "libcurl: a connection per try")
+        #expect(Set(own).count == 1 && Set(own).isDisjoint(with: curl), "after the reload: one connection of the own client")
     }
 }
