@@ -33,9 +33,6 @@ public final class UpstreamTransports {
         self.h2 = h2
     }
 
-    /// Inlined into the exchange, so a try libcurl carries is passed to it
-    /// once, as before the protocol, not copied through a second call.
-    @inlinable
     public func start(_ request: UpstreamRequest, handler: UpstreamResponseHandler) -> any UpstreamTry {
         if request.h2Client, request.httpVersion == .h2PriorKnowledge, h2.carries(request) {
             return h2.start(request, handler: handler)
