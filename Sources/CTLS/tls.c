@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,4 +314,132 @@ void hp_tls_shutdown(void *session) {
     ERR_clear_error();
     SSL_shutdown(session);
     ERR_clear_error();
+}
+
+// MARK: - The client side
+
+struct hp_tls_client {
+    SSL_CTX *ctx;
+    int verify;
+};
+
+hp_tls_client *hp_tls_client_new(const char *ca, const char *default_file, const char *default_path, int verify,
+                                 const char *cert, const char *key, char *err, size_t errlen) {
+    ERR_clear_error();
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        message(err, errlen, "cannot make a TLS client context", "");
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_cipher_list(ctx, intermediate_ciphers);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                              SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_read_ahead(ctx, 1);
+    // RFC 9113 section 9.2: HTTP/2 over TLS is only ever h2 by ALPN.
+    SSL_CTX_set_alpn_protos(ctx, alpn_h2, sizeof alpn_h2);
+    if (verify) {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+        int loaded;
+        if (ca) {
+            loaded = SSL_CTX_load_verify_locations(ctx, ca, NULL);
+        } else if (default_file || default_path) {
+            loaded = SSL_CTX_load_verify_locations(ctx, default_file, default_path);
+        } else {
+            loaded = SSL_CTX_set_default_verify_paths(ctx);
+        }
+        if (loaded != 1) {
+            message(err, errlen, "cannot read the CA certificates", ca ? ca : (default_file ? default_file : ""));
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+    } else {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+    }
+    if (cert && key) {
+        if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+            message(err, errlen, "cannot read the client certificate", cert);
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+        if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+            message(err, errlen, "cannot use the client key", key);
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+    }
+    hp_tls_client *client = calloc(1, sizeof(hp_tls_client));
+    if (!client) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    client->ctx = ctx;
+    client->verify = verify;
+    ERR_clear_error();
+    return client;
+}
+
+void hp_tls_client_free(hp_tls_client *client) {
+    if (!client) return;
+    SSL_CTX_free(client->ctx);
+    free(client);
+}
+
+void *hp_tls_client_session_new(hp_tls_client *client, int fd, const char *host) {
+    ERR_clear_error();
+    SSL *ssl = SSL_new(client->ctx);
+    if (!ssl) return NULL;
+    SSL_set_fd(ssl, fd);
+    SSL_set_connect_state(ssl);
+    unsigned char ip[16];
+    int is_ip = inet_pton(AF_INET, host, ip) == 1 || inet_pton(AF_INET6, host, ip) == 1;
+    // RFC 6066 section 3: no IP address in SNI.
+    if (!is_ip) SSL_set_tlsext_host_name(ssl, host);
+    if (client->verify) {
+        X509_VERIFY_PARAM *param = SSL_get0_param(ssl);
+        X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+        int ok = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, host) : X509_VERIFY_PARAM_set1_host(param, host, 0);
+        if (ok != 1) {
+            SSL_free(ssl);
+            ERR_clear_error();
+            return NULL;
+        }
+    }
+    return ssl;
+}
+
+int hp_tls_client_handshake(void *session, char *err, size_t errlen) {
+    ERR_clear_error();
+    int rc = SSL_do_handshake(session);
+    if (rc == 1) return HP_TLS_DONE;
+    int e = SSL_get_error(session, rc);
+    if (e == SSL_ERROR_WANT_READ) return HP_TLS_WANT_READ;
+    if (e == SSL_ERROR_WANT_WRITE) return HP_TLS_WANT_WRITE;
+    long verified = SSL_get_verify_result(session);
+    if (verified != X509_V_OK) {
+        snprintf(err, errlen, "the upstream's certificate was not accepted: %s",
+                 X509_verify_cert_error_string(verified));
+    } else if ((e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) || e == SSL_ERROR_ZERO_RETURN) {
+        if (e == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EINTR)) return HP_TLS_WANT_READ;
+        snprintf(err, errlen, "the upstream closed the connection during the TLS handshake");
+    } else {
+        unsigned long last = ERR_peek_last_error();
+        char reason[256] = "";
+        if (last) ERR_error_string_n(last, reason, sizeof reason);
+        snprintf(err, errlen, "the TLS handshake with the upstream failed: %s", reason);
+    }
+    ERR_clear_error();
+    return HP_TLS_FAILED;
+}
+
+int hp_tls_client_read(void *session, void *buffer, int length, char *err, size_t errlen) {
+    ERR_clear_error();
+    int rc = SSL_read(session, buffer, length);
+    if (rc > 0) return rc;
+    if (SSL_get_error(session, rc) == SSL_ERROR_SSL) {
+        const char *reason = ERR_reason_error_string(ERR_peek_last_error());
+        snprintf(err, errlen, "%s", reason ? reason : "a TLS error");
+    }
+    return outcome(session, rc);
 }

@@ -13,7 +13,7 @@ import Testing
         case capacity(Int, Int)
         case ended(Int)
         case goaway(Int)
-        case closed(Int, String?)
+        case closed(Int, HTTP2ConnectFailure?)
         case cancelled(Int)
         case at(Int)  // seconds on the clock, then `timer`
         case heard(Int)
@@ -111,6 +111,15 @@ import Testing
                     .closed(1, "could not connect"), outcome: [.fail(1, "could not connect"), .fail(2, "could not connect")],
                     Summary(connections: [], waiting: [])),
                 TableStep(.want(3), outcome: [.open(2)], Summary(connections: ["2 opening 0"], waiting: [3])),
+            ]),
+        TableScenario(
+            name: "a failed TLS handshake fails the waiting tries as TLS failures (not retried)",
+            steps: [
+                TableStep(.want(1), outcome: [.open(1)]),
+                TableStep(
+                    .closed(1, HTTP2ConnectFailure("certificate", tls: true)),
+                    outcome: [.fail(1, HTTP2ConnectFailure("certificate", tls: true))],
+                    Summary(connections: [], waiting: [])),
             ]),
         TableScenario(
             name: "a ready connection that closes leaves its waiters for a new one",
@@ -354,7 +363,8 @@ extension Array {
 @Suite struct HTTP2ClientConnectionStateMachineTests {
     typealias M = HTTP2ClientConnectionStateMachine
     enum Event: Sendable {
-        case start, connected, connectFailed(String), settings(Int), goaway, failed(M.CloseReason), close
+        case start, connected, connectedTLS, handshakeDone, handshakeFailed(String)
+        case connectFailed(String), settings(Int), goaway, failed(M.CloseReason), close
         case at(Int)  // milliseconds, then `timer`
         case ping, pong
     }
@@ -368,6 +378,9 @@ extension Array {
                 switch event {
                 case .start: return m.start(at: now)
                 case .connected: return m.connected(at: now)
+                case .connectedTLS: return m.connected(at: now, tls: true)
+                case .handshakeDone: return m.handshakeDone(at: now)
+                case let .handshakeFailed(why): return m.handshakeFailed(why)
                 case let .connectFailed(why): return m.connectFailed(why)
                 case let .settings(n): return m.settings(maxStreams: n)
                 case .goaway: return m.goaway()
@@ -396,6 +409,32 @@ extension Array {
                 TableStep(.settings(100), outcome: .ready(maxStreams: 100), .ready),
                 TableStep(.settings(10), outcome: .capacityChanged(maxStreams: 10), .ready),
                 TableStep(.at(5000), outcome: M.Action.none, .ready),
+            ]),
+        TableScenario(
+            name: "https: the TLS handshake has its own connect timeout, then SETTINGS has another",
+            steps: [
+                TableStep(.start),
+                TableStep(.at(400), outcome: M.Action.none),
+                TableStep(.connectedTLS, outcome: .startHandshake, .handshaking(deadline: ms(1400))),
+                TableStep(.settings(100), outcome: M.Action.none, .handshaking(deadline: ms(1400))),
+                TableStep(.at(1000), outcome: M.Action.none),
+                TableStep(.handshakeDone, outcome: .startSession, .awaitingSettings(deadline: ms(2000))),
+                TableStep(.handshakeDone, outcome: M.Action.none),
+                TableStep(.settings(100), outcome: .ready(maxStreams: 100), .ready),
+            ]),
+        TableScenario(
+            name: "https: a handshake that stalls times out; one that fails says why",
+            steps: [
+                TableStep(.start), TableStep(.connectedTLS),
+                TableStep(.at(999), outcome: M.Action.none),
+                TableStep(.at(1000), outcome: .close(.handshakeTimeout), .closed(.handshakeTimeout)),
+                TableStep(.handshakeFailed("late"), outcome: M.Action.none, .closed(.handshakeTimeout)),
+            ]),
+        TableScenario(
+            name: "https: a refused certificate closes the connection as a TLS failure",
+            steps: [
+                TableStep(.start), TableStep(.connectedTLS),
+                TableStep(.handshakeFailed("unknown CA"), outcome: .close(.tlsFailed("unknown CA")), .closed(.tlsFailed("unknown CA"))),
             ]),
         TableScenario(
             name: "no connection within the connect timeout",
@@ -466,6 +505,9 @@ extension Array {
         #expect(M.CloseReason.settingsTimeout.failure.contains("h2c"))
         #expect(M.CloseReason.connectTimeout.failure.contains("connect_timeout"))
         #expect(M.CloseReason.connectFailed("Connection refused").failure.hasSuffix("Connection refused"))
+        #expect(M.CloseReason.handshakeTimeout.failure.contains("TLS handshake"))
+        #expect(M.CloseReason.tlsFailed("unknown CA").connectFailure == HTTP2ConnectFailure("unknown CA", tls: true))
+        #expect(!M.CloseReason.handshakeTimeout.connectFailure.tls)
     }
 }
 
@@ -473,7 +515,7 @@ extension Array {
     typealias M = HTTP2ClientStreamStateMachine
     enum Event: Sendable {
         case assigned, head(String?), data(Int), delivered(Int, Bool), pause, resume, heldDelivered(Bool)
-        case closed(M.Outcome), cancel, failedWaiting(String)
+        case closed(M.Outcome), cancel, failedWaiting(HTTP2ConnectFailure)
         case closedResendable(M.Outcome)
         case idle
     }
@@ -597,6 +639,12 @@ extension Array {
             steps: [
                 TableStep(.failedWaiting("refused"), outcome: .finish(.noConnection("refused"))),
                 TableStep(.assigned, outcome: M.Action.none, Summary(state: .finished, paused: false, held: 0)),
+            ]),
+        TableScenario(
+            name: "a failed TLS handshake ends a waiting try as a TLS failure",
+            steps: [
+                TableStep(
+                    .failedWaiting(HTTP2ConnectFailure("unknown CA", tls: true)), outcome: .finish(.tlsFailed("unknown CA"))),
             ]),
         TableScenario(
             name: "refused or lost streams whose body cannot be sent again end at once",

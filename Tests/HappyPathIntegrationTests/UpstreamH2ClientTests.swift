@@ -64,13 +64,12 @@ import Testing
     /// A grpcio server whose `/t.S/Flood` streams 256 KiB messages without
     /// end (printing `flood N` at each call's first), and `/t.S/U` echoes.
     static let floodServer = """
-        import grpc, sys
+        import grpc, itertools, sys
         from concurrent import futures
         def unary(req, ctx): return b"echo:" + req
-        started = [0]
+        started = itertools.count(1)  # next() is atomic; `+= 1` across the pool's threads loses counts
         def flood(req, ctx):
-            started[0] += 1
-            print("flood", started[0], flush=True)
+            print("flood", next(started), flush=True)
             while ctx.is_active(): yield b"x" * (256 << 10)
         handlers = {"/t.S/U": grpc.unary_unary_rpc_method_handler(unary),
                     "/t.S/Flood": grpc.unary_stream_rpc_method_handler(flood)}

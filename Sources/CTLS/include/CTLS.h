@@ -80,4 +80,29 @@ int hp_tls_alpn_is_h2(void *session);
 // Sends close_notify (the write side's end).
 void hp_tls_shutdown(void *session);
 
+// The client side, for the proxy's own HTTP/2 client towards an https://
+// upstream: one context per pool (an upstream's `tls` settings), ALPN
+// offering only h2, TLS 1.2 at least. `ca` (a PEM file) replaces the
+// default CAs (`default_file`, `default_path`, libcurl's); `verify` 0
+// skips the certificate and name checks; `cert` and `key` (both or
+// neither) are the client certificate for mTLS. NULL on failure, with a
+// message naming the file in `err`.
+typedef struct hp_tls_client hp_tls_client;
+hp_tls_client *hp_tls_client_new(const char *ca, const char *default_file, const char *default_path, int verify,
+                                 const char *cert, const char *key, char *err, size_t errlen);
+void hp_tls_client_free(hp_tls_client *client);
+// A client session on the connected non-blocking socket `fd`: `host` is
+// sent as SNI (unless it is an IP address) and checked against the
+// certificate (a name, or an IP address) when the context verifies.
+void *hp_tls_client_session_new(hp_tls_client *client, int fd, const char *host);
+// One handshake step of a client session: HP_TLS_DONE, HP_TLS_WANT_READ,
+// HP_TLS_WANT_WRITE, or HP_TLS_FAILED with what went wrong in `err` (the
+// certificate check's words when that failed). Read and write with
+// hp_tls_read and hp_tls_write; free with hp_tls_session_free.
+int hp_tls_client_handshake(void *session, char *err, size_t errlen);
+// hp_tls_read for a client session: on HP_TLS_ERROR, OpenSSL's reason is
+// in `err` (a TLS 1.3 server refuses a client certificate only after the
+// handshake, with an alert that arrives here).
+int hp_tls_client_read(void *session, void *buffer, int length, char *err, size_t errlen);
+
 #endif

@@ -2,8 +2,10 @@
 /// driver (`HTTP2UpstreamConnection`) makes the socket calls and runs the
 /// nghttp2 client session, reports what happened, and performs the actions.
 ///
-/// connecting → awaitingSettings → ready → draining → closed. The TCP
-/// connect has `connectTimeout`; the server's first SETTINGS has
+/// connecting → (handshaking →) awaitingSettings → ready → draining →
+/// closed. The TCP connect has `connectTimeout`; over TLS the handshake
+/// has `connectTimeout` again from the moment TCP connected, and ALPN must
+/// choose h2; the server's first SETTINGS has
 /// `connectTimeout` again from the moment TCP connected (an h2c server that
 /// waits for our preface answers it at once; one that does not speak
 /// HTTP/2 never does). Nothing is sent on a stream before that SETTINGS.
@@ -11,6 +13,8 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
     public enum State: Sendable, Equatable {
         case idle
         case connecting(deadline: Instant)
+        /// TCP connected to an https:// endpoint: the TLS handshake runs.
+        case handshaking(deadline: Instant)
         case awaitingSettings(deadline: Instant)
         case ready
         /// A GOAWAY came (or we stop using it): open streams finish.
@@ -23,6 +27,11 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         case connectFailed(String)
         /// No TCP connection within the connect timeout.
         case connectTimeout
+        /// The TLS handshake failed (the certificate, ALPN without h2, an
+        /// alert), with OpenSSL's words: not transient, the tries fail as TLS failures.
+        case tlsFailed(String)
+        /// Connected, but no TLS handshake within the connect timeout.
+        case handshakeTimeout
         /// Connected, but no SETTINGS from the server within the connect timeout.
         case settingsTimeout
         /// The server closed the connection, or a read or write failed.
@@ -39,6 +48,8 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
             switch self {
             case let .connectFailed(why): "could not connect to the upstream: \(why)"
             case .connectTimeout: "no connection to the upstream within connect_timeout"
+            case let .tlsFailed(why): why
+            case .handshakeTimeout: "the upstream accepted the connection but did not finish the TLS handshake within connect_timeout"
             case .settingsTimeout:
                 "the upstream accepted the connection but sent no HTTP/2 SETTINGS within connect_timeout (does it speak h2c?)"
             case let .peerClosed(why): "the upstream closed the connection: \(why)"
@@ -47,11 +58,19 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
             case .closedByPool: "the connection was closed"
             }
         }
+
+        /// What the tries that waited on it hear.
+        public var connectFailure: HTTP2ConnectFailure {
+            if case .tlsFailed = self { return HTTP2ConnectFailure(failure, tls: true) }
+            return HTTP2ConnectFailure(failure)
+        }
     }
 
     public enum Action: Sendable, Equatable {
         case none
-        /// TCP connected: start the session (preface and SETTINGS) and read.
+        /// TCP connected to an https:// endpoint: start the TLS handshake.
+        case startHandshake
+        /// Connected (and the handshake done): start the session (preface and SETTINGS) and read.
         case startSession
         /// The server's SETTINGS came: the pool may put streams on it.
         case ready(maxStreams: Int)
@@ -71,7 +90,7 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
     /// When `timer` must run next (nil: no deadline).
     public var deadline: Instant? {
         switch state {
-        case let .connecting(deadline), let .awaitingSettings(deadline): deadline
+        case let .connecting(deadline), let .handshaking(deadline), let .awaitingSettings(deadline): deadline
         case .ready, .draining: pingDeadline
         default: nil
         }
@@ -105,11 +124,28 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         return .none
     }
 
-    /// The socket is connected.
-    public mutating func connected(at now: Instant) -> Action {
+    /// The socket is connected; `tls`: the endpoint is https://, a handshake comes first.
+    public mutating func connected(at now: Instant, tls: Bool = false) -> Action {
         guard case .connecting = state else { return .none }
+        if tls {
+            state = .handshaking(deadline: now + connectTimeout)
+            return .startHandshake
+        }
         state = .awaitingSettings(deadline: now + connectTimeout)
         return .startSession
+    }
+
+    /// The TLS handshake is done and ALPN chose h2.
+    public mutating func handshakeDone(at now: Instant) -> Action {
+        guard case .handshaking = state else { return .none }
+        state = .awaitingSettings(deadline: now + connectTimeout)
+        return .startSession
+    }
+
+    /// The TLS handshake failed (or ALPN did not choose h2).
+    public mutating func handshakeFailed(_ why: String) -> Action {
+        guard case .handshaking = state else { return .none }
+        return close(.tlsFailed(why))
     }
 
     /// The connect failed.
@@ -148,6 +184,7 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
     public mutating func timer(at now: Instant) -> Action {
         switch state {
         case let .connecting(deadline) where now >= deadline: return close(.connectTimeout)
+        case let .handshaking(deadline) where now >= deadline: return close(.handshakeTimeout)
         case let .awaitingSettings(deadline) where now >= deadline: return close(.settingsTimeout)
         case .ready, .draining:
             if let pingDeadline, now >= pingDeadline { return close(.pingTimeout) }
@@ -161,4 +198,21 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         state = .closed(reason)
         return .close(reason)
     }
+}
+
+/// Why a try got no connection: the words it is told, and whether TLS
+/// failed (a certificate or protocol mismatch: not transient, so not
+/// retried, as libcurl's TLS failures are not).
+public struct HTTP2ConnectFailure: Sendable, Equatable, ExpressibleByStringLiteral, CustomStringConvertible {
+    public var why: String
+    public var tls: Bool
+
+    public init(_ why: String, tls: Bool = false) {
+        self.why = why
+        self.tls = tls
+    }
+
+    public init(stringLiteral why: String) { self.init(why) }
+
+    public var description: String { why }
 }

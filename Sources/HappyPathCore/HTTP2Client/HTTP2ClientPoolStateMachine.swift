@@ -66,7 +66,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         /// Start the try as a stream on the connection.
         case assign(TryID, ConnectionID)
         /// The try cannot get a connection: it fails, never sent.
-        case fail(TryID, String)
+        case fail(TryID, HTTP2ConnectFailure)
         /// Close the connection (no stream is left on it, unless `.shutdown`).
         case close(ConnectionID, CloseReason)
     }
@@ -109,7 +109,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// connection to wait for fails at once; a connection that served resets it.
     public private(set) var failedInARow = 0
     public private(set) var backoffUntil: Instant?
-    private var lastFailure = ""
+    private var lastFailure: HTTP2ConnectFailure = ""
     /// The latest instant an event carried (what `openIfNeeded` compares the backoff with).
     private var now = Instant(nanoseconds: 0)
 
@@ -126,7 +126,9 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
         // In a backoff with no connection to wait for: it fails at once, as a
         // refused connect would (the exchange parks it or tries elsewhere).
         if let backoffUntil, now < backoffUntil, !connections.contains(where: { $0.phase != .draining }) {
-            return [.fail(tryID, lastFailure + " (\(failedInARow) connections in a row served nothing; the next opens after a backoff)")]
+            var failure = lastFailure
+            failure.why += " (\(failedInARow) connections in a row served nothing; the next opens after a backoff)"
+            return [.fail(tryID, failure)]
         }
         if replayed { waiting.insert(tryID, at: 0) } else { waiting.append(tryID) }
         return assignWaiting(at: now) + openIfNeeded()
@@ -184,7 +186,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
     /// The connection is gone (closed by either side, or it never opened).
     /// `failure` says why, when it closed before it was ready.
     public mutating func connectionClosed(
-        _ id: ConnectionID, failure: String?, served: Bool = true, at now: Instant? = nil
+        _ id: ConnectionID, failure: HTTP2ConnectFailure?, served: Bool = true, at now: Instant? = nil
     ) -> [Action] {
         guard let i = index(of: id) else { return [] }
         if let now { self.now = max(self.now, now) }
@@ -297,7 +299,7 @@ public struct HTTP2ClientPoolStateMachine: Sendable {
 
     /// A connection failed before it was ready: the waiting tries fail
     /// unless another connection is opening or ready (it will take them).
-    private mutating func failIfNothingLeft(_ why: String) -> [Action] {
+    private mutating func failIfNothingLeft(_ why: HTTP2ConnectFailure) -> [Action] {
         guard !connections.contains(where: { $0.phase != .draining }) else { return [] }
         let failed = waiting.map { Action.fail($0, why) }
         waiting.removeAll()

@@ -42,6 +42,8 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
         case unsent(String)
         /// No connection could be had: the request never left.
         case noConnection(String)
+        /// The TLS handshake failed (the certificate, or no h2 in ALPN): the request never left.
+        case tlsFailed(String)
     }
 
     public enum Action: Sendable, Equatable {
@@ -190,9 +192,9 @@ public struct HTTP2ClientStreamStateMachine: Sendable {
     }
 
     /// The pool could not give it a connection.
-    public mutating func failedWaiting(_ why: String) -> Action {
+    public mutating func failedWaiting(_ failure: HTTP2ConnectFailure) -> Action {
         guard state == .waiting else { return .none }
-        return finish(.noConnection(why))
+        return finish(failure.tls ? .tlsFailed(failure.why) : .noConnection(failure.why))
     }
 
     private mutating func finish(_ outcome: Outcome) -> Action {

@@ -141,12 +141,12 @@ final class TLSSession {
         guard let session else { return closedSocket() }
         let rc = hp_tls_read(session, buffer, Int32(clamping: count))
         readWantsWrite = rc == Int32(HP_TLS_WANT_WRITE)
-        return translate(rc)
+        return Self.translate(rc)
     }
 
     func write(_ buffer: UnsafeRawPointer, _ count: Int) -> Int {
         guard let session else { return closedSocket() }
-        return translate(hp_tls_write(session, buffer, Int32(clamping: count)))
+        return Self.translate(hp_tls_write(session, buffer, Int32(clamping: count)))
     }
 
     /// Decrypted bytes held inside the session: the socket will not say so.
@@ -162,7 +162,8 @@ final class TLSSession {
         opened = true
     }
 
-    private func translate(_ rc: Int32) -> Int {
+    /// A session call's result in the socket's conventions.
+    static func translate(_ rc: Int32) -> Int {
         if rc > 0 { return Int(rc) }
         switch rc {
         case Int32(HP_TLS_CLOSED): return 0

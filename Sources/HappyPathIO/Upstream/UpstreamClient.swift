@@ -55,7 +55,11 @@ public final class UpstreamClient {
     }
 
     /// libcurl's own CA file and folder (what a handle without `tls.ca` uses).
-    lazy var defaultCA: (file: String?, path: String?) = {
+    lazy var defaultCA: (file: String?, path: String?) = Self.libcurlDefaultCA
+
+    /// libcurl's own CA file and folder, asked once per process (the
+    /// proxy's HTTP/2 client uses them too).
+    static let libcurlDefaultCA: (file: String?, path: String?) = {
         let easy = curl_easy_init()!
         defer { curl_easy_cleanup(easy) }
         var file: UnsafeMutableRawPointer?

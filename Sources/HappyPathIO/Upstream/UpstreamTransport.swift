@@ -34,7 +34,7 @@ public final class UpstreamTransports {
     }
 
     public func start(_ request: UpstreamRequest, handler: UpstreamResponseHandler) -> any UpstreamTry {
-        if request.h2Client, request.httpVersion == .h2PriorKnowledge, h2.carries(request) {
+        if request.h2Client, request.httpVersion != .http1, h2.carries(request) {
             return h2.start(request, handler: handler)
         }
         return curl.start(request, handler: handler)

@@ -179,6 +179,8 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         tls = transport.get_extra_info("ssl_object")
         self.reached = tls.selected_alpn_protocol() if tls else "h2c"
+        peer = tls.getpeercert() if tls else None
+        self.client = dict(x[0] for x in peer["subject"]).get("commonName") if peer else None
         self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         self.conn.initiate_connection()
         self.streams = {}
@@ -223,7 +225,7 @@ class Connection(asyncio.Protocol):
         path = fields.get(":path", "/")
         query = {k: v[0] for k, v in parse_qs(urlsplit(path).query).items()}
         print(json.dumps({
-            "conn": self.number, "stream": stream, "reached": self.reached, "method": fields.get(":method"),
+            "conn": self.number, "stream": stream, "reached": self.reached, "client": self.client, "method": fields.get(":method"),
             "path": path, "fields": [[k, v] for k, v in headers], "body_bytes": len(body),
         }), flush=True)
         if "refuse" in query:
@@ -281,7 +283,10 @@ async def main():
     plain = await loop.create_server(Connection, "127.0.0.1", 0)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(sys.argv[1], sys.argv[2])
-    context.set_alpn_protocols(["h2"])
+    context.set_alpn_protocols(sys.argv[4].split(",") if len(sys.argv) > 4 else ["h2"])
+    if len(sys.argv) > 3 and sys.argv[3] != "-":
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(sys.argv[3])
     secure = await loop.create_server(Connection, "127.0.0.1", 0, ssl=context)
     print(plain.sockets[0].getsockname()[1], secure.sockets[0].getsockname()[1], flush=True)
     await asyncio.Event().wait()
@@ -290,9 +295,13 @@ asyncio.run(main())
 """#
 
     /// `certificate`: the TLS port's (its CA is itself: `TestCertificates`).
-    init(certificate: TestCertificates.Pair) throws {
+    /// `clientCA`: the TLS port requires a client certificate signed by it
+    /// (each request's `client` is its common name). `alpn`: what the TLS
+    /// port agrees to (only `h2` by default).
+    init(certificate: TestCertificates.Pair, clientCA: String? = nil, alpn: [String] = ["h2"]) throws {
         let (process, first) = try startPythonScript(
-            python: try PythonH2.python(), Self.script, arguments: [certificate.cert, certificate.key], lines: lines)
+            python: try PythonH2.python(), Self.script,
+            arguments: [certificate.cert, certificate.key, clientCA ?? "-", alpn.joined(separator: ",")], lines: lines)
         let ports = first.split(separator: " ").compactMap { Int($0) }
         guard ports.count == 2 else {
             kill(process.processIdentifier, SIGKILL)

@@ -17,13 +17,20 @@ struct HTTP2Endpoint {
     /// The first try's; the pool keeps the longest any try asked (`connectTimeout`).
     let connectTimeout: Duration
     let limits: HTTP2ClientLimits
+    /// https://: the upstream's `tls` settings (nil: verify with the default CAs).
+    let tls: UpstreamTLS?
+    let isTLS: Bool
+    /// The origin's host (SNI and the certificate's name), whatever connect-to says.
+    let host: String
 
     /// The endpoint of `request`, or nil when this client cannot carry it
-    /// yet: an https:// origin, or a host that is not an IP address (no
-    /// resolver yet); libcurl carries those.
+    /// yet: a host that is not an IP address (no resolver yet); libcurl
+    /// carries those.
     init?(_ request: UpstreamRequest, limits: HTTP2ClientLimits) {
         let (scheme, authority) = HTTP2RequestFields.split(request.origin)
-        guard scheme == "http" else { return nil }
+        guard scheme == "http" || scheme == "https" else { return nil }
+        let defaultPort = scheme == "https" ? 443 : 80
+        guard let (originHost, _) = Self.hostAndPort(authority, defaultPort: defaultPort) else { return nil }
         // The connection goes to connect-to's host and port when there is one.
         var target = authority
         if let connectTo = request.connectTo {
@@ -32,7 +39,7 @@ struct HTTP2Endpoint {
             guard parts.count == 3 else { return nil }
             target = String(parts[2])
         }
-        guard let (host, port) = Self.hostAndPort(target, defaultPort: 80) else { return nil }
+        guard let (host, port) = Self.hostAndPort(target, defaultPort: defaultPort) else { return nil }
         var storage = sockaddr_storage()
         var length: socklen_t
         var family: Int32
@@ -63,6 +70,9 @@ struct HTTP2Endpoint {
         self.length = length
         connectTimeout = request.connectTimeout
         self.limits = limits
+        isTLS = scheme == "https"
+        tls = request.tls
+        self.host = originHost
     }
 
     func withSockaddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
@@ -126,6 +136,18 @@ final class HTTP2ConnectionPool: LoopEventTarget {
     /// the bound; a changed one makes a new upstream guard, so a new pool).
     private(set) var connectTimeout: Duration
 
+    /// The TLS client context of an https:// endpoint, read when its first
+    /// connection's handshake starts (a file that cannot be read fails that
+    /// handshake, and is read again for the next).
+    private var tlsContext: HTTP2TLSClientContext?
+
+    func tlsClientContext() throws(TLSSetupError) -> HTTP2TLSClientContext {
+        if let tlsContext { return tlsContext }
+        let made = try HTTP2TLSClientContext(endpoint.tls, host: endpoint.host, defaultCA: UpstreamClient.libcurlDefaultCA)
+        tlsContext = made
+        return made
+    }
+
     func start(_ stream: HTTP2UpstreamStream) {
         connectTimeout = max(connectTimeout, stream.request.connectTimeout)
         waiting[stream.tryID] = stream
@@ -181,7 +203,7 @@ final class HTTP2ConnectionPool: LoopEventTarget {
         counters.connections.wrappingAdd(-1, ordering: .relaxed)
         // One that answered nothing whole (GOAWAY at once, no SETTINGS, a failed
         // connect) counts towards the backoff, however it closed.
-        perform(machine.connectionClosed(connection.id, failure: reason.failure, served: served, at: client.clock()))
+        perform(machine.connectionClosed(connection.id, failure: reason.connectFailure, served: served, at: client.clock()))
     }
 
     func shutdown() {

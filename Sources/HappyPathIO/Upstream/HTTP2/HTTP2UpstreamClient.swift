@@ -58,7 +58,8 @@ public final class HTTP2UpstreamClient {
         readBuffer.deallocate()
     }
 
-    /// Whether this client carries `request` (an h2c endpoint at an IP address); libcurl carries the rest.
+    /// Whether this client carries `request` (an h2 endpoint, h2c or
+    /// https://, at an IP address); libcurl carries the rest.
     public func carries(_ request: UpstreamRequest) -> Bool {
         pool(for: request) != nil
     }
@@ -68,7 +69,8 @@ public final class HTTP2UpstreamClient {
         nextTryID &+= 1
         let stream = HTTP2UpstreamStream(request: request, handler: handler, client: self, tryID: nextTryID)
         guard !isShutDown, let pool = pool(for: request) else {
-            stream.failedWaiting(isShutDown ? "the proxy is shutting down" : "not an h2c endpoint at an IP address")
+            stream.failedWaiting(
+                isShutDown ? "the proxy is shutting down" : HTTP2ConnectFailure("not an HTTP/2 endpoint at an IP address"))
             soon(stream)
             return stream
         }

@@ -20,6 +20,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     private var machine: HTTP2ClientConnectionStateMachine
     private var fd: Int32 = -1
     private(set) var session: HTTP2ClientSession?
+    /// An https:// endpoint's TLS session (nil on h2c): reads and writes go through it.
+    private var tls: HTTP2UpstreamTLSSession?
     private var readEvent: OpaquePointer?
     private var writeEvent: OpaquePointer?
     private var writeWatched = false
@@ -71,7 +73,32 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     }
 
     private func connected() {
-        perform(machine.connected(at: pool.client.clock()))
+        perform(machine.connected(at: pool.client.clock(), tls: pool.endpoint.isTLS))
+    }
+
+    /// One step of the TLS handshake (the socket was ready, or it starts).
+    private func stepHandshake() {
+        guard let tls else { return }
+        switch tls.handshake() {
+        case .done:
+            watchWrite(false)
+            perform(machine.handshakeDone(at: pool.client.clock()))
+        case .wantRead: watchWrite(false)
+        case .wantWrite: watchWrite(true)
+        case let .failed(why): perform(machine.handshakeFailed(why))
+        }
+    }
+
+    /// A server that hangs up right after the TLS handshake often refused
+    /// our certificate without saying so (TLS 1.3 checks it afterwards).
+    private var afterHandshakeHint: String {
+        guard tls != nil, case .awaitingSettings = machine.state else { return "" }
+        return " right after the TLS handshake (does it require a client certificate? set tls.client_cert and tls.client_key)"
+    }
+
+    private var isHandshaking: Bool {
+        if case .handshaking = machine.state { return true }
+        return false
     }
 
     // MARK: - Streams (from the pool and the streams)
@@ -147,16 +174,23 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     // MARK: - Events
 
     fileprivate func readable() {
+        if isHandshaking { return stepHandshake() }
         guard let session, !machine.isClosed else { return }
         session.now = pool.client.clock()
         let buffer = pool.client.readBuffer
-        for _ in 0..<Self.readsPerTurn {
-            let n = read(fd, buffer, Self.readSize)
+        var turns = 0
+        while turns < Self.readsPerTurn {
+            turns += 1
+            let n = tls.map { $0.read(buffer, Self.readSize) } ?? read(fd, buffer, Self.readSize)
             if n < 0 {
                 if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { break }
-                return perform(machine.failed(.peerClosed(Self.errorText(errno))))
+                if let alert = tls?.readError, alert.contains("alert"), case .awaitingSettings = machine.state {
+                    // A TLS 1.3 server checks our certificate after the handshake: its alert comes here.
+                    return perform(machine.failed(.tlsFailed("the upstream ended the TLS session: \(alert)")))
+                }
+                return perform(machine.failed(.peerClosed(Self.errorText(errno) + afterHandshakeHint)))
             }
-            if n == 0 { return perform(machine.failed(.peerClosed("end of stream"))) }
+            if n == 0 { return perform(machine.failed(.peerClosed("end of stream" + afterHandshakeHint))) }
             pool.heard(on: self, at: session.now)
             let result = session.receive(UnsafeRawBufferPointer(start: buffer, count: n))
             if result.pingAcked, machine.pingAnswered() {
@@ -173,8 +207,14 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             afterSession()
             if let error = result.error { return perform(machine.failed(.protocolError("\(error)"))) }
             if machine.isClosed { return }
-            if n < Self.readSize { break }
+            // TLS: a read returns one record at most; more may wait inside the session.
+            if n < Self.readSize, !(tls?.pending ?? false) { break }
+            if turns == Self.readsPerTurn, tls?.pending ?? false {
+                // The socket will not wake for what the session holds: read again on a later pass.
+                event_active(readEvent, Int32(EV_READ), 0)
+            }
         }
+        if tls?.readWantsWrite ?? false { watchWrite(true) }
         flush()
     }
 
@@ -186,6 +226,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
             return error == 0 ? connected() : perform(machine.connectFailed(Self.errorText(error)))
         }
+        if isHandshaking { return stepHandshake() }
+        if tls?.readWantsWrite ?? false { return readable() }
         flush()
     }
 
@@ -254,7 +296,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             }
             let pending = output.count - outputSent
             guard pending > 0 else { break }
-            let n = write(fd, output.base + outputSent, pending)
+            let n = tls.map { $0.write(output.base + outputSent, pending) } ?? write(fd, output.base + outputSent, pending)
             if n < 0 {
                 if errno == EAGAIN || errno == EWOULDBLOCK { break }
                 if errno == EINTR { continue }
@@ -284,6 +326,19 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     private func perform(_ action: HTTP2ClientConnectionStateMachine.Action) {
         switch action {
         case .none: break
+        case .startHandshake:
+            do {
+                let context = try pool.tlsClientContext()
+                guard let made = HTTP2UpstreamTLSSession(context, fd: fd) else {
+                    return perform(machine.handshakeFailed("OpenSSL could not make a TLS session for \(context.host)"))
+                }
+                tls = made
+            } catch {
+                return perform(machine.handshakeFailed("the upstream's `tls` settings cannot be used: \(error)"))
+            }
+            event_add(readEvent, nil)
+            armTimer(now: pool.client.clock())
+            stepHandshake()
         case .startSession:
             do {
                 session = try HTTP2ClientSession(limits: pool.endpoint.limits)
@@ -315,6 +370,9 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         sweep?.recycle()
         sweep = nil
         sweepArmed = false
+        // close_notify only when the proxy chose to close a working connection.
+        tls?.close(notify: reason == .closedByPool)
+        tls = nil
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
         // The pool forgets the connection first (so nothing is sent again on

@@ -291,7 +291,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     }
 
     /// The pool could not give the try a connection.
-    func failedWaiting(_ why: String) {
+    func failedWaiting(_ why: HTTP2ConnectFailure) {
         pool = nil
         if case let .finish(o) = machine.failedWaiting(why) { outcome = o }
     }
@@ -340,6 +340,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         case let .badResponse(why): .badResponse(why)
         case let .connectionLost(why): .reset(why)
         case let .noConnection(why), let .unsent(why): .connectFailed(why)
+        case let .tlsFailed(why): .tls(why)
         case .timedOut: .timeout
         }
     }
