@@ -6,3 +6,5 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <event2/buffer.h>
+#include <event2/dns.h>
+#include <event2/util.h>

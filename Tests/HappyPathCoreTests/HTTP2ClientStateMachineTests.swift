@@ -363,7 +363,7 @@ extension Array {
 @Suite struct HTTP2ClientConnectionStateMachineTests {
     typealias M = HTTP2ClientConnectionStateMachine
     enum Event: Sendable {
-        case start, connected, connectedTLS, handshakeDone, handshakeFailed(String)
+        case start, resolving, resolved, connected, connectedTLS, handshakeDone, handshakeFailed(String)
         case connectFailed(String), settings(Int), goaway, failed(M.CloseReason), close
         case at(Int)  // milliseconds, then `timer`
         case ping, pong
@@ -377,6 +377,12 @@ extension Array {
             feed: { event in
                 switch event {
                 case .start: return m.start(at: now)
+                case .resolving:
+                    m.resolving("api.internal")
+                    return M.Action.none
+                case .resolved:
+                    m.resolved()
+                    return M.Action.none
                 case .connected: return m.connected(at: now)
                 case .connectedTLS: return m.connected(at: now, tls: true)
                 case .handshakeDone: return m.handshakeDone(at: now)
@@ -435,6 +441,18 @@ extension Array {
             steps: [
                 TableStep(.start), TableStep(.connectedTLS),
                 TableStep(.handshakeFailed("unknown CA"), outcome: .close(.tlsFailed("unknown CA")), .closed(.tlsFailed("unknown CA"))),
+            ]),
+        TableScenario(
+            name: "a name not resolved within the connect timeout says so",
+            steps: [
+                TableStep(.start), TableStep(.resolving),
+                TableStep(.at(1000), outcome: .close(.resolveTimeout("api.internal")), .closed(.resolveTimeout("api.internal"))),
+            ]),
+        TableScenario(
+            name: "a name resolved: the connect has what is left of the same deadline",
+            steps: [
+                TableStep(.start), TableStep(.resolving), TableStep(.at(600)), TableStep(.resolved),
+                TableStep(.at(1000), outcome: .close(.connectTimeout), .closed(.connectTimeout)),
             ]),
         TableScenario(
             name: "no connection within the connect timeout",

@@ -122,3 +122,38 @@ extension UpstreamH2ClientTests {
         withExtendedLifetime(certificates) {}
     }
 }
+
+/// Endpoints named by host name: resolved by libevent's `evdns` on the
+/// worker's loop each time a connection opens (`localhost` from
+/// /etc/hosts), over h2c and TLS alike.
+extension UpstreamH2ClientTests {
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aNamedEndpointIsResolvedForEachConnection() throws {
+        let (up, tls, certificates) = try UpstreamHTTP2Tests.upstream()
+        let plain = try UpstreamHTTP2Tests.proxy("http://localhost:\(up.plainPort)", extra: "h2_client: nghttp2")
+        defer { plain.stop() }
+        #expect(try HTTP.request(port: plain.port, "/named/plain").status == 200)
+        #expect(
+            UpstreamHTTP2Tests.statusesAtOnce(port: plain.port, (0..<3).map { "/named/plain-\($0)?delay=200" })
+                == [200, 200, 200])
+        let seen = up.requests(to: "/named/plain", atLeast: 4)
+        #expect(field(seen[0], ":authority") == "localhost:\(up.plainPort)")
+        #expect(Set(seen.compactMap { $0["conn"] as? Int }).count == 1)
+        // Over TLS: the certificate names localhost.
+        let secured = try UpstreamHTTP2Tests.proxy(
+            "https://localhost:\(up.tlsPort)", extra: "\(tls)\n    h2_client: nghttp2")
+        defer { secured.stop() }
+        #expect(try HTTP.request(port: secured.port, "/named/tls").status == 200)
+        #expect(up.requests(to: "/named/tls", atLeast: 1).first?["reached"] as? String == "h2")
+        withExtendedLifetime(certificates) {}
+    }
+
+    /// A name that does not resolve fails the try as a connect failure
+    /// that says so, within connect_timeout, and the proxy goes on.
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aNameThatDoesNotResolveSaysSo() throws {
+        let h = try UpstreamHTTP2Tests.proxy("http://no-such-host.invalid:80", extra: "h2_client: nghttp2")
+        defer { h.stop() }
+        let r = try HTTP.request(port: h.port, "/x")
+        #expect(r.status >= 502)
+        #expect((r.json["detail"] as? String)?.contains("resolve no-such-host.invalid") == true, "\(r.text)")
+    }
+}

@@ -27,6 +27,8 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         case connectFailed(String)
         /// No TCP connection within the connect timeout.
         case connectTimeout
+        /// The endpoint's name was not resolved within the connect timeout.
+        case resolveTimeout(String)
         /// The TLS handshake failed (the certificate, ALPN without h2, an
         /// alert), with OpenSSL's words: not transient, the tries fail as TLS failures.
         case tlsFailed(String)
@@ -48,6 +50,7 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
             switch self {
             case let .connectFailed(why): "could not connect to the upstream: \(why)"
             case .connectTimeout: "no connection to the upstream within connect_timeout"
+            case let .resolveTimeout(host): "could not resolve \(host) within connect_timeout (is the DNS server in /etc/resolv.conf reachable?)"
             case let .tlsFailed(why): why
             case .handshakeTimeout: "the upstream accepted the connection but did not finish the TLS handshake within connect_timeout"
             case .settingsTimeout:
@@ -117,6 +120,17 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
         return false
     }
 
+    /// The endpoint's name being resolved, before the connect (the same deadline).
+    public private(set) var resolvingName: String?
+
+    /// The name is being resolved (the connect deadline runs).
+    public mutating func resolving(_ host: String) {
+        if case .connecting = state { resolvingName = host }
+    }
+
+    /// The name resolved (or failed to): the connect goes on.
+    public mutating func resolved() { resolvingName = nil }
+
     /// The connect starts.
     public mutating func start(at now: Instant) -> Action {
         guard state == .idle else { return .none }
@@ -183,7 +197,8 @@ public struct HTTP2ClientConnectionStateMachine: Sendable {
     /// The timer ran: a connect or SETTINGS deadline passed.
     public mutating func timer(at now: Instant) -> Action {
         switch state {
-        case let .connecting(deadline) where now >= deadline: return close(.connectTimeout)
+        case let .connecting(deadline) where now >= deadline:
+            return close(resolvingName.map { .resolveTimeout($0) } ?? .connectTimeout)
         case let .handshaking(deadline) where now >= deadline: return close(.handshakeTimeout)
         case let .awaitingSettings(deadline) where now >= deadline: return close(.settingsTimeout)
         case .ready, .draining:

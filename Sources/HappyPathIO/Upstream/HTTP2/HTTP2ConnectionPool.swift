@@ -11,9 +11,9 @@ struct HTTP2Endpoint {
     let scheme: String
     /// `:authority`: the origin's `host:port` (what libcurl sends as `Host`).
     let authority: String
-    let family: Int32
-    private let address: sockaddr_storage
-    private let length: socklen_t
+    /// Where connections go: an IP address, or a name resolved (by
+    /// libevent's `evdns`, asynchronously) each time a connection opens.
+    let target: Target
     /// The first try's; the pool keeps the longest any try asked (`connectTimeout`).
     let connectTimeout: Duration
     let limits: HTTP2ClientLimits
@@ -23,9 +23,13 @@ struct HTTP2Endpoint {
     /// The origin's host (SNI and the certificate's name), whatever connect-to says.
     let host: String
 
-    /// The endpoint of `request`, or nil when this client cannot carry it
-    /// yet: a host that is not an IP address (no resolver yet); libcurl
-    /// carries those.
+    enum Target {
+        case address(HTTP2Address)
+        case name(String, port: Int)
+    }
+
+    /// The endpoint of `request`, or nil when its origin is not an
+    /// http:// or https:// `host[:port]`.
     init?(_ request: UpstreamRequest, limits: HTTP2ClientLimits) {
         let (scheme, authority) = HTTP2RequestFields.split(request.origin)
         guard scheme == "http" || scheme == "https" else { return nil }
@@ -40,43 +44,14 @@ struct HTTP2Endpoint {
             target = String(parts[2])
         }
         guard let (host, port) = Self.hostAndPort(target, defaultPort: defaultPort) else { return nil }
-        var storage = sockaddr_storage()
-        var length: socklen_t
-        var family: Int32
-        let ok = withUnsafeMutableBytes(of: &storage) { raw -> Bool in
-            if host.contains(":") {
-                let a = raw.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
-                a.pointee.sin6_family = sa_family_t(AF_INET6)
-                a.pointee.sin6_port = in_port_t(UInt16(port).bigEndian)
-                return inet_pton(AF_INET6, host, &a.pointee.sin6_addr) == 1
-            }
-            let a = raw.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
-            a.pointee.sin_family = sa_family_t(AF_INET)
-            a.pointee.sin_port = in_port_t(UInt16(port).bigEndian)
-            return inet_pton(AF_INET, host, &a.pointee.sin_addr) == 1
-        }
-        guard ok else { return nil }
-        if host.contains(":") {
-            family = AF_INET6
-            length = socklen_t(MemoryLayout<sockaddr_in6>.size)
-        } else {
-            family = AF_INET
-            length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        }
+        self.target = HTTP2Address(host: host, port: port).map { .address($0) } ?? .name(host, port: port)
         self.scheme = scheme
         self.authority = authority
-        self.family = family
-        self.address = storage
-        self.length = length
         connectTimeout = request.connectTimeout
         self.limits = limits
         isTLS = scheme == "https"
         tls = request.tls
         self.host = originHost
-    }
-
-    func withSockaddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
-        withUnsafeBytes(of: address) { body($0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
     }
 
     /// `host:port` or `[v6]:port` (no port: `defaultPort`).
@@ -100,6 +75,51 @@ struct HTTP2Endpoint {
         }
         guard (1...65535).contains(port), !host.isEmpty else { return nil }
         return (String(host), port)
+    }
+}
+
+/// One address a connection goes to: an IP address and port.
+struct HTTP2Address {
+    let family: Int32
+    private let storage: sockaddr_storage
+    private let length: socklen_t
+
+    /// `host` as an IPv4 or IPv6 literal (nil: a name).
+    init?(host: String, port: Int) {
+        var storage = sockaddr_storage()
+        let v6 = host.contains(":")
+        let ok = withUnsafeMutableBytes(of: &storage) { raw -> Bool in
+            if v6 {
+                let a = raw.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
+                a.pointee.sin6_family = sa_family_t(AF_INET6)
+                a.pointee.sin6_port = in_port_t(UInt16(port).bigEndian)
+                return inet_pton(AF_INET6, host, &a.pointee.sin6_addr) == 1
+            }
+            let a = raw.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
+            a.pointee.sin_family = sa_family_t(AF_INET)
+            a.pointee.sin_port = in_port_t(UInt16(port).bigEndian)
+            return inet_pton(AF_INET, host, &a.pointee.sin_addr) == 1
+        }
+        guard ok else { return nil }
+        self.storage = storage
+        family = v6 ? AF_INET6 : AF_INET
+        length = socklen_t(v6 ? MemoryLayout<sockaddr_in6>.size : MemoryLayout<sockaddr_in>.size)
+    }
+
+    /// An address the resolver gave (IPv4 or IPv6 only).
+    init?(_ address: UnsafePointer<sockaddr>, length: Int) {
+        let family = Int32(address.pointee.sa_family)
+        guard family == AF_INET || family == AF_INET6, length > 0, length <= MemoryLayout<sockaddr_storage>.size
+        else { return nil }
+        var storage = sockaddr_storage()
+        withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: UnsafeRawBufferPointer(start: address, count: length)) }
+        self.storage = storage
+        self.family = family
+        self.length = socklen_t(length)
+    }
+
+    func withSockaddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
+        withUnsafeBytes(of: storage) { body($0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
     }
 }
 

@@ -39,6 +39,17 @@ public final class HTTP2UpstreamClient {
     private var soonFlushes: [HTTP2UpstreamConnection] = []
     private var soonEvent: OpaquePointer?
     private var isShutDown = false
+    /// libevent's asynchronous resolver on this loop (nameservers from
+    /// /etc/resolv.conf, names from /etc/hosts), made when a first endpoint
+    /// names a host; it holds no socket while nothing is asked.
+    private var dns: OpaquePointer?
+
+    func resolver() -> OpaquePointer? {
+        if dns == nil, !isShutDown {
+            dns = evdns_base_new(loop.base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE)
+        }
+        return dns
+    }
 
     public init(
         loop: EventLoop, clock: @escaping () -> Instant, limits: HTTP2ClientLimits = HTTP2ClientLimits(),
@@ -58,8 +69,7 @@ public final class HTTP2UpstreamClient {
         readBuffer.deallocate()
     }
 
-    /// Whether this client carries `request` (an h2 endpoint, h2c or
-    /// https://, at an IP address); libcurl carries the rest.
+    /// Whether this client carries `request` (an http:// or https:// endpoint).
     public func carries(_ request: UpstreamRequest) -> Bool {
         pool(for: request) != nil
     }
@@ -70,7 +80,7 @@ public final class HTTP2UpstreamClient {
         let stream = HTTP2UpstreamStream(request: request, handler: handler, client: self, tryID: nextTryID)
         guard !isShutDown, let pool = pool(for: request) else {
             stream.failedWaiting(
-                isShutDown ? "the proxy is shutting down" : HTTP2ConnectFailure("not an HTTP/2 endpoint at an IP address"))
+                isShutDown ? "the proxy is shutting down" : HTTP2ConnectFailure("not an http:// or https:// endpoint"))
             soon(stream)
             return stream
         }
@@ -97,6 +107,9 @@ public final class HTTP2UpstreamClient {
         isShutDown = true
         for pool in pools.values { pool.shutdown() }
         pools.removeAll()
+        // After the pools: a connection still resolving was cancelled by its close.
+        if let dns { evdns_base_free(dns, 1) }
+        dns = nil
         soonStreams.removeAll()
         soonFlushes.removeAll()
         if let soonEvent { event_free(soonEvent) }

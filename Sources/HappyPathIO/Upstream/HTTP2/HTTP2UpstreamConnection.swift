@@ -51,25 +51,97 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
 
     // MARK: - Opening
 
-    /// Starts the connect (non-blocking) to the endpoint's address.
+    /// Starts the connect (non-blocking) to the endpoint's address, after
+    /// resolving its name when it has one (within the same connect timeout).
     func open() {
         let now = pool.client.clock()
         _ = machine.start(at: now)
         armTimer(now: now)
-        let endpoint = pool.endpoint
-        fd = socket(endpoint.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return perform(machine.connectFailed(Self.errorText(errno))) }
+        switch pool.endpoint.target {
+        case let .address(address): connect(to: address)
+        case let .name(host, port): resolve(host, port: port)
+        }
+    }
+
+    /// The addresses a name resolved to, not tried yet (the next is tried
+    /// when a connect fails, within the connect timeout).
+    private var untried: [HTTP2Address] = []
+    /// The resolver's request in flight (the connection is retained for it).
+    private var resolving: OpaquePointer?
+    private var resolvedAlready = false
+
+    private func resolve(_ host: String, port: Int) {
+        guard let dns = pool.client.resolver() else {
+            return perform(machine.connectFailed("could not resolve \(host): no resolver (/etc/resolv.conf)"))
+        }
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_flags = EVUTIL_AI_ADDRCONFIG
+        resolvedAlready = false
+        machine.resolving(host)
+        // Retained until the callback runs (it runs once, also when cancelled).
+        let me = Unmanaged.passRetained(self).toOpaque()
+        let request = evdns_getaddrinfo(dns, host, String(port), &hints, h2UpstreamResolvedCallback, me)
+        // nil: answered already (a literal or /etc/hosts), inside the call.
+        if !resolvedAlready { resolving = request }
+    }
+
+    fileprivate func resolved(_ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?) {
+        resolving = nil
+        resolvedAlready = true
+        machine.resolved()
+        defer { if let list { evutil_freeaddrinfo(list) } }
+        guard !machine.isClosed else { return }  // closed (or cancelled) meanwhile
+        guard case let .name(host, _) = pool.endpoint.target else { return }
+        guard result == 0 else {
+            let why = String(cString: evutil_gai_strerror(result))
+            return perform(machine.connectFailed("could not resolve \(host): \(why)"))
+        }
+        var found: [HTTP2Address] = []
+        var next = list
+        while let entry = next {
+            if let addr = entry.pointee.ai_addr, let address = HTTP2Address(addr, length: Int(entry.pointee.ai_addrlen)) {
+                found.append(address)
+            }
+            next = entry.pointee.ai_next
+        }
+        guard !found.isEmpty else { return perform(machine.connectFailed("\(host) resolved to no IP address")) }
+        untried = Array(found.dropFirst())
+        connect(to: found[0])
+    }
+
+    private func connect(to address: HTTP2Address) {
+        fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return connectFailed(errno) }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        let rc = endpoint.withSockaddr { connect(fd, $0, $1) }
+        let rc = address.withSockaddr { Glibc.connect(fd, $0, $1) }
         let connectError = errno  // before libevent's calls touch it
         let me = Unmanaged.passUnretained(self).toOpaque()
         let base = pool.client.loop.base
         readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), h2UpstreamReadCallback, me)
         writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), h2UpstreamWriteCallback, me)
         if rc == 0 { return connected() }
-        guard connectError == EINPROGRESS else { return perform(machine.connectFailed(Self.errorText(connectError))) }
+        guard connectError == EINPROGRESS else { return connectFailed(connectError) }
         watchWrite(true)
+    }
+
+    /// A connect failed: the next address the name resolved to, if any, else the connection fails.
+    private func connectFailed(_ error: Int32) {
+        guard !untried.isEmpty, !machine.isClosed else { return perform(machine.connectFailed(Self.errorText(error))) }
+        closeSocket()
+        connect(to: untried.removeFirst())
+    }
+
+    private func closeSocket() {
+        if let readEvent { event_free(readEvent) }
+        if let writeEvent { event_free(writeEvent) }
+        readEvent = nil
+        writeEvent = nil
+        writeWatched = false
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
     }
 
     private func connected() {
@@ -224,7 +296,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             var error: Int32 = 0
             var length = socklen_t(MemoryLayout<Int32>.size)
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
-            return error == 0 ? connected() : perform(machine.connectFailed(Self.errorText(error)))
+            return error == 0 ? connected() : connectFailed(error)
         }
         if isHandshaking { return stepHandshake() }
         if tls?.readWantsWrite ?? false { return readable() }
@@ -361,10 +433,9 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
     }
 
     private func close(_ reason: HTTP2ClientConnectionStateMachine.CloseReason) {
-        if let readEvent { event_free(readEvent) }
-        if let writeEvent { event_free(writeEvent) }
-        readEvent = nil
-        writeEvent = nil
+        if let resolving { evdns_getaddrinfo_cancel(resolving) }
+        resolving = nil
+        untried = []
         timer?.recycle()
         timer = nil
         sweep?.recycle()
@@ -373,8 +444,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         // close_notify only when the proxy chose to close a working connection.
         tls?.close(notify: reason == .closedByPool)
         tls = nil
-        if fd >= 0 { Glibc.close(fd) }
-        fd = -1
+        closeSocket()
         // The pool forgets the connection first (so nothing is sent again on
         // it); then every try still on it ends, those nghttp2 had ended
         // first, or goes to another stream if it was never sent.
@@ -421,4 +491,10 @@ private func h2UpstreamReadCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawP
 
 private func h2UpstreamWriteCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
     Unmanaged<HTTP2UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue().writable()
+}
+
+private func h2UpstreamResolvedCallback(
+    _ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?, _ arg: UnsafeMutableRawPointer?
+) {
+    Unmanaged<HTTP2UpstreamConnection>.fromOpaque(arg!).takeRetainedValue().resolved(result, list)
 }
