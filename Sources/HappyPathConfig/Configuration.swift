@@ -175,7 +175,7 @@ public struct Upstream: Sendable, Equatable {
     /// `protocol:` HTTP/1.1 (the default) or HTTP/2 to the endpoints.
     public var `protocol`: UpstreamProtocol = .http1
     /// `h2_client:` which client carries h2c (transitional).
-    public var h2Client: UpstreamH2Client = .libcurl
+    public var h2Client: UpstreamH2Client = .nghttp2
     /// `adaptive_concurrency:` (nil: the limit of tries in flight is `max_connections`).
     public var adaptiveConcurrency: AdaptiveConcurrencySettings?
     /// Its health check is gRPC's because it serves gRPC routes and its

@@ -34,8 +34,8 @@ import Testing
     }
 
     @Test(arguments: [
-        ("http://127.0.0.1:9000", ", protocol: h2", true), ("HTTP://127.0.0.1:9000", ", protocol: h2", true),
-        ("https://127.0.0.1:9443", ", protocol: h2", false), ("http://127.0.0.1:9000", "", false),
+        ("http://127.0.0.1:9000", ", protocol: h2", false), ("HTTP://127.0.0.1:9000", ", protocol: h2, h2_client: libcurl", true),
+        ("https://127.0.0.1:9443", ", protocol: h2, h2_client: libcurl", false), ("http://127.0.0.1:9000", "", false),
         ("http://127.0.0.1:9000", ", protocol: http1", false),
         ("http://127.0.0.1:9000", ", protocol: h2, h2_client: nghttp2", false),
         ("http://127.0.0.1:9000", ", protocol: h2, h2_client: libcurl", true),
@@ -47,11 +47,11 @@ import Testing
         if warns { #expect(warnings[0].hasPrefix("upstreams.api.protocol: h2 to \(endpoint) is HTTP/2 without TLS (h2c)")) }
     }
 
-    /// `h2_client` (transitional, issue 46): libcurl by default, nghttp2 asked by name.
+    /// `h2_client` (transitional, issue 46): the proxy's own (nghttp2) by default, libcurl asked by name.
     @Test(arguments: [
-        ("", UpstreamH2Client.libcurl), (", h2_client: libcurl", .libcurl), (", h2_client: nghttp2", .nghttp2),
+        ("", UpstreamH2Client.nghttp2), (", h2_client: libcurl", .libcurl), (", h2_client: nghttp2", .nghttp2),
     ])
-    func theH2ClientIsReadWithLibcurlAsDefault(setting: String, expected: UpstreamH2Client) throws {
+    func theH2ClientIsReadWithNghttp2AsDefault(setting: String, expected: UpstreamH2Client) throws {
         let c = try ConfigLoader.parse(
             Self.yaml("http://127.0.0.1:9000", ", protocol: h2" + setting), file: "f.yaml", environment: [:])
         #expect(c.upstreams[0].h2Client == expected)

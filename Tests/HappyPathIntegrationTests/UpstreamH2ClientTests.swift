@@ -64,12 +64,14 @@ import Testing
     /// A grpcio server whose `/t.S/Flood` streams 256 KiB messages without
     /// end (printing `flood N` at each call's first), and `/t.S/U` echoes.
     static let floodServer = """
-        import grpc, itertools, sys
+        import grpc, sys, threading
         from concurrent import futures
         def unary(req, ctx): return b"echo:" + req
-        started = itertools.count(1)  # next() is atomic; `+= 1` across the pool's threads loses counts
+        started, lock = [0], threading.Lock()  # the pool's threads would lose counts and mix their lines
         def flood(req, ctx):
-            print("flood", next(started), flush=True)
+            with lock:
+                started[0] += 1
+                print("flood", started[0], flush=True)
             while ctx.is_active(): yield b"x" * (256 << 10)
         handlers = {"/t.S/U": grpc.unary_unary_rpc_method_handler(unary),
                     "/t.S/Flood": grpc.unary_stream_rpc_method_handler(flood)}
@@ -130,9 +132,10 @@ import Testing
                 stalled.waitUntilExit()
             }
             #expect(heads == "heads 20")
-            #expect(waitUntil("every flood call started at the server") {
-                serverLines.withLock { $0.contains("flood 20") }
-            })
+            #expect(
+                waitUntil("every flood call started at the server") {
+                    serverLines.withLock { $0.contains("flood 20") }
+                }, "\(serverLines.withLock { $0 }) \(clientLines.withLock { $0 })")
             let calls = try PythonGRPC.run(
                 """
                 import grpc, json, sys, time

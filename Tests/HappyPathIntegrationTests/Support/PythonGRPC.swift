@@ -32,7 +32,7 @@ enum PythonGRPC {
     /// with `upstream` added to its mapping) and `routes` (YAML list items,
     /// already indented by two), with `limits` if any.
     static func proxy(port: Int, upstream: String = "", limits: String? = nil, routes: String) throws -> ProxyHarness {
-        // HAPPYPATH_TEST_H2_CLIENT=nghttp2 runs the gRPC suites on the proxy's own HTTP/2 client.
+        // HAPPYPATH_TEST_H2_CLIENT=libcurl runs the gRPC suites on libcurl's HTTP/2 (the default is the proxy's own).
         let own = upstream.contains("h2_client")
         let upstream = upstream + (own ? "" : h2Client.map { ", h2_client: \($0)" } ?? "")
         return try ProxyHarness(
