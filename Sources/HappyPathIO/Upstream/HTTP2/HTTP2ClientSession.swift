@@ -36,6 +36,9 @@ struct HTTP2ClientReceiveResult {
     var goaway: Int32?
     /// The server acknowledged a PING of ours.
     var pingAcked = false
+    /// The server flooded the connection (`HTTP2FloodGuard`): it is ending
+    /// with GOAWAY ENHANCE_YOUR_CALM; why.
+    var flood: String?
 }
 
 /// A client `nghttp2_session` with no I/O, the mirror of the edge's
@@ -71,6 +74,12 @@ final class HTTP2ClientSession {
     /// Streams nghttp2 closed since the driver last took the count (their room goes back to the pool).
     var closedStreams = 0
     var current = HTTP2ClientReceiveResult()
+    /// Frames that cost work without moving a response, bounded per connection.
+    var floodGuard = HTTP2FloodGuard()
+    /// A flood was found (why): nothing more is read from this session.
+    private(set) var floodReason: String?
+    /// nghttp2 sent GOAWAY with an error (the server broke the protocol): why.
+    var brokenReason: String?
     private(set) var fatalError: HTTP2SessionError?
     /// The driver's clock reading for this turn (set before `receive` and
     /// `produce`): what the callbacks stamp on streams that moved.
@@ -127,6 +136,8 @@ final class HTTP2ClientSession {
         let n = nghttp2_session_mem_recv(session, bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), bytes.count)
         var result = current
         current = HTTP2ClientReceiveResult()
+        // A flood stops the read (a callback failure); the GOAWAY is still to be written.
+        if result.flood != nil { return result }
         if n < 0 {
             fatalError = HTTP2SessionError(code: n)
             result.error = fatalError
@@ -255,6 +266,11 @@ extension HTTP2ClientSession {
     }
 
     static func install(_ callbacks: OpaquePointer?) {
+        // Each frame's header, before its payload: the flood bounds.
+        nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks) { _, hd, userData in
+            guard let hd, let session = HTTP2ClientSession.session(userData) else { return 0 }
+            return session.frameBegins(hd.pointee) ? 0 : NGHTTP2_ERR_CALLBACK_FAILURE.rawValue
+        }
         // One decoded field of a response head, a 1xx head or trailers: to the stream (found by id).
         nghttp2_session_callbacks_set_on_header_callback(callbacks) {
             _, frame, name, nameLength, value, valueLength, _, userData in
@@ -290,9 +306,15 @@ extension HTTP2ClientSession {
         // A frame of ours went out of `mem_send`: a request's HEADERS may now reach the upstream.
         // (A DATA frame of the request body counts as a byte moved, for the idle sweep.)
         nghttp2_session_callbacks_set_on_frame_send_callback(callbacks) { _, frame, userData in
-            guard let frame, let session = HTTP2ClientSession.session(userData),
-                let stream = session.streams[frame.pointee.hd.stream_id]
-            else { return 0 }
+            guard let frame, let session = HTTP2ClientSession.session(userData) else { return 0 }
+            // nghttp2 ended the session on a connection error of the server's (a window overflow, a bad frame).
+            if UInt32(frame.pointee.hd.type) == NGHTTP2_GOAWAY.rawValue, frame.pointee.goaway.error_code != 0,
+                session.floodReason == nil
+            {
+                let code = HTTP2UpstreamStream.codeName(frame.pointee.goaway.error_code)
+                session.brokenReason = "the upstream broke the HTTP/2 protocol (\(code)): the proxy ended the connection"
+            }
+            guard let stream = session.streams[frame.pointee.hd.stream_id] else { return 0 }
             switch UInt32(frame.pointee.hd.type) {
             case NGHTTP2_HEADERS.rawValue:
                 stream.headersProduced = true
@@ -315,6 +337,28 @@ extension HTTP2ClientSession {
             }
             return 0
         }
+    }
+
+    /// A frame from the server begins: false when it is past a flood bound
+    /// (the session ends with GOAWAY ENHANCE_YOUR_CALM; `mem_recv` stops).
+    func frameBegins(_ hd: nghttp2_frame_hd) -> Bool {
+        if floodReason != nil { return false }
+        let ack = hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0
+        let kind: HTTP2FloodGuard.Kind
+        switch UInt32(hd.type) {
+        case NGHTTP2_SETTINGS.rawValue where !ack: kind = .settings
+        case NGHTTP2_PING.rawValue where !ack: kind = .ping
+        case NGHTTP2_RST_STREAM.rawValue where streams[hd.stream_id] == nil: kind = .strayReset
+        case NGHTTP2_DATA.rawValue where hd.length == 0 && hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) == 0:
+            kind = .emptyData
+        case NGHTTP2_PRIORITY.rawValue: kind = .priority
+        default: return true
+        }
+        if floodGuard.frame(kind, at: now) { return true }
+        floodReason = HTTP2FloodGuard.reason(kind)
+        current.flood = floodReason
+        nghttp2_session_terminate_session(session, NGHTTP2_ENHANCE_YOUR_CALM.rawValue)
+        return false
     }
 
     func frameReceived(_ frame: UnsafePointer<nghttp2_frame>) {

@@ -277,6 +277,10 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
                 perform(machine.goaway())
             }
             afterSession()
+            if let flood = result.flood {
+                flush()  // the GOAWAY ENHANCE_YOUR_CALM, best effort
+                return perform(machine.failed(.protocolError(flood)))
+            }
             if let error = result.error { return perform(machine.failed(.protocolError("\(error)"))) }
             if machine.isClosed { return }
             // TLS: a read returns one record at most; more may wait inside the session.
@@ -379,7 +383,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         }
         watchWrite(output.count > outputSent)
         if !session.wantsRead, !session.wantsWrite, output.count == outputSent {
-            perform(machine.failed(.peerClosed("the session ended")))
+            let why = session.floodReason ?? session.brokenReason
+            perform(machine.failed(why.map { .protocolError($0) } ?? .peerClosed("the session ended")))
         }
     }
 
@@ -458,8 +463,10 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         for stream in ended { stream.tell() }
         for stream in replays { pool.replay(stream) }
         let why = reason.failure
+        let broken: Bool
+        if case .protocolError = reason { broken = true } else { broken = false }
         for stream in open {
-            switch stream.connectionLost(why) {
+            switch stream.connectionLost(why, broken: broken) {
             case .ended: stream.tell()
             case .replay: pool.replay(stream)
             case .none: break

@@ -43,6 +43,10 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     var informational = 0
     var informationalFields: [UInt8] = []
     var informationalCount = 0
+    /// 1xx heads received (forwarded or not), bounded: a server that sends
+    /// them without end would hold the stream while looking alive.
+    var informationalHeads = 0
+    static let maxInformationalHeads = 32
     var headBytes = 0
     var headFields = 0
     var trailerBytes = 0
@@ -130,6 +134,11 @@ public final class HTTP2UpstreamStream: UpstreamTry {
             guard HTTPBytes.equals(name, ":status"), value.count == 3 else { return true }
             let status = value.reduce(0) { $0 * 10 + Int($1 &- 0x30) }
             if status < 200 {
+                informationalHeads &+= 1
+                guard informationalHeads <= Self.maxInformationalHeads else {
+                    refusal = "The upstream sent more than \(Self.maxInformationalHeads) informational (1xx) heads before its answer."
+                    return false
+                }
                 phase = .informational
                 let forward = status >= 102 && informationalCount < UpstreamTransfer.maxInformational
                 informational = forward ? status : 0
@@ -230,9 +239,12 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     }
 
     /// The connection went under the stream (before its HEADERS were
-    /// produced: never sent, so sent again elsewhere).
-    func connectionLost(_ why: String) -> End {
-        end(machine.closed(headersProduced ? .connectionLost(why) : .unsent(why), canResend: canResend))
+    /// produced: never sent, so sent again elsewhere). `broken`: the
+    /// upstream broke the protocol (a flood, a window overflow): the try
+    /// ends as a bad response, not a dropped connection.
+    func connectionLost(_ why: String, broken: Bool = false) -> End {
+        let lost: HTTP2ClientStreamStateMachine.Outcome = broken ? .badResponse(why) : .connectionLost(why)
+        return end(machine.closed(headersProduced ? lost : .unsent(why), canResend: canResend))
     }
 
     private func end(_ action: HTTP2ClientStreamStateMachine.Action) -> End {
