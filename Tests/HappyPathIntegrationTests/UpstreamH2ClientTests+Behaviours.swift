@@ -177,3 +177,29 @@ extension UpstreamH2ClientTests {
         #expect(Set(own).count == 1 && Set(own).isDisjoint(with: curl), "after the reload: one connection of the own client")
     }
 }
+
+extension UpstreamH2ClientTests {
+    /// A slow client's stream holds at most its 64 KiB window of the
+    /// answer, counted in `happypath_memory_bytes{pool="upstream_h2"}`
+    /// while it lasts; the whole body arrives once the client reads, and
+    /// the pool is back to zero.
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aSlowClientsHeldBytesAreCountedWithinItsWindow() throws {
+        let (up, _, _) = try UpstreamHTTP2Tests.upstream()
+        // Nothing read ahead: the stream itself waits for the client.
+        let h = try UpstreamHTTP2Tests.proxy(
+            "http://127.0.0.1:\(up.plainPort)", limits: "{ client_timeout: 10s, read_ahead: 0 }")
+        defer { h.stop() }
+        let admin = AdminProbe(port: h.adminPort)
+        let pool = #"happypath_memory_bytes{pool="upstream_h2"}"#
+        #expect(try admin.metric(pool) == 0)
+        let size = 8_000_000
+        let c = try TestConnection(port: h.port, timeout: 20, receiveBuffer: 16 * 1024)
+        try c.send("GET /held?size=\(size) HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(waitUntil("the stream to hold bytes for the client") { try admin.metric(pool) > 0 })
+        #expect(try admin.metric(pool) <= 64 * 1024)
+        let r = try c.readResponse()
+        #expect(r.status == 200)
+        #expect(r.body.count == size)
+        #expect(waitUntil("the held bytes to go") { try admin.metric(pool) == 0 })
+    }
+}

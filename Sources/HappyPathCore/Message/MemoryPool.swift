@@ -32,6 +32,9 @@ public struct ConnectionMemory: Sendable {
     /// Bytes from tunnels' clients (WebSocket, `CONNECT`-like upgrades)
     /// that their upstreams' sockets have not taken yet.
     public let tunnels = MemoryPool()
+    /// Response bytes the proxy's own HTTP/2 client holds for streams whose
+    /// exchanges are not taking them (a slow client): a stream window each at most.
+    public let upstreamH2 = MemoryPool()
 
     public init() {}
 }
@@ -54,6 +57,7 @@ public final class MemoryPressure: Sendable {
     private let staged: MemoryPool?
     private let output: MemoryPool?
     private let tunnels: MemoryPool?
+    private let upstreamH2: MemoryPool?
     private let other: MemoryPool?
 
     public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil, other: MemoryPool? = nil) {
@@ -62,13 +66,14 @@ public final class MemoryPressure: Sendable {
         staged = memory?.staged
         output = memory?.output
         tunnels = memory?.tunnels
+        upstreamH2 = memory?.upstreamH2
         self.other = other
     }
 
     /// What the process holds for clients now, as `limits.max_memory` counts it.
     public var total: Int {
         (bodies?.current ?? 0) + (staged?.current ?? 0) + (output?.current ?? 0) + (tunnels?.current ?? 0)
-            + (other?.current ?? 0)
+            + (upstreamH2?.current ?? 0) + (other?.current ?? 0)
     }
 
     /// `limits.max_memory` (a reload may change it).

@@ -59,7 +59,7 @@ enum MetricHelp {
             "1 while the process holds 90% of limits.max_memory for clients (new connections wait, new HTTP/2 streams are refused, stream windows shrink) until it falls below 75%.",
         "happypath_memory_pressure_changes_total": "Times the memory overload action began or ended.",
         "happypath_memory_bytes":
-            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), tunnels (client bytes queued for upstreams), admin_output (queued for admin clients: event streams), kept_answers (fallback.serve_stale).",
+            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), tunnels (client bytes queued for upstreams), upstream_h2 (answer bytes the proxy's own HTTP/2 client holds for slow clients' streams, a stream window each at most), admin_output (queued for admin clients: event streams), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
         "happypath_spool_bytes":
             "Bytes in spool files now, on disk: answers read ahead of slow clients (limits.read_ahead) and request bodies kept for retries (limits.body_in_memory).",
@@ -71,7 +71,7 @@ enum MetricHelp {
         "happypath_upstream_h2_paused_transfers":
             "HTTP/2 upstream transfers paused for a slow client now; each may hold up to 32 MiB inside libcurl.",
         "happypath_upstream_h2_connections":
-            "Connections the proxy's own HTTP/2 client (h2_client: nghttp2) holds to the upstream now, all workers and the health checks.",
+            "Connections the proxy's own HTTP/2 client (protocol: h2) holds to the upstream now, all workers and the health checks.",
         "happypath_upstream_h2_streams": "Streams open on those connections now.",
         "happypath_upstream_h2_connections_opened_total": "Connections the proxy's own HTTP/2 client opened to the upstream.",
         "happypath_upstream_h2_streams_replayed_total":

@@ -36,7 +36,7 @@ final class HealthChecker: LoopEventTarget {
         self.runtime = runtime
         self.shared = shared
         self.logger = logger
-        // An `h2_client: nghttp2` upstream is checked on a pool of the admin
+        // A `protocol: h2` upstream is checked on a pool of the admin
         // loop's own: a worker's busy or stalled streams never delay a probe.
         client = UpstreamTransports(
             curl: UpstreamClient(loop: loop, maxConnectionsPerHost: 4, maxCachedConnections: 16),

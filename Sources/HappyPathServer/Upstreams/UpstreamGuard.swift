@@ -26,7 +26,7 @@ final class UpstreamGuard: Sendable {
     /// The last health check's end, for the status page (the checker writes
     /// it on the admin loop every interval; nothing on the request path).
     let lastHealthCheck = Locked<HealthCheckReading?>(nil)
-    /// The proxy's own HTTP/2 client's counters for this upstream (`h2_client: nghttp2`).
+    /// The proxy's own HTTP/2 client's counters for this upstream (`protocol: h2`).
     let h2Counters = HTTP2ClientCounters()
     let logger: Logger
     let metrics: ProxyMetrics

@@ -98,6 +98,7 @@ final class ProxyWorker: HTTPServerDelegate {
                 loop: loop, clock: { [clock] in clock.now() },
                 limits: HTTP2ClientLimits(maxHeadBytes: limits.maxHeaderBytes, maxHeadFields: limits.maxHeaders),
                 maxConnectionsPerEndpoint: caps.perHost))
+        transports.h2.memory = shared.connectionMemory.upstreamH2
         // Weak: the worker owns its client (whose shutdown may run as the worker goes).
         client.http2PauseChanged = { [weak self] in self?.shared.pausedHTTP2.add($0) }
         for listener in listeners {

@@ -203,7 +203,7 @@ final class RuntimeUpstream: Sendable {
     let tls: UpstreamTLS?
     /// `protocol: h2`: a client's `TE: trailers` is passed on (gRPC servers need it).
     let speaksH2: Bool
-    /// `h2_client: nghttp2`: h2c tries go on the proxy's own HTTP/2 client.
+    /// `h2_client: nghttp2` (the default): `protocol: h2` tries go on the proxy's own HTTP/2 client.
     let h2Client: Bool
     /// `adaptive_concurrency:` (nil: the limit is `max_connections`).
     let adaptiveConcurrency: AdaptiveConcurrencySettings?

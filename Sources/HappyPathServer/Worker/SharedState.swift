@@ -185,6 +185,8 @@ struct MemoryReading: Sendable {
     var stagedAnswers = 0
     var clientOutput = 0
     var tunnels = 0
+    /// Response bytes the proxy's own HTTP/2 client holds for slow clients' streams.
+    var upstreamH2 = 0
     var adminOutput = 0
     var keptAnswers = 0
     /// `limits.max_memory`, and whether its overload action is on.
@@ -200,7 +202,8 @@ struct MemoryReading: Sendable {
     var pools: [(pool: String, bytes: Int)] {
         [
             ("request_bodies", requestBodies), ("staged_answers", stagedAnswers), ("client_output", clientOutput),
-            ("tunnels", tunnels), ("admin_output", adminOutput), ("kept_answers", keptAnswers),
+            ("tunnels", tunnels), ("upstream_h2", upstreamH2), ("admin_output", adminOutput),
+            ("kept_answers", keptAnswers),
         ]
     }
 }
@@ -227,7 +230,7 @@ extension SharedState {
         MemoryReading(
             requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
             clientOutput: connectionMemory.output.current, tunnels: connectionMemory.tunnels.current,
-            adminOutput: adminMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
+            upstreamH2: connectionMemory.upstreamH2.current, adminOutput: adminMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
             limit: memoryPressure.limit, pressure: memoryPressure.active, spooled: spool.spooled,
             spoolLimit: spool.shares.process.limit)
     }

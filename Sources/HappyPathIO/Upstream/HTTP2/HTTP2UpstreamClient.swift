@@ -24,6 +24,10 @@ public final class HTTP2UpstreamClient {
     /// before it takes another stream (tests shorten it; pools made after
     /// a change take it).
     public var pingAfterSilence = Duration.seconds(10)
+    /// Counts the response bytes streams hold for exchanges that did not
+    /// take them (`happypath_memory_bytes{pool="upstream_h2"}`, in
+    /// `limits.max_memory`): at most a stream window each.
+    public var memory: MemoryPool?
     private struct PoolKey: Hashable {
         let origin: String
         let connectTo: String?

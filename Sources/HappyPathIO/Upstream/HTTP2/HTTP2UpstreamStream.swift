@@ -60,7 +60,10 @@ public final class HTTP2UpstreamStream: UpstreamTry {
     /// When a byte last moved either way on the stream (the idle sweep's reading).
     var lastMoved = Instant(nanoseconds: 0)
     /// DATA the handler did not take yet (at most the stream's window).
-    var held: [UInt8] = []
+    private(set) var held: [UInt8] = []
+    /// Where held bytes are counted (the client's, taken at the start: the
+    /// stream may outlive its client's shutdown).
+    private let memory: MemoryPool?
 
     // MARK: The request body
     var wholeBody: UnsafeRawBufferPointer?
@@ -76,7 +79,10 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         self.handler = handler
         self.client = client
         self.tryID = tryID
+        memory = client.memory
     }
+
+    deinit { dropHeld() }
 
     // MARK: - UpstreamTry
 
@@ -105,7 +111,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         default: break
         }
         letGoOfBody()
-        held = []
+        dropHeld()
     }
 
     // MARK: - The response (from the session's callbacks)
@@ -196,14 +202,28 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         case .deliver:
             let taken = handler?.upstreamBody(bytes) ?? true
             if case .consume = machine.delivered(bytes.count, taken: taken) { return bytes.count }
-            held.append(contentsOf: bytes)
+            hold(bytes)
             return 0
         case .hold:
-            held.append(contentsOf: bytes)
+            hold(bytes)
             return 0
         default:
             return bytes.count
         }
+    }
+
+    /// Keeps bytes the handler did not take, counted in the client's memory
+    /// pool (`happypath_memory_bytes{pool="upstream_h2"}`).
+    private func hold(_ bytes: UnsafeRawBufferPointer) {
+        held.append(contentsOf: bytes)
+        memory?.add(bytes.count)
+    }
+
+    /// Lets go of the held bytes (handed over, or the try ended).
+    private func dropHeld() {
+        guard !held.isEmpty else { return }
+        memory?.add(-held.count)
+        held = []
     }
 
     /// What a stream's close means for its try.
@@ -278,7 +298,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         trailerBytes = 0
         refusal = nil
         resetByPeer = false
-        held = []
+        dropHeld()
         headersProduced = false
         endStreamReceived = false
         deferred = false
@@ -320,10 +340,10 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         let n = held.count
         switch machine.heldDelivered(taken: taken) {
         case .consume:
-            held = []
+            dropHeld()
             connection?.consume(self, n)
         case let .finish(o):
-            held = []
+            dropHeld()
             outcome = o
             tell()
         default: break
@@ -338,7 +358,7 @@ public final class HTTP2UpstreamStream: UpstreamTry {
         self.handler = nil
         connection = nil
         pool = nil
-        held = []
+        dropHeld()
         letGoOfBody()
         handler?.upstreamFinished(Self.failure(outcome))
     }
