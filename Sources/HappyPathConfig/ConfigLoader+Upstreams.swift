@@ -5,20 +5,14 @@ import Yams
 
 extension ConfigLoader {
     /// What `happypath check` warns about in the upstreams: a valid file
-    /// that will not do what it seems to. `protocol: h2` on an http://
-    /// endpoint is HTTP/2 with prior knowledge (h2c), which libcurl 7.88.1
-    /// cannot reuse (curl#10634): each request opens a connection of its own.
+    /// that will not do what it seems to. `h2_client` (which chose between
+    /// libcurl and the proxy's own HTTP/2 client while the latter was being
+    /// built) is read and ignored: `protocol: h2` is always the proxy's own.
     public static func upstreamWarnings(_ config: Configuration) -> [String] {
         config.upstreams.compactMap { u in
-            guard u.protocol == .h2, u.h2Client == .libcurl,
-                let plain = u.endpoints.first(where: { $0.lowercased().hasPrefix("http://") })
-            else {
-                return nil
-            }
-            return "upstreams.\(u.name).protocol: h2 to \(plain) is HTTP/2 without TLS (h2c): libcurl 7.88.1 cannot"
-                + " reuse such a connection, so every request opens one of its own (one stream per connection);"
-                + " use h2_client: nghttp2 (the proxy's own HTTP/2 client) or an https:// endpoint to share"
-                + " connections, or protocol: http1"
+            guard let given = u.ignoredH2Client else { return nil }
+            return "upstreams.\(u.name).h2_client: \(given) is ignored: protocol: h2 always uses the proxy's own"
+                + " HTTP/2 client now (libcurl carries HTTP/1.1 only); delete the key"
         }
     }
 }
@@ -117,7 +111,8 @@ extension Reader {
             }
         }
         if let p = choice(f["protocol"]?.value, "\(path).protocol", UpstreamProtocol.self) { u.protocol = p }
-        if let c = choice(f["h2_client"]?.value, "\(path).h2_client", UpstreamH2Client.self) { u.h2Client = c }
+        // Read and ignored (`upstreamWarnings`): a file written for the transition still loads.
+        if let c = f["h2_client"]?.value { u.ignoredH2Client = string(c, "\(path).h2_client") }
         if let a = f["adaptive_concurrency"]?.value {
             u.adaptiveConcurrency = adaptiveConcurrency(a, "\(path).adaptive_concurrency")
             if let limit = u.adaptiveConcurrency?.limit, !u.endpoints.isEmpty,

@@ -174,8 +174,9 @@ public struct Upstream: Sendable, Equatable {
     public var tls: UpstreamTLSSettings?
     /// `protocol:` HTTP/1.1 (the default) or HTTP/2 to the endpoints.
     public var `protocol`: UpstreamProtocol = .http1
-    /// `h2_client:` which client carries h2c (transitional).
-    public var h2Client: UpstreamH2Client = .nghttp2
+    /// `h2_client:` as written, if it was (ignored: `protocol: h2` always
+    /// uses the proxy's own HTTP/2 client; `happypath check` warns of it).
+    public var ignoredH2Client: String?
     /// `adaptive_concurrency:` (nil: the limit of tries in flight is `max_connections`).
     public var adaptiveConcurrency: AdaptiveConcurrencySettings?
     /// Its health check is gRPC's because it serves gRPC routes and its

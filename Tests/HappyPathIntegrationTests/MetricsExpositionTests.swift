@@ -44,7 +44,6 @@ struct MetricsExpositionTests {
           h2down:
             endpoints: [http://127.0.0.1:\(down)]
             protocol: h2
-            h2_client: nghttp2
             connect_timeout: 200ms
             reachability: { park_for: 0s }
         routes:

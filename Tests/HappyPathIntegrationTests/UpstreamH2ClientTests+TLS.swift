@@ -13,7 +13,7 @@ import Testing
 /// suite, run once (the address sanitizer's pass).
 extension UpstreamH2ClientTests {
     static func tlsProxy(_ up: H2Upstream, _ tls: String) throws -> ProxyHarness {
-        try UpstreamHTTP2Tests.proxy("https://127.0.0.1:\(up.tlsPort)", extra: "\(tls)\n    h2_client: nghttp2")
+        try UpstreamHTTP2Tests.proxy("https://127.0.0.1:\(up.tlsPort)", extra: tls)
     }
 
     /// Requests one after another and at once are streams of one TLS
@@ -129,7 +129,7 @@ extension UpstreamH2ClientTests {
 extension UpstreamH2ClientTests {
     @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aNamedEndpointIsResolvedForEachConnection() throws {
         let (up, tls, certificates) = try UpstreamHTTP2Tests.upstream()
-        let plain = try UpstreamHTTP2Tests.proxy("http://localhost:\(up.plainPort)", extra: "h2_client: nghttp2")
+        let plain = try UpstreamHTTP2Tests.proxy("http://localhost:\(up.plainPort)", extra: "")
         defer { plain.stop() }
         #expect(try HTTP.request(port: plain.port, "/named/plain").status == 200)
         #expect(
@@ -140,7 +140,7 @@ extension UpstreamH2ClientTests {
         #expect(Set(seen.compactMap { $0["conn"] as? Int }).count == 1)
         // Over TLS: the certificate names localhost.
         let secured = try UpstreamHTTP2Tests.proxy(
-            "https://localhost:\(up.tlsPort)", extra: "\(tls)\n    h2_client: nghttp2")
+            "https://localhost:\(up.tlsPort)", extra: tls)
         defer { secured.stop() }
         #expect(try HTTP.request(port: secured.port, "/named/tls").status == 200)
         #expect(up.requests(to: "/named/tls", atLeast: 1).first?["reached"] as? String == "h2")
@@ -150,7 +150,7 @@ extension UpstreamH2ClientTests {
     /// A name that does not resolve fails the try as a connect failure
     /// that says so, within connect_timeout, and the proxy goes on.
     @Test(.disabled(if: OverloadAttackTests.plainOnce, "run by the address sanitizer's pass")) func aNameThatDoesNotResolveSaysSo() throws {
-        let h = try UpstreamHTTP2Tests.proxy("http://no-such-host.invalid:80", extra: "h2_client: nghttp2")
+        let h = try UpstreamHTTP2Tests.proxy("http://no-such-host.invalid:80", extra: "")
         defer { h.stop() }
         let r = try HTTP.request(port: h.port, "/x")
         #expect(r.status >= 502)

@@ -8,7 +8,7 @@ import Testing
     import Glibc
 #endif
 
-/// gRPC through the proxy's own HTTP/2 client (`h2_client: nghttp2`,
+/// gRPC through the proxy's own HTTP/2 client (`protocol: h2`,
 /// issue 46): real grpcio clients and servers, the proxy in between on
 /// loopback, upstream connections counted with `ss`.
 @Suite(.serialized) struct UpstreamH2ClientTests {
@@ -44,7 +44,7 @@ import Testing
 
     @Test(.disabled(if: OverloadAttackTests.plainOnce, "grpcio load: run by the address sanitizer's pass")) func twoThousandCallsShareAHandfulOfConnections() throws {
         try PythonGRPC.withServer(GRPCPassThroughTests.server) { python, port in
-            let h = try PythonGRPC.proxy(port: port, upstream: ", h2_client: nghttp2", routes: Self.routes)
+            let h = try PythonGRPC.proxy(port: port, routes: Self.routes)
             defer { h.stop() }
             let result = try PythonGRPC.run(Self.load, arguments: ["127.0.0.1:\(h.port)"], timeout: 120)
             #expect(result["ok"] as? Int == 2000, "\(result)")
@@ -118,7 +118,6 @@ import Testing
                   g:
                     endpoints: [http://127.0.0.1:\(port)]
                     protocol: h2
-                    h2_client: nghttp2
                     health_check: { interval: 100ms, timeout: 1s, unhealthy_after: 2 }
                 routes:
                   - { match: { path_prefix: / }, upstream: g, timeout: 300s, grpc: {}, retry: { attempts: 1, per_try_timeout: 300s } }
@@ -171,7 +170,7 @@ import Testing
                 """)
         #expect(server != GRPCPassThroughTests.server)
         try PythonGRPC.withServer(server) { python, port in
-            let h = try PythonGRPC.proxy(port: port, upstream: ", h2_client: nghttp2", routes: Self.routes)
+            let h = try PythonGRPC.proxy(port: port, routes: Self.routes)
             defer { h.stop() }
             let result = try PythonGRPC.run(Self.load, arguments: ["127.0.0.1:\(h.port)", "125"], timeout: 120)
             #expect(result["ok"] as? Int == 1000, "\(result)")
@@ -202,7 +201,7 @@ import Testing
     /// is followed by a call, so 20 calls one after another draw none.
     @Test(.disabled(if: OverloadAttackTests.plainOnce, "grpcio load: run by the address sanitizer's pass")) func pingsBeforeCallsDrawNoGoawayFromGRPC() throws {
         try PythonGRPC.withServer(GRPCPassThroughTests.server) { python, port in
-            let h = try PythonGRPC.proxy(port: port, upstream: ", h2_client: nghttp2", routes: Self.routes)
+            let h = try PythonGRPC.proxy(port: port, routes: Self.routes)
             defer { h.stop() }
             Self.pingAfterSilence(.zero, on: h, workers: 2)
             let result = try PythonGRPC.run(

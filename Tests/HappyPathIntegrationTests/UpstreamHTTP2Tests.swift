@@ -120,17 +120,16 @@ import Testing
         withExtendedLifetime(certificates) {}
     }
 
-    /// h2c tries at once are streams of one connection on the proxy's own
-    /// HTTP/2 client; on libcurl (`h2_client: libcurl`, 7.88.1 fails a
-    /// second stream on an h2c connection) each has its own. All succeed.
-    @Test(arguments: ["nghttp2", "libcurl"]) func concurrentH2cTries(client: String) throws {
+    /// h2c tries at once are streams of one connection (the proxy's own
+    /// HTTP/2 client; libcurl 7.88.1 had to open one per try). All succeed.
+    @Test func concurrentH2cTriesShareOneConnection() throws {
         let (up, _, _) = try Self.upstream()
-        let h = try Self.proxy("http://127.0.0.1:\(up.plainPort)", extra: "h2_client: \(client)")
+        let h = try Self.proxy("http://127.0.0.1:\(up.plainPort)")
         defer { h.stop() }
         #expect(Self.statusesAtOnce(port: h.port, (0..<3).map { "/own/\($0)?delay=300" }) == [200, 200, 200])
         let seen = up.requests(to: "/own/", atLeast: 3)
         #expect(seen.count == 3)
-        #expect(Set(seen.compactMap { $0["conn"] as? Int }).count == (client == "libcurl" ? 3 : 1))
+        #expect(Set(seen.compactMap { $0["conn"] as? Int }).count == 1)
     }
 
     /// An h2 upstream's trailers (after a body without content-length) go
@@ -187,23 +186,6 @@ import Testing
         withExtendedLifetime(certificates) {}
     }
 
-    /// On libcurl (`h2_client: libcurl`), `protocol: h2` offers h2 by ALPN
-    /// and an upstream that does not pick it (here a proxy's TLS listener
-    /// standing for an HTTPS service) is spoken to in HTTP/1.1. (The proxy's
-    /// own client requires h2: UpstreamH2ClientTests.)
-    @Test func anHTTPSUpstreamThatPicksHTTP1GetsHTTP1() throws {
-        let certificates = try TestCertificates()
-        let service = try certificates.make("service", names: ["localhost"])
-        let backend = try ProxyHarness(TLSTests.yaml([service]))
-        defer { backend.stop() }
-        let h = try Self.proxy(
-            "https://127.0.0.1:\(backend.proxy.ports[0])", extra: "tls: { ca: \(service.cert) }\n    h2_client: libcurl")
-        defer { h.stop() }
-        let before = backend.demo.hits.load(ordering: .relaxed)
-        for _ in 0..<2 { #expect(try HTTP.request(port: h.port, "/status/200").status == 200) }
-        #expect(backend.demo.hits.load(ordering: .relaxed) - before == 2)
-    }
-
     /// A reload switches an upstream's protocol for the next tries, on the
     /// handles pooled under the old one.
     @Test func aReloadSwitchesTheProtocol() throws {
@@ -222,32 +204,6 @@ import Testing
         }
         #expect(up.requests(to: "/after", atLeast: 1).allSatisfy { $0["reached"] as? String == "h2c" })
         #expect(up.requests(to: "/before").isEmpty)
-    }
-
-    /// On libcurl (`h2_client: libcurl`), a slow client pauses its h2
-    /// transfer: counted in `happypath_upstream_h2_paused_transfers` while
-    /// it lasts, and the whole body arrives once the client reads. (The
-    /// proxy's own client holds a stalled stream to its window instead:
-    /// HTTP2MemoryTests.)
-    @Test func aPausedH2TransferIsCountedUntilItResumes() throws {
-        let (up, tls, certificates) = try Self.upstream()
-        // Nothing read ahead: the transfer itself waits for the client.
-        let h = try Self.proxy(
-            "https://127.0.0.1:\(up.tlsPort)", extra: "\(tls)\n    h2_client: libcurl", limits: "{ client_timeout: 5s, read_ahead: 0 }")
-        defer { h.stop() }
-        let admin = AdminProbe(port: h.adminPort)
-        #expect(try admin.metrics()["happypath_upstream_h2_paused_transfers"] == 0)
-        let size = 8_000_000
-        let c = try TestConnection(port: h.port, timeout: 20, receiveBuffer: 16 * 1024)
-        try c.send("GET /big?size=\(size) HTTP/1.1\r\nHost: x\r\n\r\n")
-        waitUntil("the transfer to pause for the client") {
-            try admin.metric("happypath_upstream_h2_paused_transfers") == 1
-        }
-        let r = try c.readResponse()
-        #expect(r.status == 200)
-        #expect(r.body.count == size)
-        waitUntil("the pause to end") { try admin.metric("happypath_upstream_h2_paused_transfers") == 0 }
-        withExtendedLifetime(certificates) {}
     }
 
     /// An h2 upstream's trailers reach an HTTP/2 client (nghttp over h2c)
@@ -346,21 +302,23 @@ import Testing
     }
 }
 
-/// `happypath check` on `protocol: h2`: valid, and a warning for h2c on libcurl (`h2_client: libcurl`).
+/// `happypath check` on `protocol: h2`: valid, and a warning for the
+/// transition's `h2_client` key (read and ignored), h2c or TLS alike.
 @Suite struct UpstreamProtocolCheckTests {
-    @Test(arguments: [("http://127.0.0.1:9", true), ("https://127.0.0.1:9", false)])
-    func checkWarnsOfH2WithoutTLS(endpoint: String, warns: Bool) throws {
+    @Test(arguments: [("http://127.0.0.1:9", ", h2_client: libcurl", true), ("https://127.0.0.1:9", "", false)])
+    func checkWarnsOfTheIgnoredH2ClientKey(endpoint: String, key: String, warns: Bool) throws {
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
         try """
         listen: 127.0.0.1:0
-        upstreams: { u: { endpoints: ["\(endpoint)"], protocol: h2, h2_client: libcurl } }
+        upstreams: { u: { endpoints: ["\(endpoint)"], protocol: h2\(key) } }
         routes: [ { match: { path_prefix: / }, upstream: u } ]
         """.write(to: file, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(at: file) }
         let check = try runProcess(happypathBinary, ["check", "--config", file.path], timeout: 10)
         #expect(check.status == 0, "\(check.err)")
         #expect(check.out.contains("OK (1 upstream(s)"))
-        #expect(check.err.contains("warning: upstreams.u.protocol: h2 to \(endpoint) is HTTP/2 without TLS (h2c)") == warns)
+        #expect(check.err.contains("warning: upstreams.u.h2_client: libcurl is ignored") == warns, "\(check.err)")
+        #expect(!check.err.contains("h2c"), "no h2c warning any more: \(check.err)")
     }
 }
 

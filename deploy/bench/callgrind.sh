@@ -16,10 +16,16 @@
 # then listens with `http2`. The upstream stays HTTP/1.1. BODY=N (with
 # LOAD=h2): each request is a POST of N bytes (h2load -d), its body in DATA
 # frames after the HEADERS: happypath streams it to the upstream.
+#
+# UPSTREAM_H2=1: the upstream nginx speaks h2c (`listen … http2`) instead of
+# HTTP/1.1, for a happypath profile with `protocol: h2` (BENCH_PROFILE=h2up:
+# the proxy's own HTTP/2 client); nginx as a proxy cannot speak h2 upstream.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 N1=${N1:-300}; N2=${N2:-1800}
-LOAD=${LOAD:-h1}; STREAMS=${STREAMS:-1}; BODY=${BODY:-}
+LOAD=${LOAD:-h1}; STREAMS=${STREAMS:-1}; BODY=${BODY:-}; UPSTREAM_H2=${UPSTREAM_H2:-}
+up_h2=""; up_probe=(curl -fs -o /dev/null)
+if [ -n "$UPSTREAM_H2" ]; then up_h2=" http2"; up_probe=(curl -fs -o /dev/null --http2-prior-knowledge); fi
 PORT_BASE=${PORT_BASE:-18580}
 OUT=${OUT:-/tmp/happypath-callgrind.$(date +%Y%m%d-%H%M%S)}
 UP=127.0.0.1:$((PORT_BASE + 1)); PX=127.0.0.1:$((PORT_BASE + 2))
@@ -40,11 +46,11 @@ events { worker_connections 1024; }
 http {
   access_log off; keepalive_requests 10000000;
   client_body_temp_path $OUT/t1; proxy_temp_path $OUT/t2; fastcgi_temp_path $OUT/t3; uwsgi_temp_path $OUT/t4; scgi_temp_path $OUT/t5;
-  server { listen $UP; location / { default_type text/plain; return 200 "$(printf 'callgrind-bench-body-%078d' 0)\n"; } }
+  server { listen $UP$up_h2; location / { default_type text/plain; return 200 "$(printf 'callgrind-bench-body-%078d' 0)\n"; } }
 }
 EOF
 nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
-wait_up() { for _ in $(seq 600); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
+wait_up() { for _ in $(seq 600); do "${up_probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
 wait_up "http://$UP/" || { echo "upstream down"; exit 1; }
 wait_proxy() { for _ in $(seq 600); do "${probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
 

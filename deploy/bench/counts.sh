@@ -30,6 +30,8 @@ OUT=$OUT/adaptive BENCH_PROFILE=adaptive PORT_BASE=$(( ${PORT_BASE:-18680} + 110
 echo "== the cost of tracing: sample_ratio 0 (no request traced) and 1 (every request)"
 OUT=$OUT/tracing0 BENCH_PROFILE=tracing0 PORT_BASE=$(( ${PORT_BASE:-18680} + 60 )) "$here/callgrind.sh" tracing0="$bin" || exit 1
 OUT=$OUT/tracing1 BENCH_PROFILE=tracing1 PORT_BASE=$(( ${PORT_BASE:-18680} + 70 )) "$here/callgrind.sh" tracing1="$bin" || exit 1
+echo "== the proxy's own HTTP/2 client: the same HTTP/1.1 requests to an h2c upstream (profile h2up, protocol: h2)"
+OUT=$OUT/h2up BENCH_PROFILE=h2up UPSTREAM_H2=1 PORT_BASE=$(( ${PORT_BASE:-18680} + 120 )) "$here/callgrind.sh" h2up="$bin" || exit 1
 echo "== HTTP/2 (h2c by prior knowledge, h2load on one connection): one stream at a time, then ten"
 OUT=$OUT/h2m1 LOAD=h2 STREAMS=1 PORT_BASE=$(( ${PORT_BASE:-18680} + 80 )) "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
 OUT=$OUT/h2m10 LOAD=h2 STREAMS=10 PORT_BASE=$(( ${PORT_BASE:-18680} + 90 )) "$here/callgrind.sh" happypath="$bin" nginx=nginx || exit 1
@@ -61,7 +63,7 @@ sys_h2, alloc_h2 = per_request(f"{out}/per-request-h2/all.tsv")
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for profile in ("shaping", "hedge", "stale", "upgrades", "adaptive", "tracing0", "tracing1"):
+for profile in ("shaping", "hedge", "stale", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -111,6 +113,9 @@ if "adaptive" in instr and "happypath" in instr:
     # +2,500 since issue 44 (kinds of request, a fair share per client: about +1,270 in the
     # binary and Swift's runtime; docs/performance.md, "Overload").
     print(f"| instructions with adaptive_concurrency and a route priority (profile adaptive) | | {instr['adaptive']:,.0f} ({extra:+,.0f}) | +2,500 | {'met' if extra <= 2500 else '**short**'} |")
+if "h2up" in instr and "happypath" in instr:
+    extra = instr["h2up"] - instr["happypath"]
+    print(f"| instructions towards an h2c upstream on the proxy's own HTTP/2 client (profile h2up; the HTTP/1.1 upstream's beside it) | | {instr['h2up']:,.0f} ({extra:+,.0f}) | | |")
 if "tracing0" in instr:
     extra = instr["tracing0"] - instr["happypath"]
     print(f"| instructions with tracing, sample_ratio 0 (profile tracing0) | | {instr['tracing0']:,.0f} ({extra:+,.0f}) | +300 | {'met' if extra <= 300 else '**short**'} |")

@@ -19,11 +19,13 @@
 #     upstream and `priority: critical` on the route: every try a latency sample.
 #   BENCH_PROFILE=tracing0 / tracing1: foundation plus `tracing` toward a
 #     collector that is not there, sample_ratio 0 / 1.
+#   BENCH_PROFILE=h2up: foundation with `protocol: h2` on the upstream (an
+#     h2c nginx: callgrind.sh UPSTREAM_H2=1): the proxy's own HTTP/2 client.
 #   BENCH_PROFILE=grpc: foundation with `protocol: h2` on the upstream (h2c
-#     to an http:// endpoint, one connection per call with libcurl 7.88;
-#     with BENCH_UPSTREAM_CA, https:// trusting that CA for `localhost`,
-#     calls multiplexed) and `grpc: {}` on the route: gRPC calls passed through;
-#     BENCH_H2_CLIENT=nghttp2 carries h2c on the proxy's own HTTP/2 client.
+#     to an http:// endpoint; with BENCH_UPSTREAM_CA, https:// trusting that
+#     CA for `localhost`; the calls multiplexed by the proxy's own HTTP/2
+#     client) and `grpc: {}` on the route: gRPC calls passed through;
+#     BENCH_H2_CLIENT=libcurl carries protocol: h2 on libcurl instead of the proxy's own HTTP/2 client.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -101,10 +103,15 @@ case $profile in
     foundation_yaml "    adaptive_concurrency: { min_limit: 1, max_limit: 1024, initial_limit: 64 }" \
       "    priority: critical" > "$cfg"
     ;;
+  h2up)
+    # The proxy's own HTTP/2 client towards an h2c upstream (callgrind.sh UPSTREAM_H2=1).
+    level=warning
+    foundation_yaml "    protocol: h2" "" > "$cfg"
+    ;;
   grpc)
     level=warning
     upstream_lines="    protocol: h2"
-    # BENCH_H2_CLIENT=nghttp2: h2c on the proxy's own HTTP/2 client (issue 46).
+    # BENCH_H2_CLIENT=libcurl: protocol: h2 on libcurl (the default is the proxy's own HTTP/2 client).
     [ -n "${BENCH_H2_CLIENT:-}" ] && upstream_lines+=$'\n'"    h2_client: ${BENCH_H2_CLIENT}"
     [ -n "${BENCH_UPSTREAM_CA:-}" ] && upstream_lines+=$'\n'"    tls: { ca: ${BENCH_UPSTREAM_CA}, server_name: localhost }"
     foundation_yaml "$upstream_lines" "    grpc: {}" > "$cfg"
@@ -128,7 +135,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, adaptive, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, adaptive, h2up, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086

@@ -22,8 +22,6 @@ final class EasyHandle {
     var tls: UpstreamTLS?
     var connectTo: String?
     var connectToList: UnsafeMutablePointer<curl_slist>?
-    /// The HTTP version this handle was last set to speak.
-    var httpVersion = UpstreamHTTPVersion.http1
 
     init(easy: UnsafeMutableRawPointer) {
         self.easy = easy
@@ -125,7 +123,6 @@ extension UpstreamClient {
         // Only an upstream with `tls:` (or a handle that served one) pays for this.
         if request.tls !== handle.tls { apply(request.tls, to: handle) }
         if request.connectTo != handle.connectTo { connect(handle, to: request.connectTo) }
-        if request.httpVersion != handle.httpVersion { speak(request.httpVersion, on: handle) }
 
         // Less than one byte a second for idleTimeout: the upstream stalled.
         // (libcurl does not apply this while the transfer is paused.)
@@ -251,28 +248,6 @@ extension UpstreamClient {
         hp_easy_set_long(easy, CURLOPT_SSL_VERIFYHOST, verify ? 2 : 0)
         set(CURLOPT_SSLCERT, tls?.clientCert)
         set(CURLOPT_SSLKEY, tls?.clientKey)
-    }
-
-    /// The HTTP version of a try, on a pooled handle that last spoke
-    /// another. HTTP/2 tries wait for a connection being opened to the same
-    /// endpoint rather than open one beside it (PIPEWAIT), so two first
-    /// tries share it as streams. h2c connections are never reused: see
-    /// `UpstreamHTTPVersion.h2PriorKnowledge` (FRESH_CONNECT too, so a try
-    /// never lands on another try's h2c connection while that one runs).
-    func speak(_ version: UpstreamHTTPVersion, on handle: EasyHandle) {
-        let easy = handle.easy
-        let curlVersion: Int
-        switch version {
-        case .http1: curlVersion = Int(CURL_HTTP_VERSION_1_1)
-        case .h2: curlVersion = Int(CURL_HTTP_VERSION_2TLS)
-        case .h2PriorKnowledge: curlVersion = Int(CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE)
-        }
-        hp_easy_set_long(easy, CURLOPT_HTTP_VERSION, curlVersion)
-        hp_easy_set_long(easy, CURLOPT_PIPEWAIT, version == .h2 ? 1 : 0)
-        let ownConnection = version == .h2PriorKnowledge ? 1 : 0
-        hp_easy_set_long(easy, CURLOPT_FORBID_REUSE, ownConnection)
-        hp_easy_set_long(easy, CURLOPT_FRESH_CONNECT, ownConnection)
-        handle.httpVersion = version
     }
 
     func connect(_ handle: EasyHandle, to entry: String?) {

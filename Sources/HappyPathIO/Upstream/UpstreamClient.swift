@@ -37,10 +37,6 @@ public final class UpstreamClient {
     /// Each origin parsed once into a libcurl URL handle (CURLOPT_CURLU),
     /// instead of libcurl parsing the URL string on every try.
     private var origins: [String: OpaquePointer] = [:]
-    /// Told +1 when an HTTP/2 transfer pauses for a slow client and -1 when
-    /// it resumes or ends: libcurl keeps receiving what it already granted
-    /// such a stream (up to 32 MiB), outside the proxy's own buffers.
-    public var http2PauseChanged: ((Int) -> Void)?
 
     func parsedOrigin(_ origin: String) -> OpaquePointer? {
         if let url = origins[origin] { return url }
@@ -94,17 +90,7 @@ public final class UpstreamClient {
     public func setConnectionLimits(perHost: Int, cached: Int) {
         hp_multi_set_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, max(1, perHost))
         hp_multi_set_long(multi, CURLMOPT_MAXCONNECTS, max(4, cached))
-        // HTTP/2 upstreams: tries share a connection as streams, up to this
-        // many on one (and the server's own limit); past it libcurl opens
-        // another within MAX_HOST_CONNECTIONS. Multiplexing is libcurl's
-        // default since 7.62; set so that it does not depend on that.
-        // Nothing changes for HTTP/1.1 connections.
-        hp_multi_set_long(multi, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
-        hp_multi_set_long(multi, CURLMOPT_MAX_CONCURRENT_STREAMS, Self.maxStreamsPerConnection)
     }
-
-    /// Streams on one HTTP/2 upstream connection at most (libcurl's default).
-    public static let maxStreamsPerConnection = 100
 
     deinit { shutdown() }
 

@@ -31,12 +31,10 @@ public struct UpstreamRequest {
     /// `HOST:PORT:CONNECT-HOST:CONNECT-PORT`: the origin names one host
     /// (SNI, verification, `Host`), the connection goes to another.
     public var connectTo: String?
-    /// HTTP/1.1, or HTTP/2 as the endpoint's scheme allows.
+    /// HTTP/1.1 (libcurl), or HTTP/2 as the endpoint's scheme allows (the
+    /// proxy's own HTTP/2 client, `HTTP2UpstreamClient`).
     public var httpVersion: UpstreamHTTPVersion
-    /// `h2_client: nghttp2`: an h2c try goes on the proxy's own HTTP/2
-    /// client (`HTTP2UpstreamClient`), multiplexed, instead of libcurl.
-    public var h2Client = false
-    /// The upstream's counters for that client (`happypath_upstream_h2_*`).
+    /// The upstream's counters for the HTTP/2 client (`happypath_upstream_h2_*`).
     public var h2Counters: HTTP2ClientCounters?
 
     public init(
@@ -62,19 +60,16 @@ public struct UpstreamRequest {
     }
 }
 
-/// How libcurl speaks to one endpoint: `upstreams.NAME.protocol` with the
-/// endpoint's scheme, decided once per configuration. A pooled handle is
-/// switched only when a try wants another than it last had.
+/// How the proxy speaks to one endpoint: `upstreams.NAME.protocol` with
+/// the endpoint's scheme, decided once per configuration; it picks the
+/// client (`UpstreamTransports.start`).
 public enum UpstreamHTTPVersion: Sendable, Equatable {
-    /// HTTP/1.1 (`protocol: http1`, the default).
+    /// HTTP/1.1 (`protocol: http1`, the default): libcurl.
     case http1
-    /// HTTP/2 over TLS, chosen by ALPN (an https:// endpoint): tries to one
-    /// endpoint share a connection as streams.
+    /// HTTP/2 over TLS with ALPN `h2` (an https:// endpoint): the proxy's own HTTP/2 client.
     case h2
     /// HTTP/2 with prior knowledge on a plain connection (h2c, an http://
-    /// endpoint). libcurl 7.88.1 fails a second transfer on such a
-    /// connection (curl#10634, fixed in 8.0.0), so each try has a connection
-    /// of its own, closed after it (docs/plans/http2.md, §4).
+    /// endpoint): the proxy's own HTTP/2 client.
     case h2PriorKnowledge
 
     public init(_ protocol: UpstreamProtocol, origin: String) {

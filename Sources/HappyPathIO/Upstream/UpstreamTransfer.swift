@@ -123,15 +123,10 @@ public final class UpstreamTransfer {
 
     /// The write callback paused the transfer for a slow client.
     func pauseStarted() {
-        guard !paused else { return }
         paused = true
-        if handle.httpVersion != .http1 { client.http2PauseChanged?(1) }
     }
 
-    func pauseEnded() {
-        paused = false
-        if handle.httpVersion != .http1 { client.http2PauseChanged?(-1) }
-    }
+    func pauseEnded() { paused = false }
 }
 
 // MARK: - Reading the response (libcurl's header and write callbacks)

@@ -21,9 +21,8 @@ extension UpstreamTransfer: UpstreamTry {
     public func cancel() { client.cancel(self) }
 }
 
-/// A loop's upstream clients: libcurl for HTTP/1.1 (and what the HTTP/2
-/// client cannot carry yet), the proxy's own HTTP/2 client for `protocol:
-/// h2` upstreams that ask for it. `start` picks by the request.
+/// A loop's upstream clients: libcurl for HTTP/1.1, the proxy's own HTTP/2
+/// client for `protocol: h2` upstreams. `start` picks by the request.
 public final class UpstreamTransports {
     public let curl: UpstreamClient
     public let h2: HTTP2UpstreamClient
@@ -34,9 +33,7 @@ public final class UpstreamTransports {
     }
 
     public func start(_ request: UpstreamRequest, handler: UpstreamResponseHandler) -> any UpstreamTry {
-        if request.h2Client, request.httpVersion != .http1, h2.carries(request) {
-            return h2.start(request, handler: handler)
-        }
+        if request.httpVersion != .http1 { return h2.start(request, handler: handler) }
         return curl.start(request, handler: handler)
     }
 

@@ -181,7 +181,7 @@ final class AdminServer: HTTPServerDelegate {
         shared.metrics.eventSubscribersDropped(shared.events.dropped.load(ordering: .relaxed))
         let now = clock.now()
         for g in shared.guards { shared.metrics.concurrency(upstream: g.name, g.concurrencyReading) }
-        for (g, u) in zip(shared.guards, runtime.upstreams) where u.h2Client {
+        for (g, u) in zip(shared.guards, runtime.upstreams) where u.speaksH2 {
             shared.metrics.h2Client(upstream: g.name, g.h2Counters)
         }
         for g in shared.guards where g.pacing != nil {
@@ -197,7 +197,7 @@ final class AdminServer: HTTPServerDelegate {
             body: shared.metrics.exposition(
                 bodies: shared.bodies, connections: shared.connections, tunnels: shared.tunnels.current,
                 http2: (shared.http2Connections.current, shared.http2Streams.current),
-                pausedHTTP2: shared.pausedHTTP2.current, parkedLimit: runtime.configuration.limits.maxParked,
+                parkedLimit: runtime.configuration.limits.maxParked,
                 memory: shared.memoryReading))
     }
 
@@ -467,7 +467,7 @@ final class AdminServer: HTTPServerDelegate {
                     pausedFor: guardian.pausedFor(at: now), pausedClients: guardian.clientPauses(at: now).count))
             // What an operator needs beyond it: when an ejection ends, drains,
             // a forced breaker, the pause's reason, the last health check.
-            operatorView(of: guardian, h2Client: upstream.h2Client, into: &upstreams[upstreams.count - 1], at: now)
+            operatorView(of: guardian, h2Client: upstream.speaksH2, into: &upstreams[upstreams.count - 1], at: now)
         }
         var snapshot = AdminSnapshot(
             takenAt: Date(), ready: ready.value.load(ordering: .relaxed), inFlight: shared.inFlight.current,

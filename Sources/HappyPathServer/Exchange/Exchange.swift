@@ -389,10 +389,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
             connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream,
             replacingAlso: isGRPC ? tryTimeout(at: worker.clock.now()) : nil)
-        if upstream.h2Client {
-            request.h2Client = true
-            request.h2Counters = guardian.h2Counters
-        }
+        if upstream.speaksH2 { request.h2Counters = guardian.h2Counters }
         return worker.transports.start(request, handler: handler)
     }
 

@@ -68,8 +68,6 @@ enum MetricHelp {
         "happypath_tls_handshake_failures_total": "TLS handshakes that failed, by reason.",
         "happypath_tls_certificate_expiry_seconds": "When each listener certificate expires, as Unix time in seconds.",
         "happypath_tunnels_open": "WebSocket (upgrade) tunnels open now.",
-        "happypath_upstream_h2_paused_transfers":
-            "HTTP/2 upstream transfers paused for a slow client now; each may hold up to 32 MiB inside libcurl.",
         "happypath_upstream_h2_connections":
             "Connections the proxy's own HTTP/2 client (protocol: h2) holds to the upstream now, all workers and the health checks.",
         "happypath_upstream_h2_streams": "Streams open on those connections now.",

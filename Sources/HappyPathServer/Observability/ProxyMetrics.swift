@@ -63,11 +63,10 @@ final class ProxyMetrics: Sendable {
     /// Prometheus text exposition format.
     /// The text format; gauges that are read rather than kept (the body
     /// budget) are set just before.
-    /// `http2`: HTTP/2 connections and streams open in the process now;
-    /// `pausedHTTP2`: HTTP/2 upstream transfers paused for a slow client.
+    /// `http2`: HTTP/2 connections and streams open in the process now.
     func exposition(
         bodies: BodyBudget, connections: ConnectionBudget, tunnels: Int = 0, http2: (connections: Int, streams: Int) = (0, 0),
-        pausedHTTP2: Int = 0, parkedLimit: Int? = nil, memory: MemoryReading? = nil
+        parkedLimit: Int? = nil, memory: MemoryReading? = nil
     ) -> String {
         if let memory {
             for (pool, bytes) in memory.pools { gauge("happypath_memory_bytes", [("pool", pool)]).record(bytes) }
@@ -81,7 +80,6 @@ final class ProxyMetrics: Sendable {
         gauge("happypath_tunnels_open", []).record(tunnels)
         gauge("happypath_http2_connections", []).record(http2.connections)
         gauge("happypath_http2_streams_open", []).record(http2.streams)
-        gauge("happypath_upstream_h2_paused_transfers", []).record(pausedHTTP2)
         gauge("happypath_buffered_body_bytes", []).record(bodies.current)
         gauge("happypath_buffered_body_bytes_limit", []).record(bodies.limit)
         gauge("happypath_client_connections", []).record(connections.current)

@@ -93,10 +93,7 @@ final class HealthChecker: LoopEventTarget {
                 headers: HeaderBlock([userAgent]), body: .empty, sendsBody: false,
                 connectTimeout: min(timeout, upstream.connectTimeout), idleTimeout: timeout, tls: upstream.tls,
                 connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion)
-            if upstream.h2Client, u < shared.guards.count {
-                request.h2Client = true
-                request.h2Counters = shared.guards[u].h2Counters
-            }
+            if upstream.speaksH2, u < shared.guards.count { request.h2Counters = shared.guards[u].h2Counters }
             if let grpc = settings.grpc {
                 // A unary call (gRPC over HTTP/2): POST, framed body, and `te: trailers`, which gRPC servers require.
                 request.target = endpoint.basePath + GRPCHealthCheck.path

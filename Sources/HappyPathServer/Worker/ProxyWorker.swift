@@ -99,8 +99,6 @@ final class ProxyWorker: HTTPServerDelegate {
                 limits: HTTP2ClientLimits(maxHeadBytes: limits.maxHeaderBytes, maxHeadFields: limits.maxHeaders),
                 maxConnectionsPerEndpoint: caps.perHost))
         transports.h2.memory = shared.connectionMemory.upstreamH2
-        // Weak: the worker owns its client (whose shutdown may run as the worker goes).
-        client.http2PauseChanged = { [weak self] in self?.shared.pausedHTTP2.add($0) }
         for listener in listeners {
             var serverLimits = HTTPServerLimits(
                 maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,

@@ -203,8 +203,6 @@ final class RuntimeUpstream: Sendable {
     let tls: UpstreamTLS?
     /// `protocol: h2`: a client's `TE: trailers` is passed on (gRPC servers need it).
     let speaksH2: Bool
-    /// `h2_client: nghttp2` (the default): `protocol: h2` tries go on the proxy's own HTTP/2 client.
-    let h2Client: Bool
     /// `adaptive_concurrency:` (nil: the limit is `max_connections`).
     let adaptiveConcurrency: AdaptiveConcurrencySettings?
 
@@ -215,7 +213,6 @@ final class RuntimeUpstream: Sendable {
     init(_ upstream: Upstream, policies: ResolvedPolicies) {
         name = upstream.name
         speaksH2 = upstream.protocol == .h2
-        h2Client = upstream.h2Client == .nghttp2
         let serverName = upstream.tls?.serverName
         endpoints = upstream.endpoints.map { Endpoint($0, serverName: serverName, protocol: upstream.protocol) }
         tls = upstream.tls.map {

@@ -27,9 +27,6 @@ final class SharedState: @unchecked Sendable {
     /// (`happypath_http2_connections`, `happypath_http2_streams_open`).
     let http2Connections: InFlightCount
     let http2Streams: InFlightCount
-    /// HTTP/2 upstream transfers paused for a slow client, on every worker
-    /// (`happypath_upstream_h2_paused_transfers`).
-    let pausedHTTP2: InFlightCount
     /// Request bodies held in memory (`limits.max_buffered_bytes`).
     let bodies: BodyBudget
     /// Each client's share of `bodies` (`limits.max_buffered_per_client`).
@@ -82,7 +79,6 @@ final class SharedState: @unchecked Sendable {
         tunnels = previous?.tunnels ?? InFlightCount()
         http2Connections = previous?.http2Connections ?? InFlightCount()
         http2Streams = previous?.http2Streams ?? InFlightCount()
-        pausedHTTP2 = previous?.pausedHTTP2 ?? InFlightCount()
         // The same for the body budget: bodies held now stay counted.
         bodies = previous?.bodies ?? BodyBudget(limit: runtime.configuration.limits.maxBufferedBytes)
         bodies.limit = runtime.configuration.limits.maxBufferedBytes

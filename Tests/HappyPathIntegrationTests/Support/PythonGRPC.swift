@@ -32,9 +32,6 @@ enum PythonGRPC {
     /// with `upstream` added to its mapping) and `routes` (YAML list items,
     /// already indented by two), with `limits` if any.
     static func proxy(port: Int, upstream: String = "", limits: String? = nil, routes: String) throws -> ProxyHarness {
-        // HAPPYPATH_TEST_H2_CLIENT=libcurl runs the gRPC suites on libcurl's HTTP/2 (the default is the proxy's own).
-        let own = upstream.contains("h2_client")
-        let upstream = upstream + (own ? "" : h2Client.map { ", h2_client: \($0)" } ?? "")
         return try ProxyHarness(
             """
             listen: 127.0.0.1:0
@@ -46,8 +43,6 @@ enum PythonGRPC {
             """)
     }
 
-    /// `h2_client` for the gRPC suites' upstream (nil: the default).
-    static let h2Client: String? = ProcessInfo.processInfo.environment["HAPPYPATH_TEST_H2_CLIENT"]
 
     /// The virtual environment's python, made (with `packages`) if missing.
     static func python() throws -> String {
