@@ -91,6 +91,52 @@ import Testing
         #expect(try HTTP.request(port: port, "/ok").status == 200, sourceLocation: sourceLocation)
     }
 
+    /// A 64 MiB answer from an HTTP/2 upstream to a client that stops
+    /// reading after its head (nothing read ahead): the proxy's own HTTP/2
+    /// client holds at most the stream's 64 KiB window of it
+    /// (`happypath_memory_bytes{pool="upstream_h2"}`), the resident memory
+    /// grows by far less than the answer (the bar: 16 MiB), and the answer
+    /// arrives whole once the client reads.
+    @Test(.disabled(if: OverloadAttackTests.plainOnce, "the bound is checked by the address sanitizer's pass"))
+    func a64MiBStreamToAStalledClientStaysWithinItsWindow() throws {
+        let (up, _, certificates) = try UpstreamHTTP2Tests.upstream()
+        let serve = try ServeProcess(
+            config: """
+                listen: 127.0.0.1:0
+                admin: { listen: 127.0.0.1:0 }
+                workers: 1
+                limits: { client_timeout: 60s, read_ahead: 0 }
+                upstreams:
+                  u: { endpoints: [http://127.0.0.1:\(up.plainPort)], protocol: h2 }
+                routes:
+                  - { match: { path_prefix: / }, upstream: u, timeout: 60s }
+                """, logLevel: "info", plain: true)
+        let port = try #require(serve.listeningPort())
+        let admin = AdminProbe(port: try #require(serve.adminPort()))
+        #expect(try HTTP.request(port: port, "/warm?size=100000").body.count == 100_000)
+        let before = serve.residentBytes
+        let size = 64 << 20
+        let c = try TestConnection(port: port, timeout: 60, receiveBuffer: 16 * 1024)
+        try c.send("GET /big?size=\(size) HTTP/1.1\r\nHost: x\r\n\r\n")
+        let pool = #"happypath_memory_bytes{pool="upstream_h2"}"#
+        #expect(waitUntil("the stream to hold bytes for the stalled client") { try admin.metric(pool) > 0 })
+        var last = serve.residentBytes
+        _ = eventually(10) {
+            usleep(500_000)
+            let now = serve.residentBytes
+            defer { last = now }
+            return now - last < 256 << 10
+        }
+        let grown = serve.residentBytes - before
+        if serve.isPlain { #expect(grown < 16 << 20, "resident memory grew by \(grown >> 10) KiB for a stalled 64 MiB answer") }
+        #expect(try admin.metric(pool) <= 64 * 1024)
+        let r = try c.readResponse()
+        #expect(r.status == 200)
+        #expect(r.body.count == size)
+        print("a stalled 64 MiB answer: resident memory grew by \(grown >> 10) KiB")
+        withExtendedLifetime(certificates) {}
+    }
+
     /// 50 stalled streams kept "moving" by a 1-byte WINDOW_UPDATE every
     /// second to each that has bytes coming: progress counts only in whole
     /// KiB, so all are reset CANCEL within two `client_timeout`s (2 s here),
