@@ -71,6 +71,11 @@ struct OverloadAttackTests {
     /// would hold) and a read-ahead of 256 KiB: past the read-ahead each
     /// slow answer leaves the limit for the upstream's streams, and the
     /// fast clients are served (the issue measured 0 of 8 answered in 10 s).
+    /// `max_streams` is split between the workers like the limit, and the
+    /// kernel may give one worker 5 or 6 of the readers: 12 (6 a worker)
+    /// lets every reader's answer stream whichever worker has it (with 8,
+    /// 4 a worker, a fifth reader on one worker kept its slot: a flake about
+    /// one run in four). A reader the limit sheds while it learns comes back.
     @Test(.disabled(if: plainOnce, "run by the address sanitizer's pass"))
     func slowReadersDoNotHoldTheSlots() throws {
         let h = try AttackStack(
@@ -79,7 +84,7 @@ struct OverloadAttackTests {
             admin: { listen: 127.0.0.1:0 }
             limits: { read_ahead: 256KiB }
             upstreams:
-              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 2, initial_limit: 6, max_limit: 6, max_streams: 8 } }
+              demo: { endpoints: [{{DEMO}}], adaptive_concurrency: { min_limit: 2, initial_limit: 6, max_limit: 6, max_streams: 12 } }
             routes:
               - { match: { path_prefix: / }, upstream: demo, retry: { attempts: 1 }, timeout: 10s }
             """)
@@ -87,8 +92,12 @@ struct OverloadAttackTests {
         let readers = SlowReaders(port: h.port, count: 6, target: "/bytes?n=67108864")
         defer { readers.stop() }
         // (A loaded AddressSanitizer run took more than 10 s to get six 64 MiB answers streaming.)
-        waitUntil("six answers streaming apart from the limit", timeout: 30) {
+        let streaming = waitUntil("six answers streaming apart from the limit", timeout: 30) {
             try admin.metric("happypath_upstream_streaming{upstream=\"demo\"}") == 6
+        }
+        if !streaming {
+            let m = try admin.metrics().filter { $0.key.contains("upstream=\"demo\"") && !$0.key.contains("_bucket") }
+            Issue.record("the upstream's series: \(m.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" })")
         }
         let fast = Crowd(port: h.port, clients: 4, target: "/ok")
         waitUntil("400 fast requests", timeout: 30) { fast.total >= 400 }
@@ -184,9 +193,20 @@ final class SlowReaders: Sendable {
         for _ in 0..<count {
             let thread = Thread { [self] in
                 defer { running.subtract(1, ordering: .relaxed) }
-                guard let c = try? TestConnection(port: port, timeout: 30, receiveBuffer: 16 << 10) else { return }
-                try? c.send("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 var chunk = [UInt8](repeating: 0, count: 8 << 10)
+                // A refusal (the limit shedding while it learns) is asked again, as a client would.
+                var connection: TestConnection?
+                while connection == nil, !stopping.load(ordering: .relaxed) {
+                    guard let c = try? TestConnection(port: port, timeout: 30, receiveBuffer: 16 << 10) else { return }
+                    try? c.send("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    let n = recv(c.fd, &chunk, 12, Int32(MSG_WAITALL))
+                    if n == 12, String(decoding: chunk[0..<12], as: UTF8.self) == "HTTP/1.1 200" {
+                        connection = c
+                    } else {
+                        Thread.sleep(forTimeInterval: 0.1)
+                    }
+                }
+                guard let c = connection else { return }
                 while !stopping.load(ordering: .relaxed) {
                     if recv(c.fd, &chunk, chunk.count, 0) <= 0 { return }
                     // The reader's pace: 8 KiB a second, in tenths.

@@ -78,10 +78,11 @@ public struct HTTP2FloodGuard: Sendable {
         }
         let elapsed = now - last
         guard elapsed > .zero else { return }
-        // Whole milliseconds at most 10 s (a bucket is full long before).
+        // Whole milliseconds, the rest kept for the next refill; past 10 s
+        // every bucket is full long before, and the clock starts afresh.
         let ms = Int(min(elapsed, .seconds(10)).nanoseconds / 1_000_000)
         guard ms > 0 else { return }
-        self.last = now
+        self.last = elapsed >= .seconds(10) ? now : last + .milliseconds(ms)
         for i in milliTokens.indices {
             milliTokens[i] = min(table[i].burst * 1000, milliTokens[i] + table[i].perSecond * ms)
         }

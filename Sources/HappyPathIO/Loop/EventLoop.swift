@@ -36,6 +36,8 @@ public final class EventLoop: @unchecked Sendable {
     fileprivate var eventPool: [LoopEvent] = []
     /// `LoopTimer`s armed and not yet fired: the loop owns them until then.
     fileprivate var armedTimers: [ObjectIdentifier: LoopTimer] = [:]
+    /// libevent's asynchronous resolver on this loop (`resolver()`).
+    private var dnsBase: OpaquePointer?
 
     /// Process-wide setup, once, before any loop or thread exists: libevent
     /// locking (for `event_active` across threads), curl's globals, SIGPIPE.
@@ -77,7 +79,21 @@ public final class EventLoop: @unchecked Sendable {
         eventPool.removeAll()
         armedTimers.removeAll()
         if let wakeEvent { event_free(wakeEvent) }
+        if let dnsBase { evdns_base_free(dnsBase, 0) }
         event_base_free(base)
+    }
+
+    /// libevent's asynchronous resolver on this loop (nameservers from
+    /// /etc/resolv.conf, names from /etc/hosts), made on first use (the
+    /// HTTP/2 client's first endpoint named by a host); it holds no socket
+    /// while nothing is asked. It lives as long as the loop: a cancelled
+    /// lookup's callback runs on a later pass and locks the resolver, so
+    /// no client on the loop may free it. On the loop's thread.
+    func resolver() -> OpaquePointer? {
+        if dnsBase == nil {
+            dnsBase = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE)
+        }
+        return dnsBase
     }
 
     /// After `stop()` and `join()`: drops the idle pooled timers and cancels

@@ -43,17 +43,9 @@ public final class HTTP2UpstreamClient {
     private var soonFlushes: [HTTP2UpstreamConnection] = []
     private var soonEvent: OpaquePointer?
     private var isShutDown = false
-    /// libevent's asynchronous resolver on this loop (nameservers from
-    /// /etc/resolv.conf, names from /etc/hosts), made when a first endpoint
-    /// names a host; it holds no socket while nothing is asked.
-    private var dns: OpaquePointer?
-
-    func resolver() -> OpaquePointer? {
-        if dns == nil, !isShutDown {
-            dns = evdns_base_new(loop.base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE)
-        }
-        return dns
-    }
+    /// The loop's resolver (`EventLoop.resolver`: it outlives this client,
+    /// whose cancelled lookups still call back on a later pass).
+    func resolver() -> OpaquePointer? { isShutDown ? nil : loop.resolver() }
 
     public init(
         loop: EventLoop, clock: @escaping () -> Instant, limits: HTTP2ClientLimits = HTTP2ClientLimits(),
@@ -111,9 +103,6 @@ public final class HTTP2UpstreamClient {
         isShutDown = true
         for pool in pools.values { pool.shutdown() }
         pools.removeAll()
-        // After the pools: a connection still resolving was cancelled by its close.
-        if let dns { evdns_base_free(dns, 1) }
-        dns = nil
         soonStreams.removeAll()
         soonFlushes.removeAll()
         if let soonEvent { event_free(soonEvent) }

@@ -155,6 +155,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         case .done:
             watchWrite(false)
             perform(machine.handshakeDone(at: pool.client.clock()))
+            // The server's first frames may have come with its last handshake flight.
+            if tls.pending, !machine.isClosed { event_active(readEvent, Int32(EV_READ), 0) }
         case .wantRead: watchWrite(false)
         case .wantWrite: watchWrite(true)
         case let .failed(why): perform(machine.handshakeFailed(why))
@@ -290,8 +292,13 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
                 event_active(readEvent, Int32(EV_READ), 0)
             }
         }
-        if tls?.readWantsWrite ?? false { watchWrite(true) }
         flush()
+        if tls?.readWantsWrite ?? false {
+            // The session must write before it reads on (a TLS 1.3 key update,
+            // the send buffer full): no read event until the socket takes bytes.
+            event_del(readEvent)
+            watchWrite(true)
+        }
     }
 
     fileprivate func writable() {
@@ -303,7 +310,10 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             return error == 0 ? connected() : connectFailed(error)
         }
         if isHandshaking { return stepHandshake() }
-        if tls?.readWantsWrite ?? false { return readable() }
+        if tls?.readWantsWrite ?? false {
+            event_add(readEvent, nil)
+            return readable()
+        }
         flush()
     }
 
@@ -381,7 +391,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
             outputSent += n
             if n < pending { break }
         }
-        watchWrite(output.count > outputSent)
+        watchWrite(output.count > outputSent || (tls?.readWantsWrite ?? false))
         if !session.wantsRead, !session.wantsWrite, output.count == outputSent {
             let why = session.floodReason ?? session.brokenReason
             perform(machine.failed(why.map { .protocolError($0) } ?? .peerClosed("the session ended")))

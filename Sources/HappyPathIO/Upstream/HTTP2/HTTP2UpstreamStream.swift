@@ -336,7 +336,10 @@ public final class HTTP2UpstreamStream: UpstreamTry {
             return
         }
         guard !held.isEmpty else { return }
-        let taken = held.withUnsafeBytes { handler?.upstreamBody($0) ?? true }
+        // A copy of the reference (no bytes copied): a handler that ends the
+        // try meanwhile lets go of `held` without touching what it reads.
+        let chunk = held
+        let taken = chunk.withUnsafeBytes { handler?.upstreamBody($0) ?? true }
         let n = held.count
         switch machine.heldDelivered(taken: taken) {
         case .consume:
