@@ -136,6 +136,7 @@ extension Reader {
                             + " protocol: h2, as gRPC runs over HTTP/2; set protocol: h2 on the upstream")
                 }
             }
+            config.ignoredH2Clients = ignoredH2Clients
             if config.upstreams.isEmpty && errors.isEmpty { error(ups.value, "upstreams: define at least one upstream") }
         } else {
             error(root, "missing 'upstreams': define at least one upstream service")

@@ -10,7 +10,7 @@ extension ConfigLoader {
     /// built) is read and ignored: `protocol: h2` is always the proxy's own.
     public static func upstreamWarnings(_ config: Configuration) -> [String] {
         config.upstreams.compactMap { u in
-            guard let given = u.ignoredH2Client else { return nil }
+            guard let given = config.ignoredH2Clients[u.name] else { return nil }
             return "upstreams.\(u.name).h2_client: \(given) is ignored: protocol: h2 always uses the proxy's own"
                 + " HTTP/2 client now (libcurl carries HTTP/1.1 only); delete the key"
         }
@@ -112,7 +112,7 @@ extension Reader {
         }
         if let p = choice(f["protocol"]?.value, "\(path).protocol", UpstreamProtocol.self) { u.protocol = p }
         // Read and ignored (`upstreamWarnings`): a file written for the transition still loads.
-        if let c = f["h2_client"]?.value { u.ignoredH2Client = string(c, "\(path).h2_client") }
+        if let c = f["h2_client"]?.value { ignoredH2Clients[name] = string(c, "\(path).h2_client") }
         if let a = f["adaptive_concurrency"]?.value {
             u.adaptiveConcurrency = adaptiveConcurrency(a, "\(path).adaptive_concurrency")
             if let limit = u.adaptiveConcurrency?.limit, !u.endpoints.isEmpty,

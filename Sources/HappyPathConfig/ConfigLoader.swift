@@ -139,6 +139,8 @@ final class Reader {
     let file: String
     let environment: [String: String]
     var errors: [ConfigError] = []
+    /// `upstreams.NAME.h2_client` as written, by upstream (`Configuration.ignoredH2Clients`).
+    var ignoredH2Clients: [String: String] = [:]
     /// The top level's `http2:` once read: what a listener's own `http2:` keys go over.
     var topHTTP2: HTTP2Configuration? = HTTP2Configuration()
 

@@ -8,6 +8,11 @@ import HappyPathPolicies
 public struct Configuration: Sendable {
     /// The file this came from, for messages and `/admin/state`.
     public var source: String
+    /// `upstreams.NAME.h2_client` as written, by upstream (read and ignored:
+    /// `protocol: h2` always uses the proxy's own HTTP/2 client; `happypath
+    /// check` warns). Kept out of `Upstream`, so deleting the key is no
+    /// change to the upstream on a reload.
+    public var ignoredH2Clients: [String: String] = [:]
     /// Every listener, in file order (at least one): plain HTTP, or TLS.
     public var listeners: [Listener]
     /// The first listener's address (a single `listen: HOST:PORT`).
@@ -174,9 +179,6 @@ public struct Upstream: Sendable, Equatable {
     public var tls: UpstreamTLSSettings?
     /// `protocol:` HTTP/1.1 (the default) or HTTP/2 to the endpoints.
     public var `protocol`: UpstreamProtocol = .http1
-    /// `h2_client:` as written, if it was (ignored: `protocol: h2` always
-    /// uses the proxy's own HTTP/2 client; `happypath check` warns of it).
-    public var ignoredH2Client: String?
     /// `adaptive_concurrency:` (nil: the limit of tries in flight is `max_connections`).
     public var adaptiveConcurrency: AdaptiveConcurrencySettings?
     /// Its health check is gRPC's because it serves gRPC routes and its

@@ -44,7 +44,7 @@ import Testing
     ] as [(String, String, String?)])
     func theH2ClientKeyIsIgnoredWithAWarning(endpoint: String, setting: String, given: String?) throws {
         let c = try ConfigLoader.parse(Self.yaml(endpoint, setting), file: "f.yaml", environment: [:])
-        #expect(c.upstreams[0].ignoredH2Client == given)
+        #expect(c.ignoredH2Clients["api"] == given)
         let warnings = ConfigLoader.upstreamWarnings(c)
         #expect(warnings == (given.map {
             ["upstreams.api.h2_client: \($0) is ignored: protocol: h2 always uses the proxy's own HTTP/2 client now (libcurl carries HTTP/1.1 only); delete the key"]
@@ -56,5 +56,14 @@ import Testing
         let a = try ConfigLoader.parse(Self.yaml("https://127.0.0.1:9443", ""), file: "f.yaml", environment: [:])
         let b = try ConfigLoader.parse(Self.yaml("https://127.0.0.1:9443", ", protocol: h2"), file: "f.yaml", environment: [:])
         #expect(a.upstreams[0] != b.upstreams[0])
+    }
+
+    /// Deleting the ignored `h2_client`, as its warning asks, changes nothing
+    /// on a reload: the upstream keeps its breaker, budget and pools.
+    @Test func deletingTheIgnoredH2ClientIsNoChange() throws {
+        let a = try ConfigLoader.parse(
+            Self.yaml("http://127.0.0.1:9000", ", protocol: h2, h2_client: nghttp2"), file: "f.yaml", environment: [:])
+        let b = try ConfigLoader.parse(Self.yaml("http://127.0.0.1:9000", ", protocol: h2"), file: "f.yaml", environment: [:])
+        #expect(a.upstreams[0] == b.upstreams[0])
     }
 }

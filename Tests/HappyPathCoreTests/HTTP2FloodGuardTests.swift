@@ -48,7 +48,7 @@ import Testing
         #expect(ok == 3000)
         var flood = HTTP2FloodGuard()
         #expect(Self.passed(&flood, .settings, 10_000, at: Self.at(ms: 5)) == HTTP2FloodGuard.bounds[.settings]!.burst)
-        #expect(HTTP2FloodGuard.reason(.settings).contains("SETTINGS frames than 100 at once and 10 a second"))
+        #expect(HTTP2FloodGuard().reason(.settings).contains("SETTINGS frames than 100 at once and 10 a second"))
     }
 
     /// A clock that goes back (or stands still) adds nothing.

@@ -88,9 +88,9 @@ public struct HTTP2FloodGuard: Sendable {
         }
     }
 
-    /// Why the connection ends, for a kind past its bound.
-    public static func reason(_ kind: Kind) -> String {
-        let b = bounds[kind] ?? Bound(burst: 0, perSecond: 0)
+    /// Why the connection ends, for a kind past its bound (this guard's bound).
+    public func reason(_ kind: Kind) -> String {
+        let b = table[kind.rawValue]
         return "the upstream sent more \(kind.words) than \(b.burst) at once and \(b.perSecond) a second (a flood): ended with GOAWAY ENHANCE_YOUR_CALM"
     }
 }

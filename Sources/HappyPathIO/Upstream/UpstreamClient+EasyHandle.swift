@@ -218,12 +218,12 @@ extension UpstreamClient {
     }
 
     func apply(_ tls: UpstreamTLS?, to handle: EasyHandle) {
-        Self.apply(tls, to: handle.easy, defaultCA: defaultCA)
+        Self.apply(tls, to: handle.easy, defaultCA: Self.libcurlDefaultCA)
         handle.tls = tls
     }
 
     /// An upstream's `tls` on a handle. A handle that served another
-    /// upstream gets libcurl's own CAs back (`defaultCA`); a fresh one
+    /// upstream gets libcurl's own CAs back (`libcurlDefaultCA`); a fresh one
     /// (nil) has them already.
     static func apply(
         _ tls: UpstreamTLS?, to easy: UnsafeMutableRawPointer, defaultCA: (file: String?, path: String?)?

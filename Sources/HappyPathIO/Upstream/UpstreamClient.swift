@@ -50,9 +50,6 @@ public final class UpstreamClient {
         return url
     }
 
-    /// libcurl's own CA file and folder (what a handle without `tls.ca` uses).
-    lazy var defaultCA: (file: String?, path: String?) = Self.libcurlDefaultCA
-
     /// libcurl's own CA file and folder, asked once per process (the
     /// proxy's HTTP/2 client uses them too).
     static let libcurlDefaultCA: (file: String?, path: String?) = {

@@ -36,9 +36,6 @@ struct HTTP2ClientReceiveResult {
     var goaway: Int32?
     /// The server acknowledged a PING of ours.
     var pingAcked = false
-    /// The server flooded the connection (`HTTP2FloodGuard`): it is ending
-    /// with GOAWAY ENHANCE_YOUR_CALM; why.
-    var flood: String?
 }
 
 /// A client `nghttp2_session` with no I/O, the mirror of the edge's
@@ -75,11 +72,11 @@ final class HTTP2ClientSession {
     var closedStreams = 0
     var current = HTTP2ClientReceiveResult()
     /// Frames that cost work without moving a response, bounded per connection.
-    var floodGuard = HTTP2FloodGuard()
-    /// A flood was found (why): nothing more is read from this session.
-    private(set) var floodReason: String?
-    /// nghttp2 sent GOAWAY with an error (the server broke the protocol): why.
-    var brokenReason: String?
+    private var floodGuard = HTTP2FloodGuard()
+    /// Why the proxy ended the connection on the server's fault: a flood
+    /// (then nothing more is read), or a protocol error nghttp2 answered
+    /// with GOAWAY.
+    private(set) var endReason: String?
     private(set) var fatalError: HTTP2SessionError?
     /// The driver's clock reading for this turn (set before `receive` and
     /// `produce`): what the callbacks stamp on streams that moved.
@@ -137,7 +134,7 @@ final class HTTP2ClientSession {
         var result = current
         current = HTTP2ClientReceiveResult()
         // A flood stops the read (a callback failure); the GOAWAY is still to be written.
-        if result.flood != nil { return result }
+        if endReason != nil { return result }
         if n < 0 {
             fatalError = HTTP2SessionError(code: n)
             result.error = fatalError
@@ -255,7 +252,6 @@ final class HTTP2ClientSession {
 
     /// A PING (sent by the next `produce`).
     func ping() { nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil) }
-
 }
 
 // MARK: - Callbacks
@@ -309,10 +305,10 @@ extension HTTP2ClientSession {
             guard let frame, let session = HTTP2ClientSession.session(userData) else { return 0 }
             // nghttp2 ended the session on a connection error of the server's (a window overflow, a bad frame).
             if UInt32(frame.pointee.hd.type) == NGHTTP2_GOAWAY.rawValue, frame.pointee.goaway.error_code != 0,
-                session.floodReason == nil
+                session.endReason == nil
             {
                 let code = HTTP2UpstreamStream.codeName(frame.pointee.goaway.error_code)
-                session.brokenReason = "the upstream broke the HTTP/2 protocol (\(code)): the proxy ended the connection"
+                session.endReason = "the upstream broke the HTTP/2 protocol (\(code)): the proxy ended the connection"
             }
             guard let stream = session.streams[frame.pointee.hd.stream_id] else { return 0 }
             switch UInt32(frame.pointee.hd.type) {
@@ -342,7 +338,7 @@ extension HTTP2ClientSession {
     /// A frame from the server begins: false when it is past a flood bound
     /// (the session ends with GOAWAY ENHANCE_YOUR_CALM; `mem_recv` stops).
     func frameBegins(_ hd: nghttp2_frame_hd) -> Bool {
-        if floodReason != nil { return false }
+        if endReason != nil { return false }
         let ack = hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0
         let kind: HTTP2FloodGuard.Kind
         switch UInt32(hd.type) {
@@ -355,8 +351,7 @@ extension HTTP2ClientSession {
         default: return true
         }
         if floodGuard.frame(kind, at: now) { return true }
-        floodReason = HTTP2FloodGuard.reason(kind)
-        current.flood = floodReason
+        endReason = floodGuard.reason(kind)
         nghttp2_session_terminate_session(session, NGHTTP2_ENHANCE_YOUR_CALM.rawValue)
         return false
     }

@@ -19,7 +19,7 @@ struct HTTP2Endpoint {
     let limits: HTTP2ClientLimits
     /// https://: the upstream's `tls` settings (nil: verify with the default CAs).
     let tls: UpstreamTLS?
-    let isTLS: Bool
+    var isTLS: Bool { scheme == "https" }
     /// The origin's host (SNI and the certificate's name), whatever connect-to says.
     let host: String
 
@@ -49,7 +49,6 @@ struct HTTP2Endpoint {
         self.authority = authority
         connectTimeout = request.connectTimeout
         self.limits = limits
-        isTLS = scheme == "https"
         tls = request.tls
         self.host = originHost
     }

@@ -65,11 +65,6 @@ public final class HTTP2UpstreamClient {
         readBuffer.deallocate()
     }
 
-    /// Whether this client carries `request` (an http:// or https:// endpoint).
-    public func carries(_ request: UpstreamRequest) -> Bool {
-        pool(for: request) != nil
-    }
-
     /// Starts a try. Its handler hears nothing before `start` returns.
     public func start(_ request: UpstreamRequest, handler: UpstreamResponseHandler) -> HTTP2UpstreamStream {
         nextTryID &+= 1

@@ -279,7 +279,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
                 perform(machine.goaway())
             }
             afterSession()
-            if let flood = result.flood {
+            if let flood = session.endReason {
                 flush()  // the GOAWAY ENHANCE_YOUR_CALM, best effort
                 return perform(machine.failed(.protocolError(flood)))
             }
@@ -393,8 +393,7 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         }
         watchWrite(output.count > outputSent || (tls?.readWantsWrite ?? false))
         if !session.wantsRead, !session.wantsWrite, output.count == outputSent {
-            let why = session.floodReason ?? session.brokenReason
-            perform(machine.failed(why.map { .protocolError($0) } ?? .peerClosed("the session ended")))
+            perform(machine.failed(session.endReason.map { .protocolError($0) } ?? .peerClosed("the session ended")))
         }
     }
 
