@@ -66,6 +66,11 @@ let package = Package(
 
         .target(name: "HappyPathPolicies", dependencies: ["HappyPathCore"], swiftSettings: hotPath),
 
+        // The admin listener's pure side: the status page, the /admin/state
+        // snapshot and its JSON, the admin API's actions and its access
+        // policy. Read by the server's AdminServer, which does the I/O.
+        .target(name: "HappyPathAdmin", dependencies: ["HappyPathCore", "HappyPathPolicies"], swiftSettings: hotPath),
+
         // MARK: - I/O: the only Swift code that imports C
         .target(
             name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CNghttp2", "CShims", "CTLS"],
@@ -79,7 +84,7 @@ let package = Package(
         .target(
             name: "HappyPathServer",
             dependencies: [
-                "HappyPathCore", "HappyPathConfig", "HappyPathIO", "HappyPathPolicies", "HappyPathStore",
+                "HappyPathCore", "HappyPathConfig", "HappyPathIO", "HappyPathPolicies", "HappyPathAdmin", "HappyPathStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -175,6 +180,7 @@ let package = Package(
         .testTarget(name: "HappyPathIOTests", dependencies: ["HappyPathIO", "CNghttp2"]),
         .testTarget(name: "HappyPathConfigTests", dependencies: ["HappyPathConfig"]),
         .testTarget(name: "HappyPathPoliciesTests", dependencies: ["HappyPathPolicies", "HappyPathCore"]),
+        .testTarget(name: "HappyPathAdminTests", dependencies: ["HappyPathAdmin", "HappyPathPolicies", "HappyPathCore"]),
         .testTarget(
             name: "HappyPathStoreTests", dependencies: ["HappyPathStore", "HappyPathCore", "SmallDisk", "PostgresTestServer"]),
         .testTarget(
@@ -211,7 +217,7 @@ let package = Package(
 // swift-test`). About three minutes less to build on two cores.
 if Context.environment["HAPPYPATH_BUILD"] == "tsan" {
     let singleThreaded: Set<String> = [
-        "HappyPathCoreTests", "HappyPathPoliciesTests", "HappyPathConfigTests", "HappyPathHTTPOracleTests",
+        "HappyPathCoreTests", "HappyPathPoliciesTests", "HappyPathAdminTests", "HappyPathConfigTests", "HappyPathHTTPOracleTests",
         "HappyPathFuzzSeedTests", "HTTP1Framing", "HTTP1Oracle", "FuzzSupport", "FuzzRequestParserHarness",
         "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness", "FuzzOutsideValuesHarness",
         "FuzzConnectionHarness", "FuzzHTTP2Harness", "FuzzRequestParser", "FuzzResponseHead", "FuzzConfig",

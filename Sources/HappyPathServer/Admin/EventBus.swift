@@ -1,4 +1,5 @@
 import Foundation
+import HappyPathAdmin
 import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies

@@ -1,6 +1,7 @@
 import CoreMetrics
 import Foundation
 import HappyPathConfig
+import HappyPathAdmin
 import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies

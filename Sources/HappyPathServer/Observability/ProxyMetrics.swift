@@ -2,6 +2,7 @@ import HappyPathConfig
 import HappyPathIO
 import CoreMetrics
 import Foundation
+import HappyPathAdmin
 import HappyPathCore
 import HappyPathPolicies
 import Metrics

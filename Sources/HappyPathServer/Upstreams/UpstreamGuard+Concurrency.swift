@@ -1,3 +1,4 @@
+import HappyPathAdmin
 import HappyPathCore
 import HappyPathPolicies
 import Synchronization

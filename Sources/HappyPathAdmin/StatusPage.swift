@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathPolicies
 
 /// `GET /status` on the admin listener: an `AdminSnapshot` and the last
 /// events as one HTML page, readable without JavaScript; `/status.js`

@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathPolicies
 
 /// `GET /admin/state`: the snapshot as JSON (docs/operations.md). Times
 /// are ISO 8601 (UTC), the snapshot's wall clock plus a monotonic duration;

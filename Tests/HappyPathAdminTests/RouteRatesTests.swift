@@ -1,4 +1,5 @@
 import HappyPathCore
+import HappyPathAdmin
 import HappyPathPolicies
 import Testing
 

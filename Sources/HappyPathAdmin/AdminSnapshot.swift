@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathPolicies
 
 /// What the admin listener knows at one moment: taken once per
 /// `GET /admin/state` or `GET /status` on the admin loop, from the same

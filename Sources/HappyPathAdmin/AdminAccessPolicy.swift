@@ -1,3 +1,6 @@
+import HappyPathCore
+import HappyPathPolicies
+
 /// What the admin listener refuses because a browser could have been
 /// tricked into sending it (docs/operations.md, "What a browser cannot make
 /// the admin listener do"). Pure: the admin server passes in what the

@@ -1,3 +1,4 @@
+import HappyPathAdmin
 import HappyPathPolicies
 import Testing
 

@@ -1,3 +1,6 @@
+import HappyPathCore
+import HappyPathPolicies
+
 /// `/status.css` and `/status.js`: served by the admin listener beside the
 /// page, so its `Content-Security-Policy` needs no inline style or script.
 /// (The admin listener adds `X-Content-Type-Options: nosniff` and

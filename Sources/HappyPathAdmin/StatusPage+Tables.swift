@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathPolicies
 
 /// The page's routes, deliveries and events sections.
 extension StatusPage {

@@ -1,3 +1,6 @@
+import HappyPathCore
+import HappyPathPolicies
+
 /// What the metrics registry already counts for one route since the
 /// process started, read back from its Prometheus text for the status page
 /// (the request path keeps counting as before; only the page reads).

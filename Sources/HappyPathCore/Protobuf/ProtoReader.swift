@@ -1,5 +1,5 @@
 /// Reading the protobuf wire format, for the small messages the proxy reads
-/// from a peer (a gRPC health answer): `ProtoWriter`'s counterpart. Every
+/// from a peer (a gRPC health answer, the `google.rpc.Status` an upstream sends): `ProtoWriter`'s counterpart. Every
 /// number is bounded before use — a varint is at most ten bytes and fits 64
 /// bits, a field number fits 29 bits, a length never reaches past the
 /// bytes — so any input ends in a field or a `ProtoReadError`, never a trap.

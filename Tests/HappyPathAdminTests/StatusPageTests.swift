@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathCore
+import HappyPathAdmin
 import HappyPathPolicies
 import Testing
 

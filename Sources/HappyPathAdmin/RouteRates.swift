@@ -1,4 +1,5 @@
 import HappyPathCore
+import HappyPathPolicies
 
 /// One route between two readings of its totals: what Prometheus would
 /// compute with `rate()` over the same span, for the status page.
