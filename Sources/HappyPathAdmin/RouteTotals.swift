@@ -2,8 +2,8 @@ import HappyPathCore
 import HappyPathPolicies
 
 /// What the metrics registry already counts for one route since the
-/// process started, read back from its Prometheus text for the status page
-/// (the request path keeps counting as before; only the page reads).
+/// process started, for the status page: read from the values its route
+/// series hold (`RouteReading`), never from the exposition text.
 public struct RouteTotals: Sendable, Equatable {
     public var route: String
     /// Answered requests (`happypath_requests_total`).
@@ -39,91 +39,33 @@ public struct RouteTotals: Sendable, Equatable {
 
     public init(route: String) { self.route = route }
 
-    /// One sample of the text format: `name{label="value",...} value`.
-    public typealias Sample = (name: String, labels: [String: String], value: Double)
-
-    /// The samples of Prometheus text (comments and lines it cannot read are
-    /// passed over). Label values are unescaped (`\\`, `\"`, `\n`).
-    public static func samples(_ text: String) -> [Sample] {
-        var out: [Sample] = []
-        for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-            let series = line[..<space]
-            guard let brace = series.firstIndex(of: "{") else {
-                out.append((String(series), [:], value))
-                continue
-            }
-            guard series.last == "}",
-                let labels = self.labels(series[series.index(after: brace)..<series.index(before: series.endIndex)])
-            else { continue }
-            out.append((String(series[..<brace]), labels, value))
-        }
-        return out
-    }
-
-    /// `a="x",b="y\"z"` as a dictionary; nil when it is not that.
-    static func labels(_ text: Substring) -> [String: String]? {
-        var labels: [String: String] = [:]
-        var i = text.startIndex
-        while i < text.endIndex {
-            guard let eq = text[i...].firstIndex(of: "="), text.index(after: eq) < text.endIndex,
-                text[text.index(after: eq)] == "\""
-            else { return nil }
-            let key = String(text[i..<eq])
-            var value = ""
-            var j = text.index(eq, offsetBy: 2)
-            var closed = false
-            while j < text.endIndex {
-                let c = text[j]
-                if c == "\\", text.index(after: j) < text.endIndex {
-                    j = text.index(after: j)
-                    value.append(text[j] == "n" ? "\n" : text[j])
-                } else if c == "\"" {
-                    closed = true
-                    break
-                } else {
-                    value.append(c)
-                }
-                j = text.index(after: j)
-            }
-            guard closed else { return nil }
-            labels[key] = value
-            i = text.index(after: j)
-            if i < text.endIndex {
-                guard text[i] == "," else { return nil }
-                i = text.index(after: i)
-            }
-        }
-        return labels
-    }
-
-    /// Each route's totals from the registry's text, in `routes` order
-    /// (the configuration's), every route listed even before its first request.
-    public static func read(_ text: String, routes: [String]) -> [RouteTotals] {
+    /// Each route's totals from the values the registry's route series hold
+    /// now (`RouteReading`s, read from the series' own handles), in `routes`
+    /// order (the configuration's), every route listed even before its first
+    /// request. Readings of routes not listed (a route a reload removed) are
+    /// passed over.
+    public static func read(_ readings: [RouteReading], routes: [String]) -> [RouteTotals] {
         var totals = Dictionary(routes.map { ($0, RouteTotals(route: $0)) }, uniquingKeysWith: { first, _ in first })
-        var buckets: [String: [(le: Double, count: Double)]] = [:]
-        for s in samples(text) {
-            guard let route = s.labels["route"], totals[route] != nil else { continue }
-            switch s.name {
-            case "happypath_requests_total":
-                totals[route]!.requests += s.value
-                if s.labels["code"] != "OK" { totals[route]!.errors += s.value }
-            case "happypath_hedges_total":
-                if s.labels["outcome"] == "won" { totals[route]!.hedgesWon += s.value }
-                if s.labels["outcome"] == "lost" { totals[route]!.hedgesLost += s.value }
-            case "happypath_fallback_total":
-                totals[route]!.fallbacks += s.value
-                totals[route]!.fallbacksByKind[s.labels["kind"] ?? "", default: 0] += s.value
-            case "happypath_request_tries_total": totals[route]!.tries += s.value
-            case "happypath_rate_limited_total": totals[route]!.rateLimited += s.value
-            case "happypath_request_duration_seconds_bucket":
-                guard let le = s.labels["le"].flatMap({ $0 == "+Inf" ? .infinity : Double($0) }) else { continue }
-                buckets[route, default: []].append((le, s.value))
-            default: continue
+        var buckets: [String: [Double: Double]] = [:]
+        for r in readings {
+            guard totals[r.route] != nil else { continue }
+            switch r.series {
+            case let .requests(code):
+                totals[r.route]!.requests += r.value
+                if code != "OK" { totals[r.route]!.errors += r.value }
+            case let .hedges(outcome):
+                if outcome == "won" { totals[r.route]!.hedgesWon += r.value }
+                if outcome == "lost" { totals[r.route]!.hedgesLost += r.value }
+            case let .fallbacks(kind):
+                totals[r.route]!.fallbacks += r.value
+                totals[r.route]!.fallbacksByKind[kind, default: 0] += r.value
+            case .tries: totals[r.route]!.tries += r.value
+            case .rateLimited: totals[r.route]!.rateLimited += r.value
+            case let .durationBucket(le): buckets[r.route, default: [:]][le, default: 0] += r.value
             }
         }
-        for (route, list) in buckets {
-            let sorted = list.sorted { $0.le < $1.le }
+        for (route, byBound) in buckets {
+            let sorted = byBound.sorted { $0.key < $1.key }.map { (le: $0.key, count: $0.value) }
             totals[route]!.buckets = sorted.map { Bucket(le: $0.le, count: $0.count) }
             totals[route]!.p50 = quantile(0.5, sorted)
             totals[route]!.p99 = quantile(0.99, sorted)
@@ -137,4 +79,57 @@ public struct RouteTotals: Sendable, Equatable {
         guard let total = buckets.last?.count, total > 0 else { return nil }
         return buckets.first { $0.count >= q * total }?.le
     }
+}
+
+/// One value of a route series, as its handle holds it when the status page
+/// or `/admin/state` is read: a counter's total, or the cumulative count of
+/// `happypath_request_duration_seconds` up to one bucket's bound.
+public struct RouteReading: Sendable, Equatable {
+    /// Which series, by the labels that matter to `RouteTotals`.
+    public enum Series: Sendable, Equatable, Hashable {
+        /// `happypath_requests_total{code}`.
+        case requests(code: String)
+        /// `happypath_request_tries_total`.
+        case tries
+        /// `happypath_hedges_total{outcome}`.
+        case hedges(outcome: String)
+        /// `happypath_fallback_total{kind}` (every reason summed by the reader).
+        case fallbacks(kind: String)
+        /// `happypath_rate_limited_total` (queued and rejected).
+        case rateLimited
+        /// `happypath_request_duration_seconds_bucket{le}`, cumulative;
+        /// `.infinity` for `+Inf`.
+        case durationBucket(le: Double)
+
+        /// The series a family and its labels name, or nil when
+        /// `RouteTotals` does not read that family (or the route is missing).
+        public init?(family: String, labels: [(String, String)]) {
+            func label(_ name: String) -> String? { labels.first { $0.0 == name }?.1 }
+            switch family {
+            case "happypath_requests_total": self = .requests(code: label("code") ?? "")
+            case "happypath_request_tries_total": self = .tries
+            case "happypath_hedges_total": self = .hedges(outcome: label("outcome") ?? "")
+            case "happypath_fallback_total": self = .fallbacks(kind: label("kind") ?? "")
+            case "happypath_rate_limited_total": self = .rateLimited
+            default: return nil
+            }
+        }
+    }
+
+    public var route: String
+    public var series: Series
+    public var value: Double
+
+    public init(route: String, _ series: Series, _ value: Double) {
+        self.route = route
+        self.series = series
+        self.value = value
+    }
+
+    /// The families `RouteTotals` reads (the duration histogram besides).
+    public static let counterFamilies: Set<String> = [
+        "happypath_requests_total", "happypath_request_tries_total", "happypath_hedges_total",
+        "happypath_fallback_total", "happypath_rate_limited_total",
+    ]
+    public static let durationFamily = "happypath_request_duration_seconds"
 }

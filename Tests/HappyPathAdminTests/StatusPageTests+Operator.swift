@@ -144,15 +144,15 @@ import Testing
     }
 
     @Test func readsTriesAndFallbacksByKind() {
-        let text = """
-            happypath_request_tries_total{route="/api/"} 7
-            happypath_fallback_total{route="/api/",kind="stale",reason="timeout"} 1
-            happypath_fallback_total{route="/api/",kind="stale",reason="5xx"} 2
-            happypath_fallback_total{route="/api/",kind="fixed",reason="5xx"} 1
-            happypath_request_duration_seconds_bucket{route="/api/",le="0.005"} 1
-            happypath_request_duration_seconds_bucket{route="/api/",le="+Inf"} 2
-            """
-        let api = RouteTotals.read(text, routes: ["/api/"])[0]
+        let readings = [
+            RouteReading(route: "/api/", .tries, 7),
+            RouteReading(route: "/api/", .fallbacks(kind: "stale"), 1),  // reason timeout
+            RouteReading(route: "/api/", .fallbacks(kind: "stale"), 2),  // reason 5xx
+            RouteReading(route: "/api/", .fallbacks(kind: "fixed"), 1),
+            RouteReading(route: "/api/", .durationBucket(le: 0.005), 1),
+            RouteReading(route: "/api/", .durationBucket(le: .infinity), 2),
+        ]
+        let api = RouteTotals.read(readings, routes: ["/api/"])[0]
         #expect(api.tries == 7)
         #expect(api.fallbacks == 4 && api.fallbacksByKind == ["stale": 3, "fixed": 1])
         #expect(api.buckets == [RouteTotals.Bucket(le: 0.005, count: 1), RouteTotals.Bucket(le: .infinity, count: 2)])

@@ -198,42 +198,55 @@ import Testing
 
     // MARK: - Per route
 
-    static let exposition = """
-        # HELP happypath_requests_total Client requests answered.
-        # TYPE happypath_requests_total counter
-        happypath_requests_total{route="/api/",code="OK"} 8
-        happypath_requests_total{route="/api/",code="UPSTREAM_TIMEOUT"} 2
-        happypath_requests_total{route="/q\\"x",code="OK"} 1
-        happypath_requests_total{route="/gone/",code="OK"} 5
-        happypath_hedges_total{route="/api/",outcome="won"} 3
-        happypath_hedges_total{route="/api/",outcome="lost"} 4
-        happypath_hedges_total{route="/api/",outcome="skipped"} 9
-        happypath_fallback_total{route="/api/",kind="stale",reason="timeout"} 1
-        happypath_fallback_total{route="/api/",kind="fixed",reason="5xx"} 1
-        happypath_rate_limited_total{route="/api/",outcome="rejected"} 6
-        happypath_request_duration_seconds_bucket{route="/api/",le="0.005"} 4
-        happypath_request_duration_seconds_bucket{route="/api/",le="0.01"} 5
-        happypath_request_duration_seconds_bucket{route="/api/",le="2.5"} 9
-        happypath_request_duration_seconds_bucket{route="/api/",le="+Inf"} 10
-        happypath_request_duration_seconds_count{route="/api/"} 10
-        happypath_tunnels_open 0
-        not a sample
-        broken{route="/api/ 1
-        """
+    static let readings: [RouteReading] = [
+        RouteReading(route: "/api/", .requests(code: "OK"), 8),
+        RouteReading(route: "/api/", .requests(code: "UPSTREAM_TIMEOUT"), 2),
+        RouteReading(route: "/q\"x", .requests(code: "OK"), 1),
+        RouteReading(route: "/gone/", .requests(code: "OK"), 5),
+        RouteReading(route: "/api/", .hedges(outcome: "won"), 3),
+        RouteReading(route: "/api/", .hedges(outcome: "lost"), 4),
+        RouteReading(route: "/api/", .hedges(outcome: "skipped"), 9),
+        RouteReading(route: "/api/", .fallbacks(kind: "stale"), 1),
+        RouteReading(route: "/api/", .fallbacks(kind: "fixed"), 1),
+        RouteReading(route: "/api/", .rateLimited, 6),
+        RouteReading(route: "/api/", .durationBucket(le: 2.5), 9),
+        RouteReading(route: "/api/", .durationBucket(le: 0.005), 4),
+        RouteReading(route: "/api/", .durationBucket(le: .infinity), 10),
+        RouteReading(route: "/api/", .durationBucket(le: 0.01), 5),
+    ]
 
-    @Test func readsTheRegistrysTextPerRoute() {
-        let totals = RouteTotals.read(Self.exposition, routes: ["/api/", "/q\"x", "/idle/", "/api/"])
+    @Test func readsTheRouteSeriesPerRoute() {
+        let totals = RouteTotals.read(Self.readings, routes: ["/api/", "/q\"x", "/idle/", "/api/"])
         #expect(totals.map(\.route) == ["/api/", "/q\"x", "/idle/"], "in the configuration's order, once each")
         let api = totals[0]
         #expect(api.requests == 10 && api.errors == 2)
         #expect(api.hedgesWon == 3 && api.hedgesLost == 4)
         #expect(api.fallbacks == 2 && api.rateLimited == 6)
+        #expect(api.buckets.map(\.le) == [0.005, 0.01, 2.5, .infinity], "buckets sorted by bound, whatever order they came in")
         #expect(api.p50 == 0.01, "5 of 10 are within 10 ms")
         #expect(api.p99 == .infinity, "the tenth is past the last bucket")
-        #expect(totals[1].requests == 1, "an escaped quote in a label")
+        #expect(totals[1].requests == 1, "a quote in a route's name is only a character")
         #expect(totals[2] == RouteTotals(route: "/idle/"), "a route without requests is listed, empty")
-        #expect(RouteTotals.samples(Self.exposition).contains { $0.name == "happypath_tunnels_open" && $0.labels.isEmpty })
-        #expect(!RouteTotals.samples(Self.exposition).contains { $0.name == "broken" })
+    }
+
+    @Test func twoHandlesOfOneSeriesAddUp() {
+        // Each worker holds its own handles: their readings of one series sum.
+        let readings = [
+            RouteReading(route: "/api/", .requests(code: "OK"), 2), RouteReading(route: "/api/", .requests(code: "OK"), 3),
+            RouteReading(route: "/api/", .durationBucket(le: 0.005), 1),
+            RouteReading(route: "/api/", .durationBucket(le: 0.005), 2),
+            RouteReading(route: "/api/", .durationBucket(le: .infinity), 5),
+        ]
+        let api = RouteTotals.read(readings, routes: ["/api/"])[0]
+        #expect(api.requests == 5)
+        #expect(api.buckets == [RouteTotals.Bucket(le: 0.005, count: 3), RouteTotals.Bucket(le: .infinity, count: 5)])
+    }
+
+    @Test func aFamilyAndItsLabelsNameTheSeries() {
+        #expect(RouteReading.Series(family: "happypath_requests_total", labels: [("route", "/"), ("code", "OK")]) == .requests(code: "OK"))
+        #expect(RouteReading.Series(family: "happypath_fallback_total", labels: [("kind", "stale"), ("reason", "5xx")]) == .fallbacks(kind: "stale"))
+        #expect(RouteReading.Series(family: "happypath_rate_limited_total", labels: [("outcome", "queued")]) == .rateLimited)
+        #expect(RouteReading.Series(family: "happypath_tunnels_open", labels: []) == nil, "a family the page does not read")
     }
 
     @Test(arguments: [

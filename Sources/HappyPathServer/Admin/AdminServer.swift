@@ -496,7 +496,7 @@ final class AdminServer: HTTPServerDelegate {
     /// reader thread as for `/metrics`, the answer written back here.
     private func withSnapshot(_ request: HTTPRequest, _ answer: @escaping (HTTPRequest, AdminSnapshot) -> Void) {
         var s = snapshot()
-        s.routes = RouteTotals.read(shared.metrics.registry.emitToString(), routes: runtime.routes.map(\.label))
+        s.routes = RouteTotals.read(shared.metrics.routeSeries.readings(), routes: runtime.routes.map(\.label))
         s.windows = routeRates.read(s.routes, at: clock.now())
         s.events = shared.events.recent
         guard let deliveries = shared.deliveries else { return answer(request, s) }

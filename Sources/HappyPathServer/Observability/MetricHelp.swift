@@ -100,8 +100,11 @@ enum MetricHelp {
 /// swift-metrics' factory for the proxy's registry, like
 /// `PrometheusMetricsFactory` but giving each series its `# HELP` text
 /// (`MetricHelp`). Histogram buckets per name, as there.
+/// The families the status page reads per route are made readable by
+/// `routes` (`RouteSeriesBook`).
 struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
     let registry: PrometheusCollectorRegistry
+    let routes: RouteSeriesBook
     var defaultDurationHistogramBuckets: [Duration] = []
     var durationHistogramBuckets: [String: [Duration]] = [:]
     var defaultValueHistogramBuckets: [Double] = [0.01, 0.1, 1, 10, 100]
@@ -111,7 +114,7 @@ struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
     }
 
     func makeCounter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.CounterHandler {
-        registry.makeCounter(descriptor: descriptor(label), labels: dimensions)
+        routes.counter(registry.makeCounter(descriptor: descriptor(label), labels: dimensions), family: label, labels: dimensions)
     }
 
     func makeFloatingPointCounter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.FloatingPointCounterHandler {
@@ -128,13 +131,15 @@ struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
     }
 
     func makeTimer(label: String, dimensions: [(String, String)]) -> any CoreMetrics.TimerHandler {
-        registry.makeDurationHistogram(
-            descriptor: descriptor(label), labels: dimensions,
-            buckets: durationHistogramBuckets[label] ?? defaultDurationHistogramBuckets)
+        let buckets = durationHistogramBuckets[label] ?? defaultDurationHistogramBuckets
+        return routes.timer(
+            registry.makeDurationHistogram(descriptor: descriptor(label), labels: dimensions, buckets: buckets),
+            family: label, labels: dimensions, buckets: buckets)
     }
 
     func destroyCounter(_ handler: any CoreMetrics.CounterHandler) {
         if let counter = handler as? Prometheus.Counter { registry.unregisterCounter(counter) }
+        if let counter = handler as? ReadableCounter { registry.unregisterCounter(counter.exported) }
     }
 
     func destroyFloatingPointCounter(_ handler: any CoreMetrics.FloatingPointCounterHandler) {
@@ -152,5 +157,6 @@ struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
 
     func destroyTimer(_ handler: any CoreMetrics.TimerHandler) {
         if let histogram = handler as? DurationHistogram { registry.unregisterDurationHistogram(histogram) }
+        if let timer = handler as? ReadableTimer { registry.unregisterDurationHistogram(timer.exported) }
     }
 }

@@ -14,10 +14,12 @@ import Prometheus
 final class ProxyMetrics: Sendable {
     let registry = PrometheusCollectorRegistry()
     let factory: HelpfulMetricsFactory
+    /// The route series the status page reads (`RouteTotals`), readable.
+    let routeSeries = RouteSeriesBook()
     private let process = ProcessMetrics()
 
     init() {
-        var factory = HelpfulMetricsFactory(registry: registry)
+        var factory = HelpfulMetricsFactory(registry: registry, routes: routeSeries)
         factory.defaultDurationHistogramBuckets = [
             .milliseconds(1), .microseconds(2500), .milliseconds(5), .milliseconds(10), .milliseconds(25),
             .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),

@@ -345,16 +345,23 @@ final class HeadAdmission {
 /// its waits, with HELP text; handles made once per route label.
 final class RateLimitMetrics: Sendable {
     private let registry: PrometheusCollectorRegistry
+    private let routeSeries: RouteSeriesBook
 
-    init(_ registry: PrometheusCollectorRegistry) { self.registry = registry }
+    init(_ metrics: ProxyMetrics) {
+        registry = metrics.registry
+        routeSeries = metrics.routeSeries
+    }
 
+    /// Counted off the hot path (only a request the limit held back), so the
+    /// handle is looked up each time; readable for the status page.
     func limited(route: String, outcome: String) {
-        registry.makeCounter(
+        let labels = [("route", route), ("outcome", outcome)]
+        let series = registry.makeCounter(
             descriptor: MetricNameDescriptor(
                 namespace: "happypath", metricName: "rate_limited", unitName: "total",
                 helpText: "Requests a route's rate limit held back: queued (waited for a token) or rejected (429)."),
-            labels: [("route", route), ("outcome", outcome)]
-        ).increment()
+            labels: labels)
+        routeSeries.counter(series, family: "happypath_rate_limited_total", labels: labels).increment(by: 1)
     }
 
     func queueDepth(route: String, _ depth: Int) {

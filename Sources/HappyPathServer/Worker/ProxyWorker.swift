@@ -83,7 +83,7 @@ final class ProxyWorker: HTTPServerDelegate {
         self.shared = shared
         self.workers = workers
         metrics = WorkerMetrics(shared.metrics)
-        rateLimitMetrics = RateLimitMetrics(shared.metrics.registry)
+        rateLimitMetrics = RateLimitMetrics(shared.metrics)
         self.clock = clock
         self.logger = logger
         idleTimeout = runtime.configuration.limits.clientTimeout
