@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev 
 TEST_PACKAGES := wrk curl openssl python3 python3-venv python3-matplotlib postgresql prometheus nghttp2-client chromium
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: docs-check rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -68,7 +68,18 @@ run: release
 # their bounds are checked too. Fuzzing itself (`make fuzz-short`, `make
 # fuzz`: a release build of its own, 3 minutes) is not part of it. About
 # 28 minutes from a clean clone on two cores (README, "Soak and sanitizers").
-test: deploy-check rules-check loadtest-short soak-short sanitize
+test: docs-check deploy-check rules-check loadtest-short soak-short sanitize
+
+# The map in docs/architecture.md (the folders of Sources/, their line
+# counts, the largest files) is generated from the tree and
+# docs/architecture-map.txt, so a folder added, moved or grown without the
+# page following fails here; `deploy/architecture-map.sh --write` rewrites
+# it. It needs only bash and python3 (installed here if missing, before
+# the other test packages) and takes well under a second, so it runs first
+# in `make test` and fails fast.
+docs-check:
+	$(call apt_install,python3)
+	deploy/architecture-map.sh --check
 
 # The swift test runs of `make test` run every suite: those that need a
 # PostgreSQL server (initdb) or promtool, which a plain `swift test` skips
