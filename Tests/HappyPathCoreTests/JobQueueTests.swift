@@ -50,6 +50,17 @@ import Testing
         #expect(queue.push(7))
     }
 
+    @Test func onlyAReservedPushUsesTheReserve() {
+        let queue = JobQueue<Int>(name: "test-reserve", capacity: 2, reserve: 1)
+        #expect(queue.push(contentsOf: [0, 1]) == 2)
+        #expect(!queue.push(2), "ordinary work is refused at the capacity")
+        #expect(queue.push(3, reserved: true), "a reserved push takes a reserve place")
+        #expect(!queue.push(4, reserved: true), "and is refused once the reserve is spent too")
+        #expect(!queue.push(5), "ordinary work is still refused while reserved items hold places")
+        #expect(queue.take(max: 10) == [0, 1, 3])
+        #expect(queue.push(6))
+    }
+
     @Test func keepsTheFirstItemsOfAGroupThatDoesNotFit() {
         let queue = JobQueue<Int>(name: "test-bound", capacity: 4)
         queue.push(0)

@@ -653,3 +653,33 @@ extension DeliveryStoring {
         return (try? page.get()) ?? []
     }
 }
+
+/// The writer's queue is bounded (`WriterOp.queueCapacity`): past it a
+/// submit is refused at once with `StoreError.writerBusy` (answered 503
+/// STORE_UNAVAILABLE), while a round's end still finds a reserved place.
+@Suite struct WriterQueueBoundTests {
+    @Test func aFullWriterQueueRefusesSubmitsButNotRoundEnds() {
+        // Held: nothing is taken, as a writer stuck on a slow disk would take nothing.
+        let queue = JobQueue<WriterOp>.writer(name: "test-writer")
+        defer { queue.stop() }
+        let delivery = NewDelivery(
+            id: "d", upstream: "hooks", route: "/hooks", idempotencyKey: nil, requestID: "r", method: "POST",
+            target: "/hooks", headers: [], body: RequestBody(Array("{}".utf8)), maxAttempts: 1, expiresAt: 0)
+        let answers = Locked<[String]>([])
+        for _ in 0..<WriterOp.queueCapacity {
+            queue.hand(.submit(delivery, enqueued: Instant(nanoseconds: 0), reply: { _ in answers.withLock { $0.append("early") } }))
+        }
+        #expect(answers.withLock { $0 }.isEmpty, "everything up to the capacity waits for the writer")
+        queue.hand(
+            .submit(delivery, enqueued: Instant(nanoseconds: 0)) { result in
+                if case let .failed(error) = result, error.code == StoreError.writerBusy {
+                    answers.withLock { $0.append("busy: \(error.message)") }
+                }
+            })
+        #expect(answers.withLock { $0 } == ["busy: the store's writer has 4096 operations waiting"])
+        queue.hand(.finish(id: "d", outcome: .delivered(status: 200), reply: { answers.withLock { $0.append("finish refused") } }))
+        #expect(queue.waiting == WriterOp.queueCapacity + 1, "the round's end took a reserved place")
+        queue.hand(.claim(limit: 5, skipping: []) { claimed, _ in answers.withLock { $0.append("claimed \(claimed.count)") } })
+        #expect(answers.withLock { $0 }.last == "claimed 0", "a claim past the capacity finds nothing this time")
+    }
+}

@@ -13,7 +13,10 @@
 ///
 /// Items are taken in the order they were pushed. The queue holds at most
 /// `capacity` items: a push beyond it is refused (the producer decides
-/// what that means: a span dropped and counted). `stop` refuses new items,
+/// what that means: a span dropped and counted, a delivery not stored). A
+/// push marked `reserved` may also use `reserve` places more, for the few
+/// items that must not be refused when ordinary work fills the queue (a
+/// delivery round's end): at most `capacity + reserve` wait, ever. `stop` refuses new items,
 /// lets the threads take what is left (`take` returns nil once it is empty),
 /// and joins them.
 ///
@@ -41,6 +44,8 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
     /// `-1`, `-2`… for a pool of several).
     public let name: String
     public let capacity: Int
+    /// Places only a `reserved` push may use, beyond `capacity`.
+    public let reserve: Int
 
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     /// Signalled when an item arrives and a `take` waits for a first one.
@@ -64,9 +69,10 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
     /// its writer thread as it opens, with the thread's state handed to it
     /// there, and lets it work from `start`); stopped before `release`,
     /// `take` returns nil at once and what was pushed is never handed out.
-    public init(name: String, capacity: Int = .max, held: Bool = false) {
+    public init(name: String, capacity: Int = .max, reserve: Int = 0, held: Bool = false) {
         self.name = name
         self.capacity = max(1, capacity)
+        self.reserve = max(0, min(reserve, Int.max - self.capacity))
         self.held = held
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
@@ -153,23 +159,28 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
 
     // MARK: - Producers
 
-    /// Hands `item` over; false (nothing kept) if the queue is full or stopped.
+    /// Hands `item` over; false (nothing kept) if the queue is full or
+    /// stopped. `reserved`: `reserve`'s places count as room too.
     @discardableResult
-    public func push(_ item: Item) -> Bool {
-        push(contentsOf: CollectionOfOne(item)) == 1
+    public func push(_ item: Item, reserved: Bool = false) -> Bool {
+        push(contentsOf: CollectionOfOne(item), room: reserved ? capacity + reserve : capacity) == 1
     }
 
     /// Hands over as many of `newItems` as there is room for, the first
     /// ones; how many it kept (0 once stopped).
     @discardableResult
     public func push<C: Collection>(contentsOf newItems: C) -> Int where C.Element == Item {
+        push(contentsOf: newItems, room: capacity)
+    }
+
+    private func push<C: Collection>(contentsOf newItems: C, room capacity: Int) -> Int where C.Element == Item {
         pthread_mutex_lock(mutex)
         guard !stopping else {
             pthread_mutex_unlock(mutex)
             return 0
         }
         let waiting = items.count
-        let taken = Swift.min(capacity - waiting, newItems.count)
+        let taken = Swift.max(0, Swift.min(capacity - waiting, newItems.count))
         if taken == newItems.count {
             items.append(contentsOf: newItems)
         } else if taken > 0 {

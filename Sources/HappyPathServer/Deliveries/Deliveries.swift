@@ -426,6 +426,10 @@ final class Deliveries: Sendable {
 
     /// The `detail` of a 503 STORE_UNAVAILABLE: what the disk or the database did, never `storage.max_bytes`.
     static func unavailableDetail(_ error: StoreError) -> String {
+        if error.code == StoreError.writerBusy {
+            return "The delivery store is behind: \(error.message), as many as it holds (requests arrive faster "
+                + "than its disk or database commits them); the request was not stored. Retry after a pause."
+        }
         let cause =
             switch error.kind {
             case .full: "the disk it is on is full"

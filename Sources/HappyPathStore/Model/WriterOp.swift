@@ -15,6 +15,24 @@ enum WriterOp: Sendable {
     /// Tests: a statement on the writer's connection, in the batch's transaction.
     case execute(sql: String, reply: @Sendable () -> Void)
 
+    /// The most operations waiting for a store's writer thread (either
+    /// store). Past it a submit is answered 503 STORE_UNAVAILABLE at once
+    /// (`StoreError.writerBusy`), a claim finds nothing this time, a
+    /// replay is not done, a purge or a wake waits for its next turn (a
+    /// woken upstream's rows are still due at their own time).
+    static let queueCapacity = 4096
+    /// Places only a round's end may take beyond `queueCapacity`, so a
+    /// finished round is never refused because submits fill the queue: the
+    /// rounds in flight are at most the dispatcher's `maxInFlight` (64) a
+    /// process, and each ends once.
+    static let roundEndReserve = 1024
+
+    /// A round's end: pushed into `roundEndReserve` if need be.
+    var isRoundEnd: Bool {
+        if case .finish = self { return true }
+        return false
+    }
+
     /// Answers the operation as not done: a submit refused with `error`,
     /// nothing claimed, no replay, nothing purged.
     func fail(_ error: StoreError) {
@@ -82,4 +100,35 @@ enum WriterOp: Sendable {
 struct Tally: Equatable {
     var held: Int
     var counts: DeliveryCounts
+}
+
+extension JobQueue where Item == WriterOp {
+    /// A store's writer queue, bounded (`WriterOp.queueCapacity`, and the
+    /// round ends' reserve), taking nothing until `release`.
+    static func writer(name: String) -> JobQueue<WriterOp> {
+        JobQueue(name: name, capacity: WriterOp.queueCapacity, reserve: WriterOp.roundEndReserve, held: true)
+    }
+
+    /// Hands `op` to the writer thread; a full queue answers it at once, on
+    /// the caller's thread, as not done (`WriterOp.fail`). Once the store
+    /// is closed, `op` is dropped unanswered, as before there was a bound.
+    func hand(_ op: WriterOp) {
+        if !push(op, reserved: op.isRoundEnd), !isStopped {
+            op.fail(StoreError(StoreError.writerBusy, "the store's writer has \(WriterOp.queueCapacity) operations waiting"))
+        }
+    }
+}
+
+/// The reads waiting for a store's reader threads (either store): status
+/// URLs clients poll, the admin API's listings, `/metrics`' oldest pending
+/// delivery. At most `capacity` wait; past it a read is answered at once
+/// with `StoreError.readersBusy`, as a read the store could not make.
+enum StoreReadQueue {
+    static let capacity = 1024
+
+    static func make<Job>(name: String) -> JobQueue<Job> { JobQueue(name: name, capacity: capacity) }
+
+    static var busy: StoreError {
+        StoreError(StoreError.readersBusy, "the store's readers have \(capacity) reads waiting: try again shortly")
+    }
 }

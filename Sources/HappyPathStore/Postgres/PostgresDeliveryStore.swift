@@ -79,7 +79,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, Sendable {
     private let clock: Clock
     /// Operations for the writer thread, which is the queue's: started with
     /// the store, working (connecting first) from `start`.
-    private let queue = JobQueue<WriterOp>(name: "pg-writer", held: true)
+    private let queue = JobQueue<WriterOp>.writer(name: "pg-writer")
     private let readers: PostgresReadPool
     /// What the writer publishes (bytes held, counts, failure), read by anyone.
     private let shared: StoreShared
@@ -126,27 +126,27 @@ public final class PostgresDeliveryStore: DeliveryStoring, Sendable {
     // MARK: - Writes
 
     public func submit(_ delivery: NewDelivery, reply: @escaping @Sendable (SubmitResult) -> Void) {
-        queue.push(.submit(delivery, enqueued: clock.now(), reply: reply))
+        queue.hand(.submit(delivery, enqueued: clock.now(), reply: reply))
     }
 
     public func claim(
         limit: Int, skipping: [String],
         reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ setAside: [SetAside]) -> Void
     ) {
-        queue.push(.claim(limit: limit, skipping: skipping, reply: reply))
+        queue.hand(.claim(limit: limit, skipping: skipping, reply: reply))
     }
 
     public func finish(id: String, _ outcome: DeliveryOutcome, reply: (@Sendable () -> Void)? = nil) {
-        queue.push(.finish(id: id, outcome: outcome, reply: reply))
+        queue.hand(.finish(id: id, outcome: outcome, reply: reply))
     }
 
     public func replay(id: String, expiresAt: Int64, reply: @escaping @Sendable (ReplayResult) -> Void) {
-        queue.push(.replay(id: id, expiresAt: expiresAt, reply: reply))
+        queue.hand(.replay(id: id, expiresAt: expiresAt, reply: reply))
     }
 
-    public func purge(reply: @escaping @Sendable (Int) -> Void) { queue.push(.purge(reply: reply)) }
+    public func purge(reply: @escaping @Sendable (Int) -> Void) { queue.hand(.purge(reply: reply)) }
 
-    public func wake(upstream: String) { queue.push(.wake(upstream: upstream)) }
+    public func wake(upstream: String) { queue.hand(.wake(upstream: upstream)) }
 
     /// Tests only: stops as a process killed with -9 would, its rounds left
     /// in flight under leases nobody renews.
@@ -156,7 +156,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, Sendable {
     }
 
     /// Tests only: runs `sql` on the writer's connection, in a batch's transaction.
-    func execute(_ sql: String, reply: @escaping @Sendable () -> Void) { queue.push(.execute(sql: sql, reply: reply)) }
+    func execute(_ sql: String, reply: @escaping @Sendable () -> Void) { queue.hand(.execute(sql: sql, reply: reply)) }
 
     // MARK: - Reads
 

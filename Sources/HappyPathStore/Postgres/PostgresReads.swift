@@ -72,7 +72,7 @@ final class PostgresReadPool: Sendable {
 
     private let url: String
     private let count: Int
-    private let queue = JobQueue<Job>(name: "pg-reader")
+    private let queue: JobQueue<Job> = StoreReadQueue.make(name: "pg-reader")
 
     init(url: String, threads: Int) {
         self.url = url
@@ -89,11 +89,12 @@ final class PostgresReadPool: Sendable {
     /// Answers the reads already handed over, then ends the threads.
     func stop() { queue.stop() }
 
-    /// Hands `job` to a reader thread; once stopped, answers it at once, on
-    /// the caller's thread, with an error.
+    /// Hands `job` to a reader thread; once stopped, or while
+    /// `StoreReadQueue.capacity` reads wait, answers it at once, on the
+    /// caller's thread, with an error.
     func read(_ job: @escaping Job) {
         if !queue.push(job) {
-            job(.failure(StoreError(PostgresConnection.connectFailed, "the delivery store is not open")))
+            job(.failure(queue.isStopped ? StoreError(PostgresConnection.connectFailed, "the delivery store is not open") : StoreReadQueue.busy))
         }
     }
 }

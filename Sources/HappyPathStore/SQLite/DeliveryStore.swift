@@ -68,7 +68,7 @@ public final class DeliveryStore: Sendable {
     private let clock: Clock
     /// Operations for the writer thread, which is the queue's: started as
     /// the store opens, working from `start`.
-    private let queue = JobQueue<WriterOp>(name: "store-writer", held: true)
+    private let queue = JobQueue<WriterOp>.writer(name: "store-writer")
     /// The reads' thread and its read-only connection.
     private let reader: StoreReader
     /// What the writer publishes (bytes held, counts, failure), read by anyone.
@@ -155,7 +155,7 @@ public final class DeliveryStore: Sendable {
     // MARK: - Writes (group-committed on the writer thread)
 
     public func submit(_ delivery: NewDelivery, reply: @escaping @Sendable (SubmitResult) -> Void) {
-        queue.push(.submit(delivery, enqueued: clock.now(), reply: reply))
+        queue.hand(.submit(delivery, enqueued: clock.now(), reply: reply))
     }
 
     /// Takes up to `limit` queued deliveries that are due (`next_attempt_at`
@@ -166,26 +166,26 @@ public final class DeliveryStore: Sendable {
         limit: Int, skipping: [String],
         reply: @escaping @Sendable (_ claimed: [ClaimedDelivery], _ setAside: [SetAside]) -> Void
     ) {
-        queue.push(.claim(limit: limit, skipping: skipping, reply: reply))
+        queue.hand(.claim(limit: limit, skipping: skipping, reply: reply))
     }
 
     public func finish(id: String, _ outcome: DeliveryOutcome, reply: (@Sendable () -> Void)? = nil) {
-        queue.push(.finish(id: id, outcome: outcome, reply: reply))
+        queue.hand(.finish(id: id, outcome: outcome, reply: reply))
     }
 
     /// A dead delivery goes back to `queued` with its rounds counted from zero and a new `max_age`.
     public func replay(id: String, expiresAt: Int64, reply: @escaping @Sendable (ReplayResult) -> Void) {
-        queue.push(.replay(id: id, expiresAt: expiresAt, reply: reply))
+        queue.hand(.replay(id: id, expiresAt: expiresAt, reply: reply))
     }
 
     /// Deletes delivered and dead deliveries last changed before `retention` ago.
     public func purge(reply: @escaping @Sendable (Int) -> Void) {
-        queue.push(.purge(reply: reply))
+        queue.hand(.purge(reply: reply))
     }
 
     /// Queued deliveries of `upstream` become due now (it recovered).
     public func wake(upstream: String) {
-        queue.push(.wake(upstream: upstream))
+        queue.hand(.wake(upstream: upstream))
     }
 
     /// Tests only: stops as a process killed with -9 would, its rounds left
@@ -198,7 +198,7 @@ public final class DeliveryStore: Sendable {
     /// Tests only: runs `sql` on the writer's connection (such as `PRAGMA
     /// max_page_count`, to make the next write fail as on a full disk).
     func execute(_ sql: String, reply: @escaping @Sendable () -> Void) {
-        queue.push(.execute(sql: sql, reply: reply))
+        queue.hand(.execute(sql: sql, reply: reply))
     }
 
     // MARK: - Reads (on the reader thread)

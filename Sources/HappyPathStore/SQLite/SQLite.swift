@@ -15,6 +15,14 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
     public let sqlState: String
     public var description: String { message }
 
+    /// Not SQLite's nor libpq's: a store's writer refused an operation
+    /// because `WriterOp.queueCapacity` operations already wait for it
+    /// (its kind is `other`; the answer's detail says which).
+    public static let writerBusy: Int32 = -100
+    /// Not SQLite's nor libpq's: a store's readers refused a read because
+    /// `StoreReadQueue.capacity` reads already wait for them.
+    public static let readersBusy: Int32 = -101
+
     init(_ code: Int32, _ message: String, systemErrno: Int32 = 0, sqlState: String = "") {
         self.code = code
         self.message = message

@@ -19,7 +19,7 @@ final class StoreReader: Sendable {
     typealias Job = @Sendable (Result<Reader, StoreError>) -> Void
 
     private let path: String
-    private let queue = JobQueue<Job>(name: "store-reader")
+    private let queue: JobQueue<Job> = StoreReadQueue.make(name: "store-reader")
 
     init(path: String) {
         self.path = path
@@ -38,11 +38,12 @@ final class StoreReader: Sendable {
     /// handed over after this are answered at once with an error.
     func stop() { queue.stop() }
 
-    /// Hands `job` to the reader thread; once it is stopped, answers it at
-    /// once, on the caller's thread, with an error.
+    /// Hands `job` to the reader thread; once it is stopped, or while
+    /// `StoreReadQueue.capacity` reads wait, answers it at once, on the
+    /// caller's thread, with an error.
     func read(_ job: @escaping Job) {
         if !queue.push(job) {
-            job(.failure(StoreError(SQLITE_MISUSE, "the delivery store is not open")))
+            job(.failure(queue.isStopped ? StoreError(SQLITE_MISUSE, "the delivery store is not open") : StoreReadQueue.busy))
         }
     }
 }
