@@ -2,14 +2,15 @@
 #   . "$HERE/lib.sh"   (deploy/loadtest/*.sh)
 #   . "$HERE/../loadtest/lib.sh"   (deploy/soak/run.sh, deploy/bench/*.sh)
 # What they all did, once. Messages go to stderr. Works with and without
-# `set -e`: a function that fails on purpose exits the script (2: something
-# to install or build; 1: the run failed), the rest return 0.
+# `set -e`: need and need_binary exit 2 (something to install or build),
+# wait_http exits 1 (the run failed), poll returns 1 when it gives up, the
+# rest return 0.
 #
 #   need TOOL [PACKAGE]   exit 2 unless TOOL is on PATH, naming the Debian
 #                         package that has it (default: TOOL)
 #   need_binary debug|release [PATH]
 #                         BIN = PATH, else $HAPPYPATH_BIN, else this checkout's
-#                         .build/debug|release/happypath; exit 2 unless it runs
+#                         .build/debug|release/happypath; exit 2 unless executable
 #   free_ports N          N loopback ports free a moment ago (bound together,
 #                         so all different, then released): a run never meets
 #                         another run, or a leftover process, on a fixed port
