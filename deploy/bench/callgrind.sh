@@ -22,6 +22,7 @@
 # the proxy's own HTTP/2 client); nginx as a proxy cannot speak h2 upstream.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../loadtest/lib.sh"
 N1=${N1:-300}; N2=${N2:-1800}
 LOAD=${LOAD:-h1}; STREAMS=${STREAMS:-1}; BODY=${BODY:-}; UPSTREAM_H2=${UPSTREAM_H2:-}
 up_h2=""; up_probe=(curl -fs -o /dev/null)
@@ -34,12 +35,10 @@ post=()
 if [ -n "$BODY" ]; then head -c "$BODY" /dev/zero | tr '\0' x > "$OUT/body"; post=(-d "$OUT/body"); fi
 case $LOAD in
   h1) h2=""; probe=(curl -fs -o /dev/null) ;;
-  h2) h2=" http2"; probe=(curl -fs -o /dev/null --http2-prior-knowledge); command -v h2load >/dev/null || { echo "missing: h2load"; exit 2; } ;;
+  h2) h2=" http2"; probe=(curl -fs -o /dev/null --http2-prior-knowledge); need h2load nghttp2-client ;;
   *) echo "LOAD must be h1 or h2, not $LOAD" >&2; exit 2 ;;
 esac
-for tool in valgrind callgrind_annotate nginx curl strip; do command -v $tool >/dev/null || { echo "missing: $tool"; exit 2; }; done
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
+need valgrind; need callgrind_annotate valgrind; need nginx; need curl; need strip binutils
 cat > "$OUT/upstream.conf" <<EOF
 worker_processes 1; daemon off; pid $OUT/up.pid; error_log $OUT/up.err warn;
 events { worker_connections 1024; }
@@ -49,10 +48,8 @@ http {
   server { listen $UP$up_h2; location / { default_type text/plain; return 200 "$(printf 'callgrind-bench-body-%078d' 0)\n"; } }
 }
 EOF
-nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
-wait_up() { for _ in $(seq 600); do "${up_probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
-wait_up "http://$UP/" || { echo "upstream down"; exit 1; }
-wait_proxy() { for _ in $(seq 600); do "${probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
+start_bg nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err"
+poll 60 "${up_probe[@]}" "http://$UP/" || { echo "upstream down"; exit 1; }
 
 cat > "$OUT/proxy.conf" <<EOF
 master_process off; daemon off; pid $OUT/px.pid; error_log $OUT/px.err warn;
@@ -71,19 +68,18 @@ for spec in "$@"; do
   for n in $N1 $N2; do
     vgargs="valgrind --tool=callgrind --callgrind-out-file=$OUT/$name.$n.out"
     if [ "$bin" = nginx ]; then
-      $vgargs nginx -p "$OUT/" -c "$OUT/proxy.conf" -e "$OUT/px.err" > "$OUT/$name.$n.log" 2>&1 & vg=$!
+      start_bg $vgargs nginx -p "$OUT/" -c "$OUT/proxy.conf" -e "$OUT/px.err" > "$OUT/$name.$n.log" 2>&1; vg=$!
     else
-      BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$OUT/$name" BENCH_WRAPPER="$vgargs" \
-        "$here/run-happypath-for-bench.sh" > "$OUT/$name.$n.log" 2>&1 & vg=$!
+      start_bg env BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$OUT/$name" BENCH_WRAPPER="$vgargs" \
+        "$here/run-happypath-for-bench.sh" > "$OUT/$name.$n.log" 2>&1; vg=$!
     fi
-    PIDS+=($vg)
-    wait_proxy "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
+    poll 60 "${probe[@]}" "http://$PX/small" || { echo "$name did not start under valgrind"; exit 1; }
     # + the readiness probe = n requests, on one connection
     if [ "$LOAD" = h2 ]; then
       h2load -t1 -c1 -m"$STREAMS" -n$((n - 1)) "${post[@]}" "http://$PX/small" > "$OUT/$name.$n.h2load" 2>&1
       grep -q " $((n - 1)) succeeded" "$OUT/$name.$n.h2load" || { echo "$name: h2load did not complete $((n - 1)) requests (see $OUT/$name.$n.h2load)"; exit 1; }
     else curl -s -o /dev/null "http://$PX/small?[1-$((n - 1))]"; fi
-    kill -INT $vg; wait $vg 2>/dev/null
+    stop $vg INT
     callgrind_annotate --inclusive=no --threshold=100 "$OUT/$name.$n.out" > "$OUT/$name.$n.txt" 2>/dev/null
   done
 done

@@ -21,8 +21,8 @@
 # not tmpfs, or fsync costs nothing.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-BIN=${1:-${HAPPYPATH_BIN:-$HERE/../../.build/release/happypath}}
-for tool in wrk python3; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)"; exit 2; }; done
-[ -x "$BIN" ] || { echo "no happypath binary at $BIN (swift build -c release, or pass its path)"; exit 2; }
+. "$HERE/../loadtest/lib.sh"
+need wrk; need python3
+need_binary release "${1:-}"
 command -v perf >/dev/null || echo "   (no perf: fsyncs/s not counted; make bench-deps installs linux-perf)"
 exec python3 "$HERE/deliver-later.py" "$BIN"

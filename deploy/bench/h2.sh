@@ -48,26 +48,26 @@
 # in % of one core (others' load; on a shared machine it moves the figures).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BIN=${1:-$here/../../.build/release/happypath}
+. "$here/../loadtest/lib.sh"
 DURATION=${DURATION:-10s}; REPEATS=${REPEATS:-3}; WARMUP=${WARMUP:-2s}
 CONNS=${CONNS:-64}; MULTI_CONNS=${MULTI_CONNS:-1}; MULTI_STREAMS=${MULTI_STREAMS:-100}; BAR=${BAR:-1.3}
 PORT_BASE=${PORT_BASE:-18880}; GRPC=${GRPC:-}
 OUT=${OUT:-/tmp/happypath-$([ -n "$GRPC" ] && { [ "$GRPC" = tls ] && echo grpc-tls || echo grpc; } || echo h2).$(date +%Y%m%d-%H%M%S)}
-for tool in nginx wrk h2load curl taskset python3; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)" >&2; exit 2; }; done
-[ -x "$BIN" ] || { echo "no happypath binary at $BIN" >&2; exit 2; }
+need nginx; need wrk; need h2load nghttp2-client; need curl; need taskset util-linux; need python3
+need_binary release "${1:-}"
 mkdir -p "$OUT/tmp" "$OUT/logs"
 exec > >(tee -a "$OUT/run.log") 2>&1
 UP=127.0.0.1:$((PORT_BASE + 1))
 declare -A PORT=([nginx-h1]=$((PORT_BASE + 2)) [nginx-h2]=$((PORT_BASE + 3)) [happypath]=$((PORT_BASE + 4)))
 LOADS="h1 h2-m1 h2-m$MULTI_STREAMS"; [ -n "$GRPC" ] && LOADS="grpc-m1 grpc-m$MULTI_STREAMS"
-PIDS=(); declare -A PID_OF=()
-spawn() { local name=$1 cpu=$2; shift 2; taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1 & PID_OF[$name]=$!; PIDS+=($!); }
-trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; sleep 0.5; for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done' EXIT
+declare -A PID_OF=()
+spawn() { local name=$1 cpu=$2; shift 2; start_bg taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1; PID_OF[$name]=$!; }
 ticks() { local p t=0; for p in $1 $(pgrep -P "$1" | tr '\n' ' '); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{sub(/.*\) /, ""); print $12 + $13}' /proc/$p/stat))); done; echo $t; }
 self_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13 + $14 + $15}' /proc/$$/stat; }  # this shell + reaped children (the client)
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
 grpc=(-H 'content-type: application/grpc' -H 'te: trailers')
-grpc_call() { curl -fs --http2-prior-knowledge -X POST --data-binary @"$OUT/call.bin" "${grpc[@]}" -o "$2" "http://127.0.0.1:$1/bench.v1.Bench/Call"; }
+# port file: one call, its answer (kept in file) the upstream's reply byte for byte
+grpc_call() { curl -fs --http2-prior-knowledge -X POST --data-binary @"$OUT/call.bin" "${grpc[@]}" -o "$2" "http://127.0.0.1:$1/bench.v1.Bench/Call" && cmp -s "$2" "$OUT/reply.bin"; }
 port() {  # load target: the port that target serves that load on
   case $2 in nginx) [ "$1" = h1 ] && echo "${PORT[nginx-h1]}" || echo "${PORT[nginx-h2]}" ;; *) echo "${PORT[$2]}" ;; esac
 }
@@ -121,12 +121,12 @@ spawn happypath 0 env BENCH_PROFILE="$([ -n "$GRPC" ] && echo grpc || echo found
   BENCH_UPSTREAM_CA="$([ "$GRPC" = tls ] && echo "$OUT/tls.crt")" BENCH_LISTEN="127.0.0.1:${PORT[happypath]}" BENCH_OUT="$OUT/tmp" \
   HAPPYPATH_BIN="$BIN" "$here/run-happypath-for-bench.sh"
 for load in $([ -n "$GRPC" ] && echo grpc || echo h1 h2); do for t in nginx happypath; do
-  if [ "$load" = grpc ]; then  # one call, its answer the upstream's reply byte for byte
-    for _ in $(seq 100); do grpc_call "$(port h2 "$t")" "$OUT/got-$t.bin" && cmp -s "$OUT/got-$t.bin" "$OUT/reply.bin" && continue 2; sleep 0.1; done
+  if [ "$load" = grpc ]; then
+    poll 10 grpc_call "$(port h2 "$t")" "$OUT/got-$t.bin" && continue
     echo "$t does not answer a gRPC call on :$(port h2 "$t") (see $OUT/logs)"; exit 1
   fi
   p=$(port "$load" "$t"); args=(-fs -o /dev/null -w '%{http_version}'); [ "$load" = h2 ] && args+=(--http2-prior-knowledge)
-  for _ in $(seq 100); do curl "${args[@]}" "http://127.0.0.1:$p/" >/dev/null && break; sleep 0.1; done
+  poll 10 curl "${args[@]}" "http://127.0.0.1:$p/" >/dev/null
   got=$(curl "${args[@]}" "http://127.0.0.1:$p/")
   [ "$got" = "$([ "$load" = h2 ] && echo 2 || echo 1.1)" ] || { echo "$t does not answer $load on :$p (got '$got'; see $OUT/logs)"; exit 1; }
 done; done

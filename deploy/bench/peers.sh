@@ -34,6 +34,7 @@
 # Every process started here is stopped by its PID on exit.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../loadtest/lib.sh"
 
 REPEATS=${REPEATS:-3}
 DURATION=${DURATION:-10s}
@@ -45,7 +46,6 @@ RSS_CONNS=${RSS_CONNS:-400}
 RSS_DURATION=${RSS_DURATION:-10s}
 CONNS=${CONNS:-64}
 PORT_BASE=${PORT_BASE:-18380}
-HAPPYPATH_BIN=${HAPPYPATH_BIN:-$here/../../.build/release/happypath}
 BASELINE_BIN=${BASELINE_BIN:-}
 BASELINE_NAME=${BASELINE_NAME:-happypath-base}
 OUT=${OUT:-/tmp/happypath-bench.$(date +%Y%m%d-%H%M%S)}
@@ -54,10 +54,8 @@ if [ -z "${TARGETS:-}" ]; then
   [ -n "$BASELINE_BIN" ] && TARGETS="$TARGETS $BASELINE_NAME"
 fi
 
-for tool in nginx haproxy caddy wrk curl taskset python3; do
-  command -v "$tool" >/dev/null || { echo "missing: $tool (make bench-deps)" >&2; exit 2; }
-done
-[ -x "$HAPPYPATH_BIN" ] || { echo "no happypath binary at $HAPPYPATH_BIN (set HAPPYPATH_BIN)" >&2; exit 2; }
+need nginx; need haproxy; need caddy; need wrk; need curl; need taskset util-linux; need python3
+need_binary release
 
 mkdir -p "$OUT/conf" "$OUT/logs" "$OUT/www" "$OUT/tmp"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -66,27 +64,15 @@ declare -A PORT=([direct]=$((PORT_BASE + 1)) [nginx]=$((PORT_BASE + 2)) [haproxy
                  [caddy]=$((PORT_BASE + 4)) [happypath]=$((PORT_BASE + 5)) [happypath-policies]=$((PORT_BASE + 7)))
 PORT[$BASELINE_NAME]=$((PORT_BASE + 6))   # happypath admin ports are listen + 100
 
-# ---- processes: started in the background, remembered, stopped by PID ----
-PIDS=()
+# ---- processes: started in the background (lib.sh's start_bg), remembered,
+# stopped by PID (its cleanup: at exit, and after each mode) ----
 declare -A PID_OF=()
 spawn() {  # name cpu-or-empty command...
   local name=$1 cpu=$2; shift 2
-  if [ -n "$cpu" ]; then taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1 &
-  else "$@" >"$OUT/logs/$name.log" 2>&1 & fi
-  PID_OF[$name]=$!; PIDS+=($!)
+  if [ -n "$cpu" ]; then start_bg taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1
+  else start_bg "$@" >"$OUT/logs/$name.log" 2>&1; fi
+  PID_OF[$name]=$!
 }
-stop_all() {
-  local p i
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for i in $(seq 50); do
-    local left=0
-    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
-    [ $left = 0 ] && break; sleep 0.1
-  done
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  PIDS=(); PID_OF=()
-}
-trap 'stop_all' EXIT
 trap 'exit 130' INT TERM
 
 tree_kb() {  # the sum of a /proc/PID/status field (VmRSS, VmHWM) over a PID and its children, in KiB
@@ -108,11 +94,7 @@ tree_ticks() {  # utime+stime of a PID and its children (nginx master + worker),
 self_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13 + $14 + $15}' /proc/$$/stat; }  # this shell + reaped children (wrk)
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit}' /proc/stat; }
 
-up_at() {  # url: wait up to 10 s for a 200
-  local i
-  for i in $(seq 100); do curl -fs -o /dev/null --max-time 1 "$1" && return 0; sleep 0.1; done
-  return 1
-}
+up_at() { poll 10 curl -fs -o /dev/null --max-time 1 "$1"; }  # url: wait up to 10 s for a 200
 
 # ---- configurations ----
 head -c 16384 /dev/zero | tr '\0' 'k' > "$OUT/www/16k"
@@ -193,7 +175,7 @@ start_target() {  # target cpu
     happypath|happypath-policies)
              spawn "$1" "$2" env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[$1]}" BENCH_WORKERS="$WORKERS" \
                BENCH_PROFILE="$([ "$1" = happypath ] && echo foundation || echo policies)" \
-               BENCH_OUT="$OUT/conf" HAPPYPATH_BIN="$HAPPYPATH_BIN" "$here/run-happypath-for-bench.sh" ;;
+               BENCH_OUT="$OUT/conf" HAPPYPATH_BIN="$BIN" "$here/run-happypath-for-bench.sh" ;;
     "$BASELINE_NAME") spawn "$1" "$2" env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[$1]}" BENCH_WORKERS="$WORKERS" \
                BENCH_OUT="$OUT/conf" HAPPYPATH_BIN="$BASELINE_BIN" "$here/run-happypath-for-bench.sh" ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
@@ -236,7 +218,7 @@ measure() {  # mode target body rep duration loadcpu
   echo "# deploy/bench/peers.sh $(date -u +%FT%TZ)"
   echo "host: $(uname -r), $(nproc) cpu, $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo)"
   echo "versions: $(nginx -v 2>&1 | sed 's/.*: //'), haproxy $(haproxy -v | awk 'NR==1{print $3}'), $(wrk -v 2>&1 | awk 'NR==1{print $1, $2}')$(command -v caddy >/dev/null && echo ", caddy $(caddy version | awk '{print $1}')")"
-  echo "happypath: $HAPPYPATH_BIN${BASELINE_BIN:+; $BASELINE_NAME: $BASELINE_BIN}"
+  echo "happypath: $BIN${BASELINE_BIN:+; $BASELINE_NAME: $BASELINE_BIN}"
   echo "wrk -t1 -c$CONNS -d$DURATION, warm-up $WARMUP, repeats $REPEATS, modes [$MODES], bodies [$BODIES], targets [$TARGETS]"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "output: $OUT"
@@ -280,7 +262,7 @@ for mode in $MODES; do
         "$(awk '/ requests in /{print $1}' "$log")" "$err" | tee -a "$OUT/rss.tsv" | awk -F'\t' '{printf "  %-18s RSS %6.1f MiB  peak %6.1f MiB  (%s requests, %s errors)\n", $1, $2/1024, $3/1024, $4, $5}'
     done
   fi
-  stop_all
+  cleanup; PID_OF=()
 done
 
 echo

@@ -14,6 +14,7 @@
 # down: the counts per request hold, the rates do not.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../loadtest/lib.sh"
 WINDOW=${WINDOW:-3}
 PORT_BASE=${PORT_BASE:-18480}
 OUT=${OUT:-/tmp/happypath-perreq.$(date +%Y%m%d-%H%M%S)}
@@ -21,19 +22,17 @@ UP=127.0.0.1:$((PORT_BASE + 1)); STATUS=127.0.0.1:$((PORT_BASE + 2)); PX=127.0.0
 LIBC=$(ldconfig -p | awk '/libc.so.6 .*x86-64/{print $NF; exit}')
 LOAD=${LOAD:-h1}
 case $LOAD in
-  h1) h2=""; client=wrk; probe=(curl -fs -o /dev/null) ;;
-  h2) h2=" http2"; client=h2load; probe=(curl -fs -o /dev/null --http2-prior-knowledge) ;;
+  h1) h2=""; client=wrk; client_package=wrk; probe=(curl -fs -o /dev/null) ;;
+  h2) h2=" http2"; client=h2load; client_package=nghttp2-client; probe=(curl -fs -o /dev/null --http2-prior-knowledge) ;;
   *) echo "LOAD must be h1 or h2, not $LOAD" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT"
-for tool in perf nginx $client curl taskset; do command -v $tool >/dev/null || { echo "missing: $tool"; exit 2; }; done
+need perf linux-perf; need nginx; need "$client" "$client_package"; need curl; need taskset util-linux
 have=$(perf probe -l 2>/dev/null)
 for f in malloc calloc realloc posix_memalign free; do
   [[ $have == *"probe_libc:$f "* ]] || perf probe -q -x "$LIBC" "$f" || { echo "no uprobe on $f"; exit 2; }
 done
 
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
 cat > "$OUT/upstream.conf" <<EOF
 worker_processes 1; daemon off; pid $OUT/up.pid; error_log $OUT/up.err warn;
 events { worker_connections 4096; }
@@ -54,27 +53,24 @@ http {
   server { listen $PX$h2 backlog=4096; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } }
 }
 EOF
-taskset -c 1 nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err" & PIDS+=($!)
+start_bg taskset -c 1 nginx -p "$OUT/" -c "$OUT/upstream.conf" -e "$OUT/up.err"
 served_in() { awk 'NR==3{print $3}' "$1"; }  # stub_status: the third number of line 3 = requests
-wait_up() { for _ in $(seq 100); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
-wait_proxy() { for _ in $(seq 100); do "${probe[@]}" "$1" && return 0; sleep 0.1; done; return 1; }
-wait_up "http://$UP/small" || { echo "upstream down"; exit 1; }
+poll 10 curl -fs -o /dev/null "http://$UP/small" || { echo "upstream down"; exit 1; }
 
 echo "| target | window | requests | per request |" > "$OUT/summary.md"
 for spec in "$@" nginx=nginx; do
   name=${spec%%=*}; bin=${spec#*=}
   if [ "$bin" = nginx ]; then
-    taskset -c 0 nginx -p "$OUT/" -c "$OUT/nginx.conf" -e "$OUT/px.err" & ppid=$!
-    wait_proxy "http://$PX/small"; pid=$(pgrep -P "$ppid" | head -1)   # trace the worker
+    start_bg taskset -c 0 nginx -p "$OUT/" -c "$OUT/nginx.conf" -e "$OUT/px.err"; ppid=$!
+    poll 10 "${probe[@]}" "http://$PX/small"; pid=$(pgrep -P "$ppid" | head -1)   # trace the worker
   else
-    taskset -c 0 env BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$bin" \
-      "$here/run-happypath-for-bench.sh" > "$OUT/$name.log" 2>&1 & ppid=$!; pid=$ppid
-    wait_proxy "http://$PX/small" || { echo "$name did not start"; cat "$OUT/$name.log"; exit 1; }
+    start_bg taskset -c 0 env BENCH_UPSTREAM="$UP" BENCH_LISTEN="$PX" BENCH_OUT="$OUT" HAPPYPATH_BIN="$bin" \
+      "$here/run-happypath-for-bench.sh" > "$OUT/$name.log" 2>&1; ppid=$!; pid=$ppid
+    poll 10 "${probe[@]}" "http://$PX/small" || { echo "$name did not start"; cat "$OUT/$name.log"; exit 1; }
   fi
-  PIDS+=($ppid)
   echo "== $name (pid $pid)"
-  if [ "$LOAD" = h2 ]; then taskset -c 1 h2load -t1 -c64 -m1 -D $((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.h2load" 2>&1 & wrk=$!
-  else taskset -c 1 wrk -t1 -c64 -d$((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.wrk" 2>&1 & wrk=$!; fi
+  if [ "$LOAD" = h2 ]; then start_bg taskset -c 1 h2load -t1 -c64 -m1 -D $((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.h2load" 2>&1; wrk=$!
+  else start_bg taskset -c 1 wrk -t1 -c64 -d$((2 * WINDOW + 4))s "http://$PX/small" > "$OUT/$name.wrk" 2>&1; wrk=$!; fi
   sleep 1
   # the window is perf's workload: it starts once the counters are on, so the
   # upstream's counter is read at both edges of what was counted
@@ -86,7 +82,7 @@ for spec in "$@" nginx=nginx; do
     -p "$pid" -o "$OUT/$name.mallocs" -- sh -c "$window"
   r2=$(served_in "$OUT/$name.r0"); r3=$(served_in "$OUT/$name.r1")
   wait $wrk
-  kill "$ppid"; wait "$ppid" 2>/dev/null
+  stop "$ppid"
   # perf trace -s prints a table per thread: sum the calls of each syscall over all threads
   awk -v n=$((r1 - r0)) -v name="$name" '
     $1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 8 { c[$1] += $2 }

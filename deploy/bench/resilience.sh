@@ -5,24 +5,25 @@
 # is stopped at exit. The proxy is pinned to CPU 0, the demo upstream and wrk
 # to CPU 1. Usage: deploy/bench/resilience.sh [path/to/happypath]
 set -euo pipefail
-BIN=${1:-${HAPPYPATH_BIN:-.build/release/happypath}}
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../loadtest/lib.sh"
+need wrk; need python3; need curl; need taskset util-linux
+need_binary release "${1:-}"
 DURATION=${DURATION:-8s}
 REPEATS=${REPEATS:-3}
 PORT_BASE=${PORT_BASE:-19080}
 UP=$((PORT_BASE + 1)); PX=$((PORT_BASE + 2)); ADMIN=$((PORT_BASE + 3))
 OUT=${OUT:-/tmp/resilience-results.$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-for tool in wrk python3 curl; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)"; exit 2; }; done
 
-start_demo() { taskset -c 1 "$BIN" demo-upstream --listen 127.0.0.1:$UP >"$OUT/demo.log" 2>&1 & DEMO=$!; PIDS+=($DEMO); wait_port $UP; }
-stop_demo() { kill "$DEMO" 2>/dev/null; wait "$DEMO" 2>/dev/null || true; }
+start_demo() {
+  start_bg taskset -c 1 "$BIN" demo-upstream --listen 127.0.0.1:$UP >"$OUT/demo.log" 2>&1; DEMO=$!
+  wait_http $DEMO "the demo upstream" "http://127.0.0.1:$UP/healthz" "$OUT/demo.log"
+}
 start_proxy() {  # config file
-  taskset -c 0 "$BIN" serve --config "$1" --workers 1 --log-level error >"$OUT/proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY); wait_port $PX; }
-stop_proxy() { kill "$PROXY" 2>/dev/null; wait "$PROXY" 2>/dev/null || true; }
-wait_port() { for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done; echo "port $1 did not open"; exit 1; }
+  start_bg taskset -c 0 "$BIN" serve --config "$1" --workers 1 --log-level error >"$OUT/proxy.log" 2>&1; PROXY=$!
+  wait_http $PROXY "the proxy" "http://127.0.0.1:$ADMIN/readyz" "$OUT/proxy.log"
+}
 hits() { curl -s http://127.0.0.1:$UP/_demo/stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["hits"])'; }
 rps() { awk '/Requests\/sec/{print $2}'; }
 
@@ -49,7 +50,7 @@ for i in $(seq "$REPEATS"); do
     start_proxy "$OUT/$mode.yaml"
     taskset -c 1 wrk -t1 -c64 -d1s "http://127.0.0.1:$PX/ok" >/dev/null
     R[$mode]+="$(taskset -c 1 wrk -t1 -c64 -d"$DURATION" "http://127.0.0.1:$PX/ok" | rps) "
-    stop_proxy
+    stop "$PROXY"
   done
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
@@ -70,8 +71,8 @@ after=$(hits)
 requests=$(awk '/requests in/{print $1}' "$OUT/flaky.txt")
 errors=$(awk '/Non-2xx/{print $5}' "$OUT/flaky.txt"); errors=${errors:-0}
 echo "   client requests: $requests   client-visible errors: $errors   upstream tries: $((after - before))   extra upstream load: $(python3 -c "print(f'{($after-$before)/$requests-1:.1%}')")   rps: $(rps < "$OUT/flaky.txt")"
-stop_proxy
-stop_demo
+stop "$PROXY"
+stop "$DEMO"
 
 echo "== 3. 10-second outage with 1,000 parked requests"
 config outage "{ timeout: 30s, reachability: { park_for: 25s }, health_check: { interval: 200ms, timeout: 200ms } }"
@@ -106,5 +107,5 @@ finally:
 print(f"   parked: 1000   answered 200 after recovery: {ok}   proxy RSS while parked: {parked_rss:.1f} MiB   "
       f"last answer {last - up_at:.2f} s after the upstream came up (health-check interval 0.2 s included)")
 PY
-stop_proxy
+stop "$PROXY"
 echo "results and configs: $OUT"

@@ -40,6 +40,8 @@
 # unquoted words).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../loadtest/lib.sh"
+need_binary release
 upstream=${BENCH_UPSTREAM:?BENCH_UPSTREAM (host:port of the upstream) is not set}
 listen=${BENCH_LISTEN:?BENCH_LISTEN (host:port to listen on) is not set}
 workers=${BENCH_WORKERS:-1}
@@ -137,6 +139,6 @@ case $profile in
     ;;
   *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, adaptive, h2up, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
-"${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" check --config "$cfg" >/dev/null
+"$BIN" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086
-exec ${BENCH_WRAPPER:-} "${HAPPYPATH_BIN:-$here/../../.build/release/happypath}" serve --config "$cfg" --log-level "$level"
+exec ${BENCH_WRAPPER:-} "$BIN" serve --config "$cfg" --log-level "$level"

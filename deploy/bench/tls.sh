@@ -13,20 +13,19 @@
 # request = utime + stime of the proxy's process tree over the run / requests.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BIN=${1:-$here/../../.build/release/happypath}
+. "$here/../loadtest/lib.sh"
 DURATION=${DURATION:-10s}; REPEATS=${REPEATS:-3}; WARMUP=${WARMUP:-2s}
 PORT_BASE=${PORT_BASE:-18680}
 OUT=${OUT:-/tmp/happypath-tls.$(date +%Y%m%d-%H%M%S)}
-for tool in nginx wrk curl openssl taskset; do command -v $tool >/dev/null || { echo "missing: $tool (make bench-deps)" >&2; exit 2; }; done
-[ -x "$BIN" ] || { echo "no happypath binary at $BIN" >&2; exit 2; }
+need nginx; need wrk; need curl; need openssl; need taskset util-linux
+need_binary release "${1:-}"
 mkdir -p "$OUT/tmp" "$OUT/logs"
 exec > >(tee -a "$OUT/run.log") 2>&1
 UP=127.0.0.1:$((PORT_BASE + 1))
 declare -A PORT=([nginx]=$((PORT_BASE + 2)) [nginx-tls]=$((PORT_BASE + 3)) [happypath]=$((PORT_BASE + 4)) [happypath-tls]=$((PORT_BASE + 5)))
 TARGETS="nginx happypath nginx-tls happypath-tls"
-PIDS=(); declare -A PID_OF=()
-spawn() { local name=$1 cpu=$2; shift 2; taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1 & PID_OF[$name]=$!; PIDS+=($!); }
-trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; sleep 0.5; for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done' EXIT
+declare -A PID_OF=()
+spawn() { local name=$1 cpu=$2; shift 2; start_bg taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1; PID_OF[$name]=$!; }
 ticks() { local p t=0; for p in $1 $(pgrep -P "$1" | tr '\n' ' '); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{sub(/.*\) /, ""); print $12 + $13}' /proc/$p/stat))); done; echo $t; }
 url() { case $1 in *-tls) echo "https://localhost:${PORT[$1]}/";; *) echo "http://127.0.0.1:${PORT[$1]}/";; esac; }
 
@@ -61,8 +60,7 @@ spawn happypath 0 env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[happyp
 spawn happypath-tls 0 env BENCH_UPSTREAM="$UP" BENCH_LISTEN="127.0.0.1:${PORT[happypath-tls]}" BENCH_OUT="$OUT/tmp" \
   BENCH_TLS_CERT="$OUT/tls.crt" BENCH_TLS_KEY="$OUT/tls.key" HAPPYPATH_BIN="$BIN" "$here/run-happypath-for-bench.sh"
 for t in $TARGETS; do
-  for _ in $(seq 100); do curl -fs --cacert "$OUT/tls.crt" -o /dev/null "$(url $t)" && break; sleep 0.1; done
-  curl -fs --cacert "$OUT/tls.crt" -o /dev/null "$(url $t)" || { echo "$t does not answer (see $OUT/logs)"; exit 1; }
+  poll 10 curl -fs --cacert "$OUT/tls.crt" -o /dev/null "$(url $t)" || { echo "$t does not answer (see $OUT/logs)"; exit 1; }
 done
 
 RESULTS=$OUT/results.tsv

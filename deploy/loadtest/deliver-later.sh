@@ -19,12 +19,12 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SHORT=0; [ "${1:-}" = "--short" ] && SHORT=1
-BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
+. "$HERE/lib.sh"
+need python3
+need_binary debug
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"
 REQUESTS=${REQUESTS:-$([ $SHORT = 1 ] && echo 2000 || echo 10000)}
 DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-$([ $SHORT = 1 ] && echo 90 || echo 300)}
 MAX_BYTES=${MAX_BYTES:-}
 KILL_WHILE_ACCEPTING=${KILL_WHILE_ACCEPTING:-0}
-command -v python3 >/dev/null || { echo "missing python3: apt-get install -y python3"; exit 2; }
-[ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 exec python3 "$HERE/deliver-later.py" --bin "$BIN" --out "$OUT" --requests "$REQUESTS" --drain-timeout "$DRAIN_TIMEOUT" ${MAX_BYTES:+--max-bytes "$MAX_BYTES"} $([ "$KILL_WHILE_ACCEPTING" = 1 ] && echo --kill-while-accepting)

@@ -30,9 +30,10 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SHORT=0; [ "${1:-}" = "--short" ] && SHORT=1
-BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
+. "$HERE/lib.sh"
+need python3; need curl
+need_binary debug
 OUT=${OUT:-/tmp/happypath-loadtest}/overload; mkdir -p "$OUT"
-. "$HERE/ports.sh"
 PHASES=${PHASES:-10,20,10}; [ $SHORT = 1 ] && PHASES=${SHORT_PHASES:-2,4,2}
 SLOTS=${SLOTS:-4}
 SERVICE_MS=${SERVICE_MS:-25}
@@ -46,14 +47,6 @@ CHECK_TARGETS=${CHECK_TARGETS:-0}
 # The chart needs matplotlib: Debian's package installs it for /usr/bin/python3,
 # which may not be the python3 first on PATH (pyenv).
 CHART_PYTHON=${CHART_PYTHON:-$(for p in /usr/bin/python3 python3; do "$p" -c 'import matplotlib' 2>/dev/null && { echo "$p"; break; }; done)}
-for tool in python3 curl; do command -v $tool >/dev/null || { echo "missing $tool: apt-get install -y python3 curl"; exit 2; }; done
-[ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
-
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_http() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1"; exit 1; }
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 run_config() {
   local name=$1 upstream_keys routes
@@ -89,12 +82,10 @@ YAML
     echo "== $name: the proxy refuses its configuration ($OUT/$name.yaml):"; sed 's/^/   /' "$OUT/$name.check.txt"
     return 1
   fi
-  python3 "$HERE/capacity-upstream.py" "$UP" "$SLOTS" "$SERVICE_MS" >"$OUT/$name.upstream.log" 2>&1 & local upstream=$!
-  PIDS+=($upstream)
-  wait_http "http://127.0.0.1:$UP/healthz"; alive $upstream "the capacity upstream"
-  "$BIN" serve --config "$OUT/$name.yaml" --log-level warning >"$OUT/$name.proxy.log" 2>&1 & local proxy=$!
-  PIDS+=($proxy)
-  wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $proxy "the proxy"
+  start_bg python3 "$HERE/capacity-upstream.py" "$UP" "$SLOTS" "$SERVICE_MS" >"$OUT/$name.upstream.log" 2>&1; local upstream=$!
+  wait_http $upstream "the capacity upstream" "http://127.0.0.1:$UP/healthz" "$OUT/$name.upstream.log"
+  start_bg "$BIN" serve --config "$OUT/$name.yaml" --log-level warning >"$OUT/$name.proxy.log" 2>&1; local proxy=$!
+  wait_http $proxy "the proxy" "http://127.0.0.1:$ADMIN/readyz" "$OUT/$name.proxy.log"
   echo "== $name: phases $PHASES s, critical $CRITICAL_RATE/s, sheddable ${SPIKE}x during the spike"
   python3 "$HERE/overload-load.py" --name "$name" --proxy 127.0.0.1:$PX --admin 127.0.0.1:$ADMIN \
     --upstream 127.0.0.1:$UP --out "$OUT" --phases "$PHASES" --critical-rate "$CRITICAL_RATE" --spike "$SPIKE" \

@@ -4,7 +4,7 @@
 #   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload [--short]
 #   make loadtest SCENARIO=flaky
 #
-# Starts the demo upstream and the proxy on loopback (free ports, ports.sh),
+# Starts the demo upstream and the proxy on loopback (free ports: lib.sh),
 # drives them with wrk (report.lua), samples the proxy's /metrics while it
 # runs (sample.py), prints a table and writes an SVG chart and JSON data to
 # $OUT (default /tmp/happypath-loadtest). --short runs ~10 s and checks the
@@ -33,21 +33,19 @@ SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|ta
 [ "$SCENARIO" = tail ] && exec "$HERE/tail.sh" "${@:2}"
 [ "$SCENARIO" = overload ] && exec "$HERE/overload.sh" "${@:2}"
 SHORT=0; [ "${2:-}" = "--short" ] && SHORT=1
-BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
+. "$HERE/lib.sh"
+need wrk; need python3; need curl
+need_binary debug
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"
-. "$HERE/ports.sh"
 read -r UP_PORT PX ADMIN <<<"$(free_ports 3)"
 DURATION=${DURATION:-30}; [ $SHORT = 1 ] && DURATION=${SHORT_DURATION:-10}
 CONNS=${CONNS:-32}
 UPSTREAM=${UPSTREAM:-}
-for tool in wrk python3 curl; do command -v $tool >/dev/null || { echo "missing $tool: apt-get install -y wrk python3 curl"; exit 2; }; done
-[ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_http() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1"; exit 1; }
-start_demo() { "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >>"$OUT/$SCENARIO.demo.log" 2>&1 & DEMO=$!; PIDS+=($DEMO); wait_http "http://127.0.0.1:$UP_PORT/healthz"; alive $DEMO "the demo upstream"; }
+start_demo() {
+  start_bg "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >>"$OUT/$SCENARIO.demo.log" 2>&1; DEMO=$!
+  wait_http $DEMO "the demo upstream" "http://127.0.0.1:$UP_PORT/healthz" "$OUT/$SCENARIO.demo.log"
+}
 
 path=/ok
 defaults="{ }"
@@ -92,16 +90,16 @@ routes:
 YAML
 : > "$OUT/$SCENARIO.demo.log"
 [ -z "$UPSTREAM" ] && start_demo
-"$BIN" serve --config "$OUT/$SCENARIO.yaml" --log-level warning >"$OUT/$SCENARIO.proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY)
-wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $PROXY "the proxy"
+start_bg "$BIN" serve --config "$OUT/$SCENARIO.yaml" --log-level warning >"$OUT/$SCENARIO.proxy.log" 2>&1; PROXY=$!
+wait_http $PROXY "the proxy" "http://127.0.0.1:$ADMIN/readyz" "$OUT/$SCENARIO.proxy.log"
 
 echo "== $SCENARIO: wrk -c$CONNS for ${DURATION}s on $path"
-wrk -t2 -c"$CONNS" -d"${DURATION}s" --timeout 30s -s "$HERE/report.lua" "http://127.0.0.1:$PX$path" > "$OUT/$SCENARIO.wrk.txt" 2>&1 & WRK=$!
-python3 "$HERE/sample.py" "127.0.0.1:$ADMIN" "$OUT/$SCENARIO" "$DURATION" "$OUT/$SCENARIO.wrk.txt" > "$OUT/$SCENARIO.table.txt" & SAMPLER=$!
+start_bg wrk -t2 -c"$CONNS" -d"${DURATION}s" --timeout 30s -s "$HERE/report.lua" "http://127.0.0.1:$PX$path" > "$OUT/$SCENARIO.wrk.txt" 2>&1; WRK=$!
+start_bg python3 "$HERE/sample.py" "127.0.0.1:$ADMIN" "$OUT/$SCENARIO" "$DURATION" "$OUT/$SCENARIO.wrk.txt" > "$OUT/$SCENARIO.table.txt"; SAMPLER=$!
 third=$(python3 -c "print($DURATION/3)")
 case "$SCENARIO" in
   outage)
-    sleep "$third"; kill "$DEMO"; wait "$DEMO" 2>/dev/null || true
+    sleep "$third"; stop "$DEMO"
     down=$([ $SHORT = 1 ] && echo 3 || echo 10); echo "   upstream down for ${down}s"; sleep "$down"; start_demo ;;
   breaker)
     sleep "$third"; curl -s "http://127.0.0.1:$UP_PORT/_demo/outage?ms=3000&status=503" >/dev/null; echo "   upstream failing for 3s" ;;

@@ -23,9 +23,10 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SHORT=0; [ "${1:-}" = "--short" ] && SHORT=1
-BIN=${HAPPYPATH_BIN:-$HERE/../../.build/debug/happypath}
+. "$HERE/lib.sh"
+need python3; need curl
+need_binary debug
 OUT=${OUT:-/tmp/happypath-loadtest}; mkdir -p "$OUT"
-. "$HERE/ports.sh"
 read -r UP1 UP2 PX ADMIN <<<"$(free_ports 4)"
 DURATION=${DURATION:-30}; [ $SHORT = 1 ] && DURATION=${SHORT_DURATION:-10}
 CONNS=${CONNS:-32}
@@ -37,18 +38,12 @@ SLOW_RATE=${SLOW_RATE:-5}
 SLOW_DURATION=${SLOW_DURATION:-8}
 # The budget's ratio these runs use (retry.budget's default).
 RATIO=0.2
-for tool in python3 curl; do command -v $tool >/dev/null || { echo "missing $tool: apt-get install -y python3 curl"; exit 2; }; done
-[ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_http() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1"; exit 1; }
 hits() { curl -sf "http://127.0.0.1:$1/_demo/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hits"])'; }
 
 for port in $UP1 $UP2; do
-  "$BIN" demo-upstream --listen 127.0.0.1:$port >/dev/null 2>&1 & PIDS+=($!)
-  wait_http "http://127.0.0.1:$port/healthz"; alive $! "a demo upstream"
+  start_bg "$BIN" demo-upstream --listen 127.0.0.1:$port >/dev/null 2>&1
+  wait_http $! "a demo upstream" "http://127.0.0.1:$port/healthz"
 done
 
 # One run: the proxy with `$2` on its route (empty: none), the load
@@ -69,9 +64,8 @@ routes:
     upstream: demo
     $hedge
 YAML
-  "$BIN" serve --config "$OUT/tail-$name.yaml" --log-level warning >"$OUT/tail-$name.proxy.log" 2>&1 & local proxy=$!
-  PIDS+=($proxy)
-  wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $proxy "the proxy"
+  start_bg "$BIN" serve --config "$OUT/tail-$name.yaml" --log-level warning >"$OUT/tail-$name.proxy.log" 2>&1; local proxy=$!
+  wait_http $proxy "the proxy" "http://127.0.0.1:$ADMIN/readyz" "$OUT/tail-$name.proxy.log"
   local before=$(( $(hits $UP1) + $(hits $UP2) ))
   # Exact per-request latencies (latency.py): wrk's latency statistics did
   # not add up here (measured: an average of 154 ms over 2,228 requests on 4
@@ -79,7 +73,7 @@ YAML
   python3 "$HERE/latency.py" "http://127.0.0.1:$PX$path" "$@" > "$OUT/tail-$name.load.json"
   local after=$(( $(hits $UP1) + $(hits $UP2) ))
   curl -sf "http://127.0.0.1:$ADMIN/metrics" | grep '^happypath_hedges_total' > "$OUT/tail-$name.hedges.txt" || true
-  kill "$proxy"; wait "$proxy" 2>/dev/null || true
+  stop "$proxy"
   python3 - "$OUT/tail-$name.load.json" "$((after - before))" "$OUT/tail-$name.hedges.txt" "$name" > "$OUT/tail-$name.json" <<'PY'
 import json, sys
 load = json.load(open(sys.argv[1]))

@@ -21,7 +21,9 @@
 #   SOAK_S=60 deploy/soak/run.sh    make soak SOAK_S=60  (what `make test` runs)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-BIN=${HAPPYPATH_BIN:-$HERE/../../.build/release/happypath}
+. "$HERE/../loadtest/lib.sh"
+need wrk; need python3; need curl
+need_binary release
 OUT=${OUT:-/tmp/happypath-soak}; mkdir -p "$OUT"
 SOAK_S=${SOAK_S:-600}
 OUTAGE_EVERY=${OUTAGE_EVERY:-120}
@@ -30,7 +32,6 @@ TOKEN_TTL=${TOKEN_TTL:-60}
 RELOAD_EVERY=${RELOAD_EVERY:-30}
 HOSTILE=${HOSTILE:-1}
 CONNS=${CONNS:-32}
-. "$HERE/../loadtest/ports.sh"
 if [ -n "${PORT_BASE:-}" ]; then UP_PORT=$PORT_BASE; PX=$((UP_PORT + 1)); ADMIN=$((UP_PORT + 2)); HOSTILE_PORT=$((UP_PORT + 3))
 else read -r UP_PORT PX ADMIN HOSTILE_PORT <<<"$(free_ports 4)"; fi
 # The hostile clients' own upstream (a second demo process): the demo runs one
@@ -41,16 +42,10 @@ if [ "$HOSTILE" != 0 ]; then
   HOSTILE_UPSTREAM="  hostile: { endpoints: [http://127.0.0.1:$HOSTILE_PORT], max_connections: 1024 }"
   HOSTILE_ROUTE="  - { match: { path_prefix: /hostile/ }, upstream: hostile, strip_prefix: /hostile, retry: { attempts: 1 } }"
 fi
-for tool in wrk python3 curl; do command -v $tool >/dev/null || { echo "missing $tool (make test-deps)"; exit 2; }; done
-[ -x "$BIN" ] || { echo "no binary at $BIN (swift build, or set HAPPYPATH_BIN)"; exit 2; }
 
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_http() { for _ in $(seq 200); do curl -sf -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1"; exit 1; }
 start_demo() {
-  "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >>"$OUT/demo.log" 2>&1 & DEMO=$!; PIDS+=($DEMO)
-  wait_http "http://127.0.0.1:$UP_PORT/healthz"; alive $DEMO "the demo upstream"
+  start_bg "$BIN" demo-upstream --listen 127.0.0.1:$UP_PORT >>"$OUT/demo.log" 2>&1; DEMO=$!
+  wait_http $DEMO "the demo upstream" "http://127.0.0.1:$UP_PORT/healthz" "$OUT/demo.log"
 }
 
 # The route's deadline and park_for outlast an outage, so requests that
@@ -88,19 +83,19 @@ YAML
 : > "$OUT/demo.log"
 start_demo
 if [ "$HOSTILE" != 0 ]; then
-  "$BIN" demo-upstream --listen 127.0.0.1:$HOSTILE_PORT >"$OUT/hostile-demo.log" 2>&1 & PIDS+=($!)
-  wait_http "http://127.0.0.1:$HOSTILE_PORT/healthz"
+  start_bg "$BIN" demo-upstream --listen 127.0.0.1:$HOSTILE_PORT >"$OUT/hostile-demo.log" 2>&1
+  wait_http $! "the hostile clients' demo upstream" "http://127.0.0.1:$HOSTILE_PORT/healthz" "$OUT/hostile-demo.log"
 fi
-"$BIN" serve --config "$OUT/soak.yaml" --log-level warning >"$OUT/proxy.log" 2>&1 & PROXY=$!; PIDS+=($PROXY)
-wait_http "http://127.0.0.1:$ADMIN/readyz"; alive $PROXY "the proxy"
+start_bg "$BIN" serve --config "$OUT/soak.yaml" --log-level warning >"$OUT/proxy.log" 2>&1; PROXY=$!
+wait_http $PROXY "the proxy" "http://127.0.0.1:$ADMIN/readyz" "$OUT/proxy.log"
 
 echo "== soak: ${SOAK_S}s, wrk -c$CONNS on /private/flaky (25% 503), ${OUTAGE_S}s outage every ${OUTAGE_EVERY}s, token every ${TOKEN_TTL}s, SIGHUP every ${RELOAD_EVERY}s$( [ "$HOSTILE" != 0 ] && echo ", hostile clients on /hostile/")"
 : > "$OUT/events.txt"
-wrk -t2 -c"$CONNS" -d"${SOAK_S}s" --timeout 40s -s "$HERE/../loadtest/report.lua" \
-  "http://127.0.0.1:$PX/private/flaky?fail=0.25&status=503" > "$OUT/wrk.txt" 2>&1 & WRK=$!
-python3 "$HERE/sample.py" sample "$PROXY" "127.0.0.1:$ADMIN" "$SOAK_S" "$OUT" $( [ "$HOSTILE" != 0 ] && echo "$HOSTILE_PORT") & SAMPLER=$!
+start_bg wrk -t2 -c"$CONNS" -d"${SOAK_S}s" --timeout 40s -s "$HERE/../loadtest/report.lua" \
+  "http://127.0.0.1:$PX/private/flaky?fail=0.25&status=503" > "$OUT/wrk.txt" 2>&1; WRK=$!
+start_bg python3 "$HERE/sample.py" sample "$PROXY" "127.0.0.1:$ADMIN" "$SOAK_S" "$OUT" $( [ "$HOSTILE" != 0 ] && echo "$HOSTILE_PORT"); SAMPLER=$!
 if [ "$HOSTILE" != 0 ]; then
-  python3 "$HERE/hostile.py" 127.0.0.1 "$PX" "$SOAK_S" > "$OUT/hostile.txt" 2>&1 & HOSTILE_PID=$!; PIDS+=($HOSTILE_PID)
+  start_bg python3 "$HERE/hostile.py" 127.0.0.1 "$PX" "$SOAK_S" > "$OUT/hostile.txt" 2>&1; HOSTILE_PID=$!
 fi
 
 start=$(date +%s)
@@ -109,7 +104,7 @@ while kill -0 $WRK 2>/dev/null; do
   t=$(( $(date +%s) - start ))
   if [ $t -ge $next_outage ] && [ $((t + OUTAGE_S + 10)) -le "$SOAK_S" ]; then
     echo "$t outage_start" >> "$OUT/events.txt"; echo "   $t s: upstream down for ${OUTAGE_S}s"
-    kill -9 "$DEMO"; wait "$DEMO" 2>/dev/null || true
+    stop "$DEMO" KILL
     sleep "$OUTAGE_S"
     start_demo
     echo "$(( $(date +%s) - start )) outage_end" >> "$OUT/events.txt"
