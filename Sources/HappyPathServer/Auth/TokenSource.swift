@@ -109,7 +109,8 @@ final class TokenSource: Sendable {
 /// Runs one refresh on a worker's loop through its libcurl client, retrying
 /// a token endpoint that is down or failing (5xx, no connection, timeout)
 /// with backoff; a 4xx or an unreadable answer ends it at once. The worker
-/// owns it (its `refreshes`) until it reports or the worker shuts down.
+/// owns it (its `refreshes`, `TokenRefreshes`) until it reports or the
+/// worker shuts down.
 final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
     static let maxTries = 6
     let worker: ProxyWorker
@@ -237,6 +238,6 @@ final class TokenRefresh: UpstreamResponseHandler, LoopEventTarget {
             worker.logger.info("token refreshed", metadata: ["upstream": "\(source.upstreamName)"])
         }
         worker.shared.tokenRefreshed(guardian, failure: failure)
-        worker.refreshEnded(self)
+        worker.refreshes.ended(self)
     }
 }

@@ -262,6 +262,33 @@ final class Deliveries: Sendable {
         kick()
     }
 
+    // MARK: - A round (worker loop)
+
+    /// One delivery round of a stored request, run on `worker` as an
+    /// exchange whose answer goes to the store. Routed again: the
+    /// configuration may have changed since it was stored.
+    func run(_ delivery: ClaimedDelivery, on worker: ProxyWorker) {
+        if worker.stopping { return roundFailed(delivery, .postpone(at: worker.clock.wallMilliseconds())) }
+        let runtime = worker.runtime
+        let shared = worker.shared
+        var trace: RequestTrace?
+        switch ForwardedRequest.command(
+            for: delivery, runtime: runtime, now: worker.clock.now(), tracer: shared.tracer, ids: &worker.ids, trace: &trace)
+        {
+        case let .undeliverable(problem):
+            roundFailed(delivery, .dead(status: nil, problem: problem.json()))
+        case let .command(command, route):
+            let exchange = Exchange(
+                env: worker, request: DeliverySink(), route: route, upstream: runtime.upstreams[route.upstreamIndex],
+                guardian: shared.guards[route.upstreamIndex], command: command, delivery: delivery, trace: trace)
+            // The dispatcher is one client of the upstream: a 429 to a
+            // round holds the rounds, not the clients sending live requests.
+            exchange.pacingKey = "deliver-later"
+            exchange.slotHolder.client = "deliver-later".hashValue
+            worker.started(exchange)
+        }
+    }
+
     // MARK: - A round ended (worker loop)
 
     /// The round's result to the store: delivered, queued again after a

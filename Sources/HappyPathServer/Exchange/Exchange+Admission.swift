@@ -9,7 +9,7 @@ import HappyPathPolicies
 extension Exchange {
     /// Deadline → pause → reachability → credentials → breaker → slot, as one decision.
     func admit() {
-        var gates = Gates(exchange: self, now: worker.clock.now())
+        var gates = Gates(exchange: self, now: env.clock.now())
         let verdict = Admission.decide(
             remaining: machine.remaining(at: gates.now), parkWhileOpen: machine.settings.parkWhileOpen, gates: &gates)
         perform(machine.admitted(verdict, at: gates.now))
@@ -35,10 +35,10 @@ extension Exchange {
                 return true
             case let .useAndRefresh(token):
                 exchange.authToken = token
-                exchange.worker.startRefresh(guardian: exchange.guardian)
+                exchange.env.startRefresh(guardian: exchange.guardian)
                 return true
             case let .wait(start):
-                if start { exchange.worker.startRefresh(guardian: exchange.guardian) }
+                if start { exchange.env.startRefresh(guardian: exchange.guardian) }
                 return false
             }
         }
@@ -46,7 +46,7 @@ extension Exchange {
         func breaker() -> CircuitBreakerStateMachine.Admission { exchange.guardian.admit(at: now) }
 
         func slot() -> Admission.Slot {
-            switch exchange.worker.acquireSlot(exchange, guardian: exchange.guardian, at: now) {
+            switch exchange.env.acquireSlot(exchange, guardian: exchange.guardian, at: now) {
             case .granted:
                 exchange.holdsSlot = true
                 return .acquired

@@ -16,19 +16,19 @@ extension Exchange {
                 heldBodyComplete: relay.heldBodyComplete, grpc: isGRPC, heldCarriesGRPCStatus: relay.grpcStatus != .absent))
         if let reason = decision.fallback, let fallback = route.fallback, answerFallback(fallback, reason) { return end() }
         var builder = ExchangeProblem(requestID: command.requestID, upstream: upstream.name, route: route)
-        builder.pause = guardian.pauseHolding(client: pacingKey, at: worker.clock.now())
+        builder.pause = guardian.pauseHolding(client: pacingKey, at: env.clock.now())
         builder.clientTimeout = grpcTimeout
         builder.priority = priority
         builder.adaptive = guardian.adaptive != nil
         var problem = builder.build(
-            failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: worker.clock.wallSeconds())
+            failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: env.clock.wallSeconds())
         // The upstream's words may carry what the proxy sent it (an echoed
         // Authorization header, a token endpoint repeating its form): none
         // of its credentials leave in a problem. Only upstreams with
         // credentials pay for the search, and only here, on the error path.
         let scrubber = tokens?.scrubber(sent: authToken)
         if let scrubber { problem = problem.scrubbed(by: scrubber) }
-        worker.logger.debug(
+        env.logger.debug(
             "request failed",
             metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
         finalStatus = problem.status

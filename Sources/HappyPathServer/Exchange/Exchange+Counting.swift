@@ -35,7 +35,7 @@ extension Exchange {
         if case let .paused(until, nil) = guardian.paced(
             status: status, resourceExhausted: true, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
         {
-            worker.shared.paused(guardian, until: until)
+            env.paused(guardian, until: until)
         }
         return true
     }
@@ -49,14 +49,14 @@ extension Exchange {
         guard guardian.pacing?.on.contains(status) == true else { return false }
         let wait =
             retryAfter
-            ?? PacingSignal.wait(retryAfter: nil, rateLimit: relay.rateLimit, nowUnixSeconds: worker.clock.wallSeconds())
+            ?? PacingSignal.wait(retryAfter: nil, rateLimit: relay.rateLimit, nowUnixSeconds: env.clock.wallSeconds())
         guard wait != nil else { return false }
         // `startedAt`: an answer to a request older than a reload that ended
         // the pause early is stale, and revives nothing.
         if case let .paused(until, nil) = guardian.paced(
             status: status, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
         {
-            worker.shared.paused(guardian, until: until)
+            env.paused(guardian, until: until)
         }
         return true
     }
@@ -66,14 +66,14 @@ extension Exchange {
     /// lot does next: replay everything (closed) or probe again later (open).
     /// Returns whether the breaker is open after it.
     func report(_ outcome: Outcome, endpoint: Int? = nil, at now: Instant) -> Bool {
-        worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
+        env.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
         let (transition, state) = guardian.record(outcome, probe: machine.probe, at: now)
         guardian.recordEndpoint(endpoint ?? endpointIndex, failure: outcome.isFailure, at: now)
         if transition != nil || machine.probe {
             switch state {
-            case .closed: worker.shared.recovered(guardian)
+            case .closed: env.recovered(guardian)
             case let .open(until) where upstream.whileOpen == .park:
-                worker.scheduleProbe(guardian: guardian, after: until - now)
+                env.scheduleProbe(guardian: guardian, after: until - now)
             default: break
             }
         }
@@ -85,14 +85,14 @@ extension Exchange {
     /// let the lot send another.
     func abandonProbe() {
         guardian.probeAbandoned()
-        if upstream.whileOpen == .park { worker.scheduleProbe(guardian: guardian, after: .zero) }
+        if upstream.whileOpen == .park { env.scheduleProbe(guardian: guardian, after: .zero) }
     }
 
     /// A retry from the upstream's budget; a refusal is counted
     /// (`happypath_retry_budget_exhausted_total`).
     func withdrawRetry(at now: Instant) -> Bool {
         if guardian.withdrawRetry(at: now) { return true }
-        worker.metrics.retryBudgetExhausted(upstream: upstream.name)
+        env.metrics.retryBudgetExhausted(upstream: upstream.name)
         return false
     }
 }

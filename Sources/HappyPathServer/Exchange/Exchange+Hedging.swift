@@ -13,7 +13,7 @@ extension Exchange {
     /// the next hedge if one is due before the try's limit, else at the limit.
     func armTryTimer(at now: Instant) {
         let at = hedging.timerAt
-        let event = timer ?? worker.loop.takeEvent(target: self)
+        let event = timer ?? env.loop.takeEvent(target: self)
         timer = event
         event.arm(afterNanoseconds: at.nanoseconds - now.nanoseconds)
     }
@@ -35,7 +35,7 @@ extension Exchange {
     private func hedgeDue(at now: Instant) {
         // A streamed body still coming has one reader, the try: a hedge goes
         // only once the body is whole (it is then sent whole, read by nobody).
-        if let bodyStream, bodyStream.completeBody == nil { return worker.metrics.hedge(route: route, outcome: "skipped") }
+        if let bodyStream, bodyStream.completeBody == nil { return env.metrics.hedge(route: route, outcome: "skipped") }
         var slot = false
         var decision = machine.hedgeDue(at: now)
         if decision == .admit {
@@ -44,8 +44,8 @@ extension Exchange {
         }
         if decision == .withdrawBudget { decision = machine.hedgeBudget(granted: withdrawHedge(at: now)) }
         guard case let .send(attempt, limit) = decision else {
-            if slot { worker.releaseSlot(guardian: guardian, slotHolder) }
-            if case .skip = decision { worker.metrics.hedge(route: route, outcome: "skipped") }
+            if slot { env.releaseSlot(guardian: guardian, slotHolder) }
+            if case .skip = decision { env.metrics.hedge(route: route, outcome: "skipped") }
             return
         }
         while command.attempt < attempt { command = command.nextAttempt() }
@@ -65,7 +65,7 @@ extension Exchange {
     /// `happypath_retry_budget_exhausted_total`).
     private func withdrawHedge(at now: Instant) -> Bool {
         if guardian.withdrawHedge(at: now) { return true }
-        if !guardian.retryAvailable(at: now) { worker.metrics.retryBudgetExhausted(upstream: upstream.name) }
+        if !guardian.retryAvailable(at: now) { env.metrics.retryBudgetExhausted(upstream: upstream.name) }
         return false
     }
 
@@ -84,13 +84,13 @@ extension Exchange {
             return false
         case .reject: return false
         }
-        return worker.tryAcquireSlot(guardian: guardian, slotHolder)
+        return env.tryAcquireSlot(guardian: guardian, slotHolder)
     }
 
     /// The try in flight has its status: no hedge is due any more, and if
     /// the answer is usable, every hedge still out has lost.
     func headArrived(status: Int) {
-        let now = worker.clock.now()
+        let now = env.clock.now()
         route.recordTry(sentAt: hedging.tryStartedAt, headAt: now)
         // No hedge once a head came (the timer, if armed for it, is armed
         // again for the try's limit when it fires).
@@ -106,7 +106,7 @@ extension Exchange {
     /// detached, and the hedge becomes the exchange's try.
     func hedgeHead(_ winner: HedgeTry, status: Int, reason: UnsafeRawBufferPointer) {
         guard hedging.remove(winner) else { return }
-        let now = worker.clock.now()
+        let now = env.clock.now()
         route.recordTry(sentAt: winner.startedAt, headAt: now)
         if failsTry(status) {
             let end = ExchangeStateMachine.TryEnd.answered(
@@ -115,7 +115,7 @@ extension Exchange {
             _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0)
             return scheduleReap()
         }
-        worker.metrics.hedge(route: route, outcome: "won")
+        env.metrics.hedge(route: route, outcome: "won")
         if let transfer {
             transfer.detach()
             hedging.lost(.init(transfer: transfer, holdsSlot: holdsSlot, endpointIndex: endpointIndex))
@@ -133,11 +133,11 @@ extension Exchange {
     /// counted, and the request goes on with the other try.
     func hedgeFinished(_ loser: HedgeTry, _ failure: UpstreamFailure?) {
         guard hedging.remove(loser) else { return }
-        worker.releaseSlot(guardian: guardian, slotHolder)
-        let now = worker.clock.now()
+        env.releaseSlot(guardian: guardian, slotHolder)
+        let now = env.clock.now()
         let end = ExchangeStateMachine.TryEnd.failed(failure?.tryFailure ?? .init(.reset, Self.closedInHead))
         _ = report(machine.outcome(of: end), endpoint: loser.endpointIndex, at: now)
-        worker.metrics.hedge(route: route, outcome: "lost")
+        env.metrics.hedge(route: route, outcome: "lost")
         _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0)
     }
 
@@ -163,15 +163,15 @@ extension Exchange {
 
     func lose(_ hedge: HedgeTry, outcome: Outcome? = nil) {
         if trace != nil {
-            trace?.tryEnded(lostHedge: true, outcome: outcome?.metricLabel ?? "lost", status: nil, at: worker.clock.now())
+            trace?.tryEnded(lostHedge: true, outcome: outcome?.metricLabel ?? "lost", status: nil, at: env.clock.now())
         }
         hedge.transfer.detach()
         hedging.lost(.init(transfer: hedge.transfer, holdsSlot: true, endpointIndex: hedge.endpointIndex, outcome: outcome))
-        worker.metrics.hedge(route: route, outcome: "lost")
+        env.metrics.hedge(route: route, outcome: "lost")
     }
 
     private func scheduleReap() {
-        let event = hedging.reapEvent ?? worker.loop.takeEvent(target: self)
+        let event = hedging.reapEvent ?? env.loop.takeEvent(target: self)
         hedging.reapEvent = event
         event.arm(after: .zero)
     }
@@ -182,7 +182,7 @@ extension Exchange {
     func reap(at now: Instant) {
         for loser in hedging.removeLosers() {
             loser.transfer.cancel()
-            if loser.holdsSlot { worker.releaseSlot(guardian: guardian, slotHolder) }
+            if loser.holdsSlot { env.releaseSlot(guardian: guardian, slotHolder) }
             if let outcome = loser.outcome { _ = report(outcome, endpoint: loser.endpointIndex, at: now) }
         }
     }
@@ -191,7 +191,7 @@ extension Exchange {
     /// answered or gives up).
     func releaseHedges() {
         if !hedging.isIdle {
-            let now = worker.clock.now()
+            let now = env.clock.now()
             for hedge in hedging.removeAll() { lose(hedge) }
             reap(at: now)
         }

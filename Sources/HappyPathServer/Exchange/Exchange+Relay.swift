@@ -87,7 +87,7 @@ extension Exchange {
 
     func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
         guard !isFinished else { return }
-        relay.trailer(name: name, value: value, limit: worker.server.limits.maxHeaderBytes, to: request)
+        relay.trailer(name: name, value: value, limit: env.maxTrailerBytes, to: request)
     }
 
     func upstreamFinished(_ failure: UpstreamFailure?) {

@@ -13,7 +13,7 @@ extension Exchange {
     func sampleTry() {
         guard let from = sampleFrom, let lane else { return }
         sampleFrom = nil
-        worker.sampleTry(lane, from: from.at, to: worker.clock.now(), inFlight: from.inFlight, kind: kind)
+        env.sampleTry(lane, from: from.at, to: env.clock.now(), inFlight: from.inFlight, kind: kind)
     }
 
     /// What kind of request this is to the adaptive limit (its samples are
@@ -60,14 +60,14 @@ extension Exchange {
     func measureTry() {
         guard let from = sampleFrom else { return }
         sampleFrom = nil
-        measured = (from.at, worker.clock.now(), from.inFlight)
+        measured = (from.at, env.clock.now(), from.inFlight)
     }
 
     /// The sample `measureTry` read, given to the limit (outside libcurl's callbacks).
     func applySample() {
         guard let m = measured, let lane else { return }
         measured = nil
-        worker.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight, kind: kind)
+        env.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight, kind: kind)
     }
 
     /// A try that ended without a sample (a reset, an error status) takes none.
@@ -80,14 +80,14 @@ extension Exchange {
     /// hold the slots short requests need. On the next pass.
     func answerStreams() {
         guard guardian.adaptive != nil, holdsSlot, !slotStreams, streamEvent == nil, lane != nil else { return }
-        let event = worker.loop.takeEvent(target: self)
+        let event = env.loop.takeEvent(target: self)
         streamEvent = event
         event.arm(after: .zero)
     }
 
     func moveSlotToStreams() {
         guard holdsSlot, !slotStreams, let lane else { return }
-        if worker.moveToStreams(lane, slotHolder) { slotStreams = true }
+        if env.moveToStreams(lane, slotHolder) { slotStreams = true }
     }
 
     // MARK: - Releasing
@@ -97,16 +97,16 @@ extension Exchange {
             holdsSlot = false
             if slotStreams {
                 slotStreams = false
-                if let lane { worker.streamEnded(lane) }
+                if let lane { env.streamEnded(lane) }
             } else if let lane {
-                worker.releaseSlot(lane, slotHolder)
+                env.releaseSlot(lane, slotHolder)
             } else {
-                worker.releaseSlot(guardian: guardian, slotHolder)
+                env.releaseSlot(guardian: guardian, slotHolder)
             }
         }
         if isQueued {
             isQueued = false
-            if let lane { worker.leaveQueue(self, lane: lane) }
+            if let lane { env.leaveQueue(self, lane: lane) }
         }
     }
 }

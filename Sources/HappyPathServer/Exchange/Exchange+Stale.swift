@@ -30,7 +30,7 @@ extension Exchange {
     /// rules allow (a status worth keeping, no `no-store`, `private` or
     /// `Set-Cookie`), for everyone or only for the same credentials.
     func keepAnswer(fields: consuming KeptFields, body: consuming [UInt8]) {
-        guard let store = worker.shared.stale, let serveStale = route.fallback?.serveStale, let staleKey = route.staleKey,
+        guard let store = env.stale, let serveStale = route.fallback?.serveStale, let staleKey = route.staleKey,
             StaleRules.mayKeep(method: command.method, status: relay.status)
         else { return }
         let keys = staleKeys(staleKey, salt: store.salt)
@@ -39,7 +39,7 @@ extension Exchange {
                 method: command.method, status: relay.status, fields: fields, requestHasCredentials: keys.credentials != nil,
                 serveStale: serveStale)
         else { return }
-        let now = worker.clock.now()
+        let now = env.clock.now()
         let entry = StaleEntry(
             status: relay.status, reason: relay.reason, fields: fields, body: body, receivedAt: now,
             expiresAt: now + decision.keepFor, varyNames: decision.varyNames,
@@ -57,16 +57,16 @@ extension Exchange {
     /// The kept answer, else the fixed one; false: neither (the problem is answered).
     func answerFallback(_ fallback: FallbackConfiguration, _ reason: FallbackConfiguration.Reason) -> Bool {
         let method = command.method
-        if fallback.serveStale != nil, method == "GET" || method == "HEAD", let store = worker.shared.stale,
+        if fallback.serveStale != nil, method == "GET" || method == "HEAD", let store = env.stale,
             let staleKey = route.staleKey
         {
-            let now = worker.clock.now()
+            let now = env.clock.now()
             let keys = staleKeys(staleKey, salt: store.salt)
             let found = store.lookup(keys: keys.lookup, at: now) {
                 staleKey.varyValue(name: $0, value: request.header($0), salt: store.salt)
             }
             if let entry = found {
-                worker.metrics.fallback(route: route, kind: "stale", reason: reason.rawValue)
+                env.metrics.fallback(route: route, kind: "stale", reason: reason.rawValue)
                 // Both terms are at most OutsideValues.maxSeconds (the time kept is
                 // under serve_stale), so the sum cannot overflow; it is clamped again.
                 var age = min(OutsideValues.maxSeconds, max(0, (now - entry.receivedAt).components.seconds))
@@ -87,7 +87,7 @@ extension Exchange {
             }
         }
         guard let fixed = fallback.response else { return false }
-        worker.metrics.fallback(route: route, kind: "fixed", reason: reason.rawValue)
+        env.metrics.fallback(route: route, kind: "fixed", reason: reason.rawValue)
         let fields = [
             HTTPField(name: "Content-Type", value: fixed.contentType),
             HTTPField(name: "X-Happypath-Fallback", value: "fixed; reason=" + reason.rawValue),

@@ -18,10 +18,10 @@ extension Exchange {
             target: endpoint.basePath + command.target, origin: endpoint.origin, fields: command.headers.fields,
             replacing: credentials)
         let attempt = UpstreamUpgrade(
-            loop: worker.loop,
+            loop: env.loop,
             request: UpstreamUpgradeRequest(
                 origin: endpoint.origin, head: head, connectTimeout: min(upstream.connectTimeout, limit),
-                idleTimeout: worker.idleTimeout, tls: upstream.tls, connectTo: endpoint.connectTo),
+                idleTimeout: env.idleTimeout, tls: upstream.tls, connectTo: endpoint.connectTo),
             handler: self)
         attempt.start()
         return attempt
@@ -37,29 +37,29 @@ extension Exchange {
         // on an adaptive upstream among its streams, if `max_streams` has room.
         var slot: HeldSlot?
         if holdsSlot, let lane {
-            slot = HeldSlot(lane: lane, holder: slotHolder, streams: slotStreams || worker.moveToStreams(lane, slotHolder))
+            slot = HeldSlot(lane: lane, holder: slotHolder, streams: slotStreams || env.moveToStreams(lane, slotHolder))
         }
         holdsSlot = false
         slotStreams = false
         releaseSlot()
         let fields = upgrade?.answerFields(switching ?? [], requestID: command.requestID) ?? []
         switching = nil
-        let clock = worker.clock
+        let clock = env.clock
         // Counted open before the 101 leaves: a client that has its 101 and
         // reads /metrics at once finds its tunnel counted.
-        worker.shared.tunnels.add(1)
+        env.tunnelsOpen.add(1)
         guard !isFinished, let client = request as? HTTPRequest,
             let tunnel = client.switchProtocols(
                 fields: fields, to: connection, limits: .init(idle: route.upgradesIdleTimeout), now: { clock.now() })
         else {
-            worker.shared.tunnels.add(-1)
-            if let slot { worker.giveBack(slot) }
+            env.tunnelsOpen.add(-1)
+            if let slot { env.giveBack(slot) }
             // The client left as the upstream agreed: the upstream did its part.
             connection.close()
             return perform(machine.clientGone())
         }
         switched = true
-        worker.tunnelOpened(tunnel, route: route, upstream: upstream, slotOf: slot)
+        env.tunnelOpened(tunnel, route: route, upstream: upstream, slotOf: slot)
         perform(machine.streamingStarted(status: 101))
         tryEnded(.answered(status: 101, retryAfter: nil, withToken: authToken != nil && tokens != nil))
     }

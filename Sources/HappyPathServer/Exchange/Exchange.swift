@@ -21,9 +21,10 @@ import Logging
 final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarget {
     typealias ParkReason = ExchangeStateMachine.ParkReason
 
-    /// The worker owns every exchange until `finished` (its `active`), and
+    /// What the exchange needs from its worker (`ExchangeEnvironment`). The
+    /// worker owns every exchange until `finished` (its `active`), and
     /// abandons those left at shutdown.
-    let worker: ProxyWorker
+    let env: any ExchangeEnvironment
     /// The client's connection, or a `DeliverySink` for a delivery round.
     let request: any ExchangeClient
     /// For the access log, read at the start: an HTTP/1.1 connection
@@ -85,7 +86,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// on (its slots, queue and limit); kept so a release or a sample does
     /// not look it up again. A lane is forgotten only while idle, and this
     /// exchange holds a slot or a place whenever it uses it.
-    var lane: ProxyWorker.Lane?
+    var lane: Lane?
     /// Where the worker's parking lot has it (nil: not parked).
     private(set) var parked: ParkReason?
     /// The machine's one timer (try limit, queue wait, backoff, park expiry).
@@ -131,19 +132,19 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     var bytesOut: Int { relay.bytesOut }
 
     init(
-        worker: ProxyWorker, request: any ExchangeClient, route: RuntimeRoute, upstream: RuntimeUpstream,
+        env: any ExchangeEnvironment, request: any ExchangeClient, route: RuntimeRoute, upstream: RuntimeUpstream,
         guardian: UpstreamGuard, command: Command, delivery: ClaimedDelivery? = nil, upgrade: UpgradeRequest? = nil,
         trace: RequestTrace? = nil, bodyStream: RequestBodyStream? = nil
     ) {
         self.bodyStream = bodyStream
         self.trace = trace
         self.upgrade = upgrade
-        self.worker = worker
+        self.env = env
         self.request = request
         // One read of the protocol's name serves both (HTTP/1.x requests
         // stop there for gRPC).
         let name = request.protocolName
-        protocolName = worker.accessLog.enabled ? name : ""
+        protocolName = env.logsAccess ? name : ""
         let call = request.grpcCall(protocolName: name)
         isGRPC = call != nil
         self.delivery = delivery
@@ -162,7 +163,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         self.upstream = upstream
         self.guardian = guardian
         self.command = command
-        startedAt = worker.clock.now()
+        startedAt = env.clock.now()
         // A gRPC call's deadline is the sooner of the route's and its
         // client's (`grpc-timeout`); compared as durations first, so that a
         // client's hours never reach the clock's arithmetic.
@@ -171,7 +172,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             deadline = startedAt + timeout
             grpcTimeout = timeout
         }
-        relay.clock = worker.clock
+        relay.clock = env.clock
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
         relay.readsGRPCStatus = isGRPC
         relay.readsGRPCDetails = isGRPC && guardian.pacing?.onResourceExhausted == true
@@ -185,7 +186,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
                 refreshOn: Set(guardian.tokens?.refreshOn ?? []),
                 hedgeMaxExtra: upgrade == nil ? route.hedge?.maxExtra ?? 0 : 0))
         if route.fallback?.serveStale != nil, command.method == "GET", delivery == nil, upgrade == nil,
-            let store = worker.shared.stale
+            let store = env.stale
         {
             relay.kept = ResponseRelay.KeptAnswer(limit: store.maxEntryBytes)
         }
@@ -198,7 +199,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     func start() {
         request.observer = self
-        guardian.recordRequest(at: worker.clock.now())
+        guardian.recordRequest(at: env.clock.now())
         perform(machine.start())
     }
 
@@ -215,18 +216,18 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     /// The worker hands over a freed connection slot.
     func slotGranted() {
-        guard isQueued else { return worker.releaseSlot(guardian: guardian, slotHolder) }
+        guard isQueued else { return env.releaseSlot(guardian: guardian, slotHolder) }
         isQueued = false
         holdsSlot = true
         timer?.disarm()
-        perform(machine.slotGranted(at: worker.clock.now()))
+        perform(machine.slotGranted(at: env.clock.now()))
     }
 
     /// The upstream recovered (the worker already took it out of the lot).
     func replay() {
         guard parked != nil else { return }
         parked = nil
-        if trace != nil { trace?.parkedChanged(false, at: worker.clock.now()) }
+        if trace != nil { trace?.parkedChanged(false, at: env.clock.now()) }
         timer?.disarm()
         perform(machine.replay())
     }
@@ -267,19 +268,19 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         case let .waitForSlot(limit):
             arm(after: limit)
         case .withdrawRetry:
-            perform(machine.retryBudget(granted: withdrawRetry(at: worker.clock.now())))
+            perform(machine.retryBudget(granted: withdrawRetry(at: env.clock.now())))
         case let .backOff(delay):
-            worker.metrics.retry(upstream: upstream.name)
+            env.metrics.retry(upstream: upstream.name)
             arm(after: delay)
         case let .park(reason, limit, probeAfter):
-            if let probeAfter { worker.scheduleProbe(guardian: guardian, after: probeAfter) }
+            if let probeAfter { env.scheduleProbe(guardian: guardian, after: probeAfter) }
             // A connect failure: the next good health check replays, even if
             // the checker never saw the upstream down.
             if reason == .unreachable { guardian.suspect.store(true, ordering: .relaxed) }
-            guard worker.park(self, reason: reason) else { return perform(machine.parkRefused()) }
+            guard env.park(self, reason: reason) else { return perform(machine.parkRefused()) }
             parked = reason
-            if reason == .paused { worker.parkedForPause(self) }
-            if trace != nil { trace?.parkedChanged(true, at: worker.clock.now()) }
+            if reason == .paused { env.parkedForPause(self) }
+            if trace != nil { trace?.parkedChanged(true, at: env.clock.now()) }
             arm(after: limit)
         case .cancelTry:
             if let transfer { transfer.cancel() }
@@ -296,8 +297,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             case .retryWith:
                 admit()
             case let .wait(start):
-                if start { worker.startRefresh(guardian: guardian) }
-                perform(machine.admitted(.park(.auth, probeAfter: nil), at: worker.clock.now()))
+                if start { env.startRefresh(guardian: guardian) }
+                perform(machine.admitted(.park(.auth, probeAfter: nil), at: env.clock.now()))
             }
         case .stream:
             timer?.disarm()
@@ -340,7 +341,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         relay.reset()
         relay.holdLimit = route.passesErrors ? ResponseRelay.passHoldLimit : ErrorMapper.maxBody
         if route.hedge != nil, upgrade == nil {
-            let now = worker.clock.now()
+            let now = env.clock.now()
             hedging.trySent(at: now, limit: limit, hedgeDueAt: machine.mayHedge ? route.hedgeDue(sentAt: now) : nil)
             armTryTimer(at: now)
         } else {
@@ -349,14 +350,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         // A retry prefers another endpoint than the one that just failed;
         // ejected endpoints are skipped.
         let count = upstream.endpoints.count
-        let preferred = endpointIndex < 0 ? worker.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
-        endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: worker.clock.now()) : preferred
+        let preferred = endpointIndex < 0 ? env.nextEndpointIndex(for: guardian, count: count) : (endpointIndex + 1) % count
+        endpointIndex = count > 1 ? guardian.pickEndpoint(preferred: preferred, at: env.clock.now()) : preferred
         // Each try reads the streamed body from its first byte (a retry is
         // only allowed while it is all kept: `machine.bodyReplayable`). A
         // hedge never rewinds: it goes only once the body is whole.
         if let bodyStream { _ = bodyStream.rewind() }
         if guardian.adaptive != nil, upgrade == nil, let lane {
-            sampleFrom = (worker.clock.now(), lane.slots.inFlight)
+            sampleFrom = (env.clock.now(), lane.slots.inFlight)
         }
         if let upgrade {
             upgradeTry = startUpgrade(upgrade, endpoint: endpointIndex, limit: limit)
@@ -380,17 +381,17 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         if let token, let tokens { credentials = HTTPField(name: tokens.header, value: token.credential.reveal) }
         if trace != nil {
             trace?.tryStarted(
-                spanID: Tracer.nonZero(worker.ids.next()), endpoint: endpoint.origin, attempt: command.attempt,
-                hedge: handler !== self, at: worker.clock.now())
+                spanID: Tracer.nonZero(env.random()), endpoint: endpoint.origin, attempt: command.attempt,
+                hedge: handler !== self, at: env.clock.now())
         }
         var request = UpstreamRequest(
             origin: endpoint.origin, target: endpoint.basePath + command.target, method: method,
             headers: command.headers, replacing: credentials, body: command.body, sendsBody: sendsBody,
-            connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: worker.idleTimeout, tls: upstream.tls,
+            connectTimeout: min(upstream.connectTimeout, limit), idleTimeout: env.idleTimeout, tls: upstream.tls,
             connectTo: endpoint.connectTo, httpVersion: endpoint.httpVersion, bodyStream: bodyStream,
-            replacingAlso: isGRPC ? tryTimeout(at: worker.clock.now()) : nil)
+            replacingAlso: isGRPC ? tryTimeout(at: env.clock.now()) : nil)
         if upstream.speaksH2 { request.h2Counters = guardian.h2Counters }
-        return worker.transports.start(request, handler: handler)
+        return env.startTry(request, handler: handler)
     }
 
     /// A gRPC try's own `grpc-timeout`: the time its call has left (the
@@ -409,7 +410,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             }
             machine.bodyReplayable = bodyStream.replayable
         }
-        let now = worker.clock.now()
+        let now = env.clock.now()
         var end = end
         if relay.headComplete, case let .failed(failure) = end, relay.bytesOut == 0,
             machine.state == .streaming || failure.kind != .timeout
@@ -437,18 +438,18 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             // ends or a reload ends it), not on a Retry-After of its own.
             end = withoutWait
             pacedAnswer = true
-            worker.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
+            env.metrics.upstreamTry(upstream: upstream.name, outcome: outcome.metricLabel)
             if machine.probe { abandonProbe() }
             breakerOpen = false
         } else {
             breakerOpen = report(outcome, at: now)
         }
         if machine.state == .streaming, case let .failed(failure) = end {
-            worker.logger.warning(
+            env.logger.warning(
                 "upstream failed mid-response",
                 metadata: ["request_id": "\(command.requestID)", "upstream": "\(upstream.name)", "error": "\(failure.message)"])
         }
-        let random = Double(worker.ids.next() % 1_000_000) / 1_000_000
+        let random = Double(env.random() % 1_000_000) / 1_000_000
         // A retry after a pacing answer waits for the pause: the pause, not
         // the retry budget, bounds what reaches the upstream, so it spends
         // no budget (under load the budget would turn parked clients' retries into 429s).
@@ -462,7 +463,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     // MARK: - Timers
 
     private func arm(after delay: Duration) {
-        let event = timer ?? worker.loop.takeEvent(target: self)
+        let event = timer ?? env.loop.takeEvent(target: self)
         timer = event
         event.arm(after: delay)
     }
@@ -471,10 +472,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         if event === goneEvent {
             return perform(machine.clientGone())
         }
-        if event === hedging.reapEvent { return reap(at: worker.clock.now()) }
+        if event === hedging.reapEvent { return reap(at: env.clock.now()) }
         if event === streamEvent { return moveSlotToStreams() }
-        if route.hedge != nil, machine.state == .trying, !tryTimerFired(at: worker.clock.now()) { return }
-        perform(machine.timerFired(at: worker.clock.now()))
+        if route.hedge != nil, machine.state == .trying, !tryTimerFired(at: env.clock.now()) { return }
+        perform(machine.timerFired(at: env.clock.now()))
     }
 
     // MARK: - HTTPRequestObserver
@@ -482,7 +483,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     func requestClientClosed(_ request: HTTPRequest) {
         // Inside the connection's teardown: finish on the next pass.
         guard !isFinished, goneEvent == nil else { return }
-        let event = worker.loop.takeEvent(target: self)
+        let event = env.loop.takeEvent(target: self)
         goneEvent = event
         event.arm(after: .zero)
     }
@@ -509,7 +510,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         releaseSlot()
         releaseHedges()
         if parked != nil {
-            worker.unpark(self)
+            env.unpark(self)
             parked = nil
         }
         timer?.disarm()
@@ -528,6 +529,6 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     func end() {
         recycleTimers()
-        worker.finished(self)
+        env.finished(self)
     }
 }

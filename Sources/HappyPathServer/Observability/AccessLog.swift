@@ -1,3 +1,4 @@
+import HappyPathCore
 import HappyPathIO
 import Logging
 
@@ -318,5 +319,20 @@ final class AccessLog: LoopEventTarget {
         byte(UInt8(ascii: "0") + UInt8(millis / 100))
         byte(UInt8(ascii: "0") + UInt8(millis / 10 % 10))
         byte(UInt8(ascii: "0") + UInt8(millis % 10))
+    }
+}
+
+extension AccessLog {
+    /// The line of an exchange that ended, when the log is on (info level):
+    /// one per client request, and one per delivery round.
+    func append(_ exchange: Exchange, duration: Duration) {
+        guard enabled else { return }
+        let command = exchange.command
+        append(
+            AccessRecord(
+                requestID: command.requestID, method: command.method, protocolName: exchange.protocolName,
+                route: exchange.route.label, upstream: exchange.upstream.name, status: exchange.finalStatus,
+                code: exchange.finalCode, attempts: command.attempt, durationMicros: duration.nanoseconds / 1000,
+                bytes: exchange.bytesOut, grpcStatus: exchange.isGRPC ? GRPCCall.label(exchange.grpcStatus) : nil))
     }
 }

@@ -66,45 +66,12 @@ extension ProxyWorker {
         return id
     }
 
-    /// At `limits.max_connections` the listener stops accepting (see
-    /// HTTPServer). This and `acceptPaused` share one log line per interval,
-    /// however often they happen; every pause is counted.
-    func acceptCapped(limit: Int) {
-        metrics.acceptCapped()
-        guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
-        logger.warning(
-            "the process holds limits.max_connections client connections; new ones wait in the backlog",
-            metadata: [
-                "max_connections": "\(limit)", "pauses_since_last_log": "\(pauses)",
-                "hint": "raise limits.max_connections if the machine has room, or lower client_timeout to close idle clients sooner",
-            ])
-    }
+    func acceptCapped(limit: Int) { listenerLog.acceptCapped(limit: limit, at: clock.now()) }
 
-    /// `limits.max_memory`'s overload action began or ended: an event, a
-    /// counted change, one log line each time.
     func memoryPressureChanged(_ change: MemoryPressure.Change, holding bytes: Int, limit: Int) {
         shared.memoryPressureChanged(change, holding: bytes)
-        if change == .began {
-            logger.warning(
-                "the process holds \(byteSizeText(bytes)) for clients, 90% of limits.max_memory: new connections wait and new HTTP/2 streams are refused",
-                metadata: [
-                    "max_memory": "\(byteSizeText(limit))",
-                    "hint": "see happypath_memory_bytes by pool; raise limits.max_memory if the machine has room",
-                ])
-        } else {
-            logger.info("the process holds \(byteSizeText(bytes)) for clients again, below 75% of limits.max_memory: accepting")
-        }
+        listenerLog.memoryPressureChanged(change, holding: bytes, limit: limit)
     }
 
-    /// Out of descriptors: the listener pauses for `pause`.
-    func acceptPaused(errno code: Int32, pause: Duration) {
-        metrics.acceptPaused()
-        guard let pauses = acceptPauseLog.occurred(at: clock.now()) else { return }
-        logger.error(
-            "cannot accept connections: \(String(cString: strerror(code))); pausing the listener",
-            metadata: [
-                "pause_ms": "\(pause.nanoseconds / 1_000_000)", "pauses_since_last_log": "\(pauses)",
-                "hint": "raise the open-files limit (ulimit -n / LimitNOFILE) or lower the number of idle clients",
-            ])
-    }
+    func acceptPaused(errno code: Int32, pause: Duration) { listenerLog.acceptPaused(errno: code, pause: pause, at: clock.now()) }
 }

@@ -71,6 +71,27 @@ extension RuntimeConfiguration {
     }
 
     /// libcurl's caps for one worker's connection pool, from the upstreams'
+    /// What a listener's connections may hold and how long they may take
+    /// (`limits`, its `http2` block), and the process's budgets they share.
+    func serverLimits(http2: HTTP2Configuration?, shared: SharedState) -> HTTPServerLimits {
+        let limits = configuration.limits
+        var serverLimits = HTTPServerLimits(
+            maxHeaderBytes: limits.maxHeaderBytes, maxBodyBytes: limits.maxRequestBody, timeout: limits.clientTimeout,
+            maxFields: limits.maxHeaders, bodyBudget: shared.bodies, path: configuration.pathNormalization,
+            connections: shared.connections,
+            http2: http2.map {
+                HTTP2ServerSettings(
+                    maxConcurrentStreams: $0.maxConcurrentStreams, initialStreamWindow: $0.initialStreamWindow,
+                    initialConnectionWindow: $0.initialConnectionWindow, drainTimeout: configuration.drainTimeout)
+            })
+        serverLimits.connectionBuffer = limits.connectionBuffer
+        serverLimits.clientShares = shared.clientShares
+        serverLimits.memory = shared.connectionMemory
+        serverLimits.memoryPressure = shared.memoryPressure
+        serverLimits.spool = shared.spool
+        return serverLimits
+    }
+
     /// `max_connections` split across the workers: per host, the largest
     /// upstream's share; idle connections kept, room for every endpoint's
     /// share. A reload recomputes them (`UpstreamClient.setConnectionLimits`).

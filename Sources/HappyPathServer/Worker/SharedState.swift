@@ -137,7 +137,7 @@ final class SharedState: @unchecked Sendable {
     func recovered(_ guardian: UpstreamGuard) {
         deliveries?.recovered(upstream: guardian.name)
         for worker in workers {
-            worker.loop.execute(with: worker) { $0.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
+            worker.loop.execute(with: worker) { $0.parking.replayParked(guardian: guardian, reasons: [.unreachable, .circuitOpen]) }
         }
     }
 
@@ -145,7 +145,7 @@ final class SharedState: @unchecked Sendable {
     /// parks for the pause when it ends.
     func paused(_ guardian: UpstreamGuard, until: Instant) {
         for worker in workers {
-            worker.loop.execute(with: worker) { $0.schedulePauseEnd(guardian: guardian, at: until) }
+            worker.loop.execute(with: worker) { $0.pacing.schedulePauseEnd(guardian: guardian, at: until) }
         }
     }
 
@@ -153,7 +153,7 @@ final class SharedState: @unchecked Sendable {
     /// waiting for it, or answers them AUTH_FAILED.
     func tokenRefreshed(_ guardian: UpstreamGuard, failure: String?) {
         for worker in workers {
-            worker.loop.execute(with: worker) { $0.authDone(guardian: guardian, failure: failure) }
+            worker.loop.execute(with: worker) { $0.parking.authDone(guardian: guardian, failure: failure) }
         }
     }
 }
