@@ -9,9 +9,18 @@ import HappyPathCore
 // in a virtual environment of its own under ~/.cache, made on first use
 // and reused.
 
+/// Held while a virtual environment is checked or made: suites run in
+/// parallel, and two making one environment at once on a fresh machine
+/// found it half made (`bin/pip` missing while the other's `venv` ran).
+private let venvMaking = Locked(())
+
 /// The python of the virtual environment ~/.cache/`name`, made with
 /// `packages` from PyPI when it is missing or `imports` fails in it.
 func pythonVenv(_ name: String, packages: [String], imports: String) throws -> String {
+    try venvMaking.withLock { _ in try makeVenv(name, packages: packages, imports: imports) }
+}
+
+private func makeVenv(_ name: String, packages: [String], imports: String) throws -> String {
     let venv = (ProcessInfo.processInfo.environment["HOME"] ?? "/root") + "/.cache/" + name
     let python = venv + "/bin/python"
     if FileManager.default.isExecutableFile(atPath: python), try runProcess(python, ["-c", imports], timeout: 30).status == 0 {
