@@ -661,6 +661,8 @@ final class ProxyWorker: HTTPServerDelegate {
         tunnels[id] = tunnel
         shared.inFlight.add(1)
         let name = upstream.name
+        // Alive: the worker holds the tunnel (`tunnels`) and closes every one in `shutdown()`,
+        // before the proxy lets go of the worker; `onClose` is cleared as it is called.
         tunnel.onClose = { [unowned self] summary in
             tunnels[id] = nil
             shared.inFlight.add(-1)
