@@ -285,6 +285,8 @@ public final class DemoUpstream: HTTPServerDelegate, @unchecked Sendable {
 /// `streamers`) until the body is written, the client leaves or the demo stops.
 private final class BodyStreamer: HTTPRequestObserver, LoopEventTarget {
     static let chunk = 64 * 1024
+    /// Alive: the demo's `streamers` holds this streamer until `end()`, and `stop()` cuts every
+    /// streamer before it closes the server (whose delegate holds the demo until then).
     unowned let demo: DemoUpstream
     let request: HTTPRequest
     let count: Int

@@ -69,8 +69,9 @@ public final class EventLoop: @unchecked Sendable {
         event_config_set_flag(config, Int32(EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST.rawValue))
         base = event_base_new_with_config(config)!
         event_config_free(config)
-        // The wake-up event holds an unretained pointer: the loop owns it and
-        // frees it in deinit, so it never outlives `self`.
+        // Alive: the wake-up event points at `self` unretained; the loop owns
+        // it and frees it in deinit, and whoever calls `execute` or `stop`
+        // holds the loop, so it never fires on a freed loop.
         wakeEvent = event_new(base, -1, 0, eventLoopWakeCallback, Unmanaged.passUnretained(self).toOpaque())
     }
 
@@ -224,6 +225,9 @@ public final class LoopTimer {
     fileprivate func arm(_ delay: Duration) {
         loop.armedTimers[ObjectIdentifier(self)] = self
         armed = true
+        // Alive: from here until it fires or is cancelled, the loop's
+        // `armedTimers` holds this timer; fire(), cancel() and the loop's
+        // close() take it out only once the event ran or was deleted.
         event_assign(event, event_get_base(event), -1, 0, loopTimerCallback, Unmanaged.passUnretained(self).toOpaque())
         var tv = timeval(delay)
         event_add(event, &tv)
@@ -277,6 +281,9 @@ public protocol LoopEventTarget: AnyObject {
 public final class LoopEvent {
     fileprivate let event: OpaquePointer
     fileprivate let loop: EventLoop
+    /// Alive: the target holds the event it took and recycles it (deleted,
+    /// `target` cleared) before it goes; a target freed still holding it takes
+    /// the event along (deinit frees it), so the callback never reaches a freed target.
     public unowned(unsafe) var target: LoopEventTarget?
     /// Free for the owner's use (e.g. which of its timers this is).
     public var tag = 0
@@ -284,6 +291,8 @@ public final class LoopEvent {
     fileprivate init(loop: EventLoop) {
         self.loop = loop
         event = event_new(loop.base, -1, 0, loopEventCallback, nil)
+        // Alive: the event belongs to this object and deinit frees it; while
+        // taken its target holds the object, while idle the loop's pool does.
         event_assign(event, loop.base, -1, 0, loopEventCallback, Unmanaged.passUnretained(self).toOpaque())
     }
 
@@ -338,6 +347,9 @@ public final class SignalWatcher {
     public init(loop: EventLoop, signal signo: Int32, handler: @escaping () -> Void) {
         self.loop = loop
         self.handler = handler
+        // Alive: the caller keeps the watcher (main.swift, until the process
+        // exits); cancel(), or deinit when it is dropped without one, frees
+        // the event before the watcher goes.
         event = event_new(
             loop.base, signo, Int16(EV_SIGNAL | EV_PERSIST), signalWatcherCallback,
             Unmanaged.passUnretained(self).toOpaque())
@@ -345,6 +357,11 @@ public final class SignalWatcher {
     }
 
     fileprivate func fire() { handler() }
+
+    /// A watcher dropped without `cancel()` takes its event with it (from
+    /// any thread: the loop's base is thread-safe, `evthread_use_pthreads`),
+    /// so no signal reaches freed memory.
+    deinit { cancel() }
 
     /// On the loop's thread.
     public func cancel() {

@@ -88,6 +88,8 @@ final class HTTPConnection {
     }
 
     func start() {
+        // Alive: the server's `connections` holds this connection until `connectionClosed`,
+        // which `close()` and `detach` call only after `forget()` freed all three events.
         let me = Unmanaged.passUnretained(self).toOpaque()
         let base = server.loop.base
         readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), httpConnectionReadCallback, me)

@@ -255,7 +255,8 @@ public final class HTTPServer {
         self.port = withUnsafeBytes(of: &storage) { raw in
             Int(UInt16(bigEndian: raw.load(fromByteOffset: 2, as: UInt16.self)))  // sin_port and sin6_port sit at offset 2
         }
-        // Both events point at `self` unretained; `close()` frees them first.
+        // Alive: both events point at `self` unretained; the delegate holds the server (ProxyWorker's
+        // `servers`, AdminServer, DemoUpstream) until after `close()`, which frees both.
         let me = Unmanaged.passUnretained(self).toOpaque()
         acceptEvent = event_new(loop.base, fd, Int16(EV_READ | EV_PERSIST), httpServerAcceptCallback, me)
         resumeEvent = event_new(loop.base, -1, 0, httpServerResumeCallback, me)

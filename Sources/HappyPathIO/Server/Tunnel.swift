@@ -76,6 +76,8 @@ public final class Tunnel {
     /// Opens the tunnel: `fromClient` came after the upgrade request,
     /// `fromUpstream` after the `101` head.
     func start(fromClient: UnsafeRawBufferPointer, fromUpstream: UnsafeRawBufferPointer) {
+        // Alive: the connection (`tunnel`) and the worker's `tunnels` hold the tunnel until `close`,
+        // which frees all three events before `connection.tunnelClosed()` and `onClose` let go of it.
         let me = Unmanaged.passUnretained(self).toOpaque()
         let base = connection.server.loop.base
         upstreamRead = event_new(base, upstream.socket, Int16(EV_READ | EV_PERSIST), tunnelUpstreamReadCallback, me)

@@ -209,6 +209,8 @@ extension UpstreamClient {
         // (docs/http2.md, "Memory"); a larger body takes more, smaller reads.
         hp_easy_set_long(easy, CURLOPT_BUFFERSIZE, 16 * 1024)
         hp_easy_set_closesocket_cb(easy, upstreamCloseSocketCallback)
+        // Alive: libcurl keeps this pointer with each connection the handle opens; those live in this
+        // client's multi handle, which `shutdown()` cleans up (closing them) while the client is still there.
         hp_easy_set_ptr(easy, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
         hp_easy_set_write_cb(easy, CURLOPT_HEADERFUNCTION, upstreamHeaderCallback)
         hp_easy_set_write_cb(easy, CURLOPT_WRITEFUNCTION, upstreamWriteCallback)

@@ -68,14 +68,15 @@ public final class UpstreamClient {
     public init(loop: EventLoop, maxConnectionsPerHost: Int, maxCachedConnections: Int) {
         self.loop = loop
         multi = curl_multi_init()
+        // Alive: the multi handle's socket and timer data and every event of this client get `self`
+        // unretained. The owner (a worker's or the health checker's transports) holds the client,
+        // libcurl calls back only inside its curl_multi_* calls, and `shutdown()` (also deinit) ends both.
         let me = Unmanaged.passUnretained(self).toOpaque()
         hp_multi_set_socket_cb(multi, upstreamSocketCallback)
         hp_multi_set_ptr(multi, CURLMOPT_SOCKETDATA, me)
         hp_multi_set_timer_cb(multi, upstreamTimerCallback)
         hp_multi_set_ptr(multi, CURLMOPT_TIMERDATA, me)
         setConnectionLimits(perHost: maxConnectionsPerHost, cached: maxCachedConnections)
-        // The timer and socket events point at `self` unretained: they are
-        // freed in `shutdown()`, which the owner calls before letting go.
         timerEvent = event_new(loop.base, -1, 0, upstreamTimerEventCallback, me)
     }
 
@@ -137,6 +138,7 @@ public final class UpstreamClient {
             if stream.completeBody == nil {
                 transfer.readsBody = true
                 hp_easy_set_ptr(easy, CURLOPT_READDATA, retained)
+                // Alive: libcurl's reference holds the transfer until `complete`, which clears this first.
                 stream.onAvailable = { [unowned transfer] in transfer.bodyAvailable() }
             }
         }
@@ -186,6 +188,8 @@ public final class UpstreamClient {
             transfer.sendPaused = false
         }
         pool.append(transfer.handle)
+        // Alive: libcurl's reference goes back only after curl_multi_remove_handle, so no callback of
+        // this try runs after it; the caller (shutdown, cancel, drainCompleted) still holds the transfer.
         Unmanaged.passUnretained(transfer).release()  // the reference taken in start()
     }
 
@@ -193,6 +197,7 @@ public final class UpstreamClient {
     func resumeSendingSoon(_ transfer: UpstreamTransfer) {
         sendResumes.append(transfer)
         if sendResumeEvent == nil {
+            // Alive: points at `self` unretained; `shutdown()` (the owner's, or deinit) frees it.
             sendResumeEvent = event_new(
                 loop.base, -1, 0, upstreamResumeEventCallback, Unmanaged.passUnretained(self).toOpaque())
         }
@@ -278,6 +283,8 @@ public final class UpstreamClient {
         if what & CURL_POLL_OUT != 0 { kind |= Int16(EV_WRITE) }
         sockets[index].wanted = true
         guard sockets[index].registered != kind else { return }
+        // Alive: each socket event points at `self` unretained; `shutdown()` frees them after
+        // curl_multi_cleanup (which may still call `closing` on them).
         let me = Unmanaged.passUnretained(self).toOpaque()
         if let event = sockets[index].event {
             event_del(event)

@@ -15,6 +15,8 @@ public final class UpstreamTransfer {
     var readsBody = false
     /// The read callback paused sending: the body had nothing new.
     var sendPaused = false
+    /// Alive: read only while the try is in flight (`bodyAvailable`), and the
+    /// client completes every transfer in flight in `shutdown()` (also deinit).
     unowned let client: UpstreamClient
     var inFinalBlock = false
     var headersDone = false

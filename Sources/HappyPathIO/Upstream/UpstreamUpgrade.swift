@@ -109,6 +109,9 @@ public final class UpstreamUpgrade {
         plain = request.origin.hasPrefix("http://")
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE))
         errorBuffer[0] = 0
+        // Alive: the multi handle's callbacks and every event of this try get `self` unretained. The
+        // exchange (`upgradeTry`), then the tunnel, holds the try; close() (also deinit) removes the
+        // handle, cleans the multi handle up and frees every event; each callback holds the try while it runs.
         let me = Unmanaged.passUnretained(self).toOpaque()
         let multi = curl_multi_init()!
         self.multi = multi
@@ -209,6 +212,7 @@ public final class UpstreamUpgrade {
         var kind = Int16(EV_PERSIST)
         if what & CURL_POLL_IN != 0 { kind |= Int16(EV_READ) }
         if what & CURL_POLL_OUT != 0 { kind |= Int16(EV_WRITE) }
+        // Alive: as in init: close() (also deinit) frees this event.
         curlEvent = event_new(loop.base, fd, kind, upgradeCurlSocketEventCallback, Unmanaged.passUnretained(self).toOpaque())
         event_add(curlEvent, nil)
     }
@@ -253,6 +257,7 @@ public final class UpstreamUpgrade {
             self.curlEvent = nil
         }
         if let curlTimer { event_del(curlTimer) }
+        // Alive: as in init: switchProtocols or close() (also deinit) frees this event.
         ioEvent = event_new(
             loop.base, fd, Int16(EV_PERSIST | EV_READ), upgradeIOEventCallback, Unmanaged.passUnretained(self).toOpaque())
         phase = .sendingHead
@@ -275,6 +280,7 @@ public final class UpstreamUpgrade {
         guard let ioEvent, ioWhat != what else { return }
         event_del(ioEvent)
         if what != 0 {
+            // Alive: the same event as in `connected`, freed by switchProtocols or close().
             event_assign(ioEvent, loop.base, socket, Int16(EV_PERSIST) | what, upgradeIOEventCallback,
                 Unmanaged.passUnretained(self).toOpaque())
             event_add(ioEvent, nil)

@@ -114,6 +114,8 @@ struct HedgeCoordinator {
 /// won, or the try beside it failed) it is the exchange's try like any
 /// other and passes everything through.
 final class HedgeTry: UpstreamResponseHandler {
+    /// Alive: the exchange holds its hedges (`hedging`) and, before it ends (`releaseAll`, `abandon`),
+    /// detaches or cancels every hedge's transfer, which then never calls this handler again.
     unowned let exchange: Exchange
     var transfer: (any UpstreamTry)!
     let endpointIndex: Int

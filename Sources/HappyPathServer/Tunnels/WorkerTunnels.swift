@@ -29,8 +29,10 @@ final class WorkerTunnels {
         open[id] = tunnel
         shared.inFlight.add(1)
         let name = upstream.name
-        // Alive: the tunnel is this object's (`open`) until this closure
-        // runs, and this object is its worker's until the loop ends.
+        // Alive: this object holds the tunnel (`open`) and its worker closes
+        // every one in `shutdown()` (`shutdownAll`) before the proxy lets go
+        // of the worker, which owns this object; `onClose` is cleared as it
+        // is called.
         tunnel.onClose = { [unowned self] summary in
             open[id] = nil
             // The worker's state now (a reload may have swapped it since).

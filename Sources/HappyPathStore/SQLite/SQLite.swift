@@ -133,6 +133,8 @@ final class SQLiteConnection {
 /// A prepared statement, reset after each use.
 final class Statement {
     let handle: OpaquePointer
+    /// Alive: a statement is kept beside its connection (Writer, Reader, or a local of a function
+    /// that has the connection), so it never outlives it; sqlite3_close_v2 waits for the last finalize.
     unowned let connection: SQLiteConnection
 
     init(_ handle: OpaquePointer, connection: SQLiteConnection) {

@@ -54,6 +54,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
     /// Bytes taken from the session at a time into the output queue.
     static let produceChunk = 64 * 1024
 
+    /// Alive: the connection's `http2` is the one strong reference to this
+    /// driver (its streams hold it weak), so the driver dies with the connection.
     unowned let connection: HTTPConnection
     let session: HTTP2Session
     private(set) var machine: Machine
@@ -122,6 +124,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
     /// Starts the session with the bytes the connection read already (the
     /// preface and whatever followed it).
     func start(with buffered: UnsafeRawBufferPointer) {
+        // Alive: the connection's `http2` holds this driver for the connection's
+        // life; `connectionClosed` deletes the event and deinit frees it.
         let me = Unmanaged.passUnretained(self).toOpaque()
         turnEvent = event_new(server.loop.base, -1, 0, http2TurnCallback, me)
         server.delegate?.http2ConnectionOpened(tls: isSecure)

@@ -225,8 +225,8 @@ public final class HTTP2Session {
         nghttp2_option_set_no_auto_window_update(option, 1)
         nghttp2_option_set_no_closed_streams(option, 1)
 
-        // user_data: this object, unretained. The session is deleted in
-        // deinit, so no callback runs after the object is gone.
+        // Alive: user_data is this object, unretained. nghttp2 calls back only inside this object's
+        // own calls (receive, produce, ...), and deinit deletes the session, so none runs after it.
         try Self.check(nghttp2_session_server_new2(&session, callbacks, Unmanaged.passUnretained(self).toOpaque(), option))
 
         var entries = [

@@ -100,6 +100,8 @@ final class HTTP2ClientSession {
         // A request head nghttp2 would refuse to send is closed REFUSED_STREAM
         // (as if the server refused it): room past any head the edge lets in.
         nghttp2_option_set_max_send_header_block_length(option, max(64 * 1024, limits.maxHeadBytes) * 4)
+        // Alive: user_data is `self` unretained (the type's "Retention at the C boundary": callbacks run
+        // only inside this object's own calls, and deinit deletes the session).
         try Self.check(nghttp2_session_client_new2(&session, callbacks, Unmanaged.passUnretained(self).toOpaque(), option))
         var entries = [
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),

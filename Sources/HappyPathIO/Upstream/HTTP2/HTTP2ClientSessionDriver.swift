@@ -127,6 +127,8 @@ public final class HTTP2ClientSessionDriver {
 /// unowned, so a stream (which holds its carrier) never keeps its session,
 /// and the session's owner lets go of both.
 final class HTTP2SessionCarrier: HTTP2StreamCarrier {
+    /// Alive: the session's owner (the in-memory driver, the session tests) holds the session beside
+    /// this carrier, and the driver's `end()` (also deinit) takes it from every try before the session goes.
     unowned let session: HTTP2ClientSession
 
     init(_ session: HTTP2ClientSession) { self.session = session }

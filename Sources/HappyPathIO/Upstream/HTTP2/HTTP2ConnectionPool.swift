@@ -126,6 +126,8 @@ struct HTTP2Address {
 /// the tries waiting for a stream, and performs what
 /// `HTTP2ClientPoolStateMachine` decides.
 final class HTTP2ConnectionPool: LoopEventTarget {
+    /// Alive: the client's `pools` holds this pool until the client's `shutdown()`, after the pool's own;
+    /// by then its waiting tries have failed, its connections are closed and its timer is recycled.
     unowned let client: HTTP2UpstreamClient
     let endpoint: HTTP2Endpoint
     private var machine: HTTP2ClientPoolStateMachine

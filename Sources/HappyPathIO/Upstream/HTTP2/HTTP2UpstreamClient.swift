@@ -56,7 +56,7 @@ public final class HTTP2UpstreamClient {
         self.limits = limits
         self.maxConnectionsPerEndpoint = maxConnectionsPerEndpoint
         self.idleTimeout = idleTimeout
-        // Points at `self` unretained: freed in `shutdown`, which the owner calls before letting go.
+        // Alive: points at `self` unretained; `shutdown()` (the owner's, or deinit) frees it.
         soonEvent = event_new(loop.base, -1, 0, h2ClientSoonCallback, Unmanaged.passUnretained(self).toOpaque())
     }
 

@@ -15,6 +15,9 @@ import HappyPathCore
 /// the libevent events and the timer point at it unretained and are freed
 /// (or recycled) in `close`, before the pool lets go of it.
 final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
+    /// Alive: the pool's `connections` holds this connection until `close`, and the client holds the
+    /// pool until every connection is closed; after `close` the events and timers are gone, and every
+    /// entry but the pool's own calls checks `isClosed` before it reaches `pool`.
     unowned let pool: HTTP2ConnectionPool
     let id: Int
     private var machine: HTTP2ClientConnectionStateMachine
@@ -118,6 +121,8 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         let rc = address.withSockaddr { Glibc.connect(fd, $0, $1) }
         let connectError = errno  // before libevent's calls touch it
+        // Alive: the pool's `connections` holds this connection until `close`, which frees both
+        // events (`closeSocket`) before it calls `pool.connectionClosed`.
         let me = Unmanaged.passUnretained(self).toOpaque()
         let base = pool.client.loop.base
         readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), h2UpstreamReadCallback, me)

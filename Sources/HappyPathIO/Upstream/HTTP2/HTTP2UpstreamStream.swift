@@ -25,6 +25,8 @@ protocol HTTP2StreamCarrier: AnyObject {
 public final class HTTP2UpstreamStream: UpstreamTry {
     let request: UpstreamRequest
     var handler: UpstreamResponseHandler?
+    /// Alive: read only in init and `resume()`; the client's owner (a worker's or the health checker's
+    /// transports) cancels its exchanges' or probes' tries before it shuts the client down and lets go.
     unowned let client: HTTP2UpstreamClient
     var machine = HTTP2ClientStreamStateMachine()
     /// The pool while the try waits for a stream.
@@ -426,6 +428,8 @@ public final class HTTP2UpstreamStream: UpstreamTry {
             }
             readsBody = true
             contentLength = stream.declaredLength
+            // Alive: every end of the try (cancel, tell, a replay, the answer complete) clears this
+            // (`letGoOfBody`, `prepareReplay`) while whoever ends it still holds the try.
             stream.onAvailable = { [unowned self] in self.bodyAvailable() }
             return true
         }
