@@ -30,6 +30,8 @@ import Testing
         /// What the exchange asked for, by name (on the loop; read once it ended).
         let asked = Locked<[String: Int]>([:])
         let ended = Locked<(status: Int, code: String, attempts: Int)?>(nil)
+        /// The exchange's stored properties, as the runtime lists them.
+        let storedProperties = Locked(0)
 
         init(loop: EventLoop) {
             self.loop = loop
@@ -133,6 +135,7 @@ import Testing
             let exchange = Exchange(
                 env: env, request: client, route: route, upstream: runtime.upstreams[0], guardian: shared.guards[0],
                 command: command)
+            env.storedProperties.withLock { $0 = Mirror(reflecting: exchange).children.count }
             exchange.start()
         }
         guard waitUntil("the exchange to end", { env.ended.withLock { $0 } != nil }) else { return nil }
@@ -157,6 +160,10 @@ import Testing
         #expect(env.ended.withLock { $0 }?.code == "OK")
         let asked = env.asked.withLock { $0 }
         #expect(asked["try"] == 1 && asked["acquire"] == 1 && asked["release"] == 1, "\(asked)")
+        // Issue 47: what the exchange keeps is grouped (its facts, timers,
+        // result, upgrade) and its life's books are the machine's.
+        let stored = env.storedProperties.withLock { $0 }
+        #expect(stored > 0 && stored <= 25, "the exchange has \(stored) stored properties")
     }
 
     @Test func retriesTakeAndGiveBackASlotEach() throws {

@@ -176,7 +176,11 @@ import Testing
             #expect(result["ok"] as? Int == 1000, "\(result)")
             let admin = AdminProbe(port: h.adminPort)
             #expect(try admin.metric(#"happypath_upstream_h2_goaways_total{upstream="g"}"#) >= 2)
-            #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) >= 3)
+            // At least one connection after a drain: how many more depends
+            // on how fast the calls ran against the 200 ms age (a plain
+            // build sends the 1,000 in about 0.5 s; grpcio's drain sends
+            // two GOAWAY frames for one connection).
+            #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) >= 2)
         }
     }
 

@@ -342,15 +342,16 @@ import Testing
                 Step(.admitted(.queue(probe: true)), .waitForSlot(limit: .seconds(5))),
                 Step(.wait(.seconds(5))),
                 Step(.timer, .answer(.timeout, abandonProbe: true), .finished),
-                Step(.slotGranted, .none, .finished),
+                // The request left the queue: a slot that comes now goes back at once.
+                Step(.slotGranted, .returnSlot, .finished),
             ]),
         Scenario(
-            "shed from the queue: OVERLOADED naming its priority, the probe's place given back; a late slot is ignored",
+            "shed from the queue: OVERLOADED naming its priority, the probe's place given back; a late slot goes back",
             [
                 Step(.start, .admit),
                 Step(.admitted(.queue(probe: true)), .waitForSlot(limit: .seconds(5)), .queued),
                 Step(.shed(.sheddable), .answer(.shed(.sheddable), abandonProbe: true), .finished),
-                Step(.slotGranted, .none, .finished),
+                Step(.slotGranted, .returnSlot, .finished),
                 Step(.shed(.sheddable), .none, .finished),
             ]),
         Scenario(
@@ -555,6 +556,20 @@ import Testing
             ]),
     ]
 
+    /// What the driver does to the machine's books as it performs `action`:
+    /// the worker's lot takes a parked request; everything is let go when
+    /// it is answered or finished, and the try's slot when it is cancelled.
+    static func performBooks(_ action: Action, on machine: inout M) {
+        switch action {
+        case .park: machine.parkAccepted()
+        case .cancelTry: _ = machine.releaseSlot()
+        case .answer, .finish:
+            _ = machine.releaseSlot()
+            _ = machine.leaveLot()
+        default: break
+        }
+    }
+
     @Test(arguments: scenarios + budgetScenarios)
     func lifeOfARequest(_ scenario: Scenario) {
         let clock = ManualClock(start: Self.t0)
@@ -571,6 +586,12 @@ import Testing
         for (i, step) in scenario.steps.enumerated() {
             let now = clock.now()
             var action: Action
+            switch step.event {
+            case .ended, .endedWithoutBudget, .endedOnly, .endedPaced:
+                // The driver gives the try's slot back before it reports the end.
+                _ = machine.releaseSlot()
+            default: break
+            }
             switch step.event {
             case .start: action = machine.start()
             case let .admitted(verdict): action = machine.admitted(verdict, at: now)
@@ -600,6 +621,7 @@ import Testing
                 clock.advance(by: d)
                 continue
             }
+            Self.performBooks(action, on: &machine)
             #expect(action == step.action, "step \(i + 1): \(step.event)")
             if let state = step.state { #expect(machine.state == state, "state after step \(i + 1): \(step.event)") }
         }

@@ -28,212 +28,10 @@ import HappyPathCore
 /// machine never calls into the driver: what only the driver can find out
 /// (a budget, a free slot) is an action, and its answer the next event.
 public struct ExchangeStateMachine: Sendable {
-    public enum ParkReason: String, CaseIterable, Sendable {
-        /// The upstream cannot be reached (connect failures, health checks).
-        case unreachable
-        /// The breaker is open and the upstream's `while_open` is `park`.
-        case circuitOpen = "circuit_open"
-        /// No usable token: waiting for the refresh.
-        case auth
-        /// The upstream paused itself (`pacing`: a 429 or 503 with
-        /// `Retry-After`): waiting for the pause to end, within the deadline.
-        case paused
-    }
-
-    public enum State: Sendable, Equatable {
-        /// Deciding whether the next try may go (see `Admission`).
-        case admitting
-        /// Waiting in the upstream's queue for a connection slot, up to the deadline.
-        case queued
-        /// A try is in flight; nothing went to the client yet.
-        case trying
-        /// A retry is due: waiting for the retry budget's answer
-        /// (`retryBudget(granted:)`: `backingOff`, or the problem).
-        case awaitingRetryBudget
-        /// Waiting out the backoff before the next try.
-        case backingOff
-        /// Waiting for the upstream to recover, until `until` (park_for or the deadline).
-        case parked(ParkReason, until: Instant)
-        /// The response head went to the client; the body follows as it comes.
-        case streaming
-        /// Answered (or given up on); every later event is ignored.
-        case finished
-    }
-
-    /// What the machine needs from the route, its upstream and the request.
-    public struct Settings: Sendable {
-        /// The request's deadline (the route's `timeout` from arrival).
-        public var deadline: Instant
-        public var retry: RetryPolicy
-        /// `reachability.park_for`.
-        public var parkFor: Duration
-        /// `while_open: park` (and `park_for` above zero).
-        public var parkWhileOpen: Bool
-        /// Endpoints of the upstream: an unreachable one is followed by another at once.
-        public var endpoints: Int
-        public var method: String
-        /// The request carries an `Idempotency-Key` with a value (an empty
-        /// one is not a key: `IdempotencyKey.isKey`).
-        public var hasIdempotencyKey: Bool
-        /// The statuses that mean the upstream refused the injected token
-        /// (`auth.refresh_on`); empty when the proxy injects none.
-        public var refreshOn: Set<Int>
-        /// `hedge.max_extra`: tries that may be in flight beside the first
-        /// (0: no hedging). Only for a request the retry rules may repeat.
-        public var hedgeMaxExtra: Int
-
-        public init(
-            deadline: Instant, retry: RetryPolicy, parkFor: Duration, parkWhileOpen: Bool, endpoints: Int, method: String,
-            hasIdempotencyKey: Bool, refreshOn: Set<Int>, hedgeMaxExtra: Int = 0
-        ) {
-            self.deadline = deadline
-            self.retry = retry
-            self.parkFor = parkFor
-            self.parkWhileOpen = parkWhileOpen && parkFor > .zero
-            self.endpoints = endpoints
-            self.method = method
-            self.hasIdempotencyKey = hasIdempotencyKey
-            self.refreshOn = refreshOn
-            // Only asked of hedging routes; a scan (the list is short) instead of a hash.
-            self.hedgeMaxExtra =
-                hedgeMaxExtra > 0 && (hasIdempotencyKey || retry.configuration.methods.contains { $0 == method })
-                ? hedgeMaxExtra : 0
-        }
-
-        /// The same, from the request's `Idempotency-Key` value as sent (nil:
-        /// none): only a value with something in it makes the request a keyed one.
-        public init(
-            deadline: Instant, retry: RetryPolicy, parkFor: Duration, parkWhileOpen: Bool, endpoints: Int, method: String,
-            idempotencyKey: String?, refreshOn: Set<Int>, hedgeMaxExtra: Int = 0
-        ) {
-            self.init(
-                deadline: deadline, retry: retry, parkFor: parkFor, parkWhileOpen: parkWhileOpen, endpoints: endpoints,
-                method: method, hasIdempotencyKey: IdempotencyKey.isKey(idempotencyKey), refreshOn: refreshOn,
-                hedgeMaxExtra: hedgeMaxExtra)
-        }
-    }
-
-    /// Why a try produced no response.
-    public struct TryFailure: Sendable, Equatable {
-        public enum Kind: Sendable, Equatable {
-            /// No connection (refused, unresolvable, connect timeout): the request never left.
-            case unreachable
-            /// No response head within the try's limit.
-            case timeout
-            /// The connection dropped before a whole response.
-            case reset
-            /// The answer was not valid HTTP (the proxy refuses to relay it).
-            case invalidResponse
-            /// The TLS connection to the upstream failed (its certificate not
-            /// verified, no common protocol): not transient, never retried.
-            case tls
-        }
-
-        public var kind: Kind
-        /// For `detail`: what libcurl or the response checks said.
-        public var message: String
-
-        public init(_ kind: Kind, _ message: String) {
-            self.kind = kind
-            self.message = message
-        }
-    }
-
-    /// How a try ended, as the driver saw it.
-    public enum TryEnd: Sendable, Equatable {
-        /// A whole response. If it was held back (an error status), the
-        /// machine decides what follows; if it streamed, the request is done.
-        /// `withToken`: the try carried an injected token.
-        case answered(status: Int, retryAfter: Duration?, withToken: Bool)
-        /// A gRPC call's Trailers-Only answer (HTTP `status`, nothing relayed)
-        /// with a `grpc-status` that `retry.on` names: held, and retried like
-        /// a failure; if the retry rules give up, it is the answer.
-        case grpcAnswered(status: Int, grpcStatus: GRPCStatus, retryAfter: Duration?)
-        case failed(TryFailure)
-    }
-
-    /// Why the client gets a problem instead of the upstream's answer.
-    public enum Failure: Sendable, Equatable {
-        /// The deadline passed (before a try, in the queue, or with the try in flight).
-        case timeout
-        /// `max_connections` busy and the queue full (`byParking`: `max_parked` reached).
-        case overloaded(byParking: Bool)
-        /// The breaker is open and `while_open` is `fail`.
-        case circuitOpen(retryAfter: Duration)
-        /// Parked for `reason` until `park_for` or the deadline (`byDeadline`) ran out, after `waited`.
-        case parkExpired(ParkReason, waited: Duration, byDeadline: Bool)
-        /// Every endpoint unreachable and no parking.
-        case unreachable
-        /// The upstream's own error answer (a 4xx, or the last 5xx): mapped, not replaced.
-        case upstreamAnswer(status: Int)
-        /// The upstream's answer was not valid HTTP.
-        case badGateway(message: String)
-        /// The TLS connection to the upstream failed; not retried.
-        case upstreamTLS(message: String)
-        /// Tries failed (resets) and the retry rules gave up.
-        case unavailable
-        /// The upstream refused a token that had just been refreshed.
-        case tokenRefusedAfterRefresh(status: Int)
-        /// The token refresh this request waited for failed.
-        case tokenRefreshFailed(reason: String)
-        /// Drain ran out of time before this request was answered.
-        case shuttingDown
-        /// The upstream is paused and `while_paused` is `fail`.
-        case paused
-        /// The client's streamed body passed `limits.max_request_body` while a try sent it.
-        case requestBodyTooLarge
-        /// Shed from the upstream's queue (adaptive concurrency): it waited
-        /// past the queue's target while the queue stood, or a request that
-        /// matters more took its place in a full queue.
-        case shed(RequestPriority)
-    }
-
-    public enum Ending: Sendable, Equatable {
-        /// The upstream's response was relayed whole.
-        case completed
-        /// The upstream failed mid-response: the client's connection is cut.
-        case truncated
-        /// The client hung up first.
-        case clientClosed
-        /// Drain ran out of time mid-response: the client's connection is cut.
-        case drained
-    }
-
-    public enum Action: Sendable, Equatable {
-        /// Run `Admission.decide` and hand the verdict to `admitted(_:at:)`.
-        case admit
-        /// Send try number `attempt`; arm the timer for `limit` (per_try_timeout, or the deadline if sooner).
-        case send(attempt: Int, limit: Duration)
-        /// The timer for `limit`: how long to wait in the queue for a slot.
-        case waitForSlot(limit: Duration)
-        /// The retry rules would try again: withdraw one retry from the
-        /// upstream's budget and report `retryBudget(granted:)`.
-        case withdrawRetry
-        /// The timer for the backoff before the next try.
-        case backOff(Duration)
-        /// Park the request (then `replay`), arm the timer for `limit`;
-        /// `probeAfter`: let the breaker's probe go after this long.
-        case park(ParkReason, limit: Duration, probeAfter: Duration?)
-        /// The try's limit passed: cancel it, then report `tryEnded(.failed(timeout))`.
-        case cancelTry
-        /// The upstream refused the token: ask the token source, then either
-        /// `.admit` (a fresher token exists) or `admitted(.park(.auth))`.
-        case tokenRefused
-        /// The response head went to the client: disarm the timer (a
-        /// streaming body is bounded by stalls, not the deadline).
-        case stream
-        /// Answer with this problem, release everything held, finish.
-        /// `abandonProbe`: the breaker's probe place was taken and no try ran.
-        case answer(Failure, abandonProbe: Bool)
-        /// Release everything held and finish as `Ending` says.
-        case finish(Ending, abandonProbe: Bool)
-        case none
-    }
-
     public let settings: Settings
     public private(set) var state: State = .admitting
     /// Tries sent so far (the attempt number of the latest).
-    public private(set) var attempt = 0
+    public internal(set) var attempt = 0
     /// The try in flight (or queued for) is the breaker's half-open probe.
     public private(set) var probe = false
     /// One word per failed try, for `detail`: "503", "timeout", "connection failed".
@@ -247,18 +45,30 @@ public struct ExchangeStateMachine: Sendable {
     /// The status of the response that is streaming.
     public private(set) var streamedStatus = 0
     /// Tries in flight while `trying`: 1, plus the hedges beside it.
-    public private(set) var inFlight = 0
+    public internal(set) var inFlight = 0
     /// Hedges sent so far (they count in `attempt` too).
-    public private(set) var hedges = 0
+    public internal(set) var hedges = 0
     private var refreshedOnce = false
     /// The retry waiting for the budget's answer: its backoff, and the
     /// outcome the problem is built from if the budget refuses.
     private var pendingRetry: (delay: Duration, outcome: Outcome)?
     /// The hedge being asked for (`hedgeDue` to `hedgeBudget`): its limit,
     /// and whether it was admitted (the budget is asked next).
-    private var pendingHedge: (limit: Duration, admitted: Bool)?
+    var pendingHedge: (limit: Duration, admitted: Bool)?
     private var parkedSince: Instant?
     private var parkDeadline: Instant?
+
+    // What the exchange holds besides its state (ExchangeStateMachine+Holdings):
+    // the driver takes and gives back the real things, the machine keeps the books.
+
+    /// The upstream's slot on this worker.
+    public internal(set) var slot: Slot = .none
+    /// Where the worker's parking lot has the request (nil: not in it).
+    public internal(set) var lot: ParkReason?
+    /// The adaptive limit's sample of the try in flight.
+    public internal(set) var sample: Sample = .none
+    /// The upstream's `101` went to the client: the exchange ended in a tunnel.
+    public internal(set) var switched = false
 
     public init(_ settings: Settings) { self.settings = settings }
 
@@ -276,6 +86,12 @@ public struct ExchangeStateMachine: Sendable {
 
     /// The answer to `.admit`.
     public mutating func admitted(_ verdict: Admission.Verdict, at now: Instant) -> Action {
+        // The slot gate is the verdict's last step: `.send` took a slot, `.queue` a place.
+        switch verdict {
+        case .send: slot = .held
+        case .queue: slot = .queued
+        default: break
+        }
         guard state == .admitting else { return .none }
         switch verdict {
         case let .send(probe):
@@ -297,8 +113,11 @@ public struct ExchangeStateMachine: Sendable {
         }
     }
 
-    /// The queue handed this request a connection slot.
+    /// The queue handed this request a connection slot. Not waiting for
+    /// one (any more): the slot goes back at once (`.returnSlot`).
     public mutating func slotGranted(at now: Instant) -> Action {
+        guard slot == .queued else { return .returnSlot }
+        slot = .held
         guard state == .queued else { return .none }
         guard remaining(at: now) > .zero else { return fail(.timeout, abandonProbe: probe) }
         return sendTry(probe: probe, at: now)
@@ -307,6 +126,9 @@ public struct ExchangeStateMachine: Sendable {
     /// The queue shed this request (docs/overload.md): it is answered
     /// OVERLOADED, naming its priority.
     public mutating func shed(_ priority: RequestPriority) -> Action {
+        guard slot == .queued else { return .none }
+        // The queue let it go already: nothing to leave.
+        slot = .none
         guard state == .queued else { return .none }
         return fail(.shed(priority), abandonProbe: probe)
     }
@@ -352,79 +174,6 @@ public struct ExchangeStateMachine: Sendable {
         guard state == .streaming else { return }
         state = .trying
         streamedStatus = 0
-    }
-
-    /// Why a due hedge was not sent.
-    public enum HedgeSkip: Sendable, Equatable {
-        /// `retry.attempts` tries are already out.
-        case attempts
-        /// The upstream is paused, unreachable, its breaker not closed, no
-        /// connection slot free, or no usable token.
-        case admission
-        /// The retry budget is spent.
-        case budget
-    }
-
-    public enum HedgeDecision: Sendable, Equatable {
-        /// Nothing to do: no try in flight any more, or hedging is off.
-        case none
-        /// Ask whether the upstream takes another try now (not paused,
-        /// reachable, breaker closed, a free slot, a token) and report
-        /// `hedgeAdmitted(_:)`.
-        case admit
-        /// Withdraw one hedge from the upstream's budget and report
-        /// `hedgeBudget(granted:)`.
-        case withdrawBudget
-        /// Send try number `attempt` beside the others, with its own `limit`.
-        case send(attempt: Int, limit: Duration)
-        case skip(HedgeSkip)
-    }
-
-    /// The driver arms the hedge timer after each `.send` (and after each
-    /// hedge, while more may go) when this is true.
-    public var mayHedge: Bool { state == .trying && inFlight <= settings.hedgeMaxExtra }
-
-    /// The hedge timer fired: another try beside the one(s) in flight?
-    /// After the attempt count, the driver is asked to admit it (`.admit`),
-    /// then, only if admitted, for the budget: a refused hedge spends none.
-    public mutating func hedgeDue(at now: Instant) -> HedgeDecision {
-        pendingHedge = nil
-        guard mayHedge else { return .none }
-        let limit = min(settings.retry.configuration.perTryTimeout, remaining(at: now))
-        guard limit > .zero else { return .none }
-        guard attempt < settings.retry.configuration.attempts else { return .skip(.attempts) }
-        pendingHedge = (limit, false)
-        return .admit
-    }
-
-    /// The answer to `hedgeDue`'s `.admit`.
-    public mutating func hedgeAdmitted(_ admitted: Bool) -> HedgeDecision {
-        guard let pending = pendingHedge, !pending.admitted, mayHedge else { return .none }
-        guard admitted else {
-            pendingHedge = nil
-            return .skip(.admission)
-        }
-        pendingHedge = (pending.limit, true)
-        return .withdrawBudget
-    }
-
-    /// The answer to `.withdrawBudget`: the hedge goes, or is skipped.
-    public mutating func hedgeBudget(granted: Bool) -> HedgeDecision {
-        guard let pending = pendingHedge, pending.admitted, mayHedge else { return .none }
-        pendingHedge = nil
-        let limit = pending.limit
-        guard granted else { return .skip(.budget) }
-        attempt += 1
-        hedges += 1
-        inFlight += 1
-        return .send(attempt: attempt, limit: limit)
-    }
-
-    /// A try's head was usable (not a failure the retry rules would act
-    /// on): the driver cancelled every other try in flight; this one goes on alone.
-    public mutating func othersCancelled() {
-        guard state == .trying else { return }
-        inFlight = 1
     }
 
     /// How the driver reports a try's end to the breaker and metrics (before `tryEnded`).
@@ -574,8 +323,10 @@ public struct ExchangeStateMachine: Sendable {
     }
 
     /// The upstream recovered (health check, breaker closed, token refreshed):
-    /// a parked request tries again.
+    /// a parked request tries again (the worker took it out of the lot).
     public mutating func replay() -> Action {
+        guard lot != nil else { return .none }
+        lot = nil
         guard case .parked = state else { return .none }
         state = .admitting
         return .admit
@@ -583,7 +334,7 @@ public struct ExchangeStateMachine: Sendable {
 
     /// The token refresh a parked request waited for failed.
     public mutating func tokenRefreshFailed(_ reason: String) -> Action {
-        guard case .parked(.auth, _) = state else { return .none }
+        guard lot == .auth, case .parked(.auth, _) = state else { return .none }
         return fail(.tokenRefreshFailed(reason: reason))
     }
 

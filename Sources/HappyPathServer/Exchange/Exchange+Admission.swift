@@ -46,12 +46,11 @@ extension Exchange {
         func breaker() -> CircuitBreakerStateMachine.Admission { exchange.guardian.admit(at: now) }
 
         func slot() -> Admission.Slot {
+            // The machine books the slot or the place from the verdict.
             switch exchange.env.acquireSlot(exchange, guardian: exchange.guardian, at: now) {
             case .granted:
-                exchange.holdsSlot = true
                 return .acquired
             case .queued:
-                exchange.isQueued = true
                 return .queued
             case .overloaded:
                 return .full

@@ -31,15 +31,15 @@ extension Exchange {
         env.logger.debug(
             "request failed",
             metadata: ["request_id": "\(problem.requestID)", "code": "\(problem.code)", "upstream": "\(upstream.name)"])
-        finalStatus = problem.status
-        finalCode = problem.code
-        self.problem = problem
+        result.status = problem.status
+        result.code = problem.code
+        result.problem = problem
         switch decision.otherwise {
         case let .passThrough(status):
             // upstream_errors: pass: the upstream's own answer, whole
             // (a 404 or 410 is kept for serve_stale like any answer).
-            finalStatus = status
-            if isGRPC { grpcStatus = relay.grpcStatus.clientStatus(httpStatus: status) }
+            result.status = status
+            if isGRPC { result.grpcStatus = relay.grpcStatus.clientStatus(httpStatus: status) }
             relay.answered(bytes: passHeldAnswer())
             if relay.kept != nil { keepAnswer(fields: relay.heldEndToEndFields, body: relay.heldBody) }
         case let .problemKeepingUpstreamFields(status):
@@ -64,8 +64,8 @@ extension Exchange {
             default: break
             }
             let answer = GRPCErrorResponse(problem, retryDelay: pauseLeft)
-            grpcStatus = answer.status
-            finalStatus = answer.httpStatus
+            result.grpcStatus = answer.status
+            result.status = answer.httpStatus
             ProblemResponder.respondGRPC(
                 request, answer, requestID: problem.requestID, extraHeaders: rateLimitFields?.fields ?? [])
             relay.answered(bytes: 0)

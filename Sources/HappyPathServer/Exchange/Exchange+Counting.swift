@@ -8,23 +8,19 @@ import HappyPathPolicies
 /// upstream's pause (pacing), metrics, the breaker and the endpoint's
 /// ejection count, the retry budget.
 extension Exchange {
-    /// The try's end when its answer is pacing (it paused the upstream or
-    /// its client), without a wait of its own; nil when it is not. A gRPC
-    /// call's `RESOURCE_EXHAUSTED` with `RetryInfo` is pacing when
-    /// `pacing.on` names `resource-exhausted`, whether it was held for the
-    /// retry rules or went to the client; any other answer, as its HTTP
-    /// status and `Retry-After` say.
-    func pacing(_ end: ExchangeStateMachine.TryEnd, at now: Instant) -> ExchangeStateMachine.TryEnd? {
+    /// Whether the try's answer is pacing: it paused the upstream or its
+    /// client (published here). A gRPC call's `RESOURCE_EXHAUSTED` with
+    /// `RetryInfo` is pacing when `pacing.on` names `resource-exhausted`,
+    /// whether it was held for the retry rules or went to the client; any
+    /// other answer, as its HTTP status and `Retry-After` say.
+    func pacing(_ end: ExchangeStateMachine.TryEnd, at now: Instant) -> Bool {
         switch end {
-        case let .answered(status, retryAfter, withToken):
-            guard (relay.readsGRPCDetails && pacedResourceExhausted(status, at: now)) || paced(status, retryAfter, at: now)
-            else { return nil }
-            return .answered(status: status, retryAfter: nil, withToken: withToken)
-        case let .grpcAnswered(status, grpcStatus, _):
-            guard relay.readsGRPCDetails, pacedResourceExhausted(status, at: now) else { return nil }
-            return .grpcAnswered(status: status, grpcStatus: grpcStatus, retryAfter: nil)
+        case let .answered(status, retryAfter, _):
+            (relay.readsGRPCDetails && pacedResourceExhausted(status, at: now)) || paced(status, retryAfter, at: now)
+        case let .grpcAnswered(status, _, _):
+            relay.readsGRPCDetails && pacedResourceExhausted(status, at: now)
         case .failed:
-            return nil
+            false
         }
     }
 

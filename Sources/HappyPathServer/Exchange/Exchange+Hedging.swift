@@ -13,8 +13,8 @@ extension Exchange {
     /// the next hedge if one is due before the try's limit, else at the limit.
     func armTryTimer(at now: Instant) {
         let at = hedging.timerAt
-        let event = timer ?? env.loop.takeEvent(target: self)
-        timer = event
+        let event = timers.main ?? env.loop.takeEvent(target: self)
+        timers.main = event
         event.arm(afterNanoseconds: at.nanoseconds - now.nanoseconds)
     }
 
@@ -118,8 +118,7 @@ extension Exchange {
         env.metrics.hedge(route: route, outcome: "won")
         if let transfer {
             transfer.detach()
-            hedging.lost(.init(transfer: transfer, holdsSlot: holdsSlot, endpointIndex: endpointIndex))
-            holdsSlot = false
+            hedging.lost(.init(transfer: transfer, holdsSlot: machine.handOffSlot(), endpointIndex: endpointIndex))
         }
         for other in hedging.removeAll() { lose(other) }
         machine.othersCancelled()
@@ -135,7 +134,7 @@ extension Exchange {
         guard hedging.remove(loser) else { return }
         env.releaseSlot(guardian: guardian, slotHolder)
         let now = env.clock.now()
-        let end = ExchangeStateMachine.TryEnd.failed(failure?.tryFailure ?? .init(.reset, Self.closedInHead))
+        let end = ExchangeStateMachine.TryEnd.failed(failure?.tryFailure ?? .init(.reset, TryEndRules.closedInHead))
         _ = report(machine.outcome(of: end), endpoint: loser.endpointIndex, at: now)
         env.metrics.hedge(route: route, outcome: "lost")
         _ = machine.tryEnded(end, breakerOpen: false, at: now, random: 0)
@@ -154,7 +153,7 @@ extension Exchange {
     private func adoptHedge(_ hedge: HedgeTry, at now: Instant) {
         hedging.adopt(hedge)
         transfer = hedge.transfer
-        holdsSlot = true
+        machine.adoptSlot()
         endpointIndex = hedge.endpointIndex
         authToken = hedge.token
         relay.reset()

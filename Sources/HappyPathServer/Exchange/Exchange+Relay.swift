@@ -98,18 +98,12 @@ extension Exchange {
         if guardian.adaptive != nil { applySample() }
         releaseSlot()
         guard !isFinished else { return }
-        guard let failure else {
-            guard relay.headComplete else { return tryEnded(.failed(.init(.reset, Self.closedInHead))) }
-            let retryAfter = relay.retryAfterSeconds.map { Duration.seconds($0) }
-            if let grpcStatus = relay.heldForRetry {
-                return tryEnded(.grpcAnswered(status: relay.status, grpcStatus: grpcStatus, retryAfter: retryAfter))
-            }
-            return tryEnded(.answered(status: relay.status, retryAfter: retryAfter, withToken: authToken != nil && tokens != nil))
-        }
-        tryEnded(.failed(failure.tryFailure))
+        tryEnded(
+            TryEndRules.finished(
+                failure: failure?.tryFailure, headComplete: relay.headComplete, status: relay.status,
+                retryAfterSeconds: relay.retryAfterSeconds, heldGRPCStatus: relay.heldForRetry,
+                withToken: authToken != nil && tokens != nil))
     }
-
-    static let closedInHead = "the connection closed inside the response head"
 }
 
 extension UpstreamFailure {

@@ -11,9 +11,8 @@ extension Exchange {
     /// not 429) or as it runs out of time. Refused, shed and failed tries
     /// are never samples (docs/overload.md).
     func sampleTry() {
-        guard let from = sampleFrom, let lane else { return }
-        sampleFrom = nil
-        env.sampleTry(lane, from: from.at, to: env.clock.now(), inFlight: from.inFlight, kind: kind)
+        guard let lane, let sample = machine.takeSample(at: env.clock.now()) else { return }
+        env.sampleTry(lane, from: sample.from, to: sample.to, inFlight: sample.inFlight, kind: kind)
     }
 
     /// What kind of request this is to the adaptive limit (its samples are
@@ -57,21 +56,16 @@ extension Exchange {
 
     /// `sampleTry` inside a libcurl callback (the response head): read now,
     /// given to the limit by `applySample` when the transfer has ended.
-    func measureTry() {
-        guard let from = sampleFrom else { return }
-        sampleFrom = nil
-        measured = (from.at, env.clock.now(), from.inFlight)
-    }
+    func measureTry() { machine.sampleMeasured(at: env.clock.now()) }
 
     /// The sample `measureTry` read, given to the limit (outside libcurl's callbacks).
     func applySample() {
-        guard let m = measured, let lane else { return }
-        measured = nil
+        guard let lane, let m = machine.takeMeasured() else { return }
         env.sampleTry(lane, from: m.from, to: m.to, inFlight: m.inFlight, kind: kind)
     }
 
     /// A try that ended without a sample (a reset, an error status) takes none.
-    func dropSample() { sampleFrom = nil }
+    func dropSample() { machine.dropSample() }
 
     /// The answer streams past its head (an event stream, a gRPC call, an
     /// answer read slower than it comes past the read-ahead): on an
@@ -79,33 +73,28 @@ extension Exchange {
     /// streams (`max_streams`), so slow clients and long streams cannot
     /// hold the slots short requests need. On the next pass.
     func answerStreams() {
-        guard guardian.adaptive != nil, holdsSlot, !slotStreams, streamEvent == nil, lane != nil else { return }
+        guard guardian.adaptive != nil, machine.slot == .held, timers.stream == nil, lane != nil else { return }
         let event = env.loop.takeEvent(target: self)
-        streamEvent = event
+        timers.stream = event
         event.arm(after: .zero)
     }
 
     func moveSlotToStreams() {
-        guard holdsSlot, !slotStreams, let lane else { return }
-        if env.moveToStreams(lane, slotHolder) { slotStreams = true }
+        guard machine.slot == .held, let lane else { return }
+        if env.moveToStreams(lane, slotHolder) { machine.slotMovedToStreams() }
     }
 
     // MARK: - Releasing
 
     func releaseSlot() {
-        if holdsSlot {
-            holdsSlot = false
-            if slotStreams {
-                slotStreams = false
-                if let lane { env.streamEnded(lane) }
-            } else if let lane {
-                env.releaseSlot(lane, slotHolder)
-            } else {
-                env.releaseSlot(guardian: guardian, slotHolder)
-            }
-        }
-        if isQueued {
-            isQueued = false
+        switch machine.releaseSlot() {
+        case .none:
+            break
+        case .release:
+            if let lane { env.releaseSlot(lane, slotHolder) } else { env.releaseSlot(guardian: guardian, slotHolder) }
+        case .endStream:
+            if let lane { env.streamEnded(lane) }
+        case .leaveQueue:
             if let lane { env.leaveQueue(self, lane: lane) }
         }
     }

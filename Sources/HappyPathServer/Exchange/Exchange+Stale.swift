@@ -80,8 +80,8 @@ extension Exchange {
                 fields.append(HTTPField(name: "Age", value: String(age)))
                 fields.append(HTTPField(name: "X-Happypath-Fallback", value: "stale; reason=" + reason.rawValue))
                 entry.body.withUnsafeBytes { answerWhole(status: entry.status, reason: entry.reason, fields: fields, body: $0) }
-                finalStatus = entry.status
-                finalCode = "STALE"
+                result.status = entry.status
+                result.code = "STALE"
                 relay.answered(bytes: entry.body.count)
                 return true
             }
@@ -95,8 +95,8 @@ extension Exchange {
         var body = fixed.body
         let count = body.utf8.count
         body.withUTF8 { answerWhole(status: fixed.status, reason: nil, fields: fields, body: UnsafeRawBufferPointer($0)) }
-        finalStatus = fixed.status
-        finalCode = "FALLBACK"
+        result.status = fixed.status
+        result.code = "FALLBACK"
         relay.answered(bytes: count)
         return true
     }

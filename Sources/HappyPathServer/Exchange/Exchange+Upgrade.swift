@@ -36,11 +36,10 @@ extension Exchange {
         // the try's slot of the upstream's max_connections until it closes;
         // on an adaptive upstream among its streams, if `max_streams` has room.
         var slot: HeldSlot?
-        if holdsSlot, let lane {
-            slot = HeldSlot(lane: lane, holder: slotHolder, streams: slotStreams || env.moveToStreams(lane, slotHolder))
+        let kept = machine.keepSlotForTunnel()
+        if kept != .none, let lane {
+            slot = HeldSlot(lane: lane, holder: slotHolder, streams: kept == .streams || env.moveToStreams(lane, slotHolder))
         }
-        holdsSlot = false
-        slotStreams = false
         releaseSlot()
         let fields = upgrade?.answerFields(switching ?? [], requestID: command.requestID) ?? []
         switching = nil
@@ -58,9 +57,8 @@ extension Exchange {
             connection.close()
             return perform(machine.clientGone())
         }
-        switched = true
         env.tunnelOpened(tunnel, route: route, upstream: upstream, slotOf: slot)
-        perform(machine.streamingStarted(status: 101))
+        perform(machine.switchedProtocols())
         tryEnded(.answered(status: 101, retryAfter: nil, withToken: authToken != nil && tokens != nil))
     }
 
