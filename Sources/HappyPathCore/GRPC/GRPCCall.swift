@@ -39,7 +39,7 @@ public enum GRPCStatusField: Sendable, Equatable {
 
     /// A received value, read into a bounded number first (`GRPCStatus(fieldValue:)`).
     public init(value: UnsafeRawBufferPointer) {
-        if value.count <= 3, let status = GRPCStatus(fieldValue: String(decoding: value, as: UTF8.self)) {
+        if value.count <= GRPCStatus.maxFieldDigits, let status = GRPCStatus(fieldValue: String(decoding: value, as: UTF8.self)) {
             self = .status(status)
         } else {
             self = .unrecognized

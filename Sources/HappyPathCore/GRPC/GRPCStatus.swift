@@ -60,13 +60,18 @@ public enum GRPCStatus: Int, Sendable, CaseIterable {
     /// The `grpc-status` field's value: the decimal number, no leading zeros.
     public var fieldValue: String { String(rawValue) }
 
+    /// The most digits a `grpc-status` value is read with: every code has
+    /// at most two, and three can never overflow.
+    public static let maxFieldDigits = 3
+
     /// A `grpc-status` field received from a peer: `1*DIGIT`, read into a
-    /// bounded value first (at most 3 digits, so no number from outside can
-    /// overflow), nil for anything that is not one of the 17 codes. The
-    /// caller passes an unknown number on unchanged; it decides nothing on it.
+    /// bounded value first (at most `maxFieldDigits` digits, so no number
+    /// from outside can overflow), nil for anything that is not one of the
+    /// 17 codes. The caller passes an unknown number on unchanged; it
+    /// decides nothing on it.
     public init?(fieldValue: some StringProtocol) {
         let utf8 = fieldValue.utf8
-        guard !utf8.isEmpty, utf8.count <= 3 else { return nil }
+        guard !utf8.isEmpty, utf8.count <= Self.maxFieldDigits else { return nil }
         var n = 0
         for byte in utf8 {
             guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return nil }

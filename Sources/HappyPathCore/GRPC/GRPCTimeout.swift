@@ -12,6 +12,9 @@ public enum GRPCTimeout {
         (UInt8(ascii: "S"), 1_000_000_000), (UInt8(ascii: "M"), 60_000_000_000), (UInt8(ascii: "H"), 3_600_000_000_000),
     ]
 
+    /// The longest value read: eight digits (gRPC's limit) and a unit.
+    public static let maxFieldBytes = 9
+
     /// The duration a client's field says, or nil for anything that is not
     /// 1–8 digits and a unit (no sign, no space, no other unit). The digits
     /// are bounded before they are multiplied, so no input can overflow; the
@@ -20,7 +23,7 @@ public enum GRPCTimeout {
     /// `0n` is a deadline already past: a call that cannot succeed.
     public static func parse(_ field: some StringProtocol) -> Duration? {
         let utf8 = Array(field.utf8)
-        guard utf8.count >= 2, utf8.count <= 9 else { return nil }
+        guard utf8.count >= 2, utf8.count <= maxFieldBytes else { return nil }
         var value: Int64 = 0
         for byte in utf8.dropLast() {
             guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return nil }

@@ -188,6 +188,9 @@ public final class HTTPServer {
     /// At the connection cap, how often a listener looks again (a
     /// connection another worker closed frees a place it is not told of).
     public static let capRecheck: Duration = .milliseconds(50)
+    /// Connections accepted per wake-up of the listening socket at most (the
+    /// rest wait for the next pass): one busy listener cannot starve the loop.
+    static let acceptBatch = 64
     /// Accepting stopped at the connection cap (not for lack of descriptors).
     private var capped = false
     /// The connections that have not sent a byte, oldest first (a list
@@ -301,7 +304,7 @@ public final class HTTPServer {
             return
         }
         // A bounded batch per wake-up, so one busy listener cannot starve the loop.
-        for _ in 0..<64 {
+        for _ in 0..<Self.acceptBatch {
             if let budget = limits.connections, !budget.reserve(1),
                 // At the cap, a connection that has never sent a byte gives
                 // its place to a client waiting in the backlog.

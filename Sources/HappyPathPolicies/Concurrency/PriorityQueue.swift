@@ -19,12 +19,16 @@ public enum RequestPriority: String, Sendable, CaseIterable, Comparable {
 
     public static func < (a: Self, b: Self) -> Bool { a.rank < b.rank }
 
+    /// The longest `priority_header` value looked at: no name is longer than
+    /// 9 bytes (`sheddable`), and room is left for spaces around it; a
+    /// longer value is not a name and is not copied.
+    public static let maxHeaderValueBytes = 32
+
     /// A client's `priority_header` value (case-insensitive, surrounding
     /// spaces ignored): `route`'s priority or a lower one. Anything else,
     /// and a raise, leaves `route`'s: the header only ever lowers.
     public static func lowered(_ route: Self, by value: some Collection<UInt8>) -> Self {
-        // Bounded: no priority name is longer than 9 bytes.
-        guard value.count <= 32 else { return route }
+        guard value.count <= maxHeaderValueBytes else { return route }
         var word: [UInt8] = []
         for b in value where b != 0x20 && b != 0x09 { word.append(HTTPBytes.lower(b)) }
         guard let asked = Self(rawValue: String(decoding: word, as: UTF8.self)) else { return route }

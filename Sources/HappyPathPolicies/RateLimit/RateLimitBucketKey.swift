@@ -37,8 +37,9 @@ public enum RateLimitBucketKey: Hashable, Sendable {
         self = .digest(word(0), word(1), word(2), word(3))
     }
 
-    /// The key as text of bounded length (at most 71 bytes): itself, or
-    /// `sha256:` and the digest's first 128 bits in hex. What pacing keeps
+    /// The key as text of bounded length: itself (at most `maxPlainBytes`,
+    /// 64 bytes), or `sha256:` and the digest's first 128 bits in hex (39
+    /// bytes). What pacing keeps
     /// as the client key (`pacing.scope_429: client`).
     public var text: String {
         switch self {
