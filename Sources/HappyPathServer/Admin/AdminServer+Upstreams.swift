@@ -13,57 +13,50 @@ import HappyPathPolicies
 ///   `/admin/state` lists them) and `.../undrain`
 /// - `POST /admin/upstreams/{name}/breaker/open`, `.../closed`, `.../auto`
 extension AdminServer {
-    func upstreamsAPI(_ request: HTTPRequest, path: String) {
+    func upstreamsAPI(_ request: HTTPRequest, path: String, name: String, action: AdminAction.UpstreamAction) {
         let requestID = ids.requestID()
         func refuse(_ status: Int, _ code: ProblemCode, _ detail: String) {
             var problem = Problem(code, requestID: requestID, detail: detail)
             problem.status = status
             Self.respond(request, problem)
         }
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst(3).map {
-            String($0).removingPercentEncoding ?? String($0)
-        }
-        let usage =
-            "Use POST /admin/upstreams/{name}/endpoints/{i}/drain or /undrain, or /admin/upstreams/{name}/breaker/open, /closed or /auto."
-        guard parts.count == 3 || parts.count == 4 else { return refuse(404, .noRoute, "No admin resource at \(path). " + usage) }
-        guard request.method == "POST" else { return refuse(400, .badRequest, "\(path) takes POST.") }
-        let name = parts[0]
+        let unknown = "No admin resource at \(path). " + AdminAction.upstreamsUsage
         guard let u = runtime.upstreams.firstIndex(where: { $0.name == name }), u < shared.guards.count else {
             return refuse(404, .notFound, "No upstream named '\(name)'.")
         }
         let guardian = shared.guards[u]
         let by = request.peerAddress
-        switch (parts[1], parts.count) {
-        case ("endpoints", 4):
+        switch action {
+        case let .endpoint(index, drain):
             let endpoints = runtime.upstreams[u].endpoints
-            guard let i = Int(parts[2]), endpoints.indices.contains(i) else {
+            guard let i = Int(index), endpoints.indices.contains(i) else {
                 return refuse(
-                    404, .notFound, "Upstream '\(name)' has endpoints 0 to \(endpoints.count - 1); got '\(parts[2])'.")
+                    404, .notFound, "Upstream '\(name)' has endpoints 0 to \(endpoints.count - 1); got '\(index)'.")
             }
             let url = endpoints[i].url
-            switch parts[3] {
-            case "drain":
+            switch drain {
+            case true?:
                 guard guardian.drain(endpoint: i, url: url, by: by) == .drained else {
                     return refuse(
                         409, .clientError,
                         "\(url) is the last endpoint of '\(name)' not drained: draining it would leave none to send to.")
                 }
-            case "undrain":
+            case false?:
                 _ = guardian.undrain(endpoint: i, url: url, by: by)
-            default:
-                return refuse(404, .noRoute, "No admin resource at \(path). " + usage)
+            case nil:
+                return refuse(404, .noRoute, unknown)
             }
             let drained = guardian.rotation(at: clock.now())[i] == .drained
             request.reply(
                 status: 200, headers: Self.json,
                 body: "{\"upstream\":\(JSON.quote(name)),\"endpoint\":\(i),\"url\":\(JSON.quote(url)),\"drained\":\(drained)}\n")
-        case ("breaker", 3):
+        case let .breaker(breaker):
             let forced: CircuitBreakerStateMachine.Forced?
-            switch parts[2] {
-            case "open": forced = .open
-            case "closed": forced = .closed
-            case "auto": forced = nil
-            default: return refuse(404, .noRoute, "No admin resource at \(path). " + usage)
+            switch breaker {
+            case .open?: forced = .open
+            case .closed?: forced = .closed
+            case .auto?: forced = nil
+            case nil: return refuse(404, .noRoute, unknown)
             }
             let state = guardian.forceBreaker(forced, by: by, at: clock.now())
             // Requests parked behind the breaker go now that it lets tries through.
@@ -72,8 +65,8 @@ extension AdminServer {
             request.reply(
                 status: 200, headers: Self.json,
                 body: "{\"upstream\":\(JSON.quote(name)),\"state\":\(JSON.quote(state.name)),\"forced\":\(said)}\n")
-        default:
-            refuse(404, .noRoute, "No admin resource at \(path). " + usage)
+        case .unknown:
+            refuse(404, .noRoute, unknown)
         }
     }
 

@@ -108,68 +108,78 @@ final class AdminServer: HTTPServerDelegate {
             return
         }
         let (path, query) = Router.split(target: request.target)
-        if path == "/admin/deliveries" || path.hasPrefix("/admin/deliveries/") {
-            return deliveriesAPI(request, path: path, query: query)
+        if AdminAction.isDeliveries(path), shared.deliveries == nil {
+            return Self.respond(
+                request,
+                Problem(.notFound, requestID: ids.requestID(), detail: "No route delivers later (delivery.mode: later)."))
         }
-        if path == "/admin/fallback/purge" { return purgeStale(request, query: query) }
-        if path.hasPrefix("/admin/upstreams/") { return upstreamsAPI(request, path: path) }
-        guard request.method == "GET" || request.method == "HEAD" else {
-            Self.respond(
-                request, Problem(.badRequest, requestID: ids.requestID(), detail: "The admin API is read-only: use GET."))
-            return
-        }
-        switch path {
-        case "/healthz":
+        switch AdminAction.parse(method: request.method, path: path, query: query) {
+        case let .refused(refusal):
+            var problem = Problem(refusal.code, requestID: ids.requestID(), detail: refusal.detail)
+            problem.status = refusal.status
+            Self.respond(request, problem)
+        case .healthz:
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
-        case "/readyz":
-            if ready.value.load(ordering: .acquiring) {
-                // storage.required: not ready while the store cannot write.
-                if runtime.configuration.storage.required, let store = shared.deliveries?.store, !store.writable {
-                    let why = store.unavailable?.message ?? "not connected to the database yet"
-                    request.reply(
-                        status: 503, headers: Self.json,
-                        body: "{\"status\":\"not ready\",\"reason\":\(JSON.quote("the delivery store cannot write (storage.required): " + why))}\n")
-                    return
-                }
-                request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ready\"}\n")
-            } else {
-                request.reply(status: 503, headers: Self.json, body: "{\"status\":\"not ready\"}\n")
-            }
-        case "/metrics":
+        case .readyz:
+            readyz(request)
+        case .metrics:
             guard let deliveries = shared.deliveries else { return metrics(request, stats: nil) }
             // The store's gauges are read on its reader thread; the answer
             // is written back here, on the admin loop.
             let box = LoopBound((request: request, server: self), on: adminLoop)
             let loop = adminLoop
             deliveries.readGauges { stats in loop.execute { box.value.server.metrics(box.value.request, stats: stats) } }
-        case "/admin/state":
+        case .state:
             withSnapshot(request) { request, s in request.reply(status: 200, headers: Self.json, body: s.json) }
-        case "/":
+        case .root:
             request.reply(status: 302, headers: [HTTPField(name: "Location", value: "/status")], body: "")
-        case "/status":
+        case .status:
             withSnapshot(request) { request, s in
                 request.reply(
                     status: 200, headers: StatusPage.headers.map { HTTPField(name: $0.0, value: $0.1) },
                     body: StatusPage.render(s, events: s.events))
             }
-        case "/status.js":
+        case .statusScript:
             request.reply(
                 status: 200, headers: StatusPage.scriptHeaders.map { HTTPField(name: $0.0, value: $0.1) }, body: StatusPage.script
             )
-        case "/status.css":
+        case .statusStyle:
             request.reply(
                 status: 200, headers: StatusPage.styleHeaders.map { HTTPField(name: $0.0, value: $0.1) }, body: StatusPage.style)
-        case "/admin/events":
+        case .events:
             shared.events.subscribe(request)
-        default:
-            Self.respond(
-                request,
-                Problem(
-                    .noRoute, requestID: ids.requestID(),
-                    detail:
-                        "The admin listener serves /status, /healthz, /readyz, /metrics, /admin/state, /admin/events, /admin/deliveries, /admin/upstreams and /admin/fallback/purge."
-                ))
+        case let .purgeStale(prefix):
+            purgeStale(request, prefix: prefix)
+        case let .upstream(name, action):
+            upstreamsAPI(request, path: path, name: name, action: action)
+        case let .listDeliveries(q):
+            listDeliveries(request, q)
+        case .purgeDeliveries:
+            purgeDeliveries(request)
+        case let .delivery(id):
+            withDelivery(id, request) { request, record, _, _ in
+                request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
+            }
+        case let .replayDelivery(id):
+            withDelivery(id, request) { request, record, server, requestID in
+                server.replay(request, record: record, requestID: requestID)
+            }
         }
+    }
+
+    private func readyz(_ request: HTTPRequest) {
+        guard ready.value.load(ordering: .acquiring) else {
+            return request.reply(status: 503, headers: Self.json, body: "{\"status\":\"not ready\"}\n")
+        }
+        // storage.required: not ready while the store cannot write.
+        if runtime.configuration.storage.required, let store = shared.deliveries?.store, !store.writable {
+            let why = store.unavailable?.message ?? "not connected to the database yet"
+            request.reply(
+                status: 503, headers: Self.json,
+                body: "{\"status\":\"not ready\",\"reason\":\(JSON.quote("the delivery store cannot write (storage.required): " + why))}\n")
+            return
+        }
+        request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ready\"}\n")
     }
 
     /// `/metrics`, with the delivery store's gauges from `stats` (read before).
@@ -264,23 +274,14 @@ final class AdminServer: HTTPServerDelegate {
     /// `POST /admin/fallback/purge[?prefix=/catalog/]`: drops the answers
     /// kept for `fallback.serve_stale` whose path starts with the prefix
     /// (all of them without one), and says how many went.
-    private func purgeStale(_ request: HTTPRequest, query: String?) {
+    private func purgeStale(_ request: HTTPRequest, prefix: String) {
         let requestID = ids.requestID()
-        guard request.method == "POST" else {
-            Self.respond(
-                request, Problem(.badRequest, requestID: requestID, detail: "/admin/fallback/purge takes POST."))
-            return
-        }
         guard let stale = shared.stale else {
             return Self.respond(
                 request, Problem(.notFound, requestID: requestID, detail: "No route keeps answers (fallback.serve_stale)."))
         }
-        let prefix = Self.queryItems(query).first { $0.0 == "prefix" }?.1 ?? "/"
-        guard prefix.hasPrefix("/") else {
-            Self.respond(
-                request,
-                Problem(.badRequest, requestID: requestID, detail: "prefix must be a path starting with /, got '\(prefix)'."))
-            return
+        if let refusal = AdminAction.stalePrefixRefusal(prefix) {
+            return Self.respond(request, Problem(refusal.code, requestID: requestID, detail: refusal.detail))
         }
         let purged = stale.purge(pathPrefix: prefix)
         request.reply(
@@ -292,106 +293,66 @@ final class AdminServer: HTTPServerDelegate {
 
     /// `GET /admin/deliveries[?state=&upstream=&limit=&after=]`, `GET
     /// /admin/deliveries/{id}`, `POST /admin/deliveries/{id}/replay`, `POST
-    /// /admin/deliveries/purge` (docs/deliver-later.md).
-    private func deliveriesAPI(_ request: HTTPRequest, path: String, query: String?) {
-        let requestID = ids.requestID()
-        guard let deliveries = shared.deliveries else {
-            return Self.respond(
-                request, Problem(.notFound, requestID: requestID, detail: "No route delivers later (delivery.mode: later)."))
+    /// /admin/deliveries/purge` (docs/deliver-later.md); `serve` answered
+    /// 404 already when no route delivers later.
+    private func listDeliveries(_ request: HTTPRequest, _ q: AdminAction.DeliveryQuery) {
+        guard let deliveries = shared.deliveries else { return }
+        var state: DeliveryState?
+        if let name = q.state {
+            guard let s = DeliveryState(name: name) else {
+                return Self.respond(
+                    request,
+                    Problem(
+                        .badRequest, requestID: ids.requestID(),
+                        detail: "state must be one of queued, in_flight, delivered, dead; got '\(name)'."))
+            }
+            state = s
         }
-        let parts = path.split(separator: "/", omittingEmptySubsequences: true).map(String.init)
-        let isGet = request.method == "GET" || request.method == "HEAD"
-        let isPost = request.method == "POST"
-        func wrongMethod(_ allowed: String) {
-            Self.respond(
-                request, Problem(.badRequest, requestID: requestID, detail: "\(path) takes \(allowed)."))
-        }
-        let box = LoopBound((request: request, server: self), on: adminLoop)
+        let box = LoopBound(request, on: adminLoop)
         let loop = adminLoop
-        switch parts.count {
-        case 2:
-            guard isGet else { return wrongMethod("GET") }
-            var state: DeliveryState?
-            var upstream: String?
-            var after: Int64?
-            var limit = 100
-            for (key, value) in Self.queryItems(query) {
-                switch key {
-                case "state":
-                    guard let s = DeliveryState(name: value) else {
-                        return Self.respond(
-                            request,
-                            Problem(
-                                .badRequest, requestID: requestID,
-                                detail: "state must be one of queued, in_flight, delivered, dead; got '\(value)'."))
-                    }
-                    state = s
-                case "upstream": upstream = value
-                case "after":
-                    guard let v = Int64(value) else {
-                        return Self.respond(
-                            request, Problem(.badRequest, requestID: requestID, detail: "after must be the 'next' of a page."))
-                    }
-                    after = v
-                case "limit":
-                    guard let v = Int(value), (1...1000).contains(v) else {
-                        return Self.respond(
-                            request, Problem(.badRequest, requestID: requestID, detail: "limit must be 1 to 1000."))
-                    }
-                    limit = v
-                default:
-                    return Self.respond(
-                        request,
-                        Problem(
-                            .badRequest, requestID: requestID,
-                            detail: "Unknown parameter '\(key)' (state, upstream, limit, after)."))
+        let pageSize = q.limit
+        deliveries.store.list(state: state, upstream: q.upstream, after: q.after, limit: pageSize) { result in
+            // A store that cannot be read lists nothing, as before it opened.
+            let records = (try? result.get()) ?? []
+            let next = records.count == pageSize ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
+            let body = "{\"deliveries\":[\(records.map(Deliveries.json).joined(separator: ","))],\"next\":\(next)}\n"
+            loop.execute { box.value.reply(status: 200, headers: Self.json, body: body) }
+        }
+    }
+
+    private func purgeDeliveries(_ request: HTTPRequest) {
+        guard let deliveries = shared.deliveries else { return }
+        let box = LoopBound(request, on: adminLoop)
+        let loop = adminLoop
+        deliveries.purge(by: request.peerAddress) { count in
+            loop.execute { box.value.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
+        }
+    }
+
+    /// Reads delivery `id` on the store's reader thread, then runs `body`
+    /// with it on the admin loop (404 when there is none).
+    private func withDelivery(
+        _ id: String, _ request: HTTPRequest,
+        _ body: @escaping (HTTPRequest, DeliveryRecord, AdminServer, String) -> Void
+    ) {
+        guard let deliveries = shared.deliveries else { return }
+        let requestID = ids.requestID()
+        let box = LoopBound((request: request, server: self, body: body), on: adminLoop)
+        let loop = adminLoop
+        deliveries.store.record(id: id) { result in
+            loop.execute {
+                guard let record = (try? result.get()) ?? nil else {
+                    let detail = "No delivery \(id) (or it was purged)."
+                    return Self.respond(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
                 }
+                box.value.body(box.value.request, record, box.value.server, requestID)
             }
-            let pageSize = limit
-            deliveries.store.list(state: state, upstream: upstream, after: after, limit: pageSize) { result in
-                // A store that cannot be read lists nothing, as before it opened.
-                let records = (try? result.get()) ?? []
-                let next = records.count == pageSize ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
-                let body = "{\"deliveries\":[\(records.map(Deliveries.json).joined(separator: ","))],\"next\":\(next)}\n"
-                loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: body) }
-            }
-        case 3 where parts[2] == "purge":
-            guard isPost else { return wrongMethod("POST") }
-            deliveries.purge(by: request.peerAddress) { count in
-                loop.execute { box.value.request.reply(status: 200, headers: Self.json, body: "{\"purged\":\(count)}\n") }
-            }
-        case 3:
-            guard isGet else { return wrongMethod("GET") }
-            let id = parts[2]
-            deliveries.store.record(id: id) { result in
-                loop.execute {
-                    guard let record = (try? result.get()) ?? nil else {
-                        let detail = "No delivery \(id) (or it was purged)."
-                        return Self.respond(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
-                    }
-                    box.value.request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
-                }
-            }
-        case 4 where parts[3] == "replay":
-            guard isPost else { return wrongMethod("POST") }
-            let id = parts[2]
-            deliveries.store.record(id: id) { result in
-                loop.execute {
-                    guard let record = (try? result.get()) ?? nil else {
-                        let detail = "No delivery \(id) (or it was purged)."
-                        return Self.respond(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
-                    }
-                    box.value.server.replay(box.value.request, record: record, deliveries: deliveries, requestID: requestID)
-                }
-            }
-        default:
-            Self.respond(
-                request, Problem(.noRoute, requestID: requestID, detail: "No admin resource at \(path)."))
         }
     }
 
     /// `POST /admin/deliveries/{id}/replay`, once the delivery was read: on the admin loop.
-    private func replay(_ request: HTTPRequest, record: DeliveryRecord, deliveries: Deliveries, requestID: String) {
+    private func replay(_ request: HTTPRequest, record: DeliveryRecord, requestID: String) {
+        guard let deliveries = shared.deliveries else { return }
         let id = record.id
         // A new max_age from now: the route's, if the route still delivers later.
         let (routePath, _) = Router.split(target: record.target)
@@ -428,17 +389,6 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     /// `a=1&b=two` as pairs, percent-decoded.
-    static func queryItems(_ query: String?) -> [(String, String)] {
-        guard let query, !query.isEmpty else { return [] }
-        return query.split(separator: "&").map { item in
-            let pair = item.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            func decode(_ s: Substring) -> String {
-                String(s).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String(s)
-            }
-            return (decode(pair[0]), pair.count > 1 ? decode(pair[1]) : "")
-        }
-    }
-
     static func isLoopback(_ address: String) -> Bool {
         address.hasPrefix("127.") || address == "::1" || address.hasPrefix("::ffff:127.")
     }
