@@ -32,7 +32,9 @@ public enum TryEndRules {
         case counted(ExchangeStateMachine.TryEnd, headWasStaged: Bool)
     }
 
-    /// The end of a transfer. `failure` nil: it completed.
+    /// The end of a transfer. `failure` nil: it completed. Inlined into
+    /// the driver (once a try: as cheap as the code it replaced there).
+    @inlinable
     public static func finished(
         failure: ExchangeStateMachine.TryFailure?, headComplete: Bool, status: Int, retryAfterSeconds: Int64?,
         heldGRPCStatus: GRPCStatus?, withToken: Bool
@@ -50,6 +52,7 @@ public enum TryEndRules {
     /// broke off (nil: it did not); `headComplete`, the response head came
     /// whole; `bytesToClient`, what the client got of the answer;
     /// `streaming`, the machine is streaming the answer.
+    @inlinable
     public static func classify(
         _ end: ExchangeStateMachine.TryEnd, bodyBreak: BodyBreak?, headComplete: Bool, bytesToClient: Int, streaming: Bool
     ) -> Verdict {
@@ -69,6 +72,7 @@ public enum TryEndRules {
     }
 
     /// The same end without a wait of its own (a pacing answer).
+    @inlinable
     public static func withoutWait(_ end: ExchangeStateMachine.TryEnd) -> ExchangeStateMachine.TryEnd {
         switch end {
         case let .answered(status, _, withToken): .answered(status: status, retryAfter: nil, withToken: withToken)
@@ -82,6 +86,7 @@ extension ExchangeStateMachine {
     /// A try's end, classified (`TryEndRules.classify`) against the
     /// machine's state: a streamed answer whose head was never written
     /// makes the try a failed one again (`streamFailedBeforeFirstByte`).
+    @inlinable
     public mutating func classify(
         _ end: TryEnd, bodyBreak: TryEndRules.BodyBreak?, headComplete: Bool, bytesToClient: Int
     ) -> TryEndRules.Verdict {
