@@ -159,14 +159,16 @@ import Testing
     }
 
 
-    /// A grpcio server that drains every connection older than 200 ms
+    /// A grpcio server that drains every connection older than 50 ms
     /// (GOAWAY, then the calls in flight finish): 1,000 unary calls through
-    /// the proxy all succeed, on a new connection after each GOAWAY.
+    /// the proxy all succeed, on a new connection after each GOAWAY. (The
+    /// age is short enough that even a fast build, which sends the 1,000 in
+    /// half a second, meets several drains.)
     @Test(.disabled(if: OverloadAttackTests.plainOnce, "grpcio load: run by the address sanitizer's pass")) func goawaysMidLoadLoseNoCall() throws {
         let server = GRPCPassThroughTests.server.replacingOccurrences(
             of: "s = grpc.server(futures.ThreadPoolExecutor(4), options=opts)",
             with: """
-                s = grpc.server(futures.ThreadPoolExecutor(4), options=opts + [("grpc.max_connection_age_ms", 200), ("grpc.max_connection_age_grace_ms", 5000)])
+                s = grpc.server(futures.ThreadPoolExecutor(4), options=opts + [("grpc.max_connection_age_ms", 50), ("grpc.max_connection_age_grace_ms", 5000)])
                 """)
         #expect(server != GRPCPassThroughTests.server)
         try PythonGRPC.withServer(server) { python, port in
@@ -176,11 +178,7 @@ import Testing
             #expect(result["ok"] as? Int == 1000, "\(result)")
             let admin = AdminProbe(port: h.adminPort)
             #expect(try admin.metric(#"happypath_upstream_h2_goaways_total{upstream="g"}"#) >= 2)
-            // At least one connection after a drain: how many more depends
-            // on how fast the calls ran against the 200 ms age (a plain
-            // build sends the 1,000 in about 0.5 s; grpcio's drain sends
-            // two GOAWAY frames for one connection).
-            #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) >= 2)
+            #expect(try admin.metric(#"happypath_upstream_h2_connections_opened_total{upstream="g"}"#) >= 3)
         }
     }
 
