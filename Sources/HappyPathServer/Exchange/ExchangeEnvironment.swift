@@ -102,7 +102,7 @@ extension ProxyWorker: ExchangeEnvironment {
     func park(_ exchange: Exchange, reason: Exchange.ParkReason) -> Bool { parking.park(exchange, reason: reason) }
     func unpark(_ exchange: Exchange) { parking.unpark(exchange) }
     func parkedForPause(_ exchange: Exchange) { pacing.parkedForPause(exchange) }
-    func scheduleProbe(guardian: UpstreamGuard, after: Duration) { parking.scheduleProbe(guardian: guardian, after: after) }
+    func scheduleProbe(guardian: UpstreamGuard, after: Duration) { probes.schedule(guardian: guardian, after: after) }
     func paused(_ guardian: UpstreamGuard, until: Instant) { shared.paused(guardian, until: until) }
     func recovered(_ guardian: UpstreamGuard) { shared.recovered(guardian) }
 

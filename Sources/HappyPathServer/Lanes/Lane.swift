@@ -110,6 +110,6 @@ final class Lane: LoopEventTarget {
         if event.tag == Self.pauseTag { return worker.pacing.pauseDue(self) }
         probeTimer?.recycle()
         probeTimer = nil
-        worker.parking.probeDue(self)
+        worker.probes.due(self)
     }
 }

@@ -6,9 +6,8 @@ import Logging
 /// A worker's parking (docs/reachability.md): exchanges parked in their
 /// upstream's lane while it is unreachable, its circuit open, its token
 /// refreshing or its pause on, each holding one of the process's
-/// `max_parked` places; replayed in arrival order when it recovers, one
-/// released as the half-open probe when the breaker asks for one. On the
-/// worker's loop.
+/// `max_parked` places; replayed in arrival order when it recovers (one is
+/// released as the half-open probe by `Probes`). On the worker's loop.
 final class Parking {
     /// Alive: the worker owns its parking (`ProxyWorker.parking`) and outlives it.
     unowned let worker: ProxyWorker
@@ -84,17 +83,4 @@ final class Parking {
 
     /// The shutdown: the lot's places are given back, nobody is replayed.
     func dropAll(_ l: Lane) { leftLot(l.parked.takeAll(places: shared.parked), guardian: l.guardian) }
-
-    // MARK: - Probes
-
-    /// Releases one parked command as the half-open probe once `after` passed.
-    func scheduleProbe(guardian: UpstreamGuard, after: Duration) {
-        lanes.lane(guardian).armProbe(after: after)
-    }
-
-    func probeDue(_ l: Lane) {
-        guard let probe = l.parked.takeProbe(places: shared.parked) else { return }
-        leftLot([probe], guardian: l.guardian)
-        probe.replay()
-    }
 }

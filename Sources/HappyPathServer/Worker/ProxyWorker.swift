@@ -14,10 +14,11 @@ import Synchronization
 /// with the other workers), its transports (libcurl's multi handle, the
 /// proxy's own HTTP/2 client), the exchanges in flight on it, and the
 /// services they use, each a type in its own folder: the rate-limit gate
-/// (Shaping/), the upstreams' lanes and slots (Lanes/), parking and probes
-/// (Parking/), pauses (Pacing/), token refreshes (Auth/), tunnels
-/// (Tunnels/) and delivery rounds (Deliveries/). The worker wires them:
-/// it routes each request, starts its exchange, and counts its end.
+/// (Shaping/), the upstreams' lanes and slots (Lanes/), parking and the
+/// breaker's probes (Parking/), pauses (Pacing/), token refreshes (Auth/),
+/// tunnels (Tunnels/), delivery rounds (Deliveries/), a reload and the
+/// drain's end and shutdown (Lifecycle/). The worker wires them: it routes
+/// each request, starts its exchange, and counts its end.
 /// Everything here runs on `loop`'s thread.
 final class ProxyWorker: HTTPServerDelegate {
     let loop: EventLoop
@@ -55,6 +56,7 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var lanes: Lanes!
     private(set) var parking: Parking!
     private(set) var pacing: PauseWaits!
+    private(set) var probes: Probes!
     private(set) var refreshes: TokenRefreshes!
     private(set) var tunnels: WorkerTunnels!
 
@@ -94,6 +96,7 @@ final class ProxyWorker: HTTPServerDelegate {
         gate = RateLimitGate(worker: self, metrics: RateLimitMetrics(shared.metrics))
         lanes = Lanes(worker: self)
         parking = Parking(worker: self)
+        probes = Probes(worker: self)
         pacing = PauseWaits(worker: self)
         refreshes = TokenRefreshes(worker: self)
         tunnels = WorkerTunnels(worker: self)
@@ -256,24 +259,11 @@ final class ProxyWorker: HTTPServerDelegate {
     // MARK: - Reload
 
     /// New commands use the new configuration; exchanges in flight keep
-    /// theirs. Commands parked for an upstream that the new configuration
-    /// changed or removed are replayed now (under their own configuration).
-    /// libcurl's connection caps follow the new `max_connections`.
+    /// theirs. What else it changes on this worker: `WorkerReload`.
     func apply(runtime: RuntimeConfiguration, shared: SharedState) {
         self.runtime = runtime
         self.shared = shared
-        let caps = runtime.connectionCaps(workers: workers)
-        client.setConnectionLimits(perHost: caps.perHost, cached: caps.cached)
-        transports.h2.maxConnectionsPerEndpoint = caps.perHost
-        let kept = Set(shared.guards.map(ObjectIdentifier.init))
-        for (key, l) in lanes.all where !kept.contains(key) {
-            // A reload that changed the upstream ends its pause: what waited goes now.
-            pacing.endForReload(l)
-            parking.replayAll(l)
-            // Nothing of the old upstream left on this worker: forget its lane.
-            if l.isIdle { lanes.forget(key) }
-        }
-        lanes.open(shared.guards)
+        WorkerReload.carryOver(self)
     }
 
     // MARK: - The end of an exchange
@@ -312,33 +302,18 @@ final class ProxyWorker: HTTPServerDelegate {
     func stopAccepting() { for s in servers { s.stopAccepting() } }
 
     /// Drain timed out: every exchange still here gets its answer now,
-    /// and every tunnel closes.
+    /// and every tunnel closes (`WorkerShutdown`).
     func answerEverything() {
         stopping = true
-        lanes.stopping = true
-        gate.answerEverything()
-        for exchange in Array(active.values) { exchange.answerNow() }
-        tunnels.shutdownAll()
+        WorkerShutdown.answerEverything(self)
     }
 
-    /// Drops everything in flight and closes the listener, in order: the
-    /// requests (their transfers and timers), the refreshes, the lanes, the
-    /// client connections, libcurl, and the access log's last lines. On the loop.
-    func shutdown() {
-        for (_, l) in lanes.all {
-            l.cancelTimers()
-            l.slots.removeAllWaiters()
-            parking.dropAll(l)
-        }
-        gate.abandonAll()
-        for exchange in active.values { exchange.abandon() }
-        shared.inFlight.add(-active.values.filter { $0.delivery == nil }.count)
-        active.removeAll()
-        tunnels.shutdownAll()
-        refreshes.abandonAll()
-        lanes.removeAll()
-        for s in servers { s.close() }
-        transports.shutdown()
-        accessLog.flush()
-    }
+    /// Drops everything in flight and closes the listeners (`WorkerShutdown`). On the loop.
+    func shutdown() { WorkerShutdown.shutdown(self) }
+
+    /// The exchanges in flight now (for a drain or the shutdown).
+    var exchanges: Dictionary<ObjectIdentifier, Exchange>.Values { active.values }
+
+    /// The shutdown abandoned every exchange: none is kept any more.
+    func forgetExchanges() { active.removeAll() }
 }
