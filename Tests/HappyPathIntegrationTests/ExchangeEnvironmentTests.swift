@@ -122,8 +122,15 @@ import Testing
         let shared = SharedState(runtime: runtime, logger: env.logger, events: EventBus(loop: loop))
         loop.start(name: "exchange-env")
         defer {
-            loop.execute { env.transports.shutdown() }
+            // The transports end on their loop, then the loop's thread is joined.
+            let shut = Locked(false)
+            loop.execute {
+                env.transports.shutdown()
+                shut.withLock { $0 = true }
+            }
+            waitUntil("the transports shut down") { shut.withLock { $0 } }
             loop.stop()
+            loop.join()
         }
         let client = RecordingClient()
         let route = runtime.routes[0]
