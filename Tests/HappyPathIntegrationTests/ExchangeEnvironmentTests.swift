@@ -79,7 +79,14 @@ import Testing
         func recovered(_ guardian: UpstreamGuard) {}
         func startRefresh(guardian: UpstreamGuard) {}
         func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream, slotOf slot: HeldSlot?) {}
+        /// The exchange in flight, held here as a worker holds its own
+        /// (`active`) until it finishes (on the loop).
+        var active: Exchange?
+
         func finished(_ exchange: Exchange) {
+            // Let go as the worker does: the client no longer reports to it.
+            exchange.request.observer = nil
+            active = nil
             ended.withLock { $0 = (exchange.finalStatus, exchange.finalCode, exchange.command.attempt) }
         }
     }
@@ -131,6 +138,7 @@ import Testing
             waitUntil("the transports shut down") { shut.withLock { $0 } }
             loop.stop()
             loop.join()
+            loop.close()
         }
         let client = RecordingClient()
         let route = runtime.routes[0]
@@ -143,6 +151,7 @@ import Testing
                 env: env, request: client, route: route, upstream: runtime.upstreams[0], guardian: shared.guards[0],
                 command: command)
             env.storedProperties.withLock { $0 = Mirror(reflecting: exchange).children.count }
+            env.active = exchange
             exchange.start()
         }
         guard waitUntil("the exchange to end", { env.ended.withLock { $0 } != nil }) else { return nil }
