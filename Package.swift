@@ -205,7 +205,7 @@ let package = Package(
             name: "HappyPathIntegrationTests",
             dependencies: [
                 "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo", "HappyPathStore",
-                "SmallDisk", "PostgresTestServer", .product(name: "Logging", package: "swift-log"),
+                "HappyPathAdmin", "SmallDisk", "PostgresTestServer", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

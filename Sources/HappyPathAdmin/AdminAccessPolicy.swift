@@ -1,5 +1,4 @@
 import HappyPathCore
-import HappyPathPolicies
 
 /// What the admin listener refuses because a browser could have been
 /// tricked into sending it (docs/operations.md, "What a browser cannot make

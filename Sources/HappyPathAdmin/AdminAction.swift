@@ -5,7 +5,8 @@ import HappyPathCore
 /// path and query alone (after `AdminAccessPolicy` let it in): a page, a
 /// reading, an action, or why it is refused (wrong method, no such
 /// resource, a bad parameter). Pure: `AdminServer` performs what this says
-/// (docs/operations.md, "The admin listener"; AdminActionParsingTests).
+/// (docs/operations.md's admin API; docs/deliver-later.md for deliveries;
+/// AdminActionParsingTests).
 public enum AdminAction: Sendable, Equatable {
     case healthz
     case readyz
@@ -55,7 +56,7 @@ public enum AdminAction: Sendable, Equatable {
 
     /// A delivery listing's filters (`?state=&upstream=&limit=&after=`).
     public struct DeliveryQuery: Sendable, Equatable {
-        /// A state's name as given (the store knows the names).
+        /// One of `deliveryStates`.
         public var state: String?
         public var upstream: String?
         public var after: Int64?
@@ -84,6 +85,10 @@ public enum AdminAction: Sendable, Equatable {
 
     /// The most deliveries one page lists.
     public static let maxPage = 1000
+
+    /// The states a listing filters by: the store's names for them
+    /// (`DeliveryState.name`; a test holds the two lists equal).
+    public static let deliveryStates = ["queued", "in_flight", "delivered", "dead"]
 
     public static let upstreamsUsage =
         "Use POST /admin/upstreams/{name}/endpoints/{i}/drain or /undrain, or /admin/upstreams/{name}/breaker/open, /closed or /auto."
@@ -129,7 +134,14 @@ public enum AdminAction: Sendable, Equatable {
             var q = DeliveryQuery()
             for (key, value) in queryItems(query) {
                 switch key {
-                case "state": q.state = value
+                case "state":
+                    guard deliveryStates.contains(value) else {
+                        return .refused(
+                            .init(
+                                400, .badRequest,
+                                "state must be one of \(deliveryStates.joined(separator: ", ")); got '\(value)'."))
+                    }
+                    q.state = value
                 case "upstream": q.upstream = value
                 case "after":
                     guard let v = Int64(value) else {

@@ -1,6 +1,3 @@
-import HappyPathCore
-import HappyPathPolicies
-
 /// What the metrics registry already counts for one route since the
 /// process started, for the status page: read from the values its route
 /// series hold (`RouteReading`), never from the exposition text.
@@ -102,7 +99,8 @@ public struct RouteReading: Sendable, Equatable {
         case durationBucket(le: Double)
 
         /// The series a family and its labels name, or nil when
-        /// `RouteTotals` does not read that family (or the route is missing).
+        /// `RouteTotals` does not read that family (the route label is the
+        /// caller's to find: `RouteSeriesBook`).
         public init?(family: String, labels: [(String, String)]) {
             func label(_ name: String) -> String? { labels.first { $0.0 == name }?.1 }
             switch family {
@@ -126,10 +124,6 @@ public struct RouteReading: Sendable, Equatable {
         self.value = value
     }
 
-    /// The families `RouteTotals` reads (the duration histogram besides).
-    public static let counterFamilies: Set<String> = [
-        "happypath_requests_total", "happypath_request_tries_total", "happypath_hedges_total",
-        "happypath_fallback_total", "happypath_rate_limited_total",
-    ]
+    /// The duration histogram `RouteTotals` reads (the counters: `Series(family:labels:)`).
     public static let durationFamily = "happypath_request_duration_seconds"
 }

@@ -45,6 +45,9 @@ import Testing
         Row(
             "GET", "/admin/deliveries", query: "state=dead&upstream=hooks&limit=5&after=42",
             .listDeliveries(.init(state: "dead", upstream: "hooks", after: 42, limit: 5))),
+        Row(
+            "GET", "/admin/deliveries", query: "state=lost&limit=0",
+            refused(400, .badRequest, "state must be one of queued, in_flight, delivered, dead; got 'lost'.")),
         Row("GET", "/admin/deliveries", query: "limit=1001", refused(400, .badRequest, "limit must be 1 to 1000.")),
         Row("GET", "/admin/deliveries", query: "limit=0", refused(400, .badRequest, "limit must be 1 to 1000.")),
         Row("GET", "/admin/deliveries", query: "after=x", refused(400, .badRequest, "after must be the 'next' of a page.")),

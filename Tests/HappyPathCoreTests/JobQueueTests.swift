@@ -61,6 +61,15 @@ import Testing
         #expect(queue.push(6))
     }
 
+    @Test func anOfferSaysWhyItWasRefused() {
+        let queue = JobQueue<Int>(name: "test-offer", capacity: 1)
+        #expect(queue.offer(1) == .kept)
+        #expect(queue.offer(2) == .full)
+        queue.stop()
+        #expect(queue.offer(3) == .stopped)
+        #expect(queue.push(contentsOf: [4, 5]) == 0, "a stopped queue keeps none")
+    }
+
     @Test func keepsTheFirstItemsOfAGroupThatDoesNotFit() {
         let queue = JobQueue<Int>(name: "test-bound", capacity: 4)
         queue.push(0)

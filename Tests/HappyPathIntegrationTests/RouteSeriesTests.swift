@@ -1,5 +1,6 @@
 import CoreMetrics
 import HappyPathAdmin
+import HappyPathStore
 import Testing
 
 @testable import HappyPathServer
@@ -41,5 +42,13 @@ import Testing
         let text = metrics.registry.emitToString()
         #expect(text.contains("happypath_request_duration_seconds_bucket{route=\"/\",le=\"0.001\"} 1"), "the exported histogram agrees")
         #expect(text.contains("happypath_request_duration_seconds_bucket{route=\"/\",le=\"0.0025\"} 2"))
+    }
+}
+
+/// The admin API checks a listing's `state` against `AdminAction`'s list
+/// (HappyPathAdmin knows nothing of the store): it must be the store's own.
+@Suite struct AdminDeliveryStatesTests {
+    @Test func theAdminsStatesAreTheStores() {
+        #expect(AdminAction.deliveryStates == DeliveryState.allCases.map(\.name))
     }
 }

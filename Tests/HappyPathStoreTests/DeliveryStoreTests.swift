@@ -681,5 +681,24 @@ extension DeliveryStoring {
         #expect(queue.waiting == WriterOp.queueCapacity + 1, "the round's end took a reserved place")
         queue.hand(.claim(limit: 5, skipping: []) { claimed, _ in answers.withLock { $0.append("claimed \(claimed.count)") } })
         #expect(answers.withLock { $0 }.last == "claimed 0", "a claim past the capacity finds nothing this time")
+        // An operator's replay and purge take reserved places too: answered by the writer, not refused.
+        queue.hand(.replay(id: "d", expiresAt: 0) { _ in answers.withLock { $0.append("replay refused") } })
+        queue.hand(.purge { _ in answers.withLock { $0.append("purge refused") } })
+        #expect(queue.waiting == WriterOp.queueCapacity + 3)
+        #expect(!answers.withLock { $0 }.contains { $0.hasSuffix("refused") })
+    }
+
+    @Test func aReadPastTheReadersQueueIsBusyAndOneAfterCloseIsNotOpen() {
+        let queue: JobQueue<@Sendable (Result<Int, StoreError>) -> Void> = StoreReadQueue.make(name: "test-reads")
+        let answers = Locked<[String]>([])
+        let job: @Sendable (Result<Int, StoreError>) -> Void = { r in
+            if case let .failure(e) = r { answers.withLock { $0.append(e.isBusy ? "busy" : "closed") } }
+        }
+        for _ in 0..<StoreReadQueue.capacity { StoreReadQueue.read(job, on: queue, notOpen: StoreError(1, "closed")) }
+        #expect(answers.withLock { $0 }.isEmpty, "every read up to the capacity waits")
+        StoreReadQueue.read(job, on: queue, notOpen: StoreError(1, "closed"))
+        queue.stop()
+        StoreReadQueue.read(job, on: queue, notOpen: StoreError(1, "closed"))
+        #expect(answers.withLock { $0 }.suffix(2) == ["busy", "closed"])
     }
 }

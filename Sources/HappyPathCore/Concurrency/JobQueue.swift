@@ -64,7 +64,8 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
     private var fillWaiters = 0
     private var fillTarget = Int.max
 
-    /// `capacity`: the most items waiting at once (at least 1). `held`:
+    /// `capacity`: the most items waiting at once (at least 1). `reserve`:
+    /// places beyond it that only a `reserved` push may take. `held`:
     /// `take` waits, whatever is pushed, until `release` (a store starts
     /// its writer thread as it opens, with the thread's state handed to it
     /// there, and lets it work from `start`); stopped before `release`,
@@ -162,25 +163,38 @@ public final class JobQueue<Item: Sendable>: @unchecked Sendable {
     /// Hands `item` over; false (nothing kept) if the queue is full or
     /// stopped. `reserved`: `reserve`'s places count as room too.
     @discardableResult
-    public func push(_ item: Item, reserved: Bool = false) -> Bool {
-        push(contentsOf: CollectionOfOne(item), room: reserved ? capacity + reserve : capacity) == 1
+    public func push(_ item: Item, reserved: Bool = false) -> Bool { offer(item, reserved: reserved) == .kept }
+
+    /// What became of an item offered (`offer`): kept, or refused, and why.
+    public enum Offer: Sendable, Equatable {
+        case kept, full, stopped
+    }
+
+    /// `push`, saying why an item was refused, as one critical section: a
+    /// producer that answers a refusal itself knows whether the queue was
+    /// full or stopped at that moment.
+    public func offer(_ item: Item, reserved: Bool = false) -> Offer {
+        let kept = push(contentsOf: CollectionOfOne(item), room: reserved ? capacity + reserve : capacity)
+        return kept == 1 ? .kept : kept < 0 ? .stopped : .full
     }
 
     /// Hands over as many of `newItems` as there is room for, the first
     /// ones; how many it kept (0 once stopped).
     @discardableResult
     public func push<C: Collection>(contentsOf newItems: C) -> Int where C.Element == Item {
-        push(contentsOf: newItems, room: capacity)
+        max(0, push(contentsOf: newItems, room: capacity))
     }
 
-    private func push<C: Collection>(contentsOf newItems: C, room capacity: Int) -> Int where C.Element == Item {
+    /// How many of `newItems` were kept with at most `room` items waiting;
+    /// -1 once stopped.
+    private func push<C: Collection>(contentsOf newItems: C, room: Int) -> Int where C.Element == Item {
         pthread_mutex_lock(mutex)
         guard !stopping else {
             pthread_mutex_unlock(mutex)
-            return 0
+            return -1
         }
         let waiting = items.count
-        let taken = Swift.max(0, Swift.min(capacity - waiting, newItems.count))
+        let taken = Swift.max(0, Swift.min(room - waiting, newItems.count))
         if taken == newItems.count {
             items.append(contentsOf: newItems)
         } else if taken > 0 {

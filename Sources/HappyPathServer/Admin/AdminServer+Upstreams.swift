@@ -16,9 +16,7 @@ extension AdminServer {
     func upstreamsAPI(_ request: HTTPRequest, path: String, name: String, action: AdminAction.UpstreamAction) {
         let requestID = ids.requestID()
         func refuse(_ status: Int, _ code: ProblemCode, _ detail: String) {
-            var problem = Problem(code, requestID: requestID, detail: detail)
-            problem.status = status
-            Self.respond(request, problem)
+            Self.respond(request, .init(status, code, detail), requestID: requestID)
         }
         let unknown = "No admin resource at \(path). " + AdminAction.upstreamsUsage
         guard let u = runtime.upstreams.firstIndex(where: { $0.name == name }), u < shared.guards.count else {

@@ -115,9 +115,7 @@ final class AdminServer: HTTPServerDelegate {
         }
         switch AdminAction.parse(method: request.method, path: path, query: query) {
         case let .refused(refusal):
-            var problem = Problem(refusal.code, requestID: ids.requestID(), detail: refusal.detail)
-            problem.status = refusal.status
-            Self.respond(request, problem)
+            Self.respond(request, refusal, requestID: ids.requestID())
         case .healthz:
             request.reply(status: 200, headers: Self.json, body: "{\"status\":\"ok\"}\n")
         case .readyz:
@@ -153,16 +151,20 @@ final class AdminServer: HTTPServerDelegate {
         case let .upstream(name, action):
             upstreamsAPI(request, path: path, name: name, action: action)
         case let .listDeliveries(q):
-            listDeliveries(request, q)
+            guard let deliveries = deliveries(for: request) else { return }
+            listDeliveries(request, q, deliveries)
         case .purgeDeliveries:
-            purgeDeliveries(request)
+            guard let deliveries = deliveries(for: request) else { return }
+            purgeDeliveries(request, deliveries)
         case let .delivery(id):
-            withDelivery(id, request) { request, record, _, _ in
+            guard let deliveries = deliveries(for: request) else { return }
+            withDelivery(id, request, deliveries) { request, record, _, _ in
                 request.reply(status: 200, headers: Self.json, body: Deliveries.json(record) + "\n")
             }
         case let .replayDelivery(id):
-            withDelivery(id, request) { request, record, server, requestID in
-                server.replay(request, record: record, requestID: requestID)
+            guard let deliveries = deliveries(for: request) else { return }
+            withDelivery(id, request, deliveries) { request, record, server, requestID in
+                server.replay(request, record: record, deliveries: deliveries, requestID: requestID)
             }
         }
     }
@@ -249,6 +251,13 @@ final class AdminServer: HTTPServerDelegate {
         for field in answerFields { request.addResponseHeader(field.name, field.value) }
     }
 
+    /// A refusal `AdminAction` (or a check after it) gave, as its problem.
+    static func respond(_ request: HTTPRequest, _ refusal: AdminAction.Refusal, requestID: String) {
+        var problem = Problem(refusal.code, requestID: requestID, detail: refusal.detail)
+        problem.status = refusal.status
+        respond(request, problem)
+    }
+
     /// A problem answer on the admin listener: ProblemResponder's, which
     /// clears what was staged and writes `Cache-Control: no-store` itself,
     /// with `X-Content-Type-Options: nosniff` back.
@@ -280,9 +289,7 @@ final class AdminServer: HTTPServerDelegate {
             return Self.respond(
                 request, Problem(.notFound, requestID: requestID, detail: "No route keeps answers (fallback.serve_stale)."))
         }
-        if let refusal = AdminAction.stalePrefixRefusal(prefix) {
-            return Self.respond(request, Problem(refusal.code, requestID: requestID, detail: refusal.detail))
-        }
+        if let refusal = AdminAction.stalePrefixRefusal(prefix) { return Self.respond(request, refusal, requestID: requestID) }
         let purged = stale.purge(pathPrefix: prefix)
         request.reply(
             status: 200, headers: Self.json,
@@ -293,25 +300,35 @@ final class AdminServer: HTTPServerDelegate {
 
     /// `GET /admin/deliveries[?state=&upstream=&limit=&after=]`, `GET
     /// /admin/deliveries/{id}`, `POST /admin/deliveries/{id}/replay`, `POST
-    /// /admin/deliveries/purge` (docs/deliver-later.md); `serve` answered
-    /// 404 already when no route delivers later.
-    private func listDeliveries(_ request: HTTPRequest, _ q: AdminAction.DeliveryQuery) {
-        guard let deliveries = shared.deliveries else { return }
-        var state: DeliveryState?
-        if let name = q.state {
-            guard let s = DeliveryState(name: name) else {
-                return Self.respond(
-                    request,
-                    Problem(
-                        .badRequest, requestID: ids.requestID(),
-                        detail: "state must be one of queued, in_flight, delivered, dead; got '\(name)'."))
-            }
-            state = s
-        }
+    /// /admin/deliveries/purge` (docs/deliver-later.md). The store, or 404
+    /// when no route delivers later (any more: a reload may have let it go).
+    private func deliveries(for request: HTTPRequest) -> Deliveries? {
+        if let deliveries = shared.deliveries { return deliveries }
+        Self.respond(
+            request, Problem(.notFound, requestID: ids.requestID(), detail: "No route delivers later (delivery.mode: later)."))
+        return nil
+    }
+
+    /// A read the store's readers were too busy to take: 503, to try again
+    /// shortly (a busy store is not an empty one, nor a missing delivery).
+    private static func busy(_ request: HTTPRequest, _ error: StoreError, requestID: String) {
+        var p = Problem(
+            .storeUnavailable, requestID: requestID, detail: "The delivery store is busy (\(error.message)); try again shortly.")
+        p.retryAfterSeconds = 1
+        respond(request, p)
+    }
+
+    private func listDeliveries(_ request: HTTPRequest, _ q: AdminAction.DeliveryQuery, _ deliveries: Deliveries) {
+        // `AdminAction` checked the name against the store's.
+        let state = q.state.flatMap(DeliveryState.init(name:))
+        let requestID = ids.requestID()
         let box = LoopBound(request, on: adminLoop)
         let loop = adminLoop
         let pageSize = q.limit
         deliveries.store.list(state: state, upstream: q.upstream, after: q.after, limit: pageSize) { result in
+            if case let .failure(error) = result, error.isBusy {
+                return loop.execute { Self.busy(box.value, error, requestID: requestID) }
+            }
             // A store that cannot be read lists nothing, as before it opened.
             let records = (try? result.get()) ?? []
             let next = records.count == pageSize ? records.last.map { "\"\($0.cursor)\"" } ?? "null" : "null"
@@ -320,8 +337,7 @@ final class AdminServer: HTTPServerDelegate {
         }
     }
 
-    private func purgeDeliveries(_ request: HTTPRequest) {
-        guard let deliveries = shared.deliveries else { return }
+    private func purgeDeliveries(_ request: HTTPRequest, _ deliveries: Deliveries) {
         let box = LoopBound(request, on: adminLoop)
         let loop = adminLoop
         deliveries.purge(by: request.peerAddress) { count in
@@ -330,17 +346,20 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     /// Reads delivery `id` on the store's reader thread, then runs `body`
-    /// with it on the admin loop (404 when there is none).
+    /// with it on the admin loop (404 when there is none, 503 when the
+    /// readers are busy).
     private func withDelivery(
-        _ id: String, _ request: HTTPRequest,
+        _ id: String, _ request: HTTPRequest, _ deliveries: Deliveries,
         _ body: @escaping (HTTPRequest, DeliveryRecord, AdminServer, String) -> Void
     ) {
-        guard let deliveries = shared.deliveries else { return }
         let requestID = ids.requestID()
         let box = LoopBound((request: request, server: self, body: body), on: adminLoop)
         let loop = adminLoop
         deliveries.store.record(id: id) { result in
             loop.execute {
+                if case let .failure(error) = result, error.isBusy {
+                    return Self.busy(box.value.request, error, requestID: requestID)
+                }
                 guard let record = (try? result.get()) ?? nil else {
                     let detail = "No delivery \(id) (or it was purged)."
                     return Self.respond(box.value.request, Problem(.notFound, requestID: requestID, detail: detail))
@@ -351,8 +370,7 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     /// `POST /admin/deliveries/{id}/replay`, once the delivery was read: on the admin loop.
-    private func replay(_ request: HTTPRequest, record: DeliveryRecord, requestID: String) {
-        guard let deliveries = shared.deliveries else { return }
+    private func replay(_ request: HTTPRequest, record: DeliveryRecord, deliveries: Deliveries, requestID: String) {
         let id = record.id
         // A new max_age from now: the route's, if the route still delivers later.
         let (routePath, _) = Router.split(target: record.target)
@@ -388,7 +406,6 @@ final class AdminServer: HTTPServerDelegate {
         }
     }
 
-    /// `a=1&b=two` as pairs, percent-decoded.
     static func isLoopback(_ address: String) -> Bool {
         address.hasPrefix("127.") || address == "::1" || address.hasPrefix("::ffff:127.")
     }
@@ -440,8 +457,8 @@ final class AdminServer: HTTPServerDelegate {
     }
 
     /// The snapshot with what the metrics registry counts per route (read
-    /// back from its text here, on the admin loop, with the rates since an
-    /// earlier reading), the last events, and, where a route delivers
+    /// from the route series' handles, `RouteSeriesBook`, on the admin loop,
+    /// with the rates since an earlier reading), the last events, and, where a route delivers
     /// later, each upstream's oldest pending delivery: read on the store's
     /// reader thread as for `/metrics`, the answer written back here.
     private func withSnapshot(_ request: HTTPRequest, _ answer: @escaping (HTTPRequest, AdminSnapshot) -> Void) {

@@ -228,7 +228,8 @@ final class Deliveries: Sendable {
         }
     }
 
-    /// On the store's writer thread.
+    /// On the store's writer thread (or at once on the dispatcher's loop,
+    /// nothing claimed, when the writer's queue is full).
     private func claimed(_ claimed: [ClaimedDelivery], setAside: [SetAside], room: Int) {
         for e in setAside {
             count(upstream: e.upstream, outcome: "dead")
@@ -443,7 +444,9 @@ final class Deliveries: Sendable {
             p.retryAfterSeconds = 5
             ProblemResponder.respond(request, p)
         case let .failed(error):
-            // Logged, counted and announced by `storeHealth`.
+            // A failed write is logged, counted and announced by
+            // `storeHealth`; a writer too busy to take it (`isBusy`) is
+            // counted here only, as refused.
             count(upstream: upstream, outcome: "refused")
             var p = Problem(.storeUnavailable, requestID: requestID, detail: Self.unavailableDetail(error))
             p.retryAfterSeconds = 5
@@ -580,13 +583,19 @@ final class Deliveries: Sendable {
 
     /// Reads what the `/metrics` gauges need (on the store's reader
     /// thread: the oldest pending delivery of each upstream is an indexed
-    /// look-up); `reply` runs there.
+    /// look-up); `reply` runs there, or at once on the caller's thread
+    /// when the readers are busy.
     func readGauges(reply: @escaping @Sendable (StoreStats) -> Void) {
         store.stats(reply: reply)
     }
 
     /// Records the gauges from `stats`; on the admin loop, without SQLite.
     func recordGauges(_ stats: StoreStats, into metrics: ProxyMetrics) {
+        metrics.gauge("happypath_delivery_store_bytes", []).record(stats.heldBytes)
+        metrics.gauge("happypath_delivery_store_max_bytes", []).record(stats.maxBytes)
+        // Not read because the readers were busy: the pending gauges keep
+        // their last values rather than read as empty.
+        guard !stats.readersBusy else { return }
         let now = clock.wallMilliseconds()
         for (upstream, pending) in stats.pending {
             metrics.gauge("happypath_deliveries_queued", [("upstream", upstream)]).record(pending.count)
@@ -598,8 +607,6 @@ final class Deliveries: Sendable {
             metrics.gauge("happypath_deliveries_queued", [("upstream", g.name)]).record(0)
             metrics.gauge("happypath_delivery_oldest_queued_seconds", [("upstream", g.name)]).record(0)
         }
-        metrics.gauge("happypath_delivery_store_bytes", []).record(stats.heldBytes)
-        metrics.gauge("happypath_delivery_store_max_bytes", []).record(stats.maxBytes)
     }
 
     /// For `/admin/state` and the status page: the counts the store keeps (no SQLite).

@@ -168,6 +168,9 @@ public struct StoreStats: Sendable {
     public var counts = DeliveryCounts()
     /// Per upstream: deliveries not yet delivered or dead, and the oldest one's creation (wall ms).
     public var pending: [String: (count: Int, oldest: Int64)] = [:]
+    /// The readers were too busy to read `pending` (`StoreReadQueue`):
+    /// the pending gauges keep their last values rather than read as empty.
+    public var readersBusy = false
     public var heldBytes = 0
     public var maxBytes = 0
 }

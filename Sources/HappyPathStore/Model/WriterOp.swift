@@ -21,16 +21,21 @@ enum WriterOp: Sendable {
     /// replay is not done, a purge or a wake waits for its next turn (a
     /// woken upstream's rows are still due at their own time).
     static let queueCapacity = 4096
-    /// Places only a round's end may take beyond `queueCapacity`, so a
-    /// finished round is never refused because submits fill the queue: the
-    /// rounds in flight are at most the dispatcher's `maxInFlight` (64) a
-    /// process, and each ends once.
-    static let roundEndReserve = 1024
+    /// Places only a round's end or an operator's replay or purge may take
+    /// beyond `queueCapacity`, so neither is refused because submits fill
+    /// the queue: the rounds in flight are at most the dispatcher's
+    /// `Deliveries.maxInFlight` (64) a process, each ending once, and an
+    /// operator's actions are few.
+    static let reserve = 1024
 
-    /// A round's end: pushed into `roundEndReserve` if need be.
-    var isRoundEnd: Bool {
-        if case .finish = self { return true }
-        return false
+    /// What is pushed into `reserve` if need be: a round's end (its answer
+    /// must reach the row), an operator's replay or purge (an admin call
+    /// is not to be told "no such delivery" because clients are busy).
+    var usesReserve: Bool {
+        switch self {
+        case .finish, .replay, .purge: true
+        default: false
+        }
     }
 
     /// Answers the operation as not done: a submit refused with `error`,
@@ -103,17 +108,17 @@ struct Tally: Equatable {
 }
 
 extension JobQueue where Item == WriterOp {
-    /// A store's writer queue, bounded (`WriterOp.queueCapacity`, and the
-    /// round ends' reserve), taking nothing until `release`.
+    /// A store's writer queue, bounded (`WriterOp.queueCapacity`, and its
+    /// `reserve`), taking nothing until `release`.
     static func writer(name: String) -> JobQueue<WriterOp> {
-        JobQueue(name: name, capacity: WriterOp.queueCapacity, reserve: WriterOp.roundEndReserve, held: true)
+        JobQueue(name: name, capacity: WriterOp.queueCapacity, reserve: WriterOp.reserve, held: true)
     }
 
     /// Hands `op` to the writer thread; a full queue answers it at once, on
     /// the caller's thread, as not done (`WriterOp.fail`). Once the store
     /// is closed, `op` is dropped unanswered, as before there was a bound.
     func hand(_ op: WriterOp) {
-        if !push(op, reserved: op.isRoundEnd), !isStopped {
+        if offer(op, reserved: op.usesReserve) == .full {
             op.fail(StoreError(StoreError.writerBusy, "the store's writer has \(WriterOp.queueCapacity) operations waiting"))
         }
     }
@@ -131,4 +136,24 @@ enum StoreReadQueue {
     static var busy: StoreError {
         StoreError(StoreError.readersBusy, "the store's readers have \(capacity) reads waiting: try again shortly")
     }
+
+    /// Hands `job` to the readers; answers it at once, on the caller's
+    /// thread, with `busy` while `capacity` reads wait, or with `notOpen`
+    /// once the store is closed.
+    static func read<Connection>(
+        _ job: @escaping @Sendable (Result<Connection, StoreError>) -> Void,
+        on queue: JobQueue<@Sendable (Result<Connection, StoreError>) -> Void>, notOpen: @autoclosure () -> StoreError
+    ) {
+        switch queue.offer(job) {
+        case .kept: break
+        case .full: job(.failure(busy))
+        case .stopped: job(.failure(notOpen()))
+        }
+    }
+}
+
+extension StoreError {
+    /// A store's writer or readers refused the operation because they are
+    /// full: not a failed write; the caller may try again shortly.
+    public var isBusy: Bool { code == Self.writerBusy || code == Self.readersBusy }
 }

@@ -184,6 +184,7 @@ public final class PostgresDeliveryStore: DeliveryStoring, Sendable {
         let maxBytes = settings.maxBytes
         readers.read { [self] r in
             var stats = StoreStats(counts: counts, heldBytes: heldBytes, maxBytes: maxBytes)
+            if case let .failure(error) = r, error.isBusy { stats.readersBusy = true }
             if case let .success(c) = r {
                 for (upstream, count) in stats.counts.pending {
                     guard let oldest = try? PostgresReads.oldestPending(c, upstream: upstream) else { continue }

@@ -93,8 +93,6 @@ final class PostgresReadPool: Sendable {
     /// `StoreReadQueue.capacity` reads wait, answers it at once, on the
     /// caller's thread, with an error.
     func read(_ job: @escaping Job) {
-        if !queue.push(job) {
-            job(.failure(queue.isStopped ? StoreError(PostgresConnection.connectFailed, "the delivery store is not open") : StoreReadQueue.busy))
-        }
+        StoreReadQueue.read(job, on: queue, notOpen: StoreError(PostgresConnection.connectFailed, "the delivery store is not open"))
     }
 }

@@ -228,12 +228,14 @@ public final class DeliveryStore: Sendable {
 
     /// The counts, held bytes, and each upstream's pending deliveries with
     /// the oldest one's time (one indexed look-up per upstream that has
-    /// some). `reply` runs on the reader thread; without a readable file,
-    /// the pending deliveries are left out.
+    /// some). `reply` runs on the reader thread (or at once on the caller's,
+    /// when the readers are busy or the store closed); without a readable
+    /// file, the pending deliveries are left out (busy readers: `readersBusy`).
     public func stats(reply: @escaping @Sendable (StoreStats) -> Void) {
         let maxBytes = settings.maxBytes
         reader.read { [self] r in
             var stats = StoreStats(counts: counts, heldBytes: heldBytes, maxBytes: maxBytes)
+            if case let .failure(error) = r, error.isBusy { stats.readersBusy = true }
             if case let .success(reader) = r {
                 for (upstream, count) in stats.counts.pending {
                     guard let oldest = try? reader.oldestPending(upstream: upstream) else { continue }

@@ -42,9 +42,7 @@ final class StoreReader: Sendable {
     /// `StoreReadQueue.capacity` reads wait, answers it at once, on the
     /// caller's thread, with an error.
     func read(_ job: @escaping Job) {
-        if !queue.push(job) {
-            job(.failure(queue.isStopped ? StoreError(SQLITE_MISUSE, "the delivery store is not open") : StoreReadQueue.busy))
-        }
+        StoreReadQueue.read(job, on: queue, notOpen: StoreError(SQLITE_MISUSE, "the delivery store is not open"))
     }
 }
 
