@@ -251,7 +251,7 @@ final class Deliveries: Sendable {
         guard !workers.isEmpty else { return }
         for delivery in claimed {
             let i = nextWorker.wrappingAdd(1, ordering: .relaxed).oldValue % workers.count
-            workers[i].loop.execute(with: workers[i]) { $0.deliver(delivery) }
+            workers[i].loop.execute(with: workers[i]) { [self] in run(delivery, on: $0) }
         }
         // A full page: more may be due now.
         if claimed.count == room { kick() }

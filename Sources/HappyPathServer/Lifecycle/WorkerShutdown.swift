@@ -6,7 +6,8 @@ import HappyPathIO
 /// shutdown everything in flight is dropped and the listeners close, each
 /// service in its turn. On the worker's loop.
 enum WorkerShutdown {
-    /// Drain timed out: the slots freed from now on go to nobody, requests
+    /// Drain timed out (from now on `worker.stopping`): the slots freed go
+    /// to nobody, no delivery round starts, requests
     /// waiting for a rate-limit token get their 503, every exchange its
     /// answer, every tunnel closes.
     static func answerEverything(_ worker: ProxyWorker) {

@@ -9,7 +9,11 @@ import Synchronization
 /// back, so each one of these families is made through a handle that also
 /// keeps its value in an atomic of its own. One book per server; the
 /// factory asks it for a handle once per label set (a worker keeps what it
-/// is given), so a request pays one relaxed atomic add per series more.
+/// is given), so a request pays one relaxed atomic add more per series it
+/// counts in (its requests, its tries, and the duration's bucket, found by
+/// a scan of the 14 bounds). An entry stays for the server's life: the
+/// registry's handles are never destroyed (`HelpfulMetricsFactory`'s
+/// `destroy…` unregister the series only).
 final class RouteSeriesBook: Sendable {
     private let counters = Locked<[String: ReadableCounter]>([:])
     private let timers = Locked<[String: ReadableTimer]>([:])

@@ -2,6 +2,7 @@ import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies
+import Synchronization
 
 /// A worker's rate-limit gate (docs/shaping.md): a request on a limited
 /// route passes with its `RateLimit` fields, waits in the route's queue
@@ -30,7 +31,7 @@ final class RateLimitGate {
     enum Verdict {
         /// It goes on, with the fields for its answer and its key (the
         /// pacing key, and whom an adaptive upstream's slots are shared between).
-        case pass(RateLimitFields?, key: String?)
+        case pass(RateLimitFields, key: String)
         /// The gate took it over: it waits for its turn, or was refused.
         case taken
     }

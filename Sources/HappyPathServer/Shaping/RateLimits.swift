@@ -1,3 +1,4 @@
+import CoreMetrics
 import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
@@ -246,26 +247,30 @@ final class HeadAdmission {
 }
 
 /// `happypath_rate_limited_total{route,outcome}`, the queue's depth and
-/// its waits, with HELP text; handles made once per route label.
-final class RateLimitMetrics: Sendable {
+/// its waits, with HELP text. One per worker (its `RateLimitGate`), on its
+/// loop: the counters are made once per route and outcome and kept.
+final class RateLimitMetrics {
     private let registry: PrometheusCollectorRegistry
     private let routeSeries: RouteSeriesBook
+    /// By route, then outcome (readable for the status page: `RouteSeriesBook`).
+    private var counters: [String: [String: any CoreMetrics.CounterHandler]] = [:]
 
     init(_ metrics: ProxyMetrics) {
         registry = metrics.registry
         routeSeries = metrics.routeSeries
     }
 
-    /// Counted off the hot path (only a request the limit held back), so the
-    /// handle is looked up each time; readable for the status page.
     func limited(route: String, outcome: String) {
+        if let counter = counters[route]?[outcome] { return counter.increment(by: 1) }
         let labels = [("route", route), ("outcome", outcome)]
         let series = registry.makeCounter(
             descriptor: MetricNameDescriptor(
                 namespace: "happypath", metricName: "rate_limited", unitName: "total",
                 helpText: "Requests a route's rate limit held back: queued (waited for a token) or rejected (429)."),
             labels: labels)
-        routeSeries.counter(series, family: "happypath_rate_limited_total", labels: labels).increment(by: 1)
+        let counter = routeSeries.counter(series, family: "happypath_rate_limited_total", labels: labels)
+        counters[route, default: [:]][outcome] = counter
+        counter.increment(by: 1)
     }
 
     func queueDepth(route: String, _ depth: Int) {

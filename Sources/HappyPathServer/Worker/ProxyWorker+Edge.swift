@@ -2,10 +2,6 @@ import HappyPathCore
 import HappyPathIO
 import Logging
 
-#if canImport(Glibc)
-    import Glibc
-#endif
-
 /// The edge's events that are not requests: TLS handshakes, HTTP/2
 /// connections and streams, refusals at the edge (HTTP/1.1 and HTTP/2), and
 /// the listener's pauses. Each is counted; some are logged.

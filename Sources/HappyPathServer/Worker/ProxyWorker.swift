@@ -2,13 +2,8 @@ import HappyPathConfig
 import HappyPathCore
 import HappyPathIO
 import HappyPathPolicies
-import HappyPathStore
 import Logging
-import Synchronization
 
-#if canImport(Glibc)
-    import Glibc
-#endif
 
 /// One event loop's share of the proxy: its listeners (sharing the port
 /// with the other workers), its transports (libcurl's multi handle, the
@@ -42,8 +37,9 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var shared: SharedState
     let metrics: WorkerMetrics
     let workers: Int
-    /// Drain ran out of time: no new tries, no new delivery rounds.
-    private(set) var stopping = false
+    /// Drain ran out of time: no new tries (the lanes hand freed slots to
+    /// nobody), no new delivery rounds.
+    var stopping: Bool { lanes.stopping }
     /// The listener's pauses and memory pressure, counted and logged.
     var listenerLog: ListenerLog
 
@@ -216,9 +212,8 @@ final class ProxyWorker: HTTPServerDelegate {
         if exchange.guardian.adaptive != nil {
             exchange.slotHolder.client = Lanes.slotClient(request, rateLimitKey: key, trusted: trusted)
         }
-        active[ObjectIdentifier(exchange)] = exchange
         shared.inFlight.add(1)
-        exchange.start()
+        started(exchange)
     }
 
     /// `Expect: 100-continue`: the client is invited to send its body only
@@ -268,10 +263,7 @@ final class ProxyWorker: HTTPServerDelegate {
 
     // MARK: - The end of an exchange
 
-    /// One delivery round of a stored request, run as an exchange (`Deliveries.run`).
-    func deliver(_ delivery: ClaimedDelivery) { deliveries?.run(delivery, on: self) }
-
-    /// A delivery round's exchange, owned here until it finishes.
+    /// An exchange (a request's, a delivery round's), owned here until it finishes.
     func started(_ exchange: Exchange) {
         active[ObjectIdentifier(exchange)] = exchange
         exchange.start()
@@ -303,10 +295,7 @@ final class ProxyWorker: HTTPServerDelegate {
 
     /// Drain timed out: every exchange still here gets its answer now,
     /// and every tunnel closes (`WorkerShutdown`).
-    func answerEverything() {
-        stopping = true
-        WorkerShutdown.answerEverything(self)
-    }
+    func answerEverything() { WorkerShutdown.answerEverything(self) }
 
     /// Drops everything in flight and closes the listeners (`WorkerShutdown`). On the loop.
     func shutdown() { WorkerShutdown.shutdown(self) }

@@ -70,7 +70,6 @@ extension RuntimeConfiguration {
         return nil
     }
 
-    /// libcurl's caps for one worker's connection pool, from the upstreams'
     /// What a listener's connections may hold and how long they may take
     /// (`limits`, its `http2` block), and the process's budgets they share.
     func serverLimits(http2: HTTP2Configuration?, shared: SharedState) -> HTTPServerLimits {
@@ -92,6 +91,7 @@ extension RuntimeConfiguration {
         return serverLimits
     }
 
+    /// libcurl's caps for one worker's connection pool, from the upstreams'
     /// `max_connections` split across the workers: per host, the largest
     /// upstream's share; idle connections kept, room for every endpoint's
     /// share. A reload recomputes them (`UpstreamClient.setConnectionLimits`).
