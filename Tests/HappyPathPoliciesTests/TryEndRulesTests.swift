@@ -14,7 +14,7 @@ import Testing
     struct ClassifyRow: CustomTestStringConvertible, Sendable {
         let name: String
         let end: End
-        let bodyBreak: TryEndRules.BodyBreak?
+        let bodyFailure: RequestBodyStream.Failure?
         let headComplete: Bool
         let bytesToClient: Int
         let streaming: Bool
@@ -25,39 +25,39 @@ import Testing
     static let classifyRows: [ClassifyRow] = [
         .init(
             name: "an answer is counted as it is", end: .answered(status: 503, retryAfter: nil, withToken: false),
-            bodyBreak: .clientLeft, headComplete: true, bytesToClient: 0, streaming: false,
+            bodyFailure: .clientGone, headComplete: true, bytesToClient: 0, streaming: false,
             verdict: .counted(.answered(status: 503, retryAfter: nil, withToken: false), headWasStaged: false)),
         .init(
-            name: "a failure while the client's body broke off: the body's, too large", end: reset, bodyBreak: .tooLarge,
+            name: "a failure while the client's body broke off: the body's, too large", end: reset, bodyFailure: .tooLarge,
             headComplete: false, bytesToClient: 0, streaming: false, verdict: .bodyBroke(tooLarge: true)),
         .init(
-            name: "a failure while the client left mid-body", end: reset, bodyBreak: .clientLeft, headComplete: true,
+            name: "a failure while the client left mid-body", end: reset, bodyFailure: .clientGone, headComplete: true,
             bytesToClient: 10, streaming: true, verdict: .bodyBroke(tooLarge: false)),
         .init(
-            name: "a reset before the head: counted as a reset", end: reset, bodyBreak: nil, headComplete: false,
+            name: "a reset before the head: counted as a reset", end: reset, bodyFailure: nil, headComplete: false,
             bytesToClient: 0, streaming: false, verdict: .counted(reset, headWasStaged: false)),
         .init(
-            name: "a held head, then a reset: an invalid response", end: reset, bodyBreak: nil, headComplete: true,
+            name: "a held head, then a reset: an invalid response", end: reset, bodyFailure: nil, headComplete: true,
             bytesToClient: 0, streaming: false, verdict: .counted(brokeOff("connection reset"), headWasStaged: false)),
         .init(
             name: "a streamed head never written, then a reset: invalid, and the head was staged", end: reset,
-            bodyBreak: nil, headComplete: true, bytesToClient: 0, streaming: true,
+            bodyFailure: nil, headComplete: true, bytesToClient: 0, streaming: true,
             verdict: .counted(brokeOff("connection reset"), headWasStaged: true)),
         .init(
-            name: "bytes already with the client: the reset stands (the connection is cut)", end: reset, bodyBreak: nil,
+            name: "bytes already with the client: the reset stands (the connection is cut)", end: reset, bodyFailure: nil,
             headComplete: true, bytesToClient: 1, streaming: true, verdict: .counted(reset, headWasStaged: false)),
         .init(
-            name: "a held head and the try's limit: a timeout, not a broken answer", end: timeout, bodyBreak: nil,
+            name: "a held head and the try's limit: a timeout, not a broken answer", end: timeout, bodyFailure: nil,
             headComplete: true, bytesToClient: 0, streaming: false, verdict: .counted(timeout, headWasStaged: false)),
         .init(
-            name: "a streamed head never written and a stall: invalid", end: timeout, bodyBreak: nil, headComplete: true,
+            name: "a streamed head never written and a stall: invalid", end: timeout, bodyFailure: nil, headComplete: true,
             bytesToClient: 0, streaming: true, verdict: .counted(brokeOff("timeout"), headWasStaged: true)),
     ]
 
     @Test(arguments: classifyRows)
     func classify(_ row: ClassifyRow) {
         let verdict = TryEndRules.classify(
-            row.end, bodyBreak: row.bodyBreak, headComplete: row.headComplete, bytesToClient: row.bytesToClient,
+            row.end, bodyFailure: row.bodyFailure, headComplete: row.headComplete, bytesToClient: row.bytesToClient,
             streaming: row.streaming)
         #expect(verdict == row.verdict)
     }
@@ -113,7 +113,7 @@ import Testing
         _ = machine.start()
         _ = machine.admitted(.send(probe: false), at: Instant(nanoseconds: 0))
         _ = machine.streamingStarted(status: 200)
-        let verdict = machine.classify(Self.reset, bodyBreak: nil, headComplete: true, bytesToClient: 0)
+        let verdict = machine.classify(Self.reset, bodyFailure: nil, headComplete: true, bytesToClient: 0)
         #expect(verdict == .counted(Self.brokeOff("connection reset"), headWasStaged: true))
         #expect(machine.state == .trying && machine.streamedStatus == 0)
     }

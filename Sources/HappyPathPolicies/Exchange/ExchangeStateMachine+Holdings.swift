@@ -9,7 +9,8 @@ import HappyPathCore
 extension ExchangeStateMachine {
     // MARK: - The slot
 
-    /// Everything is let go: what giving the slot back takes.
+    /// The slot (or the place in the queue) is given back, after a try or
+    /// when everything is let go: what that takes.
     public mutating func releaseSlot() -> SlotRelease {
         defer { slot = .none }
         switch slot {
@@ -38,10 +39,12 @@ extension ExchangeStateMachine {
     public mutating func adoptSlot() { slot = .held }
 
     /// The upstream switched protocols: the tunnel keeps the slot (as it
-    /// was held), the exchange no longer does.
+    /// was held), the exchange no longer does. A place in the queue (never
+    /// so: a try is out) stays booked, for `releaseSlot` to leave.
     public mutating func keepSlotForTunnel() -> Slot {
+        guard slot != .queued else { return .none }
         defer { slot = .none }
-        return slot == .queued ? .none : slot
+        return slot
     }
 
     // MARK: - The parking lot

@@ -187,7 +187,8 @@ extension ExchangeStateMachine {
         case withdrawRetry
         /// The timer for the backoff before the next try.
         case backOff(Duration)
-        /// Park the request (then `replay`), arm the timer for `limit`;
+        /// Park the request, then report `parkAccepted()` (later `replay`)
+        /// or `parkRefused()`; arm the timer for `limit`;
         /// `probeAfter`: let the breaker's probe go after this long.
         case park(ParkReason, limit: Duration, probeAfter: Duration?)
         /// The try's limit passed: cancel it, then report `tryEnded(.failed(timeout))`.

@@ -20,8 +20,11 @@ import HappyPathCore
 /// ```
 ///
 /// The driver performs each action and reports back with the next event:
-/// `.admit` → `admitted(_:at:)`; `.send` → the try's end via `tryEnded`
-/// (or `streamingStarted` first); `.withdrawRetry` → `retryBudget(granted:)`;
+/// `.admit` → `admitted(_:at:)`; `.send` → the try's end via `classify`
+/// and `tryEnded` (or `streamingStarted` first); `.withdrawRetry` →
+/// `retryBudget(granted:)`; `.park` → `parkAccepted()` (the lot took it;
+/// later `replay()`) or `parkRefused()`; `.returnSlot` → the slot given
+/// back, nothing more;
 /// `.waitForSlot`, `.backOff`, `.park` and `.send` arm the one timer →
 /// `timerFired`. A due hedge goes the same way: `hedgeDue` → `.admit` →
 /// `hedgeAdmitted(_:)` → `.withdrawBudget` → `hedgeBudget(granted:)`. The
@@ -166,8 +169,8 @@ public struct ExchangeStateMachine: Sendable {
 
     /// The streaming try failed before any byte of its response reached the
     /// client (the head waits to leave with the first body bytes): nothing
-    /// is lost yet, so the try is a failed try like any other. The driver
-    /// calls this before reporting the try's end, which then goes through
+    /// is lost yet, so the try is a failed try like any other. `classify`
+    /// calls this before the try's end is reported, which then goes through
     /// the retry rules (and, if they give up, becomes a problem answer)
     /// instead of cutting the client's connection.
     public mutating func streamFailedBeforeFirstByte() {

@@ -14,14 +14,6 @@ import HappyPathCore
 /// - `withoutWait`: a pacing answer (the upstream asked for a pause) is
 ///   waited out by the pause, not by a `Retry-After` of its own.
 public enum TryEndRules {
-    /// How the client's streamed body broke a try off.
-    public enum BodyBreak: Sendable, Equatable {
-        /// It passed `limits.max_request_body`.
-        case tooLarge
-        /// The client left, or its body failed otherwise.
-        case clientLeft
-    }
-
     public enum Verdict: Sendable, Equatable {
         /// Not the upstream's failure: neither counted nor retried
         /// (`ExchangeStateMachine.requestBodyFailed`).
@@ -48,16 +40,16 @@ public enum TryEndRules {
 
     public static let closedInHead = "the connection closed inside the response head"
 
-    /// What a try's `end` is: `bodyBreak`, how the client's streamed body
-    /// broke off (nil: it did not); `headComplete`, the response head came
+    /// What a try's `end` is: `bodyFailure`, why the client's streamed body
+    /// broke off (nil: it did not; `RequestBodyStream.failure`); `headComplete`, the response head came
     /// whole; `bytesToClient`, what the client got of the answer;
     /// `streaming`, the machine is streaming the answer.
     @inlinable
     public static func classify(
-        _ end: ExchangeStateMachine.TryEnd, bodyBreak: BodyBreak?, headComplete: Bool, bytesToClient: Int, streaming: Bool
+        _ end: ExchangeStateMachine.TryEnd, bodyFailure: RequestBodyStream.Failure?, headComplete: Bool, bytesToClient: Int, streaming: Bool
     ) -> Verdict {
         guard case let .failed(failure) = end else { return .counted(end, headWasStaged: false) }
-        if let bodyBreak { return .bodyBroke(tooLarge: bodyBreak == .tooLarge) }
+        if let bodyFailure { return .bodyBroke(tooLarge: bodyFailure == .tooLarge) }
         // The head arrived whole, then the answer broke off (a close, a bad
         // chunk) before any byte reached the client: a response that is not
         // valid HTTP. A streamed head was staged, never written (it leaves
@@ -88,10 +80,10 @@ extension ExchangeStateMachine {
     /// makes the try a failed one again (`streamFailedBeforeFirstByte`).
     @inlinable
     public mutating func classify(
-        _ end: TryEnd, bodyBreak: TryEndRules.BodyBreak?, headComplete: Bool, bytesToClient: Int
+        _ end: TryEnd, bodyFailure: RequestBodyStream.Failure?, headComplete: Bool, bytesToClient: Int
     ) -> TryEndRules.Verdict {
         let verdict = TryEndRules.classify(
-            end, bodyBreak: bodyBreak, headComplete: headComplete, bytesToClient: bytesToClient, streaming: state == .streaming)
+            end, bodyFailure: bodyFailure, headComplete: headComplete, bytesToClient: bytesToClient, streaming: state == .streaming)
         if case .counted(_, headWasStaged: true) = verdict { streamFailedBeforeFirstByte() }
         return verdict
     }

@@ -11,7 +11,7 @@ extension Exchange {
     /// not 429) or as it runs out of time. Refused, shed and failed tries
     /// are never samples (docs/overload.md).
     func sampleTry() {
-        guard let lane, let sample = machine.takeSample(at: env.clock.now()) else { return }
+        guard case .sent = machine.sample, let lane, let sample = machine.takeSample(at: env.clock.now()) else { return }
         env.sampleTry(lane, from: sample.from, to: sample.to, inFlight: sample.inFlight, kind: kind)
     }
 

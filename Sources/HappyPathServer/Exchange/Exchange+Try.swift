@@ -77,15 +77,15 @@ extension Exchange {
     /// breaker, endpoint; or, an answer asking for a pause, pacing), then
     /// the machine decides.
     func tryEnded(_ reported: ExchangeStateMachine.TryEnd) {
-        var bodyBreak: TryEndRules.BodyBreak?
-        if let bodyStream {
-            if let failure = bodyStream.failure { bodyBreak = failure == .tooLarge ? .tooLarge : .clientLeft }
-        }
         let verdict = machine.classify(
-            reported, bodyBreak: bodyBreak, headComplete: relay.headComplete, bytesToClient: relay.bytesOut)
-        guard case var .counted(end, _) = verdict else {
+            reported, bodyFailure: bodyStream?.failure, headComplete: relay.headComplete, bytesToClient: relay.bytesOut)
+        var end: ExchangeStateMachine.TryEnd
+        switch verdict {
+        case let .bodyBroke(tooLarge):
             // The try broke off because the client's body did: not the upstream's failure.
-            return perform(machine.requestBodyFailed(tooLarge: bodyBreak == .tooLarge))
+            return perform(machine.requestBodyFailed(tooLarge: tooLarge))
+        case let .counted(counted, _):
+            end = counted
         }
         if let bodyStream { machine.bodyReplayable = bodyStream.replayable }
         let now = env.clock.now()

@@ -32,6 +32,9 @@ protocol ExchangeEnvironment: AnyObject {
     func nextEndpointIndex(for guardian: UpstreamGuard, count: Int) -> Int
 
     // MARK: Budgets: the upstream's slots on this worker
+    /// A slot, a place in the queue, or overloaded. Sets `exchange.lane`,
+    /// which every later slot call, sample and queue exit goes through (an
+    /// environment that sets none: releases by guard, no samples).
     func acquireSlot(_ exchange: Exchange, guardian: UpstreamGuard, at now: Instant)
         -> ConcurrencyLimiter<Exchange>.Acquisition
     func tryAcquireSlot(guardian: UpstreamGuard, _ holder: SlotHolder) -> Bool
