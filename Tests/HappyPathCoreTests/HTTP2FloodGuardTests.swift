@@ -51,6 +51,19 @@ import Testing
         #expect(HTTP2FloodGuard().reason(.settings).contains("SETTINGS frames than 100 at once and 10 a second"))
     }
 
+    /// Frames closer than a millisecond apart still refill at the rate:
+    /// the part of a millisecond not yet counted is kept for the next one
+    /// (counting from each frame's own time would lose up to half of it).
+    @Test func aFractionOfAMillisecondIsKeptForTheNextRefill() {
+        var g = HTTP2FloodGuard(bounds: [.ping: .init(burst: 1, perSecond: 1000)])
+        #expect(Self.passed(&g, .ping, 1, at: Instant(nanoseconds: 0)) == 1)
+        // Every 0.9 ms for 90 ms at 1,000 a second: 100 frames, 90 tokens
+        // earned at that rate, 100 refused would be none at all.
+        var ok = 0
+        for i in 1...100 where g.frame(.ping, at: Instant(nanoseconds: Int64(i) * 900_000)) { ok += 1 }
+        #expect(ok == 90, "one token a millisecond, whatever the frames' spacing")
+    }
+
     /// A clock that goes back (or stands still) adds nothing.
     @Test func aClockThatGoesBackAddsNothing() {
         var g = HTTP2FloodGuard(bounds: [.priority: .init(burst: 1, perSecond: 1000)])

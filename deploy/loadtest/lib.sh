@@ -87,4 +87,4 @@ wait_http() {
   poll 10 _answered_or_gone "$pid" "$url" || { echo "$what (pid $pid) did not answer $url within 10 s$log" >&2; exit 1; }
   kill -0 "$pid" 2>/dev/null || { echo "$what (pid $pid) exited at start: is its port taken?$log" >&2; exit 1; }
 }
-_answered_or_gone() { ! kill -0 "$1" 2>/dev/null || curl -sf -o /dev/null "$2"; }
+_answered_or_gone() { ! kill -0 "$1" 2>/dev/null || curl -sf --max-time 2 -o /dev/null "$2"; }

@@ -69,9 +69,9 @@ public final class EventLoop: @unchecked Sendable {
         event_config_set_flag(config, Int32(EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST.rawValue))
         base = event_base_new_with_config(config)!
         event_config_free(config)
-        // Alive: the wake-up event points at `self` unretained; the loop owns
-        // it and frees it in deinit, and whoever calls `execute` or `stop`
-        // holds the loop, so it never fires on a freed loop.
+        // Alive: the wake-up event points at `self` unretained; it fires
+        // only inside `run()`, while whoever runs the loop (`start`'s thread)
+        // holds it, and the loop frees the event in deinit.
         wakeEvent = event_new(base, -1, 0, eventLoopWakeCallback, Unmanaged.passUnretained(self).toOpaque())
     }
 
@@ -89,7 +89,9 @@ public final class EventLoop: @unchecked Sendable {
     /// HTTP/2 client's first endpoint named by a host); it holds no socket
     /// while nothing is asked. It lives as long as the loop: a cancelled
     /// lookup's callback runs on a later pass and locks the resolver, so
-    /// no client on the loop may free it. On the loop's thread.
+    /// no client on the loop may free it. (At a shutdown there is no later
+    /// pass: a lookup still in flight keeps its connection until the
+    /// process ends.) On the loop's thread.
     func resolver() -> OpaquePointer? {
         if dnsBase == nil {
             dnsBase = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE)
@@ -363,7 +365,8 @@ public final class SignalWatcher {
     /// so no signal reaches freed memory.
     deinit { cancel() }
 
-    /// On the loop's thread.
+    /// From any thread: libevent's base is locked (`evthread_use_pthreads`)
+    /// and `event_free` waits for a callback that is running.
     public func cancel() {
         if let event {
             event_del(event)

@@ -63,7 +63,10 @@ extension ExchangeClient {
             } else if !seenTimeout, HTTPBytes.equals(name, "grpc-timeout") {
                 seenTimeout = true
                 // Malformed (a sign, a ninth digit, another unit): no deadline of the client's.
-                timeout = GRPCTimeout.parse(String(decoding: value, as: UTF8.self))
+                // Longer than any valid value: not copied into a string at all.
+                if value.count <= GRPCTimeout.maxFieldBytes {
+                    timeout = GRPCTimeout.parse(String(decoding: value, as: UTF8.self))
+                }
             }
         }
         return grpc ? GRPCCallHead(timeout: timeout) : nil

@@ -166,9 +166,23 @@ final class TestConnection {
     }
 
     /// True if the server closes (or resets) the connection before `seconds`.
-    func closedByPeer() -> Bool {
-        do { while try fill() {} } catch { return false }
-        return true
+    func closedByPeer() -> Bool { bytesUntilClosed() != nil }
+
+    /// Reads until the peer closes, keeping nothing; the bytes that came
+    /// (with those already buffered), or nil if it did not close in time.
+    func bytesUntilClosed() -> Int? {
+        var count = buffer.count
+        buffer.removeAll()
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 {
+                count += n
+                continue
+            }
+            if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { return nil }
+            return count  // closed, or reset: the peer is gone
+        }
     }
 }
 

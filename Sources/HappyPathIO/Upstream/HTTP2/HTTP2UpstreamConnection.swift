@@ -284,9 +284,9 @@ final class HTTP2UpstreamConnection: LoopEventTarget, HTTP2StreamCarrier {
                 perform(machine.goaway())
             }
             afterSession()
-            if let flood = session.endReason {
-                flush()  // the GOAWAY ENHANCE_YOUR_CALM, best effort
-                return perform(machine.failed(.protocolError(flood)))
+            if let why = session.endReason {
+                flush()  // the GOAWAY (ENHANCE_YOUR_CALM for a flood), best effort
+                return perform(machine.failed(.protocolError(why)))
             }
             if let error = result.error { return perform(machine.failed(.protocolError("\(error)"))) }
             if machine.isClosed { return }
