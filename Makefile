@@ -56,7 +56,8 @@ run: release
 	echo "try: curl -i http://127.0.0.1:8080/api/ok   (Ctrl-C stops both)"; \
 	$$bin serve --config $(CONFIG) --log-format text
 
-# Every test: the Kubernetes manifests, the alert rules, each load-test
+# Every test: the architecture map against the tree (docs-check, first:
+# it takes a second), the Kubernetes manifests, the alert rules, each load-test
 # scenario in its short form (about 10 s each), a one-minute soak, and the
 # unit and loopback integration tests under ThreadSanitizer (the suites
 # that run threads and loops) and AddressSanitizer (every suite, every fuzz
@@ -93,11 +94,11 @@ rules-check: test-deps
 	promtool check rules deploy/prometheus/happypath-rules.yaml
 	cd deploy/prometheus && promtool test rules happypath-rules.test.yaml
 
-# The fast inner loop: the pure targets' tests (core, config, policies, the
+# The fast inner loop: the pure targets' tests (core, config, policies, admin, the
 # llhttp oracle, the fuzz seeds replayed) and the I/O layer's in-memory ones
 # (nghttp2 sessions): no sockets, stores or services; seconds
 # once built. The build is of every test target (one test binary).
-UNIT_TESTS := HappyPathCoreTests|HappyPathIOTests|HappyPathConfigTests|HappyPathPoliciesTests|HappyPathHTTPOracleTests|HappyPathFuzzSeedTests
+UNIT_TESTS := HappyPathCoreTests|HappyPathIOTests|HappyPathConfigTests|HappyPathPoliciesTests|HappyPathAdminTests|HappyPathHTTPOracleTests|HappyPathFuzzSeedTests
 unit-test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --disable-xctest --filter '^($(UNIT_TESTS))\.'
