@@ -11,8 +11,8 @@ DEMO_LISTEN ?= 127.0.0.1:9000
 
 # Debian packages: build/run needs the first list, the load-test scenarios and
 # the manifest check the second, the side-by-side benchmark the third.
-RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev libpq-dev libnghttp2-dev pkg-config
-TEST_PACKAGES := wrk curl openssl python3 python3-venv python3-matplotlib postgresql prometheus nghttp2-client chromium
+RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev libpq-dev libnghttp2-dev libhiredis-dev pkg-config
+TEST_PACKAGES := wrk curl openssl python3 python3-venv python3-matplotlib postgresql redis-server prometheus nghttp2-client chromium
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
 .PHONY: docs-check rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short

@@ -45,6 +45,9 @@ let package = Package(
             providers: [.apt(["libnghttp2-dev"])]
         ),
         .target(name: "CShims", dependencies: ["CLibevent", "CCurl"], linkerSettings: [.linkedLibrary("ssl")]),
+        // hiredis (libhiredis-dev) as the Redis protocol only, its reader bounded:
+        // the cluster link (`cluster.redis`) does its own socket I/O.
+        .target(name: "CRedis", linkerSettings: [.linkedLibrary("hiredis")]),
         // OpenSSL (libssl-dev) behind opaque pointers: TLS termination.
         .target(name: "CTLS", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto")]),
         .systemLibrary(
@@ -75,7 +78,7 @@ let package = Package(
 
         // MARK: - I/O: the only Swift code that imports C
         .target(
-            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CNghttp2", "CShims", "CTLS"],
+            name: "HappyPathIO", dependencies: ["HappyPathCore", "CLibevent", "CCurl", "CNghttp2", "CShims", "CTLS", "CRedis"],
             swiftSettings: hotPath),
 
         // The deliver-later store: SQLite (WAL, group commit on a writer
@@ -167,6 +170,8 @@ let package = Package(
         .target(name: "SmallDisk", path: "Tests/Support/SmallDisk"),
         // A PostgreSQL server of a test's own (initdb in /tmp, a free port), for the shared store's tests.
         .target(name: "PostgresTestServer", path: "Tests/Support/PostgresTestServer"),
+        // A redis-server of a test's own (a free port, no persistence), for the cluster link's tests.
+        .target(name: "RedisTestServer", dependencies: ["PostgresTestServer"], path: "Tests/Support/RedisTestServer"),
         .executableTarget(
             name: "LifecycleProbe",
             dependencies: [
@@ -205,7 +210,7 @@ let package = Package(
             name: "HappyPathIntegrationTests",
             dependencies: [
                 "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo", "HappyPathStore",
-                "HappyPathAdmin", "SmallDisk", "PostgresTestServer", .product(name: "Logging", package: "swift-log"),
+                "HappyPathAdmin", "SmallDisk", "PostgresTestServer", "RedisTestServer", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

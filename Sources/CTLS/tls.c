@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <openssl/err.h>
+#include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include "CTLS.h"
@@ -380,6 +381,8 @@ hp_tls_client *hp_tls_client_new(const char *ca, const char *default_file, const
     return client;
 }
 
+void hp_tls_client_no_alpn(hp_tls_client *client) { SSL_CTX_set_alpn_protos(client->ctx, NULL, 0); }
+
 void hp_tls_client_free(hp_tls_client *client) {
     if (!client) return;
     SSL_CTX_free(client->ctx);
@@ -443,3 +446,5 @@ int hp_tls_client_read(void *session, void *buffer, int length, char *err, size_
     }
     return outcome(session, rc);
 }
+
+void hp_sha1(const void *data, size_t length, unsigned char *out) { SHA1(data, length, out); }

@@ -20,6 +20,7 @@ extension AdminSnapshot {
             "memory":{\(memory.map { "\(JSON.quote($0.pool)):\($0.bytes)" }.joined(separator: ","))},\
             "spooled_bytes":\(spooled),\
             "deliveries":\(deliveriesJSON),\
+            "cluster":\(clusterJSON),\
             "rate_limits":[\(limits.joined(separator: ","))],"fallback":\(fallback),\
             "config":{"source":\(JSON.quote(configSource)),"loaded_at":\(JSON.quote(loadedAt.formatted(.iso8601)))},\
             "upstreams":[\(upstreams.joined(separator: ","))],\
@@ -75,6 +76,12 @@ extension AdminSnapshot {
             "paused_clients":\(u.pausedClients),"breaker_failures":\(failures),"retries_left":\(u.retriesLeft),\
             "h2":\(h2)}
             """
+    }
+
+    var clusterJSON: String {
+        guard let c = cluster else { return "null" }
+        return "{\"mode\":\(JSON.quote(c.mode)),\"since\":\(JSON.quote(c.since.formatted(.iso8601))),"
+            + "\"replicas\":\(c.replicas),\"reason\":\(c.reason.map(JSON.quote) ?? "null"),\"redis\":\(JSON.quote(c.redis))}"
     }
 
     var deliveriesJSON: String {

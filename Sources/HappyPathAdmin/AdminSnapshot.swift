@@ -35,6 +35,8 @@ public struct AdminSnapshot: Sendable {
     /// Per route label: rates between an earlier reading and this one (none
     /// yet at the first reading).
     public var windows: [String: RouteWindow] = [:]
+    /// `cluster.redis` (nil: none): whether limits are shared now.
+    public var cluster: Cluster?
     /// The last events (the page only; `/admin/state` leaves them out).
     public var events: [Event] = []
 
@@ -235,6 +237,25 @@ public struct AdminSnapshot: Sendable {
 
     /// The answers kept for `fallback.serve_stale`.
     public typealias Fallback = (entries: Int, bytes: Int, maxBytes: Int)
+
+    /// The cluster link: `shared` (every worker's link is up), `degraded`
+    /// (some cannot reach Redis: their requests use the local share) or
+    /// `connecting` (just started), since when, and the replicas last counted.
+    public struct Cluster: Sendable, Equatable {
+        public var mode: String
+        public var since: Date
+        public var replicas: Int
+        public var reason: String?
+        /// The server, without credentials.
+        public var redis: String
+        public init(mode: String, since: Date, replicas: Int, reason: String?, redis: String) {
+            self.mode = mode
+            self.since = since
+            self.replicas = replicas
+            self.reason = reason
+            self.redis = redis
+        }
+    }
 
     public struct Deliveries: Sendable {
         /// Kept deliveries by state name (queued, in_flight, delivered, dead).

@@ -161,8 +161,24 @@ public enum StatusPage {
             \(byteSizeText(s.bufferedBytes)) of \(byteSizeText(s.maxBufferedBytes)) of request bodies held; \
             \(memoryWords(s.memory)); \
             \(byteSizeText(s.spooled)) in spool files (answers read ahead, bodies kept); \
+            \(clusterWords(s.cluster))\
             config from \(escape(s.configSource)), loaded \(clockTime(s.loadedAt))
             """
+    }
+
+    /// `cluster: shared (3 replicas); ` or `cluster: degraded since 10:04:05 (why); `, or nothing without one.
+    static func clusterWords(_ c: AdminSnapshot.Cluster?) -> String {
+        guard let c else { return "" }
+        let replicas = "\(c.replicas) replica\(c.replicas == 1 ? "" : "s")"
+        switch c.mode {
+        case "degraded":
+            return "<span class=\"bad\" data-k=\"cluster\">cluster: degraded since \(clockTime(c.since))</span>"
+                + " (\(escape(c.reason ?? "Redis cannot be reached")); each replica admits its share, \(replicas) last seen); "
+        case "shared":
+            return "<span class=\"ok\" data-k=\"cluster\">cluster: shared</span> (\(replicas)); "
+        default:
+            return "<span data-k=\"cluster\">cluster: \(escape(c.mode))</span>; "
+        }
     }
 
     /// What the process holds for clients besides bodies, in units a person

@@ -19,7 +19,7 @@ extension Reader {
             root, "",
             known: [
                 "listen", "workers", "admin", "limits", "normalize", "drain_timeout", "defaults", "upstreams", "routes",
-                "storage", "trusted_proxies", "tracing", "http2",
+                "storage", "trusted_proxies", "tracing", "http2", "cluster",
             ])
         if let node = f["http2"]?.value {
             config.http2 = http2(node, "http2", base: HTTP2Configuration())
@@ -119,6 +119,11 @@ extension Reader {
         if let d = duration(f["drain_timeout"]?.value, "drain_timeout", allowZero: true) { config.drainTimeout = d }
         if let storage = f["storage"]?.value { config.storage = self.storage(storage) }
         if let tracing = f["tracing"]?.value { config.tracing = self.tracing(tracing) }
+        if let cluster = f["cluster"]?.value {
+            config.cluster = self.cluster(cluster)
+            hasCluster = config.cluster != nil
+            clusterLease = config.cluster?.lease
+        }
         if let defaults = f["defaults"] {
             config.defaults = policies(fields(defaults.value, "defaults", known: Self.policyKeys), "defaults")
         }
@@ -211,6 +216,56 @@ extension Reader {
             if n.isEmpty { error(f["service_name"]?.value, "tracing.service_name must not be empty") } else { t.serviceName = n }
         }
         return t
+    }
+
+    /// `cluster: { redis: { url, timeout, lease, heartbeat, tls } }`.
+    func cluster(_ node: Node) -> ClusterConfiguration? {
+        let f = fields(node, "cluster", known: ["redis"])
+        guard let redis = f["redis"]?.value else {
+            error(node, "cluster needs redis: { url: redis://redis:6379/0 }")
+            return nil
+        }
+        let rf = fields(redis, "cluster.redis", known: ["url", "timeout", "lease", "heartbeat", "tls"])
+        guard let urlNode = rf["url"]?.value else {
+            error(redis, "cluster.redis needs url, such as redis://redis:6379/0 (rediss:// for TLS; a password as redis://:${REDIS_PASSWORD}@redis:6379/0)")
+            return nil
+        }
+        guard let url = string(urlNode, "cluster.redis.url") else { return nil }
+        let endpoint: RedisEndpoint
+        switch RedisEndpoint.parse(url) {
+        case let .success(e): endpoint = e
+        case let .failure(why):
+            // The URL may carry a password: the message names the problem, not the URL.
+            error(urlNode, "cluster.redis.url \(why.description), such as redis://:${REDIS_PASSWORD}@redis:6379/0")
+            return nil
+        }
+        var c = ClusterConfiguration(redis: endpoint)
+        if let v = duration(rf["timeout"]?.value, "cluster.redis.timeout") {
+            if v > .seconds(1) {
+                error(rf["timeout"]?.value, "cluster.redis.timeout must be at most 1s: a request waits this long for Redis before its replica decides alone")
+            } else {
+                c.timeout = v
+            }
+        }
+        if let v = duration(rf["heartbeat"]?.value, "cluster.redis.heartbeat") {
+            if v < .milliseconds(100) || v > .seconds(60) {
+                error(rf["heartbeat"]?.value, "cluster.redis.heartbeat must be between 100ms and 60s")
+            } else {
+                c.heartbeat = v
+            }
+        }
+        if let node = rf["lease"]?.value, text(node, "cluster.redis.lease") != "auto" {
+            c.lease = int(node, "cluster.redis.lease", min: 1, max: 1000)
+        }
+        if let t = rf["tls"]?.value {
+            let tf = fields(t, "cluster.redis.tls", known: ["ca", "verify"])
+            var s = UpstreamTLSSettings()
+            if let ca = string(tf["ca"]?.value, "cluster.redis.tls.ca") { s.ca = ca }
+            if let v = bool(tf["verify"]?.value, "cluster.redis.tls.verify") { s.verify = v }
+            if !endpoint.tls { error(t, "cluster.redis.tls applies to rediss:// URLs only") }
+            c.tls = s
+        }
+        return c
     }
 
     func storage(_ node: Node) -> StorageConfiguration {

@@ -253,7 +253,7 @@ extension Reader {
     /// `rate_limit: { rate: 100/s, burst: 50, key: client_ip, over_limit: queue, max_wait: 2s, max_queue: 1000, max_keys: 100000 }`.
     func rateLimit(_ node: Node, _ path: String) -> RateLimitConfiguration? {
         let f = fields(
-            node, path, known: ["rate", "burst", "key", "over_limit", "max_wait", "max_queue", "max_keys"])
+            node, path, known: ["rate", "burst", "key", "over_limit", "max_wait", "max_queue", "max_keys", "scope"])
         guard let rateNode = f["rate"]?.value else {
             error(node, "\(path) needs 'rate', such as 'rate: 100/s' (also /m, /h)")
             return nil
@@ -291,6 +291,16 @@ extension Reader {
         if let v = duration(f["max_wait"]?.value, "\(path).max_wait") { c.maxWait = v }
         if let v = int(f["max_queue"]?.value, "\(path).max_queue", min: 1, max: 10_000_000) { c.maxQueue = v }
         if let v = int(f["max_keys"]?.value, "\(path).max_keys", min: 1, max: 100_000_000) { c.maxKeys = v }
+        if let v = choice(f["scope"]?.value, "\(path).scope", RateLimitConfiguration.Scope.self) {
+            c.scope = v
+            if v == .cluster { c.lease = clusterLease ?? ClusterLeases.auto(interval: c.interval) }
+            if v == .cluster, !hasCluster {
+                error(
+                    f["scope"]?.value,
+                    "\(path).scope: cluster counts in Redis, which needs cluster.redis at the top level"
+                        + " (cluster: { redis: { url: redis://redis:6379/0 } }); or set scope: process")
+            }
+        }
         if c.overLimit == .reject {
             for key in ["max_wait", "max_queue"] where f[key] != nil {
                 error(f[key]?.key, "\(path).\(key) applies only to over_limit: queue")

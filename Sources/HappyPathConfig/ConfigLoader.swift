@@ -141,6 +141,10 @@ final class Reader {
     var errors: [ConfigError] = []
     /// `upstreams.NAME.h2_client` as written, by upstream (`Configuration.ignoredH2Clients`).
     var ignoredH2Clients: [String: String] = [:]
+    /// `cluster.redis` is set (read before the routes): `scope: cluster` needs it.
+    var hasCluster = false
+    /// `cluster.redis.lease` (nil: auto).
+    var clusterLease: Int?
     /// The top level's `http2:` once read: what a listener's own `http2:` keys go over.
     var topHTTP2: HTTP2Configuration? = HTTP2Configuration()
 

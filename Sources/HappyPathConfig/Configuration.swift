@@ -33,6 +33,9 @@ public struct Configuration: Sendable {
     public var routes: [Route]
     /// The deliver-later store, opened only if a route has `delivery.mode: later`.
     public var storage = StorageConfiguration()
+    /// `cluster`: the Redis that `scope: cluster` rate limits and pauses are
+    /// shared through (nil: none; every limit is the process's own).
+    public var cluster: ClusterConfiguration?
     /// `tracing`: nil, none (the default; it then costs nothing).
     public var tracing: TracingConfiguration?
     /// `trusted_proxies`: X-Forwarded-For hops from these networks are
@@ -555,4 +558,24 @@ public enum HTTP2Choice: Sendable, Equatable {
     /// `http2: false`.
     case off
     case on(HTTP2Configuration)
+}
+
+/// `cluster.redis`: where replicas share rate limits and pauses.
+public struct ClusterConfiguration: Sendable, Equatable {
+    public var redis: RedisEndpoint
+    /// A connect or a command later than this: the replica decides alone
+    /// (its local share) until Redis answers again. Default 50ms.
+    public var timeout: Duration = .milliseconds(50)
+    /// Tokens a worker takes from Redis at once (nil: `auto`, one round
+    /// trip per 10 ms of a route's rate: `max(1, rate × 10ms)`).
+    public var lease: Int?
+    /// How often a replica says it is alive (the replica count). Default 1s.
+    public var heartbeat: Duration = .seconds(1)
+    /// For rediss://: the CA and whether to verify (nil: the system's CAs, verified).
+    public var tls: UpstreamTLSSettings?
+
+    public init(redis: RedisEndpoint) { self.redis = redis }
+
+    /// Some route counts in Redis.
+    public func isUsed(by routes: [Route]) -> Bool { routes.contains { $0.rateLimit?.scope == .cluster } }
 }

@@ -91,6 +91,10 @@ typedef struct hp_tls_client hp_tls_client;
 hp_tls_client *hp_tls_client_new(const char *ca, const char *default_file, const char *default_path, int verify,
                                  const char *cert, const char *key, char *err, size_t errlen);
 void hp_tls_client_free(hp_tls_client *client);
+// SHA-1 of `length` bytes into `out` (20 bytes): the name Redis gives a script (EVALSHA).
+void hp_sha1(const void *data, size_t length, unsigned char *out);
+// Offers no ALPN protocol (a client of a protocol other than HTTP/2: Redis).
+void hp_tls_client_no_alpn(hp_tls_client *client);
 // A client session on the connected non-blocking socket `fd`: `host` is
 // sent as SNI (unless it is an IP address) and checked against the
 // certificate (a name, or an IP address) when the context verifies.

@@ -102,6 +102,14 @@ public struct UpstreamPause: Sendable, Equatable {
         return pause(as: 429, wait: wait, client: client, sentAt: sentAt, at: now)
     }
 
+    /// Another replica's pause of this upstream (`scope: cluster`): the
+    /// same change as the answer that caused it there, for `wait` from now,
+    /// whether or not this replica's `pacing.on` names the status (the
+    /// replica that saw the answer decided).
+    public mutating func heard(status: Int, wait: Duration, client: String, at now: Instant) -> Change {
+        pause(as: status, wait: wait, client: client, sentAt: nil, at: now)
+    }
+
     private mutating func pause(as status: Int, wait: Duration?, client: String, sentAt: Instant?, at now: Instant) -> Change {
         guard let wait, wait > .zero else { return .none }
         if let endedEarlyAt, (sentAt ?? now) < endedEarlyAt { return .none }

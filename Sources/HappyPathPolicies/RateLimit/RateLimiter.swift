@@ -240,6 +240,18 @@ public struct RateLimitConfiguration: Sendable, Equatable {
     /// Buckets kept; a new key beyond it takes the place of an idle one. Default 100,000.
     public var maxKeys = 100_000
 
+    /// Where the buckets are counted (`scope`).
+    public enum Scope: String, Sendable, Equatable, CaseIterable {
+        /// In this process (the default): each replica admits the whole rate.
+        case process
+        /// In Redis (`cluster.redis`), shared by every replica.
+        case cluster
+    }
+
+    public var scope: Scope = .process
+    /// `scope: cluster`: tokens taken from Redis at once (`cluster.redis.lease`; `auto` is `max(1, rate × 10ms)`).
+    public var lease = 1
+
     public init(count: Int, period: Duration, burst: Int) {
         self.count = count
         self.period = period

@@ -28,11 +28,10 @@ extension Exchange {
     /// pauses as a 429 with that `Retry-After` would (`scope_429`).
     private func pacedResourceExhausted(_ status: Int, at now: Instant) -> Bool {
         guard let wait = relay.resourceExhaustedDelay else { return false }
-        if case let .paused(until, nil) = guardian.paced(
+        let change = guardian.paced(
             status: status, resourceExhausted: true, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
-        {
-            env.paused(guardian, until: until)
-        }
+        if case let .paused(until, nil) = change { env.paused(guardian, until: until) }
+        if change != .none { env.learnedPause(guardian, change, status: 429) }
         return true
     }
 
@@ -49,11 +48,9 @@ extension Exchange {
         guard wait != nil else { return false }
         // `startedAt`: an answer to a request older than a reload that ended
         // the pause early is stale, and revives nothing.
-        if case let .paused(until, nil) = guardian.paced(
-            status: status, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
-        {
-            env.paused(guardian, until: until)
-        }
+        let change = guardian.paced(status: status, wait: wait, client: pacingKey, sentAt: startedAt, at: now)
+        if case let .paused(until, nil) = change { env.paused(guardian, until: until) }
+        if change != .none { env.learnedPause(guardian, change, status: status) }
         return true
     }
 

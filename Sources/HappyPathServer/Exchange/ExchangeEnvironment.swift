@@ -54,6 +54,9 @@ protocol ExchangeEnvironment: AnyObject {
     func scheduleProbe(guardian: UpstreamGuard, after: Duration)
     /// The upstream paused itself until `until`: every worker hears of it.
     func paused(_ guardian: UpstreamGuard, until: Instant)
+    /// This try's answer paused (or extended a pause of) the upstream or
+    /// one client of it: other replicas hear of it (`cluster.redis`).
+    func learnedPause(_ guardian: UpstreamGuard, _ change: UpstreamPause.Change, status: Int)
     /// The upstream's circuit closed: every worker replays what it parked.
     func recovered(_ guardian: UpstreamGuard)
 
@@ -107,6 +110,14 @@ extension ProxyWorker: ExchangeEnvironment {
     func parkedForPause(_ exchange: Exchange) { pacing.parkedForPause(exchange) }
     func scheduleProbe(guardian: UpstreamGuard, after: Duration) { probes.schedule(guardian: guardian, after: after) }
     func paused(_ guardian: UpstreamGuard, until: Instant) { shared.paused(guardian, until: until) }
+    func learnedPause(_ guardian: UpstreamGuard, _ change: UpstreamPause.Change, status: Int) {
+        guard let cluster else { return }
+        switch change {
+        case let .paused(until, client), let .extended(until, client):
+            cluster.publishPause(upstream: guardian.name, status: status, until: until, client: client)
+        case .none: break
+        }
+    }
     func recovered(_ guardian: UpstreamGuard) { shared.recovered(guardian) }
 
     func startRefresh(guardian: UpstreamGuard) { refreshes.start(guardian: guardian) }
@@ -115,4 +126,9 @@ extension ProxyWorker: ExchangeEnvironment {
     func tunnelOpened(_ tunnel: Tunnel, route: RuntimeRoute, upstream: RuntimeUpstream, slotOf slot: HeldSlot?) {
         tunnels.opened(tunnel, route: route, upstream: upstream, slotOf: slot)
     }
+}
+
+extension ExchangeEnvironment {
+    /// Without a cluster, what a try learns stays in this process.
+    func learnedPause(_ guardian: UpstreamGuard, _ change: UpstreamPause.Change, status: Int) {}
 }

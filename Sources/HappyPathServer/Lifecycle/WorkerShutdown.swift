@@ -30,6 +30,7 @@ enum WorkerShutdown {
             worker.parking.dropAll(l)
         }
         worker.gate.abandonAll()
+        worker.cluster?.close()
         let exchanges = Array(worker.exchanges)
         for exchange in exchanges { exchange.abandon() }
         worker.shared.inFlight.add(-exchanges.filter { $0.delivery == nil }.count)

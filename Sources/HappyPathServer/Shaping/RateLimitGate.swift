@@ -46,7 +46,18 @@ final class RateLimitGate {
         // A long key is its digest from here on: the bucket, the queue and pacing keep it bounded.
         let limitKey = key(request, limit)
         let now = clock.now()
-        switch limit.admit(key: limitKey, at: now) {
+        var limit = limit
+        let decision: RouteRateLimit.Decision
+        if let cluster = limit.cluster, let link = worker.cluster {
+            // `scope: cluster`: a leased token, Redis's answer later, or the local share.
+            switch link.admit(request, route: route, limit: limit, cluster: cluster, key: limitKey, target: target, at: now) {
+            case .asked: return .taken
+            case let .decided(d, by): (decision, limit) = (d, by)
+            }
+        } else {
+            decision = limit.admit(key: limitKey, at: now)
+        }
+        switch decision {
         case let .pass(fields):
             return .pass(fields, key: limitKey.text)
         case let .wait(delay, ticket):
@@ -55,6 +66,26 @@ final class RateLimitGate {
             rateLimited(request, route: route, retryAfter: retryAfter, fields: fields)
         }
         return .taken
+    }
+
+    /// A decision that came later (Redis's answer, or the local share after
+    /// Redis was too slow) for a request the cluster link held.
+    func decided(
+        _ decision: RouteRateLimit.Decision, limit: RouteRateLimit, request: HTTPRequest, route: RuntimeRoute,
+        key: RateLimitBucketKey, target: String?, at now: Instant
+    ) {
+        switch decision {
+        case let .pass(fields):
+            guard let target else {
+                request.headDecision = HeadAdmission(fields, key: key)
+                return request.readBody()
+            }
+            worker.dispatch(request, route: route, method: request.method, target: target, fields: fields, key: key.text)
+        case let .wait(delay, ticket):
+            enqueue(request, route: route, limit: limit, key: key, ticket: ticket, target: target, delay: delay, at: now)
+        case let .refuse(retryAfter, fields):
+            rateLimited(request, route: route, retryAfter: retryAfter, fields: fields)
+        }
     }
 
     private func key(_ request: HTTPRequest, _ limit: RouteRateLimit) -> RateLimitBucketKey {
@@ -96,11 +127,20 @@ final class RateLimitGate {
     }
 
     func bodyHeld(_ request: HTTPRequest) {
-        guard let route = heldRoute, let limit = route.rateLimit else { return request.readBody() }
+        guard let route = heldRoute, var limit = route.rateLimit else { return request.readBody() }
         heldRoute = nil
         let key = key(request, limit)
         let now = clock.now()
-        switch limit.admit(key: key, at: now) {
+        let decision: RouteRateLimit.Decision
+        if let cluster = limit.cluster, let link = worker.cluster {
+            switch link.admit(request, route: route, limit: limit, cluster: cluster, key: key, target: nil, at: now) {
+            case .asked: return
+            case let .decided(d, by): (decision, limit) = (d, by)
+            }
+        } else {
+            decision = limit.admit(key: key, at: now)
+        }
+        switch decision {
         case let .pass(fields):
             request.headDecision = HeadAdmission(fields, key: key)
             request.readBody()
@@ -121,7 +161,11 @@ final class RateLimitGate {
         guard served else { return }
         let now = clock.now()
         metrics.waited(route: waiting.route.label, now - waiting.queuedAt)
-        let fields = waiting.limit.fields(key: waiting.key, at: now)
+        // A cluster limit's token was reserved in Redis for now: nothing is left of the burst.
+        let fields =
+            waiting.limit.cluster != nil
+            ? waiting.limit.fields(remaining: 0, untilFullNs: waiting.limit.configuration.interval.nanoseconds)
+            : waiting.limit.fields(key: waiting.key, at: now)
         guard let target = waiting.target else {
             // Its turn came at its head: now its body, then `serve`.
             waiting.request.headDecision = HeadAdmission(fields, key: waiting.key)

@@ -26,6 +26,8 @@ final class RouteRateLimit: Sendable {
 
     /// `max_wait`, or the route's timeout if that is shorter.
     let maxWait: Duration
+    /// `scope: cluster`: counted in Redis (nil: in this process).
+    let cluster: ClusterRouteLimit?
 
     private struct State {
         var limiter: RateLimiter
@@ -39,6 +41,9 @@ final class RouteRateLimit: Sendable {
         self.label = label
         maxWait = min(configuration.maxWait, timeout)
         state = Locked(State(limiter: RateLimiter(configuration)))
+        cluster =
+            configuration.scope == .cluster
+            ? ClusterRouteLimit(configuration, label: label, timeout: timeout, maxWait: min(configuration.maxWait, timeout)) : nil
         policyField = HTTPField(
             name: "RateLimit-Policy",
             value: "\"default\";q=\(configuration.count);w=\(Int(configuration.period.seconds))")

@@ -181,6 +181,32 @@ final class UpstreamGuard: Sendable {
         return change
     }
 
+    /// Another replica published a pause of this upstream (or of one of its
+    /// clients) until `wait` from now (`scope: cluster`): applied as its
+    /// answer was there. Returns the change, as `paced` does.
+    func heardPause(status: Int, wait: Duration, client: String, at now: Instant) -> UpstreamPause.Change {
+        guard let pause, wait > .zero else { return .none }
+        let (change, clientsUntil) = pause.withLock { p in
+            let change = p.heard(status: status, wait: wait, client: client, at: now)
+            return (change, p.clientsUntil)
+        }
+        switch change {
+        case .none: break
+        case let .paused(until, nil), let .extended(until, nil):
+            pausedUntil.store(until.nanoseconds, ordering: .relaxed)
+        case .paused, .extended:
+            clientsPausedUntil.store(clientsUntil?.nanoseconds ?? 0, ordering: .relaxed)
+        }
+        if case .paused(_, nil) = change {
+            logger.warning(
+                "upstream paused: another replica heard it ask for no requests until then",
+                metadata: ["upstream": "\(name)", "status": "\(status)", "for_s": "\(wait.seconds)"])
+            events.publish(
+                "upstream_paused", [("upstream", name), ("status", String(status)), ("for_s", String(Int(wait.seconds.rounded(.up))))])
+        }
+        return change
+    }
+
     /// The pause is over (its end came), or a reload ended it (`early`,
     /// which ends every client's pause too).
     /// True for the one caller that ended the upstream's pause: it tells the others.

@@ -99,6 +99,10 @@ public final class ProxyServer: @unchecked Sendable {
             shared.tracer = tracer
             self.tracer = tracer
         }
+        if let cluster = config.cluster {
+            shared.cluster = ClusterState(
+                cluster, links: workerCount, logger: logger, events: shared.events, metrics: shared.metrics)
+        }
         let contexts = try Self.certificates(config)
         shared.metrics.certificateExpiry(config, contexts)
         var listeners = zip(config.listeners, contexts).map { l, tls in
@@ -115,6 +119,11 @@ public final class ProxyServer: @unchecked Sendable {
             shared.register(bound)
             worker.deliveries = deliveries
             deliveries?.register(bound)
+            if let cluster = shared.cluster {
+                let link = try ClusterLink(worker: worker, state: cluster, first: i == 0)
+                worker.cluster = link
+                loop.execute(with: bound) { $0.cluster?.start() }
+            }
             if i == 0 {
                 for (j, p) in worker.ports.enumerated() { listeners[j].port = p }
             }

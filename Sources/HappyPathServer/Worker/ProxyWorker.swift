@@ -55,6 +55,8 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var probes: Probes!
     private(set) var refreshes: TokenRefreshes!
     private(set) var tunnels: WorkerTunnels!
+    /// The Redis link (`cluster.redis`; nil: none), set before the loop runs.
+    var cluster: ClusterLink?
 
     init(
         loop: EventLoop, runtime: RuntimeConfiguration, shared: SharedState, listeners: [BoundListener], workers: Int,

@@ -22,6 +22,8 @@ enum RestartOnlyKeys {
         if new.admin.listen != old.admin.listen { keys.append("admin.listen") }
         // The exporter and its sampling are made once, at start.
         if new.tracing != old.tracing { keys.append("tracing") }
+        // The Redis link is opened once, at start, on every worker.
+        if new.cluster != old.cluster { keys.append("cluster") }
         if (new.workers ?? cores) != (old.workers ?? cores) { keys.append("workers") }
         if new.limits.maxRequestBody != old.limits.maxRequestBody { keys.append("limits.max_request_body") }
         if new.limits.maxHeaderBytes != old.limits.maxHeaderBytes { keys.append("limits.max_header_bytes") }

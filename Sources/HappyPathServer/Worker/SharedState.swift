@@ -53,6 +53,8 @@ final class SharedState: @unchecked Sendable {
     var deliveries: Deliveries?
     /// `tracing` (nil: none). Set before any loop runs and carried over by a reload.
     var tracer: Tracer?
+    /// `cluster.redis` (nil: none). Set before any loop runs and carried over by a reload.
+    var cluster: ClusterState?
     /// Set before any loop runs (and carried over by a reload); then
     /// read-only until the server stops and calls `forgetWorkers()`: each
     /// worker holds the shared state, so this list keeps both alive until then.
@@ -108,6 +110,7 @@ final class SharedState: @unchecked Sendable {
         connections.limit = runtime.configuration.limits.maxClientConnections
         workers = previous?.workers ?? []
         tracer = previous?.tracer
+        cluster = previous?.cluster
         deliveries = previous?.deliveries
         let limits = runtime.configuration.limits
         stale =

@@ -13,7 +13,10 @@ final class HTTP2TLSClientContext {
     /// The origin's host: SNI (unless an IP address) and the certificate check.
     let host: String
 
-    init(_ tls: UpstreamTLS?, host: String, defaultCA: (file: String?, path: String?)) throws(TLSSetupError) {
+    /// Whether sessions must agree to h2 by ALPN (false: no ALPN is offered, for Redis).
+    let requiresH2: Bool
+
+    init(_ tls: UpstreamTLS?, host: String, defaultCA: (file: String?, path: String?), h2: Bool = true) throws(TLSSetupError) {
         var error = [CChar](repeating: 0, count: 512)
         let made = hp_tls_client_new(
             tls?.ca, defaultCA.file, defaultCA.path, (tls?.verify ?? true) ? 1 : 0, tls?.clientCert, tls?.clientKey,
@@ -21,6 +24,8 @@ final class HTTP2TLSClientContext {
         guard let made else { throw TLSSetupError(description: String(nulTerminated: error)) }
         raw = made
         self.host = host
+        requiresH2 = h2
+        if !h2 { hp_tls_client_no_alpn(made) }
     }
 
     deinit { hp_tls_client_free(raw) }
@@ -32,12 +37,14 @@ final class HTTP2TLSClientContext {
 /// the connection reads and writes through either the same way.
 final class HTTP2UpstreamTLSSession {
     private var session: UnsafeMutableRawPointer?
+    private let requiresH2: Bool
     /// A read needs the socket writable (rare: a TLS 1.3 key update while the send buffer is full).
     private(set) var readWantsWrite = false
 
     init?(_ context: HTTP2TLSClientContext, fd: Int32) {
         guard let made = hp_tls_client_session_new(context.raw, fd, context.host) else { return nil }
         session = made
+        requiresH2 = context.requiresH2
     }
 
     deinit { hp_tls_session_free(session, 0) }
@@ -55,7 +62,7 @@ final class HTTP2UpstreamTLSSession {
         var error = [CChar](repeating: 0, count: 512)
         switch hp_tls_client_handshake(session, &error, error.count) {
         case Int32(HP_TLS_DONE):
-            guard hp_tls_alpn_is_h2(session) != 0 else {
+            guard !requiresH2 || hp_tls_alpn_is_h2(session) != 0 else {
                 return .failed(
                     "the upstream did not agree to HTTP/2 in the TLS handshake (ALPN h2): set `protocol: http1` for it")
             }

@@ -1,0 +1,413 @@
+internal import CLibevent
+import CRedis
+import HappyPathCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// What a Redis connection tells its owner, on the loop's thread.
+public protocol RedisConnectionDelegate: AnyObject {
+    /// Ready (its greeting answered): `restored` after an outage.
+    func redisUp(_ connection: RedisConnection, restored: Bool)
+    /// Unreachable, slow, or refused: said once an outage.
+    func redisDown(_ connection: RedisConnection, reason: String)
+    /// A subscriber's message (`channel`, `payload`).
+    func redisMessage(_ connection: RedisConnection, channel: String, payload: [UInt8])
+}
+
+/// One connection to Redis on a worker's loop: its socket (and TLS for
+/// rediss://), hiredis's formatter and bounded reader (`CRedis`), and the
+/// pipeline `RedisLinkStateMachine` keeps, with every step's deadline.
+/// `send` either writes a command (its completion runs once: the reply, a
+/// timeout or a failure) or refuses it at once when the link is not ready,
+/// so a caller never waits on a link that is down.
+///
+/// Retention: the owner holds the connection until `close()`; the libevent
+/// events and the timer point at it unretained and are freed in `close`.
+public final class RedisConnection: LoopEventTarget {
+    public let endpoint: RedisEndpoint
+    public weak var delegate: RedisConnectionDelegate?
+    private let loop: EventLoop
+    private let clock: @Sendable () -> Instant
+    private var machine: RedisLinkStateMachine
+    /// The commands written on connecting, in order (AUTH, SELECT, SCRIPT LOAD or SUBSCRIBE).
+    private let greeting: [[[UInt8]]]
+    private let tlsContext: HTTP2TLSClientContext?
+    private var tls: HTTP2UpstreamTLSSession?
+    private var fd: Int32 = -1
+    private var readEvent: OpaquePointer?
+    private var writeEvent: OpaquePointer?
+    private var writeWatched = false
+    private var timer: LoopEvent?
+    private var reader: UnsafeMutablePointer<redisReader>?
+    private var output: [UInt8] = []
+    private var outputSent = 0
+    private var handshaking = false
+    private var resolving: OpaquePointer?
+    private var resolvedAlready = false
+    private var nextID: UInt64 = 1
+    private var waiting: [UInt64: (RedisResult) -> Void] = [:]
+
+    /// - Parameters:
+    ///   - greeting: commands sent on every connect before the link is ready
+    ///     (AUTH and SELECT are added from the endpoint).
+    ///   - subscriber: after the greeting, the server sends messages.
+    public init(
+        loop: EventLoop, endpoint: RedisEndpoint, timeout: Duration, retry: Duration,
+        clock: @escaping @Sendable () -> Instant, greeting: [[String]], subscriber: Bool = false,
+        tls: UpstreamTLS? = nil
+    ) throws(TLSSetupError) {
+        self.loop = loop
+        self.endpoint = endpoint
+        self.clock = clock
+        var commands: [[String]] = []
+        if let password = endpoint.password {
+            commands.append(endpoint.user.map { ["AUTH", $0, password.reveal] } ?? ["AUTH", password.reveal])
+        }
+        if endpoint.database != 0 { commands.append(["SELECT", String(endpoint.database)]) }
+        commands += greeting
+        self.greeting = commands.map { $0.map { Array($0.utf8) } }
+        machine = RedisLinkStateMachine(timeout: timeout, retry: retry, greetingCount: commands.count, subscriber: subscriber)
+        tlsContext =
+            endpoint.tls
+            ? try HTTP2TLSClientContext(tls, host: endpoint.host, defaultCA: UpstreamClient.libcurlDefaultCA, h2: false) : nil
+    }
+
+    deinit { freeReader() }
+
+    public var isReady: Bool { machine.isReady }
+    public var health: RedisLinkStateMachine.Health { machine.health }
+    /// Commands waiting for their reply.
+    public var pending: Int { machine.pending }
+
+    /// Connects (and keeps connecting after every failure, `retry` apart) until `close`.
+    public func start() {
+        if timer == nil { timer = loop.takeEvent(target: self) }
+        perform(machine.start(at: clock()))
+    }
+
+    /// Sends one command; `completion` runs once, later, on the loop. False
+    /// (and `completion` never runs): the link is not ready, decide without it.
+    @discardableResult
+    public func send(_ arguments: [[UInt8]], _ completion: @escaping (RedisResult) -> Void) -> Bool {
+        let id = nextID
+        switch machine.send(id, at: clock()) {
+        case .refused:
+            return false
+        case let .sent(arm):
+            nextID &+= 1
+            waiting[id] = completion
+            append(arguments)
+            if let arm { armTimer(arm) }
+            flush()
+            return true
+        }
+    }
+
+    /// Closes the link for good: commands in flight fail ("the link was closed").
+    public func close() {
+        perform(machine.stop())
+        closeSocket()
+        if let resolving { evdns_getaddrinfo_cancel(resolving) }
+        resolving = nil
+        timer?.recycle()
+        timer = nil
+    }
+
+    public func loopEventFired(_ event: LoopEvent) { perform(machine.timerFired(at: clock())) }
+
+    // MARK: - Actions
+
+    private func perform(_ actions: [RedisLinkStateMachine.Action]) {
+        for action in actions {
+            switch action {
+            case .connect: open()
+            case .sendGreeting:
+                for command in greeting { append(command) }
+                flush()
+            case let .armTimer(at): armTimer(at)
+            case .closeSocket: closeSocket()
+            case let .timedOut(ids):
+                for id in ids { waiting.removeValue(forKey: id)?(.timedOut) }
+            case let .fail(ids, reason):
+                for id in ids { waiting.removeValue(forKey: id)?(.failed(reason)) }
+            case let .up(restored): delegate?.redisUp(self, restored: restored)
+            case let .down(reason): delegate?.redisDown(self, reason: "\(endpoint.address): \(reason)")
+            }
+        }
+    }
+
+    private func armTimer(_ at: Instant) {
+        let now = clock()
+        timer?.arm(after: at > now ? at - now : .zero)
+    }
+
+    private func failed(_ reason: String) { perform(machine.failed(reason, at: clock())) }
+
+    // MARK: - Connecting
+
+    private func open() {
+        output.removeAll(keepingCapacity: true)
+        outputSent = 0
+        freeReader()
+        reader = hp_redis_reader_new()
+        if let address = HTTP2Address(host: endpoint.host, port: endpoint.port) { return connect(to: address) }
+        guard let dns = loop.resolver() else { return failed("could not resolve \(endpoint.host): no resolver") }
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_flags = EVUTIL_AI_ADDRCONFIG
+        resolvedAlready = false
+        // Retained until the callback runs (it runs once, also when cancelled).
+        let me = Unmanaged.passRetained(self).toOpaque()
+        let request = evdns_getaddrinfo(dns, endpoint.host, String(endpoint.port), &hints, redisResolvedCallback, me)
+        if !resolvedAlready { resolving = request }
+    }
+
+    fileprivate func resolved(_ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?) {
+        resolving = nil
+        resolvedAlready = true
+        defer { if let list { evutil_freeaddrinfo(list) } }
+        guard machine.state == .connecting else { return }
+        guard result == 0 else {
+            return failed("could not resolve \(endpoint.host): \(String(cString: evutil_gai_strerror(result)))")
+        }
+        var next = list
+        while let entry = next {
+            if let addr = entry.pointee.ai_addr, let address = HTTP2Address(addr, length: Int(entry.pointee.ai_addrlen)) {
+                return connect(to: address)
+            }
+            next = entry.pointee.ai_next
+        }
+        failed("\(endpoint.host) resolved to no IP address")
+    }
+
+    private func connect(to address: HTTP2Address) {
+        fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return failed(String(cString: strerror(errno))) }
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        // A subscriber only reads: keepalive notices a peer that vanished.
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, socklen_t(MemoryLayout<Int32>.size))
+        let rc = address.withSockaddr { Glibc.connect(fd, $0, $1) }
+        let connectError = errno
+        // Alive: the owner holds this connection until `close`, which frees both events first.
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        readEvent = event_new(loop.base, fd, Int16(EV_READ | EV_PERSIST), redisReadCallback, me)
+        writeEvent = event_new(loop.base, fd, Int16(EV_WRITE | EV_PERSIST), redisWriteCallback, me)
+        event_add(readEvent, nil)
+        if rc == 0 { return socketConnected() }
+        guard connectError == EINPROGRESS else { return failed("could not connect: \(String(cString: strerror(connectError)))") }
+        watchWrite(true)
+    }
+
+    private func socketConnected() {
+        guard let tlsContext else { return perform(machine.connected(at: clock())) }
+        guard let session = HTTP2UpstreamTLSSession(tlsContext, fd: fd) else { return failed("could not start TLS") }
+        tls = session
+        handshaking = true
+        stepHandshake()
+    }
+
+    private func stepHandshake() {
+        guard let tls else { return }
+        switch tls.handshake() {
+        case .done:
+            handshaking = false
+            watchWrite(false)
+            perform(machine.connected(at: clock()))
+            if tls.pending { readable() }
+        case .wantRead: watchWrite(false)
+        case .wantWrite: watchWrite(true)
+        case let .failed(why): failed("TLS: \(why)")
+        }
+    }
+
+    private func closeSocket() {
+        if let readEvent { event_free(readEvent) }
+        if let writeEvent { event_free(writeEvent) }
+        readEvent = nil
+        writeEvent = nil
+        writeWatched = false
+        tls?.close(notify: false)
+        tls = nil
+        handshaking = false
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+        output.removeAll(keepingCapacity: true)
+        outputSent = 0
+    }
+
+    private func freeReader() {
+        if let reader { redisReaderFree(reader) }
+        reader = nil
+    }
+
+    private func watchWrite(_ on: Bool) {
+        guard let writeEvent, on != writeWatched else { return }
+        writeWatched = on
+        if on { event_add(writeEvent, nil) } else { event_del(writeEvent) }
+    }
+
+    // MARK: - Writing
+
+    private func append(_ arguments: [[UInt8]]) {
+        // `*N\r\n` then `$len\r\narg\r\n` each: hiredis's formatter, as the argv call.
+        var pointers: [UnsafePointer<CChar>?] = []
+        var lengths: [Int] = []
+        pointers.reserveCapacity(arguments.count)
+        lengths.reserveCapacity(arguments.count)
+        let copies = arguments.map { bytes -> UnsafeMutablePointer<CChar> in
+            let p = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, bytes.count))
+            bytes.withUnsafeBufferPointer { b in
+                if let base = b.baseAddress { UnsafeMutableRawPointer(p).copyMemory(from: base, byteCount: b.count) }
+            }
+            return p
+        }
+        defer { for p in copies { p.deallocate() } }
+        for (p, bytes) in zip(copies, arguments) {
+            pointers.append(UnsafePointer(p))
+            lengths.append(bytes.count)
+        }
+        var command: UnsafeMutablePointer<CChar>?
+        let n = redisFormatCommandArgv(&command, Int32(arguments.count), &pointers, lengths)
+        guard n > 0, let command else { return }
+        UnsafeRawBufferPointer(start: command, count: Int(n)).withMemoryRebound(to: UInt8.self) { output.append(contentsOf: $0) }
+        redisFreeCommand(command)
+    }
+
+    private func flush() {
+        guard fd >= 0, !handshaking, machine.state == .greeting || machine.state == .ready else { return }
+        while outputSent < output.count {
+            let n = output.withUnsafeBytes { b in
+                let start = b.baseAddress! + outputSent
+                let count = b.count - outputSent
+                return tls.map { $0.write(start, count) } ?? Glibc.send(fd, start, count, Int32(MSG_NOSIGNAL))
+            }
+            if n > 0 {
+                outputSent += n
+                continue
+            }
+            if n < 0, errno == EAGAIN || errno == EWOULDBLOCK { return watchWrite(true) }
+            return failed("could not write: \(String(cString: strerror(errno)))")
+        }
+        output.removeAll(keepingCapacity: true)
+        outputSent = 0
+        watchWrite(false)
+    }
+
+    fileprivate func writable() {
+        if machine.state == .connecting, tls == nil {
+            var error: Int32 = 0
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
+            guard error == 0 else { return failed("could not connect: \(String(cString: strerror(error)))") }
+            watchWrite(false)
+            return socketConnected()
+        }
+        if handshaking { return stepHandshake() }
+        flush()
+    }
+
+    // MARK: - Reading
+
+    /// Read at most this much a turn; the loop serves others between.
+    static let readSize = 16 * 1024
+
+    fileprivate func readable() {
+        if handshaking { return stepHandshake() }
+        guard fd >= 0, let reader else { return }
+        var buffer = [UInt8](repeating: 0, count: Self.readSize)
+        for _ in 0..<4 {
+            let n = buffer.withUnsafeMutableBytes { b in
+                tls.map { $0.read(b.baseAddress!, b.count) } ?? Glibc.recv(fd, b.baseAddress!, b.count, 0)
+            }
+            if n == 0 { return failed("the server closed the connection") }
+            if n < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK { return }
+                return failed("could not read: \(String(cString: strerror(errno)))")
+            }
+            buffer.withUnsafeBytes { b in _ = redisReaderFeed(reader, b.baseAddress!.assumingMemoryBound(to: CChar.self), n) }
+            guard drainReplies() else { return }
+            if n < buffer.count, !(tls?.pending ?? false) { return }
+        }
+    }
+
+    /// Every complete reply the reader holds, in order. False: the connection failed.
+    private func drainReplies() -> Bool {
+        while let reader, fd >= 0 {
+            var raw: UnsafeMutableRawPointer?
+            guard redisReaderGetReply(reader, &raw) == REDIS_OK else {
+                let why = withUnsafeBytes(of: reader.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                failed("an unreadable reply: \(why)")
+                return false
+            }
+            guard let raw else {
+                if hp_redis_reader_buffered(reader) > Int(HP_REDIS_MAX_BUFFERED) {
+                    failed("a reply over \(Int(HP_REDIS_MAX_BUFFERED) / 1024) KiB")
+                    return false
+                }
+                return true
+            }
+            let reply = Self.convert(raw.assumingMemoryBound(to: redisReply.self))
+            freeReplyObject(raw)
+            deliver(reply)
+        }
+        return false
+    }
+
+    private func deliver(_ reply: RedisReply) {
+        let error: String? = if case let .error(e) = reply { e } else { nil }
+        switch machine.replied(error: error, at: clock()) {
+        case let .answer(id, next):
+            if let next { armTimer(next) }
+            waiting.removeValue(forKey: id)?(.reply(reply))
+        case let .greeting(actions):
+            perform(actions)
+        case .message:
+            // ["message", channel, payload] (SUBSCRIBE's confirmations are greeting replies).
+            guard let parts = reply.elements, parts.count == 3, parts[0].text == "message", let channel = parts[1].text,
+                case let .string(payload) = parts[2]
+            else { return }
+            delegate?.redisMessage(self, channel: channel, payload: payload)
+        case let .unexpected(actions):
+            perform(actions)
+        }
+    }
+
+    /// hiredis's reply as a value; sizes were bounded by the reader.
+    static func convert(_ r: UnsafeMutablePointer<redisReply>) -> RedisReply {
+        let reply = r.pointee
+        func bytes() -> [UInt8] {
+            guard let str = reply.str, reply.len > 0 else { return [] }
+            return Array(UnsafeRawBufferPointer(start: str, count: reply.len).bindMemory(to: UInt8.self))
+        }
+        switch reply.type {
+        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
+        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
+        case REDIS_REPLY_INTEGER: return .integer(Int64(reply.integer))
+        case REDIS_REPLY_STRING: return .string(bytes())
+        case REDIS_REPLY_ARRAY:
+            var items: [RedisReply] = []
+            items.reserveCapacity(reply.elements)
+            for i in 0..<reply.elements {
+                if let e = reply.element[i] { items.append(convert(e)) } else { items.append(.null) }
+            }
+            return .array(items)
+        default: return .null
+        }
+    }
+}
+
+private func redisReadCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<RedisConnection>.fromOpaque(arg!).takeUnretainedValue().readable()
+}
+
+private func redisWriteCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<RedisConnection>.fromOpaque(arg!).takeUnretainedValue().writable()
+}
+
+private func redisResolvedCallback(_ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?, _ arg: UnsafeMutableRawPointer?) {
+    Unmanaged<RedisConnection>.fromOpaque(arg!).takeRetainedValue().resolved(result, list)
+}

@@ -1,0 +1,65 @@
+import HappyPathCore
+import HappyPathPolicies
+
+/// A `scope: cluster` route limit's side in the process: the script's
+/// arguments (made once), the tokens leased from Redis ahead of requests,
+/// and the local share used while Redis cannot be reached.
+final class ClusterRouteLimit: Sendable {
+    /// The bucket key's prefix: `hp:rl:{route}:`.
+    let keyPrefix: [UInt8]
+    /// ARGV for the GCRA script, as text: interval µs, capacity µs, lease, max wait µs.
+    let interval: [UInt8]
+    let capacity: [UInt8]
+    let want: [UInt8]
+    let maxWait: [UInt8]
+    let leaseSize: Int
+    private let leases: Locked<ClusterLeases>
+    private let configuration: RateLimitConfiguration
+    private let label: String
+    private let timeout: Duration
+    /// The local share for the replica count it was made for.
+    private let share: Locked<(replicas: Int, limit: RouteRateLimit)?>
+
+    init(_ configuration: RateLimitConfiguration, label: String, timeout: Duration, maxWait: Duration) {
+        self.configuration = configuration
+        self.label = label
+        self.timeout = timeout
+        keyPrefix = Array("\(ClusterScript.prefix)rl:{\(label)}:".utf8)
+        // At least 1 µs a token: the script counts in microseconds (a million a second a key at most).
+        let intervalUs = max(1, configuration.interval.nanoseconds / 1000)
+        let (cap, overflow) = intervalUs.multipliedReportingOverflow(by: Int64(max(1, configuration.burst)))
+        interval = Array(String(intervalUs).utf8)
+        capacity = Array(String(overflow ? ClusterGrant.maxMicroseconds : min(cap, ClusterGrant.maxMicroseconds)).utf8)
+        leaseSize = max(1, configuration.lease)
+        want = Array(String(leaseSize).utf8)
+        self.maxWait = Array(String(configuration.overLimit == .queue ? max(1, maxWait.nanoseconds / 1000) : 0).utf8)
+        // A lease lives as long as the fleet takes to make its tokens at full rate (1 ms to 1 s).
+        let ttl = Duration.nanoseconds(
+            min(1_000_000_000, max(1_000_000, configuration.interval.nanoseconds.multipliedReportingOverflow(by: Int64(leaseSize)).partialValue)))
+        leases = Locked(ClusterLeases(size: leaseSize, ttl: ttl, maxKeys: min(configuration.maxKeys, 100_000)))
+        share = Locked(nil)
+    }
+
+    func bucketKey(_ key: RateLimitBucketKey) -> [UInt8] { keyPrefix + Array(key.text.utf8) }
+
+    /// A token leased earlier, if one is left: the tokens left after it.
+    func takeLeased(_ key: RateLimitBucketKey, at now: Instant) -> Int? {
+        guard leaseSize > 1 else { return nil }
+        return leases.withLock { $0.take(key, at: now) }
+    }
+
+    func granted(_ n: Int, for key: RateLimitBucketKey, at now: Instant) {
+        guard n > 1 else { return }
+        leases.withLock { $0.granted(n, for: key, at: now) }
+    }
+
+    /// The local share of this limit for `replicas` replicas (made again when the count changed).
+    func localShare(replicas: Int) -> RouteRateLimit {
+        share.withLock { s in
+            if let s, s.replicas == replicas { return s.limit }
+            let limit = RouteRateLimit(ClusterShare.local(configuration, replicas: replicas), label: label, timeout: timeout)
+            s = (replicas, limit)
+            return limit
+        }
+    }
+}
