@@ -118,7 +118,7 @@ final class ClusterLink: RedisConnectionDelegate {
         case .timedOut:
             state.error(kind: "timeout")
         case .failed:
-            state.error(kind: "connection")
+            break  // the connection's loss is counted once, in `redisDown`
         }
         let share = cluster.localShare(replicas: state.replicas)
         worker.gate.decided(
@@ -219,6 +219,7 @@ final class ClusterLink: RedisConnectionDelegate {
 
     func redisDown(_ c: RedisConnection, reason: String) {
         guard c === connection else { return }
+        state.error(kind: "connection")
         state.linkDown(wasUp: wasUp, reason: reason)
         wasUp = false
     }

@@ -13,7 +13,8 @@ import Synchronization
 /// kept by a reload (`cluster` is restart-only). Shared by the workers.
 final class ClusterState: Sendable {
     let settings: ClusterConfiguration
-    /// This replica's name in the heartbeat set: `POD_NAME`, else host and pid.
+    /// This replica's name in the heartbeat set: `POD_NAME`, else host, pid
+    /// and a random suffix (two servers in one process are two replicas).
     let replicaID: String
     private let logger: Logger
     private let events: EventBus
@@ -50,7 +51,9 @@ final class ClusterState: Sendable {
         self.events = events
         self.metrics = metrics
         let env = ProcessInfo.processInfo.environment
-        replicaID = env["POD_NAME"].flatMap { $0.isEmpty ? nil : $0 } ?? "\(ProcessInfo.processInfo.hostName):\(getpid())"
+        replicaID =
+            env["POD_NAME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? "\(ProcessInfo.processInfo.hostName):\(getpid()):\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
         status = Locked(Status())
         fallbackGauge = metrics.gauge("happypath_cluster_fallback", [])
         replicasGauge = metrics.gauge("happypath_cluster_replicas", [])

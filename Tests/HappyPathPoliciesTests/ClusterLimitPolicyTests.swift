@@ -1,0 +1,81 @@
+import HappyPathCore
+import HappyPathPolicies
+import Testing
+
+/// `scope: cluster`'s pure parts: the script's answer read bounded, the
+/// leases, the local share.
+@Suite struct ClusterLimitPolicyTests {
+    static func at(_ ms: Int64) -> Instant { Instant(nanoseconds: ms * 1_000_000) }
+
+    @Test func aGrantIsReadBounded() {
+        let r = RedisReply.array([.integer(5), .integer(0), .integer(7), .integer(120_000)])
+        #expect(ClusterGrant(r, want: 10) == ClusterGrant(granted: 5, wait: .zero, remaining: 7, untilFull: .milliseconds(120)))
+        // More than asked, negative, or huge: clamped, never trapped on.
+        let hostile = RedisReply.array([.integer(.max), .integer(-5), .integer(.min), .integer(.max)])
+        let g = ClusterGrant(hostile, want: 3)
+        #expect(g?.granted == 3)
+        #expect(g?.wait == .zero)
+        #expect(g?.remaining == 0)
+        #expect(g?.untilFull == .microseconds(ClusterGrant.maxMicroseconds))
+    }
+
+    @Test(arguments: [
+        RedisReply.error("NOSCRIPT No matching script"), .integer(1), .array([.integer(1), .integer(2)]),
+        .array([.integer(1), .string([49]), .integer(0), .integer(0)]), .null,
+    ])
+    func anythingElseIsNotAGrant(_ reply: RedisReply) {
+        #expect(ClusterGrant(reply, want: 1) == nil)
+    }
+
+    @Test func leasesAreSpentThenExpire() {
+        var leases = ClusterLeases(size: 5, ttl: .milliseconds(50), maxKeys: 10)
+        let key = RateLimitBucketKey("a")
+        #expect(leases.take(key, at: Self.at(0)) == nil)
+        leases.granted(5, for: key, at: Self.at(0))
+        // One of five went to the request that asked: four left.
+        #expect(leases.take(key, at: Self.at(1)) == 3)
+        #expect(leases.take(key, at: Self.at(2)) == 2)
+        // Past its life, what is left is thrown away.
+        #expect(leases.take(key, at: Self.at(50)) == nil)
+        #expect(leases.count == 0)
+        // Another key has its own.
+        leases.granted(2, for: key, at: Self.at(60))
+        #expect(leases.take(RateLimitBucketKey("b"), at: Self.at(61)) == nil)
+        #expect(leases.take(key, at: Self.at(61)) == 0)
+        #expect(leases.take(key, at: Self.at(62)) == nil)
+    }
+
+    @Test func aLeaseOfOneKeepsNothing() {
+        var leases = ClusterLeases(size: 1, ttl: .milliseconds(50), maxKeys: 10)
+        leases.granted(1, for: RateLimitBucketKey("a"), at: Self.at(0))
+        #expect(leases.take(RateLimitBucketKey("a"), at: Self.at(0)) == nil)
+        #expect(leases.count == 0)
+    }
+
+    @Test func leasesAreBoundedByKeys() {
+        var leases = ClusterLeases(size: 3, ttl: .milliseconds(50), maxKeys: 2)
+        for (i, k) in ["a", "b", "c"].enumerated() { leases.granted(3, for: RateLimitBucketKey(k), at: Self.at(Int64(i))) }
+        #expect(leases.count == 2)
+        #expect(leases.take(RateLimitBucketKey("c"), at: Self.at(3)) == nil)
+        // Once the others expired, a new key has room again.
+        leases.granted(3, for: RateLimitBucketKey("c"), at: Self.at(100))
+        #expect(leases.take(RateLimitBucketKey("c"), at: Self.at(101)) == 1)
+    }
+
+    @Test(arguments: [(60, 1), (100, 1), (1000, 10), (50_000, 500), (10_000_000, 1000)])
+    func autoLeaseIsTenMillisecondsOfRate(_ perSecond: Int, _ lease: Int) {
+        #expect(ClusterLeases.auto(interval: .nanoseconds(1_000_000_000 / Int64(perSecond))) == lease)
+    }
+
+    @Test func theLocalShareDividesRateAndBurst() {
+        var c = RateLimitConfiguration(count: 60, period: .seconds(1), burst: 10)
+        c.scope = .cluster
+        let three = ClusterShare.local(c, replicas: 3)
+        #expect(three.interval == c.interval * 3)
+        #expect(three.burst == 3)
+        #expect(three.scope == .process)
+        let many = ClusterShare.local(c, replicas: 50)
+        #expect(many.burst == 1)
+        #expect(ClusterShare.local(c, replicas: 0).interval == c.interval)
+    }
+}
