@@ -284,7 +284,7 @@ clean:
 # and its check (a line in that test's table) are there too.
 FUZZ_SECONDS ?= 60
 FUZZ_SHORT_SECONDS ?= 10
-FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential FuzzConfig FuzzConnection FuzzOutsideValues FuzzHTTP2 FuzzHTTP2Client
+FUZZ_TARGETS := FuzzRequestParser FuzzResponseHead FuzzDifferential FuzzConfig FuzzConnection FuzzOutsideValues FuzzHTTP2 FuzzHTTP2Client FuzzRedisReply
 FUZZ_BUILD := $(SWIFT) build -c release --scratch-path .build-fuzz \
 	-Xswiftc -sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
 # $(call fuzz_run,SECONDS): builds every target, runs each SECONDS, fails if any crashed.

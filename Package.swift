@@ -147,6 +147,10 @@ let package = Package(
         .target(
             name: "FuzzHTTP2Harness", dependencies: ["HappyPathIO", "HappyPathCore"],
             path: "Tests/Support/FuzzHarnesses/FuzzHTTP2Harness"),
+        // A Redis server's random bytes through the cluster link's bounded reply reader.
+        .target(
+            name: "FuzzRedisReplyHarness", dependencies: ["HappyPathIO", "HappyPathCore"],
+            path: "Tests/Support/FuzzHarnesses/FuzzRedisReplyHarness"),
         // The proxy's own HTTP/2 client session fed an upstream's random frames, its handlers' contract checked.
         .target(
             name: "FuzzHTTP2ClientHarness", dependencies: ["HappyPathIO", "HappyPathCore"],
@@ -163,6 +167,7 @@ let package = Package(
         .executableTarget(name: "FuzzOutsideValues", dependencies: ["FuzzSupport", "FuzzOutsideValuesHarness"]),
         .executableTarget(name: "FuzzHTTP2", dependencies: ["FuzzSupport", "FuzzHTTP2Harness"]),
         .executableTarget(name: "FuzzHTTP2Client", dependencies: ["FuzzSupport", "FuzzHTTP2ClientHarness"]),
+        .executableTarget(name: "FuzzRedisReply", dependencies: ["FuzzSupport", "FuzzRedisReplyHarness"]),
 
         // Starts and stops the proxy many times in a process of its own
         // (LifecycleTests runs it): nothing may be left behind.
@@ -204,6 +209,7 @@ let package = Package(
             dependencies: [
                 "FuzzRequestParserHarness", "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness",
                 "FuzzConnectionHarness", "FuzzOutsideValuesHarness", "FuzzHTTP2Harness", "FuzzHTTP2ClientHarness",
+                "FuzzRedisReplyHarness",
             ]
         ),
         .testTarget(
@@ -229,7 +235,7 @@ if Context.environment["HAPPYPATH_BUILD"] == "tsan" {
         "FuzzResponseHeadHarness", "FuzzDifferentialHarness", "FuzzConfigHarness", "FuzzOutsideValuesHarness",
         "FuzzConnectionHarness", "FuzzHTTP2Harness", "FuzzRequestParser", "FuzzResponseHead", "FuzzConfig",
         "FuzzDifferential", "FuzzConnection", "FuzzOutsideValues", "FuzzHTTP2", "FuzzHTTP2ClientHarness",
-        "FuzzHTTP2Client",
+        "FuzzHTTP2Client", "FuzzRedisReplyHarness", "FuzzRedisReply",
     ]
     package.targets.removeAll { singleThreaded.contains($0.name) }
 }

@@ -9,6 +9,7 @@ import FuzzConfigHarness
 import FuzzConnectionHarness
 import FuzzDifferentialHarness
 import FuzzHTTP2ClientHarness
+import FuzzRedisReplyHarness
 import FuzzHTTP2Harness
 import FuzzOutsideValuesHarness
 import FuzzRequestParserHarness
@@ -26,6 +27,7 @@ let harnesses: [String: @Sendable ([UInt8]) -> String] = [
     "FuzzOutsideValues": OutsideValuesHarness.check,
     "FuzzHTTP2": HTTP2Harness.check,
     "FuzzHTTP2Client": HTTP2ClientHarness.check,
+    "FuzzRedisReply": RedisReplyHarness.check,
 ]
 
 /// Tests/FuzzSeeds, found from this file's place in the repository.

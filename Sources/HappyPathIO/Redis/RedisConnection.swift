@@ -40,7 +40,7 @@ public final class RedisConnection: LoopEventTarget {
     private var writeEvent: OpaquePointer?
     private var writeWatched = false
     private var timer: LoopEvent?
-    private var reader: UnsafeMutablePointer<redisReader>?
+    private var reader: RedisReplyReader?
     private var output: [UInt8] = []
     private var outputSent = 0
     private var handshaking = false
@@ -73,8 +73,6 @@ public final class RedisConnection: LoopEventTarget {
             endpoint.tls
             ? try HTTP2TLSClientContext(tls, host: endpoint.host, defaultCA: UpstreamClient.libcurlDefaultCA, h2: false) : nil
     }
-
-    deinit { freeReader() }
 
     public var isReady: Bool { machine.isReady }
     public var health: RedisLinkStateMachine.Health { machine.health }
@@ -150,8 +148,7 @@ public final class RedisConnection: LoopEventTarget {
     private func open() {
         output.removeAll(keepingCapacity: true)
         outputSent = 0
-        freeReader()
-        reader = hp_redis_reader_new()
+        reader = RedisReplyReader()
         if let address = HTTP2Address(host: endpoint.host, port: endpoint.port) { return connect(to: address) }
         guard let dns = loop.resolver() else { return failed("could not resolve \(endpoint.host): no resolver") }
         var hints = addrinfo()
@@ -239,11 +236,6 @@ public final class RedisConnection: LoopEventTarget {
         outputSent = 0
     }
 
-    private func freeReader() {
-        if let reader { redisReaderFree(reader) }
-        reader = nil
-    }
-
     private func watchWrite(_ on: Bool) {
         guard let writeEvent, on != writeWatched else { return }
         writeWatched = on
@@ -328,7 +320,7 @@ public final class RedisConnection: LoopEventTarget {
                 if errno == EAGAIN || errno == EWOULDBLOCK { return }
                 return failed("could not read: \(String(cString: strerror(errno)))")
             }
-            buffer.withUnsafeBytes { b in _ = redisReaderFeed(reader, b.baseAddress!.assumingMemoryBound(to: CChar.self), n) }
+            buffer.withUnsafeBytes { reader.feed(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
             guard drainReplies() else { return }
             if n < buffer.count, !(tls?.pending ?? false) { return }
         }
@@ -337,22 +329,18 @@ public final class RedisConnection: LoopEventTarget {
     /// Every complete reply the reader holds, in order. False: the connection failed.
     private func drainReplies() -> Bool {
         while let reader, fd >= 0 {
-            var raw: UnsafeMutableRawPointer?
-            guard redisReaderGetReply(reader, &raw) == REDIS_OK else {
-                let why = withUnsafeBytes(of: reader.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            switch reader.next() {
+            case let .failure(.unreadable(why)):
                 failed("an unreadable reply: \(why)")
                 return false
-            }
-            guard let raw else {
-                if hp_redis_reader_buffered(reader) > Int(HP_REDIS_MAX_BUFFERED) {
-                    failed("a reply over \(Int(HP_REDIS_MAX_BUFFERED) / 1024) KiB")
-                    return false
-                }
+            case let .failure(.tooLarge(held)):
+                failed("a reply over \(held / 1024) KiB")
+                return false
+            case .success(nil):
                 return true
+            case let .success(reply?):
+                deliver(reply)
             }
-            let reply = Self.convert(raw.assumingMemoryBound(to: redisReply.self))
-            freeReplyObject(raw)
-            deliver(reply)
         }
         return false
     }
@@ -373,29 +361,6 @@ public final class RedisConnection: LoopEventTarget {
             delegate?.redisMessage(self, channel: channel, payload: payload)
         case let .unexpected(actions):
             perform(actions)
-        }
-    }
-
-    /// hiredis's reply as a value; sizes were bounded by the reader.
-    static func convert(_ r: UnsafeMutablePointer<redisReply>) -> RedisReply {
-        let reply = r.pointee
-        func bytes() -> [UInt8] {
-            guard let str = reply.str, reply.len > 0 else { return [] }
-            return Array(UnsafeRawBufferPointer(start: str, count: reply.len).bindMemory(to: UInt8.self))
-        }
-        switch reply.type {
-        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_INTEGER: return .integer(Int64(reply.integer))
-        case REDIS_REPLY_STRING: return .string(bytes())
-        case REDIS_REPLY_ARRAY:
-            var items: [RedisReply] = []
-            items.reserveCapacity(reply.elements)
-            for i in 0..<reply.elements {
-                if let e = reply.element[i] { items.append(convert(e)) } else { items.append(.null) }
-            }
-            return .array(items)
-        default: return .null
         }
     }
 }
