@@ -159,7 +159,7 @@ struct Check: ParsableCommand {
     @Option(help: "Config file (default: config/happypath.yaml, else /etc/happypath/happypath.yaml).")
     var config: String?
 
-    @Flag(help: "Also connect to what the file names outside this machine: the PostgreSQL store (storage.url).")
+    @Flag(help: "Also connect to what the file names outside this machine: the PostgreSQL store (storage.url), Redis (cluster.redis.url).")
     var connect = false
 
     func run() throws {
@@ -178,6 +178,13 @@ struct Check: ParsableCommand {
                 }
             } catch {
                 storage.append("\(file): storage.url: \(error.message) (\(name))")
+            }
+        }
+        if connect, let cluster = configuration.cluster {
+            if let problem = ClusterProbe.problem(cluster) {
+                storage.append("\(file): cluster.redis.url: \(problem)")
+            } else {
+                print("cluster.redis.url: connected to \(cluster.redis) (the rate-limit script is loaded)")
             }
         }
         let (tlsProblems, certificateWarnings) = Self.certificateProblems(configuration)

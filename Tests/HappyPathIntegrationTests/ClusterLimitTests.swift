@@ -159,4 +159,28 @@ import Testing
         let metrics = try HTTP.request(port: a.adminPort, "/metrics").text + HTTP.request(port: b.adminPort, "/metrics").text
         #expect(metrics.contains("happypath_rate_limited_total{route=\"/limited/\",outcome=\"queued\"}"))
     }
+
+    /// `happypath check --connect` opens the link as a worker would, or
+    /// says why it cannot, never with the password.
+    @Test func checkConnectReachesRedisOrSaysWhyNot() throws {
+        let redis = try RedisServer(password: "s3cret-pw")
+        func check(_ url: String) throws -> (status: Int32, out: String, err: String) {
+            let file = FileManager.default.temporaryDirectory.appendingPathComponent("hp-\(UUID()).yaml")
+            defer { try? FileManager.default.removeItem(at: file) }
+            try Self.config(redis: url, upstream: 9, limit: "{ rate: 1/s, scope: cluster }").write(
+                to: file, atomically: true, encoding: .utf8)
+            return try runProcess(happypathBinary, ["check", "--connect", "--config", file.path], timeout: 30)
+        }
+        let ok = try check(redis.url)
+        #expect(ok.status == 0, "\(ok.err)")
+        #expect(ok.out.contains("cluster.redis.url: connected to redis://127.0.0.1:\(redis.port)/0"), "\(ok.out)")
+        let wrong = try check("redis://:not-it@127.0.0.1:\(redis.port)/0")
+        #expect(wrong.status == 1)
+        #expect(wrong.err.contains("WRONGPASS") && wrong.err.contains("check the password in cluster.redis.url"), "\(wrong.err)")
+        #expect(!wrong.err.contains("not-it"))
+        let down = try check("redis://:s3cret-pw@127.0.0.1:\(NginxUpstream.freePort())/0")
+        #expect(down.status == 1)
+        #expect(down.err.contains("could not connect"), "\(down.err)")
+        #expect(!down.err.contains("s3cret-pw") && !ok.out.contains("s3cret-pw"))
+    }
 }

@@ -45,8 +45,30 @@ public final class RedisServer: @unchecked Sendable {
         getpwnam("redis") != nil ? "redis" : "nobody"
     }
 
+    /// Every server started and not stopped, killed when the test process
+    /// exits (a test that ends while a thread still holds its server would
+    /// otherwise leave it running).
+    nonisolated(unsafe) private static var live: Set<pid_t> = []
+    private static let liveLock = NSLock()
+    private static let exitHook: Void = { atexit { RedisServer.killAll() } }()
+    private var pid: pid_t = 0
+
+    private static func killAll() {
+        liveLock.lock()
+        defer { liveLock.unlock() }
+        for pid in live { Glibc.kill(pid, SIGKILL) }
+        live.removeAll()
+    }
+
+    private func track(_ pid: pid_t, alive: Bool) {
+        Self.liveLock.lock()
+        defer { Self.liveLock.unlock() }
+        if alive { Self.live.insert(pid) } else { Self.live.remove(pid) }
+    }
+
     /// Starts the server (again, after `kill` or `stop`, empty) and waits until it answers PING.
     public func start() throws {
+        _ = Self.exitHook
         var arguments = [
             Self.binary, "--port", "\(port)", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", folder.path, "--enable-debug-command", "local", "--loglevel", "warning", "--daemonize", "no",
@@ -70,6 +92,8 @@ public final class RedisServer: @unchecked Sendable {
             guard Date() < deadline, p.isRunning else { throw PostgresServerError("redis-server did not start on port \(port)") }
             Thread.sleep(forTimeInterval: 0.02)  // the polling interval, not a wait for anything
         }
+        pid = (try? serverPID()) ?? 0
+        if pid > 0 { track(pid, alive: true) }
     }
 
     /// The server's own process id (runuser's child), from `INFO server`.
@@ -83,15 +107,21 @@ public final class RedisServer: @unchecked Sendable {
 
     /// Ends the server with SIGKILL: connections drop, everything it held is lost.
     public func kill() throws {
-        let pid = try serverPID()
+        guard pid > 0 else { throw PostgresServerError("redis-server is not running") }
         Glibc.kill(pid, SIGKILL)
+        track(pid, alive: false)
+        pid = 0
         process?.waitUntilExit()
         process = nil
     }
 
     public func stop(remove: Bool = false) {
         if let process {
-            if let pid = try? serverPID() { Glibc.kill(pid, SIGKILL) }
+            if pid > 0 {
+                Glibc.kill(pid, SIGKILL)
+                track(pid, alive: false)
+                pid = 0
+            }
             process.waitUntilExit()
             self.process = nil
         }
