@@ -15,7 +15,7 @@ RUNTIME_PACKAGES := libevent-dev libcurl4-openssl-dev libssl-dev libsqlite3-dev 
 TEST_PACKAGES := wrk curl openssl python3 python3-venv python3-matplotlib postgresql redis-server prometheus nghttp2-client chromium
 BENCH_PACKAGES := nginx haproxy caddy util-linux iproute2 valgrind linux-perf binutils
 
-.PHONY: docs-check rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
+.PHONY: docs-check rules-check all deps test-deps bench-deps build release run test unit-test swift-test check bench bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload bench-cluster deploy-check image-local loadtest loadtest-short loadtest-deliver-later soak soak-short sanitize sanitize-thread sanitize-address clean fuzz fuzz-short
 
 all: build
 
@@ -208,13 +208,15 @@ check: build
 #  bench-resilience: the policies' cost, 25% upstream 503s, 1,000 parked requests.
 #  bench-deliver-later: requests/s a deliver-later route accepts (sync full/normal),
 #    then on PostgreSQL (one proxy; two proxies on one database; over a backlog).
+#  bench-cluster: a route's rate limit counted in the process, or in Redis
+#    (scope: cluster, leases auto and of 1): requests/s, CPU per request, p50/p99.
 #  bench-overload: a 12x spike of sheddable traffic on an upstream of fixed capacity,
 #    no limit / fixed max_connections / adaptive concurrency with priorities; then the
 #    adaptive limit under a slow path, slow readers and a flood on a slow path (issue 44).
 # Shorter: make bench BENCH_ENV="REPEATS=1 MODES=pinned DURATION=5s"
 # Against an older build: BENCH_ENV="BASELINE_BIN=/path/to/old/happypath"
 BENCH_ENV ?=
-bench: bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload
+bench: bench-peers bench-counts bench-tls bench-h2 bench-grpc bench-resilience bench-deliver-later bench-overload bench-cluster
 
 bench-peers: bench-deps release
 	env $(BENCH_ENV) HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath \
@@ -222,6 +224,9 @@ bench-peers: bench-deps release
 
 bench-counts: bench-deps release
 	env $(BENCH_ENV) deploy/bench/counts.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
+
+bench-cluster: bench-deps release
+	env $(BENCH_ENV) deploy/bench/cluster.sh $$($(SWIFT) build -c release --show-bin-path)/happypath
 
 # TLS termination beside nginx (same certificate): keep-alive requests and handshakes, plain rows beside them.
 bench-tls: bench-deps release

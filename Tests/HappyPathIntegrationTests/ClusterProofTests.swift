@@ -117,6 +117,19 @@ import Testing
         // Only bob's two requests reached the upstream.
         #expect(upstream.appRequests.count == before + 2)
         #expect(upstream.appRequests.allSatisfy { !$0.head.contains("/limited/again") || $0.head.contains("bob") })
+        // A replica that starts (or reconnects) later finds the pause in Redis.
+        let late = try ProxyHarness(
+            ClusterLimitTests.config(
+                redis: redis.url, upstream: upstream.port, limit: "{ rate: 1000/s, key: header:X-Api-Key, scope: cluster }",
+                pacing: ", pacing: { on: [429], scope_429: client, while_paused: fail }"))
+        defer { late.stop() }
+        guard
+            waitUntil("the late replica caught up", {
+                let ups = try HTTP.request(port: late.adminPort, "/admin/state").json["upstreams"] as? [[String: Any]]
+                return ups?.first?["paused_clients"] as? Int == 1
+            })
+        else { return }
+        #expect(try HTTP.request(port: late.port, "/limited/again", headers: alice).status == 429)
     }
 
     @Test func redisKilledMidLoadThenBack() throws {

@@ -27,39 +27,66 @@ import Testing
         #expect(ClusterGrant(reply, want: 1) == nil)
     }
 
-    @Test func leasesAreSpentThenExpire() {
+    @Test func leasesAreSpentThenGivenBackWhenTheyExpire() {
         var leases = ClusterLeases(size: 5, ttl: .milliseconds(50), maxKeys: 10)
         let key = RateLimitBucketKey("a")
-        #expect(leases.take(key, at: Self.at(0)) == nil)
-        leases.granted(5, for: key, at: Self.at(0))
+        #expect(leases.take(key, at: Self.at(0)) == .ask(want: 5, giveBack: 0))
+        #expect(leases.answered(wanted: 5, granted: 5, for: key, at: Self.at(1)) == 0)
         // One of five went to the request that asked: four left.
-        #expect(leases.take(key, at: Self.at(1)) == 3)
-        #expect(leases.take(key, at: Self.at(2)) == 2)
-        // Past its life, what is left is thrown away.
-        #expect(leases.take(key, at: Self.at(50)) == nil)
+        #expect(leases.take(key, at: Self.at(2)) == .token(left: 3))
+        #expect(leases.take(key, at: Self.at(3)) == .token(left: 2))
+        // Past its life, what is left goes back with the next ask.
+        #expect(leases.take(key, at: Self.at(51)) == .ask(want: 5, giveBack: 2))
         #expect(leases.count == 0)
         // Another key has its own.
-        leases.granted(2, for: key, at: Self.at(60))
-        #expect(leases.take(RateLimitBucketKey("b"), at: Self.at(61)) == nil)
-        #expect(leases.take(key, at: Self.at(61)) == 0)
-        #expect(leases.take(key, at: Self.at(62)) == nil)
+        _ = leases.answered(wanted: 5, granted: 2, for: key, at: Self.at(60))
+        #expect(leases.take(RateLimitBucketKey("b"), at: Self.at(61)) == .ask(want: 5, giveBack: 0))
+        #expect(leases.take(key, at: Self.at(61)) == .token(left: 0))
+        #expect(leases.take(key, at: Self.at(62)) == .ask(want: 5, giveBack: 0))
+    }
+
+    /// Concurrent requests do not each take a lease: while one is on its
+    /// way, the others ask for one token each.
+    @Test func oneLeaseIsAskedForAtATime() {
+        var leases = ClusterLeases(size: 100, ttl: .milliseconds(10), maxKeys: 10)
+        let key = RateLimitBucketKey("a")
+        #expect(leases.take(key, at: Self.at(0)) == .ask(want: 100, giveBack: 0))
+        #expect(leases.take(key, at: Self.at(0)) == .ask(want: 1, giveBack: 0))
+        #expect(leases.take(key, at: Self.at(0)) == .ask(want: 1, giveBack: 0))
+        #expect(leases.answered(wanted: 1, granted: 1, for: key, at: Self.at(1)) == 0)
+        // Refused (or no answer): the next may ask for a lease again.
+        #expect(leases.answered(wanted: 100, granted: 0, for: key, at: Self.at(1)) == 0)
+        #expect(leases.take(key, at: Self.at(2)) == .ask(want: 100, giveBack: 0))
+        // A lease that arrives on top of a live one adds to it; on top of an expired one, gives that back.
+        #expect(leases.answered(wanted: 100, granted: 10, for: key, at: Self.at(3)) == 0)
+        #expect(leases.answered(wanted: 1, granted: 1, for: key, at: Self.at(4)) == 0)
+        #expect(leases.take(key, at: Self.at(5)) == .token(left: 8))
+        #expect(leases.answered(wanted: 100, granted: 4, for: key, at: Self.at(20)) == 8)
+        #expect(leases.take(key, at: Self.at(21)) == .token(left: 2))
     }
 
     @Test func aLeaseOfOneKeepsNothing() {
         var leases = ClusterLeases(size: 1, ttl: .milliseconds(50), maxKeys: 10)
-        leases.granted(1, for: RateLimitBucketKey("a"), at: Self.at(0))
-        #expect(leases.take(RateLimitBucketKey("a"), at: Self.at(0)) == nil)
+        #expect(leases.take(RateLimitBucketKey("a"), at: Self.at(0)) == .ask(want: 1, giveBack: 0))
+        #expect(leases.answered(wanted: 1, granted: 1, for: RateLimitBucketKey("a"), at: Self.at(0)) == 0)
+        #expect(leases.take(RateLimitBucketKey("a"), at: Self.at(0)) == .ask(want: 1, giveBack: 0))
         #expect(leases.count == 0)
     }
 
     @Test func leasesAreBoundedByKeys() {
         var leases = ClusterLeases(size: 3, ttl: .milliseconds(50), maxKeys: 2)
-        for (i, k) in ["a", "b", "c"].enumerated() { leases.granted(3, for: RateLimitBucketKey(k), at: Self.at(Int64(i))) }
+        for (i, k) in ["a", "b"].enumerated() {
+            _ = leases.take(RateLimitBucketKey(k), at: Self.at(Int64(i)))
+            #expect(leases.answered(wanted: 3, granted: 3, for: RateLimitBucketKey(k), at: Self.at(Int64(i))) == 0)
+        }
+        // A third key's lease cannot be kept: its tokens go back.
+        #expect(leases.take(RateLimitBucketKey("c"), at: Self.at(3)) == .ask(want: 3, giveBack: 0))
+        #expect(leases.answered(wanted: 3, granted: 3, for: RateLimitBucketKey("c"), at: Self.at(3)) == 2)
         #expect(leases.count == 2)
-        #expect(leases.take(RateLimitBucketKey("c"), at: Self.at(3)) == nil)
         // Once the others expired, a new key has room again.
-        leases.granted(3, for: RateLimitBucketKey("c"), at: Self.at(100))
-        #expect(leases.take(RateLimitBucketKey("c"), at: Self.at(101)) == 1)
+        _ = leases.take(RateLimitBucketKey("c"), at: Self.at(100))
+        #expect(leases.answered(wanted: 3, granted: 3, for: RateLimitBucketKey("c"), at: Self.at(100)) == 0)
+        #expect(leases.take(RateLimitBucketKey("c"), at: Self.at(101)) == .token(left: 1))
     }
 
     @Test(arguments: [(60, 1), (100, 1), (1000, 10), (50_000, 500), (10_000_000, 1000)])

@@ -30,6 +30,16 @@ OUT=$OUT/adaptive BENCH_PROFILE=adaptive PORT_BASE=$(( ${PORT_BASE:-18680} + 110
 echo "== the cost of tracing: sample_ratio 0 (no request traced) and 1 (every request)"
 OUT=$OUT/tracing0 BENCH_PROFILE=tracing0 PORT_BASE=$(( ${PORT_BASE:-18680} + 60 )) "$here/callgrind.sh" tracing0="$bin" || exit 1
 OUT=$OUT/tracing1 BENCH_PROFILE=tracing1 PORT_BASE=$(( ${PORT_BASE:-18680} + 70 )) "$here/callgrind.sh" tracing1="$bin" || exit 1
+echo "== the cost of shared limits: the shaping profile's limit with scope: process, then scope: cluster"
+echo "   (a redis-server on loopback; leases auto, 500 tokens a round trip here, and of 1, a round trip a request)"
+redis_port=$(( ${PORT_BASE:-18680} + 140 ))
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" >"$OUT/redis.log" 2>&1 & redis_pid=$!
+for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+export BENCH_REDIS=127.0.0.1:$redis_port
+OUT=$OUT/process BENCH_PROFILE=process PORT_BASE=$(( ${PORT_BASE:-18680} + 150 )) "$here/callgrind.sh" process="$bin" || { kill $redis_pid; exit 1; }
+OUT=$OUT/cluster BENCH_PROFILE=cluster PORT_BASE=$(( ${PORT_BASE:-18680} + 160 )) "$here/callgrind.sh" cluster="$bin" || { kill $redis_pid; exit 1; }
+OUT=$OUT/cluster1 BENCH_PROFILE=cluster1 PORT_BASE=$(( ${PORT_BASE:-18680} + 170 )) "$here/callgrind.sh" cluster1="$bin" || { kill $redis_pid; exit 1; }
+kill $redis_pid; wait $redis_pid 2>/dev/null
 echo "== the proxy's own HTTP/2 client: the same HTTP/1.1 requests to an h2c upstream (profile h2up, protocol: h2)"
 OUT=$OUT/h2up BENCH_PROFILE=h2up UPSTREAM_H2=1 PORT_BASE=$(( ${PORT_BASE:-18680} + 120 )) "$here/callgrind.sh" h2up="$bin" || exit 1
 echo "== HTTP/2 (h2c by prior knowledge, h2load on one connection): one stream at a time, then ten"
@@ -63,7 +73,7 @@ sys_h2, alloc_h2 = per_request(f"{out}/per-request-h2/all.tsv")
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for profile in ("shaping", "hedge", "stale", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
+for profile in ("shaping", "process", "cluster", "cluster1", "hedge", "stale", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -99,6 +109,13 @@ for label, d, f in [("system calls over HTTP/2 (h2load -c64 -m1)", sys_h2, "{:.2
 if "shaping" in instr and "happypath" in instr:
     extra = instr["shaping"] - instr["happypath"]
     print(f"| instructions with a rate limit and pacing (profile shaping) | | {instr['shaping']:,.0f} ({extra:+,.0f}) | +2,000 | {'met' if extra <= 2000 else '**short**'} |")
+if "process" in instr and "happypath" in instr:
+    extra = instr["process"] - instr["happypath"]
+    print(f"| instructions with a rate limit, scope: process (profile process) | | {instr['process']:,.0f} ({extra:+,.0f}) | | |")
+for profile, what in (("cluster", "leases auto: 500 tokens a round trip"), ("cluster1", "lease 1: a Redis round trip a request")):
+    if profile in instr and "process" in instr:
+        extra = instr[profile] - instr["process"]
+        print(f"| instructions with the same limit, scope: cluster, {what} (profile {profile}; over scope: process) | | {instr[profile]:,.0f} ({extra:+,.0f}) | | |")
 if "hedge" in instr and "happypath" in instr:
     extra = instr["hedge"] - instr["happypath"]
     print(f"| instructions with a hedge that is never due (profile hedge) | | {instr['hedge']:,.0f} ({extra:+,.0f}) | +1,000 | {'met' if extra <= 1000 else '**short**'} |")

@@ -26,6 +26,11 @@
 #     CA for `localhost`; the calls multiplexed by the proxy's own HTTP/2
 #     client) and `grpc: {}` on the route: gRPC calls passed through;
 #     BENCH_H2_CLIENT=libcurl carries protocol: h2 on libcurl instead of the proxy's own HTTP/2 client.
+#   BENCH_PROFILE=cluster / cluster1: the shaping profile's rate limit with
+#     `scope: cluster`, counted in the Redis at BENCH_REDIS (host:port),
+#     50,000/s, above what one worker serves: tokens leased `auto` (500 at a time, for 10 ms), or
+#     one at a time (`cluster1`: a Redis round trip on every request).
+#   BENCH_PROFILE=process: the same limit with `scope: process`, beside them.
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -86,6 +91,15 @@ case $profile in
     foundation_yaml "    pacing: { on: [429, 503], max_pause: 60s, while_paused: wait }" \
       "    rate_limit: { rate: 1000000000/s, burst: 1000000000, key: client_ip, over_limit: reject }" > "$cfg"
     ;;
+  process|cluster|cluster1)
+    level=warning
+    scope=process; [ "$profile" != process ] && scope=cluster
+    foundation_yaml "" "    rate_limit: { rate: 50000/s, burst: 1000000, key: client_ip, over_limit: reject, scope: ${scope} }" > "$cfg"
+    if [ "$scope" = cluster ]; then
+      lease=auto; [ "$profile" = cluster1 ] && lease=1
+      echo "cluster: { redis: { url: 'redis://${BENCH_REDIS:?BENCH_REDIS (host:port of a redis-server) is not set}/0', lease: ${lease} } }" >> "$cfg"
+    fi
+    ;;
   hedge)
     level=warning
     foundation_yaml "" "    hedge: { after: 1s }" > "$cfg"
@@ -137,7 +151,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, hedge, stale, upgrades, adaptive, h2up, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, process, cluster, cluster1, hedge, stale, upgrades, adaptive, h2up, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "$BIN" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086

@@ -42,6 +42,22 @@ public enum ClusterScript {
         return {granted, wait, left, tat - now}
         """
 
+    /// Unspent leased tokens go back to their bucket, as if never taken
+    /// (the bucket's arrival time moves back by their emission time, never
+    /// before now). KEYS[1]: the bucket. ARGV: tokens, interval µs.
+    public static let giveBack = """
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+        tat = tat - tonumber(ARGV[1]) * tonumber(ARGV[2])
+        if tat <= now then
+          redis.call('DEL', KEYS[1])
+          return 0
+        end
+        redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+        return 1
+        """
+
     /// The replica's heartbeat on the server's clock: it says it is alive,
     /// forgets replicas silent for three heartbeats, and counts the rest.
     /// KEYS[1]: the set. ARGV: replica id, heartbeat ms. Returns the count.
@@ -101,17 +117,22 @@ public struct ClusterGrant: Sendable, Equatable {
 }
 
 /// Tokens a process took from Redis ahead of its requests (`lease`), per
-/// bucket key, each lot valid for a short while: a token is spent at most
-/// `ttl` after Redis counted it, so the fleet's admissions over any window
-/// stay within the shared bound plus what the leases held at its start.
-/// What is left when a lease expires is thrown away (it under-admits,
-/// never over). Bounded: at most `maxKeys` leases are kept; beyond,
-/// expired ones go first, then the new one is not kept.
+/// bucket key, each lot valid for a short while (`ttl`). A token was
+/// counted in Redis before it is used, so leases never over-admit; what a
+/// lease has left when it expires goes back to the bucket (`Take.ask`'s
+/// `giveBack`), so idle leases do not starve the others either. One lease
+/// is asked for at a time per key: requests that find none while one is
+/// on its way ask Redis for a single token each, so a burst of concurrent
+/// requests does not take a lease each. Bounded: at most `maxKeys` leases
+/// are kept; beyond, expired ones go first, then the new one is not kept
+/// (its tokens are given back).
 public struct ClusterLeases: Sendable {
     public let size: Int
     public let ttl: Duration
     public let maxKeys: Int
     private var leases: [RateLimitBucketKey: (tokens: Int, until: Instant)] = [:]
+    /// Keys with a lease asked for and not answered yet.
+    private var asking: Set<RateLimitBucketKey> = []
 
     public init(size: Int, ttl: Duration, maxKeys: Int) {
         self.size = max(1, size)
@@ -129,28 +150,49 @@ public struct ClusterLeases: Sendable {
     /// Leases kept now.
     public var count: Int { leases.count }
 
-    /// Takes a leased token for `key`, if one is left and valid: the tokens left after it.
-    public mutating func take(_ key: RateLimitBucketKey, at now: Instant) -> Int? {
-        guard size > 1, let lease = leases[key] else { return nil }
-        guard lease.until > now, lease.tokens > 0 else {
-            leases[key] = nil
-            return nil
-        }
-        let left = lease.tokens - 1
-        if left == 0 { leases[key] = nil } else { leases[key] = (left, lease.until) }
-        return left
+    public enum Take: Sendable, Equatable {
+        /// A leased token: `left` remain in the lease.
+        case token(left: Int)
+        /// Ask Redis for `want` tokens (the lease's size, or 1 while a lease
+        /// is on its way); first give back `giveBack` tokens of a lease that expired.
+        case ask(want: Int, giveBack: Int)
     }
 
-    /// Redis granted `granted` tokens; one is used by the request that asked.
-    public mutating func granted(_ granted: Int, for key: RateLimitBucketKey, at now: Instant) {
+    public mutating func take(_ key: RateLimitBucketKey, at now: Instant) -> Take {
+        guard size > 1 else { return .ask(want: 1, giveBack: 0) }
+        var giveBack = 0
+        if let lease = leases[key] {
+            if lease.until > now, lease.tokens > 0 {
+                let left = lease.tokens - 1
+                if left == 0 { leases[key] = nil } else { leases[key] = (left, lease.until) }
+                return .token(left: left)
+            }
+            giveBack = max(0, lease.tokens)
+            leases[key] = nil
+        }
+        guard !asking.contains(key), asking.count < maxKeys else { return .ask(want: 1, giveBack: giveBack) }
+        asking.insert(key)
+        return .ask(want: size, giveBack: giveBack)
+    }
+
+    /// Redis answered an ask for `wanted` tokens with `granted` (0: refused,
+    /// or no answer); one went to the request that asked. Returns tokens
+    /// that could not be kept (to give back).
+    public mutating func answered(wanted: Int, granted: Int, for key: RateLimitBucketKey, at now: Instant) -> Int {
+        if wanted == size, size > 1 { asking.remove(key) }
         let extra = granted - 1
-        guard extra > 0 else { return }
+        guard extra > 0 else { return 0 }
         if leases[key] == nil, leases.count >= maxKeys {
             leases = leases.filter { $0.value.until > now && $0.value.tokens > 0 }
-            guard leases.count < maxKeys else { return }
+            guard leases.count < maxKeys else { return extra }
         }
-        let kept = leases[key].flatMap { $0.until > now ? $0.tokens : nil } ?? 0
+        var returned = 0
+        var kept = 0
+        if let lease = leases[key] {
+            if lease.until > now { kept = lease.tokens } else { returned = lease.tokens }
+        }
         leases[key] = (kept + extra, now + ttl)
+        return returned
     }
 }
 

@@ -23,6 +23,7 @@ final class ClusterLink: RedisConnectionDelegate {
     /// Requests waiting for Redis's answer, owned here until it comes.
     private var asking: [ObjectIdentifier: ClusterAsk] = [:]
     private let gcraSHA: [UInt8]
+    private let giveBackSHA: [UInt8]
     private static let evalsha = Array("EVALSHA".utf8)
     private static let one = Array("1".utf8)
 
@@ -35,8 +36,9 @@ final class ClusterLink: RedisConnectionDelegate {
         let tls = s.tls.map { UpstreamTLS(ca: $0.ca, verify: $0.verify, clientCert: nil, clientKey: nil) }
         connection = try RedisConnection(
             loop: worker.loop, endpoint: s.redis, timeout: s.timeout, retry: retry, clock: { clock.now() },
-            greeting: [["SCRIPT", "LOAD", ClusterScript.gcra]], tls: tls)
+            greeting: [["SCRIPT", "LOAD", ClusterScript.gcra], ["SCRIPT", "LOAD", ClusterScript.giveBack]], tls: tls)
         gcraSHA = Self.sha1Hex(ClusterScript.gcra)
+        giveBackSHA = Self.sha1Hex(ClusterScript.giveBack)
         if first {
             // Subscribing waits on nobody: a slow greeting there holds no request.
             subscriber = try RedisConnection(
@@ -76,19 +78,43 @@ final class ClusterLink: RedisConnectionDelegate {
         _ request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, cluster: ClusterRouteLimit,
         key: RateLimitBucketKey, target: String?, at now: Instant
     ) -> Verdict {
-        if let left = cluster.takeLeased(key, at: now) {
+        let want: Int
+        switch cluster.take(key, at: now) {
+        case let .token(left):
             return .decided(.pass(fields: limit.fields(remaining: left, untilFullNs: 0)), by: limit)
+        case let .ask(n, giveBack):
+            if giveBack > 0 { self.giveBack(giveBack, cluster, key) }
+            want = n
         }
-        guard connection.isReady else { return local(limit, cluster, key, at: now) }
-        let ask = ClusterAsk(link: self, request: request, route: route, limit: limit, key: key, target: target, at: now)
+        guard connection.isReady else {
+            _ = cluster.answered(wanted: want, granted: 0, for: key, at: now)
+            return local(limit, cluster, key, at: now)
+        }
+        let ask = ClusterAsk(
+            link: self, request: request, route: route, limit: limit, key: key, target: target, want: want, at: now)
         let sent = connection.send(
-            [Self.evalsha, gcraSHA, Self.one, cluster.bucketKey(key), cluster.interval, cluster.capacity, cluster.want, cluster.maxWait]
+            [
+                Self.evalsha, gcraSHA, Self.one, cluster.bucketKey(key), cluster.interval, cluster.capacity,
+                want == 1 ? ClusterRouteLimit.wantOne : cluster.wantLease, cluster.maxWait,
+            ]
         ) { [weak ask] result in ask?.answered(result) }
-        guard sent else { return local(limit, cluster, key, at: now) }
+        guard sent else {
+            _ = cluster.answered(wanted: want, granted: 0, for: key, at: now)
+            return local(limit, cluster, key, at: now)
+        }
         asking[ObjectIdentifier(ask)] = ask
         worker.shared.inFlight.add(1)
         request.observer = ask
         return .asked
+    }
+
+    /// Unspent leased tokens back to their bucket (nobody waits for the answer).
+    private func giveBack(_ tokens: Int, _ cluster: ClusterRouteLimit, _ key: RateLimitBucketKey) {
+        connection.send(
+            [Self.evalsha, giveBackSHA, Self.one, cluster.bucketKey(key), Array(String(tokens).utf8), cluster.interval]
+        ) { [state] result in
+            if case let .reply(r) = result, r.isError { state.error(kind: "reply_error") }
+        }
     }
 
     private func local(_ limit: RouteRateLimit, _ cluster: ClusterRouteLimit, _ key: RateLimitBucketKey, at now: Instant)
@@ -109,9 +135,13 @@ final class ClusterLink: RedisConnectionDelegate {
         guard let cluster = ask.limit.cluster else { return }
         switch result {
         case let .reply(reply):
-            if let grant = ClusterGrant(reply, want: cluster.leaseSize) {
+            if let grant = ClusterGrant(reply, want: ask.want) {
+                // A reserved token (a wait) is the request's own, never a lease's.
+                let leased = grant.wait == .zero ? grant.granted : 0
+                let back = cluster.answered(wanted: ask.want, granted: leased, for: ask.key, at: now)
+                if back > 0 { giveBack(back, cluster, ask.key) }
                 return worker.gate.decided(
-                    Self.decision(grant, ask.limit, cluster, key: ask.key, at: now), limit: ask.limit, request: ask.request,
+                    Self.decision(grant, ask.limit, key: ask.key), limit: ask.limit, request: ask.request,
                     route: ask.route, key: ask.key, target: ask.target, at: now)
             }
             state.error(kind: reply.isError ? "reply_error" : "bad_reply")
@@ -120,6 +150,7 @@ final class ClusterLink: RedisConnectionDelegate {
         case .failed:
             break  // the connection's loss is counted once, in `redisDown`
         }
+        _ = cluster.answered(wanted: ask.want, granted: 0, for: ask.key, at: now)
         let share = cluster.localShare(replicas: state.replicas)
         worker.gate.decided(
             share.admit(key: ask.key, at: now), limit: share, request: ask.request, route: ask.route, key: ask.key,
@@ -127,9 +158,7 @@ final class ClusterLink: RedisConnectionDelegate {
     }
 
     /// The script's grant as the gate's decision; extra tokens go to the lease.
-    static func decision(
-        _ grant: ClusterGrant, _ limit: RouteRateLimit, _ cluster: ClusterRouteLimit, key: RateLimitBucketKey, at now: Instant
-    ) -> RouteRateLimit.Decision {
+    static func decision(_ grant: ClusterGrant, _ limit: RouteRateLimit, key: RateLimitBucketKey) -> RouteRateLimit.Decision {
         let untilFull = grant.untilFull.nanoseconds
         guard grant.granted > 0 else {
             return .refuse(
@@ -146,7 +175,6 @@ final class ClusterLink: RedisConnectionDelegate {
             }
             return .wait(grant.wait, ticket: 0)
         }
-        cluster.granted(grant.granted, for: key, at: now)
         return .pass(fields: limit.fields(remaining: grant.remaining + grant.granted - 1, untilFullNs: untilFull))
     }
 
@@ -165,10 +193,43 @@ final class ClusterLink: RedisConnectionDelegate {
         let now = worker.clock.now()
         let untilMs = worker.clock.wallMilliseconds() + max(0, (until - now).nanoseconds / 1_000_000)
         let payload = Array("\(state.replicaID)\n\(upstream)\n\(status)\n\(untilMs)\n\(client ?? "")".utf8)
-        connection.send([Array("PUBLISH".utf8), Array(ClusterScript.pausesChannel.utf8), payload]) { [state] result in
+        let report: (RedisResult) -> Void = { [state] result in
             if case .reply(let r) = result, r.isError { state.error(kind: "reply_error") }
         }
+        // Kept until its end, for a replica that reconnects meanwhile (`catchUp`); then told to those listening.
+        let key = Array("\(ClusterScript.prefix)pause:{\(upstream)}:\(client ?? "")".utf8)
+        connection.send([Array("SET".utf8), key, payload, Array("PXAT".utf8), Array(String(untilMs).utf8)], report)
+        connection.send([Array("PUBLISH".utf8), Array(ClusterScript.pausesChannel.utf8), payload], report)
     }
+
+    /// The subscriber and the command link are up (again): pauses published while it was away are
+    /// read from their keys, a bounded batch at a time (at most
+    /// `catchUpRounds` × 1,000 keys), and applied as if heard.
+    private func catchUp(cursor: String = "0", round: Int = 0) {
+        guard round < Self.catchUpRounds, connection.isReady else { return }
+        connection.send(
+            [Array("SCAN".utf8), Array(cursor.utf8), Array("MATCH".utf8), Array("\(ClusterScript.prefix)pause:*".utf8),
+             Array("COUNT".utf8), Array("1000".utf8)]
+        ) { [weak self] result in
+            guard let self, case let .reply(reply) = result, let parts = reply.elements, parts.count == 2,
+                let next = parts[0].text, next.utf8.count <= 20, let keys = parts[1].elements
+            else { return }
+            let names = keys.compactMap { k -> [UInt8]? in
+                if case let .string(b) = k { return b }
+                return nil
+            }
+            if !names.isEmpty {
+                self.connection.send([Array("MGET".utf8)] + names) { [weak self] result in
+                    guard let self, case let .reply(values) = result, let items = values.elements else { return }
+                    for case let .string(payload) in items { self.heard(payload) }
+                }
+            }
+            if next != "0" { self.catchUp(cursor: next, round: round + 1) }
+        }
+    }
+
+    /// SCAN rounds at most after a reconnect (1,000 keys each asked for).
+    static let catchUpRounds = 100
 
     /// Another replica's pause: applied to this process's guard of that upstream.
     private func heard(_ payload: [UInt8]) {
@@ -212,9 +273,12 @@ final class ClusterLink: RedisConnectionDelegate {
     // MARK: - RedisConnectionDelegate
 
     func redisUp(_ c: RedisConnection, restored: Bool) {
-        guard c === connection else { return }
-        wasUp = true
-        state.linkUp()
+        if c === connection {
+            wasUp = true
+            state.linkUp()
+        }
+        // Both up (in either order): what was published while this replica could not hear.
+        if let subscriber, subscriber.health == .up, connection.isReady { catchUp() }
     }
 
     func redisDown(_ c: RedisConnection, reason: String) {
@@ -250,15 +314,18 @@ final class ClusterAsk: HTTPRequestObserver {
     let limit: RouteRateLimit
     let key: RateLimitBucketKey
     let target: String?
+    /// Tokens asked for (a lease, or one).
+    let want: Int
     let askedAt: Instant
     private(set) var gone = false
     private var abandoned = false
 
     init(
         link: ClusterLink, request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: RateLimitBucketKey,
-        target: String?, at now: Instant
+        target: String?, want: Int, at now: Instant
     ) {
         self.link = link
+        self.want = want
         self.request = request
         self.route = route
         self.limit = limit

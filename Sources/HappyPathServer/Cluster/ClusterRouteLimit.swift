@@ -10,7 +10,9 @@ final class ClusterRouteLimit: Sendable {
     /// ARGV for the GCRA script, as text: interval µs, capacity µs, lease, max wait µs.
     let interval: [UInt8]
     let capacity: [UInt8]
-    let want: [UInt8]
+    /// `want` as text: a lease's size, and one token.
+    let wantLease: [UInt8]
+    static let wantOne = Array("1".utf8)
     let maxWait: [UInt8]
     let leaseSize: Int
     private let leases: Locked<ClusterLeases>
@@ -31,7 +33,7 @@ final class ClusterRouteLimit: Sendable {
         interval = Array(String(intervalUs).utf8)
         capacity = Array(String(overflow ? ClusterGrant.maxMicroseconds : min(cap, ClusterGrant.maxMicroseconds)).utf8)
         leaseSize = max(1, configuration.lease)
-        want = Array(String(leaseSize).utf8)
+        wantLease = Array(String(leaseSize).utf8)
         self.maxWait = Array(String(configuration.overLimit == .queue ? max(1, maxWait.nanoseconds / 1000) : 0).utf8)
         // A lease lives as long as the fleet takes to make its tokens at full rate (1 ms to 1 s).
         let ttl = Duration.nanoseconds(
@@ -42,15 +44,16 @@ final class ClusterRouteLimit: Sendable {
 
     func bucketKey(_ key: RateLimitBucketKey) -> [UInt8] { keyPrefix + Array(key.text.utf8) }
 
-    /// A token leased earlier, if one is left: the tokens left after it.
-    func takeLeased(_ key: RateLimitBucketKey, at now: Instant) -> Int? {
-        guard leaseSize > 1 else { return nil }
+    /// A token leased earlier, or how many to ask Redis for (and what to give back first).
+    func take(_ key: RateLimitBucketKey, at now: Instant) -> ClusterLeases.Take {
+        guard leaseSize > 1 else { return .ask(want: 1, giveBack: 0) }
         return leases.withLock { $0.take(key, at: now) }
     }
 
-    func granted(_ n: Int, for key: RateLimitBucketKey, at now: Instant) {
-        guard n > 1 else { return }
-        leases.withLock { $0.granted(n, for: key, at: now) }
+    /// Redis answered an ask (`granted` 0: refused, or no answer): tokens to give back.
+    func answered(wanted: Int, granted: Int, for key: RateLimitBucketKey, at now: Instant) -> Int {
+        guard leaseSize > 1 else { return 0 }
+        return leases.withLock { $0.answered(wanted: wanted, granted: granted, for: key, at: now) }
     }
 
     /// The local share of this limit for `replicas` replicas (made again when the count changed).
