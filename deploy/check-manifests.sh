@@ -3,8 +3,10 @@
 # schemas (kubernetes-validate --strict: unknown fields are errors), lints the
 # YAML, checks what the schemas cannot see (where the delivery store lives: a
 # SQLite file on a volume of each pod's own, or a PostgreSQL URL from a
-# Secret; and that the objects point at one another), and checks the
-# ConfigMap's embedded config with `happypath check`.
+# Secret; that the objects point at one another; and that the Redis of
+# cluster.redis.url gets its password from a Secret and, when it is a
+# Service of these manifests, that the Service has the port and selects
+# pods), and checks the ConfigMap's embedded config with `happypath check`.
 # Usage: deploy/check-manifests.sh [path/to/happypath]
 # K8S_DIR=other/dir checks another set of manifests (the same checks).
 set -euo pipefail
@@ -69,6 +71,63 @@ def store_url(config_text):
     url = (cfg.get("storage") or {}).get("url")
     return None if url is None else str(url)
 
+def uses_store(config_text):
+    """Whether a happypath config opens a delivery store: a route delivers later (Configuration.usesStore)."""
+    cfg = yaml.safe_load(config_text) or {}
+    return any(((r or {}).get("delivery") or {}).get("mode") == "later" for r in cfg.get("routes") or [])
+
+def secret_giving(c, name):
+    """(Secret, key) of these manifests that gives container c the variable name, or None."""
+    secret = None
+    for e in c.get("env", []):
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if e.get("name") == name and ref:
+            secret = (ref["name"], ref["key"])
+    for e in c.get("envFrom", []):
+        sref = e.get("secretRef")
+        for sd in named("Secret", sref["name"]) if sref else []:
+            if name in (sd.get("stringData") or {}) or name in (sd.get("data") or {}):
+                secret = (sref["name"], name)
+    return secret
+
+def check_redis(wf, c, cm_name, config_text):
+    """cluster.redis.url: its password from a Secret, and a host named by a Service here that selects pods."""
+    cfg = yaml.safe_load(config_text) or {}
+    url = ((cfg.get("cluster") or {}).get("redis") or {}).get("url")
+    if url is None:
+        return
+    m = re.fullmatch(r"rediss?://(?:([^@/]*)@)?([^/:@]+)(?::(\d+))?(?:/.*)?", str(url).strip())
+    if not m:
+        return fail(f"ConfigMap {cm_name}: cluster.redis.url {url!r} is not redis://[:password@]host[:port][/db]")
+    credentials, host, port = m.group(1) or "", m.group(2), int(m.group(3) or 6379)
+    password = credentials.split(":", 1)[-1]
+    secrets = []
+    if password:
+        var = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", password)
+        if not var:
+            return fail(f"ConfigMap {cm_name}: cluster.redis.url has its password written in the ConfigMap;"
+                        " make it ${VAR} and put the password in a Secret")
+        secret = secret_giving(c, var.group(1))
+        if secret is None:
+            return fail(f"{wf}: cluster.redis.url's password is ${{{var.group(1)}}}, which no Secret of these manifests"
+                        " gives the container")
+        secrets.append(f"password from Secret {secret[0]} key {secret[1]}")
+    # A Redis of these manifests (host a Service's name): the Service has the port and selects pods here.
+    svc = named("Service", host.split(".")[0]) if "." not in host or ".svc" in host else []
+    if not svc:
+        if not errors:
+            print(f"cluster: Redis at {host}:{port}, not a Service of these manifests" + "".join(f", {x}" for x in secrets))
+        return
+    if not any(p.get("port") == port for p in svc[0]["spec"].get("ports", [])):
+        return fail(f"Service {svc[0]['metadata']['name']} has no port {port}, which cluster.redis.url names")
+    pods = [f"{d['kind']}/{d['metadata']['name']}" for _, d in docs if d.get("kind") in ("StatefulSet", "Deployment")
+            and matches(svc[0]["spec"].get("selector", {}), d["spec"]["template"]["metadata"].get("labels", {}))]
+    if not pods:
+        return fail(f"Service {svc[0]['metadata']['name']} (cluster.redis.url) selects the pods of no workload here")
+    if not errors:
+        print(f"cluster: Redis at {host}:{port}, Service {svc[0]['metadata']['name']} of {', '.join(pods)}"
+              + "".join(f", {x}" for x in secrets))
+
 def check_refs(wf, w, spec, labels, wname):
     """The objects that point at the workload find it."""
     if w["kind"] == "StatefulSet":
@@ -116,6 +175,7 @@ for wf, w in workloads:
     if key not in cms[0].get("data", {}):
         fail(f"{wf}: ConfigMap {cm_name} has no key {key!r} for --config {config_file}")
         continue
+    check_redis(wf, c, cm_name, cms[0]["data"][key])
     url = store_url(cms[0]["data"][key])
     if url is not None:
         # The shared store: nothing per pod; the URL (with its password) from a Secret.
@@ -124,16 +184,7 @@ for wf, w in workloads:
             fail(f"ConfigMap {cm_name}: storage.url is written in the ConfigMap; make it ${{VAR}} and put the URL in a Secret")
         else:
             name = var.group(1)
-            secret = None
-            for e in c.get("env", []):
-                ref = (e.get("valueFrom") or {}).get("secretKeyRef")
-                if e.get("name") == name and ref:
-                    secret = (ref["name"], ref["key"])
-            for e in c.get("envFrom", []):
-                sref = e.get("secretRef")
-                for sd in named("Secret", sref["name"]) if sref else []:
-                    if name in (sd.get("stringData") or {}) or name in (sd.get("data") or {}):
-                        secret = (sref["name"], name)
+            secret = secret_giving(c, name)
             if secret is None:
                 fail(f"{wf}: storage.url is ${{{name}}}, which no Secret of these manifests gives the container")
             elif not errors:
@@ -202,7 +253,9 @@ for pf, pr in objects("PrometheusRule"):
     else:
         print(f"alerts: {pf} has the {sum(len(g['rules']) for g in rules['groups'])} rules of deploy/prometheus/happypath-rules.yaml")
 
-# The compose files that run the proxy keep the store on a named volume too.
+# The compose files that run the proxy keep the store on a named volume too
+# (when their config has a route that delivers later: without one the proxy
+# opens no store).
 if k8s_dir == "deploy/k8s":
     for cf in sorted(glob.glob("deploy/compose*.yaml")):
         compose = yaml.safe_load(open(cf)) or {}
@@ -225,10 +278,13 @@ if k8s_dir == "deploy/k8s":
                 continue
             store_dir = posixpath.dirname(store)
             named_vols = compose.get("volumes") or {}
-            if not any(len(b) > 1 and b[1] == store_dir and b[0] in named_vols and not b[2:3] == ["ro"] for b in binds):
-                fail(f"{cf}: service {sname} has no writable named volume at {store_dir} (storage.path's directory)")
-            else:
+            if any(len(b) > 1 and b[1] == store_dir and b[0] in named_vols and not b[2:3] == ["ro"] for b in binds):
                 print(f"store: {cf} service {sname} keeps {store_dir} on a named volume")
+            elif not uses_store(text):
+                # Replicas of one service would share a named volume, so one without a store has none.
+                print(f"store: {cf} service {sname} opens no store (no route delivers later)")
+            else:
+                fail(f"{cf}: service {sname} has no writable named volume at {store_dir} (storage.path's directory)")
 
 for e in errors:
     print(f"deploy-check: {e}", file=sys.stderr)
@@ -245,6 +301,7 @@ import sys, yaml
 doc = yaml.safe_load(open(sys.argv[2] + "/configmap.yaml"))
 open(sys.argv[1], "w").write(doc["data"]["happypath.yaml"])
 PY
-  HAPPYPATH_STORE_URL=postgres://check@localhost/check API_CLIENT_ID=check API_CLIENT_SECRET=check "$bin" check --config "$cfg"
+  HAPPYPATH_STORE_URL=postgres://check@localhost/check API_CLIENT_ID=check API_CLIENT_SECRET=check REDIS_PASSWORD=check \
+    "$bin" check --config "$cfg"
 fi
 echo "deploy-check: ${#manifests[@]} manifests valid for Kubernetes $K8S_VERSION (strict)"

@@ -182,6 +182,7 @@ import Testing
         ("redis://127.0.0.1", RedisEndpoint(host: "127.0.0.1")),
         ("rediss://cache.example:6380/2", RedisEndpoint(tls: true, host: "cache.example", port: 6380, database: 2)),
         ("redis://:s3cret@h:1/", RedisEndpoint(host: "h", port: 1, password: Secret("s3cret"))),
+        ("redis://:a%2Fb%40c@h", RedisEndpoint(host: "h", password: Secret("a/b@c"))),
         ("redis://app:s3cret@[::1]:7000/3", RedisEndpoint(host: "::1", port: 7000, user: "app", password: Secret("s3cret"), database: 3)),
     ])
     func reads(_ text: String, _ expected: RedisEndpoint) throws {
@@ -190,7 +191,7 @@ import Testing
 
     @Test(arguments: [
         "http://redis:6379", "redis://", "redis://h:0", "redis://h:65536", "redis://h:99999999999999999999",
-        "redis://h/x", "redis://h/-1", "redis://h/99999999999", "redis://[::1", "redis://[::1]x",
+        "redis://h/x", "redis://h/-1", "redis://:50%@h", "redis://:%zz@h", "redis://h/99999999999", "redis://[::1", "redis://[::1]x",
     ])
     func refuses(_ text: String) {
         guard case .failure = RedisEndpoint.parse(text) else {

@@ -183,4 +183,32 @@ import Testing
         #expect(down.err.contains("could not connect"), "\(down.err)")
         #expect(!down.err.contains("s3cret-pw") && !ok.out.contains("s3cret-pw"))
     }
+
+    /// `rediss://`: the link speaks TLS (no ALPN), checks the server's
+    /// certificate against `tls.ca`, and refuses one it cannot verify.
+    @Test func rediss() throws {
+        let certificates = try TestCertificates()
+        let pair = try certificates.make("redis", names: ["localhost"])
+        let redis = try RedisServer(tls: (pair.cert, pair.key))
+        let tlsPort = try #require(redis.tlsPort)
+        let upstream = ScriptedUpstream(response: http(200, "ok")).started()
+        let yaml = Self.config(
+            redis: "rediss://127.0.0.1:\(tlsPort)/0", upstream: upstream.port,
+            limit: "{ rate: 1/m, burst: 1, key: route, scope: cluster }", redisExtra: ", tls: { ca: \(pair.cert) }")
+        let a = try ProxyHarness(yaml)
+        defer {
+            a.stop()
+            upstream.stop()
+        }
+        guard waitUntil("the proxy shares its limits over TLS", { Self.shared(a) }) else { return }
+        #expect(try HTTP.request(port: a.port, "/limited/1").status == 200)
+        #expect(try HTTP.request(port: a.port, "/limited/2").status == 429)
+        #expect(try redis.command(["EXISTS", "hp:rl:{/limited/}:"]).hasPrefix(":1"))
+        // Without the CA, the certificate is not trusted: the link never comes up, and says why.
+        let b = try ProxyHarness(yaml.replacingOccurrences(of: ", tls: { ca: \(pair.cert) }", with: ""))
+        defer { b.stop() }
+        guard waitUntil("the untrusting proxy is degraded", { Self.clusterMode(b) == "degraded" }) else { return }
+        let state = try HTTP.request(port: b.adminPort, "/admin/state").json["cluster"] as? [String: Any]
+        #expect((state?["reason"] as? String)?.contains("TLS") == true, "\(String(describing: state))")
+    }
 }

@@ -25,6 +25,7 @@ struct MetricsExpositionTests {
           - { address: 127.0.0.1:0, tls: { certificates: [ { cert: \(tls.cert), key: \(tls.key) } ] } }
         admin: { listen: 127.0.0.1:0 }
         storage: { path: \(store) }
+        cluster: { redis: { url: "redis://127.0.0.1:\(down)/0" } }
         upstreams:
           demo:
             endpoints: ["{{DEMO}}"]
@@ -266,7 +267,7 @@ struct MetricsExpositionTests {
                 current = nil
             }
         }
-        #expect(ruleExprs.count == 12)
+        #expect(ruleExprs.count == 13)
         for expr in ruleExprs {
             let problems = Self.unknownSelectors(expr, exported)
             #expect(problems.isEmpty, "rules: \(expr): \(problems)")

@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 start_bg taskset -c 1 "$BIN" demo-upstream --listen 127.0.0.1:$UP >"$OUT/demo.log" 2>&1; DEMO=$!
 wait_http $DEMO "the demo upstream" "http://127.0.0.1:$UP/healthz" "$OUT/demo.log"
 start_bg taskset -c 1 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" >"$OUT/redis.log" 2>&1
-poll 10 redis-cli -p "$REDIS" ping >/dev/null || { echo "redis-server did not start (see $OUT/redis.log)" >&2; exit 1; }
+poll 10 sh -c "redis-cli -p $REDIS ping >/dev/null 2>&1" || { echo "redis-server did not start (see $OUT/redis.log)" >&2; exit 1; }
 
 # The proxy's user and system CPU (the process is happypath itself: every step to it execs).
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

@@ -54,9 +54,9 @@ def line(*specs):
     y += 8
 
 
-def quantiles(metric, by, selector):
+def quantiles(metric, by, selector, qs=(0.5, 0.95, 0.99)):
     return [(f"histogram_quantile({q}, sum by ({by}le) (rate({metric}_bucket{{{selector}}}[{RI}])))",
-             f"p{int(q * 100)}" + (" {{route}}" if "route" in by else "")) for q in (0.5, 0.95, 0.99)]
+             f"p{int(q * 100)}" + (" {{route}}" if "route" in by else "")) for q in qs]
 
 
 row("Requests")
@@ -156,6 +156,34 @@ line(
      [(f"sum by (route, kind, reason) (rate(happypath_fallback_total{{{R}}}[{RI}]))", "fallback {{route}} {{kind}} {{reason}}"),
       (f"sum by (route, outcome) (rate(happypath_hedges_total{{{R}}}[{RI}]))", "hedge {{route}} {{outcome}}")],
      {"unit": "reqps"}),
+)
+
+row("Cluster (Redis)")
+line(
+    ("Fallback: deciding without Redis",
+     "Per instance: 0 while its scope: cluster rate limits count in Redis (cluster.redis), 1 while it decides alone "
+     "with its local share (Redis cannot be reached, or it is still connecting after a start). "
+     "The HappypathClusterDegraded alert fires after 5 minutes at 1.",
+     [(f"max by (instance) (happypath_cluster_fallback{{{J}}})", "{{instance}}")],
+     {"extra": {"min": 0, "max": 1, "mappings": [{"type": "value", "options": {
+         "0": {"text": "shared", "color": "green"}, "1": {"text": "alone", "color": "red"}}}]}}),
+    ("Replicas seen",
+     "Live replicas each instance's last heartbeat counted in Redis, beside the instances Prometheus scrapes: the two "
+     "agree within three heartbeats of a replica starting or stopping. While Redis cannot be reached, a replica admits "
+     "its scope: cluster limits divided by this count (1, the whole limit, if it never reached Redis since it started).",
+     [(f"max by (instance) (happypath_cluster_replicas{{{J}}})", "{{instance}}"),
+      (f"count(happypath_cluster_replicas{{{J}}})", "instances scraped")]),
+)
+line(
+    ("Redis round trip (p50, p99)",
+     "From a scope: cluster rate-limit decision sent to Redis to its answer; one that took longer than "
+     "cluster.redis.timeout (50ms by default) counts at the timeout, and its request was decided by the local share.",
+     quantiles("happypath_cluster_redis_rtt_seconds", "", J, qs=(0.5, 0.99)), {"unit": "s"}),
+    ("Redis errors per second by kind",
+     "Commands to Redis that failed: timeout (no answer within cluster.redis.timeout), connection (the link failed "
+     "with the command in flight), reply_error (Redis answered an error, such as OOM when it is full), "
+     "bad_reply (an answer the proxy could not read). A rate-limit decision that failed was made by the local share.",
+     [(f"sum by (instance, kind) (rate(happypath_cluster_redis_errors_total{{{J}}}[{RI}]))", "{{instance}} {{kind}}")]),
 )
 
 row("Deliver later")

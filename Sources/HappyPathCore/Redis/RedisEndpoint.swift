@@ -50,19 +50,54 @@ public struct RedisEndpoint: Sendable, Equatable, CustomStringConvertible {
         if let at = rest.lastIndex(of: "@") {
             let credentials = rest[..<at]
             rest = rest[rest.index(after: at)...]
-            if let colon = credentials.firstIndex(of: ":") {
-                let u = credentials[..<colon]
-                user = u.isEmpty ? nil : String(u)
-                let p = credentials[credentials.index(after: colon)...]
-                password = p.isEmpty ? nil : Secret(String(p))
-            } else if !credentials.isEmpty {
-                password = Secret(String(credentials))
+            // As in any URL, a reserved character in them is written %XX (a `/` as %2F).
+            let (u, p): (Substring, Substring) =
+                if let colon = credentials.firstIndex(of: ":") {
+                    (credentials[..<colon], credentials[credentials.index(after: colon)...])
+                } else {
+                    ("", credentials)
+                }
+            guard let name = percentDecoded(u), let secret = percentDecoded(p) else {
+                return .failure(RedisEndpointError("has a % in its user or password that is not %XX (two hex digits)"))
             }
+            user = name.isEmpty ? nil : name
+            password = secret.isEmpty ? nil : Secret(secret)
         }
         guard let (host, port) = hostAndPort(rest) else {
             return .failure(RedisEndpointError("needs host[:port] with a port from 1 to 65535 (got \"\(rest.prefix(80))\")"))
         }
         return .success(RedisEndpoint(tls: tls, host: host, port: port, user: user, password: password, database: database))
+    }
+
+    /// `%XX` decoded (nil: a `%` not followed by two hex digits).
+    static func percentDecoded(_ text: Substring) -> String? {
+        var bytes: [UInt8] = []
+        var i = text.utf8.startIndex
+        let utf8 = text.utf8
+        while i < utf8.endIndex {
+            let b = utf8[i]
+            guard b == UInt8(ascii: "%") else {
+                bytes.append(b)
+                i = utf8.index(after: i)
+                continue
+            }
+            let h = utf8.index(after: i)
+            guard h < utf8.endIndex, utf8.index(after: h) < utf8.endIndex,
+                let hi = hex(utf8[h]), let lo = hex(utf8[utf8.index(after: h)])
+            else { return nil }
+            bytes.append(hi << 4 | lo)
+            i = utf8.index(h, offsetBy: 2)
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    private static func hex(_ b: UInt8) -> UInt8? {
+        switch b {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): b - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): b - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): b - UInt8(ascii: "A") + 10
+        default: nil
+        }
     }
 
     private static func hostAndPort(_ text: Substring) -> (String, Int)? {

@@ -84,6 +84,12 @@ enum MetricHelp {
         "happypath_delivery_store_write_seconds": "Time from a request handed to the delivery store to its durable commit.",
         "happypath_delivery_store_bytes": "Bytes the delivery store holds that count against storage.max_bytes.",
         "happypath_delivery_store_max_bytes": "storage.max_bytes: bytes the delivery store holds at most.",
+        "happypath_cluster_fallback":
+            "1 while this replica decides its scope: cluster rate limits without Redis (its local share), 0 while they are shared.",
+        "happypath_cluster_replicas": "Replicas alive as the last cluster heartbeat counted them.",
+        "happypath_cluster_redis_rtt_seconds": "Round trip of a scope: cluster rate-limit decision through Redis.",
+        "happypath_cluster_redis_errors_total":
+            "Errors talking to Redis by kind: timeout, connection (once an outage), reply_error, bad_reply.",
         "happypath_hedges_total": "Hedged tries by route and outcome (won, lost, skipped).",
         "happypath_fallback_total": "Answers a route's fallback gave instead of an error, by route, kind and reason.",
         "happypath_http2_connections": "HTTP/2 client connections open now.",

@@ -25,6 +25,12 @@ final class ProxyMetrics: Sendable {
             .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),
             .microseconds(2_500_000), .seconds(5), .seconds(10), .seconds(30),
         ]
+        // A Redis round trip on loopback or in a zone takes a fraction of a millisecond.
+        factory.durationHistogramBuckets["happypath_cluster_redis_rtt_seconds"] = [
+            .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2),
+            .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100),
+            .milliseconds(250), .seconds(1),
+        ]
         // The store's commits take milliseconds: finer buckets there.
         factory.durationHistogramBuckets["happypath_delivery_store_write_seconds"] = [
             .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(3),

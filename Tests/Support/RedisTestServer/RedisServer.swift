@@ -14,6 +14,8 @@ import PostgresTestServer
 public final class RedisServer: @unchecked Sendable {
     public let folder: URL
     public let port: Int
+    /// The TLS port, when started with a certificate (`rediss://`); `port` stays plain.
+    public let tlsPort: Int?
     private let password: String?
     private var process: Process?
     private let user: String?
@@ -23,7 +25,9 @@ public final class RedisServer: @unchecked Sendable {
         return "redis://127.0.0.1:\(port)/0"
     }
 
-    public init(password: String? = nil) throws {
+    /// `tls`: a certificate and key (PEM) to serve TLS with on `tlsPort`,
+    /// beside the plain `port` (client certificates are not asked for).
+    public init(password: String? = nil, tls: (cert: String, key: String)? = nil) throws {
         guard access(Self.binary, X_OK) == 0 else {
             throw PostgresServerError("no redis-server here (Debian: apt-get install redis-server)")
         }
@@ -33,6 +37,17 @@ public final class RedisServer: @unchecked Sendable {
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         if let user { _ = try PostgresServer.run("/bin/chown", [user, folder.path]) }
         port = PostgresServer.freePort()
+        if let tls {
+            // Copies the server's user can read.
+            for (from, name) in [(tls.cert, "tls.crt"), (tls.key, "tls.key")] {
+                let to = folder.appendingPathComponent(name)
+                try FileManager.default.copyItem(atPath: from, toPath: to.path)
+                if let user { _ = try PostgresServer.run("/bin/chown", [user, to.path]) }
+            }
+            tlsPort = PostgresServer.freePort()
+        } else {
+            tlsPort = nil
+        }
         try start()
     }
 
@@ -74,6 +89,12 @@ public final class RedisServer: @unchecked Sendable {
             "--dir", folder.path, "--enable-debug-command", "local", "--loglevel", "warning", "--daemonize", "no",
         ]
         if let password { arguments += ["--requirepass", password] }
+        if let tlsPort {
+            arguments += [
+                "--tls-port", "\(tlsPort)", "--tls-cert-file", folder.appendingPathComponent("tls.crt").path,
+                "--tls-key-file", folder.appendingPathComponent("tls.key").path, "--tls-auth-clients", "no",
+            ]
+        }
         let p = Process()
         if let user {
             p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
