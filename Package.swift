@@ -216,7 +216,7 @@ let package = Package(
             name: "HappyPathIntegrationTests",
             dependencies: [
                 "HappyPathServer", "HappyPathConfig", "HappyPathCore", "HappyPathIO", "HappyPathDemo", "HappyPathStore",
-                "HappyPathAdmin", "SmallDisk", "PostgresTestServer", "RedisTestServer", .product(name: "Logging", package: "swift-log"),
+                "HappyPathAdmin", "HappyPathPolicies", "SmallDisk", "PostgresTestServer", "RedisTestServer", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

@@ -1,6 +1,7 @@
 import Foundation
 import HappyPathConfig
 import HappyPathCore
+import HappyPathPolicies
 import RedisTestServer
 import Testing
 
@@ -31,6 +32,9 @@ import Testing
             upstream: u
         """
     }
+
+    /// The Redis key of `/limited/`'s one bucket (`key: route`): the route, then the key's digest.
+    static let routeBucket = String(decoding: ClusterScript.bucketKey(route: "/limited/", key: RateLimitBucketKey("")), as: UTF8.self)
 
     /// `/admin/state`'s cluster mode.
     static func clusterMode(_ h: ProxyHarness) -> String? {
@@ -67,7 +71,7 @@ import Testing
         }
         #expect(upstream.appRequests.count == 3)
         // The bucket is in Redis, under the route's key, and expires.
-        let ttl = try redis.command(["PTTL", "hp:rl:{/limited/}:"])
+        let ttl = try redis.command(["PTTL", Self.routeBucket])
         #expect(ttl.hasPrefix(":"), "PTTL \(ttl)")
         #expect((Int(ttl.dropFirst().split(separator: "\r\n").first ?? "") ?? 0) > 60_000, "PTTL \(ttl)")
     }
@@ -203,7 +207,7 @@ import Testing
         guard waitUntil("the proxy shares its limits over TLS", { Self.shared(a) }) else { return }
         #expect(try HTTP.request(port: a.port, "/limited/1").status == 200)
         #expect(try HTTP.request(port: a.port, "/limited/2").status == 429)
-        #expect(try redis.command(["EXISTS", "hp:rl:{/limited/}:"]).hasPrefix(":1"))
+        #expect(try redis.command(["EXISTS", Self.routeBucket]).hasPrefix(":1"))
         // Without the CA, the certificate is not trusted: the link never comes up, and says why.
         let b = try ProxyHarness(yaml.replacingOccurrences(of: ", tls: { ca: \(pair.cert) }", with: ""))
         defer { b.stop() }

@@ -114,6 +114,10 @@ import Testing
             #expect((2...3).contains(Int(held.header("Retry-After") ?? "") ?? 0), "until the same instant")
             #expect(try HTTP.request(port: h.port, "/limited/again", headers: bob).status == 200, "bob is not")
         }
+        // Redis holds the pause, and the buckets, under the keys' digests: never an API key.
+        let keys = try redis.command(["KEYS", "hp:*"])
+        #expect(keys.contains("hp:pause:{u}:#") && keys.contains("hp:rl:{/limited/}:"), "\(keys)")
+        #expect(!keys.contains("alice") && !keys.contains("bob"), "\(keys)")
         // Only bob's two requests reached the upstream.
         #expect(upstream.appRequests.count == before + 2)
         #expect(upstream.appRequests.allSatisfy { !$0.head.contains("/limited/again") || $0.head.contains("bob") })
@@ -160,7 +164,7 @@ import Testing
         guard waitUntil("both proxies share again", { all.allSatisfy { Self.shared($0, replicas: 2) } }) else { return }
         #expect(Self.seconds(since: back) < 5)
         #expect(try HTTP.request(port: all[1].port, "/limited/y").status != 0)
-        #expect(try redis.command(["EXISTS", "hp:rl:{/limited/}:"]).hasPrefix(":1"), "the bucket is in Redis again")
+        #expect(try redis.command(["EXISTS", ClusterLimitTests.routeBucket]).hasPrefix(":1"), "the bucket is in Redis again")
         let page = try HTTP.request(port: all[0].adminPort, "/status").text
         #expect(page.contains("cluster: shared"))
     }

@@ -89,6 +89,7 @@ import Testing
         }
         let small = stored([HTTPField(name: "A", value: "1")])
         let large = stored([HTTPField(name: "A", value: String(repeating: "1", count: 10_000))])
-        #expect(large - small >= 9_999, "\(small) \(large)")
+        // Counted by capacity, which malloc rounds up as it likes: a small answer's may be a few dozen bytes more.
+        #expect(large - small >= 9_999 - 64, "\(small) \(large)")
     }
 }

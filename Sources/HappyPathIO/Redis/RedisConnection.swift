@@ -41,12 +41,19 @@ public final class RedisConnection: LoopEventTarget {
     private var writeWatched = false
     private var timer: LoopEvent?
     private var reader: RedisReplyReader?
+    /// Where replies are read into, made once (zeroing a fresh buffer each read cost more than the read).
+    private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: RedisConnection.readSize, alignment: 16)
     private var output: [UInt8] = []
     private var outputSent = 0
     private var handshaking = false
     private var resolving: OpaquePointer?
     private var resolvedAlready = false
     private var nextID: UInt64 = 1
+    /// Inside `send`: a failure waits for the timer (`deferredFailure`).
+    private var sending = false
+    private var deferredFailure: String?
+    /// Connect attempts made: a name's resolution answered for an older one is ignored.
+    private var attempt: UInt64 = 0
     private var waiting: [UInt64: (RedisResult) -> Void] = [:]
 
     /// - Parameters:
@@ -74,6 +81,8 @@ public final class RedisConnection: LoopEventTarget {
             ? try HTTP2TLSClientContext(tls, host: endpoint.host, defaultCA: UpstreamClient.libcurlDefaultCA, h2: false) : nil
     }
 
+    deinit { readBuffer.deallocate() }
+
     public var isReady: Bool { machine.isReady }
     public var health: RedisLinkStateMachine.Health { machine.health }
     /// Commands waiting for their reply.
@@ -98,10 +107,20 @@ public final class RedisConnection: LoopEventTarget {
             waiting[id] = completion
             append(arguments)
             if let arm { armTimer(arm) }
+            // A write that fails here fails the connection on the timer's next
+            // pass: no completion runs inside `send`, before its caller has
+            // booked what it sent.
+            sending = true
             flush()
+            sending = false
             return true
         }
     }
+
+    /// Fails the connection (and every command in flight) now: the server
+    /// answered something that says this connection is not the one the link
+    /// set up (a script cache emptied under it). It connects again after `retry`.
+    public func drop(_ reason: String) { failed(reason) }
 
     /// Closes the link for good: commands in flight fail ("the link was closed").
     public func close() {
@@ -113,7 +132,13 @@ public final class RedisConnection: LoopEventTarget {
         timer = nil
     }
 
-    public func loopEventFired(_ event: LoopEvent) { perform(machine.timerFired(at: clock())) }
+    public func loopEventFired(_ event: LoopEvent) {
+        if let reason = deferredFailure {
+            deferredFailure = nil
+            return failed(reason)
+        }
+        perform(machine.timerFired(at: clock()))
+    }
 
     // MARK: - Actions
 
@@ -131,7 +156,13 @@ public final class RedisConnection: LoopEventTarget {
             case let .fail(ids, reason):
                 for id in ids { waiting.removeValue(forKey: id)?(.failed(reason)) }
             case let .up(restored): delegate?.redisUp(self, restored: restored)
-            case let .down(reason): delegate?.redisDown(self, reason: "\(endpoint.address): \(reason)")
+            case let .down(reason):
+                // A server that echoed the AUTH command in its refusal must not put the password in a log.
+                var said = "\(endpoint.address): \(reason)"
+                if let password = endpoint.password?.reveal, !password.isEmpty {
+                    said = said.replacing(password, with: "***")
+                }
+                delegate?.redisDown(self, reason: said)
             }
         }
     }
@@ -141,11 +172,18 @@ public final class RedisConnection: LoopEventTarget {
         timer?.arm(after: at > now ? at - now : .zero)
     }
 
-    private func failed(_ reason: String) { perform(machine.failed(reason, at: clock())) }
+    private func failed(_ reason: String) {
+        guard !sending else {
+            deferredFailure = deferredFailure ?? reason
+            return armTimer(clock())
+        }
+        perform(machine.failed(reason, at: clock()))
+    }
 
     // MARK: - Connecting
 
     private func open() {
+        attempt &+= 1
         output.removeAll(keepingCapacity: true)
         outputSent = 0
         reader = RedisReplyReader()
@@ -156,17 +194,19 @@ public final class RedisConnection: LoopEventTarget {
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_flags = EVUTIL_AI_ADDRCONFIG
         resolvedAlready = false
-        // Retained until the callback runs (it runs once, also when cancelled).
-        let me = Unmanaged.passRetained(self).toOpaque()
+        // Retained until the callback runs (it runs once, also when cancelled), with the attempt it is for.
+        let me = Unmanaged.passRetained(Resolution(self, attempt: attempt)).toOpaque()
         let request = evdns_getaddrinfo(dns, endpoint.host, String(endpoint.port), &hints, redisResolvedCallback, me)
         if !resolvedAlready { resolving = request }
     }
 
-    fileprivate func resolved(_ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?) {
+    fileprivate func resolved(_ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?, attempt: UInt64) {
+        defer { if let list { evutil_freeaddrinfo(list) } }
+        // An answer for an attempt that failed since (it took longer than the timeout) opens nothing.
+        guard attempt == self.attempt else { return }
         resolving = nil
         resolvedAlready = true
-        defer { if let list { evutil_freeaddrinfo(list) } }
-        guard machine.state == .connecting else { return }
+        guard machine.state == .connecting, fd < 0 else { return }
         guard result == 0 else {
             return failed("could not resolve \(endpoint.host): \(String(cString: evutil_gai_strerror(result)))")
         }
@@ -181,12 +221,20 @@ public final class RedisConnection: LoopEventTarget {
     }
 
     private func connect(to address: HTTP2Address) {
+        if fd >= 0 { closeSocket() }
         fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return failed(String(cString: strerror(errno))) }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        // A subscriber only reads: keepalive notices a peer that vanished.
+        // A subscriber only reads: keepalive notices a peer that vanished
+        // without a word (10 s idle, then 3 probes 5 s apart), not after the system's two hours.
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, socklen_t(MemoryLayout<Int32>.size))
+        var idle: Int32 = 10
+        var interval: Int32 = 5
+        var count: Int32 = 3
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_KEEPIDLE, &idle, socklen_t(MemoryLayout<Int32>.size))
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_KEEPINTVL, &interval, socklen_t(MemoryLayout<Int32>.size))
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_KEEPCNT, &count, socklen_t(MemoryLayout<Int32>.size))
         let rc = address.withSockaddr { Glibc.connect(fd, $0, $1) }
         let connectError = errno
         // Alive: the owner holds this connection until `close`, which frees both events first.
@@ -222,6 +270,9 @@ public final class RedisConnection: LoopEventTarget {
     }
 
     private func closeSocket() {
+        // A lookup still running belongs to an attempt that is over.
+        if let resolving { evdns_getaddrinfo_cancel(resolving) }
+        resolving = nil
         if let readEvent { event_free(readEvent) }
         if let writeEvent { event_free(writeEvent) }
         readEvent = nil
@@ -245,28 +296,31 @@ public final class RedisConnection: LoopEventTarget {
     // MARK: - Writing
 
     private func append(_ arguments: [[UInt8]]) {
-        // `*N\r\n` then `$len\r\narg\r\n` each: hiredis's formatter, as the argv call.
-        var pointers: [UnsafePointer<CChar>?] = []
+        // hiredis's formatter (`*N\r\n` then `$len\r\narg\r\n` each), given
+        // pointers into one copy of the arguments: one allocation, not one each.
+        var joined: [UInt8] = []
+        joined.reserveCapacity(arguments.reduce(0) { $0 + $1.count })
         var lengths: [Int] = []
-        pointers.reserveCapacity(arguments.count)
         lengths.reserveCapacity(arguments.count)
-        let copies = arguments.map { bytes -> UnsafeMutablePointer<CChar> in
-            let p = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, bytes.count))
-            bytes.withUnsafeBufferPointer { b in
-                if let base = b.baseAddress { UnsafeMutableRawPointer(p).copyMemory(from: base, byteCount: b.count) }
+        for argument in arguments {
+            joined.append(contentsOf: argument)
+            lengths.append(argument.count)
+        }
+        joined.withUnsafeBufferPointer { all in
+            let base = UnsafeRawPointer(all.baseAddress ?? UnsafePointer(bitPattern: 1)!)
+            var pointers: [UnsafePointer<CChar>?] = []
+            pointers.reserveCapacity(arguments.count)
+            var at = 0
+            for length in lengths {
+                pointers.append((base + at).assumingMemoryBound(to: CChar.self))
+                at += length
             }
-            return p
+            var command: UnsafeMutablePointer<CChar>?
+            let n = redisFormatCommandArgv(&command, Int32(arguments.count), &pointers, lengths)
+            guard n > 0, let command else { return }
+            UnsafeRawBufferPointer(start: command, count: Int(n)).withMemoryRebound(to: UInt8.self) { output.append(contentsOf: $0) }
+            redisFreeCommand(command)
         }
-        defer { for p in copies { p.deallocate() } }
-        for (p, bytes) in zip(copies, arguments) {
-            pointers.append(UnsafePointer(p))
-            lengths.append(bytes.count)
-        }
-        var command: UnsafeMutablePointer<CChar>?
-        let n = redisFormatCommandArgv(&command, Int32(arguments.count), &pointers, lengths)
-        guard n > 0, let command else { return }
-        UnsafeRawBufferPointer(start: command, count: Int(n)).withMemoryRebound(to: UInt8.self) { output.append(contentsOf: $0) }
-        redisFreeCommand(command)
     }
 
     private func flush() {
@@ -300,6 +354,8 @@ public final class RedisConnection: LoopEventTarget {
         }
         if handshaking { return stepHandshake() }
         flush()
+        // A TLS read that needed the socket writable (a key update while the send buffer was full) goes on now.
+        if tls?.readWantsWrite == true { readable() }
     }
 
     // MARK: - Reading
@@ -310,20 +366,24 @@ public final class RedisConnection: LoopEventTarget {
     fileprivate func readable() {
         if handshaking { return stepHandshake() }
         guard fd >= 0, let reader else { return }
-        var buffer = [UInt8](repeating: 0, count: Self.readSize)
+        let buffer = readBuffer
         for _ in 0..<4 {
-            let n = buffer.withUnsafeMutableBytes { b in
-                tls.map { $0.read(b.baseAddress!, b.count) } ?? Glibc.recv(fd, b.baseAddress!, b.count, 0)
-            }
+            let n = tls.map { $0.read(buffer.baseAddress!, buffer.count) } ?? Glibc.recv(fd, buffer.baseAddress!, buffer.count, 0)
             if n == 0 { return failed("the server closed the connection") }
             if n < 0 {
-                if errno == EAGAIN || errno == EWOULDBLOCK { return }
+                if errno == EAGAIN || errno == EWOULDBLOCK {
+                    if tls?.readWantsWrite == true { watchWrite(true) }
+                    return
+                }
                 return failed("could not read: \(String(cString: strerror(errno)))")
             }
-            buffer.withUnsafeBytes { reader.feed(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            reader.feed(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
             guard drainReplies() else { return }
             if n < buffer.count, !(tls?.pending ?? false) { return }
         }
+        // Four reads in a turn: what is left (in the socket, or decrypted inside
+        // TLS where the socket will not say so) is read on the next turn.
+        if fd >= 0, let readEvent { event_active(readEvent, Int32(EV_READ), 0) }
     }
 
     /// Every complete reply the reader holds, in order. False: the connection failed.
@@ -373,6 +433,17 @@ private func redisWriteCallback(_: Int32, _: Int16, _ arg: UnsafeMutableRawPoint
     Unmanaged<RedisConnection>.fromOpaque(arg!).takeUnretainedValue().writable()
 }
 
+/// A name lookup's context: the connection (retained until the answer) and the attempt it is for.
+private final class Resolution {
+    let connection: RedisConnection
+    let attempt: UInt64
+    init(_ connection: RedisConnection, attempt: UInt64) {
+        self.connection = connection
+        self.attempt = attempt
+    }
+}
+
 private func redisResolvedCallback(_ result: Int32, _ list: UnsafeMutablePointer<addrinfo>?, _ arg: UnsafeMutableRawPointer?) {
-    Unmanaged<RedisConnection>.fromOpaque(arg!).takeRetainedValue().resolved(result, list)
+    let resolution = Unmanaged<Resolution>.fromOpaque(arg!).takeRetainedValue()
+    resolution.connection.resolved(result, list, attempt: resolution.attempt)
 }

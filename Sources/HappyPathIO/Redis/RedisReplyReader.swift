@@ -3,14 +3,24 @@ import HappyPathCore
 
 /// Replies read from a Redis server's bytes: hiredis's reader with the
 /// bounds of `CRedis` (at most 1,024 elements an array, 64 KiB a string,
-/// 1 MiB buffered for a reply not complete yet). Anything else is an
+/// 16,384 values and 4 MiB of strings a reply however it nests, 1 MiB
+/// buffered for a reply not complete yet). Anything else is an
 /// error, and the connection that fed it is given up; nothing is sized
 /// by the peer. Fuzzed (`FuzzRedisReply`).
 public final class RedisReplyReader {
     private let reader: UnsafeMutablePointer<redisReader>
+    /// What the reply being read has taken of its bounds (`HP_REDIS_MAX_NODES`, `_REPLY_BYTES`).
+    private let budget = UnsafeMutablePointer<hp_redis_budget>.allocate(capacity: 1)
 
-    public init() { reader = hp_redis_reader_new() }
-    deinit { redisReaderFree(reader) }
+    public init() {
+        reader = hp_redis_reader_new()
+        budget.initialize(to: hp_redis_budget(nodes: 0, bytes: 0))
+    }
+
+    deinit {
+        redisReaderFree(reader)
+        budget.deallocate()
+    }
 
     public enum Failure: Error, Equatable {
         /// What hiredis said of the bytes.
@@ -32,7 +42,7 @@ public final class RedisReplyReader {
     /// The next complete reply (nil: more bytes are needed).
     public func next() -> Result<RedisReply?, Failure> {
         var raw: UnsafeMutableRawPointer?
-        guard redisReaderGetReply(reader, &raw) == REDIS_OK else {
+        guard hp_redis_reader_get(reader, &raw, budget) == REDIS_OK else {
             let why = withUnsafeBytes(of: reader.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
             return .failure(.unreadable(why))
         }

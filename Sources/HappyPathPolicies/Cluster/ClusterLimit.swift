@@ -42,22 +42,6 @@ public enum ClusterScript {
         return {granted, wait, left, tat - now}
         """
 
-    /// Unspent leased tokens go back to their bucket, as if never taken
-    /// (the bucket's arrival time moves back by their emission time, never
-    /// before now). KEYS[1]: the bucket. ARGV: tokens, interval µs.
-    public static let giveBack = """
-        local t = redis.call('TIME')
-        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-        tat = tat - tonumber(ARGV[1]) * tonumber(ARGV[2])
-        if tat <= now then
-          redis.call('DEL', KEYS[1])
-          return 0
-        end
-        redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now) / 1000) + 1)
-        return 1
-        """
-
     /// The replica's heartbeat on the server's clock: it says it is alive,
     /// forgets replicas silent for three heartbeats, and counts the rest.
     /// KEYS[1]: the set. ARGV: replica id, heartbeat ms. Returns the count.
@@ -78,10 +62,31 @@ public enum ClusterScript {
     public static let replicasKey = "hp:replicas"
 
     /// A route's bucket for `key`: the route's label in a hash tag (one
-    /// route's keys on one Redis Cluster slot), then the key as the process
-    /// limiter keeps it (at most 64 bytes, or its digest).
+    /// route's keys on one Redis Cluster slot), then the key's digest.
     public static func bucketKey(route: String, key: RateLimitBucketKey) -> [UInt8] {
-        Array("\(prefix)rl:{\(route)}:\(key.text)".utf8)
+        Array("\(prefix)rl:{\(route)}:".utf8) + digest(key.text)
+    }
+
+    /// What Redis is told of a client's key (a rate limit's, a pause's):
+    /// its SHA-256, the first 128 bits in hex. Every replica computes the
+    /// same; nobody reading Redis learns an API key from it.
+    /// The digest as a pause's client key: `#` and the hex digest (no
+    /// client key of this replica's own starts with `#`).
+    public static func heardKey(_ text: String) -> String { "#" + String(decoding: digest(text), as: UTF8.self) }
+
+    public static func digest(_ text: String) -> [UInt8] {
+        var hasher = SHA256()
+        var text = text
+        text.withUTF8 { hasher.update(UnsafeRawBufferPointer($0)) }
+        let d = hasher.finish()
+        let hex = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(32)
+        for b in d.prefix(16) {
+            out.append(hex[Int(b >> 4)])
+            out.append(hex[Int(b & 15)])
+        }
+        return out
     }
 }
 
@@ -117,15 +122,18 @@ public struct ClusterGrant: Sendable, Equatable {
 }
 
 /// Tokens a process took from Redis ahead of its requests (`lease`), per
-/// bucket key, each lot valid for a short while (`ttl`). A token was
-/// counted in Redis before it is used, so leases never over-admit; what a
-/// lease has left when it expires goes back to the bucket (`Take.ask`'s
-/// `giveBack`), so idle leases do not starve the others either. One lease
-/// is asked for at a time per key: requests that find none while one is
-/// on its way ask Redis for a single token each, so a burst of concurrent
-/// requests does not take a lease each. Bounded: at most `maxKeys` leases
-/// are kept; beyond, expired ones go first, then the new one is not kept
-/// (its tokens are given back).
+/// bucket key. A token was counted in Redis before it is used, and a
+/// process holds at most one lease's tokens per key, so over any window the
+/// fleet admits at most the shared bound plus one lease per process (what
+/// each held when the window began). A lease lives `ttl` (a second): what
+/// it has left then is thrown away, which can only make the fleet admit
+/// less; a key busy enough to need a lease spends it long before. (Giving
+/// unspent tokens back is not safe: while the bucket would have been full,
+/// its refill would be credited twice.) One lease is asked for at a time
+/// per key: requests that find none while one is on its way ask Redis for a
+/// single token each, so concurrent requests do not take a lease each and
+/// let it expire. Bounded: at most `maxKeys` leases and asks are kept;
+/// beyond, expired ones go first, then the new lease is not kept.
 public struct ClusterLeases: Sendable {
     public let size: Int
     public let ttl: Duration
@@ -134,7 +142,7 @@ public struct ClusterLeases: Sendable {
     /// Keys with a lease asked for and not answered yet.
     private var asking: Set<RateLimitBucketKey> = []
 
-    public init(size: Int, ttl: Duration, maxKeys: Int) {
+    public init(size: Int, ttl: Duration = .seconds(1), maxKeys: Int) {
         self.size = max(1, size)
         self.ttl = ttl
         self.maxKeys = max(1, maxKeys)
@@ -153,46 +161,37 @@ public struct ClusterLeases: Sendable {
     public enum Take: Sendable, Equatable {
         /// A leased token: `left` remain in the lease.
         case token(left: Int)
-        /// Ask Redis for `want` tokens (the lease's size, or 1 while a lease
-        /// is on its way); first give back `giveBack` tokens of a lease that expired.
-        case ask(want: Int, giveBack: Int)
+        /// Ask Redis for `want` tokens: the lease's size, or 1 while a lease is on its way.
+        case ask(want: Int)
     }
 
     public mutating func take(_ key: RateLimitBucketKey, at now: Instant) -> Take {
-        guard size > 1 else { return .ask(want: 1, giveBack: 0) }
-        var giveBack = 0
+        guard size > 1 else { return .ask(want: 1) }
         if let lease = leases[key] {
             if lease.until > now, lease.tokens > 0 {
                 let left = lease.tokens - 1
                 if left == 0 { leases[key] = nil } else { leases[key] = (left, lease.until) }
                 return .token(left: left)
             }
-            giveBack = max(0, lease.tokens)
             leases[key] = nil
         }
-        guard !asking.contains(key), asking.count < maxKeys else { return .ask(want: 1, giveBack: giveBack) }
+        guard !asking.contains(key), asking.count < maxKeys else { return .ask(want: 1) }
         asking.insert(key)
-        return .ask(want: size, giveBack: giveBack)
+        return .ask(want: size)
     }
 
     /// Redis answered an ask for `wanted` tokens with `granted` (0: refused,
-    /// or no answer); one went to the request that asked. Returns tokens
-    /// that could not be kept (to give back).
-    public mutating func answered(wanted: Int, granted: Int, for key: RateLimitBucketKey, at now: Instant) -> Int {
+    /// no answer, or its client left); one went to the request that asked.
+    public mutating func answered(wanted: Int, granted: Int, for key: RateLimitBucketKey, at now: Instant) {
         if wanted == size, size > 1 { asking.remove(key) }
         let extra = granted - 1
-        guard extra > 0 else { return 0 }
+        guard extra > 0 else { return }
         if leases[key] == nil, leases.count >= maxKeys {
             leases = leases.filter { $0.value.until > now && $0.value.tokens > 0 }
-            guard leases.count < maxKeys else { return extra }
+            guard leases.count < maxKeys else { return }
         }
-        var returned = 0
-        var kept = 0
-        if let lease = leases[key] {
-            if lease.until > now { kept = lease.tokens } else { returned = lease.tokens }
-        }
+        let kept = leases[key].flatMap { $0.until > now ? $0.tokens : nil } ?? 0
         leases[key] = (kept + extra, now + ttl)
-        return returned
     }
 }
 

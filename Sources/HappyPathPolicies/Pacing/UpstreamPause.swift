@@ -106,9 +106,15 @@ public struct UpstreamPause: Sendable, Equatable {
     /// same change as the answer that caused it there, for `wait` from now,
     /// whether or not this replica's `pacing.on` names the status (the
     /// replica that saw the answer decided).
+    /// `client` is the key as replicas tell it to each other
+    /// (`ClusterScript.heardKey`, a digest): `pause(for:)` looks it up too.
     public mutating func heard(status: Int, wait: Duration, client: String, at now: Instant) -> Change {
-        pause(as: status, wait: wait, client: client, sentAt: nil, at: now)
+        if configuration.scope(of: status) == .client { heardClients = true }
+        return pause(as: status, wait: wait, client: client, sentAt: nil, at: now)
     }
+
+    /// Some client's pause was heard from another replica (kept under its digest).
+    public private(set) var heardClients = false
 
     private mutating func pause(as status: Int, wait: Duration?, client: String, sentAt: Instant?, at now: Instant) -> Change {
         guard let wait, wait > .zero else { return .none }
@@ -162,6 +168,9 @@ public struct UpstreamPause: Sendable, Equatable {
         var result: (cause: Int, left: Duration)?
         if let left = remaining(at: now) { result = (cause, left) }
         if let end = clients[client], end > now, end - now > result?.left ?? .zero { result = (429, end - now) }
+        if heardClients, let end = clients[ClusterScript.heardKey(client)], end > now, end - now > result?.left ?? .zero {
+            result = (429, end - now)
+        }
         return result
     }
 

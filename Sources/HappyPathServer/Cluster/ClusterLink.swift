@@ -23,7 +23,6 @@ final class ClusterLink: RedisConnectionDelegate {
     /// Requests waiting for Redis's answer, owned here until it comes.
     private var asking: [ObjectIdentifier: ClusterAsk] = [:]
     private let gcraSHA: [UInt8]
-    private let giveBackSHA: [UInt8]
     private static let evalsha = Array("EVALSHA".utf8)
     private static let one = Array("1".utf8)
 
@@ -36,9 +35,8 @@ final class ClusterLink: RedisConnectionDelegate {
         let tls = s.tls.map { UpstreamTLS(ca: $0.ca, verify: $0.verify, clientCert: nil, clientKey: nil) }
         connection = try RedisConnection(
             loop: worker.loop, endpoint: s.redis, timeout: s.timeout, retry: retry, clock: { clock.now() },
-            greeting: [["SCRIPT", "LOAD", ClusterScript.gcra], ["SCRIPT", "LOAD", ClusterScript.giveBack]], tls: tls)
+            greeting: [["SCRIPT", "LOAD", ClusterScript.gcra]], tls: tls)
         gcraSHA = Self.sha1Hex(ClusterScript.gcra)
-        giveBackSHA = Self.sha1Hex(ClusterScript.giveBack)
         if first {
             // Subscribing waits on nobody: a slow greeting there holds no request.
             subscriber = try RedisConnection(
@@ -82,16 +80,20 @@ final class ClusterLink: RedisConnectionDelegate {
         switch cluster.take(key, at: now) {
         case let .token(left):
             return .decided(.pass(fields: limit.fields(remaining: left, untilFullNs: 0)), by: limit)
-        case let .ask(n, giveBack):
-            if giveBack > 0 { self.giveBack(giveBack, cluster, key) }
+        case let .ask(n):
             want = n
         }
         guard connection.isReady else {
-            _ = cluster.answered(wanted: want, granted: 0, for: key, at: now)
+            cluster.answered(wanted: want, granted: 0, for: key, at: now)
             return local(limit, cluster, key, at: now)
         }
         let ask = ClusterAsk(
             link: self, request: request, route: route, limit: limit, key: key, target: target, want: want, at: now)
+        // Booked before it is sent: its answer may come back no sooner than
+        // the loop's next pass, but the books must hold whatever happens.
+        asking[ObjectIdentifier(ask)] = ask
+        worker.shared.inFlight.add(1)
+        request.observer = ask
         let sent = connection.send(
             [
                 Self.evalsha, gcraSHA, Self.one, cluster.bucketKey(key), cluster.interval, cluster.capacity,
@@ -99,22 +101,13 @@ final class ClusterLink: RedisConnectionDelegate {
             ]
         ) { [weak ask] result in ask?.answered(result) }
         guard sent else {
-            _ = cluster.answered(wanted: want, granted: 0, for: key, at: now)
+            asking[ObjectIdentifier(ask)] = nil
+            worker.shared.inFlight.add(-1)
+            request.observer = nil
+            cluster.answered(wanted: want, granted: 0, for: key, at: now)
             return local(limit, cluster, key, at: now)
         }
-        asking[ObjectIdentifier(ask)] = ask
-        worker.shared.inFlight.add(1)
-        request.observer = ask
         return .asked
-    }
-
-    /// Unspent leased tokens back to their bucket (nobody waits for the answer).
-    private func giveBack(_ tokens: Int, _ cluster: ClusterRouteLimit, _ key: RateLimitBucketKey) {
-        connection.send(
-            [Self.evalsha, giveBackSHA, Self.one, cluster.bucketKey(key), Array(String(tokens).utf8), cluster.interval]
-        ) { [state] result in
-            if case let .reply(r) = result, r.isError { state.error(kind: "reply_error") }
-        }
     }
 
     private func local(_ limit: RouteRateLimit, _ cluster: ClusterRouteLimit, _ key: RateLimitBucketKey, at now: Instant)
@@ -130,27 +123,32 @@ final class ClusterLink: RedisConnectionDelegate {
         worker.shared.inFlight.add(-1)
         let now = worker.clock.now()
         state.rtt.recordNanoseconds((now - ask.askedAt).nanoseconds)
-        if ask.gone { return ask.request.abort() }
-        ask.request.observer = nil
         guard let cluster = ask.limit.cluster else { return }
+        if ask.gone {
+            // Its client left: what Redis granted is not kept (the fleet admits less, never more).
+            cluster.answered(wanted: ask.want, granted: 0, for: ask.key, at: now)
+            return ask.request.abort()
+        }
+        ask.request.observer = nil
         switch result {
         case let .reply(reply):
             if let grant = ClusterGrant(reply, want: ask.want) {
                 // A reserved token (a wait) is the request's own, never a lease's.
-                let leased = grant.wait == .zero ? grant.granted : 0
-                let back = cluster.answered(wanted: ask.want, granted: leased, for: ask.key, at: now)
-                if back > 0 { giveBack(back, cluster, ask.key) }
+                cluster.answered(wanted: ask.want, granted: grant.wait == .zero ? grant.granted : 0, for: ask.key, at: now)
                 return worker.gate.decided(
                     Self.decision(grant, ask.limit, key: ask.key), limit: ask.limit, request: ask.request,
                     route: ask.route, key: ask.key, target: ask.target, at: now)
             }
             state.error(kind: reply.isError ? "reply_error" : "bad_reply")
+            // A script cache emptied under this connection (SCRIPT FLUSH, a proxy
+            // that kept the connection across a failover): connect again, and the greeting loads it.
+            if case let .error(e) = reply, e.hasPrefix("NOSCRIPT") { connection.drop("Redis no longer has the rate-limit script") }
         case .timedOut:
             state.error(kind: "timeout")
         case .failed:
             break  // the connection's loss is counted once, in `redisDown`
         }
-        _ = cluster.answered(wanted: ask.want, granted: 0, for: ask.key, at: now)
+        cluster.answered(wanted: ask.want, granted: 0, for: ask.key, at: now)
         let share = cluster.localShare(replicas: state.replicas)
         worker.gate.decided(
             share.admit(key: ask.key, at: now), limit: share, request: ask.request, route: ask.route, key: ask.key,
@@ -166,7 +164,13 @@ final class ClusterLink: RedisConnectionDelegate {
                 fields: limit.fields(remaining: 0, untilFullNs: untilFull))
         }
         if grant.wait > .zero {
-            // Reserved in Redis for then: it waits in this process's queue (no ticket: nobody moves up here).
+            // Reserved in Redis for then: it waits in this process's queue (no ticket: nobody moves up here),
+            // never longer than its own `max_wait`, whatever the answer said.
+            guard grant.wait <= limit.maxWait else {
+                return .refuse(
+                    retryAfterSeconds: RouteRateLimit.seconds(grant.wait.nanoseconds),
+                    fields: limit.fields(remaining: 0, untilFullNs: untilFull))
+            }
             if limit.queued.wrappingAdd(1, ordering: .relaxed).newValue > limit.configuration.maxQueue {
                 limit.queued.wrappingSubtract(1, ordering: .relaxed)
                 return .refuse(
@@ -192,12 +196,14 @@ final class ClusterLink: RedisConnectionDelegate {
         guard connection.isReady else { return }
         let now = worker.clock.now()
         let untilMs = worker.clock.wallMilliseconds() + max(0, (until - now).nanoseconds / 1_000_000)
-        let payload = Array("\(state.replicaID)\n\(upstream)\n\(status)\n\(untilMs)\n\(client ?? "")".utf8)
+        // The client's key as its digest: every replica computes the same, and Redis never holds an API key.
+        let heard = client.map { ClusterScript.heardKey($0) } ?? ""
+        let payload = Array("\(state.replicaID)\n\(upstream)\n\(status)\n\(untilMs)\n\(heard)".utf8)
         let report: (RedisResult) -> Void = { [state] result in
             if case .reply(let r) = result, r.isError { state.error(kind: "reply_error") }
         }
         // Kept until its end, for a replica that reconnects meanwhile (`catchUp`); then told to those listening.
-        let key = Array("\(ClusterScript.prefix)pause:{\(upstream)}:\(client ?? "")".utf8)
+        let key = Array("\(ClusterScript.prefix)pause:{\(upstream)}:\(heard)".utf8)
         connection.send([Array("SET".utf8), key, payload, Array("PXAT".utf8), Array(String(untilMs).utf8)], report)
         connection.send([Array("PUBLISH".utf8), Array(ClusterScript.pausesChannel.utf8), payload], report)
     }

@@ -35,25 +35,25 @@ final class ClusterRouteLimit: Sendable {
         leaseSize = max(1, configuration.lease)
         wantLease = Array(String(leaseSize).utf8)
         self.maxWait = Array(String(configuration.overLimit == .queue ? max(1, maxWait.nanoseconds / 1000) : 0).utf8)
-        // A lease lives as long as the fleet takes to make its tokens at full rate (1 ms to 1 s).
-        let ttl = Duration.nanoseconds(
-            min(1_000_000_000, max(1_000_000, configuration.interval.nanoseconds.multipliedReportingOverflow(by: Int64(leaseSize)).partialValue)))
-        leases = Locked(ClusterLeases(size: leaseSize, ttl: ttl, maxKeys: min(configuration.maxKeys, 100_000)))
+        leases = Locked(ClusterLeases(size: leaseSize, maxKeys: min(configuration.maxKeys, 100_000)))
         share = Locked(nil)
     }
 
-    func bucketKey(_ key: RateLimitBucketKey) -> [UInt8] { keyPrefix + Array(key.text.utf8) }
+    /// The key's bucket in Redis: the prefix and the SHA-256 of the key (its
+    /// first 128 bits in hex), never the key itself: an API key, a client's
+    /// address, is not written into another system.
+    func bucketKey(_ key: RateLimitBucketKey) -> [UInt8] { keyPrefix + ClusterScript.digest(key.text) }
 
-    /// A token leased earlier, or how many to ask Redis for (and what to give back first).
+    /// A token leased earlier, or how many to ask Redis for.
     func take(_ key: RateLimitBucketKey, at now: Instant) -> ClusterLeases.Take {
-        guard leaseSize > 1 else { return .ask(want: 1, giveBack: 0) }
+        guard leaseSize > 1 else { return .ask(want: 1) }
         return leases.withLock { $0.take(key, at: now) }
     }
 
-    /// Redis answered an ask (`granted` 0: refused, or no answer): tokens to give back.
-    func answered(wanted: Int, granted: Int, for key: RateLimitBucketKey, at now: Instant) -> Int {
-        guard leaseSize > 1 else { return 0 }
-        return leases.withLock { $0.answered(wanted: wanted, granted: granted, for: key, at: now) }
+    /// Redis answered an ask (`granted` 0: refused, no answer, or its client left).
+    func answered(wanted: Int, granted: Int, for key: RateLimitBucketKey, at now: Instant) {
+        guard leaseSize > 1 else { return }
+        leases.withLock { $0.answered(wanted: wanted, granted: granted, for: key, at: now) }
     }
 
     /// The local share of this limit for `replicas` replicas (made again when the count changed).
