@@ -155,13 +155,7 @@ final class UpstreamGuard: Sendable {
                 : p.answered(status: status, wait: wait, client: client, sentAt: sentAt, at: now)
             return (change, p.clientsUntil)
         }
-        switch change {
-        case .none: break
-        case let .paused(until, nil), let .extended(until, nil):
-            pausedUntil.store(until.nanoseconds, ordering: .relaxed)
-        case .paused, .extended:
-            clientsPausedUntil.store(clientsUntil?.nanoseconds ?? 0, ordering: .relaxed)
-        }
+        publish(change, clientsUntil: clientsUntil)
         switch change {
         case let .paused(until, nil):
             let seconds = max(0, (until - now).seconds)
@@ -181,6 +175,17 @@ final class UpstreamGuard: Sendable {
         return change
     }
 
+    /// A change of the pause, where admissions read it without the lock.
+    private func publish(_ change: UpstreamPause.Change, clientsUntil: Instant?) {
+        switch change {
+        case .none: break
+        case let .paused(until, nil), let .extended(until, nil):
+            pausedUntil.store(until.nanoseconds, ordering: .relaxed)
+        case .paused, .extended:
+            clientsPausedUntil.store(clientsUntil?.nanoseconds ?? 0, ordering: .relaxed)
+        }
+    }
+
     /// Another replica published a pause of this upstream (or of one of its
     /// clients) until `wait` from now (`scope: cluster`): applied as its
     /// answer was there. Returns the change, as `paced` does.
@@ -190,13 +195,7 @@ final class UpstreamGuard: Sendable {
             let change = p.heard(status: status, wait: wait, client: client, at: now)
             return (change, p.clientsUntil)
         }
-        switch change {
-        case .none: break
-        case let .paused(until, nil), let .extended(until, nil):
-            pausedUntil.store(until.nanoseconds, ordering: .relaxed)
-        case .paused, .extended:
-            clientsPausedUntil.store(clientsUntil?.nanoseconds ?? 0, ordering: .relaxed)
-        }
+        publish(change, clientsUntil: clientsUntil)
         if case .paused(_, nil) = change {
             logger.warning(
                 "upstream paused: another replica heard it ask for no requests until then",

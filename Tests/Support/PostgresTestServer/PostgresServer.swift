@@ -41,21 +41,11 @@ public final class PostgresServer: @unchecked Sendable {
     /// Starts the server (again, after `stop`) and waits until it takes connections.
     public func start() throws {
         if port == 0 { port = Self.freePort() }
-        let p = Process()
         let arguments = [
             "\(bin)/postgres", "-D", folder.appendingPathComponent("data").path, "-k", folder.path, "-p", "\(port)",
             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
         ]
-        if let user {
-            p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
-            p.arguments = ["-u", user, "--"] + arguments
-        } else {
-            p.executableURL = URL(fileURLWithPath: arguments[0])
-            p.arguments = Array(arguments.dropFirst())
-        }
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle(forWritingAtPath: "/dev/null")
-        try p.run()
+        let p = try Self.launch(arguments, as: user)
         process = p
         // pg_isready answers at once (no response until the server listens): asked until it says yes.
         let deadline = Date().addingTimeInterval(30)
@@ -65,6 +55,23 @@ public final class PostgresServer: @unchecked Sendable {
             guard Date() < deadline, p.isRunning else { throw PostgresServerError("PostgreSQL did not start: \(ready.out)") }
             Thread.sleep(forTimeInterval: 0.05)  // the polling interval, not a wait for anything
         }
+    }
+
+    /// Starts `arguments` (a program and its arguments) in the background,
+    /// as `user` through runuser when given, its output thrown away.
+    public static func launch(_ arguments: [String], as user: String?) throws -> Process {
+        let p = Process()
+        if let user {
+            p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            p.arguments = ["-u", user, "--"] + arguments
+        } else {
+            p.executableURL = URL(fileURLWithPath: arguments[0])
+            p.arguments = Array(arguments.dropFirst())
+        }
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        return p
     }
 
     /// Stops the server (a fast shutdown: open sessions are ended).

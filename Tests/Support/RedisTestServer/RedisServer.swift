@@ -95,17 +95,7 @@ public final class RedisServer: @unchecked Sendable {
                 "--tls-key-file", folder.appendingPathComponent("tls.key").path, "--tls-auth-clients", "no",
             ]
         }
-        let p = Process()
-        if let user {
-            p.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
-            p.arguments = ["-u", user, "--"] + arguments
-        } else {
-            p.executableURL = URL(fileURLWithPath: arguments[0])
-            p.arguments = Array(arguments.dropFirst())
-        }
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        try p.run()
+        let p = try PostgresServer.launch(arguments, as: user)
         process = p
         let deadline = Date().addingTimeInterval(20)
         while true {
