@@ -27,7 +27,7 @@ extension Reader {
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
                 "redirects", "upstream_errors", "rate_limit", "hedge", "fallback", "upgrades", "upgrades_idle_timeout",
-                "grpc", "priority", "priority_header",
+                "grpc", "priority", "priority_header", "cors",
             ]
                 + Self.upstreamOnlyPolicyKeys)
         var match = RouteMatch(pathPrefix: "/")
@@ -81,6 +81,7 @@ extension Reader {
             r.upstreamErrors = m
         }
         if let rl = f["rate_limit"]?.value { r.rateLimit = rateLimit(rl, "\(path).rate_limit") }
+        if let c = f["cors"]?.value { r.cors = cors(c, "\(path).cors") }
         if let h = f["hedge"]?.value { r.hedge = hedge(h, "\(path).hedge") }
         if let fb = f["fallback"]?.value {
             r.fallback = fallback(fb, "\(path).fallback")
@@ -307,6 +308,52 @@ extension Reader {
             }
         }
         return c
+    }
+
+    /// `cors: { allow_origins: [https://app.example.com], allow_headers, expose_headers, max_age, allow_credentials }`.
+    func cors(_ node: Node, _ path: String) -> CORSConfiguration? {
+        let f = fields(node, path, known: ["allow_origins", "allow_headers", "expose_headers", "max_age", "allow_credentials"])
+        guard let originsNode = f["allow_origins"]?.value, let origins = strings(originsNode, "\(path).allow_origins"),
+            !origins.isEmpty
+        else {
+            error(node, "\(path) needs allow_origins: the origins browsers may call it from, such as [https://app.example.com], or [\"*\"]")
+            return nil
+        }
+        for origin in origins where origin != "*" && !Self.isOrigin(origin) {
+            error(
+                originsNode,
+                "\(path).allow_origins: '\(origin)' is not an origin: a scheme and a host, with a port if not the scheme's,"
+                    + " and nothing after it (https://app.example.com, http://localhost:3000)")
+        }
+        var c = CORSConfiguration(allowOrigins: origins)
+        for key in ["allow_headers", "expose_headers"] {
+            guard let n = f[key]?.value, let names = strings(n, "\(path).\(key)") else { continue }
+            for name in names where name.isEmpty || !name.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
+                error(n, "\(path).\(key): '\(name)' is not a header name")
+            }
+            if key == "allow_headers" { c.allowHeaders = names.map { $0.lowercased() } } else { c.exposeHeaders = names.map { $0.lowercased() } }
+        }
+        if let d = duration(f["max_age"]?.value, "\(path).max_age", allowZero: true) {
+            if d > .seconds(86_400) { error(f["max_age"]?.value, "\(path).max_age must be at most 24h (browsers cap it lower anyway)") } else { c.maxAge = d }
+        }
+        if let b = bool(f["allow_credentials"]?.value, "\(path).allow_credentials") { c.allowCredentials = b }
+        if c.allowCredentials, origins.contains("*") {
+            error(
+                f["allow_credentials"]?.value,
+                "\(path): allow_credentials with allow_origins [\"*\"] would let any site call it as the user; list the origins instead")
+        }
+        return c
+    }
+
+    /// `scheme://host[:port]`, nothing after (how a browser writes `Origin`).
+    static func isOrigin(_ text: String) -> Bool {
+        guard let sep = text.range(of: "://") else { return false }
+        let scheme = text[..<sep.lowerBound]
+        let rest = text[sep.upperBound...]
+        guard !scheme.isEmpty, scheme.allSatisfy({ $0.isLetter || $0 == "+" || $0 == "-" || $0 == "." }), !rest.isEmpty else {
+            return false
+        }
+        return !rest.contains("/") && !rest.contains("?") && !rest.contains("#") && !rest.contains("@") && !rest.contains(" ")
     }
 
     /// `hedge: { after: 50ms | p95, min: 10ms, max: 1s, max_extra: 1 }`.

@@ -254,6 +254,8 @@ public struct Route: Sendable {
     public var upstreamErrors: UpstreamErrorsMode?
     /// `rate_limit:` (nil: none).
     public var rateLimit: RateLimitConfiguration?
+    /// `cors:` (nil: none): browsers on these other origins may call the route.
+    public var cors: CORSConfiguration?
     /// `hedge:` (nil: a try is only followed by another after it failed).
     public var hedge: HedgeConfiguration?
     /// `fallback:` (nil: failures are answered with a problem body).

@@ -123,10 +123,20 @@ public final class HTTPRequest {
     /// releases the request.
     public func reply(status: Int, headers: [HTTPField] = [], body: String? = nil) {
         guard open else { return }
+        stageAnswerFields()
         for field in headers { addResponseHeader(field.name, field.value) }
         var body = body ?? ""
         let written = body.withUTF8 { stream.writeWhole(status: status, body: UnsafeRawBufferPointer($0), for: self) }
         if written { release() }
+    }
+
+    /// Fields every answer to this request carries, whoever writes it (the
+    /// upstream's answer, a problem, a kept answer) and however many tries
+    /// cleared the staged ones: a route's CORS fields. Empty: none.
+    public var answerFields: [HTTPField] = []
+
+    private func stageAnswerFields() {
+        for field in answerFields { addResponseHeader(field.name, field.value) }
     }
 
     // MARK: - Streamed replies
@@ -167,6 +177,7 @@ public final class HTTPRequest {
     /// - Parameter reason: the upstream's own reason phrase, when it is not
     ///   the standard one (checked by the caller: field-value bytes only).
     public func startReply(status: Int, contentLength: Int? = nil, reason: [UInt8]? = nil) {
+        stageAnswerFields()
         stream.writeHead(status: status, contentLength: contentLength, reason: reason, for: self)
     }
 

@@ -134,10 +134,18 @@ final class ProxyWorker: HTTPServerDelegate {
             let id = requestID(of: request)
             return deliveries.status(request, path: path, requestID: id, worker: self)
         }
+        if method.utf8.count == 7, method == "OPTIONS", let origin = request.header("Origin"),
+            let wanted = request.header("Access-Control-Request-Method"), corsPreflight(request, path: path, origin: origin, method: wanted)
+        {
+            return
+        }
         guard let routeIndex = runtime.router.route(path: path, method: method) else {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
+        if let cors = route.cors, let origin = request.header("Origin"), let fields = cors.answerFields(origin: origin) {
+            request.answerFields = fields
+        }
         if !route.allowTrace, method.utf8.count == 5, RouteProblems.echoesRequest(method) {
             let (problem, allow) = RouteProblems.traceRefused(method: method, route: route, requestID: requestID(of: request))
             ProblemResponder.respond(request, problem, extraHeaders: [allow])
@@ -155,6 +163,24 @@ final class ProxyWorker: HTTPServerDelegate {
             return
         }
         dispatch(request, route: route, method: method, target: upstreamTarget, fields: fields, key: key)
+    }
+
+    /// A CORS preflight for a route with `cors`: answered here, 204, with
+    /// the route's CORS fields if the origin, method and headers are
+    /// allowed, else none (the browser then refuses the call). False: the
+    /// route the preflight asks about has no `cors`, and the OPTIONS request
+    /// goes on as any other.
+    private func corsPreflight(_ request: HTTPRequest, path: String, origin: String, method: String) -> Bool {
+        guard let routeIndex = runtime.router.route(path: path, method: method), let cors = runtime.routes[routeIndex].cors
+        else { return false }
+        switch cors.preflight(origin: origin, method: method, requestHeaders: request.header("Access-Control-Request-Headers")) {
+        case let .allowed(fields):
+            request.reply(status: 204, headers: fields + [HTTPField(name: "X-Request-Id", value: requestID(of: request))])
+        case let .refused(why):
+            logger.debug("CORS preflight refused", metadata: ["route": "\(runtime.routes[routeIndex].label)", "why": "\(why)"])
+            request.reply(status: 204, headers: [HTTPField(name: "X-Request-Id", value: requestID(of: request))])
+        }
+        return true
     }
 
     /// A request with a body on a rate-limited route is judged at its head (`RateLimitGate`).

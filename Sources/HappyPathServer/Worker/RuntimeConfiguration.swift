@@ -39,21 +39,27 @@ public final class RuntimeConfiguration: Sendable {
                 stripPrefix: route.stripPrefix, timeout: policies.timeout, retry: RetryPolicy(policies.retry),
                 parkFor: policies.reachability.parkFor, errors: policies.errors,
                 delivery: route.delivery, allowTrace: route.allowTrace,
-                allowedMethods: route.match.methods.map { Array($0).sorted() }
-                    ?? ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                allowedMethods: route.match.methods.map { Array($0).sorted() } ?? Self.defaultMethods,
                 rewritesRedirects: route.redirects == .rewrite,
                 passesErrors: (route.upstreamErrors ?? configuration.upstream(named: route.upstream)?.upstreamErrors) == .pass,
                 rateLimit: route.rateLimit,
                 keptRateLimit: previous?.keptRateLimit(for: route, label: label, timeout: policies.timeout),
                 hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
                 upgradesIdleTimeout: route.upgradesIdleTimeout, grpcIdempotent: route.grpc?.idempotent == true,
-                priority: route.priority, priorityHeader: route.priorityHeader)
+                priority: route.priority, priorityHeader: route.priorityHeader,
+                cors: route.cors.map {
+                    CORSPolicy(
+                        $0, methods: route.match.methods.map { Array($0).sorted() } ?? Self.defaultMethods, grpc: route.grpc != nil)
+                })
         }
         hasRateLimits = routes.contains { $0.rateLimit != nil }
     }
 }
 
 extension RuntimeConfiguration {
+    /// A route's methods when its `match` names none (the `Allow` of a 405, CORS's allowed methods).
+    static let defaultMethods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
     /// This configuration's limit for the same route as `route` of the
     /// next configuration, if its settings are unchanged (see `init`).
     fileprivate func keptRateLimit(for route: Route, label: String, timeout: Duration) -> RouteRateLimit? {
@@ -132,6 +138,8 @@ final class RuntimeRoute: Sendable {
     let rateLimit: RouteRateLimit?
     /// `hedge:` (nil: none).
     let hedge: HedgeConfiguration?
+    /// `cors:` (nil: none): preflights answered here, and the fields on every answer to an allowed origin.
+    let cors: CORSPolicy?
     /// `grpc: { idempotent: true }`: the route's gRPC calls may be sent
     /// again after they may have reached the upstream (a reset, a
     /// timeout) and may be hedged, as methods in `retry.methods` are.
@@ -179,8 +187,10 @@ final class RuntimeRoute: Sendable {
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
         rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
         fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300),
-        grpcIdempotent: Bool = false, priority: RequestPriority = .normal, priorityHeader: String? = nil
+        grpcIdempotent: Bool = false, priority: RequestPriority = .normal, priorityHeader: String? = nil,
+        cors: CORSPolicy? = nil
     ) {
+        self.cors = cors
         self.grpcIdempotent = grpcIdempotent
         self.priority = priority
         self.priorityHeader = priorityHeader
