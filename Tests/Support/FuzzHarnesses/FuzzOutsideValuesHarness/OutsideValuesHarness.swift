@@ -149,6 +149,28 @@ public enum OutsideValuesHarness {
             case let .alive(why): return "alive: " + why
             case let .down(why): return why
             }
+        case UInt8(ascii: "b"):  // a gRPC-Web text body (base64), in two splits; and the value encoded and read back
+            func decode(_ split: Int) -> (bytes: [UInt8], failed: Bool) {
+                var decoder = GRPCWebTextDecoder()
+                var out: [UInt8] = []
+                var at = 0
+                while at < value.count {
+                    let end = min(value.count, at + split)
+                    if decoder.feed(value[at..<end], into: &out) != nil { return (out, true) }
+                    at = end
+                }
+                return (out, decoder.finish() != nil)
+            }
+            let whole = decode(max(1, value.count))
+            let pieces = decode(Int(value.first ?? 1) % 5 + 1)
+            precondition(whole.failed == pieces.failed, "a failure depends on how the body was split")
+            precondition(whole.failed || whole.bytes == pieces.bytes, "the bytes depend on how the body was split")
+            precondition(whole.bytes.count <= value.count * 3 / 4 + 3, "more bytes out than base64 can hold")
+            var decoder = GRPCWebTextDecoder()
+            var back: [UInt8] = []
+            precondition(decoder.feed(GRPCWeb.base64(value), into: &back) == nil && decoder.finish() == nil, "own base64 refused")
+            precondition(back == value, "base64 did not read back")
+            return whole.failed ? "refused" : "\(whole.bytes.count) bytes"
         default:
             return "no reader for \(kind)"
         }
