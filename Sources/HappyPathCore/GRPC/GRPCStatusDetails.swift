@@ -117,6 +117,13 @@ enum Base64 {
         }
         return String(decoding: out, as: UTF8.self)
     }
+
+    /// With `=` padding to a multiple of four characters.
+    static func padded(_ bytes: some Collection<UInt8>) -> [UInt8] {
+        var out = Array(unpadded(Array(bytes)).utf8)
+        while out.count % 4 != 0 { out.append(UInt8(ascii: "=")) }
+        return out
+    }
 }
 
 // MARK: - Reading an upstream's
@@ -233,7 +240,7 @@ extension Base64 {
     }
 
     /// A character's six bits in the standard alphabet.
-    private static func sextet(_ c: UInt8) -> UInt8? {
+    static func sextet(_ c: UInt8) -> UInt8? {
         switch c {
         case UInt8(ascii: "A")...UInt8(ascii: "Z"): c - UInt8(ascii: "A")
         case UInt8(ascii: "a")...UInt8(ascii: "z"): c - UInt8(ascii: "a") + 26

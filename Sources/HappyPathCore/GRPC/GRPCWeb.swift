@@ -49,33 +49,7 @@ public enum GRPCWeb {
     /// Base64 of `bytes`, padded: a text-mode answer encodes each piece it
     /// sends on its own (the protocol lets padding end any piece), so a
     /// piece goes out as soon as it is there.
-    public static func base64(_ bytes: some Collection<UInt8>) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity((bytes.count + 2) / 3 * 4)
-        var group: UInt32 = 0
-        var n = 0
-        for b in bytes {
-            group = group << 8 | UInt32(b)
-            n += 1
-            if n == 3 {
-                for shift in [18, 12, 6, 0] { out.append(alphabet[Int(group >> UInt32(shift) & 63)]) }
-                group = 0
-                n = 0
-            }
-        }
-        if n == 1 {
-            group <<= 16
-            out += [alphabet[Int(group >> 18 & 63)], alphabet[Int(group >> 12 & 63)], UInt8(ascii: "="), UInt8(ascii: "=")]
-        } else if n == 2 {
-            group <<= 8
-            out += [
-                alphabet[Int(group >> 18 & 63)], alphabet[Int(group >> 12 & 63)], alphabet[Int(group >> 6 & 63)], UInt8(ascii: "="),
-            ]
-        }
-        return out
-    }
-
-    static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+    public static func base64(_ bytes: some Collection<UInt8>) -> [UInt8] { Base64.padded(bytes) }
 }
 
 /// A text-mode request body as it arrives, in pieces of any size: base64
@@ -144,14 +118,5 @@ public struct GRPCWebTextDecoder: Sendable {
         padding = 0
     }
 
-    private static func value(_ b: UInt8) -> UInt8? {
-        switch b {
-        case UInt8(ascii: "A")...UInt8(ascii: "Z"): b - UInt8(ascii: "A")
-        case UInt8(ascii: "a")...UInt8(ascii: "z"): b - UInt8(ascii: "a") + 26
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): b - UInt8(ascii: "0") + 52
-        case UInt8(ascii: "+"): 62
-        case UInt8(ascii: "/"): 63
-        default: nil
-        }
-    }
+    private static func value(_ b: UInt8) -> UInt8? { Base64.sextet(b) }
 }
