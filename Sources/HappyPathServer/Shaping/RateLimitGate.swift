@@ -46,30 +46,35 @@ final class RateLimitGate {
         // A long key is its digest from here on: the bucket, the queue and pacing keep it bounded.
         let limitKey = key(request, limit)
         let now = clock.now()
-        var limit = limit
-        let decision: RouteRateLimit.Decision
-        if let cluster = limit.cluster, let link = worker.cluster {
-            // `scope: cluster`: a leased token, Redis's answer later, or the local share.
-            switch link.admit(request, route: route, limit: limit, cluster: cluster, key: limitKey, target: target, at: now) {
-            case .asked: return .taken
-            case let .decided(d, by): (decision, limit) = (d, by)
-            }
-        } else {
-            decision = limit.admit(key: limitKey, at: now)
+        guard let (decision, by) = decide(request, route: route, limit: limit, key: limitKey, target: target, at: now) else {
+            return .taken
         }
-        switch decision {
-        case let .pass(fields):
-            return .pass(fields, key: limitKey.text)
-        case let .wait(delay, ticket):
-            enqueue(request, route: route, limit: limit, key: limitKey, ticket: ticket, target: target, delay: delay, at: now)
-        case let .refuse(retryAfter, fields):
-            rateLimited(request, route: route, retryAfter: retryAfter, fields: fields)
-        }
+        if case let .pass(fields) = decision { return .pass(fields, key: limitKey.text) }
+        decided(decision, limit: by, request: request, route: route, key: limitKey, target: target, at: now)
         return .taken
     }
 
-    /// A decision that came later (Redis's answer, or the local share after
-    /// Redis was too slow) for a request the cluster link held.
+    /// What the route's limit says now, and the limit that said it (a
+    /// cluster limit's local share while Redis is away); nil: the cluster
+    /// link asked Redis and holds the request until `decided`.
+    private func decide(
+        _ request: HTTPRequest, route: RuntimeRoute, limit: RouteRateLimit, key: RateLimitBucketKey, target: String?,
+        at now: Instant
+    ) -> (RouteRateLimit.Decision, RouteRateLimit)? {
+        guard let cluster = limit.cluster, let link = worker.cluster else { return (limit.admit(key: key, at: now), limit) }
+        // `scope: cluster`: a leased token, Redis's answer later, or the local share.
+        switch link.admit(request, route: route, limit: limit, cluster: cluster, key: key, target: target, at: now) {
+        case .asked: return nil
+        case let .decided(decision, by): return (decision, by)
+        }
+    }
+
+    /// A decision that does not let the request go on at once (it waits, or
+    /// is refused), or any decision that came later (Redis's answer, or the
+    /// local share after Redis was too slow) for a request the cluster link
+    /// held. `target` nil: a head whose body is read once it may go on; a
+    /// refusal there is answered at the head (the connection closes after
+    /// the 429 and the body is never read).
     func decided(
         _ decision: RouteRateLimit.Decision, limit: RouteRateLimit, request: HTTPRequest, route: RuntimeRoute,
         key: RateLimitBucketKey, target: String?, at now: Instant
@@ -127,29 +132,12 @@ final class RateLimitGate {
     }
 
     func bodyHeld(_ request: HTTPRequest) {
-        guard let route = heldRoute, var limit = route.rateLimit else { return request.readBody() }
+        guard let route = heldRoute, let limit = route.rateLimit else { return request.readBody() }
         heldRoute = nil
         let key = key(request, limit)
         let now = clock.now()
-        let decision: RouteRateLimit.Decision
-        if let cluster = limit.cluster, let link = worker.cluster {
-            switch link.admit(request, route: route, limit: limit, cluster: cluster, key: key, target: nil, at: now) {
-            case .asked: return
-            case let .decided(d, by): (decision, limit) = (d, by)
-            }
-        } else {
-            decision = limit.admit(key: key, at: now)
-        }
-        switch decision {
-        case let .pass(fields):
-            request.headDecision = HeadAdmission(fields, key: key)
-            request.readBody()
-        case let .wait(delay, ticket):
-            enqueue(request, route: route, limit: limit, key: key, ticket: ticket, target: nil, delay: delay, at: now)
-        case let .refuse(retryAfter, fields):
-            // Answered at the head: the connection closes after the 429 and the body is never read.
-            rateLimited(request, route: route, retryAfter: retryAfter, fields: fields)
-        }
+        guard let (decision, by) = decide(request, route: route, limit: limit, key: key, target: nil, at: now) else { return }
+        decided(decision, limit: by, request: request, route: route, key: key, target: nil, at: now)
     }
 
     /// A request's turn came after its wait in a rate-limit queue, or it left.
