@@ -64,8 +64,11 @@ public enum ClusterScript {
     /// A route's bucket for `key`: the route's label in a hash tag (one
     /// route's keys on one Redis Cluster slot), then the key's digest.
     public static func bucketKey(route: String, key: RateLimitBucketKey) -> [UInt8] {
-        Array("\(prefix)rl:{\(route)}:".utf8) + digest(key.text)
+        bucketPrefix(route: route) + digest(key.text)
     }
+
+    /// What every bucket key of `route` starts with (made once per limit).
+    public static func bucketPrefix(route: String) -> [UInt8] { Array("\(prefix)rl:{\(route)}:".utf8) }
 
     /// What Redis is told of a client's key (a rate limit's, a pause's):
     /// its SHA-256, the first 128 bits in hex. Every replica computes the

@@ -136,7 +136,7 @@ final class ClusterLink: RedisConnectionDelegate {
                 // A reserved token (a wait) is the request's own, never a lease's.
                 cluster.answered(wanted: ask.want, granted: grant.wait == .zero ? grant.granted : 0, for: ask.key, at: now)
                 return worker.gate.decided(
-                    Self.decision(grant, ask.limit, key: ask.key), limit: ask.limit, request: ask.request,
+                    Self.decision(grant, ask.limit), limit: ask.limit, request: ask.request,
                     route: ask.route, key: ask.key, target: ask.target, at: now)
             }
             state.error(kind: reply.isError ? "reply_error" : "bad_reply")
@@ -156,29 +156,18 @@ final class ClusterLink: RedisConnectionDelegate {
     }
 
     /// The script's grant as the gate's decision; extra tokens go to the lease.
-    static func decision(_ grant: ClusterGrant, _ limit: RouteRateLimit, key: RateLimitBucketKey) -> RouteRateLimit.Decision {
+    static func decision(_ grant: ClusterGrant, _ limit: RouteRateLimit) -> RouteRateLimit.Decision {
         let untilFull = grant.untilFull.nanoseconds
-        guard grant.granted > 0 else {
+        // Reserved in Redis for then (`grant.wait`): it waits in this process's queue (no ticket: nobody
+        // moves up here), never longer than its own `max_wait` whatever the answer said, and only if
+        // `max_queue` has room.
+        let waits = grant.wait > .zero
+        guard grant.granted > 0, !waits || (grant.wait <= limit.maxWait && limit.takeQueuePlace()) else {
             return .refuse(
                 retryAfterSeconds: RouteRateLimit.seconds(grant.wait.nanoseconds),
                 fields: limit.fields(remaining: 0, untilFullNs: untilFull))
         }
-        if grant.wait > .zero {
-            // Reserved in Redis for then: it waits in this process's queue (no ticket: nobody moves up here),
-            // never longer than its own `max_wait`, whatever the answer said.
-            guard grant.wait <= limit.maxWait else {
-                return .refuse(
-                    retryAfterSeconds: RouteRateLimit.seconds(grant.wait.nanoseconds),
-                    fields: limit.fields(remaining: 0, untilFullNs: untilFull))
-            }
-            if limit.queued.wrappingAdd(1, ordering: .relaxed).newValue > limit.configuration.maxQueue {
-                limit.queued.wrappingSubtract(1, ordering: .relaxed)
-                return .refuse(
-                    retryAfterSeconds: RouteRateLimit.seconds(grant.wait.nanoseconds),
-                    fields: limit.fields(remaining: 0, untilFullNs: untilFull))
-            }
-            return .wait(grant.wait, ticket: 0)
-        }
+        if waits { return .wait(grant.wait, ticket: 0) }
         return .pass(fields: limit.fields(remaining: grant.remaining + grant.granted - 1, untilFullNs: untilFull))
     }
 

@@ -26,7 +26,7 @@ final class ClusterRouteLimit: Sendable {
         self.configuration = configuration
         self.label = label
         self.timeout = timeout
-        keyPrefix = Array("\(ClusterScript.prefix)rl:{\(label)}:".utf8)
+        keyPrefix = ClusterScript.bucketPrefix(route: label)
         // At least 1 µs a token: the script counts in microseconds (a million a second a key at most).
         let intervalUs = max(1, configuration.interval.nanoseconds / 1000)
         let (cap, overflow) = intervalUs.multipliedReportingOverflow(by: Int64(max(1, configuration.burst)))

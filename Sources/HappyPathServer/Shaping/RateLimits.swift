@@ -71,8 +71,7 @@ final class RouteRateLimit: Sendable {
         case .pass:
             return .pass(fields: fields(remaining: admitted.remaining, untilFullNs: admitted.untilFullNs))
         case let .wait(delay):
-            if queued.wrappingAdd(1, ordering: .relaxed).newValue > configuration.maxQueue {
-                queued.wrappingSubtract(1, ordering: .relaxed)
+            guard takeQueuePlace() else {
                 leave(ticket: admitted.ticket, key: key, at: now)
                 return .refuse(
                     retryAfterSeconds: Self.seconds(delay.nanoseconds),
@@ -96,6 +95,14 @@ final class RouteRateLimit: Sendable {
             s.waiters[ticket] = bound
             return due
         }
+    }
+
+    /// A place in the process's queue (`max_queue`) for a request about to
+    /// wait; false, and nothing taken, when it is full.
+    func takeQueuePlace() -> Bool {
+        guard queued.wrappingAdd(1, ordering: .relaxed).newValue > configuration.maxQueue else { return true }
+        queued.wrappingSubtract(1, ordering: .relaxed)
+        return false
     }
 
     /// A queued request left the queue (its turn came, or it went away).
