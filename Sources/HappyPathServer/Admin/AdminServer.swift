@@ -453,10 +453,7 @@ final class AdminServer: HTTPServerDelegate {
         let reading = shared.memoryReading
         snapshot.memory = reading.pools
         snapshot.spooled = reading.spooled
-        if let cluster = shared.cluster {
-            let r = cluster.reading()
-            snapshot.cluster = AdminSnapshot.Cluster(mode: r.mode, since: r.since, replicas: r.replicas, reason: r.reason, redis: r.redis)
-        }
+        snapshot.cluster = shared.cluster?.reading()
         return snapshot
     }
 

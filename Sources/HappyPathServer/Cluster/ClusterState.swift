@@ -1,5 +1,6 @@
 import CoreMetrics
 import Foundation
+import HappyPathAdmin
 import HappyPathConfig
 import HappyPathCore
 import HappyPathPolicies
@@ -68,9 +69,10 @@ final class ClusterState: Sendable {
     var mode: Mode { status.withLock { $0.mode } }
 
     /// What `/status` and `/admin/state` show.
-    func reading() -> (mode: String, since: Date, replicas: Int, reason: String?, redis: String) {
+    func reading() -> AdminSnapshot.Cluster {
         let s = status.withLock { $0 }
-        return (s.mode.rawValue, s.since, replicas, s.reason, settings.redis.description)
+        return AdminSnapshot.Cluster(
+            mode: s.mode.rawValue, since: s.since, replicas: replicas, reason: s.reason, redis: settings.redis.description)
     }
 
     func error(kind: String) { metrics.counter("happypath_cluster_redis_errors_total", [("kind", kind)]).increment() }
