@@ -1,5 +1,6 @@
 import Foundation
 import HappyPathConfig
+import HappyPathCore
 import HappyPathDemo
 import HappyPathPolicies
 import Testing
@@ -194,6 +195,18 @@ import Testing
         new.storage.required.toggle()
         let keys = RestartOnlyKeys.changes(from: old, to: new, cores: 3).map { String($0.prefix { $0 != " " }) }
         #expect(keys == ["tracing", "storage.url", "storage.pool", "storage.lease", "storage.required"])
+    }
+
+    /// `cluster` (the Redis link, opened at start) is named on reload; a route's `cors` is applied.
+    @Test func clusterIsNamedOnReloadAndCORSIsApplied() throws {
+        let old = try ConfigLoader.parse(unreachable(maxParked: 0, port: 1), file: "a.yaml")
+        var new = old
+        new.cluster = ClusterConfiguration(redis: RedisEndpoint(host: "redis"))
+        let keys = RestartOnlyKeys.changes(from: old, to: new, cores: 3).map { String($0.prefix { $0 != " " }) }
+        #expect(keys == ["cluster"])
+        var cors = old
+        cors.routes[0].cors = CORSConfiguration(allowOrigins: ["https://app.example.com"])
+        #expect(RestartOnlyKeys.changes(from: old, to: cors, cores: 3).isEmpty)
     }
 
     @Test(.enabled(if: nonLoopbackIPv4() != nil, "needs an address other than loopback"))
