@@ -23,6 +23,8 @@ OUT=$OUT/shaping BENCH_PROFILE=shaping PORT_BASE=$(( ${PORT_BASE:-18680} + 20 ))
 echo "== the cost of hedging (armed, never due) and of keeping answers for serve_stale"
 OUT=$OUT/hedge BENCH_PROFILE=hedge PORT_BASE=$(( ${PORT_BASE:-18680} + 30 )) "$here/callgrind.sh" hedge="$bin" || exit 1
 OUT=$OUT/stale BENCH_PROFILE=stale PORT_BASE=$(( ${PORT_BASE:-18680} + 40 )) "$here/callgrind.sh" stale="$bin" || exit 1
+echo "== the cost of cors on a route (requests without Origin)"
+OUT=$OUT/cors BENCH_PROFILE=cors PORT_BASE=$(( ${PORT_BASE:-18680} + 180 )) "$here/callgrind.sh" cors="$bin" || exit 1
 echo "== the cost of a route that also takes WebSocket (upgrades: [websocket]) for its plain requests"
 OUT=$OUT/upgrades BENCH_PROFILE=upgrades PORT_BASE=$(( ${PORT_BASE:-18680} + 50 )) "$here/callgrind.sh" upgrades="$bin" || exit 1
 echo "== the cost of an adaptive concurrency limit (every try a latency sample) with a route priority"
@@ -73,7 +75,7 @@ sys_h2, alloc_h2 = per_request(f"{out}/per-request-h2/all.tsv")
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for profile in ("shaping", "process", "cluster", "cluster1", "hedge", "stale", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
+for profile in ("shaping", "process", "cluster", "cluster1", "cors", "hedge", "stale", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -116,6 +118,9 @@ for profile, what in (("cluster", "leases auto: 500 tokens a round trip"), ("clu
     if profile in instr and "process" in instr:
         extra = instr[profile] - instr["process"]
         print(f"| instructions with the same limit, scope: cluster, {what} (profile {profile}; over scope: process) | | {instr[profile]:,.0f} ({extra:+,.0f}) | | |")
+if "cors" in instr and "happypath" in instr:
+    extra = instr["cors"] - instr["happypath"]
+    print(f"| instructions on a route with cors, requests without Origin (profile cors) | | {instr['cors']:,.0f} ({extra:+,.0f}) | | |")
 if "hedge" in instr and "happypath" in instr:
     extra = instr["hedge"] - instr["happypath"]
     print(f"| instructions with a hedge that is never due (profile hedge) | | {instr['hedge']:,.0f} ({extra:+,.0f}) | +1,000 | {'met' if extra <= 1000 else '**short**'} |")

@@ -31,6 +31,8 @@
 #     50,000/s, above what one worker serves: tokens leased `auto` (500 at a time, for 10 ms), or
 #     one at a time (`cluster1`: a Redis round trip on every request).
 #   BENCH_PROFILE=process: the same limit with `scope: process`, beside them.
+#   BENCH_PROFILE=cors: foundation plus `cors` on the route (its requests
+#     carry no Origin: the cost of a route that has it, per request).
 #   BENCH_PROFILE=policies: config/happypath.yaml as shipped (retry, budget,
 #     breaker, health checks, ejection, concurrency limit, metrics) with only
 #     the addresses changed, log level `info`: one JSON access-log line per
@@ -100,6 +102,10 @@ case $profile in
       echo "cluster: { redis: { url: 'redis://${BENCH_REDIS:?BENCH_REDIS (host:port of a redis-server) is not set}/0', lease: ${lease} } }" >> "$cfg"
     fi
     ;;
+  cors)
+    level=warning
+    foundation_yaml "" "    cors: { allow_origins: [https://app.example.com] }" > "$cfg"
+    ;;
   hedge)
     level=warning
     foundation_yaml "" "    hedge: { after: 1s }" > "$cfg"
@@ -151,7 +157,7 @@ case $profile in
         "$example" > "$cfg"
     grep -q "http://${upstream}" "$cfg" || { echo "config/happypath.yaml changed shape: could not point it at ${upstream}" >&2; exit 2; }
     ;;
-  *) echo "BENCH_PROFILE must be foundation, shaping, process, cluster, cluster1, hedge, stale, upgrades, adaptive, h2up, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
+  *) echo "BENCH_PROFILE must be foundation, shaping, process, cluster, cluster1, cors, hedge, stale, upgrades, adaptive, h2up, grpc, tracing0, tracing1 or policies, not $profile" >&2; exit 2 ;;
 esac
 "$BIN" check --config "$cfg" >/dev/null
 # shellcheck disable=SC2086
