@@ -32,7 +32,15 @@ public enum ClusterProbe {
         }
         loop.start(name: "redis-probe")
         let answered = outcome.done.wait(timeout: .now() + limit.seconds) == .success
-        loop.execute { outcome.connection?.close() }
+        // Closed on the loop before it stops: a `stop` that came first
+        // would skip the close, and the connection's events would outlive it.
+        let closed = DispatchSemaphore(value: 0)
+        loop.execute {
+            outcome.connection?.close()
+            outcome.connection = nil
+            closed.signal()
+        }
+        _ = closed.wait(timeout: .now() + 5)
         loop.stop()
         loop.join()
         loop.close()
