@@ -71,4 +71,63 @@ import Testing
         #expect(d.feed(Array("Zm9v".utf8), into: &out) != nil)
         #expect(d.finish() != nil)
     }
+
+    @Test(arguments: [
+        ("application/grpc-web", "application/grpc", "application/grpc-web", "application/grpc-web-text"),
+        ("application/grpc-web+proto", "application/grpc+proto", "application/grpc-web+proto", "application/grpc-web-text+proto"),
+        ("Application/GRPC-Web-Text+Proto; charset=x", "application/grpc+proto", "application/grpc-web+proto",
+         "application/grpc-web-text+proto"),
+        ("application/grpc-web+pro/to", "application/grpc", "application/grpc-web", "application/grpc-web-text"),
+    ])
+    func contentTypesKeepTheCodec(request: String, upstream: String, binary: String, text: String) {
+        #expect(GRPCWeb.upstreamContentType(request.utf8) == upstream)
+        #expect(GRPCWeb.answerContentType(.binary, request: request.utf8) == binary)
+        #expect(GRPCWeb.answerContentType(.text, request: request.utf8) == text)
+    }
+
+    @Test(arguments: [
+        ([], true),
+        ([0, 0, 0, 0, 0], true),
+        ([0, 0, 0, 0, 2, 7, 7, 1, 0, 0, 0, 1, 9], true),
+        ([0, 0, 0, 0, 3, 7, 7], false),  // a length past the body
+        ([0, 0xFF, 0xFF, 0xFF, 0xFF], false),  // four gigabytes declared
+        ([0x80, 0, 0, 0, 0], false),  // a trailer frame in a request
+        ([0, 0, 0], false),  // a header cut off
+        ([0, 0, 0, 0, 0, 0], false),  // a second header cut off
+    ] as [([UInt8], Bool)])
+    func aRequestBodyIsWholeFrames(body: [UInt8], whole: Bool) {
+        let problem = body.withUnsafeBytes { GRPCWeb.frameProblem($0) }
+        #expect((problem == nil) == whole, "\(problem ?? "whole")")
+    }
+
+    @Test func aTextBodyIsDecodedAndChecked() throws {
+        func body(_ bytes: [UInt8]) -> RequestBody {
+            let b = RequestBody(count: bytes.count)
+            bytes.withUnsafeBytes { if let base = b.baseAddress { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+            return b
+        }
+        let message: [UInt8] = [0, 0, 0, 0, 2, 104, 105]
+        // Each message encoded on its own (padding in the middle), as clients may.
+        let text = GRPCWeb.base64(message) + GRPCWeb.base64(message)
+        guard case let .success(sent) = GRPCWebRequest.body(body(text), mode: .text) else {
+            Issue.record("refused")
+            return
+        }
+        #expect(Array(UnsafeRawBufferPointer(start: sent.baseAddress, count: sent.count)) == message + message)
+        guard case let .failure(refusal) = GRPCWebRequest.body(body(Array("AAA*".utf8)), mode: .text) else {
+            Issue.record("let through")
+            return
+        }
+        #expect(refusal.detail.contains("byte 3"), "\(refusal.detail)")
+        guard case let .failure(cut) = GRPCWebRequest.body(body(GRPCWeb.base64([0, 0, 0, 0, 9, 1])), mode: .text) else {
+            Issue.record("let through")
+            return
+        }
+        #expect(cut.detail.contains("declares 9 bytes but 1 follow"), "\(cut.detail)")
+        // Binary mode passes whole frames as they are.
+        guard case .success = GRPCWebRequest.body(body(message), mode: .binary) else {
+            Issue.record("refused")
+            return
+        }
+    }
 }

@@ -18,9 +18,30 @@ import Testing
           - match: { path_prefix: /api/, methods: [GET, POST] }
             upstream: u
             cors: { allow_origins: [https://app.example.com], allow_headers: [X-Api-Key], max_age: 10m }
+          - match: { path_prefix: /limited/ }
+            upstream: u
+            cors: { allow_origins: [https://app.example.com] }
+            rate_limit: { rate: 1/m, burst: 1, over_limit: reject }
           - match: { path_prefix: / }
             upstream: u
         """
+    }
+
+    /// A request with a body refused at its head (a rate limit judges it
+    /// before the body is read) carries the fields too: the browser can
+    /// read its 429.
+    @Test func aRefusalAtTheHeadCarriesTheFields() throws {
+        let upstream = ScriptedUpstream(response: http(200, "ok")).started()
+        let h = try ProxyHarness(Self.yaml(upstream: upstream.port))
+        defer {
+            h.stop()
+            upstream.stop()
+        }
+        let first = try HTTP.request(port: h.port, "POST", "/limited/a", headers: [Self.origin], body: Array("x".utf8))
+        #expect(first.status == 200)
+        let refused = try HTTP.request(port: h.port, "POST", "/limited/a", headers: [Self.origin], body: Array("x".utf8))
+        #expect(refused.status == 429)
+        #expect(refused.header("Access-Control-Allow-Origin") == "https://app.example.com", "\(refused.headers)")
     }
 
     static let origin = ("Origin", "https://app.example.com")

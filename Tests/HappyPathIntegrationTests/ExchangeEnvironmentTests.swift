@@ -117,6 +117,7 @@ import Testing
             ended = true
         }
         var isRefusedGRPCCall: Bool { false }
+        var grpcWeb: GRPCWeb.Mode? { nil }
     }
 
     /// Runs one GET of `path` through an exchange on `route` of `yaml`'s

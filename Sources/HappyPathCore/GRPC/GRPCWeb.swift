@@ -28,6 +28,55 @@ public enum GRPCWeb {
         }
     }
 
+    /// The `content-type` the upstream call carries for a gRPC-Web
+    /// request's: `application/grpc`, with the request's codec kept
+    /// (`application/grpc-web-text+proto` becomes `application/grpc+proto`).
+    public static func upstreamContentType(_ value: some Collection<UInt8>) -> String {
+        "application/grpc" + codec(value)
+    }
+
+    /// The `content-type` of a gRPC-Web answer: the request's type, its
+    /// codec kept, without parameters (`application/grpc-web-text+proto`).
+    public static func answerContentType(_ mode: Mode, request value: some Collection<UInt8>) -> String {
+        (mode == .text ? "application/grpc-web-text" : "application/grpc-web") + codec(value)
+    }
+
+    /// `+proto` (or another codec's name) after the type, lower-cased, or
+    /// nothing; at most 32 bytes of token characters, else nothing.
+    static func codec(_ value: some Collection<UInt8>) -> String {
+        guard let plus = value.firstIndex(of: UInt8(ascii: "+")) else { return "" }
+        var name: [UInt8] = []
+        for b in value[value.index(after: plus)...] {
+            if b == UInt8(ascii: ";") || b == 0x20 || b == 0x09 { break }
+            guard name.count < 32, HTTPBytes.isToken(b) else { return "" }
+            name.append(b >= 65 && b <= 90 ? b + 32 : b)
+        }
+        return name.isEmpty ? "" : "+" + String(decoding: name, as: UTF8.self)
+    }
+
+    /// Why a request body is not a sequence of whole gRPC frames (a flag
+    /// byte, 0 or 1, a four-byte length, that many bytes), or nil when it
+    /// is. A trailer frame has no place in a request. Linear in the body;
+    /// no length is added before it is checked against what is left.
+    public static func frameProblem(_ body: UnsafeRawBufferPointer) -> String? {
+        var at = 0
+        var index = 0
+        while at < body.count {
+            let left = body.count - at
+            guard left >= 5 else { return "message \(index + 1) is cut off in its 5-byte frame header" }
+            let flag = body[at]
+            guard flag <= 1 else { return "message \(index + 1) has the frame flag \(flag) (only 0 and 1 are a message)" }
+            var length = 0
+            for i in 1...4 { length = length << 8 | Int(body[at + i]) }
+            guard length <= left - 5 else {
+                return "message \(index + 1) declares \(length) bytes but \(left - 5) follow"
+            }
+            at += 5 + length
+            index += 1
+        }
+        return nil
+    }
+
     /// The flag byte of a trailer frame (a message frame's is 0).
     public static let trailerFlag: UInt8 = 0x80
 
@@ -119,4 +168,40 @@ public struct GRPCWebTextDecoder: Sendable {
     }
 
     private static func value(_ b: UInt8) -> UInt8? { Base64.sextet(b) }
+}
+
+/// A gRPC-Web request's body as the upstream call sends it: decoded from
+/// base64 in text mode, and in both modes checked to be whole gRPC frames,
+/// so that a malformed body is the proxy's clean refusal, not the
+/// upstream's guess.
+public enum GRPCWebRequest {
+    public struct Refusal: Error, Equatable, Sendable {
+        /// What is wrong, for the `grpc-message` (the problem's detail).
+        public let detail: String
+    }
+
+    /// `body` (whole) in `mode`: the body to send, or why none is.
+    public static func body(_ body: RequestBody, mode: GRPCWeb.Mode) -> Result<RequestBody, Refusal> {
+        let raw = UnsafeRawBufferPointer(start: body.baseAddress, count: body.count)
+        guard mode == .text else {
+            if let problem = GRPCWeb.frameProblem(raw) { return .failure(Refusal(detail: "The gRPC-Web body is not whole gRPC frames: \(problem).")) }
+            return .success(body)
+        }
+        var decoder = GRPCWebTextDecoder()
+        var out: [UInt8] = []
+        out.reserveCapacity(body.count / 4 * 3 + 3)
+        if let failure = decoder.feed(raw, into: &out) ?? decoder.finish() {
+            switch failure {
+            case let .invalid(offset):
+                return .failure(Refusal(detail: "The gRPC-Web text body is not base64 at byte \(offset)."))
+            case .truncated:
+                return .failure(Refusal(detail: "The gRPC-Web text body ends inside a base64 group of four characters."))
+            }
+        }
+        let problem = out.withUnsafeBytes { GRPCWeb.frameProblem($0) }
+        if let problem { return .failure(Refusal(detail: "The gRPC-Web body is not whole gRPC frames: \(problem).")) }
+        let decoded = RequestBody(count: out.count)
+        if let base = decoded.baseAddress { out.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+        return .success(decoded)
+    }
 }

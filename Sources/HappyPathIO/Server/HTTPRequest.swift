@@ -135,6 +135,11 @@ public final class HTTPRequest {
     /// cleared the staged ones: a route's CORS fields. Empty: none.
     public var answerFields: [HTTPField] = []
 
+    /// A gRPC-Web call on a `grpc:` route (set by the worker when the
+    /// route is found): the exchange calls the upstream as gRPC and answers
+    /// in this mode. Nil for every other request.
+    public var grpcWeb: GRPCWeb.Mode?
+
     private func stageAnswerFields() {
         for field in answerFields { addResponseHeader(field.name, field.value) }
     }

@@ -133,7 +133,13 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         relay.retryAfterCap = route.retry.configuration.maxRetryAfter
         relay.readsGRPCStatus = isGRPC
         relay.readsGRPCDetails = isGRPC && guardian.pacing?.onResourceExhausted == true
-        if isGRPC { relay.grpcRetryStatuses = route.retry.configuration.grpcStatuses }
+        if isGRPC {
+            relay.grpcRetryStatuses = route.retry.configuration.grpcStatuses
+            if let web = request.grpcWeb {
+                relay.web = web
+                relay.webContentType = GRPCWeb.answerContentType(web, request: (request.header("content-type") ?? "").utf8)
+            }
+        }
         machine = ExchangeStateMachine(
             .init(
                 deadline: deadline, retry: route.retry, parkFor: route.parkFor,
@@ -275,6 +281,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             // counted under the code its problem would have had.
             if relay.status >= 400 { result.code = ErrorMapper.builtInCode(for: relay.status).rawValue }
             if isGRPC { result.grpcStatus = relay.grpcStatus.clientStatus(httpStatus: relay.status) }
+            if let frame = relay.webTrailerFrame() { frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
             request.endReply()
         case .truncated, .drained:
             // Part of the response is already with the client: the only

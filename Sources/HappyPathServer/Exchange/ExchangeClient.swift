@@ -34,6 +34,8 @@ protocol ExchangeClient: AnyObject {
     /// A gRPC call whose head the edge refused: its fields are not kept,
     /// its content type was gRPC's.
     var isRefusedGRPCCall: Bool { get }
+    /// A gRPC-Web call (docs/grpc.md): its mode; nil for any other request.
+    var grpcWeb: GRPCWeb.Mode? { get }
 }
 
 extension HTTPRequest: ExchangeClient {}
@@ -43,13 +45,15 @@ extension ExchangeClient {
     /// (`application/grpc`, `application/grpc+…`). gRPC runs over HTTP/2
     /// only, so a request over HTTP/1.x is never one and pays only the
     /// protocol's name; an HTTP/2 request pays one look at its fields.
-    var isGRPCCall: Bool { isRefusedGRPCCall || grpcCall(protocolName: protocolName) != nil }
+    var isGRPCCall: Bool { isRefusedGRPCCall || grpcWeb != nil || grpcCall(protocolName: protocolName) != nil }
 
     /// The same, with what the exchange needs of the call's head, for a
     /// caller that has read the protocol's name already. Nil: not a call.
     func grpcCall(protocolName: StaticString) -> GRPCCallHead? {
-        // Only "HTTP/2" is 6 bytes long ("HTTP/1.1", "HTTP/1.0", "-").
-        guard protocolName.utf8CodeUnitCount == 6 else { return nil }
+        // Only "HTTP/2" is 6 bytes long ("HTTP/1.1", "HTTP/1.0", "-"). A
+        // gRPC-Web call is one over any protocol: the worker said so.
+        let web = grpcWeb != nil
+        guard protocolName.utf8CodeUnitCount == 6 || web else { return nil }
         var grpc = false
         var seenType = false
         var timeout: Duration?
@@ -59,7 +63,7 @@ extension ExchangeClient {
             guard name.count == 12 else { return }
             if !seenType, HTTPBytes.equals(name, "content-type") {
                 seenType = true
-                grpc = GRPCCall.isContentType(value)
+                grpc = web || GRPCCall.isContentType(value)
             } else if !seenTimeout, HTTPBytes.equals(name, "grpc-timeout") {
                 seenTimeout = true
                 // Malformed (a sign, a ninth digit, another unit): no deadline of the client's.
@@ -69,7 +73,7 @@ extension ExchangeClient {
                 }
             }
         }
-        return grpc ? GRPCCallHead(timeout: timeout) : nil
+        return grpc || web ? GRPCCallHead(timeout: timeout) : nil
     }
 }
 
@@ -108,4 +112,5 @@ final class DeliverySink: ExchangeClient {
     func abort() {}
     func reply(status: Int, headers: [HTTPField], body: String?) {}
     var isRefusedGRPCCall: Bool { false }
+    var grpcWeb: GRPCWeb.Mode? { nil }
 }

@@ -13,7 +13,7 @@ enum ForwardedRequest {
     static func command(
         from request: HTTPRequest, method: String, target: String, route: RuntimeRoute, upstream: String,
         passesTrailers: Bool = false, deadline: Instant, ids: inout IdentifierGenerator, tracer: Tracer? = nil,
-        trace: inout RequestTrace?, now: Instant = Instant(nanoseconds: 0)
+        trace: inout RequestTrace?, now: Instant = Instant(nanoseconds: 0), body: RequestBody? = nil
     ) -> Command {
         // Room for every field (each gains an 8-byte prefix) and the five
         // added ones, so the block is allocated once.
@@ -26,7 +26,10 @@ enum ForwardedRequest {
         var traceparents = 0
         var incoming: UnsafeRawBufferPointer?
         var tracestate: [UnsafeRawBufferPointer] = []
-        var acceptsTrailers = false
+        // A gRPC-Web call goes upstream as gRPC: its content type is
+        // gRPC's, and it says it takes trailers (the proxy reads them).
+        let web = request.grpcWeb != nil
+        var acceptsTrailers = web
         // Fields a `Connection` header names are hop-by-hop for this request
         // (one pass over the head, however many tokens it lists).
         let nominated = request.connectionNominatesFields ? request.nominatedFields() : []
@@ -54,6 +57,9 @@ enum ForwardedRequest {
             case 11 where HTTPBytes.equals(name, "traceparent"):
                 traceparents += 1
                 incoming = value  // checked below; the proxy's own span may take its place
+                return
+            case 12 where web && HTTPBytes.equals(name, "content-type"):
+                headers.append(name: "content-type" as StaticString, value: GRPCWeb.upstreamContentType(value))
                 return
             case 12 where HTTPBytes.equals(name, "x-request-id"):
                 if requestID == nil { requestID = validRequestID(value) }
@@ -119,7 +125,7 @@ enum ForwardedRequest {
         }
 
         return Command(
-            requestID: id, method: method, target: target, headers: headers, body: request.takeBody(),
+            requestID: id, method: method, target: target, headers: headers, body: body ?? request.takeBody(),
             routeIndex: route.index, upstream: upstream, deadline: deadline)
     }
 

@@ -47,7 +47,16 @@ enum ProblemResponder {
         _ request: C, _ answer: GRPCErrorResponse, requestID: String, extraHeaders: [HTTPField] = []
     ) {
         request.clearResponseHeaders()
-        for field in answer.fields { request.addResponseHeader(field.name, field.value) }
+        let web = request.grpcWeb
+        for field in answer.fields {
+            // A gRPC-Web client reads the same status from the same head, under its own content type.
+            if let web, field.name == "content-type" {
+                request.addResponseHeader(
+                    field.name, GRPCWeb.answerContentType(web, request: (request.header("content-type") ?? "").utf8))
+            } else {
+                request.addResponseHeader(field.name, field.value)
+            }
+        }
         request.addResponseHeader("x-request-id", requestID)
         for field in extraHeaders { request.addResponseHeader(field.name, field.value) }
         request.startReply(status: answer.httpStatus, contentLength: nil, reason: nil)

@@ -77,6 +77,14 @@ struct ResponseRelay {
     /// the `RetryInfo` in it. Off (and free) for every other request.
     var readsGRPCDetails = false
     private var grpcDetails: [UInt8]?
+    /// A gRPC-Web call (nil: any other request): the answer's content
+    /// type becomes gRPC-Web's, its trailers go in the body as the trailer
+    /// frame, and in text mode every piece of the body is base64.
+    var web: GRPCWeb.Mode?
+    /// A gRPC-Web answer's `content-type` (`GRPCWeb.answerContentType`).
+    var webContentType = ""
+    /// A gRPC-Web answer's trailers, kept for its trailer frame.
+    private(set) var webTrailers: [(name: String, value: String)] = []
     /// Paused until the client's connection drains.
     private(set) var waitingForDrain = false
     /// The streamed answer's `content-type` is `text/event-stream`.
@@ -156,6 +164,7 @@ struct ResponseRelay {
         trailerBytes = 0
         grpcStatus = .absent
         grpcDetails = nil
+        webTrailers.removeAll()
         heldForRetry = nil
         holdingHeadForGRPC = false
         framing = ResponseFraming()
@@ -202,6 +211,10 @@ struct ResponseRelay {
             return
         }
         if readsGRPCStatus { readGRPC(name: name, value: value) }
+        if web != nil, name.count == 12, HTTPBytes.equals(name, "content-type") {
+            var type = webContentType
+            return type.withUTF8 { header(known: name, value: UnsafeRawBufferPointer($0), to: request) }
+        }
         if name.count == 11, HTTPBytes.equals(name, "retry-after") {
             // Never passed on as it came: a plain non-negative integer, at most the cap, or nothing.
             guard retryAfterSeconds == nil,
@@ -273,7 +286,8 @@ struct ResponseRelay {
         request.addResponseHeader("X-Request-Id", requestID)
         request.addResponseHeader("X-Happypath-Attempts", String(attempt))
         extra?.stage(on: request)
-        request.startReply(status: status, contentLength: length, reason: reason)
+        // A gRPC-Web answer's body gains the trailer frame (and base64): its length is the proxy's.
+        request.startReply(status: status, contentLength: web == nil ? length : nil, reason: reason)
         // An event stream and a gRPC call keep their client's pace; any other
         // answer is read from its upstream at the upstream's pace.
         if !eventStream, !readsGRPCStatus { request.permitReadAhead() }
@@ -304,24 +318,42 @@ struct ResponseRelay {
             return true
         case .streaming:
             if waitingForDrain { return false }
-            let room = request.outputRoom
-            if room <= 0 {
-                // The connection is full (its other streams' answers too):
-                // these bytes stay with the upstream transfer, which pauses.
-                waitingForDrain = true
-                request.send(UnsafeRawBufferPointer(start: nil, count: 0), notifyWhenDrained: true)
-                return false
+            if web == .text {
+                let encoded = GRPCWeb.base64(bytes)
+                return encoded.withUnsafeBytes { stream($0, to: request) }
             }
-            bytesOut += bytes.count
-            kept?.add(body: bytes)
-            if bytes.count >= room {
-                waitingForDrain = true
-                request.send(bytes, notifyWhenDrained: true)
-            } else {
-                request.send(bytes, notifyWhenDrained: false)
-            }
-            return true
+            return stream(bytes, to: request)
         }
+    }
+
+    /// A streamed answer's bytes to the client, at its pace.
+    private mutating func stream<C: ExchangeClient>(_ bytes: UnsafeRawBufferPointer, to request: C) -> Bool {
+        let room = request.outputRoom
+        if room <= 0 {
+            // The connection is full (its other streams' answers too):
+            // these bytes stay with the upstream transfer, which pauses.
+            waitingForDrain = true
+            request.send(UnsafeRawBufferPointer(start: nil, count: 0), notifyWhenDrained: true)
+            return false
+        }
+        bytesOut += bytes.count
+        kept?.add(body: bytes)
+        if bytes.count >= room {
+            waitingForDrain = true
+            request.send(bytes, notifyWhenDrained: true)
+        } else {
+            request.send(bytes, notifyWhenDrained: false)
+        }
+        return true
+    }
+
+    /// A gRPC-Web answer's trailer frame, to send before its end (base64
+    /// in text mode); nil for any other answer, or when its status came
+    /// in its head (Trailers-Only: the head is the whole answer).
+    func webTrailerFrame() -> [UInt8]? {
+        guard let web, mode == .streaming, !webTrailers.isEmpty else { return nil }
+        let frame = GRPCWeb.trailerFrame(webTrailers)
+        return web == .text ? GRPCWeb.base64(frame) : frame
     }
 
     /// A trailer field (checked, hop-by-hop and framing fields dropped by
@@ -340,6 +372,9 @@ struct ResponseRelay {
         guard trailerBytes + size <= limit else { return trailerBytes = limit + 1 }
         if readsGRPCStatus { readGRPC(name: name, value: value) }
         trailerBytes += size
+        if web != nil {
+            return webTrailers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        }
         request.addResponseTrailer(name: name, value: value)
     }
 

@@ -128,6 +128,7 @@ final class RateLimitGate {
             Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) != nil
         else { return false }
         heldRoute = route
+        worker.routed(request, to: route)
         return true
     }
 

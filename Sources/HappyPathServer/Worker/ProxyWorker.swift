@@ -143,9 +143,7 @@ final class ProxyWorker: HTTPServerDelegate {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
-        if let cors = route.cors, let origin = request.header("Origin"), let fields = cors.answerFields(origin: origin) {
-            request.answerFields = fields
-        }
+        routed(request, to: route)
         if !route.allowTrace, method.utf8.count == 5, RouteProblems.echoesRequest(method) {
             let (problem, allow) = RouteProblems.traceRefused(method: method, route: route, requestID: requestID(of: request))
             ProblemResponder.respond(request, problem, extraHeaders: [allow])
@@ -183,6 +181,22 @@ final class ProxyWorker: HTTPServerDelegate {
         return true
     }
 
+    /// What a request's route makes of it before anything answers it (also
+    /// a refusal at its head, `RateLimitGate.holdsBody`): a gRPC-Web call
+    /// on a `grpc:` route, the CORS fields of an allowed origin.
+    func routed(_ request: HTTPRequest, to route: RuntimeRoute) {
+        if route.grpc { request.grpcWeb = Self.grpcWebMode(request) }
+        if let cors = route.cors, let origin = request.header("Origin"), let fields = cors.answerFields(origin: origin) {
+            request.answerFields = fields
+        }
+    }
+
+    /// A gRPC-Web call's mode, from its `content-type` (nil: not gRPC-Web).
+    static func grpcWebMode(_ request: HTTPRequest) -> GRPCWeb.Mode? {
+        guard let type = request.header("content-type") else { return nil }
+        return GRPCWeb.mode(contentType: type.utf8)
+    }
+
     /// A request with a body on a rate-limited route is judged at its head (`RateLimitGate`).
     func holdsBody(_ request: HTTPRequest) -> Bool { gate.holdsBody(request) }
     func bodyHeld(_ request: HTTPRequest) { gate.bodyHeld(request) }
@@ -197,6 +211,9 @@ final class ProxyWorker: HTTPServerDelegate {
         guard let routeIndex = runtime.router.route(path: path, method: request.method) else { return false }
         let route = runtime.routes[routeIndex]
         guard route.delivery.mode == .now else { return false }
+        // A gRPC-Web text body is decoded whole before it goes (one
+        // message: gRPC-Web calls are unary or server streaming).
+        if route.grpc, Self.grpcWebMode(request) == .text { return false }
         // Sent again after it began only by a retry or by a replay after a
         // token refresh (a 401): without either, no copy is kept for one.
         request.keepsStreamedBody = route.retry.configuration.attempts > 1 || shared.guards[route.upstreamIndex].tokens != nil
@@ -226,12 +243,23 @@ final class ProxyWorker: HTTPServerDelegate {
             }
             return deliveries.accept(request, command: command, route: route, worker: self)
         }
-        let (command, trace) = makeCommand(request, method: method, target: upstreamTarget, route: route)
+        let bodyStream = request.takeBodyStream()
+        var body: RequestBody?
+        if let web = request.grpcWeb, bodyStream == nil {
+            switch GRPCWebRequest.body(request.takeBody(), mode: web) {
+            case let .success(decoded): body = decoded
+            case let .failure(refusal):
+                // A gRPC status (INTERNAL, gRPC's word for a 400), as the server's own would be.
+                ProblemResponder.respond(request, Problem(.badRequest, requestID: requestID(of: request), detail: refusal.detail))
+                return
+            }
+        }
+        let (command, trace) = makeCommand(request, method: method, target: upstreamTarget, route: route, body: body)
         let exchange = Exchange(
             env: self, request: request, route: route, upstream: runtime.upstreams[route.upstreamIndex],
             guardian: shared.guards[route.upstreamIndex], command: command,
             upgrade: UpgradeRequest.of(request, method: method, route: route), trace: trace,
-            bodyStream: request.takeBodyStream())
+            bodyStream: bodyStream)
         exchange.rateLimitFields = fields
         let trusted = runtime.configuration.trustedProxies
         if exchange.guardian.pausesClients {
@@ -266,16 +294,16 @@ final class ProxyWorker: HTTPServerDelegate {
         ForwardedRequest.validRequestID(request.header("X-Request-Id")) ?? ids.requestID()
     }
 
-    private func makeCommand(_ request: HTTPRequest, method: String, target: String, route: RuntimeRoute)
-        -> (Command, RequestTrace?)
-    {
+    private func makeCommand(
+        _ request: HTTPRequest, method: String, target: String, route: RuntimeRoute, body: RequestBody? = nil
+    ) -> (Command, RequestTrace?) {
         var trace: RequestTrace?
         let now = clock.now()
         let upstream = runtime.upstreams[route.upstreamIndex]
         let command = ForwardedRequest.command(
             from: request, method: method, target: target, route: route, upstream: upstream.name,
             passesTrailers: upstream.speaksH2, deadline: now + route.timeout, ids: &ids, tracer: shared.tracer,
-            trace: &trace, now: now)
+            trace: &trace, now: now, body: body)
         return (command, trace)
     }
 

@@ -45,7 +45,8 @@ public final class RuntimeConfiguration: Sendable {
                 rateLimit: route.rateLimit,
                 keptRateLimit: previous?.keptRateLimit(for: route, label: label, timeout: policies.timeout),
                 hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
-                upgradesIdleTimeout: route.upgradesIdleTimeout, grpcIdempotent: route.grpc?.idempotent == true,
+                upgradesIdleTimeout: route.upgradesIdleTimeout, grpc: route.grpc != nil,
+                grpcIdempotent: route.grpc?.idempotent == true,
                 priority: route.priority, priorityHeader: route.priorityHeader,
                 cors: route.cors.map {
                     CORSPolicy(
@@ -140,6 +141,8 @@ final class RuntimeRoute: Sendable {
     let hedge: HedgeConfiguration?
     /// `cors:` (nil: none): preflights answered here, and the fields on every answer to an allowed origin.
     let cors: CORSPolicy?
+    /// `grpc:` the route carries gRPC calls, and takes gRPC-Web ones (docs/grpc.md).
+    let grpc: Bool
     /// `grpc: { idempotent: true }`: the route's gRPC calls may be sent
     /// again after they may have reached the upstream (a reset, a
     /// timeout) and may be hedged, as methods in `retry.methods` are.
@@ -187,10 +190,11 @@ final class RuntimeRoute: Sendable {
         allowTrace: Bool = false, allowedMethods: [String] = [], rewritesRedirects: Bool = true, passesErrors: Bool = false,
         rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
         fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300),
-        grpcIdempotent: Bool = false, priority: RequestPriority = .normal, priorityHeader: String? = nil,
-        cors: CORSPolicy? = nil
+        grpc: Bool = false, grpcIdempotent: Bool = false, priority: RequestPriority = .normal,
+        priorityHeader: String? = nil, cors: CORSPolicy? = nil
     ) {
         self.cors = cors
+        self.grpc = grpc || grpcIdempotent
         self.grpcIdempotent = grpcIdempotent
         self.priority = priority
         self.priorityHeader = priorityHeader

@@ -170,6 +170,18 @@ public enum OutsideValuesHarness {
             var back: [UInt8] = []
             precondition(decoder.feed(GRPCWeb.base64(value), into: &back) == nil && decoder.finish() == nil, "own base64 refused")
             precondition(back == value, "base64 did not read back")
+            // The bytes as a request body in either mode: refused, or whole frames the check walks to the end.
+            let frames = value.withUnsafeBytes { GRPCWeb.frameProblem($0) }
+            let body = RequestBody(count: value.count)
+            if let base = body.baseAddress { value.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+            if case let .success(sent) = GRPCWebRequest.body(body, mode: .binary) {
+                precondition(frames == nil && sent.count == value.count, "binary mode changed or let through a body")
+            } else {
+                precondition(frames != nil, "binary mode refused whole frames")
+            }
+            if case let .success(sent) = GRPCWebRequest.body(body, mode: .text) {
+                precondition(!whole.failed && sent.count == whole.bytes.count, "text mode let a bad body through")
+            }
             return whole.failed ? "refused" : "\(whole.bytes.count) bytes"
         default:
             return "no reader for \(kind)"
