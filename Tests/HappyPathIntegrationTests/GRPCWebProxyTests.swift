@@ -226,4 +226,74 @@ import Testing
             #expect(trailers.contains("grpc-status: 0"), "\(trailers)")
         }
     }
+
+    /// An HTTP/2 server (Python `h2`) whose answer is cut by a reset after
+    /// its first DATA frame: `/c.S/whole` sends one whole message first,
+    /// `/c.S/half` half of one.
+    static let cuttingServer = #"""
+        import asyncio
+        import h2.config, h2.connection, h2.events, h2.errors
+
+        class Connection(asyncio.Protocol):
+            def connection_made(self, transport):
+                self.transport = transport
+                self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+                self.conn.initiate_connection()
+                self.paths = {}
+                self.transport.write(self.conn.data_to_send())
+
+            def data_received(self, data):
+                for event in self.conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        self.paths[event.stream_id] = dict(event.headers)[":path"]
+                    elif isinstance(event, h2.events.DataReceived):
+                        self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded):
+                        sid = event.stream_id
+                        body = b"\x00\x00\x00\x00\x03one" if self.paths[sid].endswith("whole") else b"\x00\x00\x00\x00\x0aone"
+                        self.conn.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+                        self.conn.send_data(sid, body)
+                        self.transport.write(self.conn.data_to_send())
+                        asyncio.get_running_loop().call_later(0.2, self.cut, sid)
+                self.transport.write(self.conn.data_to_send())
+
+            def cut(self, sid):
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                self.transport.write(self.conn.data_to_send())
+
+        async def main():
+            server = await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", 0)
+            print(server.sockets[0].getsockname()[1], flush=True)
+            await asyncio.Event().wait()
+
+        asyncio.run(main())
+        """#
+
+    /// An answer cut short between two messages ends with the proxy's
+    /// status in a trailer frame (UNAVAILABLE); cut inside a message, the
+    /// connection is cut (a frame there would be read as the message's bytes).
+    @Test func anAnswerCutBetweenMessagesEndsWithTheProxysStatus() throws {
+        let (server, port) = try startPythonServer(
+            python: try PythonH2.python(), Self.cuttingServer, lines: Locked([]), what: "the cutting HTTP/2 server")
+        defer {
+            kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+        }
+        let h = try PythonGRPC.proxy(port: port, routes: "  - { match: { path_prefix: /c.S/ }, upstream: g, grpc: {} }")
+        defer { h.stop() }
+        for mode in ["application/grpc-web", "application/grpc-web-text"] {
+            let text = mode.hasSuffix("text")
+            let body = text ? GRPCWeb.base64(Self.frame([])) : Self.frame([])
+            let whole = try Self.post(h.port, "/c.S/whole", type: mode, body: body)
+            #expect(whole.status == 200)
+            let frames = try #require(Self.frames(text ? Self.decodeText(whole.body) ?? [] : whole.body), "\(whole.text)")
+            #expect(frames.map(\.flag) == [0, 0x80], "\(mode)")
+            #expect(frames.first?.payload == Array("one".utf8))
+            let trailers = Self.trailerLines(frames.last?.payload ?? [])
+            #expect(trailers.contains("grpc-status: 14"), "\(trailers)")
+            #expect(trailers.contains { $0.hasPrefix("grpc-status-details-bin: ") }, "\(trailers)")
+            // Inside a message: no answer a client could take for whole.
+            #expect(throws: (any Error).self, "\(mode)") { try Self.post(h.port, "/c.S/half", type: mode, body: body) }
+        }
+    }
 }

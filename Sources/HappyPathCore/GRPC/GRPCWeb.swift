@@ -101,6 +101,42 @@ public enum GRPCWeb {
     public static func base64(_ bytes: some Collection<UInt8>) -> [UInt8] { Base64.padded(bytes) }
 }
 
+/// Where a stream of gRPC frames stands as its bytes pass: inside a
+/// frame's five-byte header, inside its message, or between two frames
+/// (`atBoundary`), where a gRPC-Web answer cut short may still end with a
+/// trailer frame of the proxy's. Constant state; a message's bytes are
+/// skipped in one step, so time is linear in the headers alone.
+public struct GRPCFrameCursor: Sendable {
+    private var headerSeen = 0
+    private var length = 0
+    private var left = 0
+
+    public init() {}
+
+    public var atBoundary: Bool { headerSeen == 0 && left == 0 }
+
+    public mutating func advance(_ bytes: UnsafeRawBufferPointer) {
+        var i = 0
+        while i < bytes.count {
+            if left > 0 {
+                let take = min(left, bytes.count - i)
+                left -= take
+                i += take
+                continue
+            }
+            // The flag byte, then four bytes of length (at most 2^32 - 1: no overflow).
+            if headerSeen > 0 { length = length << 8 | Int(bytes[i]) }
+            headerSeen += 1
+            i += 1
+            if headerSeen == 5 {
+                left = length
+                headerSeen = 0
+                length = 0
+            }
+        }
+    }
+}
+
 /// A text-mode request body as it arrives, in pieces of any size: base64
 /// (the standard alphabet), where padding may end any group of four and
 /// decoding starts afresh after it (a client may encode each message on its

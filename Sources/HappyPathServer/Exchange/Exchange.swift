@@ -284,10 +284,23 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             if let frame = relay.webTrailerFrame() { frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
             request.endReply()
         case .truncated, .drained:
-            // Part of the response is already with the client: the only
-            // honest signal left is a broken connection.
             result.status = relay.status
             result.code = "TRUNCATED"
+            // A gRPC-Web client between two messages reads a status of the proxy's in the trailer frame.
+            let detail =
+                ending == .drained
+                ? "The proxy shut down before the answer was over; call again."
+                : "The upstream's answer was cut off after it began; the messages before this status are whole."
+            if relay.web != nil,
+                case let answer = GRPCErrorResponse(Problem(.upstreamUnavailable, requestID: command.requestID, detail: detail)),
+                let frame = relay.webFailureFrame(answer)
+            {
+                result.grpcStatus = answer.status
+                frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) }
+                return request.endReply()
+            }
+            // Part of the response is already with the client: the only
+            // honest signal left is a broken connection.
             request.abort()
         case .clientClosed:
             result.status = 499  // nginx's "client closed request"

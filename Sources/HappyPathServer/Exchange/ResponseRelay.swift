@@ -83,6 +83,8 @@ struct ResponseRelay {
     var web: GRPCWeb.Mode?
     /// A gRPC-Web answer's `content-type` (`GRPCWeb.answerContentType`).
     var webContentType = ""
+    /// Where a gRPC-Web answer's frames stand, as they went to the client.
+    private var webFrames = GRPCFrameCursor()
     /// A gRPC-Web answer's trailers, kept for its trailer frame.
     private(set) var webTrailers: [(name: String, value: String)] = []
     /// Paused until the client's connection drains.
@@ -165,6 +167,7 @@ struct ResponseRelay {
         grpcStatus = .absent
         grpcDetails = nil
         webTrailers.removeAll()
+        webFrames = GRPCFrameCursor()
         heldForRetry = nil
         holdingHeadForGRPC = false
         framing = ResponseFraming()
@@ -318,11 +321,10 @@ struct ResponseRelay {
             return true
         case .streaming:
             if waitingForDrain { return false }
-            if web == .text {
-                let encoded = GRPCWeb.base64(bytes)
-                return encoded.withUnsafeBytes { stream($0, to: request) }
-            }
-            return stream(bytes, to: request)
+            guard let web else { return stream(bytes, to: request) }
+            let sent = web == .text ? GRPCWeb.base64(bytes).withUnsafeBytes { stream($0, to: request) } : stream(bytes, to: request)
+            if sent { webFrames.advance(bytes) }
+            return sent
         }
     }
 
@@ -353,6 +355,17 @@ struct ResponseRelay {
     func webTrailerFrame() -> [UInt8]? {
         guard let web, mode == .streaming, !webTrailers.isEmpty else { return nil }
         let frame = GRPCWeb.trailerFrame(webTrailers)
+        return web == .text ? GRPCWeb.base64(frame) : frame
+    }
+
+    /// A gRPC-Web answer cut short (the upstream failed, or a drain ran
+    /// out): the proxy's status as its trailer frame, when the client has
+    /// whole messages so far. Nil: not gRPC-Web, or cut inside a message
+    /// (a frame after it would be read as the message's bytes).
+    func webFailureFrame(_ answer: GRPCErrorResponse) -> [UInt8]? {
+        guard let web, mode == .streaming, headComplete, webFrames.atBoundary else { return nil }
+        let fields = answer.fields.dropFirst().map { (name: $0.name, value: $0.value) }  // not its content-type
+        let frame = GRPCWeb.trailerFrame(fields)
         return web == .text ? GRPCWeb.base64(frame) : frame
     }
 
