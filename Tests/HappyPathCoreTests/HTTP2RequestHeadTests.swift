@@ -119,6 +119,16 @@ import Testing
         let get = try read(Self.get()).get()
         #expect(!get.isHead)
         #expect(get.contentLength == nil)
+        #expect(get.connectProtocol == nil)
+    }
+
+    /// RFC 8441: an extended CONNECT is read as the GET it becomes upstream, its protocol kept.
+    @Test func anExtendedConnectIsTheGETItBecomes() throws {
+        let head = try read([(":method", "CONNECT"), (":protocol", "WebSocket")] + Array(Self.get("/chat?room=1").dropFirst())).get()
+        #expect(head.method == "GET")
+        #expect(head.connectProtocol == "websocket")
+        #expect(head.target == "/chat?room=1")
+        #expect(fieldLines(head) == ["host: example.com"])
     }
 
     // MARK: - Refused heads
@@ -150,7 +160,21 @@ import Testing
         Invalid(name: ":status in a request", fields: [(":status", "200")] + get(), refusal: .malformed(.unknownPseudoHeader)),
         Invalid(
             name: ":protocol (no extended CONNECT)", fields: get() + [(":protocol", "websocket")],
-            refusal: .malformed(.unknownPseudoHeader)),
+            refusal: .malformed(.badProtocol)),
+        Invalid(
+            name: "an extended CONNECT without :authority",
+            fields: [(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":path", "/ws")],
+            refusal: .malformed(.missingPseudoHeader)),
+        Invalid(
+            name: "an extended CONNECT without :path",
+            fields: [(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":authority", "a")],
+            refusal: .malformed(.missingPseudoHeader)),
+        Invalid(
+            name: ":protocol twice", fields: [(":method", "CONNECT"), (":protocol", "websocket"), (":protocol", "websocket")] + Array(get().dropFirst()),
+            refusal: .malformed(.repeatedPseudoHeader)),
+        Invalid(
+            name: "a :protocol that is no token", fields: [(":method", "CONNECT"), (":protocol", "web socket")] + Array(get().dropFirst()),
+            refusal: .malformed(.badProtocol)),
         Invalid(name: "an unknown pseudo-header", fields: [(":foo", "x")] + get(), refusal: .malformed(.unknownPseudoHeader)),
         Invalid(name: "a lone colon", fields: [(":", "x")] + get(), refusal: .malformed(.unknownPseudoHeader)),
         Invalid(name: ":path twice", fields: get() + [(":path", "/b")], refusal: .malformed(.repeatedPseudoHeader)),

@@ -27,6 +27,7 @@ import Testing
         case malformed
         case aborted
         case closed
+        case tunnel
         case timer
         /// The clock moves on (no outcome).
         case wait(milliseconds: Int64)
@@ -74,6 +75,9 @@ import Testing
             case .malformed: return .actions(machine.malformed(now: t))
             case .aborted: return .actions(machine.aborted(now: t))
             case .closed: return .actions(machine.closed(now: t))
+            case .tunnel:
+                machine.becameTunnel()
+                return nil
             case .timer: return .actions(machine.timerFired(now: t))
             case let .wait(ms):
                 now += ms
@@ -121,6 +125,35 @@ import Testing
                 Step(.dispatched, outcome: .dispatch(.request)),
                 Step(.answer(200, length: 0), outcome: .head(Head(endStream: true, contentLength: 0), .none), .ended),
                 Step(.body(9), .none),
+                Step(.endSent, A(reset: .noError), .closed(.answeredEarly)),
+            ]),
+        Scenario(
+            name: "a tunnel (RFC 8441): our END_STREAM first leaves the client's side open, its bytes still pass, then both close",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true)),
+                Step(.hold, cancel),
+                Step(.stream, A(ready: .request), .ready),
+                Step(.dispatched, outcome: .dispatch(.request)),
+                Step(.answer(200, length: nil), outcome: .head(Head(endStream: false, contentLength: nil), .none), .answering),
+                Step(.tunnel),
+                Step(.body(9), A(pass: 9)),
+                Step(.ended(), A(end: .endStream), .ended),
+                Step(.endSent, .none, .ended),
+                Step(.body(4), A(pass: 4), .ended),
+                Step(.body(0, end: true), A(passEnd: true), .ended),
+                Step(.closed, .none, .closed(.complete)),
+            ]),
+        Scenario(
+            name: "becoming a tunnel needs a streamed body being answered: a plain answer still resets NO_ERROR",
+            steps: [
+                Step(.start, arm),
+                Step(.head(end: false), A(startBody: true)),
+                Step(.hold, cancel),
+                Step(.stream, A(ready: .request), .ready),
+                Step(.dispatched, outcome: .dispatch(.request)),
+                Step(.answer(200, length: 0), outcome: .head(Head(endStream: true, contentLength: 0), .none), .ended),
+                Step(.tunnel),
                 Step(.endSent, A(reset: .noError), .closed(.answeredEarly)),
             ]),
         Scenario(

@@ -97,7 +97,7 @@ public struct GRPCStatusDetails: Sendable, Equatable {
 }
 
 /// Base64 (RFC 4648 section 4, the standard alphabet), for `-bin` fields.
-enum Base64 {
+public enum Base64 {
     static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
     /// Without `=` padding.
@@ -119,7 +119,7 @@ enum Base64 {
     }
 
     /// With `=` padding to a multiple of four characters.
-    static func padded(_ bytes: some Collection<UInt8>) -> [UInt8] {
+    public static func padded(_ bytes: some Collection<UInt8>) -> [UInt8] {
         var out = Array(unpadded(Array(bytes)).utf8)
         while out.count % 4 != 0 { out.append(UInt8(ascii: "=")) }
         return out

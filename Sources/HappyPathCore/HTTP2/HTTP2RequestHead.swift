@@ -31,6 +31,12 @@ public struct HTTP2RequestHead: Sendable, Equatable {
     /// `host` first, then the regular fields in arrival order.
     public var fields: [HTTP2Field]
 
+    /// An extended CONNECT's `:protocol` (RFC 8441), lower-case
+    /// (`websocket`): the stream is to become a tunnel. Its `method` is
+    /// then `GET`, the request it becomes towards the upstream, by which it
+    /// is routed. Nil for every other request.
+    public var connectProtocol: String?
+
     /// Whether the method is HEAD (its answer has no body).
     public var isHead: Bool { method == "HEAD" }
 
@@ -102,6 +108,7 @@ public struct HTTP2RequestHeadReader: Sendable {
     private var scheme: Range<Int>?
     private var path: Range<Int>?
     private var authority: Range<Int>?
+    private var connectProtocol: Range<Int>?
     private var host: Range<Int>?
     /// The cookie crumbs' values, joined at `finish` where the first one was.
     private var cookies: [Range<Int>] = []
@@ -226,6 +233,13 @@ public struct HTTP2RequestHeadReader: Sendable {
                 return .malformed(.badScheme)
             }
             scheme = store(value)
+        case 9 where HTTPBytes.equals(name, ":protocol"):
+            // RFC 8441: offered by SETTINGS_ENABLE_CONNECT_PROTOCOL; checked with the method at `finish`.
+            if connectProtocol != nil { return .malformed(.repeatedPseudoHeader) }
+            guard !value.isEmpty, value.count <= 64, value.allSatisfy(HTTPBytes.isToken) else {
+                return .malformed(.badProtocol)
+            }
+            connectProtocol = store(value)
         case 10 where HTTPBytes.equals(name, ":authority"):
             if authority != nil { return .malformed(.repeatedPseudoHeader) }
             guard !value.isEmpty, HTTPBytes.isValidHost(value) else { return .http1(.invalidHost) }
@@ -289,7 +303,12 @@ public struct HTTP2RequestHeadReader: Sendable {
     private func finish(_ bytes: UnsafeRawBufferPointer) -> Result<HTTP2RequestHead, HTTP2RequestRefusal> {
         // CONNECT carries neither :scheme nor :path: refused as HTTP/1.1 refuses it, whatever else it lacks.
         guard let method else { return .failure(.malformed(.missingPseudoHeader)) }
-        if bytes[method].elementsEqual("CONNECT".utf8) {
+        let isConnect = bytes[method].elementsEqual("CONNECT".utf8)
+        // An extended CONNECT (RFC 8441 section 4) carries :protocol, :scheme, :path and :authority.
+        if connectProtocol != nil {
+            guard isConnect else { return .failure(.malformed(.badProtocol)) }
+            guard authority != nil else { return .failure(.malformed(.missingPseudoHeader)) }
+        } else if isConnect {
             return .failure(.http1(.connectMethod))
         }
         guard let scheme, let path else { return .failure(.malformed(.missingPseudoHeader)) }
@@ -360,8 +379,10 @@ public struct HTTP2RequestHeadReader: Sendable {
         }
         return .success(
             HTTP2RequestHead(
-                method: String(decoding: bytes[method], as: UTF8.self), target: target, isAsteriskForm: isAsterisk,
-                scheme: schemeText, contentLength: contentLength, size: size, storage: out, fields: outFields))
+                method: connectProtocol == nil ? String(decoding: bytes[method], as: UTF8.self) : "GET", target: target,
+                isAsteriskForm: isAsterisk, scheme: schemeText, contentLength: contentLength, size: size, storage: out,
+                fields: outFields,
+                connectProtocol: connectProtocol.map { String(decoding: bytes[$0], as: UTF8.self).lowercased() }))
     }
 
     // MARK: - Helpers

@@ -49,7 +49,7 @@ public enum HTTP2Malformation: String, Sendable, Hashable, CaseIterable {
     // MARK: Pseudo-headers (RFC 9113 section 8.3)
     /// `:method`, `:scheme` or `:path` is missing.
     case missingPseudoHeader = "missing_pseudo_header"
-    /// A pseudo-header a request does not have (`:status`, `:protocol`, `:foo`).
+    /// A pseudo-header a request does not have (`:status`, `:foo`).
     case unknownPseudoHeader = "unknown_pseudo_header"
     /// The same pseudo-header twice.
     case repeatedPseudoHeader = "repeated_pseudo_header"
@@ -66,6 +66,8 @@ public enum HTTP2Malformation: String, Sendable, Hashable, CaseIterable {
     /// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`,
     /// `Upgrade`, or `TE` other than `trailers` (section 8.2.2).
     case connectionSpecificField = "connection_specific_field"
+    /// `:protocol` on a request that is not a CONNECT, or not a token (RFC 8441 section 4).
+    case badProtocol = "bad_protocol"
     /// A field name with an upper-case letter (section 8.2.1).
     case uppercaseFieldName = "uppercase_field_name"
 
@@ -80,6 +82,7 @@ public enum HTTP2Malformation: String, Sendable, Hashable, CaseIterable {
         case .authorityMismatch: "The Host header names another host than :authority."
         case .connectionSpecificField:
             "The request carries a connection-specific header field (Connection, Keep-Alive, Proxy-Connection, Transfer-Encoding, Upgrade, or TE other than trailers), which HTTP/2 forbids."
+        case .badProtocol: "The :protocol pseudo-header is only valid on an extended CONNECT, as one token (RFC 8441)."
         case .uppercaseFieldName: "A header field name has an upper-case letter, which HTTP/2 forbids."
         }
     }

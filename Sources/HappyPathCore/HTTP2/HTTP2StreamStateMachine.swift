@@ -186,6 +186,10 @@ public struct HTTP2StreamStateMachine: Sendable {
     /// The request was handed over at its head and its body streams to the
     /// exchange (`releaseBody(streaming: true)`).
     public private(set) var streaming = false
+    /// The stream carries a tunnel (an extended CONNECT answered 200, RFC
+    /// 8441): each side ends on its own, so our END_STREAM leaves the
+    /// client's side open, and its bytes still pass.
+    public private(set) var isTunnel = false
     private var bodyArrived = false
     private var cancelTold = false
     private var timerArmed = false
@@ -297,7 +301,7 @@ public struct HTTP2StreamStateMachine: Sendable {
         case .held:
             heldBytes.addSaturating(n)
             return .none
-        case .ready where streaming, .dispatched where streaming, .answering where streaming:
+        case .ready where streaming, .dispatched where streaming, .answering where streaming, .ended where isTunnel:
             // The exchange works while the body streams (its timeouts, not
             // the client wait, bound a client that stops sending).
             return Actions(pass: n, passEnd: endStream)
@@ -315,6 +319,12 @@ public struct HTTP2StreamStateMachine: Sendable {
         state = .dispatched
         exchangeHasIt = true
         return isRefused ? .refused : .request
+    }
+
+    /// The answer began a tunnel (its body streams, RFC 8441): see `isTunnel`.
+    public mutating func becameTunnel() {
+        guard streaming, state == .answering else { return }
+        isTunnel = true
     }
 
     // MARK: - The answer
@@ -400,7 +410,7 @@ public struct HTTP2StreamStateMachine: Sendable {
     /// Our END_STREAM was sent. A request body still coming is no longer
     /// wanted: RST_STREAM NO_ERROR tells the client to stop, and to keep the answer.
     public mutating func endStreamSent(now: Instant) -> Actions {
-        guard state == .ended, !clientDone else { return .none }
+        guard state == .ended, !clientDone, !isTunnel else { return .none }
         return close(.answeredEarly, reset: .noError, now: now)
     }
 

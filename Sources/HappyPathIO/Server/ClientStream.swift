@@ -131,8 +131,13 @@ public struct ClientRequestHead: Sendable, Equatable {
     public var connectionNominatesFields: Bool
     /// The request came over TLS.
     public var isSecure: Bool
+    /// An HTTP/2 extended CONNECT's `:protocol` (RFC 8441; nil otherwise).
+    public var connectProtocol: String?
 
-    public init(isAsteriskForm: Bool, size: Int, connectionNominatesFields: Bool, isSecure: Bool) {
+    public init(
+        isAsteriskForm: Bool, size: Int, connectionNominatesFields: Bool, isSecure: Bool, connectProtocol: String? = nil
+    ) {
+        self.connectProtocol = connectProtocol
         self.isAsteriskForm = isAsteriskForm
         self.size = size
         self.connectionNominatesFields = connectionNominatesFields

@@ -9,7 +9,7 @@ import HappyPathCore
 /// `Tunnel` (docs/websocket.md). HTTP is over on it: its events go to the
 /// tunnel, its bytes pass through its TLS session as before, and the
 /// connection's own timer is off (the tunnel has its idle timer).
-extension HTTPConnection {
+extension HTTPConnection: TunnelClient {
     /// Writes `head` (the `101`) and makes the connection the client end of
     /// a tunnel to `upstream`. Nil if `request` is no longer the one it answers.
     func startTunnel(

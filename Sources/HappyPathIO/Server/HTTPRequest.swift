@@ -257,6 +257,10 @@ public final class HTTPRequest {
     /// The request came over a TLS listener (`X-Forwarded-Proto: https`).
     public var arrivedOverTLS: Bool { stream.head(of: self)?.isSecure ?? false }
 
+    /// An HTTP/2 extended CONNECT's protocol (`websocket`, RFC 8441): the
+    /// stream asks to become a tunnel. Nil for every other request.
+    public var connectProtocol: String? { stream.head(of: self)?.connectProtocol }
+
     /// The stream, when it is an HTTP/1.1 connection carrying this request
     /// (a dynamic cast: only the few requests that may leave HTTP pay it):
     /// only there can a request leave HTTP (a `101`, a socket handed over).
@@ -273,10 +277,20 @@ public final class HTTPRequest {
     /// returned tunnel now owns (it closes both; it may be closed already,
     /// if the client went away as it opened). The request is answered.
     /// Nil if the client is gone (then `upstream` is the caller's to close).
+    /// An HTTP/2 extended CONNECT (`connectProtocol`) is answered `200`
+    /// instead, and its stream becomes the tunnel's client end (RFC 8441).
     public func switchProtocols(
         fields: [HTTPField], to upstream: UpstreamUpgrade, limits: Tunnel.Machine.Limits, now: @escaping () -> Instant
     ) -> Tunnel? {
-        guard let c = http1 else { return nil }
+        guard let c = http1 else {
+            guard open, let h2 = stream as? HTTP2Stream else { return nil }
+            guard let tunnel = h2.startTunnel(self, fields: fields, upstream: upstream, limits: limits, now: now) else {
+                return nil
+            }
+            // The request is the tunnel's now: the exchange's end of it does nothing.
+            open = false
+            return tunnel
+        }
         observer = nil
         open = false
         var head = "HTTP/1.1 101 Switching Protocols\r\n"

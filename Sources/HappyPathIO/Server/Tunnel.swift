@@ -5,6 +5,29 @@ import HappyPathCore
     import Glibc
 #endif
 
+/// A tunnel's client end: an HTTP/1.1 connection after its `101`
+/// (`HTTPConnection+Tunnel`), or an HTTP/2 stream after an extended
+/// CONNECT's `200` (`HTTP2TunnelEnd`, RFC 8441). On the loop's thread.
+protocol TunnelClient: AnyObject {
+    /// The server whose loop, memory pools and read scratch the tunnel uses.
+    var server: HTTPServer { get }
+    /// Reads bytes from the client: > 0 bytes, 0 at its end, < 0 with `errno` (`EAGAIN`: none now).
+    func tunnelRead(into buffer: UnsafeMutableRawPointer, count: Int) -> Int
+    /// Writes bytes toward the client, queueing what it does not take. False if the client is gone.
+    func tunnelWrite(_ bytes: UnsafeRawBufferPointer) -> Bool
+    /// Bytes queued toward the client and not yet taken.
+    var pendingOutput: Int { get }
+    /// Starts or stops reading the client (`Tunnel.clientReadable` hears when there is more).
+    func tunnelReading(_ on: Bool)
+    /// After a read that did not drain the client: look again soon if bytes wait
+    /// where no socket event will say so (a TLS session's buffer, a stream's body).
+    func readAgainIfSessionHolds()
+    /// No more bytes toward the client (a half-close).
+    func tunnelEndWrite()
+    /// The tunnel is over: the client end closes (or is reset, if it had not ended).
+    func tunnelClosed()
+}
+
 /// A tunnel after a `101 Switching Protocols`: the driver of its
 /// `TunnelStateMachine` (HappyPathCore), between the client's connection
 /// (through its TLS session, if any) and the upstream's (an
@@ -13,7 +36,7 @@ import HappyPathCore
 /// connection's output queue, toward the upstream here), and the machine
 /// decides when a side is read, ended, or closed.
 ///
-/// The connection and the upstream end are the tunnel's from `start` until
+/// The client end and the upstream end are the tunnel's from `start` until
 /// it closes; then `onClose` hears why, with the bytes each way.
 public final class Tunnel {
     public typealias Machine = TunnelStateMachine
@@ -28,7 +51,7 @@ public final class Tunnel {
         public var duration: Duration
     }
 
-    private let connection: HTTPConnection
+    private let connection: any TunnelClient
     private let upstream: UpstreamUpgrade
     private var machine: Machine
     private let now: () -> Instant
@@ -50,7 +73,7 @@ public final class Tunnel {
     /// How much one read takes from a side.
     static let readSize = 32 * 1024
 
-    init(connection: HTTPConnection, upstream: UpstreamUpgrade, limits: Machine.Limits, now: @escaping () -> Instant) {
+    init(connection: any TunnelClient, upstream: UpstreamUpgrade, limits: Machine.Limits, now: @escaping () -> Instant) {
         self.connection = connection
         self.upstream = upstream
         self.now = now

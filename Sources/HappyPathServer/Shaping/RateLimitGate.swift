@@ -124,7 +124,9 @@ final class RateLimitGate {
         let method = request.method
         guard let routeIndex = runtime.router.route(path: path, method: method) else { return false }
         let route = runtime.routes[routeIndex]
-        guard route.rateLimit != nil, route.allowTrace || method.utf8.count != 5 || !RouteProblems.echoesRequest(method),
+        // An extended CONNECT's body is a tunnel's bytes, which never end: it is judged when served.
+        guard route.rateLimit != nil, request.connectProtocol == nil,
+            route.allowTrace || method.utf8.count != 5 || !RouteProblems.echoesRequest(method),
             Router.upstreamTarget(path: path, query: query, stripPrefix: route.stripPrefix) != nil
         else { return false }
         heldRoute = route

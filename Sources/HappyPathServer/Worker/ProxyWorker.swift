@@ -143,6 +143,9 @@ final class ProxyWorker: HTTPServerDelegate {
             return noRoute(request, method: method, path: path)
         }
         let route = runtime.routes[routeIndex]
+        if let name = request.connectProtocol, !route.upgrades.contains(name) {
+            return refuseTunnel(request, protocol: name, route: route)
+        }
         routed(request, to: route)
         if !route.allowTrace, method.utf8.count == 5, RouteProblems.echoesRequest(method) {
             let (problem, allow) = RouteProblems.traceRefused(method: method, route: route, requestID: requestID(of: request))
@@ -191,6 +194,14 @@ final class ProxyWorker: HTTPServerDelegate {
         }
     }
 
+    /// An HTTP/2 extended CONNECT (RFC 8441) for a protocol its route does
+    /// not tunnel: 501, saying which the route takes.
+    private func refuseTunnel(_ request: HTTPRequest, protocol name: String, route: RuntimeRoute) {
+        let takes = route.upgrades.isEmpty ? "tunnels nothing (no upgrades)" : "tunnels only \(route.upgrades.joined(separator: ", ")) (upgrades)"
+        let detail = "An extended CONNECT for '\(name)' reached route \(route.label), which \(takes)."
+        ProblemResponder.respond(request, Problem(.notImplemented, requestID: requestID(of: request), detail: detail))
+    }
+
     /// A gRPC-Web call's mode, from its `content-type` (nil: not gRPC-Web).
     static func grpcWebMode(_ request: HTTPRequest) -> GRPCWeb.Mode? {
         guard let type = request.header("content-type") else { return nil }
@@ -210,6 +221,12 @@ final class ProxyWorker: HTTPServerDelegate {
         if let deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
         guard let routeIndex = runtime.router.route(path: path, method: request.method) else { return false }
         let route = runtime.routes[routeIndex]
+        // An extended CONNECT's body is its tunnel's bytes (RFC 8441): they
+        // stream, never kept (a tunnel is never sent twice).
+        if request.connectProtocol != nil {
+            request.keepsStreamedBody = false
+            return true
+        }
         guard route.delivery.mode == .now else { return false }
         // A gRPC-Web text body is decoded whole before it goes (one
         // message: gRPC-Web calls are unary or server streaming).
@@ -243,7 +260,8 @@ final class ProxyWorker: HTTPServerDelegate {
             }
             return deliveries.accept(request, command: command, route: route, worker: self)
         }
-        let bodyStream = request.takeBodyStream()
+        // A tunnel's bytes are the tunnel's to read, never a try's body.
+        let bodyStream = request.connectProtocol == nil ? request.takeBodyStream() : nil
         var body: RequestBody?
         if let web = request.grpcWeb, bodyStream == nil {
             switch GRPCWebRequest.body(request.takeBody(), mode: web) {

@@ -11,7 +11,7 @@ enum WebSocketPeers {
     static let server = #"""
 import asyncio, base64, hashlib, struct, sys
 
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 async def read_frame(r):
     b0, b1 = await r.readexactly(2)
@@ -91,7 +91,7 @@ asyncio.run(main())
     static let client = #"""
 import asyncio, base64, hashlib, json, os, socket, ssl, struct, sys, threading, urllib.request
 
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 port, path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 arg = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 cafile = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None

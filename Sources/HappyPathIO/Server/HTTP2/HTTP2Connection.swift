@@ -335,6 +335,8 @@ final class HTTP2Connection: HTTP2StreamOwner {
 
     func http2BodyMapping(capacity: Int) -> SpoolMapping? { connection.spoolMapping(capacity: capacity) }
 
+    var tunnelServer: HTTPServer? { server }
+
     func http2ConnectionFull(_ stream: HTTP2Stream) {
         fullPending = true
         scheduleTurn()

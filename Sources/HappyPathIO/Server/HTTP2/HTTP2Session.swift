@@ -239,6 +239,8 @@ public final class HTTP2Session {
                 settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue),
                 value: UInt32(clamping: max(0, settings.request.maxHeadBytes))),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1),
+            // RFC 8441: a WebSocket may open on a stream (an extended CONNECT with :protocol).
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL.rawValue), value: 1),
         ]
         try Self.check(nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &entries, entries.count))
         if settings.initialConnectionWindow > Self.defaultWindow {

@@ -18,6 +18,8 @@ public protocol HTTP2StreamOwner: AnyObject {
     /// A spool file of `capacity` bytes for a request body kept past
     /// `limits.body_in_memory`, or nil (kept in memory).
     func http2BodyMapping(capacity: Int) -> SpoolMapping?
+    /// The server a tunnel on the stream uses (its loop, pools, scratch).
+    var tunnelServer: HTTPServer? { get }
 }
 
 extension HTTP2StreamOwner {
@@ -25,6 +27,7 @@ extension HTTP2StreamOwner {
     public func http2ConnectionFull(_ stream: HTTP2Stream) {}
     public func http2AnswerSpool(_ stream: HTTP2Stream) -> AnswerSpool? { nil }
     public func http2BodyMapping(capacity: Int) -> SpoolMapping? { nil }
+    public var tunnelServer: HTTPServer? { nil }
 }
 
 /// One HTTP/2 stream of an `HTTP2Session` as the `ClientStream` of the one
@@ -350,7 +353,8 @@ public final class HTTP2Stream: ClientStream {
     public func head(of request: HTTPRequest) -> ClientRequestHead? {
         guard current === request, let head else { return nil }
         return ClientRequestHead(
-            isAsteriskForm: head.isAsteriskForm, size: head.size, connectionNominatesFields: false, isSecure: isSecure)
+            isAsteriskForm: head.isAsteriskForm, size: head.size, connectionNominatesFields: false, isSecure: isSecure,
+            connectProtocol: head.connectProtocol)
     }
 
     public func forEachField(
@@ -566,6 +570,17 @@ public final class HTTP2Stream: ClientStream {
         perform(actions)
         owner?.http2StreamHasOutput(self)
         return true
+    }
+
+    /// The answer became a tunnel's (RFC 8441): the machine lets each side end on its own.
+    func becomeTunnel() { machine.becameTunnel() }
+
+    /// The tunnel on this stream closed before both sides ended: RST_STREAM
+    /// now (also after our END_STREAM, when the client's side was still open).
+    func resetTunnel() {
+        current = nil
+        perform(machine.aborted(now: now()))
+        owner?.http2StreamHasOutput(self)
     }
 
     /// RST_STREAM INTERNAL_ERROR on this stream only (the connection and

@@ -1,0 +1,219 @@
+import Foundation
+import HappyPathCore
+import HappyPathServer
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Issue 49: WebSocket over HTTP/2 (RFC 8441). A client on an HTTP/2
+/// connection opens a WebSocket on a stream with an extended CONNECT; the
+/// proxy makes it an HTTP/1.1 upgrade to the upstream (its own key, the
+/// upstream's accept checked) and carries the stream's DATA both ways with
+/// HTTP/2 flow control. Clients: Python `h2` (flow control, extended
+/// CONNECT) and raw frames; the upstream: `WebSocketPeers.server`.
+@Suite(.serialized) struct HTTP2WebSocketTests {
+    /// `PORT PATH MODE [N]`: one extended CONNECT on an h2c connection.
+    /// Prints `settings ENABLE_CONNECT_PROTOCOL`, `status NNN`, the answer's
+    /// fields (`field NAME VALUE`), then by mode: `echo` sends N bytes in
+    /// masked 64 KiB binary frames and a close, and prints `echoed BYTES SAME`
+    /// and `closed CODE`; `close` prints `text TEXT` and `closed CODE`. Then
+    /// `ended` when the proxy's END_STREAM came, `reset CODE` if the stream was reset.
+    static let client = #"""
+        import os, socket, struct, sys
+        import h2.config, h2.connection, h2.events, h2.settings
+
+        port, path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+        n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+        s = socket.create_connection(("127.0.0.1", port)); s.settimeout(20)
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        c.initiate_connection(); s.sendall(c.data_to_send())
+        events, buf = [], b""
+
+        def pump():
+            data = s.recv(1 << 20)
+            if not data: raise EOFError()
+            for e in c.receive_data(data):
+                if isinstance(e, h2.events.DataReceived):
+                    c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                events.append(e)
+            s.sendall(c.data_to_send())
+
+        def wait(kind):
+            while True:
+                for i, e in enumerate(events):
+                    if isinstance(e, kind): return events.pop(i)
+                pump()
+
+        wait(h2.events.RemoteSettingsChanged)
+        print("settings", c.remote_settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL, 0), flush=True)
+        c.send_headers(1, [(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "http"), (":path", path),
+                           (":authority", "127.0.0.1"), ("sec-websocket-version", "13")])
+        s.sendall(c.data_to_send())
+        r = wait(h2.events.ResponseReceived)
+        fields = dict(r.headers)
+        print("status", fields[":status"], flush=True)
+        for k, v in r.headers:
+            if not k.startswith(":"): print("field", k, v, flush=True)
+
+        def frame(op, data):
+            mask = os.urandom(4)
+            m = bytes(b ^ mask[i % 4] for i, b in enumerate(data)) if len(data) < 4096 else \
+                (int.from_bytes(data, "big") ^ int.from_bytes((mask * (len(data) // 4 + 1))[:len(data)], "big")).to_bytes(len(data), "big")
+            k = len(data)
+            h = struct.pack("!BB", 0x80 | op, 0x80 | k) if k < 126 else struct.pack("!BBH", 0x80 | op, 0xFE, k) if k < 65536 else struct.pack("!BBQ", 0x80 | op, 0xFF, k)
+            return h + mask + m
+
+        def send(data):
+            # Within the stream's and the connection's windows: wait for WINDOW_UPDATEs.
+            while data:
+                room = min(c.local_flow_control_window(1), c.max_outbound_frame_size)
+                if room <= 0:
+                    pump(); continue
+                c.send_data(1, data[:room]); data = data[room:]
+                s.sendall(c.data_to_send())
+
+        got = b""
+        def frames():
+            global got
+            while True:
+                while len(got) >= 2:
+                    b0, b1 = got[0], got[1]; k = b1 & 0x7F; at = 2
+                    if k == 126: k, at = struct.unpack("!H", got[2:4])[0], 4
+                    elif k == 127: k, at = struct.unpack("!Q", got[2:10])[0], 10
+                    if len(got) < at + k: break
+                    payload = got[at:at + k]; got = got[at + k:]
+                    yield b0 & 0x0F, payload
+                e = wait(h2.events.DataReceived) if not any(isinstance(x, h2.events.DataReceived) for x in events) else None
+                if e is None:
+                    for i, x in enumerate(events):
+                        if isinstance(x, h2.events.DataReceived): e = events.pop(i); break
+                got += e.data
+
+        reader = frames()
+        if mode == "echo":
+            sent = os.urandom(n)
+            for i in range(0, n, 65536): send(frame(2, sent[i:i + 65536]))
+            back = b""
+            while len(back) < n:
+                op, payload = next(reader); back += payload
+            print("echoed", len(back), back == sent, flush=True)
+            send(frame(8, struct.pack("!H", 1000)))
+            op, payload = next(reader)
+            print("closed", struct.unpack("!H", payload[:2])[0] if op == 8 else "op%d" % op, flush=True)
+        elif mode == "close":
+            op, payload = next(reader); print("text", payload.decode(), flush=True)
+            op, payload = next(reader); print("closed", struct.unpack("!H", payload[:2])[0] if op == 8 else "op%d" % op, flush=True)
+        try:
+            while True:
+                for e in events:
+                    if isinstance(e, h2.events.StreamReset): print("reset", e.error_code, flush=True); sys.exit(0)
+                    if isinstance(e, h2.events.StreamEnded):
+                        print("ended", flush=True)
+                        c.end_stream(1); s.sendall(c.data_to_send())
+                        # The stream closes on both ends with no reset: a PING answers after it.
+                        c.ping(b"happy123"); s.sendall(c.data_to_send())
+                        while True:
+                            for x in events:
+                                if isinstance(x, h2.events.StreamReset): print("reset", x.error_code, flush=True); sys.exit(0)
+                                if isinstance(x, h2.events.PingAckReceived): print("clean", flush=True); sys.exit(0)
+                            events.clear(); pump()
+                events.clear()
+                pump()
+        except (EOFError, socket.timeout):
+            print("eof", flush=True)
+        """#
+
+    static func yaml(upstream: Int, routes: String = "") -> String {
+        """
+        listen: 127.0.0.1:0
+        admin: { listen: 127.0.0.1:0 }
+        defaults: { reachability: { park_for: 0s } }
+        upstreams:
+          ws: { endpoints: [http://127.0.0.1:\(upstream)] }
+        routes:
+        \(routes)  - { match: { path_prefix: /plain/ }, upstream: ws }
+          - { match: { path_prefix: / }, upstream: ws, upgrades: [websocket] }
+        """
+    }
+
+    func run(_ port: Int, _ path: String, _ mode: String, _ n: Int = 0) throws -> [String] {
+        let r = try runProcess(try PythonH2.python(), ["-c", Self.client, "\(port)", path, mode, "\(n)"], timeout: 60)
+        #expect(r.status == 0, "\(r.err)")
+        return r.out.split(separator: "\n").map(String.init)
+    }
+
+    @Test func aMegabyteEachWayAndTheCloseHandshakeOverOneStream() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let lines = try run(h.port, "/chat/echo", "echo", 1 << 20)
+        #expect(lines.contains("settings 1"), "SETTINGS_ENABLE_CONNECT_PROTOCOL: \(lines)")
+        #expect(lines.contains("status 200"), "\(lines)")
+        // The handshake's accept answered the proxy's key; the client, which sent none, gets none.
+        #expect(!lines.contains { $0.hasPrefix("field sec-websocket-accept") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("field x-seen-forwarded-for 127.0.0.1") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("field x-request-id ") }, "\(lines)")
+        #expect(lines.contains("echoed 1048576 True"), "\(lines)")
+        #expect(lines.contains("closed 1000"), "\(lines)")
+        // The upstream closed after the close: END_STREAM, then both ends closed with no reset.
+        #expect(lines.contains("ended") && lines.contains("clean"), "\(lines)")
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(waitUntil("the tunnel is counted closed") { try admin.metric("happypath_tunnels_open") == 0 })
+        let scrape = try HTTP.request(port: h.adminPort, "/metrics").text
+        #expect(scrape.contains(#"happypath_tunnels_total{upstream="ws",reason="upstream_closed"} 1"#), "\(scrape)")
+    }
+
+    @Test func theUpstreamClosingFirstEndsTheStream() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let lines = try run(h.port, "/chat/close", "close")
+        #expect(lines.contains("text bye"), "\(lines)")
+        #expect(lines.contains("closed 1000"), "\(lines)")
+        #expect(lines.contains("ended"), "\(lines)")
+    }
+
+    /// After `PythonH2.rawFrames`; `PORT`: extended CONNECTs the proxy
+    /// refuses, each on its own stream of one connection; a line per stream.
+    static let refusals = #"""
+        import sys
+        port = int(sys.argv[1])
+        c = H2(port)
+        def connect(path, protocol=None, method="CONNECT"):
+            fields = [(":method", method)] + ([(":protocol", protocol)] if protocol else []) + [(":scheme", "http"), (":path", path), (":authority", "t")]
+            return [(k.encode(), v.encode()) for k, v in fields]
+        cases = [("unknown", connect("/chat/x", "chat")), ("no_upgrades", connect("/plain/x", "websocket")),
+                 ("no_protocol", [(b":method", b"CONNECT"), (b":authority", b"t:443")]),
+                 ("get_with_protocol", connect("/chat/x", "websocket", "GET"))]
+        for i, (name, fields) in enumerate(cases): c.send(c.headers(fields, sid=2 * i + 1))
+        names, done = {2 * i + 1: name for i, (name, _) in enumerate(cases)}, {}
+        for f in c.frames:
+            if f.stream_id not in names or f.stream_id in done: continue
+            if isinstance(f, HeadersFrame):
+                status = c.fields(f).get(":status", "")
+                if status: done[f.stream_id] = "status " + status
+            elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
+            if len(done) == len(names): break
+        for sid, name in names.items(): print(name, done.get(sid, "none"), flush=True)
+        """#
+
+    /// An extended CONNECT with an unknown or missing `:protocol`, or to a
+    /// route without `upgrades`: refused on its stream, the connection goes on.
+    @Test func unknownOrMissingProtocolsAreRefused() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let (out, printed) = try PythonH2.runRawFrames(Self.refusals, ["\(h.port)"], timeout: 60)
+        #expect(out["unknown"] == "status 501", "\(printed)")
+        #expect(out["no_upgrades"] == "status 501", "\(printed)")
+        let noProtocol = out["no_protocol"] ?? "none"
+        #expect(noProtocol == "reset 1" || noProtocol.hasPrefix("status 4") || noProtocol == "status 501", "\(printed)")
+        let getWithProtocol = out["get_with_protocol"] ?? "none"
+        #expect(getWithProtocol == "reset 1" || getWithProtocol == "status 400", "\(printed)")
+        // The proxy goes on: a WebSocket opens after them.
+        let lines = try run(h.port, "/chat/echo", "echo", 1000)
+        #expect(lines.contains("echoed 1000 True"), "\(lines)")
+    }
+}
