@@ -122,6 +122,8 @@ final class RateLimitGate {
         let (path, query) = Router.split(target: request.target)
         if let deliveries = worker.deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
         let method = request.method
+        // A CORS preflight is answered by the proxy (`serve`), never counted: not held either.
+        if method.utf8.count == 7, method == "OPTIONS", request.header("Access-Control-Request-Method") != nil { return false }
         guard let routeIndex = runtime.router.route(path: path, method: method) else { return false }
         let route = runtime.routes[routeIndex]
         // An extended CONNECT's body is a tunnel's bytes, which never end: it is judged when served.

@@ -51,10 +51,11 @@ enum HeadlessChromium {
         private let output = Pipe()
         private let profile = NSTemporaryDirectory() + "happypath-chromium-" + UUID().uuidString
 
-        init(url: String, ready: String, report: [String]) throws {
+        /// `extraFlags`: more of chromium's flags (`--ignore-certificate-errors`).
+        init(url: String, ready: String, report: [String], extraFlags: [String] = []) throws {
             process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
             let reportJSON = String(decoding: try JSONSerialization.data(withJSONObject: report), as: UTF8.self)
-            process.arguments = ["-u", "-c", Self.driver, path!, url, profile, ready, reportJSON] + flags
+            process.arguments = ["-u", "-c", Self.driver, path!, url, profile, ready, reportJSON] + flags + extraFlags
             process.standardInput = input
             process.standardOutput = output
             process.standardError = FileHandle.nullDevice
