@@ -105,6 +105,42 @@ import Testing
         elif mode == "close":
             op, payload = next(reader); print("text", payload.decode(), flush=True)
             op, payload = next(reader); print("closed", struct.unpack("!H", payload[:2])[0] if op == 8 else "op%d" % op, flush=True)
+        elif mode == "reset":
+            send(frame(1, b"one")); op, payload = next(reader); print("echo", payload.decode(), flush=True)
+            c.reset_stream(1, 8); s.sendall(c.data_to_send()); print("sent-reset", flush=True)
+            sys.stdin.readline(); sys.exit(0)
+        elif mode == "idle":
+            print("open", flush=True)
+            try:
+                while True:
+                    for e in events:
+                        if isinstance(e, h2.events.StreamReset): print("reset", e.error_code, flush=True); sys.exit(0)
+                        if isinstance(e, h2.events.ConnectionTerminated): print("goaway", e.error_code, flush=True)
+                    events.clear(); pump()
+            except Exception:
+                # The connection ended (after a GOAWAY, h2 takes no more of its frames).
+                print("eof", flush=True); sys.exit(0)
+        elif mode == "stall":
+            # Sends echoed frames and reads nothing (no window given back): how far does it get?
+            import time
+            sent, chunk, pending, blocked = 0, frame(2, os.urandom(16384)), b"", None
+            s.settimeout(0.2)
+            while sent < n:
+                room = min(c.local_flow_control_window(1), c.max_outbound_frame_size)
+                if room > 0:
+                    pending = pending or chunk
+                    c.send_data(1, pending[:room]); s.sendall(c.data_to_send())
+                    sent += min(room, len(pending)); pending = pending[room:]; blocked = None; continue
+                blocked = blocked or time.time()
+                if time.time() - blocked > 3: break
+                try:
+                    data = s.recv(1 << 16)
+                    if not data: break
+                    for e in c.receive_data(data): pass   # window updates only: DATA is never acknowledged
+                    s.sendall(c.data_to_send())
+                except socket.timeout: pass
+            print("sent", sent, flush=True)
+            sys.stdin.readline(); sys.exit(0)
         try:
             while True:
                 for e in events:
@@ -136,6 +172,91 @@ import Testing
         \(routes)  - { match: { path_prefix: /plain/ }, upstream: ws }
           - { match: { path_prefix: / }, upstream: ws, upgrades: [websocket] }
         """
+    }
+
+    /// The client kept running (`reset`, `stall` wait for a line on stdin; `idle` for the stream's end).
+    final class Running {
+        let process = Process()
+        let input = Pipe()
+        let lines = Locked<[String]>([])
+
+        init(_ port: Int, _ path: String, _ mode: String, _ n: Int = 0) throws {
+            process.executableURL = URL(fileURLWithPath: try PythonH2.python())
+            process.arguments = ["-u", "-c", HTTP2WebSocketTests.client, "\(port)", path, mode, "\(n)"]
+            process.standardInput = input
+            let output = Pipe()
+            process.standardOutput = output
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            let lines = self.lines
+            output.fileHandleForReading.readabilityHandler = { handle in
+                let data = handle.availableData
+                guard !data.isEmpty else { return handle.readabilityHandler = nil }
+                let text = String(decoding: data, as: UTF8.self)
+                lines.withLock { $0 += text.split(separator: "\n").map(String.init) }
+            }
+        }
+
+        func saw(_ prefix: String) -> Bool { lines.withLock { $0.contains { $0.hasPrefix(prefix) } } }
+
+        deinit {
+            try? input.fileHandleForWriting.write(contentsOf: Data("\n".utf8))
+            let deadline = Date().addingTimeInterval(5)
+            while process.isRunning, Date() < deadline { usleep(20_000) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+        }
+    }
+
+    /// A client's reset of the stream closes the upstream's connection: the tunnel is over.
+    @Test func aClientResetClosesTheTunnel() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let client = try Running(h.port, "/chat/echo", "reset")
+        #expect(waitUntil("the echo, then the reset") { client.saw("sent-reset") }, "\(client.lines.withLock { $0 })")
+        #expect(client.saw("echo one"))
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(waitUntil("the tunnel closed") {
+            let m = try admin.metrics()
+            return m["happypath_tunnels_open"] == 0 && (m[#"happypath_tunnels_total{upstream="ws",reason="client_closed"}"#] ?? 0)
+                + (m[#"happypath_tunnels_total{upstream="ws",reason="error"}"#] ?? 0) == 1
+        })
+    }
+
+    /// A client that sends and never reads: the echo toward it stops at its
+    /// window, the proxy stops reading the upstream, the upstream stops
+    /// reading, and the proxy stops giving the client window: it is held
+    /// back, and what the proxy holds for the tunnel stays within its bound.
+    @Test func aClientThatNeverReadsIsHeldBackByFlowControl() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let client = try Running(h.port, "/chat/echo", "stall", 256 << 20)
+        #expect(waitUntil("the client is held back", timeout: 60) { client.saw("sent ") }, "\(client.lines.withLock { $0 })")
+        let sent = client.lines.withLock { $0 }.first { $0.hasPrefix("sent ") }.flatMap { Int($0.dropFirst(5)) } ?? 0
+        // Windows, the tunnel's queues (256 KiB each way) and the kernel's socket buffers on loopback: far below 256 MiB.
+        #expect(sent > 0 && sent < 64 << 20, "sent \(sent)")
+        let m = try AdminProbe(port: h.adminPort).metrics()
+        #expect((m[#"happypath_memory_bytes{pool="tunnels"}"#] ?? 0) <= Double(256 * 1024 + 32 * 1024), "\(m)")
+        #expect(m["happypath_tunnels_open"] == 1, "\(m.filter { $0.key.contains("tunnel") || $0.key.contains("reset") })")
+    }
+
+    /// A drain (GOAWAY) lets an open tunnel run until `drain_timeout`, then closes it.
+    @Test func aDrainLetsTheTunnelRunUntilItsTimeout() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let client = try Running(h.port, "/chat/echo", "idle")
+        #expect(waitUntil("the tunnel is open") { client.saw("open") })
+        let admin = AdminProbe(port: h.adminPort)
+        #expect(waitUntil("the tunnel is counted") { try admin.metric("happypath_tunnels_open") == 1 })
+        let started = ContinuousClock.now
+        h.proxy.drain(timeout: .milliseconds(400))
+        #expect(seconds(since: started) >= 0.35, "the drain waited for the tunnel until its timeout")
+        #expect(waitUntil("the client saw its stream end") { client.saw("reset") || client.saw("eof") },
+            "\(client.lines.withLock { $0 })")
+        #expect(client.saw("goaway 0"), "\(client.lines.withLock { $0 })")
     }
 
     func run(_ port: Int, _ path: String, _ mode: String, _ n: Int = 0) throws -> [String] {

@@ -31,6 +31,10 @@
 #   h1        wrk -t1 -c$CONNS                        64 requests in flight
 #   h2-m1     h2load -t1 -c$CONNS -m1                 64 connections, one stream each
 #   h2-m100   h2load -t1 -c$MULTI_CONNS -m$MULTI_STREAMS  one connection, 100 streams
+#   grpcweb-m1  h2load -t1 -c$CONNS -m1 (GRPC only)  the same calls as gRPC-Web
+#             (content-type application/grpc-web+proto), happypath alone
+#             (nginx has no gRPC-Web): its CPU per call against its own
+#             grpc-m1 row, which is the cost of the translation.
 # The many-streams load keeps the requests in flight near the other two's
 # (100, not 64 x 100): at 6,400 in flight nginx opens and closes an upstream
 # connection for most requests (its keep-alive pool holds 128) and happypath
@@ -59,15 +63,22 @@ mkdir -p "$OUT/tmp" "$OUT/logs"
 exec > >(tee -a "$OUT/run.log") 2>&1
 UP=127.0.0.1:$((PORT_BASE + 1))
 declare -A PORT=([nginx-h1]=$((PORT_BASE + 2)) [nginx-h2]=$((PORT_BASE + 3)) [happypath]=$((PORT_BASE + 4)))
-LOADS="h1 h2-m1 h2-m$MULTI_STREAMS"; [ -n "$GRPC" ] && LOADS="grpc-m1 grpc-m$MULTI_STREAMS"
+LOADS="h1 h2-m1 h2-m$MULTI_STREAMS"; [ -n "$GRPC" ] && LOADS="grpc-m1 grpc-m$MULTI_STREAMS grpcweb-m1"
+targets() { case $1 in grpcweb-*) echo happypath ;; *) echo nginx happypath ;; esac; }
 declare -A PID_OF=()
 spawn() { local name=$1 cpu=$2; shift 2; start_bg taskset -c "$cpu" "$@" >"$OUT/logs/$name.log" 2>&1; PID_OF[$name]=$!; }
 ticks() { local p t=0; for p in $1 $(pgrep -P "$1" | tr '\n' ' '); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{sub(/.*\) /, ""); print $12 + $13}' /proc/$p/stat))); done; echo $t; }
 self_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13 + $14 + $15}' /proc/$$/stat; }  # this shell + reaped children (the client)
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
 grpc=(-H 'content-type: application/grpc' -H 'te: trailers')
+grpcweb=(-H 'content-type: application/grpc-web+proto' -H 'x-grpc-web: 1')
 # port file: one call, its answer (kept in file) the upstream's reply byte for byte
 grpc_call() { curl -fs --http2-prior-knowledge -X POST --data-binary @"$OUT/call.bin" "${grpc[@]}" -o "$2" "http://127.0.0.1:$1/bench.v1.Bench/Call" && cmp -s "$2" "$OUT/reply.bin"; }
+# port file: one gRPC-Web call: the reply's message, then the trailer frame with grpc-status 0
+grpcweb_call() {
+  curl -fs --http2-prior-knowledge -X POST --data-binary @"$OUT/call.bin" "${grpcweb[@]}" -o "$2" "http://127.0.0.1:$1/bench.v1.Bench/Call" &&
+    head -c "$(stat -c %s "$OUT/reply.bin")" "$2" | cmp -s - "$OUT/reply.bin" && grep -q 'grpc-status: 0' "$2"
+}
 port() {  # load target: the port that target serves that load on
   case $2 in nginx) [ "$1" = h1 ] && echo "${PORT[nginx-h1]}" || echo "${PORT[nginx-h2]}" ;; *) echo "${PORT[$2]}" ;; esac
 }
@@ -122,8 +133,10 @@ spawn happypath 0 env BENCH_PROFILE="$([ -n "$GRPC" ] && echo grpc || echo found
   HAPPYPATH_BIN="$BIN" "$here/run-happypath-for-bench.sh"
 for load in $([ -n "$GRPC" ] && echo grpc || echo h1 h2); do for t in nginx happypath; do
   if [ "$load" = grpc ]; then
-    poll 10 grpc_call "$(port h2 "$t")" "$OUT/got-$t.bin" && continue
-    echo "$t does not answer a gRPC call on :$(port h2 "$t") (see $OUT/logs)"; exit 1
+    poll 10 grpc_call "$(port h2 "$t")" "$OUT/got-$t.bin" || { echo "$t does not answer a gRPC call on :$(port h2 "$t") (see $OUT/logs)"; exit 1; }
+    [ "$t" = nginx ] && continue
+    poll 10 grpcweb_call "$(port h2 "$t")" "$OUT/got-web-$t.bin" && continue
+    echo "$t does not answer a gRPC-Web call on :$(port h2 "$t") (see $OUT/logs)"; exit 1
   fi
   p=$(port "$load" "$t"); args=(-fs -o /dev/null -w '%{http_version}'); [ "$load" = h2 ] && args+=(--http2-prior-knowledge)
   poll 10 curl "${args[@]}" "http://127.0.0.1:$p/" >/dev/null
@@ -141,6 +154,7 @@ measure() {  # load target rep duration
     h1)    taskset -c 1 wrk -t1 -c"$CONNS" -d"$dur" "$url" > "$log" 2>&1 ;;
     h2-m1) taskset -c 1 h2load -t1 -c"$CONNS" -m1 -D "$dur" "$url" > "$log" 2>&1 ;;
     grpc-m1) taskset -c 1 h2load -t1 -c"$CONNS" -m1 -D "$dur" -d "$OUT/call.bin" "${grpc[@]}" "${url}bench.v1.Bench/Call" > "$log" 2>&1 ;;
+    grpcweb-m1) taskset -c 1 h2load -t1 -c"$CONNS" -m1 -D "$dur" -d "$OUT/call.bin" "${grpcweb[@]}" "${url}bench.v1.Bench/Call" > "$log" 2>&1 ;;
     grpc-*) taskset -c 1 h2load -t1 -c"$MULTI_CONNS" -m"$MULTI_STREAMS" -D "$dur" -d "$OUT/call.bin" "${grpc[@]}" "${url}bench.v1.Bench/Call" > "$log" 2>&1 ;;
     *)     taskset -c 1 h2load -t1 -c"$MULTI_CONNS" -m"$MULTI_STREAMS" -D "$dur" "$url" > "$log" 2>&1 ;;
   esac
@@ -167,9 +181,9 @@ measure() {  # load target rep duration
   echo "happypath: $BIN; -d$DURATION, repeats $REPEATS; h1: wrk -t1 -c$CONNS; h2-m1 (grpc-m1): h2load -t1 -c$CONNS -m1; h2-m$MULTI_STREAMS (grpc-m$MULTI_STREAMS): h2load -t1 -c$MULTI_CONNS -m$MULTI_STREAMS${GRPC:+; gRPC unary calls (-d call.bin, content-type application/grpc, te trailers; upstream $([ "$GRPC" = tls ] && echo "TLS, ALPN h2" || echo h2c))}"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT/header.txt"
-for load in $LOADS; do for t in nginx happypath; do measure "$load" "$t" 0 "$WARMUP"; done; done
+for load in $LOADS; do for t in $(targets "$load"); do measure "$load" "$t" 0 "$WARMUP"; done; done
 # interleaved: repeat 1 of every cell, then repeat 2, ... so drifting load hits every cell alike
-for rep in $(seq "$REPEATS"); do for load in $LOADS; do for t in nginx happypath; do measure "$load" "$t" "$rep" "$DURATION"; done; done; done
+for rep in $(seq "$REPEATS"); do for load in $LOADS; do for t in $(targets "$load"); do measure "$load" "$t" "$rep" "$DURATION"; done; done; done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 python3 - "$RESULTS" "$BAR" $LOADS <<'PY' | tee "$OUT/summary.md"
@@ -178,6 +192,9 @@ rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 bar, loads = float(sys.argv[2]), sys.argv[3:]
 def med(load, t, k): return statistics.median(float(r[k]) for r in rows if r["load"] == load and r["target"] == t)
 def errors(load, t): return sum(int(r["errors"]) for r in rows if r["load"] == load and r["target"] == t)
+# gRPC-Web (happypath alone): against happypath's own gRPC row instead of nginx.
+web = [load for load in loads if load.startswith("grpcweb")]
+loads = [load for load in loads if load not in web]
 ratio = {load: med(load, "happypath", "cpu_us_per_request") / med(load, "nginx", "cpu_us_per_request") for load in loads}
 def foreign(load, t): return max(float(r["foreign_pct"]) for r in rows if r["load"] == load and r["target"] == t)
 print("| load | target | rps (median) | CPU µs per request | errors | foreign CPU % (max) | happypath / nginx (CPU per request) | ÷ HTTP/1.1 ratio | bar |")
@@ -192,5 +209,10 @@ for load in loads:
                 verdict = f"≤ {bar}: " + ("met" if ratio[load] / ratio["h1"] <= bar else "**short**")
         print(f"| {load} | {t} | {med(load, t, 'rps'):.0f} | {med(load, t, 'cpu_us_per_request'):.1f} | {errors(load, t)} | "
               f"{foreign(load, t):.0f} | {r} | {over} | {verdict} |")
+for load in web:
+    base = "grpc-m1"
+    cost = med(load, "happypath", "cpu_us_per_request") / med(base, "happypath", "cpu_us_per_request")
+    print(f"| {load} | happypath (gRPC-Web) | {med(load, 'happypath', 'rps'):.0f} | {med(load, 'happypath', 'cpu_us_per_request'):.1f} | "
+          f"{errors(load, 'happypath')} | {foreign(load, 'happypath'):.0f} | {cost:.2f} × its {base} | | |")
 PY
 echo "raw: $RESULTS  logs: $OUT/logs"

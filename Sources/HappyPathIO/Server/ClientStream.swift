@@ -111,12 +111,15 @@ public protocol ClientStream: AnyObject {
     /// The request's head was refused at the edge (its fields are not
     /// kept) and was a gRPC call's: its refusal is a gRPC status.
     func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool
+    /// An HTTP/2 extended CONNECT's `:protocol` (RFC 8441); nil for any other request.
+    func connectProtocol(of request: HTTPRequest) -> String?
 }
 
 extension ClientStream {
     public func takeBodyStream(of request: HTTPRequest) -> RequestBodyStream? { nil }
     public func isRefusedGRPCCall(_ request: HTTPRequest) -> Bool { false }
     public func permitReadAhead(for request: HTTPRequest) {}
+    public func connectProtocol(of request: HTTPRequest) -> String? { nil }
 }
 
 /// What `HTTPRequest` knows of a request's head besides its method, target
@@ -131,13 +134,8 @@ public struct ClientRequestHead: Sendable, Equatable {
     public var connectionNominatesFields: Bool
     /// The request came over TLS.
     public var isSecure: Bool
-    /// An HTTP/2 extended CONNECT's `:protocol` (RFC 8441; nil otherwise).
-    public var connectProtocol: String?
 
-    public init(
-        isAsteriskForm: Bool, size: Int, connectionNominatesFields: Bool, isSecure: Bool, connectProtocol: String? = nil
-    ) {
-        self.connectProtocol = connectProtocol
+    public init(isAsteriskForm: Bool, size: Int, connectionNominatesFields: Bool, isSecure: Bool) {
         self.isAsteriskForm = isAsteriskForm
         self.size = size
         self.connectionNominatesFields = connectionNominatesFields

@@ -259,7 +259,8 @@ public final class HTTPRequest {
 
     /// An HTTP/2 extended CONNECT's protocol (`websocket`, RFC 8441): the
     /// stream asks to become a tunnel. Nil for every other request.
-    public var connectProtocol: String? { stream.head(of: self)?.connectProtocol }
+    /// (HTTP/1.1 pays one call that answers nil.)
+    public var connectProtocol: String? { stream.connectProtocol(of: self) }
 
     /// The stream, when it is an HTTP/1.1 connection carrying this request
     /// (a dynamic cast: only the few requests that may leave HTTP pay it):

@@ -214,14 +214,15 @@ extension HTTP2Session {
             return
         }
         let (total, overflow) = stream.bodyTotal.addingReportingOverflow(data.count)
-        if overflow || total > settings.request.maxBodyBytes {
+        // An extended CONNECT's body is a tunnel's bytes (RFC 8441): flow control bounds what is held, not a size.
+        if overflow || total > settings.request.maxBodyBytes, stream.head?.connectProtocol == nil {
             stream.bodyTooLarge = true
             stream.body = []
             nghttp2_session_consume_stream(session, id, data.count)
             current.events.append(.bodyTooLarge(id))
             return
         }
-        stream.bodyTotal = total
+        stream.bodyTotal = overflow ? Int.max : total
         stream.body.append(contentsOf: data)
         current.events.append(.data(id, count: data.count))
     }

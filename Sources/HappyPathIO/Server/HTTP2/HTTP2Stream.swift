@@ -353,8 +353,11 @@ public final class HTTP2Stream: ClientStream {
     public func head(of request: HTTPRequest) -> ClientRequestHead? {
         guard current === request, let head else { return nil }
         return ClientRequestHead(
-            isAsteriskForm: head.isAsteriskForm, size: head.size, connectionNominatesFields: false, isSecure: isSecure,
-            connectProtocol: head.connectProtocol)
+            isAsteriskForm: head.isAsteriskForm, size: head.size, connectionNominatesFields: false, isSecure: isSecure)
+    }
+
+    public func connectProtocol(of request: HTTPRequest) -> String? {
+        current === request ? head?.connectProtocol : nil
     }
 
     public func forEachField(
