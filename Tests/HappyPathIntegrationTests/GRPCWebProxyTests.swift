@@ -24,6 +24,12 @@ import Testing
         def stream(req, ctx):
             for i in range(3): yield b"part%d" % i
         def fail(req, ctx): ctx.abort(grpc.StatusCode.NOT_FOUND, "no such thing")
+        flaky = {"n": 0}
+        def flake(req, ctx):
+            flaky["n"] += 1
+            print("called /t.S/Flaky", flaky["n"], flush=True)
+            if flaky["n"] % 2: ctx.abort(grpc.StatusCode.UNAVAILABLE, "try again")
+            return b"steady:" + req
         def slow(req, ctx):
             time.sleep(3)
             return b"late"
@@ -31,7 +37,8 @@ import Testing
                     "/lim.S/U": grpc.unary_unary_rpc_method_handler(unary),
                     "/t.S/SS": grpc.unary_stream_rpc_method_handler(stream),
                     "/t.S/F": grpc.unary_unary_rpc_method_handler(fail),
-                    "/t.S/Slow": grpc.unary_unary_rpc_method_handler(slow)}
+                    "/t.S/Slow": grpc.unary_unary_rpc_method_handler(slow),
+                    "/r.S/Flaky": grpc.unary_unary_rpc_method_handler(flake)}
         class H(grpc.GenericRpcHandler):
             def service(self, d): return handlers.get(d.method)
         s = grpc.server(futures.ThreadPoolExecutor(4)); s.add_generic_rpc_handlers((H(),))
@@ -43,6 +50,7 @@ import Testing
             upstream: g
             grpc: {}
             rate_limit: { rate: 1/m, burst: 1, over_limit: reject }
+          - { match: { path_prefix: /r.S/ }, upstream: g, grpc: {}, retry: { attempts: 3, on: [unavailable] } }
           - { match: { path_prefix: /t.S/ }, upstream: g, grpc: {} }
         """
 
@@ -165,6 +173,24 @@ import Testing
                 h.port, "/t.S/Slow", type: "application/grpc-web", body: Self.frame([]), extra: [("grpc-timeout", "300m")])
             #expect(late.header("grpc-status") == "4", "\(late.headers)")
             #expect(ContinuousClock.now - started < .seconds(2.5))
+        }
+    }
+
+    /// `retry.on` names a gRPC status: a gRPC-Web call that gets it (in a
+    /// Trailers-Only answer) is sent again, and its client sees only the
+    /// answer that worked.
+    @Test func aGRPCStatusTheRouteRetriesIsRetried() throws {
+        let serverLines = Locked<[String]>([])
+        try PythonGRPC.withServer(Self.server, lines: serverLines) { _, port in
+            let h = try PythonGRPC.proxy(port: port, routes: Self.routes)
+            defer { h.stop() }
+            let r = try Self.post(h.port, "/r.S/Flaky", type: "application/grpc-web-text", body: GRPCWeb.base64(Self.frame(Array("x".utf8))))
+            #expect(r.header("x-happypath-attempts") == "2", "\(r.headers)")
+            let frames = try #require(Self.decodeText(r.body).flatMap(Self.frames), "\(r.text)")
+            #expect(frames.first?.payload == Array("steady:x".utf8))
+            let trailers = Self.trailerLines(frames.last?.payload ?? [])
+            #expect(trailers.contains("grpc-status: 0"), "\(trailers)")
+            #expect(serverLines.withLock { $0 }.filter { $0.hasPrefix("called /t.S/Flaky") }.count == 2)
         }
     }
 

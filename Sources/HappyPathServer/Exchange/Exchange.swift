@@ -281,7 +281,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             // counted under the code its problem would have had.
             if relay.status >= 400 { result.code = ErrorMapper.builtInCode(for: relay.status).rawValue }
             if isGRPC { result.grpcStatus = relay.grpcStatus.clientStatus(httpStatus: relay.status) }
-            if let frame = relay.webTrailerFrame() { frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) } }
+            // (A stored property first: a method call on the relay would copy all of it, on every answer.)
+            if relay.web != nil, let frame = relay.webTrailerFrame() {
+                frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) }
+            }
             request.endReply()
         case .truncated, .drained:
             result.status = relay.status

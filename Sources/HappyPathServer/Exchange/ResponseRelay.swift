@@ -352,7 +352,7 @@ struct ResponseRelay {
     /// A gRPC-Web answer's trailer frame, to send before its end (base64
     /// in text mode); nil for any other answer, or when its status came
     /// in its head (Trailers-Only: the head is the whole answer).
-    func webTrailerFrame() -> [UInt8]? {
+    mutating func webTrailerFrame() -> [UInt8]? {
         guard let web, mode == .streaming, !webTrailers.isEmpty else { return nil }
         let frame = GRPCWeb.trailerFrame(webTrailers)
         return web == .text ? GRPCWeb.base64(frame) : frame
@@ -362,7 +362,7 @@ struct ResponseRelay {
     /// out): the proxy's status as its trailer frame, when the client has
     /// whole messages so far. Nil: not gRPC-Web, or cut inside a message
     /// (a frame after it would be read as the message's bytes).
-    func webFailureFrame(_ answer: GRPCErrorResponse) -> [UInt8]? {
+    mutating func webFailureFrame(_ answer: GRPCErrorResponse) -> [UInt8]? {
         guard let web, mode == .streaming, headComplete, webFrames.atBoundary else { return nil }
         let fields = answer.fields.dropFirst().map { (name: $0.name, value: $0.value) }  // not its content-type
         let frame = GRPCWeb.trailerFrame(fields)
