@@ -49,7 +49,7 @@ import Testing
         wait(h2.events.RemoteSettingsChanged)
         print("settings", c.remote_settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL, 0), flush=True)
         c.send_headers(1, [(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "http"), (":path", path),
-                           (":authority", "127.0.0.1"), ("sec-websocket-version", "13")])
+                           (":authority", "127.0.0.1"), ("sec-websocket-version", "13"), ("sec-websocket-protocol", "chat.v2, chat.v1")])
         s.sendall(c.data_to_send())
         r = wait(h2.events.ResponseReceived)
         fields = dict(r.headers)
@@ -189,11 +189,19 @@ import Testing
             process.standardError = FileHandle.nullDevice
             try process.run()
             let lines = self.lines
+            // Whole lines only: a chunk may end inside one.
+            let partial = Locked<[UInt8]>([])
             output.fileHandleForReading.readabilityHandler = { handle in
                 let data = handle.availableData
                 guard !data.isEmpty else { return handle.readabilityHandler = nil }
-                let text = String(decoding: data, as: UTF8.self)
-                lines.withLock { $0 += text.split(separator: "\n").map(String.init) }
+                let complete = partial.withLock { buffer -> [String] in
+                    buffer += data
+                    guard let last = buffer.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
+                    let text = String(decoding: buffer[...last], as: UTF8.self)
+                    buffer.removeSubrange(...last)
+                    return text.split(separator: "\n").map(String.init)
+                }
+                lines.withLock { $0 += complete }
             }
         }
 
@@ -206,6 +214,17 @@ import Testing
             if process.isRunning { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
         }
+    }
+
+    /// An upstream whose `Sec-WebSocket-Accept` does not answer the proxy's
+    /// key did not take the handshake: the client gets 502, no tunnel.
+    @Test func aWrongAcceptIsABadGateway() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let lines = try run(h.port, "/chat/badaccept", "none")
+        #expect(lines.contains("status 502"), "\(lines)")
+        #expect(try AdminProbe(port: h.adminPort).metric("happypath_tunnels_open") == 0)
     }
 
     /// A client's reset of the stream closes the upstream's connection: the tunnel is over.
@@ -276,6 +295,8 @@ import Testing
         #expect(!lines.contains { $0.hasPrefix("field sec-websocket-accept") }, "\(lines)")
         #expect(lines.contains { $0.hasPrefix("field x-seen-forwarded-for 127.0.0.1") }, "\(lines)")
         #expect(lines.contains { $0.hasPrefix("field x-request-id ") }, "\(lines)")
+        // The subprotocol the upstream chose comes back.
+        #expect(lines.contains("field sec-websocket-protocol chat.v2"), "\(lines)")
         #expect(lines.contains("echoed 1048576 True"), "\(lines)")
         #expect(lines.contains("closed 1000"), "\(lines)")
         // The upstream closed after the close: END_STREAM, then both ends closed with no reset.

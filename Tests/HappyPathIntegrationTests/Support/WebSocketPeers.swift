@@ -7,7 +7,9 @@ enum WebSocketPeers {
     /// with a close; `.../close` sends a text frame and a close, then
     /// closes; `.../refuse` answers 403 with a JSON body; a request without
     /// `Upgrade: websocket` gets `200 plain PATH upgrade=VALUE`. Its 101
-    /// carries `X-Seen-Forwarded-For` (what the proxy sent).
+    /// carries `X-Seen-Forwarded-For` (what the proxy sent) and the first
+    /// subprotocol the client offered; `.../badaccept` answers a 101 whose
+    /// `Sec-WebSocket-Accept` does not answer the key.
     static let server = #"""
 import asyncio, base64, hashlib, struct, sys
 
@@ -53,7 +55,10 @@ async def handle(r, w):
             w.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             await w.drain(); w.close(); return
         accept = base64.b64encode(hashlib.sha1(fields["sec-websocket-key"].encode() + GUID).digest())
+        if path.endswith("/badaccept"): accept = base64.b64encode(b"not the answer to the key!")
         extra = b"X-Seen-Forwarded-For: " + fields.get("x-forwarded-for", "-").encode() + b"\r\n"
+        if "sec-websocket-protocol" in fields:
+            extra += b"Sec-WebSocket-Protocol: " + fields["sec-websocket-protocol"].split(",")[0].strip().encode() + b"\r\n"
         w.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n" + extra + b"\r\n")
         if path.endswith("/close"):
             w.write(frame(1, b"bye") + frame(8, struct.pack("!H", 1000)))
