@@ -7,12 +7,17 @@ import Testing
     @Test(arguments: [
         ("application/grpc-web", GRPCWeb.Mode.binary), ("application/grpc-web+proto", .binary),
         ("Application/GRPC-Web-Text", .text), ("application/grpc-web-text+proto; charset=utf-8", .text),
+        ("application/grpc-web+json", .binary), ("application/grpc-web-text+thrift", .text), (" application/grpc-web ;x=1", .binary),
+        ("application/grpc-web; x=a+b", .binary),
     ])
     func readsItsContentTypes(_ type: String, _ mode: GRPCWeb.Mode) {
         #expect(GRPCWeb.mode(contentType: Array(type.utf8)) == mode)
     }
 
-    @Test(arguments: ["application/grpc", "application/grpc+proto", "application/json", "", "application/grpc-webx"])
+    @Test(arguments: [
+        "application/grpc", "application/grpc+proto", "application/json", "", "application/grpc-webx", "application/ grpc-web",
+        "application/grpc-web+", "application/grpc-web+pro/to", "application/grpc-web-textual",
+    ])
     func othersAreNotGRPCWeb(_ type: String) {
         #expect(GRPCWeb.mode(contentType: Array(type.utf8)) == nil)
     }
@@ -78,6 +83,8 @@ import Testing
         ("Application/GRPC-Web-Text+Proto; charset=x", "application/grpc+proto", "application/grpc-web+proto",
          "application/grpc-web-text+proto"),
         ("application/grpc-web+pro/to", "application/grpc", "application/grpc-web", "application/grpc-web-text"),
+        ("application/grpc-web; x=a+b", "application/grpc", "application/grpc-web", "application/grpc-web-text"),
+        ("application/grpc-web+JSON", "application/grpc+json", "application/grpc-web+json", "application/grpc-web-text+json"),
     ])
     func contentTypesKeepTheCodec(request: String, upstream: String, binary: String, text: String) {
         #expect(GRPCWeb.upstreamContentType(request.utf8) == upstream)

@@ -105,6 +105,14 @@ import Testing
         elif mode == "close":
             op, payload = next(reader); print("text", payload.decode(), flush=True)
             op, payload = next(reader); print("closed", struct.unpack("!H", payload[:2])[0] if op == 8 else "op%d" % op, flush=True)
+        elif mode == "halfclose":
+            op, payload = next(reader); print("text", payload.decode(), flush=True)
+            wait(h2.events.StreamEnded); print("ended", flush=True)
+            # The last bytes and the end in one DATA frame, after the proxy's END_STREAM.
+            c.send_data(1, frame(2, b"z" * 1000), end_stream=True); s.sendall(c.data_to_send())
+            c.ping(b"happy123"); s.sendall(c.data_to_send())
+            wait(h2.events.PingAckReceived); print("sent-last", flush=True)
+            sys.exit(0)
         elif mode == "reset":
             send(frame(1, b"one")); op, payload = next(reader); print("echo", payload.decode(), flush=True)
             c.reset_stream(1, 8); s.sendall(c.data_to_send()); print("sent-reset", flush=True)
@@ -225,6 +233,19 @@ import Testing
         let lines = try run(h.port, "/chat/badaccept", "none")
         #expect(lines.contains("status 502"), "\(lines)")
         #expect(try AdminProbe(port: h.adminPort).metric("happypath_tunnels_open") == 0)
+    }
+
+    /// The upstream ends its side first; the client's last bytes, sent with
+    /// its own END_STREAM in one DATA frame (the stream closes as it comes),
+    /// still reach the upstream, then the end.
+    @Test func theClientsLastBytesAfterTheUpstreamEndedStillArrive() throws {
+        let up = try WebSocketTests.Upstream()
+        let h = try ProxyHarness(Self.yaml(upstream: up.port), holding: [up])
+        defer { h.stop() }
+        let lines = try run(h.port, "/chat/halfclose", "halfclose")
+        #expect(lines.contains("text bye") && lines.contains("ended") && lines.contains("sent-last"), "\(lines)")
+        #expect(waitUntil("the upstream read to its end") { up.said.withLock { $0 }.contains { $0.hasPrefix("halfclose got") } })
+        #expect(up.said.withLock { $0 }.contains("halfclose got 1000"), "\(up.said.withLock { $0 })")
     }
 
     /// A client's reset of the stream closes the upstream's connection: the tunnel is over.

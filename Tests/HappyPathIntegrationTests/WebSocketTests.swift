@@ -14,6 +14,8 @@ import Testing
     final class Upstream {
         let process = Process()
         let port: Int
+        /// What it printed after its port, line by line.
+        let said = Locked<[String]>([])
 
         init(tls: TestCertificates.Pair? = nil) throws {
             let output = Pipe()
@@ -34,6 +36,21 @@ import Testing
                 throw TestError("the WebSocket upstream did not start")
             }
             self.port = port
+            // Lines after the port (the first chunk may hold some already).
+            let said = self.said
+            let partial = Locked<[UInt8]>(Array(line.drop { $0 != UInt8(ascii: "\n") }.dropFirst()))
+            output.fileHandleForReading.readabilityHandler = { handle in
+                let data = handle.availableData
+                guard !data.isEmpty else { return handle.readabilityHandler = nil }
+                let complete = partial.withLock { buffer -> [String] in
+                    buffer += data
+                    guard let last = buffer.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
+                    let text = String(decoding: buffer[...last], as: UTF8.self)
+                    buffer.removeSubrange(...last)
+                    return text.split(separator: "\n").map(String.init)
+                }
+                said.withLock { $0 += complete }
+            }
         }
 
         deinit {

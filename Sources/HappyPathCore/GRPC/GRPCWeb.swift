@@ -11,21 +11,47 @@ public enum GRPCWeb {
         case text
     }
 
-    /// The mode a `Content-Type` names (nil: not gRPC-Web). Parameters
-    /// (`; charset=…`) are ignored; case is not significant.
-    public static func mode(contentType: some Collection<UInt8>) -> Mode? {
-        var type: [UInt8] = []
-        for b in contentType {
-            if b == UInt8(ascii: ";") { break }
-            if b == UInt8(ascii: " ") || b == UInt8(ascii: "\t") { continue }
-            guard type.count < 64 else { return nil }
-            type.append(b >= 65 && b <= 90 ? b + 32 : b)
+    /// The mode a `Content-Type` names (nil: not gRPC-Web):
+    /// `application/grpc-web` or `application/grpc-web-text`, in any case,
+    /// alone or followed by a codec (`+proto`, `+json`: `+` and a token)
+    /// and then parameters (`; charset=…`). Anything else is not gRPC-Web
+    /// (`application/grpc` is gRPC). Allocates nothing.
+    public static func mode(contentType value: some Collection<UInt8>) -> Mode? {
+        parse(value)?.mode
+    }
+
+    /// The mode and the codec's range (after `+`, empty without one) of a
+    /// gRPC-Web content type: one reading for every caller.
+    static func parse<C: Collection<UInt8>>(_ value: C) -> (mode: Mode, codec: Range<C.Index>)? {
+        var i = value.startIndex
+        func at(_ literal: StaticString) -> Bool {
+            var j = i
+            for k in 0..<literal.utf8CodeUnitCount {
+                guard j != value.endIndex, HTTPBytes.lower(value[j]) == literal.utf8Start[k] else { return false }
+                j = value.index(after: j)
+            }
+            i = j
+            return true
         }
-        switch String(decoding: type, as: UTF8.self) {
-        case "application/grpc-web", "application/grpc-web+proto": return .binary
-        case "application/grpc-web-text", "application/grpc-web-text+proto": return .text
-        default: return nil
+        while i != value.endIndex, value[i] == 0x20 || value[i] == 0x09 { i = value.index(after: i) }
+        guard at("application/grpc-web") else { return nil }
+        let mode: Mode = at("-text") ? .text : .binary
+        var codec = i..<i
+        if i != value.endIndex, value[i] == UInt8(ascii: "+") {
+            i = value.index(after: i)
+            let start = i
+            var count = 0
+            while i != value.endIndex, HTTPBytes.isToken(value[i]) {
+                count += 1
+                guard count <= 32 else { return nil }
+                i = value.index(after: i)
+            }
+            guard count > 0 else { return nil }
+            codec = start..<i
         }
+        // Then the end, or parameters (whitespace and `;`).
+        guard i == value.endIndex || value[i] == UInt8(ascii: ";") || value[i] == 0x20 || value[i] == 0x09 else { return nil }
+        return (mode, codec)
     }
 
     /// The `content-type` the upstream call carries for a gRPC-Web
@@ -41,17 +67,10 @@ public enum GRPCWeb {
         (mode == .text ? "application/grpc-web-text" : "application/grpc-web") + codec(value)
     }
 
-    /// `+proto` (or another codec's name) after the type, lower-cased, or
-    /// nothing; at most 32 bytes of token characters, else nothing.
+    /// `+proto` (or another codec's name), lower-cased, or nothing.
     static func codec(_ value: some Collection<UInt8>) -> String {
-        guard let plus = value.firstIndex(of: UInt8(ascii: "+")) else { return "" }
-        var name: [UInt8] = []
-        for b in value[value.index(after: plus)...] {
-            if b == UInt8(ascii: ";") || b == 0x20 || b == 0x09 { break }
-            guard name.count < 32, HTTPBytes.isToken(b) else { return "" }
-            name.append(b >= 65 && b <= 90 ? b + 32 : b)
-        }
-        return name.isEmpty ? "" : "+" + String(decoding: name, as: UTF8.self)
+        guard let codec = parse(value)?.codec, !codec.isEmpty else { return "" }
+        return "+" + String(decoding: value[codec].map(HTTPBytes.lower), as: UTF8.self)
     }
 
     /// Why a request body is not a sequence of whole gRPC frames (a flag

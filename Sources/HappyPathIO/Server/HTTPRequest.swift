@@ -226,8 +226,9 @@ public final class HTTPRequest {
     /// body was cut short upstream: the client must see a broken response,
     /// not a complete one). Releases the request.
     public func abort() {
-        observer = nil
+        // A request that left HTTP (a tunnel's, whose end observes it now) keeps its observer.
         guard open else { return }
+        observer = nil
         open = false
         stream.cancel(self)
     }

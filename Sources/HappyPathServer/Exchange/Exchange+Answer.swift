@@ -77,6 +77,14 @@ extension Exchange {
     /// end-to-end fields, body) plus the proxy's own two fields. Returns the
     /// body's size.
     func passHeldAnswer() -> Int {
+        // A gRPC answer to a gRPC-Web text call: its body in base64 too.
+        if let web = relay.web, web.translated, web.mode == .text, !relay.heldBody.isEmpty {
+            let encoded = GRPCWeb.base64(relay.heldBody)
+            encoded.withUnsafeBytes {
+                answerWhole(status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0)
+            }
+            return encoded.count
+        }
         relay.heldBody.withUnsafeBytes {
             answerWhole(status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0)
         }

@@ -136,8 +136,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         if isGRPC {
             relay.grpcRetryStatuses = route.retry.configuration.grpcStatuses
             if let web = request.grpcWeb {
-                relay.web = web
-                relay.webContentType = GRPCWeb.answerContentType(web, request: (request.header("content-type") ?? "").utf8)
+                relay.web = GRPCWebAnswer(
+                    mode: web, contentType: GRPCWeb.answerContentType(web, request: (request.header("content-type") ?? "").utf8))
             }
         }
         machine = ExchangeStateMachine(

@@ -77,16 +77,10 @@ struct ResponseRelay {
     /// the `RetryInfo` in it. Off (and free) for every other request.
     var readsGRPCDetails = false
     private var grpcDetails: [UInt8]?
-    /// A gRPC-Web call (nil: any other request): the answer's content
-    /// type becomes gRPC-Web's, its trailers go in the body as the trailer
-    /// frame, and in text mode every piece of the body is base64.
-    var web: GRPCWeb.Mode?
-    /// A gRPC-Web answer's `content-type` (`GRPCWeb.answerContentType`).
-    var webContentType = ""
-    /// Where a gRPC-Web answer's frames stand, as they went to the client.
-    private var webFrames = GRPCFrameCursor()
-    /// A gRPC-Web answer's trailers, kept for its trailer frame.
-    private(set) var webTrailers: [(name: String, value: String)] = []
+    /// A gRPC-Web call's answer (nil, and free, for any other request):
+    /// its content type becomes gRPC-Web's, its trailers go in the body as
+    /// the trailer frame, and in text mode every piece of the body is base64.
+    var web: GRPCWebAnswer?
     /// Paused until the client's connection drains.
     private(set) var waitingForDrain = false
     /// The streamed answer's `content-type` is `text/event-stream`.
@@ -166,8 +160,7 @@ struct ResponseRelay {
         trailerBytes = 0
         grpcStatus = .absent
         grpcDetails = nil
-        webTrailers.removeAll()
-        webFrames = GRPCFrameCursor()
+        web?.reset()
         heldForRetry = nil
         holdingHeadForGRPC = false
         framing = ResponseFraming()
@@ -214,8 +207,11 @@ struct ResponseRelay {
             return
         }
         if readsGRPCStatus { readGRPC(name: name, value: value) }
-        if web != nil, name.count == 12, HTTPBytes.equals(name, "content-type") {
-            var type = webContentType
+        // Only gRPC's own content type is translated: any other answer (a
+        // load balancer's HTML 503) keeps its own, and is no gRPC-Web body.
+        if let web, name.count == 12, HTTPBytes.equals(name, "content-type"), GRPCCall.isContentType(value) {
+            web.translated = true
+            var type = web.contentType
             return type.withUTF8 { header(known: name, value: UnsafeRawBufferPointer($0), to: request) }
         }
         if name.count == 11, HTTPBytes.equals(name, "retry-after") {
@@ -290,7 +286,7 @@ struct ResponseRelay {
         request.addResponseHeader("X-Happypath-Attempts", String(attempt))
         extra?.stage(on: request)
         // A gRPC-Web answer's body gains the trailer frame (and base64): its length is the proxy's.
-        request.startReply(status: status, contentLength: web == nil ? length : nil, reason: reason)
+        request.startReply(status: status, contentLength: web?.translated == true ? nil : length, reason: reason)
         // An event stream and a gRPC call keep their client's pace; any other
         // answer is read from its upstream at the upstream's pace.
         if !eventStream, !readsGRPCStatus { request.permitReadAhead() }
@@ -321,15 +317,15 @@ struct ResponseRelay {
             return true
         case .streaming:
             if waitingForDrain { return false }
-            guard let web else { return stream(bytes, to: request) }
-            let sent = web == .text ? GRPCWeb.base64(bytes).withUnsafeBytes { stream($0, to: request) } : stream(bytes, to: request)
-            if sent { webFrames.advance(bytes) }
+            guard let web, web.translated else { return stream(bytes, to: request) }
+            let sent = web.mode == .text ? GRPCWeb.base64(bytes).withUnsafeBytes { stream($0, to: request) } : stream(bytes, to: request)
+            if sent { web.frames.advance(bytes) }
             return sent
         }
     }
 
     /// A streamed answer's bytes to the client, at its pace.
-    private mutating func stream<C: ExchangeClient>(_ bytes: UnsafeRawBufferPointer, to request: C) -> Bool {
+    @inline(__always) private mutating func stream<C: ExchangeClient>(_ bytes: UnsafeRawBufferPointer, to request: C) -> Bool {
         let room = request.outputRoom
         if room <= 0 {
             // The connection is full (its other streams' answers too):
@@ -353,9 +349,9 @@ struct ResponseRelay {
     /// in text mode); nil for any other answer, or when its status came
     /// in its head (Trailers-Only: the head is the whole answer).
     mutating func webTrailerFrame() -> [UInt8]? {
-        guard let web, mode == .streaming, !webTrailers.isEmpty else { return nil }
-        let frame = GRPCWeb.trailerFrame(webTrailers)
-        return web == .text ? GRPCWeb.base64(frame) : frame
+        guard let web, web.translated, mode == .streaming, !web.trailers.isEmpty else { return nil }
+        let frame = GRPCWeb.trailerFrame(web.trailers)
+        return web.mode == .text ? GRPCWeb.base64(frame) : frame
     }
 
     /// A gRPC-Web answer cut short (the upstream failed, or a drain ran
@@ -363,10 +359,10 @@ struct ResponseRelay {
     /// whole messages so far. Nil: not gRPC-Web, or cut inside a message
     /// (a frame after it would be read as the message's bytes).
     mutating func webFailureFrame(_ answer: GRPCErrorResponse) -> [UInt8]? {
-        guard let web, mode == .streaming, headComplete, webFrames.atBoundary else { return nil }
+        guard let web, web.translated, mode == .streaming, headComplete, web.frames.atBoundary else { return nil }
         let fields = answer.fields.dropFirst().map { (name: $0.name, value: $0.value) }  // not its content-type
         let frame = GRPCWeb.trailerFrame(fields)
-        return web == .text ? GRPCWeb.base64(frame) : frame
+        return web.mode == .text ? GRPCWeb.base64(frame) : frame
     }
 
     /// A trailer field (checked, hop-by-hop and framing fields dropped by
@@ -385,8 +381,8 @@ struct ResponseRelay {
         guard trailerBytes + size <= limit else { return trailerBytes = limit + 1 }
         if readsGRPCStatus { readGRPC(name: name, value: value) }
         trailerBytes += size
-        if web != nil {
-            return webTrailers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        if let web, web.translated {
+            return web.trailers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
         }
         request.addResponseTrailer(name: name, value: value)
     }
@@ -469,4 +465,30 @@ struct ResponseRelay {
 
     /// A problem answer was sent instead: its size, for the access log.
     mutating func answered(bytes: Int) { bytesOut = bytes }
+}
+
+/// A gRPC-Web call's answer as it is translated (`ResponseRelay.web`): one
+/// reference in the relay, so other answers carry none of it.
+final class GRPCWebAnswer {
+    let mode: GRPCWeb.Mode
+    /// The answer's `content-type` (`GRPCWeb.answerContentType`).
+    let contentType: String
+    /// The upstream's trailers, kept for the trailer frame.
+    var trailers: [(name: String, value: String)] = []
+    /// Where the frames stand, as they went to the client.
+    var frames = GRPCFrameCursor()
+    /// The answer's content type was gRPC's, and went out as gRPC-Web's.
+    var translated = false
+
+    init(mode: GRPCWeb.Mode, contentType: String) {
+        self.mode = mode
+        self.contentType = contentType
+    }
+
+    /// A new try: its answer starts afresh.
+    func reset() {
+        trailers.removeAll()
+        frames = GRPCFrameCursor()
+        translated = false
+    }
 }

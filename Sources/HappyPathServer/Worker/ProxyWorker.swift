@@ -187,7 +187,7 @@ final class ProxyWorker: HTTPServerDelegate {
     /// What a request's route makes of it before anything answers it (also
     /// a refusal at its head, `RateLimitGate.holdsBody`): a gRPC-Web call
     /// on a `grpc:` route, the CORS fields of an allowed origin.
-    func routed(_ request: HTTPRequest, to route: RuntimeRoute) {
+    @inline(__always) func routed(_ request: HTTPRequest, to route: RuntimeRoute) {
         if route.grpc { request.grpcWeb = Self.grpcWebMode(request) }
         if let cors = route.cors, let origin = request.header("Origin"), let fields = cors.answerFields(origin: origin) {
             request.answerFields = fields
@@ -203,9 +203,16 @@ final class ProxyWorker: HTTPServerDelegate {
     }
 
     /// A gRPC-Web call's mode, from its `content-type` (nil: not gRPC-Web).
+    /// Read in place: a gRPC call's own content type costs no allocation.
     static func grpcWebMode(_ request: HTTPRequest) -> GRPCWeb.Mode? {
-        guard let type = request.header("content-type") else { return nil }
-        return GRPCWeb.mode(contentType: type.utf8)
+        var mode: GRPCWeb.Mode?
+        var seen = false
+        request.forEachRawHeader { name, value in
+            guard !seen, name.count == 12, HTTPBytes.equals(name, "content-type") else { return }
+            seen = true
+            mode = GRPCWeb.mode(contentType: value)
+        }
+        return mode
     }
 
     /// A request with a body on a rate-limited route is judged at its head (`RateLimitGate`).
@@ -217,16 +224,17 @@ final class ProxyWorker: HTTPServerDelegate {
     /// and for requests no route takes (answered without their body).
     func streamsBody(_ request: HTTPRequest) -> Bool {
         guard !request.isAsteriskForm else { return false }
-        let (path, _) = Router.split(target: request.target)
-        if let deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
-        guard let routeIndex = runtime.router.route(path: path, method: request.method) else { return false }
-        let route = runtime.routes[routeIndex]
-        // An extended CONNECT's body is its tunnel's bytes (RFC 8441): they
-        // stream, never kept (a tunnel is never sent twice).
+        // An extended CONNECT's body is its tunnel's bytes (RFC 8441), which
+        // never end: they stream (held within the stream's window, never
+        // kept: a tunnel is never sent twice), whatever answers the request.
         if request.connectProtocol != nil {
             request.keepsStreamedBody = false
             return true
         }
+        let (path, _) = Router.split(target: request.target)
+        if let deliveries, path.hasPrefix(deliveries.statusPrefix) { return false }
+        guard let routeIndex = runtime.router.route(path: path, method: request.method) else { return false }
+        let route = runtime.routes[routeIndex]
         guard route.delivery.mode == .now else { return false }
         // A gRPC-Web text body is decoded whole before it goes (one
         // message: gRPC-Web calls are unary or server streaming).
@@ -260,8 +268,10 @@ final class ProxyWorker: HTTPServerDelegate {
             }
             return deliveries.accept(request, command: command, route: route, worker: self)
         }
-        // A tunnel's bytes are the tunnel's to read, never a try's body.
-        let bodyStream = request.connectProtocol == nil ? request.takeBodyStream() : nil
+        // A tunnel's bytes are the tunnel's to read, never a try's body
+        // (only a streamed body asks: HTTP/1.1 pays nothing).
+        var bodyStream = request.takeBodyStream()
+        if bodyStream != nil, request.connectProtocol != nil { bodyStream = nil }
         var body: RequestBody?
         if let web = request.grpcWeb, bodyStream == nil {
             switch GRPCWebRequest.body(request.takeBody(), mode: web) {

@@ -63,6 +63,16 @@ async def handle(r, w):
         if path.endswith("/close"):
             w.write(frame(1, b"bye") + frame(8, struct.pack("!H", 1000)))
             await w.drain(); w.close(); return
+        if path.endswith("/halfclose"):
+            # Sends a text frame and ends its side, then reads to the end: prints what came after its end.
+            w.write(frame(1, b"bye")); await w.drain(); w.write_eof()
+            got = 0
+            try:
+                while True:
+                    op, data = await read_frame(r); got += len(data)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            print("halfclose got", got, flush=True); w.close(); return
         if path.endswith("/deaf"):
             # Reads nothing after its 101: what the client sends waits.
             await w.drain(); await asyncio.sleep(3600); return

@@ -279,6 +279,7 @@ final class HTTP2Connection: HTTP2StreamOwner {
             case let .closed(id, _):
                 guard let stream = streams.removeValue(forKey: id) else { continue }
                 stream.handle(event)
+                session.forgetClosed(id)
                 server.delegate?.http2StreamClosed()
                 perform(machine.streamClosed(id, now: t))
             case let .goawayReceived(code, _):

@@ -245,6 +245,9 @@ extension HTTP2Session {
 
     func streamClosed(_ id: Int32, code: UInt32) {
         guard let stream = streams.removeValue(forKey: id) else { return }
+        if stream.head?.connectProtocol != nil, !stream.body.isEmpty || stream.requestEnded {
+            closedTunnels[id] = (stream.body, stream.requestEnded)
+        }
         stagedBytes -= stream.output.count
         stream.spool?.close()
         current.events.append(.closed(id, code: code))

@@ -198,6 +198,16 @@ public final class HTTP2Session {
     /// The session; nil only if nghttp2 could not make one (out of memory).
     private(set) var session: OpaquePointer?
     var streams: [Int32: Stream] = [:]
+    /// A tunnel's stream (RFC 8441) that closed in this read with body
+    /// bytes or its END_STREAM not yet taken: kept until the driver has
+    /// handled the read's events (`forgetClosed`), so that the client's
+    /// last bytes still reach the upstream.
+    var closedTunnels: [Int32: (body: [UInt8], ended: Bool)] = [:]
+
+    /// The driver handled a closed stream's events.
+    public func forgetClosed(_ id: Int32) {
+        if !closedTunnels.isEmpty { closedTunnels[id] = nil }
+    }
     /// What the callbacks recorded since the last `receive` or `takeEvents`.
     var current = HTTP2ReceiveResult()
     /// Frames since the session began, by type.
@@ -329,15 +339,19 @@ public final class HTTP2Session {
     /// Whether the stream's trailers were malformed (it is never served).
     public func isMalformed(_ id: Int32) -> Bool { streams[id]?.malformedTrailer ?? false }
     /// Whether the client ended its request (END_STREAM seen).
-    public func requestEnded(_ id: Int32) -> Bool { streams[id]?.requestEnded ?? false }
+    public func requestEnded(_ id: Int32) -> Bool { streams[id]?.requestEnded ?? closedTunnels[id]?.ended ?? false }
     /// Whether the session still holds the stream.
     public func isOpen(_ id: Int32) -> Bool { streams[id] != nil }
     /// Request body bytes buffered for the stream.
-    public func bufferedBody(of id: Int32) -> Int { streams[id]?.body.count ?? 0 }
+    public func bufferedBody(of id: Int32) -> Int { streams[id]?.body.count ?? closedTunnels[id]?.body.count ?? 0 }
 
     /// Takes the stream's buffered request body, and gives that much window
     /// back to the client (a WINDOW_UPDATE on the next `produce`).
     public func takeBody(of id: Int32) -> [UInt8] {
+        if streams[id] == nil, let closed = closedTunnels[id] {
+            closedTunnels[id]?.body = []
+            return closed.body
+        }
         guard let stream = streams[id], !stream.body.isEmpty else { return [] }
         let body = stream.body
         stream.body = []

@@ -187,6 +187,13 @@ public final class HTTP2Stream: ClientStream {
             bodyStream?.fail(.clientGone)
             perform(machine.clientReset(now: t))
         case .closed:
+            // A tunnel's client that ended as the stream closed (its END_STREAM
+            // after ours): its last bytes go on, then the end (`fail` does nothing then).
+            if machine.isTunnel, let stream = bodyStream {
+                let rest = session.takeBody(of: id)
+                if !rest.isEmpty { rest.withUnsafeBytes { stream.append($0) } }
+                if session.requestEnded(id) { stream.finish() }
+            }
             bodyStream?.fail(.clientGone)
             perform(machine.closed(now: t))
             current = nil
