@@ -22,7 +22,7 @@ import Testing
     /// `ended` when the proxy's END_STREAM came, `reset CODE` if the stream was reset.
     static let client = #"""
         import os, socket, struct, sys
-        import h2.config, h2.connection, h2.events, h2.settings
+        import h2.config, h2.connection, h2.events, h2.exceptions, h2.settings
 
         port, path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
         n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
@@ -105,6 +105,8 @@ import Testing
         elif mode == "close":
             op, payload = next(reader); print("text", payload.decode(), flush=True)
             op, payload = next(reader); print("closed", struct.unpack("!H", payload[:2])[0] if op == 8 else "op%d" % op, flush=True)
+        elif mode == "none":
+            sys.exit(0)
         elif mode == "halfclose":
             op, payload = next(reader); print("text", payload.decode(), flush=True)
             wait(h2.events.StreamEnded); print("ended", flush=True)
@@ -155,7 +157,8 @@ import Testing
                     if isinstance(e, h2.events.StreamReset): print("reset", e.error_code, flush=True); sys.exit(0)
                     if isinstance(e, h2.events.StreamEnded):
                         print("ended", flush=True)
-                        c.end_stream(1); s.sendall(c.data_to_send())
+                        try: c.end_stream(1); s.sendall(c.data_to_send())
+                        except h2.exceptions.StreamClosedError: print("closed-by-proxy", flush=True); sys.exit(0)
                         # The stream closes on both ends with no reset: a PING answers after it.
                         c.ping(b"happy123"); s.sendall(c.data_to_send())
                         while True:
