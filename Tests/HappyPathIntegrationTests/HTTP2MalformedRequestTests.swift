@@ -115,15 +115,7 @@ import Testing
             names[2 * i + 1] = name
             out += c.headers([(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields], end=True, sid=2 * i + 1)
         c.send(out)
-        done, goaway = {}, None
-        for f in c.frames:
-            if isinstance(f, GoAwayFrame): goaway = f.error_code
-            if f.stream_id not in names or f.stream_id in done: continue
-            if isinstance(f, HeadersFrame):
-                status = c.fields(f).get(":status", "")
-                if status: done[f.stream_id] = "status " + status
-            elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
-            if len(done) == len(names): break
+        done, goaway = c.outcomes(names)
         for sid, name in names.items(): print(name, done.get(sid, "none"), flush=True)
         if goaway is not None: print("GOAWAY", goaway, flush=True)
         """#

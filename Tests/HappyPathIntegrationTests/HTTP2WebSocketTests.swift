@@ -199,21 +199,7 @@ import Testing
             process.standardOutput = output
             process.standardError = FileHandle.nullDevice
             try process.run()
-            let lines = self.lines
-            // Whole lines only: a chunk may end inside one.
-            let partial = Locked<[UInt8]>([])
-            output.fileHandleForReading.readabilityHandler = { handle in
-                let data = handle.availableData
-                guard !data.isEmpty else { return handle.readabilityHandler = nil }
-                let complete = partial.withLock { buffer -> [String] in
-                    buffer += data
-                    guard let last = buffer.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
-                    let text = String(decoding: buffer[...last], as: UTF8.self)
-                    buffer.removeSubrange(...last)
-                    return text.split(separator: "\n").map(String.init)
-                }
-                lines.withLock { $0 += complete }
-            }
+            collectLines(from: output.fileHandleForReading, into: lines)
         }
 
         func saw(_ prefix: String) -> Bool { lines.withLock { $0.contains { $0.hasPrefix(prefix) } } }
@@ -354,14 +340,8 @@ import Testing
                  ("no_protocol", [(b":method", b"CONNECT"), (b":authority", b"t:443")]),
                  ("get_with_protocol", connect("/chat/x", "websocket", "GET"))]
         for i, (name, fields) in enumerate(cases): c.send(c.headers(fields, sid=2 * i + 1))
-        names, done = {2 * i + 1: name for i, (name, _) in enumerate(cases)}, {}
-        for f in c.frames:
-            if f.stream_id not in names or f.stream_id in done: continue
-            if isinstance(f, HeadersFrame):
-                status = c.fields(f).get(":status", "")
-                if status: done[f.stream_id] = "status " + status
-            elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
-            if len(done) == len(names): break
+        names = {2 * i + 1: name for i, (name, _) in enumerate(cases)}
+        done, _ = c.outcomes(names)
         for sid, name in names.items(): print(name, done.get(sid, "none"), flush=True)
         """#
 

@@ -37,20 +37,8 @@ import Testing
             }
             self.port = port
             // Lines after the port (the first chunk may hold some already).
-            let said = self.said
-            let partial = Locked<[UInt8]>(Array(line.drop { $0 != UInt8(ascii: "\n") }.dropFirst()))
-            output.fileHandleForReading.readabilityHandler = { handle in
-                let data = handle.availableData
-                guard !data.isEmpty else { return handle.readabilityHandler = nil }
-                let complete = partial.withLock { buffer -> [String] in
-                    buffer += data
-                    guard let last = buffer.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
-                    let text = String(decoding: buffer[...last], as: UTF8.self)
-                    buffer.removeSubrange(...last)
-                    return text.split(separator: "\n").map(String.init)
-                }
-                said.withLock { $0 += complete }
-            }
+            let rest = line.firstIndex(of: UInt8(ascii: "\n")).map { Data(line[line.index(after: $0)...]) } ?? Data()
+            collectLines(from: output.fileHandleForReading, after: rest, into: said)
         }
 
         deinit {

@@ -71,6 +71,18 @@ extension PythonH2 {
                 self.s.sendall(PingFrame(0, opaque_data=b"happy123").serialize())
                 for f in self.frames:
                     if isinstance(f, PingFrame) and "ACK" in f.flags: return
+            def outcomes(self, names):
+                # `names`: stream id -> name. Each stream's `status NNN` or `reset CODE`, and the GOAWAY code (or None).
+                done, goaway = {}, None
+                for f in self.frames:
+                    if isinstance(f, GoAwayFrame): goaway = f.error_code
+                    if f.stream_id not in names or f.stream_id in done: continue
+                    if isinstance(f, HeadersFrame):
+                        status = self.fields(f).get(":status", "")
+                        if status: done[f.stream_id] = "status " + status
+                    elif isinstance(f, RstStreamFrame): done[f.stream_id] = "reset %d" % f.error_code
+                    if len(done) == len(names): break
+                return done, goaway
             def outcome(self, sid=1):
                 for f in self.frames:
                     if isinstance(f, HeadersFrame) and f.stream_id == sid:
@@ -123,8 +135,13 @@ func startPythonScript(
         throw TestError("the Python script printed nothing")
     }
     let first = String(decoding: received[..<nl], as: UTF8.self)
-    let rest = Data(received[(nl + 1)...])
-    let handle = output.fileHandleForReading
+    collectLines(from: output.fileHandleForReading, after: Data(received[(nl + 1)...]), into: lines)
+    return (process, first)
+}
+
+/// Reads `handle` to its end on a thread of its own, each whole line (after
+/// `rest`, what was read already) appended to `lines` as it comes.
+func collectLines(from handle: FileHandle, after rest: Data = Data(), into lines: Locked<[String]>) {
     Thread.detachNewThread {
         var pending = rest
         while true {
@@ -138,7 +155,6 @@ func startPythonScript(
             pending.append(chunk)
         }
     }
-    return (process, first)
 }
 
 /// An HTTP/2-only upstream (Python `h2`): h2c with prior knowledge on one
