@@ -190,7 +190,10 @@ import Testing
             #expect(frames.first?.payload == Array("steady:x".utf8))
             let trailers = Self.trailerLines(frames.last?.payload ?? [])
             #expect(trailers.contains("grpc-status: 0"), "\(trailers)")
-            #expect(serverLines.withLock { $0 }.filter { $0.hasPrefix("called /t.S/Flaky") }.count == 2)
+            // The server's lines come on their own pipe: waited for, not read at once.
+            #expect(waitUntil("the server's two calls") {
+                serverLines.withLock { $0 }.filter { $0.hasPrefix("called /t.S/Flaky") }.count == 2
+            })
         }
     }
 
