@@ -105,7 +105,7 @@ import Testing
     /// member still needs and no more than the rest of that piece besides.
     @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8])
     func matchesTheModel(seed: UInt64) {
-        var g = SplitMix(seed: seed)
+        var g = SeededRandom(seed: seed)
         var b = FanOutBuffer(bound: 300)
         var body: [UInt8] = []
         var position: [Int: Int] = [:]
@@ -155,15 +155,3 @@ import Testing
     }
 }
 
-/// A small seeded generator (SplitMix64), so each run of a seed is the same.
-private struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
