@@ -27,7 +27,7 @@ extension Reader {
             known: [
                 "match", "upstream", "strip_prefix", "errors", "timeout", "retry", "reachability", "delivery", "allow_trace",
                 "redirects", "upstream_errors", "rate_limit", "hedge", "fallback", "upgrades", "upgrades_idle_timeout",
-                "grpc", "priority", "priority_header", "cors",
+                "grpc", "priority", "priority_header", "cors", "coalesce",
             ]
                 + Self.upstreamOnlyPolicyKeys)
         var match = RouteMatch(pathPrefix: "/")
@@ -130,6 +130,15 @@ extension Reader {
                 error(h.value, "\(path).priority_header: '\(name)' is not a header name")
             }
         }
+        if let c = f["coalesce"] {
+            r.coalesce = coalesce(c.value, "\(path).coalesce")
+            if r.coalesce != nil, r.delivery.mode == .later {
+                error(c.key, "\(path).coalesce applies only to routes that deliver now (delivery.mode: now), not later")
+            }
+            if r.coalesce != nil, let methods = match.methods, !methods.contains("GET"), !methods.contains("HEAD") {
+                error(c.key, "\(path).coalesce shares GET and HEAD answers, but match.methods lists neither")
+            }
+        }
         if let i = earlier.firstIndex(where: { match.isShadowed(by: $0.match) }) {
             error(
                 node,
@@ -137,6 +146,40 @@ extension Reader {
             )
         }
         return r
+    }
+
+    /// `coalesce: true`, `false`, or `{ max_followers: 1000, private_headers: [X-Api-Key] }`.
+    func coalesce(_ node: Node, _ path: String) -> CoalesceConfiguration? {
+        var c = CoalesceConfiguration()
+        guard case .mapping = node else { return bool(node, path) == true ? c : nil }
+        let f = fields(node, path, known: ["max_followers", "private_headers"])
+        let range = CoalesceConfiguration.maxFollowersRange
+        if let n = int(f["max_followers"]?.value, "\(path).max_followers", min: range.lowerBound, max: range.upperBound) {
+            c.maxFollowers = n
+        }
+        if let list = f["private_headers"]?.value, let names = headerNames(list, "\(path).private_headers") {
+            c.privateHeaders = names
+        }
+        return c
+    }
+
+    /// A list of request field names that carry a credential (`private_headers`):
+    /// each a token, each once, at most 32.
+    func headerNames(_ list: Node, _ path: String) -> [String]? {
+        guard let names = strings(list, path) else { return nil }
+        var seen = Set<String>()
+        var out: [String] = []
+        for name in names {
+            if name.isEmpty || !name.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
+                error(list, "\(path) lists header names (such as X-Api-Key), got '\(name)'")
+            } else if !seen.insert(name.lowercased()).inserted {
+                error(list, "\(path) lists '\(name)' twice")
+            } else {
+                out.append(name)
+            }
+        }
+        if out.count > 32 { error(list, "\(path) lists at most 32 names, got \(out.count)") }
+        return out
     }
 
     /// `grpc: { idempotent: true }`, or `grpc: {}`: the route carries gRPC calls.
@@ -410,21 +453,8 @@ extension Reader {
             let body = string(rf["body"]?.value, "\(path).response.body") ?? ""
             c.response = .init(status: status, contentType: type, body: body)
         }
-        if let list = f["private_headers"]?.value, let names = strings(list, "\(path).private_headers") {
-            var seen = Set<String>()
-            c.privateHeaders = []
-            for name in names {
-                if name.isEmpty || !name.utf8.allSatisfy({ HTTPBytes.isToken($0) }) {
-                    error(list, "\(path).private_headers lists header names (such as X-Api-Key), got '\(name)'")
-                } else if !seen.insert(name.lowercased()).inserted {
-                    error(list, "\(path).private_headers lists '\(name)' twice")
-                } else {
-                    c.privateHeaders.append(name)
-                }
-            }
-            if c.privateHeaders.count > 32 {
-                error(list, "\(path).private_headers lists at most 32 names, got \(c.privateHeaders.count)")
-            }
+        if let list = f["private_headers"]?.value, let names = headerNames(list, "\(path).private_headers") {
+            c.privateHeaders = names
             if c.serveStale == nil { error(f["private_headers"]?.key, "\(path).private_headers applies only with serve_stale") }
         }
         if c.serveStale == nil, c.response == nil {

@@ -275,6 +275,8 @@ public struct Route: Sendable {
     /// `priority_header:` a request header (lowercased) through which a
     /// client may lower its own request's priority, never raise it (nil: none).
     public var priorityHeader: String?
+    /// `coalesce:` (nil: off): concurrent identical reads share one upstream try (docs/coalescing.md).
+    public var coalesce: CoalesceConfiguration?
 }
 
 /// `grpc:` on a route (docs/grpc.md): the route carries gRPC calls.

@@ -32,6 +32,9 @@ extension ExchangeStateMachine {
         case parked(ParkReason, until: Instant)
         /// The response head went to the client; the body follows as it comes.
         case streaming
+        /// Waiting for another request's try to answer both (`coalesce:`,
+        /// ExchangeStateMachine+Following): holds nothing, up to its own deadline.
+        case following
         /// Answered (or given up on); every later event is ignored.
         case finished
     }
@@ -199,6 +202,9 @@ extension ExchangeStateMachine {
         /// The response head went to the client: disarm the timer (a
         /// streaming body is bounded by stalls, not the deadline).
         case stream
+        /// Follow the try of the group's leader (`coalesce:`); arm the timer
+        /// for `limit`, the request's own deadline.
+        case follow(limit: Duration)
         /// Answer with this problem, release everything held, finish.
         /// `abandonProbe`: the breaker's probe place was taken and no try ran.
         case answer(Failure, abandonProbe: Bool)

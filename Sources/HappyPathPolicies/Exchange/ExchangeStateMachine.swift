@@ -32,7 +32,7 @@ import HappyPathCore
 /// (a budget, a free slot) is an action, and its answer the next event.
 public struct ExchangeStateMachine: Sendable {
     public let settings: Settings
-    public private(set) var state: State = .admitting
+    public internal(set) var state: State = .admitting
     /// Tries sent so far (the attempt number of the latest).
     public internal(set) var attempt = 0
     /// The try in flight (or queued for) is the breaker's half-open probe.
@@ -46,7 +46,7 @@ public struct ExchangeStateMachine: Sendable {
     /// The HTTP status of the last held gRPC answer (`grpcAnswered`).
     private var heldStatus = 200
     /// The status of the response that is streaming.
-    public private(set) var streamedStatus = 0
+    public internal(set) var streamedStatus = 0
     /// Tries in flight while `trying`: 1, plus the hedges beside it.
     public internal(set) var inFlight = 0
     /// Hedges sent so far (they count in `attempt` too).
@@ -320,6 +320,8 @@ public struct ExchangeStateMachine: Sendable {
             return fail(.timeout, abandonProbe: probe)
         case let .parked(reason, _):
             return fail(parkExpired(reason, at: now))
+        case .following:
+            return fail(.timeout)
         case .admitting, .awaitingRetryBudget, .streaming, .finished:
             return .none
         }
@@ -363,7 +365,7 @@ public struct ExchangeStateMachine: Sendable {
 
     // MARK: - Steps
 
-    private mutating func sendTry(probe: Bool, at now: Instant) -> Action {
+    mutating func sendTry(probe: Bool, at now: Instant) -> Action {
         self.probe = probe
         attempt += 1
         state = .trying
@@ -409,13 +411,13 @@ public struct ExchangeStateMachine: Sendable {
         }
     }
 
-    private mutating func fail(_ failure: Failure, abandonProbe: Bool = false) -> Action {
+    mutating func fail(_ failure: Failure, abandonProbe: Bool = false) -> Action {
         state = .finished
         probe = false
         return .answer(failure, abandonProbe: abandonProbe)
     }
 
-    private mutating func finish(_ ending: Ending, abandonProbe: Bool = false) -> Action {
+    mutating func finish(_ ending: Ending, abandonProbe: Bool = false) -> Action {
         state = .finished
         probe = false
         return .finish(ending, abandonProbe: abandonProbe)

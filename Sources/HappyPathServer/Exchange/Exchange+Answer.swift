@@ -9,7 +9,13 @@ import HappyPathPolicies
 /// `ExchangeAnswer` decides; and how an answer is written whole.
 extension Exchange {
     /// The machine answered `failure`: everything held is already released.
-    func answer(_ failure: ExchangeStateMachine.Failure) {
+    /// `leader`: a coalesced follower answers its leader's failure, with the
+    /// leader's held answer and history (Exchange+Coalesce).
+    func answer(_ failure: ExchangeStateMachine.Failure, from leader: Exchange? = nil) {
+        if let leader {
+            relay = leader.relay
+            relay.kept = nil
+        }
         let decision = ExchangeAnswer.decide(
             .init(
                 failure: failure, fallbackOn: route.fallback?.on, passesErrors: route.passesErrors, heldStatus: relay.status,
@@ -21,7 +27,8 @@ extension Exchange {
         builder.priority = priority
         builder.adaptive = guardian.adaptive != nil
         var problem = builder.build(
-            failure, machine: machine, relay: relay, attempts: command.attempt, wallSeconds: env.clock.wallSeconds())
+            failure, machine: leader?.machine ?? machine, relay: relay, attempts: leader?.command.attempt ?? command.attempt,
+            wallSeconds: env.clock.wallSeconds())
         // The upstream's words may carry what the proxy sent it (an echoed
         // Authorization header, a token endpoint repeating its form): none
         // of its credentials leave in a problem. Only upstreams with

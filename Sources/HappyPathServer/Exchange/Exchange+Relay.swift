@@ -20,7 +20,8 @@ extension Exchange {
         // With upstream_errors: pass, only what the retry rules or a token
         // refresh could act on; any other error streams as it comes.
         let hold = route.passesErrors ? failsTry(status) : status >= 400 || route.retry.configuration.statuses.contains(status)
-        relay.begin(status: status, reason: reason, hold: hold, to: request)
+        if !hold, coalesce != nil { coalesceStreams() }
+        relay.begin(status: status, reason: reason, hold: hold, to: answerTo)
     }
 
     /// A status the retry rules, pacing or a token refresh act on: the try
@@ -44,9 +45,9 @@ extension Exchange {
         if switching != nil { return switchingField(name: name, value: value) }
         if route.rewritesRedirects, RedirectRewriter.applies(to: name), let rewritten = redirect(name: name, value: value) {
             var rewritten = rewritten
-            return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: request) }
+            return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: answerTo) }
         }
-        relay.header(name: name, value: value, to: request)
+        relay.header(name: name, value: value, to: answerTo)
     }
 
     /// A redirect to the endpoint this try went to, as a path on the proxy
@@ -64,7 +65,7 @@ extension Exchange {
         if guardian.adaptive != nil {
             if relay.status < 500, relay.status != 429 { measureTry() } else { dropSample() }
         }
-        switch relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
+        switch relay.headComplete(to: answerTo, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up
         case .held:
@@ -78,7 +79,7 @@ extension Exchange {
 
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !isFinished else { return true }
-        let taken = relay.body(bytes, to: request)
+        let taken = relay.body(bytes, to: answerTo)
         // Past the read-ahead, the answer goes at its client's pace: the
         // upstream is not what is slow (issue 44).
         if relay.waitingForDrain { answerStreams() }
@@ -87,7 +88,7 @@ extension Exchange {
 
     func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
         guard !isFinished else { return }
-        relay.trailer(name: name, value: value, limit: env.maxTrailerBytes, to: request)
+        relay.trailer(name: name, value: value, limit: env.maxTrailerBytes, to: answerTo)
     }
 
     func upstreamFinished(_ failure: UpstreamFailure?) {

@@ -28,6 +28,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let env: any ExchangeEnvironment
     /// The client's connection, or a `DeliverySink` for a delivery round.
     let request: any ExchangeClient
+    /// Where the try's answer goes: `request`, or the `CoalescedAnswer`
+    /// that gives it to every member of this leader's group.
+    var answerTo: any ExchangeClient
+    /// Its place in a coalescing group (`coalesce:`; nil: none).
+    var coalesce: CoalesceMembership?
     /// What the request is, read once at its start (`ExchangeFacts`).
     let facts: ExchangeFacts
     /// The stored request this round delivers (nil: a client waits on `request`).
@@ -97,6 +102,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         upgrading = upgrade.map { Upgrading(request: $0) }
         self.env = env
         self.request = request
+        answerTo = request
         // One read of the protocol's name serves both (HTTP/1.x requests
         // stop there for gRPC).
         let name = request.protocolName
@@ -159,6 +165,8 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     func start() {
         request.observer = self
+        // One branch for every other route.
+        if route.coalesce != nil, joinGroup() { return }
         guardian.recordRequest(at: env.clock.now())
         perform(machine.start())
     }
@@ -198,7 +206,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         for hedge in hedging.removeAll() { hedge.transfer.cancel() }
         for loser in hedging.removeLosers() { loser.transfer.cancel() }
         recycleTimers()
-        request.abort()
+        answerTo.abort()
     }
 
     /// Where the worker's parking lot has it (nil: not parked).
@@ -243,17 +251,21 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             }
         case .stream:
             timers.main?.disarm()
+        case let .follow(limit):
+            arm(after: limit)
         case .returnSlot:
             env.releaseSlot(guardian: guardian, slotHolder)
         case let .answer(failure, abandonProbe):
             if abandonProbe { self.abandonProbe() }
             if case let .upstreamAnswer(status) = failure { result.upstreamAnswered = status }
             releaseAll()
+            if coalesce != nil { coalesceAnswered(failure) }
             answer(failure)
         case let .finish(ending, abandonProbe):
             if abandonProbe { self.abandonProbe() }
             releaseAll()
             finish(ending)
+            if coalesce != nil { coalesceFinished(ending) }
             end()
         }
     }
@@ -273,6 +285,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     /// The answer is over (`.finish`): what the client got, and how it ended.
     private func finish(_ ending: ExchangeStateMachine.Ending) {
         switch ending {
+        case .completed where machine.attempt == 0:
+            // A follower's shared answer (it sent no try): its end.
+            result.status = machine.streamedStatus
+            request.endReply()
         case .completed:
             result.status = machine.switched ? 101 : relay.status
             // Moved out of the relay (the answer is over): its bytes go to the store uncopied.
@@ -285,9 +301,9 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             if relay.web != nil, let frame = relay.webTrailerFrame() {
                 frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) }
             }
-            request.endReply()
+            answerTo.endReply()
         case .truncated, .drained:
-            result.status = relay.status
+            result.status = machine.attempt == 0 ? machine.streamedStatus : relay.status
             result.code = "TRUNCATED"
             // A gRPC-Web client between two messages reads a status of the proxy's in the trailer frame.
             let detail =
@@ -304,7 +320,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             }
             // Part of the response is already with the client: the only
             // honest signal left is a broken connection.
-            request.abort()
+            answerTo.abort()
         case .clientClosed:
             result.status = 499  // nginx's "client closed request"
             result.code = "CLIENT_CLOSED"
@@ -323,6 +339,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
 
     func loopEventFired(_ event: LoopEvent) {
         if event === timers.gone {
+            // A leader's client left mid-answer: the try goes on for its followers.
+            if let answer = coalesce?.answer, coalesce?.leads == true, machine.state == .streaming, answer.leaderLeft() {
+                return
+            }
             return perform(machine.clientGone())
         }
         if event === hedging.reapEvent { return reap(at: env.clock.now()) }
@@ -342,13 +362,15 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     }
 
     func requestOutputDrained(_ request: HTTPRequest) {
+        if let membership = coalesce, let answer = membership.answer { return answer.drained(membership.member) }
         relay.drained()
         transfer?.resume()
         upgradeTry?.resume()
     }
 
     func requestOutputMustWait(_ request: HTTPRequest) {
-        guard relay.mustWait() else { return }
+        // A shared answer's pace is its fastest member's (CoalescedAnswer).
+        guard coalesce?.answer == nil, relay.mustWait() else { return }
         transfer?.pauseReceiving()
         answerStreams()
     }

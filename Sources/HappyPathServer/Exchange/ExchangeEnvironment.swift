@@ -12,6 +12,8 @@ import Logging
 /// that holds it); a test drives an exchange with an environment of its
 /// own, without a worker (ExchangeEnvironmentTests). On the loop's thread.
 protocol ExchangeEnvironment: AnyObject {
+    /// The worker's coalescing groups (`coalesce:`; nil: none here).
+    var coalescing: Coalescing? { get }
     // MARK: Time, the loop, logs
     var clock: Clock { get }
     var loop: EventLoop { get }
@@ -129,6 +131,9 @@ extension ProxyWorker: ExchangeEnvironment {
 }
 
 extension ExchangeEnvironment {
+    /// The worker's coalescing groups (nil: requests never coalesce here).
+    var coalescing: Coalescing? { nil }
+
     /// Without a cluster, what a try learns stays in this process.
     func learnedPause(_ guardian: UpstreamGuard, _ change: UpstreamPause.Change, status: Int) {}
 }

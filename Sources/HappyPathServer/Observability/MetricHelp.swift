@@ -92,6 +92,16 @@ enum MetricHelp {
             "Errors talking to Redis by kind: timeout, connection (once an outage), reply_error, bad_reply.",
         "happypath_hedges_total": "Hedged tries by route and outcome (won, lost, skipped).",
         "happypath_fallback_total": "Answers a route's fallback gave instead of an error, by route, kind and reason.",
+        "happypath_coalesced_requests_total":
+            "Requests answered from another request's upstream try (followers of a coalesced group), by route.",
+        "happypath_coalesce_group_size":
+            "Requests that shared one upstream try (its leader and followers), by route; observed as each group ends.",
+        "happypath_coalesce_alone_total":
+            "Requests on a coalescing route that sent their own try instead of sharing one, by route and reason (ineligible, full, no_store, set_cookie, unshareable, large).",
+        "happypath_coalesce_handovers_total":
+            "Groups whose leader ended before its answer (its deadline, a shed, its client left) and whose next follower led a new try, by route.",
+        "happypath_coalesce_cut_total":
+            "Members of a coalesced group cut off mid-answer because they read more than limits.connection_buffer behind the fastest member, after their own read-ahead.",
         "happypath_http2_connections": "HTTP/2 client connections open now.",
         "happypath_http2_connections_total":
             "HTTP/2 client connections opened, by whether they came over TLS (ALPN h2) or not (h2c).",
@@ -114,6 +124,7 @@ struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
     var defaultDurationHistogramBuckets: [Duration] = []
     var durationHistogramBuckets: [String: [Duration]] = [:]
     var defaultValueHistogramBuckets: [Double] = [0.01, 0.1, 1, 10, 100]
+    var valueHistogramBuckets: [String: [Double]] = [:]
 
     private func descriptor(_ label: String) -> MetricNameDescriptor {
         MetricNameDescriptor(metricName: label, unitName: "", helpText: MetricHelp.text[label] ?? "")
@@ -129,7 +140,8 @@ struct HelpfulMetricsFactory: CoreMetrics.MetricsFactory {
 
     func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any CoreMetrics.RecorderHandler {
         guard aggregate else { return registry.makeGauge(descriptor: descriptor(label), labels: dimensions) }
-        return registry.makeValueHistogram(descriptor: descriptor(label), labels: dimensions, buckets: defaultValueHistogramBuckets)
+        return registry.makeValueHistogram(
+            descriptor: descriptor(label), labels: dimensions, buckets: valueHistogramBuckets[label] ?? defaultValueHistogramBuckets)
     }
 
     func makeMeter(label: String, dimensions: [(String, String)]) -> any CoreMetrics.MeterHandler {

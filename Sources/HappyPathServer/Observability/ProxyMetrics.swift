@@ -41,7 +41,13 @@ final class ProxyMetrics: Sendable {
         factory.durationHistogramBuckets["happypath_tunnel_duration_seconds"] = [
             .seconds(1), .seconds(10), .seconds(60), .seconds(300), .seconds(900), .seconds(3600), .seconds(4 * 3600),
         ]
+        // A coalesced group is one request, or thousands.
+        factory.valueHistogramBuckets["happypath_coalesce_group_size"] = [1, 2, 5, 10, 25, 100, 1000, 10000]
         self.factory = factory
+    }
+
+    func recorder(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Recorder {
+        CoreMetrics.Recorder(label: name, dimensions: dimensions, aggregate: true, factory: factory)
     }
 
     func counter(_ name: String, _ dimensions: [(String, String)]) -> CoreMetrics.Counter {
@@ -327,6 +333,38 @@ final class WorkerMetrics {
     func fallback(route: RuntimeRoute, kind: String, reason: String) {
         rare("happypath_fallback_total", [("route", route.label), ("kind", kind), ("reason", reason)]).increment()
     }
+
+    /// Followers answered from their leader's try (`coalesce:`).
+    func coalesced(route label: String, _ count: Int) {
+        guard count > 0 else { return }
+        rare("happypath_coalesced_requests_total", [("route", label)]).increment(by: count)
+    }
+
+    /// A request on a coalescing route went on its own try.
+    func coalesceAlone(route label: String, _ reason: CoalesceRules.AloneReason) {
+        rare("happypath_coalesce_alone_total", [("route", label), ("reason", reason.rawValue)]).increment()
+    }
+
+    /// A leader ended before its answer, and a follower led a new try.
+    func coalesceHandover(route label: String) {
+        rare("happypath_coalesce_handovers_total", [("route", label)]).increment()
+    }
+
+    /// A member fell too far behind the fastest and was cut.
+    func coalesceCut(route label: String) { rare("happypath_coalesce_cut_total", [("route", label)]).increment() }
+
+    /// A group ended: how many requests its try served.
+    func coalesceGroupEnded(route label: String, size: Int) {
+        let recorder =
+            groupSizes[label]
+            ?? {
+                let r = metrics.recorder("happypath_coalesce_group_size", [("route", label)])
+                groupSizes[label] = r
+                return r
+            }()
+        recorder.record(size)
+    }
+    private var groupSizes: [String: CoreMetrics.Recorder] = [:]
 
     /// A series counted off the hot path (a hedge, a fallback answer), kept
     /// by its name and label values joined: one key built per event.

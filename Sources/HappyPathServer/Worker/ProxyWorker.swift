@@ -55,6 +55,8 @@ final class ProxyWorker: HTTPServerDelegate {
     private(set) var probes: Probes!
     private(set) var refreshes: TokenRefreshes!
     private(set) var tunnels: WorkerTunnels!
+    /// Requests on `coalesce:` routes, grouped by key (this worker's only).
+    private(set) var coalescing: Coalescing?
     /// The Redis link (`cluster.redis`; nil: none), set before the loop runs.
     var cluster: ClusterLink?
 
@@ -98,6 +100,7 @@ final class ProxyWorker: HTTPServerDelegate {
         pacing = PauseWaits(worker: self)
         refreshes = TokenRefreshes(worker: self)
         tunnels = WorkerTunnels(worker: self)
+        coalescing = Coalescing(bound: limits.connectionBuffer, largeAbove: limits.readAhead, metrics: metrics)
         lanes.open(shared.guards)
     }
 

@@ -47,7 +47,7 @@ public final class RuntimeConfiguration: Sendable {
                 hedge: route.hedge, fallback: route.fallback, upgrades: route.upgrades,
                 upgradesIdleTimeout: route.upgradesIdleTimeout, grpc: route.grpc != nil,
                 grpcIdempotent: route.grpc?.idempotent == true,
-                priority: route.priority, priorityHeader: route.priorityHeader,
+                priority: route.priority, priorityHeader: route.priorityHeader, coalesce: route.coalesce,
                 cors: route.cors.map {
                     CORSPolicy(
                         $0, methods: route.match.methods.map { Array($0).sorted() } ?? Self.defaultMethods, grpc: route.grpc != nil)
@@ -155,6 +155,13 @@ final class RuntimeRoute: Sendable {
     let fallback: FallbackConfiguration?
     /// What its kept answers are filed under (nil: it keeps none).
     let staleKey: StaleKey?
+    /// `coalesce:` (nil: off, and the route pays one branch for it).
+    let coalesce: CoalesceConfiguration?
+    /// What its coalesced requests are grouped by (nil: it does not
+    /// coalesce). With `serve_stale` too, both read the same credential
+    /// fields, the union of both lists: a field that is a credential for
+    /// one is one for both.
+    let coalesceKey: StaleKey?
     /// `upgrades:` protocols a client may switch to (lowercased; empty: none).
     let upgrades: [String]
     /// `upgrades_idle_timeout`: a tunnel quiet both ways this long is closed.
@@ -191,7 +198,7 @@ final class RuntimeRoute: Sendable {
         rateLimit: RateLimitConfiguration? = nil, keptRateLimit: RouteRateLimit? = nil, hedge: HedgeConfiguration? = nil,
         fallback: FallbackConfiguration? = nil, upgrades: [String] = [], upgradesIdleTimeout: Duration = .seconds(300),
         grpc: Bool = false, grpcIdempotent: Bool = false, priority: RequestPriority = .normal,
-        priorityHeader: String? = nil, cors: CORSPolicy? = nil
+        priorityHeader: String? = nil, coalesce: CoalesceConfiguration? = nil, cors: CORSPolicy? = nil
     ) {
         self.cors = cors
         self.grpc = grpc || grpcIdempotent
@@ -202,13 +209,16 @@ final class RuntimeRoute: Sendable {
         self.upgradesIdleTimeout = upgradesIdleTimeout
         self.hedge = hedge
         self.fallback = fallback
-        if let fallback, fallback.serveStale != nil {
-            var rateLimitHeader: String?
-            if case .header(let name)? = rateLimit?.key { rateLimitHeader = name }
-            staleKey = StaleKey(privateHeaders: fallback.privateHeaders, rateLimitHeader: rateLimitHeader)
-        } else {
-            staleKey = nil
-        }
+        var rateLimitHeader: String?
+        if case .header(let name)? = rateLimit?.key { rateLimitHeader = name }
+        let keepsStale = fallback?.serveStale != nil
+        let privateHeaders =
+            (keepsStale ? fallback?.privateHeaders ?? [] : []) + (coalesce?.privateHeaders ?? [])
+        // Routes with serve_stale only keep their key as it was, byte for byte.
+        let key = keepsStale || coalesce != nil ? StaleKey(privateHeaders: privateHeaders, rateLimitHeader: rateLimitHeader) : nil
+        staleKey = keepsStale ? key : nil
+        self.coalesce = coalesce
+        coalesceKey = coalesce != nil ? key : nil
         if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }
         if case let .fixed(after) = hedge?.after { hedgeAfterNanoseconds = after.nanoseconds } else { hedgeAfterNanoseconds = nil }
         self.rateLimit = keptRateLimit ?? rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }

@@ -1,0 +1,133 @@
+import HappyPathCore
+
+/// One group of identical requests sharing a try (`coalesce:`,
+/// docs/coalescing.md), as a pure state machine: who leads, who follows in
+/// what order and until when, and what each gets when the leader's try
+/// ends. Members are small integers the driver (`CoalesceGroup`) hands out;
+/// time is passed in.
+///
+/// ```
+///  leader's start ▶ waiting ─ join / leave / deadline ─▶ waiting
+///                     │  ╲─ leaderEnded(.handOver) ▶ promote the first follower with time left ▶ waiting
+///                     │  ╲─ leaderEnded(.share) ▶ every follower answers the same failure ▶ ended
+///                     ╰─ share(keeping:) ▶ sharing (the answer streams to those kept) ─ finished ▶ ended
+/// ```
+///
+/// A follower never waits on a timer of the group's: only its own deadline
+/// (`leave`), and a leader that ends for reasons of its own hands over at
+/// once.
+public struct CoalesceGroupStateMachine: Sendable {
+    public typealias Member = Int
+
+    public enum State: Sendable, Equatable {
+        /// No answer yet; identical requests may join.
+        case waiting
+        /// The leader's answer streams to the members kept; nobody joins any more.
+        case sharing
+        /// Over.
+        case ended
+    }
+
+    public struct Follower: Sendable, Equatable {
+        public var id: Member
+        public var deadline: Instant
+        public init(_ id: Member, deadline: Instant) {
+            self.id = id
+            self.deadline = deadline
+        }
+    }
+
+    public let maxFollowers: Int
+    public private(set) var state = State.waiting
+    public private(set) var leader: Member
+    /// In arrival order.
+    public private(set) var followers: [Follower] = []
+    /// Followers that took the leader's answer or failure so far (the group
+    /// size is this plus its leader).
+    public private(set) var served = 0
+
+    public init(leader: Member, maxFollowers: Int) {
+        self.leader = leader
+        self.maxFollowers = maxFollowers
+    }
+
+    public enum Join: Sendable, Equatable {
+        case follow
+        /// The group is full (or no longer waiting): the request goes on its own.
+        case alone
+    }
+
+    /// An identical request arrived.
+    public mutating func join(_ id: Member, deadline: Instant) -> Join {
+        guard state == .waiting, followers.count < maxFollowers else { return .alone }
+        followers.append(Follower(id, deadline: deadline))
+        return .follow
+    }
+
+    /// A follower left before any answer: its client hung up, its own
+    /// deadline passed, or drain answered it. False: it was no follower.
+    @discardableResult
+    public mutating func leave(_ id: Member) -> Bool {
+        guard let i = followers.firstIndex(where: { $0.id == id }) else { return false }
+        followers.remove(at: i)
+        return true
+    }
+
+    public enum Verdict: Sendable, Equatable {
+        /// Each of these followers answers the leader's failure as its own; the group ended.
+        case answerAll([Member])
+        /// `leader` leads a new try, the others follow it; `expired` (their
+        /// deadlines passed in the same moment) answer `.timeout`.
+        case promote(leader: Member, expired: [Member])
+        /// Every follower's deadline passed too: each answers `.timeout`; the group ended.
+        case expireAll([Member])
+        /// Nobody followed: the group ended.
+        case ended
+    }
+
+    /// The leader ended without an answer to stream (`CoalesceRules.afterLeader`).
+    public mutating func leaderEnded(_ after: CoalesceRules.AfterLeader, at now: Instant) -> Verdict {
+        guard state == .waiting else { return .ended }
+        switch after {
+        case .share:
+            state = .ended
+            let all = followers.map(\.id)
+            served += all.count
+            followers = []
+            return all.isEmpty ? .ended : .answerAll(all)
+        case .handOver:
+            guard let next = followers.firstIndex(where: { $0.deadline > now }) else {
+                state = .ended
+                let expired = followers.map(\.id)
+                followers = []
+                return expired.isEmpty ? .ended : .expireAll(expired)
+            }
+            let expired = followers[..<next].map(\.id)
+            leader = followers[next].id
+            followers.removeSubrange(...next)
+            return .promote(leader: leader, expired: expired)
+        }
+    }
+
+    /// The leader's answer head is final: the followers `keep` says take
+    /// it (in arrival order), the others are released to their own tries.
+    /// The group leaves the table: later arrivals start another.
+    public mutating func share(keeping keep: (Member) -> Bool) -> (shared: [Member], released: [Member]) {
+        guard state == .waiting else { return ([], []) }
+        state = .sharing
+        var shared: [Member] = []
+        var released: [Member] = []
+        for follower in followers {
+            if keep(follower.id) { shared.append(follower.id) } else { released.append(follower.id) }
+        }
+        followers = []
+        served += shared.count
+        return (shared, released)
+    }
+
+    /// The shared answer is over for every member.
+    public mutating func finished() { state = .ended }
+
+    /// Requests this group's answer or failure served, its leader included.
+    public var size: Int { served + 1 }
+}

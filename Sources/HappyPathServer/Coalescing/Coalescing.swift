@@ -1,0 +1,148 @@
+import HappyPathCore
+import HappyPathPolicies
+
+/// This worker's coalescing groups (`coalesce:`, docs/coalescing.md): one
+/// per key while its leader's try has no answer yet. Everything here runs
+/// on the worker's loop, so the table is a plain dictionary: at most one
+/// try per key per worker is out at a time.
+final class Coalescing {
+    /// Groups that identical requests may still join, by key.
+    private var open: [String: CoalesceGroup] = [:]
+    /// Keys whose last answer said `Cache-Control: no-store`, until when:
+    /// requests under them go alone at once instead of waiting for a head
+    /// that will not be shared. At most `noStoreKeys`, the oldest dropped.
+    private var noStore: [String: Instant] = [:]
+    private var noStoreOrder: [String] = []
+    static let noStoreKeys = 4096
+    static let noStoreFor: Duration = .seconds(10)
+    /// Mixed into every credential hash of a key: made once per process,
+    /// never leaves it.
+    static let salt: [UInt8] = {
+        var random = SystemRandomNumberGenerator()
+        return (0..<32).map { _ in UInt8.random(in: 0...255, using: &random) }
+    }()
+
+    /// `limits.connection_buffer`: how far a member may fall behind the fastest before it is cut.
+    let bound: Int
+    /// `limits.read_ahead`: an answer announced longer is not shared.
+    let largeAbove: Int
+    let metrics: WorkerMetrics
+
+    init(bound: Int, largeAbove: Int, metrics: WorkerMetrics) {
+        self.bound = bound
+        self.largeAbove = largeAbove
+        self.metrics = metrics
+    }
+
+    /// Followers across this worker's groups now (`/admin/state`).
+    var groups: Int { open.count }
+
+    enum Role {
+        /// The first with this key: it sends the try, and leads `group`.
+        case lead(CoalesceGroup)
+        /// It follows `group`'s leader as `member`.
+        case follow(CoalesceGroup, member: Int)
+        /// It goes on its own try.
+        case alone(CoalesceRules.AloneReason)
+    }
+
+    func join(_ exchange: Exchange, key: String, deadline: Instant, now: Instant) -> Role {
+        if let group = open[key] {
+            let member = group.nextMember()
+            switch group.machine.join(member, deadline: deadline) {
+            case .follow:
+                group.members[member] = exchange
+                return .follow(group, member: member)
+            case .alone:
+                return .alone(.full)
+            }
+        }
+        if let until = noStore[key] {
+            if until > now { return .alone(.noStore) }
+            noStore[key] = nil
+        }
+        let group = CoalesceGroup(key: key, table: self, leader: exchange, route: exchange.route)
+        open[key] = group
+        return .lead(group)
+    }
+
+    /// A group stopped taking new members (its answer is shared, or it ended).
+    func close(_ group: CoalesceGroup) {
+        if let key = group.key, open[key] === group { open[key] = nil }
+        group.key = nil
+    }
+
+    /// The key's answer said `no-store`: its requests go alone for a while.
+    func rememberNoStore(_ key: String, now: Instant) {
+        if noStore[key] == nil {
+            if noStoreOrder.count >= Self.noStoreKeys {
+                // Drop the oldest half's expired entries and the oldest beyond.
+                let drop = noStoreOrder.count / 2
+                for old in noStoreOrder[..<drop] { noStore[old] = nil }
+                noStoreOrder.removeFirst(drop)
+            }
+            noStoreOrder.append(key)
+        }
+        noStore[key] = now + Self.noStoreFor
+    }
+}
+
+/// One group: its leader's exchange, its followers' (by member number), and
+/// the pure machine that decides what each gets (`CoalesceGroupStateMachine`).
+final class CoalesceGroup {
+    /// Its key while it is in the table (nil: closed, or a regroup made off the table).
+    var key: String?
+    unowned let table: Coalescing
+    let route: RuntimeRoute
+    var machine: CoalesceGroupStateMachine
+    /// Every member still in the group, the leader's included.
+    var members: [Int: Exchange] = [:]
+    private var lastMember = 0
+
+    init(key: String?, table: Coalescing, leader: Exchange, route: RuntimeRoute) {
+        self.key = key
+        self.table = table
+        self.route = route
+        machine = CoalesceGroupStateMachine(leader: 0, maxFollowers: route.coalesce?.maxFollowers ?? 1)
+        members[0] = leader
+    }
+
+    func nextMember() -> Int {
+        lastMember += 1
+        return lastMember
+    }
+
+    var hasFollowers: Bool { !machine.followers.isEmpty }
+    var leader: Exchange? { members[machine.leader] }
+
+    /// A follower left before any answer (its client, its deadline, drain).
+    func leave(_ member: Int) {
+        guard machine.leave(member) else { return }
+        members[member] = nil
+    }
+
+    /// A group made of followers released together (the same `Vary`
+    /// values): its first leads a new try, the others follow it.
+    static func regroup(_ exchanges: [Exchange], table: Coalescing, route: RuntimeRoute, now: Instant) {
+        guard let first = exchanges.first else { return }
+        let group = CoalesceGroup(key: nil, table: table, leader: first, route: route)
+        for follower in exchanges.dropFirst() {
+            let member = group.nextMember()
+            _ = group.machine.join(member, deadline: follower.machine.settings.deadline)
+            group.members[member] = follower
+            follower.coalesce = CoalesceMembership(group: group, member: member)
+        }
+        first.coalesce = CoalesceMembership(group: group, member: 0)
+        first.leadAfterFollowing(now: now)
+    }
+}
+
+/// An exchange's place in a group (`Exchange.coalesce`).
+struct CoalesceMembership {
+    let group: CoalesceGroup
+    let member: Int
+    /// The leader's answer this member reads (nil: none is shared yet).
+    var answer: CoalescedAnswer?
+
+    var leads: Bool { group.machine.leader == member }
+}

@@ -1,0 +1,195 @@
+import HappyPathCore
+import HappyPathIO
+import HappyPathPolicies
+
+// MARK: - Coalescing (`coalesce:`, docs/coalescing.md)
+
+/// A request on a coalescing route joins its key's group at its start:
+/// the first leads (an exchange like any other), the others follow its try
+/// (`ExchangeStateMachine+Following`) and get its answer through
+/// `CoalescedAnswer`, or its failure answered as their own, or lead a new
+/// try when the leader ended for reasons of its own.
+extension Exchange {
+    /// Joins the key's group (false: this request sends its own try, as
+    /// leader or alone).
+    func joinGroup() -> Bool {
+        guard let table = env.coalescing else { return false }
+        guard let key = coalesceKey() else {
+            env.metrics.coalesceAlone(route: route.label, .ineligible)
+            return false
+        }
+        let now = env.clock.now()
+        switch table.join(self, key: key, deadline: machine.settings.deadline, now: now) {
+        case let .lead(group):
+            coalesce = CoalesceMembership(group: group, member: 0)
+            return false
+        case let .alone(reason):
+            env.metrics.coalesceAlone(route: route.label, reason)
+            return false
+        case let .follow(group, member):
+            coalesce = CoalesceMembership(group: group, member: member)
+            _ = machine.start()
+            perform(machine.follow(at: now))
+            return true
+        }
+    }
+
+    /// The request's key, or nil when it may not coalesce: not a plain
+    /// read (a body, `Range`, `no-cache`, an upgrade, gRPC).
+    func coalesceKey() -> String? {
+        guard let staleKey = route.coalesceKey, upgrade == nil, delivery == nil, bodyStream == nil, command.body.count == 0,
+            !isGRPC, let request = request as? HTTPRequest
+        else { return nil }
+        var reader = CoalesceRules.RequestReader(key: staleKey, salt: Coalescing.salt)
+        request.forEachRawHeader { reader.field(name: $0, value: $1) }
+        return reader.key(
+            method: command.method, upstream: upstream.name, target: command.target,
+            scheme: request.arrivedOverTLS ? "https" : "http", pacingKey: guardian.pausesClients ? pacingKey : nil)
+    }
+
+    /// The leader's answer is about to stream (`relayStatus`): with
+    /// followers, it streams to them too; alone, the group closes and the
+    /// answer goes as any other.
+    func coalesceStreams() {
+        guard var membership = coalesce, membership.leads, membership.answer == nil else { return }
+        let group = membership.group
+        guard group.hasFollowers else {
+            group.table.close(group)
+            group.machine.finished()
+            env.metrics.coalesceGroupEnded(route: route.label, size: 1)
+            coalesce = nil
+            return
+        }
+        let answer = CoalescedAnswer(group: group, leader: self)
+        membership.answer = answer
+        coalesce = membership
+        answerTo = answer
+    }
+
+    /// The machine answered `failure` (`.answer`): a follower leaves its
+    /// group; a leader's failure is shared or hands the group over.
+    func coalesceAnswered(_ failure: ExchangeStateMachine.Failure) {
+        guard let membership = coalesce else { return }
+        coalesce = nil
+        let group = membership.group
+        guard membership.leads else {
+            return group.leave(membership.member)
+        }
+        let now = env.clock.now()
+        let after = CoalesceRules.afterLeader(failure, deadlinePassed: machine.remaining(at: now) == .zero)
+        leaderEnded(group, after, failure: failure, now: now)
+    }
+
+    /// The machine finished (`.finish`): a follower leaves its group or
+    /// the answer it reads; a leader whose client left before its answer
+    /// hands the group over.
+    func coalesceFinished(_ ending: ExchangeStateMachine.Ending) {
+        guard let membership = coalesce else { return }
+        if let answer = membership.answer {
+            // A leader stays a member until its own client has read the
+            // answer: its drains still reach the answer.
+            guard membership.leads else {
+                coalesce = nil
+                return answer.remove(membership.member)
+            }
+            return answer.leaderFinished()
+        }
+        coalesce = nil
+        let group = membership.group
+        guard membership.leads else { return group.leave(membership.member) }
+        let now = env.clock.now()
+        switch ending {
+        case .drained:
+            leaderEnded(group, .share, failure: .shuttingDown, now: now)
+        case .clientClosed, .truncated, .completed:
+            leaderEnded(group, .handOver, failure: .timeout, now: now)
+        }
+    }
+
+    private func leaderEnded(
+        _ group: CoalesceGroup, _ after: CoalesceRules.AfterLeader, failure: ExchangeStateMachine.Failure, now: Instant
+    ) {
+        group.members[group.machine.leader] = nil
+        let verdict = group.machine.leaderEnded(after, at: now)
+        func take(_ member: Int) -> Exchange? {
+            guard let follower = group.members.removeValue(forKey: member) else { return nil }
+            follower.coalesce = nil
+            return follower
+        }
+        switch verdict {
+        case let .answerAll(members):
+            group.table.close(group)
+            env.metrics.coalesced(route: route.label, members.count)
+            env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
+            for member in members { take(member)?.answerLeadersFailure(failure, leader: self) }
+        case let .expireAll(members):
+            group.table.close(group)
+            env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
+            for member in members { take(member)?.followerFailed(.timeout) }
+        case let .promote(leader, expired):
+            for member in expired { take(member)?.followerFailed(.timeout) }
+            env.metrics.coalesceHandover(route: route.label)
+            if let next = group.members[leader] {
+                next.coalesce = CoalesceMembership(group: group, member: leader)
+                next.leadAfterFollowing(now: now)
+            }
+        case .ended:
+            group.table.close(group)
+            env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
+        }
+    }
+
+    // MARK: - A follower
+
+    /// The leader ended before its answer: this follower leads a new try.
+    /// On the loop's next pass: this may come from inside the leader's
+    /// libcurl callback, where no transfer may start.
+    func leadAfterFollowing(now: Instant) {
+        env.loop.schedule(after: .zero) { [self] in
+            guard machine.state == .following else { return }
+            let now = env.clock.now()
+            guardian.recordRequest(at: now)
+            perform(machine.promoted(at: now))
+        }
+    }
+
+    /// The leader's failure is this follower's too: answered as its own
+    /// (its request id, its rate-limit fields, its fallback).
+    func answerLeadersFailure(_ failure: ExchangeStateMachine.Failure, leader: Exchange) {
+        guard case let .answer(failure, _) = machine.sharedFailure(failure) else { return }
+        if case let .upstreamAnswer(status) = failure { result.upstreamAnswered = status }
+        releaseAll()
+        answer(failure, from: leader)
+    }
+
+    func followerFailed(_ failure: ExchangeStateMachine.Failure) { perform(machine.sharedFailure(failure)) }
+
+    /// The leader's answer is this follower's: its head goes out now.
+    func followerShares(_ answer: CoalescedAnswer, member: Int, attempts: Int) {
+        guard machine.state == .following else { return }
+        coalesce?.answer = answer
+        env.metrics.coalesced(route: route.label, 1)
+        perform(machine.shared(status: answer.status))
+        request.clearResponseHeaders()
+        answer.fields.forEachField { request.addResponseHeader(name: $0, value: $1) }
+        request.addResponseHeader("X-Request-Id", command.requestID)
+        request.addResponseHeader("X-Happypath-Attempts", String(attempts))
+        rateLimitFields?.stage(on: request)
+        request.startReply(status: answer.status, contentLength: answer.contentLength, reason: answer.reason)
+        request.permitReadAhead()
+    }
+
+    /// Body bytes this follower's client got (for the access log).
+    func sharedBytes(_ count: Int) { relay.answered(bytes: relay.bytesOut + count) }
+
+    /// The shared answer is over for this follower.
+    func sharedAnswerEnded(complete: Bool) {
+        perform(machine.sharedEnded(complete: complete))
+    }
+
+    /// A member drained and the shared answer has room again: the leader's try goes on.
+    func sharedAnswerResumes() {
+        relay.drained()
+        transfer?.resume()
+    }
+}
