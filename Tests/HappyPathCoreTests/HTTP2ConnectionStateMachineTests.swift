@@ -405,11 +405,18 @@ import Testing
         #expect(run.firstTermination(of: .frame(.priority), times: 201) == 201)
     }
 
-    /// (DATA frames we sent, WINDOW_UPDATEs received, the one that ends the session): 10 per DATA frame plus 100.
-    @Test(arguments: [(0, 100, nil), (0, 101, 101), (1, 110, nil), (1, 111, 111), (50, 601, 601)] as [(Int, Int, Int?)])
-    func windowUpdatesPerDataFrameSent(sent: Int, updates: Int, terminatesAt: Int?) {
+    /// (streams opened, DATA frames we sent, WINDOW_UPDATEs received, the
+    /// one that ends the session): 10 per DATA frame, 2 per stream, plus 100.
+    @Test(
+        arguments: [
+            (0, 0, 100, nil), (0, 0, 101, 101), (0, 1, 110, nil), (0, 1, 111, 111), (0, 50, 601, 601),
+            // httpx opens each stream's window as it opens the stream: 100 GETs at once.
+            (100, 0, 300, nil), (100, 0, 301, 301),
+        ] as [(Int, Int, Int, Int?)])
+    func windowUpdatesPerDataFrameSent(streams: Int, sent: Int, updates: Int, terminatesAt: Int?) {
         var run = Run()
         run.feed(.start)
+        for i in 0..<streams { run.feed(.open(Int32(2 * i + 1))) }
         for _ in 0..<sent { run.feed(.dataSent) }
         #expect(run.firstTermination(of: .frame(.windowUpdate), times: updates) == terminatesAt)
         if terminatesAt != nil { #expect(run.machine.state == .closing(.flood(.windowUpdate), deadline: Self.at(2000))) }

@@ -7,15 +7,16 @@ import Testing
 /// that counts what reaches it; one worker, so that every request meets
 /// the same table (docs/coalescing.md: one try per key per worker).
 @Suite("coalescing") struct CoalescingTests {
-    static func config(_ upstream: Int, route: String = "coalesce: true", timeout: String = "5s") -> String {
+    static func config(
+        _ upstream: Int, route: String = "coalesce: true", timeout: String = "5s",
+        defaults: String = "{ reachability: { park_for: 0s }, retry: { attempts: 1 } }", endpoints: [Int] = []
+    ) -> String {
         """
         listen: 127.0.0.1:0
         admin: { listen: 127.0.0.1:0 }
-        defaults:
-          reachability: { park_for: 0s }
-          retry: { attempts: 1 }
+        defaults: \(defaults)
         upstreams:
-          u: { endpoints: [http://127.0.0.1:\(upstream)] }
+          u: { endpoints: [\(([upstream] + endpoints).map { "http://127.0.0.1:\($0)" }.joined(separator: ", "))] }
         routes:
           - match: { path_prefix: / }
             upstream: u

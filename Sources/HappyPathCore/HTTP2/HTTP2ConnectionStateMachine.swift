@@ -65,8 +65,12 @@ public struct HTTP2ConnectionStateMachine: Sendable {
     public static let priorityPerStreamOpened = 100
     public static let priorityAllowance = 100
     /// WINDOW_UPDATE frames allowed per DATA frame we sent, plus
-    /// `windowUpdateAllowance` (Envoy: 10 per DATA frame sent).
+    /// `windowUpdatesPerStreamOpened` per stream the client opened, plus
+    /// `windowUpdateAllowance` (Envoy: 10 per DATA frame sent, 2 per stream).
+    /// A client may open a stream's window as it opens it, before any DATA
+    /// came: httpx does, and 100 concurrent GETs were ended as a flood.
     public static let windowUpdatesPerDataFrameSent = 10
+    public static let windowUpdatesPerStreamOpened = 2
     public static let windowUpdateAllowance = 100
     /// SETTINGS frames received in one second at most (each asks for an ACK).
     public static let maxSettingsPerSecond = 100
@@ -434,8 +438,9 @@ public struct HTTP2ConnectionStateMachine: Sendable {
             return priorityFrames > budget ? terminate(.flood(.priority), now: now) : .none
         case .windowUpdate:
             windowUpdates.addSaturating(1)
-            let budget = Self.budget(
+            var budget = Self.budget(
                 limits.windowUpdatesPerDataFrameSent, per: dataFramesSent, plus: limits.windowUpdateAllowance)
+            budget = Self.budget(Self.windowUpdatesPerStreamOpened, per: streamsOpened, plus: budget)
             return windowUpdates > budget ? terminate(.flood(.windowUpdate), now: now) : .none
         case .settings:
             let n = settingsWindow.count(now: now)

@@ -54,7 +54,14 @@ final class Coalescing {
                 group.members[member] = exchange
                 return .follow(group, member: member)
             case .alone:
-                return .alone(.full)
+                // Full: this request leads the next group for the key (the
+                // full one goes on, off the table), so a herd of any size
+                // reaches the upstream as one try per max_followers + 1.
+                metrics.coalesceAlone(route: exchange.route.label, .full)
+                let next = CoalesceGroup(key: key, table: self, leader: exchange, route: exchange.route)
+                group.key = nil
+                open[key] = next
+                return .lead(next)
             }
         }
         if let until = noStore[key] {
