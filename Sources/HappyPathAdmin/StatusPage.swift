@@ -186,7 +186,7 @@ public enum StatusPage {
     static func memoryWords(_ pools: [(pool: String, bytes: Int)]) -> String {
         let names = [
             "staged_answers": "answers staged", "client_output": "output queued", "tunnels": "tunnel bytes queued",
-            "upstream_h2": "HTTP/2 upstream bytes held",
+            "upstream_h2": "HTTP/2 upstream bytes held", "coalesced": "coalesced answer bytes",
             "admin_output": "admin output queued", "kept_answers": "kept answers",
         ]
         let words = pools.compactMap { p in names[p.pool].map { "\($0) \(byteSizeText(p.bytes))" } }

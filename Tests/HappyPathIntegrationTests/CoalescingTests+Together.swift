@@ -2,6 +2,8 @@ import Foundation
 import HappyPathCore
 import Testing
 
+@testable import HappyPathServer
+
 /// Issue 50: coalescing with everything around it: deadlines and
 /// handovers, an outage with parked requests, HTTP/2 clients beside
 /// HTTP/1.1 ones, a client that never reads, no-store and Set-Cookie,
@@ -238,5 +240,76 @@ extension CoalescingTests {
             #expect(r.status == 200 && r.body.count == body.utf8.count)
         }
         #expect(Self.tries(up).count == 1)
+    }
+}
+
+extension CoalescingTests {
+    /// A held error answer that sets a cookie (a load balancer's session)
+    /// is not every follower's: each goes on its own try.
+    @Test func aHeldErrorThatSetsACookieIsNotShared() throws {
+        let up = ScriptedUpstream(response: "DELAY:500\n" + http(403, "no", headers: ["Set-Cookie: lb=one-client"])).started()
+        let h = try ProxyHarness(Self.config(up.port), workers: 1)
+        defer { h.stop(); up.stop() }
+        let answers = try Self.send(h.port, 20).map { try $0.readResponse() }
+        #expect(answers.allSatisfy { $0.status == 403 })
+        #expect(Self.tries(up).count == 20, "\(Self.tries(up).count) upstream requests")
+    }
+
+    /// A held error answer without one is everyone's: one try.
+    @Test func aHeldErrorIsSharedAsEachFollowersOwnProblem() throws {
+        let up = ScriptedUpstream(response: "DELAY:500\n" + http(404, "gone")).started()
+        let h = try ProxyHarness(Self.config(up.port), workers: 1)
+        defer { h.stop(); up.stop() }
+        let answers = try Self.send(h.port, 20).map { try $0.readResponse() }
+        #expect(answers.allSatisfy { $0.status == 404 && ($0.json["code"] as? String) == "NOT_FOUND" })
+        let ids = answers.map { $0.json["request_id"] as? String }
+        #expect(Set(ids.compactMap { $0 }).count == 20)
+        #expect(zip(answers, ids).allSatisfy { $0.header("X-Request-Id") == $1 }, "each problem names its own request")
+        #expect(answers.allSatisfy { $0.header("X-Happypath-Attempts") == "1" })
+        #expect(Self.tries(up).count == 1)
+    }
+
+    /// Clients from ten addresses, each with its own rate-limit bucket:
+    /// each answer carries its own RateLimit fields, once.
+    @Test func eachFollowerGetsItsOwnRateLimitFieldsOnly() throws {
+        let up = ScriptedUpstream(response: "DELAY:500\n" + http(200, "the catalog")).started()
+        let h = try ProxyHarness(
+            Self.config(up.port, route: "coalesce: true\n    rate_limit: { rate: 100/s, burst: 100 }"), workers: 1)
+        defer { h.stop(); up.stop() }
+        let clients = try (1...10).map { i -> TestConnection in
+            let c = try TestConnection(port: h.port, timeout: 15, source: "127.0.0.\(i)")
+            try c.send("GET /items/1 HTTP/1.1\r\nHost: shop.example\r\n\r\n")
+            return c
+        }
+        for c in clients {
+            let r = try c.readResponse()
+            #expect(r.status == 200 && r.text == "the catalog")
+            #expect(r.headers.filter { $0.name.lowercased() == "ratelimit" }.count == 1, "\(r.headers)")
+            #expect(r.headers.filter { $0.name.lowercased() == "ratelimit-policy" }.count == 1)
+        }
+        #expect(Self.tries(up).count == 1)
+    }
+}
+
+extension CoalescingTests {
+    /// Each follower writes its own line, naming its leader; the leader's
+    /// line counts its followers.
+    @Test func eachFollowerLogsItsOwnLineNamingItsLeader() throws {
+        let capture = AccessLogTests.Capture()
+        let up = ScriptedUpstream(response: "DELAY:500\n" + http(200, "the catalog")).started()
+        let h = try ProxyHarness(
+            Self.config(up.port), workers: 1, accessLog: AccessLogSettings(level: .info, format: .json, sink: capture.sink))
+        defer { h.stop(); up.stop() }
+        let answers = try Self.send(h.port, 10).map { try $0.readResponse() }
+        #expect(waitUntil("ten lines") { capture.lines.count == 10 })
+        let lines = capture.lines.compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+        let leader = lines.filter { $0["followers"] as? Int == 9 }
+        #expect(leader.count == 1 && leader[0]["attempts"] as? Int == 1 && leader[0]["coalesced"] == nil)
+        let leaderID = leader.first?["request_id"] as? String
+        let followers = lines.filter { $0["coalesced"] != nil }
+        #expect(followers.count == 9)
+        #expect(followers.allSatisfy { $0["coalesced"] as? String == leaderID && $0["attempts"] as? Int == 0 }, "\(capture.lines)")
+        #expect(followers.allSatisfy { $0["status"] as? Int == 200 && $0["bytes"] as? Int == 11 })
+        #expect(Set(lines.compactMap { $0["request_id"] as? String }) == Set(answers.compactMap { $0.header("X-Request-Id") }))
     }
 }

@@ -12,11 +12,11 @@ import Testing
 
     static func key(
         _ fields: [(String, String)], method: String = "GET", target: String = "/catalog/a", scheme: String = "http",
-        pacing: String? = nil
+        pacing: String? = nil, route: Int = 0
     ) -> String? {
         var reader = CoalesceRules.RequestReader(key: key, salt: salt)
         for (name, value) in fields { reader.field(name: name, value: value) }
-        return reader.key(method: method, upstream: "api", target: target, scheme: scheme, pacingKey: pacing)
+        return reader.key(method: method, route: route, upstream: "api", target: target, scheme: scheme, pacingKey: pacing)
     }
 
     static let plain = key([("Host", "shop.example")])!
@@ -45,8 +45,9 @@ import Testing
         #expect(Self.key([("Host", "shop.example"), (name, value + "2")]) != with)
     }
 
-    @Test func theMethodTheTargetTheSchemeAndThePacingClientAreInTheKey() {
+    @Test func theMethodTheRouteTheTargetTheSchemeAndThePacingClientAreInTheKey() {
         #expect(Self.key([("Host", "shop.example")], method: "HEAD") != Self.plain)
+        #expect(Self.key([("Host", "shop.example")], route: 1) != Self.plain)
         #expect(Self.key([("Host", "shop.example")], target: "/catalog/a?page=2") != Self.plain)
         #expect(Self.key([("Host", "shop.example")], scheme: "https") != Self.plain)
         #expect(Self.key([("Host", "shop.example")], pacing: "10.0.0.1") != Self.plain)

@@ -43,10 +43,12 @@ public struct FanOutBuffer: Sendable {
         cursors[member] = base
     }
 
-    /// A member left (its client went, or it was cut): what only it still needed is let go.
-    public mutating func remove(_ member: Member) {
+    /// A member left (its client went, or it was cut): what only it still
+    /// needed is let go. `trimming: false` leaves that to one `trim()` after
+    /// a round over many members (each trim looks at every member).
+    public mutating func remove(_ member: Member, trimming: Bool = true) {
         cursors[member] = nil
-        trim()
+        if trimming { trim() }
     }
 
     /// The next piece of the body, as the upstream sent it.
@@ -79,22 +81,23 @@ public struct FanOutBuffer: Sendable {
         return pieces[low][from..<Swift.min(pieces[low].count, from + max)]
     }
 
-    /// `member` sent `count` bytes of what `next` gave it.
-    public mutating func advance(_ member: Member, by count: Int) {
+    /// `member` sent `count` bytes of what `next` gave it (`trimming`: as `remove`).
+    public mutating func advance(_ member: Member, by count: Int, trimming: Bool = true) {
         guard let at = cursors[member], count > 0 else { return }
         cursors[member] = Swift.min(end, at + count)
-        trim()
+        if trimming { trim() }
     }
 
     /// The members more than `bound` behind the furthest one, in member
     /// order: the driver cuts them (and `remove`s them).
     public var lagging: [Member] {
-        guard let furthest = cursors.values.max() else { return [] }
+        // Nobody can be further behind than what is held.
+        guard kept > bound, let furthest = cursors.values.max() else { return [] }
         return cursors.filter { furthest - $0.value > bound }.map(\.key).sorted()
     }
 
     /// Lets go of the pieces every member has had.
-    private mutating func trim() {
+    public mutating func trim() {
         let slowest = cursors.values.min() ?? end
         while first < pieces.count, starts[first] + pieces[first].count <= slowest {
             base += pieces[first].count

@@ -35,6 +35,9 @@ public struct ConnectionMemory: Sendable {
     /// Response bytes the proxy's own HTTP/2 client holds for streams whose
     /// exchanges are not taking them (a slow client): a stream window each at most.
     public let upstreamH2 = MemoryPool()
+    /// Answer bytes kept once for the members of coalesced groups that have
+    /// not read them yet (`coalesce:`, `CoalescedAnswer`).
+    public let coalesced = MemoryPool()
 
     public init() {}
 }
@@ -58,6 +61,7 @@ public final class MemoryPressure: Sendable {
     private let output: MemoryPool?
     private let tunnels: MemoryPool?
     private let upstreamH2: MemoryPool?
+    private let coalesced: MemoryPool?
     private let other: MemoryPool?
 
     public init(limit: Int, bodies: BodyBudget? = nil, memory: ConnectionMemory? = nil, other: MemoryPool? = nil) {
@@ -67,13 +71,14 @@ public final class MemoryPressure: Sendable {
         output = memory?.output
         tunnels = memory?.tunnels
         upstreamH2 = memory?.upstreamH2
+        coalesced = memory?.coalesced
         self.other = other
     }
 
     /// What the process holds for clients now, as `limits.max_memory` counts it.
     public var total: Int {
         (bodies?.current ?? 0) + (staged?.current ?? 0) + (output?.current ?? 0) + (tunnels?.current ?? 0)
-            + (upstreamH2?.current ?? 0) + (other?.current ?? 0)
+            + (upstreamH2?.current ?? 0) + (coalesced?.current ?? 0) + (other?.current ?? 0)
     }
 
     /// `limits.max_memory` (a reload may change it).

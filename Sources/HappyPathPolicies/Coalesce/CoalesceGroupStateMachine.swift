@@ -40,8 +40,14 @@ public struct CoalesceGroupStateMachine: Sendable {
     public let maxFollowers: Int
     public private(set) var state = State.waiting
     public private(set) var leader: Member
-    /// In arrival order.
-    public private(set) var followers: [Follower] = []
+    /// In arrival order, with the places of those who left empty (a leave
+    /// costs no search and no shift; compacted once mostly empty).
+    private var queue: [Follower?] = []
+    /// Where each follower stands in `queue`.
+    private var place: [Member: Int] = [:]
+    /// The followers, in arrival order.
+    public var followers: [Follower] { queue.compactMap { $0 } }
+    public var followerCount: Int { place.count }
     /// Followers that took the leader's answer or failure so far (the group
     /// size is this plus its leader).
     public private(set) var served = 0
@@ -59,8 +65,9 @@ public struct CoalesceGroupStateMachine: Sendable {
 
     /// An identical request arrived.
     public mutating func join(_ id: Member, deadline: Instant) -> Join {
-        guard state == .waiting, followers.count < maxFollowers else { return .alone }
-        followers.append(Follower(id, deadline: deadline))
+        guard state == .waiting, place.count < maxFollowers, place[id] == nil else { return .alone }
+        place[id] = queue.count
+        queue.append(Follower(id, deadline: deadline))
         return .follow
     }
 
@@ -68,9 +75,21 @@ public struct CoalesceGroupStateMachine: Sendable {
     /// deadline passed, or drain answered it. False: it was no follower.
     @discardableResult
     public mutating func leave(_ id: Member) -> Bool {
-        guard let i = followers.firstIndex(where: { $0.id == id }) else { return false }
-        followers.remove(at: i)
+        guard let i = place.removeValue(forKey: id) else { return false }
+        queue[i] = nil
+        if queue.count > 16, queue.count > 2 * place.count { compact() }
         return true
+    }
+
+    private mutating func compact() {
+        queue = queue.filter { $0 != nil }
+        place = [:]
+        for (i, follower) in queue.enumerated() { place[follower!.id] = i }
+    }
+
+    private mutating func removeAllFollowers() {
+        queue = []
+        place = [:]
     }
 
     public enum Verdict: Sendable, Equatable {
@@ -93,19 +112,20 @@ public struct CoalesceGroupStateMachine: Sendable {
             state = .ended
             let all = followers.map(\.id)
             served += all.count
-            followers = []
+            removeAllFollowers()
             return all.isEmpty ? .ended : .answerAll(all)
         case .handOver:
-            guard let next = followers.firstIndex(where: { $0.deadline > now }) else {
+            let waiting = followers
+            guard let next = waiting.firstIndex(where: { $0.deadline > now }) else {
                 state = .ended
-                let expired = followers.map(\.id)
-                followers = []
-                return expired.isEmpty ? .ended : .expireAll(expired)
+                removeAllFollowers()
+                return waiting.isEmpty ? .ended : .expireAll(waiting.map(\.id))
             }
-            let expired = followers[..<next].map(\.id)
-            leader = followers[next].id
-            followers.removeSubrange(...next)
-            return .promote(leader: leader, expired: expired)
+            leader = waiting[next].id
+            queue = waiting[(next + 1)...].map { $0 }
+            place = [:]
+            for (i, follower) in queue.enumerated() { place[follower!.id] = i }
+            return .promote(leader: leader, expired: waiting[..<next].map(\.id))
         }
     }
 
@@ -120,7 +140,7 @@ public struct CoalesceGroupStateMachine: Sendable {
         for follower in followers {
             if keep(follower.id) { shared.append(follower.id) } else { released.append(follower.id) }
         }
-        followers = []
+        removeAllFollowers()
         served += shared.count
         return (shared, released)
     }

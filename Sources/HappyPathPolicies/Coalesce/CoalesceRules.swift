@@ -73,16 +73,19 @@ public enum CoalesceRules {
         }
 
         /// The request's key (nil: it may not coalesce): the method, the
+        /// route (its credential fields and redirects are its own), the
         /// stale key's parts (the upstream, the target, the scheme, the
         /// forwarding fields, the credentials by salted hash), the
         /// validators, and whom a pause of the upstream's is about.
         /// - Parameters:
         ///   - pacingKey: the client a `pacing.scope_429: client` pause
         ///     concerns (nil: the upstream pauses for everyone).
-        public func key(method: String, upstream: String, target: String, scheme: String, pacingKey: String?) -> String? {
+        public func key(
+            method: String, route: Int, upstream: String, target: String, scheme: String, pacingKey: String?
+        ) -> String? {
             guard !ineligible, method == "GET" || method == "HEAD" else { return nil }
             let keys = stale.keys(upstream: upstream, target: target, scheme: scheme)
-            var key = method + " " + (keys.credentials ?? keys.shared)
+            var key = method + " " + String(route) + " " + (keys.credentials ?? keys.shared)
             if !validators.isEmpty { key += String(decoding: validators, as: UTF8.self) }
             if let pacingKey { key += "\npacing:" + pacingKey }
             return key

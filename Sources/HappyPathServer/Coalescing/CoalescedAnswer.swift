@@ -39,12 +39,12 @@ final class CoalescedAnswer: ExchangeClient {
     private(set) var fields = KeptFields()
     private var trailers = KeptFields()
     private var readsAhead = false
-    /// The followers have their head: the verdict was taken.
-    private var headShared = false
     /// `endReply` came: members end as they reach the end.
     private var ended = false
     /// The relay waits for room (the upstream transfer is paused).
     private var relayWaits = false
+    /// What `buffer` keeps, as last counted in the `coalesced` pool.
+    private var counted = 0
 
     init(group: CoalesceGroup, leader: Exchange) {
         self.group = group
@@ -88,13 +88,25 @@ final class CoalescedAnswer: ExchangeClient {
 
     func addResponseHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
         if !leaderClientGone { leaderClient.addResponseHeader(name: name, value: value) }
+        // The leader's RateLimit fields come this way (`RateLimitFields.stage`).
+        if Self.isMembersOwn(name) { return }
         _ = fields.append(name: name, value: value)
     }
 
+    /// The proxy's own fields, each member's own: never copied to another.
     static func isMembersOwn(_ name: String) -> Bool {
-        let lower = name.lowercased()
-        return lower == "x-request-id" || lower == "x-happypath-attempts" || lower == "ratelimit"
-            || lower == "ratelimit-policy"
+        var name = name
+        return name.withUTF8 { isMembersOwn(UnsafeRawBufferPointer($0)) }
+    }
+
+    static func isMembersOwn(_ name: UnsafeRawBufferPointer) -> Bool {
+        switch name.count {
+        case 9: HTTPBytes.equals(name, "ratelimit")
+        case 12: HTTPBytes.equals(name, "x-request-id")
+        case 16: HTTPBytes.equals(name, "ratelimit-policy")
+        case 20: HTTPBytes.equals(name, "x-happypath-attempts")
+        default: false
+        }
     }
 
     func removeResponseHeaders(nominatedBy connectionValue: UnsafeRawBufferPointer) {
@@ -130,49 +142,27 @@ final class CoalescedAnswer: ExchangeClient {
         if !leaderClientGone { leaderClient.reply(status: status, headers: headers, body: body) }
     }
 
-    /// The head is final (the first body bytes, or the end): the verdict,
-    /// and each follower it serves gets its head.
+    /// The head is final (the first body bytes, or the end): the verdict
+    /// was taken, and each follower it serves has its head.
+    private(set) var headShared = false
+
     private func shareHead() {
-        guard !headShared else { return }
+        guard !headShared, let leader else { return }
         headShared = true
-        guard let leader else { return }
         let now = leader.env.clock.now()
-        let table = group.table
-        let verdict = CoalesceRules.head(fields: fields, contentLength: contentLength, largeAbove: table.largeAbove)
-        var vary: [String] = []
-        var released: CoalesceRules.AloneReason?
-        switch verdict {
-        case let .share(varyNames): vary = varyNames
-        case let .release(reason): released = reason
-        }
-        if released == .noStore, let key = group.key { table.rememberNoStore(key, now: now) }
-        let leaderValues = vary.map { leader.request.header($0) }
-        let (shared, let_go) = group.machine.share { member in
-            guard released == nil, let follower = self.group.members[member] else { return false }
-            return vary.isEmpty || vary.map({ follower.request.header($0) }) == leaderValues
-        }
-        table.close(group)
+        // A HEAD's length is its GET's: no body follows it.
+        let length = leader.command.method == "HEAD" ? nil : contentLength
+        let verdict = CoalesceRules.head(fields: fields, contentLength: length, largeAbove: group.table.largeAbove)
+        let sharing = group.sharing(verdict, leader: leader, now: now)
+        let (shared, released) = group.machine.share(keeping: sharing.keeps)
+        group.table.close(group)
         for member in shared {
             guard let follower = group.members[member] else { continue }
             readers[member] = follower
             buffer.add(member)
-            follower.followerShares(self, member: member, attempts: leader.command.attempt)
+            follower.followerShares(self, member: member, leader: leader)
         }
-        // Those it does not serve: each set with the same Vary values leads and follows anew.
-        var sets: [[String?]: [Exchange]] = [:]
-        var order: [[String?]] = []
-        for member in let_go {
-            guard let follower = group.members.removeValue(forKey: member) else { continue }
-            if let released {
-                table.metrics.coalesceAlone(route: group.route.label, released)
-                CoalesceGroup.regroup([follower], table: table, route: group.route, now: now)
-                continue
-            }
-            let values = vary.map { follower.request.header($0) }
-            if sets[values] == nil { order.append(values) }
-            sets[values, default: []].append(follower)
-        }
-        for values in order { CoalesceGroup.regroup(sets[values] ?? [], table: table, route: group.route, now: now) }
+        group.release(released, sharing, now: now)
     }
 
     // MARK: - The body
@@ -190,10 +180,19 @@ final class CoalescedAnswer: ExchangeClient {
     }
 
     func send(_ bytes: UnsafeRawBufferPointer, notifyWhenDrained: Bool) {
-        shareHead()
+        if !headShared {
+            // The relay asking to be told when the leader's client drains:
+            // no byte went out yet, and the leader may still try again.
+            guard !bytes.isEmpty else {
+                if notifyWhenDrained { relayWaits = true }
+                return leaderClient.send(bytes, notifyWhenDrained: notifyWhenDrained)
+            }
+            shareHead()
+        }
         if !bytes.isEmpty { buffer.append(bytes) }
         for member in Array(readers.keys) { pump(member) }
         cutLaggards()
+        account()
         if notifyWhenDrained, outputRoom <= 0 { relayWaits = true }
     }
 
@@ -201,6 +200,7 @@ final class CoalescedAnswer: ExchangeClient {
         shareHead()
         ended = true
         for member in Array(readers.keys) { pump(member) }
+        account()
         finishGroupIfDone()
     }
 
@@ -212,6 +212,7 @@ final class CoalescedAnswer: ExchangeClient {
             if let reader { reader.sharedAnswerEnded(complete: false) } else if !leaderClientGone { leaderClient.abort() }
         }
         readers = [:]
+        account()
         finishGroupIfDone()
     }
 
@@ -230,13 +231,13 @@ final class CoalescedAnswer: ExchangeClient {
                 break
             }
             piece.withUnsafeBytes { client.send($0, notifyWhenDrained: piece.count >= room) }
-            buffer.advance(member, by: piece.count)
+            buffer.advance(member, by: piece.count, trimming: false)
             if let reader { reader.sharedBytes(piece.count) }
         }
         guard ended, buffer.behind(member) == 0 else { return }
         // It has it all: the end, with the trailers.
         readers[member] = nil
-        buffer.remove(member)
+        buffer.remove(member, trimming: false)
         if let reader {
             trailers.forEachField { reader.request.addResponseTrailer(name: $0, value: $1) }
             reader.sharedAnswerEnded(complete: true)
@@ -249,7 +250,7 @@ final class CoalescedAnswer: ExchangeClient {
     private func cutLaggards() {
         for member in buffer.lagging {
             guard let reader = readers.removeValue(forKey: member) else { continue }
-            buffer.remove(member)
+            buffer.remove(member, trimming: false)
             group.table.metrics.coalesceCut(route: group.route.label)
             if let reader { reader.sharedAnswerEnded(complete: false) } else if !leaderClientGone { leaderClient.abort() }
         }
@@ -258,6 +259,7 @@ final class CoalescedAnswer: ExchangeClient {
     /// A member's client drained: it reads on, and the upstream goes on if it waited.
     func drained(_ member: Int) {
         pump(member)
+        account()
         finishGroupIfDone()
         guard relayWaits, outputRoom > 0 else { return }
         relayWaits = false
@@ -267,12 +269,25 @@ final class CoalescedAnswer: ExchangeClient {
     /// A member left mid-answer (its client hung up, drain): what only it needed is let go.
     func remove(_ member: Int) {
         guard readers.removeValue(forKey: member) != nil else { return }
-        buffer.remove(member)
+        buffer.remove(member, trimming: false)
+        account()
         finishGroupIfDone()
+        if readers.isEmpty, leaderClientGone, !ended, let leader {
+            // Nobody reads any more: the try is the leader's client's alone, and it left.
+            return leader.sharedAnswerUnread()
+        }
         if relayWaits, outputRoom > 0 {
             relayWaits = false
             leader?.sharedAnswerResumes()
         }
+    }
+
+    /// The leader goes on without sharing (its head was not shared yet: it
+    /// tries again, or fails): its own client only, as before.
+    func detach() {
+        leader = nil
+        ended = true
+        readers = [:]
     }
 
     /// The leader's client hung up mid-answer. True: others still read,
@@ -289,8 +304,18 @@ final class CoalescedAnswer: ExchangeClient {
         finishGroupIfDone()
     }
 
+    /// The `coalesced` pool follows what the buffer keeps (counted once,
+    /// whatever the number of members behind).
+    private func account() {
+        buffer.trim()
+        let kept = buffer.kept
+        group.table.memory.add(kept - counted)
+        counted = kept
+    }
+
     private func finishGroupIfDone() {
-        guard ended, readers.isEmpty, group.machine.state != .ended else { return }
+        // Before its head was shared, the group's end is its leader's to decide (Exchange+Coalesce).
+        guard headShared, ended, readers.isEmpty, group.machine.state != .ended else { return }
         group.machine.finished()
         group.table.metrics.coalesceGroupEnded(route: group.route.label, size: group.machine.size)
         group.members = [:]

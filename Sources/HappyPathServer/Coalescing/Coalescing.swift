@@ -27,11 +27,14 @@ final class Coalescing {
     /// `limits.read_ahead`: an answer announced longer is not shared.
     let largeAbove: Int
     let metrics: WorkerMetrics
+    /// The process's `coalesced` pool: what the groups' buffers keep.
+    let memory: MemoryPool
 
-    init(bound: Int, largeAbove: Int, metrics: WorkerMetrics) {
+    init(bound: Int, largeAbove: Int, metrics: WorkerMetrics, memory: MemoryPool) {
         self.bound = bound
         self.largeAbove = largeAbove
         self.metrics = metrics
+        self.memory = memory
     }
 
     /// Followers across this worker's groups now (`/admin/state`).
@@ -119,13 +122,58 @@ final class CoalesceGroup {
         return lastMember
     }
 
-    var hasFollowers: Bool { !machine.followers.isEmpty }
+    var hasFollowers: Bool { machine.followerCount > 0 }
     var leader: Exchange? { members[machine.leader] }
 
     /// A follower left before any answer (its client, its deadline, drain).
     func leave(_ member: Int) {
         guard machine.leave(member) else { return }
         members[member] = nil
+    }
+
+    /// What an answer (its head, or a held one) means for the followers:
+    /// which take it, and why the others go on their own.
+    struct Sharing {
+        /// Whether a follower takes it.
+        let keeps: (Int) -> Bool
+        /// Why nobody else takes it (nil: those `keeps` refuses differ in `vary`).
+        let reason: CoalesceRules.AloneReason?
+        /// The request fields the answer varies on.
+        let vary: [String]
+    }
+
+    func sharing(_ verdict: CoalesceRules.HeadVerdict, leader: Exchange, now: Instant) -> Sharing {
+        switch verdict {
+        case let .release(reason):
+            if reason == .noStore, let key { table.rememberNoStore(key, now: now) }
+            return Sharing(keeps: { _ in false }, reason: reason, vary: [])
+        case let .share(vary):
+            guard !vary.isEmpty else { return Sharing(keeps: { _ in true }, reason: nil, vary: []) }
+            let values = vary.map { leader.requestValues($0) }
+            return Sharing(
+                keeps: { [members] in members[$0].map { f in vary.map { f.requestValues($0) } == values } ?? false },
+                reason: nil, vary: vary)
+        }
+    }
+
+    /// The followers an answer does not serve: each set with the same
+    /// `Vary` values leads and follows anew; with a reason, each alone.
+    func release(_ released: [Int], _ sharing: Sharing, now: Instant) {
+        var sets: [[String?]: [Exchange]] = [:]
+        var order: [[String?]] = []
+        for member in released {
+            guard let follower = members.removeValue(forKey: member) else { continue }
+            follower.coalesce = nil
+            if let reason = sharing.reason {
+                table.metrics.coalesceAlone(route: route.label, reason)
+                CoalesceGroup.regroup([follower], table: table, route: route, now: now)
+                continue
+            }
+            let values = sharing.vary.map { follower.requestValues($0) }
+            if sets[values] == nil { order.append(values) }
+            sets[values, default: []].append(follower)
+        }
+        for values in order { CoalesceGroup.regroup(sets[values] ?? [], table: table, route: route, now: now) }
     }
 
     /// A group made of followers released together (the same `Vary`

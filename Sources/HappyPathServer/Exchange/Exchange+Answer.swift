@@ -33,7 +33,7 @@ extension Exchange {
         // Authorization header, a token endpoint repeating its form): none
         // of its credentials leave in a problem. Only upstreams with
         // credentials pay for the search, and only here, on the error path.
-        let scrubber = tokens?.scrubber(sent: authToken)
+        let scrubber = tokens?.scrubber(sent: leader?.authToken ?? authToken)
         if let scrubber { problem = problem.scrubbed(by: scrubber) }
         env.logger.debug(
             "request failed",
@@ -47,7 +47,7 @@ extension Exchange {
             // (a 404 or 410 is kept for serve_stale like any answer).
             result.status = status
             if isGRPC { result.grpcStatus = relay.grpcStatus.clientStatus(httpStatus: status) }
-            relay.answered(bytes: passHeldAnswer())
+            relay.answered(bytes: passHeldAnswer(attempts: leader?.command.attempt ?? command.attempt))
             if relay.kept != nil { keepAnswer(fields: relay.heldEndToEndFields, body: relay.heldBody) }
         case let .problemKeepingUpstreamFields(status):
             // The body is replaced; the fields clients act on are kept.
@@ -83,28 +83,33 @@ extension Exchange {
     /// Sends the held answer as the upstream gave it (status, reason,
     /// end-to-end fields, body) plus the proxy's own two fields. Returns the
     /// body's size.
-    func passHeldAnswer() -> Int {
+    func passHeldAnswer(attempts: Int? = nil) -> Int {
+        let attempts = attempts ?? command.attempt
         // A gRPC answer to a gRPC-Web text call: its body in base64 too.
         if let web = relay.web, web.translated, web.mode == .text, !relay.heldBody.isEmpty {
             let encoded = GRPCWeb.base64(relay.heldBody)
             encoded.withUnsafeBytes {
-                answerWhole(status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0)
+                answerWhole(
+                    status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0, attempts: attempts)
             }
             return encoded.count
         }
         relay.heldBody.withUnsafeBytes {
-            answerWhole(status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0)
+            answerWhole(
+                status: relay.status, reason: relay.reason, fields: relay.heldEndToEndFields, body: $0, attempts: attempts)
         }
         return relay.heldBody.count
     }
 
     /// An answer written whole, not relayed: `fields`, the proxy's own two
     /// and the route's `RateLimit` fields, then `body`.
-    func answerWhole(status: Int, reason: [UInt8]?, fields: [HTTPField], body: UnsafeRawBufferPointer) {
+    func answerWhole(
+        status: Int, reason: [UInt8]?, fields: [HTTPField], body: UnsafeRawBufferPointer, attempts: Int? = nil
+    ) {
         request.clearResponseHeaders()
         for field in fields { request.addResponseHeader(field.name, field.value) }
         request.addResponseHeader("X-Request-Id", command.requestID)
-        request.addResponseHeader("X-Happypath-Attempts", String(command.attempt))
+        request.addResponseHeader("X-Happypath-Attempts", String(attempts ?? command.attempt))
         rateLimitFields?.stage(on: request)
         request.startReply(status: status, contentLength: body.count, reason: reason)
         if !body.isEmpty { request.send(body, notifyWhenDrained: false) }

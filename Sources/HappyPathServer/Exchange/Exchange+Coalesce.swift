@@ -43,7 +43,7 @@ extension Exchange {
         var reader = CoalesceRules.RequestReader(key: staleKey, salt: Coalescing.salt)
         request.forEachRawHeader { reader.field(name: $0, value: $1) }
         return reader.key(
-            method: command.method, upstream: upstream.name, target: command.target,
+            method: command.method, route: route.index, upstream: upstream.name, target: command.target,
             scheme: request.arrivedOverTLS ? "https" : "http", pacingKey: guardian.pausesClients ? pacingKey : nil)
     }
 
@@ -75,6 +75,16 @@ extension Exchange {
         guard membership.leads else {
             return group.leave(membership.member)
         }
+        if let answer = membership.answer {
+            // An answer began streaming to this leader's client, then its try
+            // failed before the first byte and the next ended here.
+            answerTo = request
+            if answer.headShared {
+                answer.abort()
+                return answer.detach()
+            }
+            answer.detach()
+        }
         let now = env.clock.now()
         // The one timer was armed for the time left: it may fire a little early.
         let after = CoalesceRules.afterLeader(failure, deadlinePassed: machine.remaining(at: now) < .milliseconds(20))
@@ -93,7 +103,11 @@ extension Exchange {
                 coalesce = nil
                 return answer.remove(membership.member)
             }
-            return answer.leaderFinished()
+            if answer.headShared { return answer.leaderFinished() }
+            // Its client left (or drain) before any byte of the answer: the
+            // followers have nothing yet, and are handed over below.
+            answerTo = request
+            answer.detach()
         }
         coalesce = nil
         let group = membership.group
@@ -120,9 +134,19 @@ extension Exchange {
         switch verdict {
         case let .answerAll(members):
             group.table.close(group)
-            env.metrics.coalesced(route: route.label, members.count)
-            env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
-            for member in members { take(member)?.answerLeadersFailure(failure, leader: self) }
+            // The upstream's own answer, held: its fields say whether it is
+            // everyone's (Set-Cookie, no-store, Vary), as a streamed head's do.
+            var sharing = CoalesceGroup.Sharing(keeps: { _ in true }, reason: nil, vary: [])
+            if case .upstreamAnswer = failure {
+                let fields = KeptFields(relay.heldEndToEndFields)
+                sharing = group.sharing(
+                    CoalesceRules.head(fields: fields, contentLength: nil, largeAbove: .max), leader: self, now: now)
+            }
+            let kept = members.filter(sharing.keeps)
+            group.release(members.filter { !sharing.keeps($0) }, sharing, now: now)
+            env.metrics.coalesced(route: route.label, kept.count)
+            env.metrics.coalesceGroupEnded(route: route.label, size: kept.count + 1)
+            for member in kept { take(member)?.answerLeadersFailure(failure, leader: self) }
         case let .expireAll(members):
             group.table.close(group)
             env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
@@ -158,6 +182,7 @@ extension Exchange {
     /// (its request id, its rate-limit fields, its fallback).
     func answerLeadersFailure(_ failure: ExchangeStateMachine.Failure, leader: Exchange) {
         guard case let .answer(failure, _) = machine.sharedFailure(failure) else { return }
+        followed(leader)
         if case let .upstreamAnswer(status) = failure { result.upstreamAnswered = status }
         releaseAll()
         answer(failure, from: leader)
@@ -166,8 +191,10 @@ extension Exchange {
     func followerFailed(_ failure: ExchangeStateMachine.Failure) { perform(machine.sharedFailure(failure)) }
 
     /// The leader's answer is this follower's: its head goes out now.
-    func followerShares(_ answer: CoalescedAnswer, member: Int, attempts: Int) {
+    func followerShares(_ answer: CoalescedAnswer, member: Int, leader: Exchange) {
         guard machine.state == .following else { return }
+        let attempts = leader.command.attempt
+        followed(leader)
         coalesce?.answer = answer
         env.metrics.coalesced(route: route.label, 1)
         perform(machine.shared(status: answer.status))
@@ -178,6 +205,18 @@ extension Exchange {
         rateLimitFields?.stage(on: request)
         request.startReply(status: answer.status, contentLength: answer.contentLength, reason: answer.reason)
         request.permitReadAhead()
+    }
+
+    /// This follower's answer came from `leader`'s try: its log line and
+    /// span say so (the span linked to the leader's, when that is traced).
+    private func followed(_ leader: Exchange) {
+        result.coalescedWith = leader.command.requestID
+        leader.result.followers += 1
+        if trace != nil {
+            trace?.coalesced = true
+            if let context = leader.trace?.context { trace?.links.append(context) }
+        }
+        if leader.trace != nil { leader.trace?.followers += 1 }
     }
 
     /// Body bytes this follower's client got (for the access log).
@@ -192,5 +231,24 @@ extension Exchange {
     func sharedAnswerResumes() {
         relay.drained()
         transfer?.resume()
+    }
+
+    /// Every member of the shared answer left, the leader's client first:
+    /// nobody reads it, and the try ends as a client's that hung up.
+    func sharedAnswerUnread() {
+        env.loop.schedule(after: .zero) { [self] in perform(machine.clientGone()) }
+    }
+
+    /// A request field's values, every line of it joined as one list (a
+    /// `Vary` comparison: the same values in the same order).
+    func requestValues(_ lowercasedName: String) -> String? {
+        var out: [UInt8]?
+        let name = Array(lowercasedName.utf8)
+        request.forEachRawHeader { n, v in
+            guard n.count == name.count, zip(n, name).allSatisfy({ HTTPBytes.lower($0) == $1 }) else { return }
+            if out == nil { out = [] } else { out!.append(contentsOf: ", ".utf8) }
+            out!.append(contentsOf: v)
+        }
+        return out.map { String(decoding: $0, as: UTF8.self) }
     }
 }

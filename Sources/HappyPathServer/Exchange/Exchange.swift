@@ -288,6 +288,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         case .completed where machine.attempt == 0:
             // A follower's shared answer (it sent no try): its end.
             result.status = machine.streamedStatus
+            if result.status >= 400 { result.code = ErrorMapper.builtInCode(for: result.status).rawValue }
             request.endReply()
         case .completed:
             result.status = machine.switched ? 101 : relay.status
@@ -354,6 +355,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     // MARK: - HTTPRequestObserver
 
     func requestClientClosed(_ request: HTTPRequest) {
+        if isFinished, let answer = coalesce?.answer {
+            // A leader that ended while its client still read the shared answer.
+            env.loop.schedule(after: .zero) { _ = answer.leaderLeft() }
+            return
+        }
         // Inside the connection's teardown: finish on the next pass.
         guard !isFinished, timers.gone == nil else { return }
         let event = env.loop.takeEvent(target: self)
@@ -429,6 +435,10 @@ struct ExchangeResult {
     var problem: Problem?
     /// The upstream's own status, when the problem answered is its answer.
     var upstreamAnswered: Int?
+    /// A coalesced follower: the request id of the leader whose try answered it.
+    var coalescedWith: String?
+    /// A leader: the followers its try answered.
+    var followers = 0
 }
 
 /// The exchange's one timer (try limit, queue wait, backoff, park expiry)
@@ -474,6 +484,9 @@ extension Exchange {
     var problem: Problem? { result.problem }
     var upstreamAnswered: Int? { result.upstreamAnswered }
     var bytesOut: Int { relay.bytesOut }
+    /// Tries this request sent upstream: a coalesced follower sent none
+    /// (the access log's `attempts`, `happypath_request_tries_total`).
+    var triesSent: Int { result.coalescedWith == nil ? command.attempt : 0 }
 
     var upgrade: UpgradeRequest? { upgrading?.request }
     var upgradeTry: UpstreamUpgrade? {

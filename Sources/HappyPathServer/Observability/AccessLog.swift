@@ -66,6 +66,10 @@ struct AccessRecord {
     /// A gRPC call's `grpc_status` (its number, or `unknown`); nil for
     /// every other request, which carries no such field.
     var grpcStatus: String? = nil
+    /// A coalesced follower's leader (its request id); nil for every other request.
+    var coalesced: String? = nil
+    /// A coalescing leader's followers (0: not written).
+    var followers = 0
 }
 
 /// One worker's access log: lines are composed straight into a byte buffer
@@ -109,7 +113,9 @@ final class AccessLog: LoopEventTarget {
         // The protocol is ours (no escaping) and its key the only one past the 256.
         // A gRPC call's `grpc_status` (at most `unknown`) comes on top.
         let grpc = record.grpcStatus == nil ? 0 : 32
-        reserve(256 + 16 + grpc + record.protocolName.utf8CodeUnitCount + 6 * strings)
+        // A follower's leader id (escaped), a leader's count.
+        let coalescing = (record.coalesced.map { 16 + 6 * $0.utf8.count } ?? 0) + (record.followers > 0 ? 32 : 0)
+        reserve(256 + 16 + grpc + coalescing + record.protocolName.utf8CodeUnitCount + 6 * strings)
         switch settings.format {
         case .json: appendJSON(record)
         case .text: appendText(record)
@@ -156,10 +162,18 @@ final class AccessLog: LoopEventTarget {
         putInt(r.attempts)
         put(",\"bytes\":")
         putInt(r.bytes)
+        if let coalesced = r.coalesced {
+            put(",\"coalesced\":")
+            putQuoted(coalesced)
+        }
         put(",\"code\":")
         putQuoted(r.code)
         put(",\"duration_ms\":")
         putMillis(r.durationMicros)
+        if r.followers > 0 {
+            put(",\"followers\":")
+            putInt(r.followers)
+        }
         if let grpcStatus = r.grpcStatus {
             put(",\"grpc_status\":")
             putQuoted(grpcStatus)
@@ -185,10 +199,18 @@ final class AccessLog: LoopEventTarget {
         putInt(r.attempts)
         put(" bytes=")
         putInt(r.bytes)
+        if let coalesced = r.coalesced {
+            put(" coalesced=")
+            putRaw(coalesced)
+        }
         put(" code=")
         putRaw(r.code)
         put(" duration_ms=")
         putMillis(r.durationMicros)
+        if r.followers > 0 {
+            put(" followers=")
+            putInt(r.followers)
+        }
         if let grpcStatus = r.grpcStatus {
             put(" grpc_status=")
             putRaw(grpcStatus)
@@ -332,7 +354,8 @@ extension AccessLog {
             AccessRecord(
                 requestID: command.requestID, method: command.method, protocolName: exchange.protocolName,
                 route: exchange.route.label, upstream: exchange.upstream.name, status: exchange.finalStatus,
-                code: exchange.finalCode, attempts: command.attempt, durationMicros: duration.nanoseconds / 1000,
-                bytes: exchange.bytesOut, grpcStatus: exchange.isGRPC ? GRPCCall.label(exchange.grpcStatus) : nil))
+                code: exchange.finalCode, attempts: exchange.triesSent, durationMicros: duration.nanoseconds / 1000,
+                bytes: exchange.bytesOut, grpcStatus: exchange.isGRPC ? GRPCCall.label(exchange.grpcStatus) : nil,
+                coalesced: exchange.result.coalescedWith, followers: exchange.result.followers))
     }
 }

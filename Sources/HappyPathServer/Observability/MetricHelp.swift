@@ -14,7 +14,7 @@ enum MetricHelp {
             "gRPC calls answered, by route and grpc_status (the status number the client read, or unknown).",
         "happypath_request_duration_seconds": "Time from a client request's arrival to its answer, by route.",
         "happypath_request_tries_total":
-            "Tries counted for the client requests answered, by route (their X-Happypath-Attempts summed).",
+            "Tries counted for the client requests answered, by route (their X-Happypath-Attempts summed; a coalesced follower sends none).",
         "happypath_upstream_tries_total": "Tries sent upstream, by upstream and outcome.",
         "happypath_retries_total": "Tries that were retries, by upstream.",
         "happypath_retry_budget_exhausted_total":
@@ -59,7 +59,7 @@ enum MetricHelp {
             "1 while the process holds 90% of limits.max_memory for clients (new connections wait, new HTTP/2 streams are refused, stream windows shrink) until it falls below 75%.",
         "happypath_memory_pressure_changes_total": "Times the memory overload action began or ended.",
         "happypath_memory_bytes":
-            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), tunnels (client bytes queued for upstreams), upstream_h2 (answer bytes the proxy's own HTTP/2 client holds for slow clients' streams, a stream window each at most), admin_output (queued for admin clients: event streams), kept_answers (fallback.serve_stale).",
+            "Bytes the process holds for clients now, by pool: request_bodies, staged_answers (HTTP/2, not yet framed), client_output (queued for sockets), tunnels (client bytes queued for upstreams), upstream_h2 (answer bytes the proxy's own HTTP/2 client holds for slow clients' streams, a stream window each at most), coalesced (answer bytes kept once for the members of coalesced groups that have not read them yet), admin_output (queued for admin clients: event streams), kept_answers (fallback.serve_stale).",
         "happypath_buffered_body_bytes_limit": "Body bytes the process buffers at most.",
         "happypath_spool_bytes":
             "Bytes in spool files now, on disk: answers read ahead of slow clients (limits.read_ahead) and request bodies kept for retries (limits.body_in_memory).",

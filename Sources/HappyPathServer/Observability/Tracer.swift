@@ -64,6 +64,11 @@ struct RequestTrace: Sendable {
     var tries: [TryRecord] = []
     var parked: Duration = .zero
     var parkedSince: Instant?
+    /// A coalesced follower: its answer came from another request's try
+    /// (linked), and it sent none (docs/coalescing.md).
+    var coalesced = false
+    /// A leader: the followers its try answered.
+    var followers = 0
 
     struct TryRecord: Sendable {
         var spanID: UInt64
@@ -113,6 +118,8 @@ struct RequestTrace: Sendable {
             ("happypath.attempts", .int(Int64(attempts))), ("happypath.upstream", .string(upstream)),
             ("happypath.parked_ms", .int(parkedTotal.nanoseconds / 1_000_000)),
         ]
+        if coalesced { attributes.append(("happypath.coalesced", .bool(true))) }
+        if followers > 0 { attributes.append(("happypath.followers", .int(Int64(followers)))) }
         // No status yet: an accepted deliver-later request is handed to the store.
         if status != 0 { attributes.append(("http.response.status_code", .int(Int64(status)))) }
         let server = Span(

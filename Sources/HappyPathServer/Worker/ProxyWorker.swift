@@ -100,7 +100,9 @@ final class ProxyWorker: HTTPServerDelegate {
         pacing = PauseWaits(worker: self)
         refreshes = TokenRefreshes(worker: self)
         tunnels = WorkerTunnels(worker: self)
-        coalescing = Coalescing(bound: limits.connectionBuffer, largeAbove: limits.readAhead, metrics: metrics)
+        coalescing = Coalescing(
+            bound: limits.connectionBuffer, largeAbove: limits.readAhead, metrics: metrics,
+            memory: shared.connectionMemory.coalesced)
         lanes.open(shared.guards)
     }
 
@@ -363,7 +365,7 @@ final class ProxyWorker: HTTPServerDelegate {
                 trace.spans(
                     tracer: tracer, endedAt: clock.now(), method: exchange.command.method, route: exchange.route.label,
                     upstream: exchange.upstream.name, status: exchange.finalStatus, code: exchange.finalCode,
-                    attempts: exchange.command.attempt))
+                    attempts: exchange.triesSent))
         }
         let duration = clock.now() - exchange.startedAt
         if let delivery = exchange.delivery {
@@ -372,7 +374,7 @@ final class ProxyWorker: HTTPServerDelegate {
             return
         }
         shared.inFlight.add(-1)
-        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration, tries: exchange.command.attempt)
+        metrics.request(route: exchange.route, code: exchange.finalCode, duration: duration, tries: exchange.triesSent)
         if exchange.isGRPC { metrics.grpcCall(route: exchange.route, status: exchange.grpcStatus) }
         accessLog.append(exchange, duration: duration)
     }

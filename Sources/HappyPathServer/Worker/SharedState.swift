@@ -186,6 +186,8 @@ struct MemoryReading: Sendable {
     var tunnels = 0
     /// Response bytes the proxy's own HTTP/2 client holds for slow clients' streams.
     var upstreamH2 = 0
+    /// Answer bytes kept once for coalesced groups' members that have not read them.
+    var coalesced = 0
     var adminOutput = 0
     var keptAnswers = 0
     /// `limits.max_memory`, and whether its overload action is on.
@@ -201,7 +203,7 @@ struct MemoryReading: Sendable {
     var pools: [(pool: String, bytes: Int)] {
         [
             ("request_bodies", requestBodies), ("staged_answers", stagedAnswers), ("client_output", clientOutput),
-            ("tunnels", tunnels), ("upstream_h2", upstreamH2), ("admin_output", adminOutput),
+            ("tunnels", tunnels), ("upstream_h2", upstreamH2), ("coalesced", coalesced), ("admin_output", adminOutput),
             ("kept_answers", keptAnswers),
         ]
     }
@@ -229,7 +231,8 @@ extension SharedState {
         MemoryReading(
             requestBodies: bodies.current, stagedAnswers: connectionMemory.staged.current,
             clientOutput: connectionMemory.output.current, tunnels: connectionMemory.tunnels.current,
-            upstreamH2: connectionMemory.upstreamH2.current, adminOutput: adminMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
+            upstreamH2: connectionMemory.upstreamH2.current, coalesced: connectionMemory.coalesced.current,
+            adminOutput: adminMemory.output.current, keptAnswers: stale?.usage.bytes ?? 0,
             limit: memoryPressure.limit, pressure: memoryPressure.active, spooled: spool.spooled,
             spoolLimit: spool.shares.process.limit)
     }
