@@ -126,12 +126,12 @@ deploy-check: test-deps build
 image-local: deps
 	deploy/image-local.sh
 
-# make loadtest SCENARIO=steady|flaky|outage|token-storm|breaker|throttled|tail|overload (30 s; chart in /tmp/happypath-loadtest)
+# make loadtest SCENARIO=steady|flaky|outage|token-storm|breaker|throttled|tail|overload|coalesce (30 s; chart in /tmp/happypath-loadtest)
 SCENARIO ?= steady
 loadtest: test-deps release
 	HAPPYPATH_BIN=$$($(SWIFT) build -c release --show-bin-path)/happypath deploy/loadtest/run.sh $(SCENARIO)
 
-LOADTEST_SCENARIOS := steady flaky outage token-storm breaker throttled tail overload
+LOADTEST_SCENARIOS := steady flaky outage token-storm breaker throttled tail overload coalesce
 loadtest-short: test-deps build
 	@for s in $(LOADTEST_SCENARIOS); do \
 	  HAPPYPATH_BIN=$$($(SWIFT) build --show-bin-path)/happypath deploy/loadtest/run.sh $$s --short || exit 1; \

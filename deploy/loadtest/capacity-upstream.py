@@ -16,6 +16,15 @@ it is the utilisation), `in_service`, `queued`. Any other request holds a
 slot, then answers 200 with a small body. asyncio, one thread: the slot
 accounting needs no lock, and a few hundred requests a second cost a few
 per cent of a core.
+
+GET /_cap/arrivals answers at once with JSON for the `coalesce` scenario
+(coalesce.sh): `started` (the monotonic clock when the port began to
+listen), `now`, `slots`, `service_ms`, and `paths`: for each path
+requested (query left out, `/_cap/` and `/healthz` not counted), the
+monotonic times its requests arrived, as each head was read, before any
+wait for a slot. Python's monotonic clock is CLOCK_MONOTONIC, one clock
+for every process on the machine, so these times compare with the load
+generator's.
 """
 import asyncio, collections, json, sys, time
 
@@ -71,6 +80,8 @@ class Capacity:
 
 
 capacity = Capacity(SLOTS)
+started = None  # set once the port listens
+arrivals = collections.defaultdict(list)  # path -> monotonic arrival times
 
 
 def response(status, body, content_type=b"application/json"):
@@ -96,9 +107,14 @@ async def handle(reader, writer):
                          "in_service": capacity.in_service, "queued": len(capacity.waiters), "slots": SLOTS,
                          "service_ms": SERVICE * 1000}
                 writer.write(response(b"200 OK", json.dumps(stats).encode()))
+            elif target.startswith(b"/_cap/arrivals"):
+                report = {"started": started, "now": time.monotonic(), "slots": SLOTS, "service_ms": SERVICE * 1000,
+                          "paths": arrivals}
+                writer.write(response(b"200 OK", json.dumps(report).encode()))
             elif target.startswith(b"/healthz"):
                 writer.write(response(b"200 OK", b"ok\n", b"text/plain"))
             else:
+                arrivals[target.split(b"?")[0].decode("latin-1")].append(time.monotonic())
                 await capacity.serve()
                 writer.write(response(b"200 OK", BODY))
             await writer.drain()
@@ -109,7 +125,9 @@ async def handle(reader, writer):
 
 
 async def main():
+    global started
     server = await asyncio.start_server(handle, "127.0.0.1", PORT, backlog=4096, reuse_address=True)
+    started = time.monotonic()
     async with server:
         await server.serve_forever()
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load-test scenarios through happypath, one command each:
 #
-#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload [--short]
+#   deploy/loadtest/run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload|coalesce [--short]
 #   make loadtest SCENARIO=flaky
 #
 # Starts the demo upstream and the proxy on loopback (free ports: lib.sh),
@@ -27,11 +27,16 @@
 # overload: an upstream of fixed capacity, steady critical traffic and a 12x
 # spike of sheddable traffic, through no limit, a fixed max_connections and
 # adaptive concurrency with priorities (deploy/loadtest/overload.sh).
+# coalesce: 2,000 clients on five paths meet an upstream back from a 10 s
+# outage, without and with coalesce: true; with it the replay reaches the
+# upstream as at most one request per path per worker
+# (deploy/loadtest/coalesce.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload [--short]}
+SCENARIO=${1:?usage: run.sh steady|flaky|outage|token-storm|breaker|throttled|tail|overload|coalesce [--short]}
 [ "$SCENARIO" = tail ] && exec "$HERE/tail.sh" "${@:2}"
 [ "$SCENARIO" = overload ] && exec "$HERE/overload.sh" "${@:2}"
+[ "$SCENARIO" = coalesce ] && exec "$HERE/coalesce.sh" "${@:2}"
 SHORT=0; [ "${2:-}" = "--short" ] && SHORT=1
 . "$HERE/lib.sh"
 need wrk; need python3; need curl
