@@ -116,7 +116,8 @@ extension AdminSnapshot {
             {"route":\(JSON.quote(r.route)),"requests":\(number(r.requests)),"errors":\(number(r.errors)),\
             "tries":\(number(r.tries)),"p50_s":\(bound(r.p50)),"p99_s":\(bound(r.p99)),\
             "hedges_won":\(number(r.hedgesWon)),"hedges_lost":\(number(r.hedgesLost)),\
-            "fallbacks":{\(kinds.joined(separator: ","))},"rate_limited":\(number(r.rateLimited)),"window":
+            "fallbacks":{\(kinds.joined(separator: ","))},"rate_limited":\(number(r.rateLimited)),\
+            "coalesced":\(number(r.coalesced)),"window":
             """
         if let w = windows[r.route] {
             json += """

@@ -33,6 +33,8 @@ public struct RouteTotals: Sendable, Equatable {
     }
     /// `happypath_rate_limited_total`, queued and rejected.
     public var rateLimited: Double = 0
+    /// Requests answered from another request's try (`happypath_coalesced_requests_total`).
+    public var coalesced: Double = 0
 
     public init(route: String) { self.route = route }
 
@@ -58,6 +60,7 @@ public struct RouteTotals: Sendable, Equatable {
                 totals[r.route]!.fallbacksByKind[kind, default: 0] += r.value
             case .tries: totals[r.route]!.tries += r.value
             case .rateLimited: totals[r.route]!.rateLimited += r.value
+            case .coalesced: totals[r.route]!.coalesced += r.value
             case let .durationBucket(le): buckets[r.route, default: [:]][le, default: 0] += r.value
             }
         }
@@ -94,6 +97,8 @@ public struct RouteReading: Sendable, Equatable {
         case fallbacks(kind: String)
         /// `happypath_rate_limited_total` (queued and rejected).
         case rateLimited
+        /// `happypath_coalesced_requests_total` (followers of coalesced groups).
+        case coalesced
         /// `happypath_request_duration_seconds_bucket{le}`, cumulative;
         /// `.infinity` for `+Inf`.
         case durationBucket(le: Double)
@@ -109,6 +114,7 @@ public struct RouteReading: Sendable, Equatable {
             case "happypath_hedges_total": self = .hedges(outcome: label("outcome") ?? "")
             case "happypath_fallback_total": self = .fallbacks(kind: label("kind") ?? "")
             case "happypath_rate_limited_total": self = .rateLimited
+            case "happypath_coalesced_requests_total": self = .coalesced
             default: return nil
             }
         }

@@ -117,6 +117,8 @@ extension StatusPage {
             var total = kinds.reduce(function (n, k) { return n + r.fallbacks[k]; }, 0);
             cells["r-fallbacks"] = ["", kinds.length ? total + " (" + kinds.map(function (k) { return r.fallbacks[k] + " " + k; }).join(", ") + ")" : "0"];
             cells["r-rate-limited"] = ["", "" + r.rate_limited];
+            var c = r.coalesced || 0;
+            cells["r-coalesced"] = ["", c > 0 && r.requests > 0 ? c + " of " + r.requests + " (" + (100 * c / r.requests).toFixed(1) + "%)" : "" + c];
             return cells;
           }
           function apply(state) {

@@ -30,7 +30,7 @@ extension StatusPage {
     /// One route's cells, in the table's order after its name: over what
     /// span, requests (per second over a window, else the count), errors,
     /// p50, p99, tries per request, then counts since the start: hedges
-    /// won / lost, fallbacks by kind, rate-limited. The script writes the
+    /// won / lost, fallbacks by kind, rate-limited, coalesced. The script writes the
     /// same words from `/admin/state`.
     public static func routeCells(_ r: RouteTotals, window: RouteWindow?) -> [(key: String, tone: String, text: String)] {
         var cells: [(String, String, String)] = []
@@ -55,7 +55,14 @@ extension StatusPage {
         cells.append(("r-hedges", "", "\(count(r.hedgesWon)) / \(count(r.hedgesLost))"))
         cells.append(("r-fallbacks", "", fallbackWords(r)))
         cells.append(("r-rate-limited", "", count(r.rateLimited)))
+        cells.append(("r-coalesced", "", coalescedWords(r)))
         return cells
+    }
+
+    /// `0`, or `1995 of 2000 (99.8%)`: requests answered from another's try.
+    static func coalescedWords(_ r: RouteTotals) -> String {
+        guard r.coalesced > 0, r.requests > 0 else { return count(r.coalesced) }
+        return "\(count(r.coalesced)) of \(count(r.requests)) (" + String(format: "%.1f%%", 100 * r.coalesced / r.requests) + ")"
     }
 
     /// `0`, or `3 (2 fixed, 1 stale)`.
@@ -74,7 +81,8 @@ extension StatusPage {
             <div class="wide"><table id="route-totals"><caption>Per route: rates over the span said, counts since the start</caption>
             <thead><tr><th scope="col">Route</th><th scope="col">Over</th><th scope="col">Requests</th><th scope="col">Errors</th>\
             <th scope="col">p50</th><th scope="col">p99</th><th scope="col">Tries / request</th>\
-            <th scope="col">Hedges won / lost</th><th scope="col">Fallbacks</th><th scope="col">Rate-limited</th></tr></thead>
+            <th scope="col">Hedges won / lost</th><th scope="col">Fallbacks</th><th scope="col">Rate-limited</th>\
+            <th scope="col">Coalesced</th></tr></thead>
             <tbody>
 
             """

@@ -85,9 +85,27 @@ import Testing
         #expect(cells["r-p50"] == "≤ 10 ms" && cells["r-p99"] == "> 30 s")
         #expect(cells["r-tries"] == "1.50")
         #expect(cells["r-fallbacks"] == "3 (2 fixed, 1 stale)")
+        #expect(cells["r-coalesced"] == "0")
         let html = StatusPage.routeTotalsTable([r], windows: ["/api/": w])
         #expect(html.contains("<td data-k=\"r-p99\">&gt; 30 s</td>"))
         #expect(html.contains("<td data-k=\"r-errors\" class=\"warn\">25.0%</td>"))
+    }
+
+    /// Issue 50: a coalescing route's line says how many of its requests
+    /// shared another's try, in the page and in `/admin/state`.
+    @Test func aCoalescingRouteSaysHowManyOfItsRequestsSharedATry() {
+        var r = RouteTotals(route: "/catalog/")
+        r.requests = 2000
+        r.coalesced = 1995
+        let cells = Dictionary(StatusPage.routeCells(r, window: nil).map { ($0.key, $0.text) }, uniquingKeysWith: { a, _ in a })
+        #expect(cells["r-coalesced"] == "1995 of 2000 (99.8%)")
+        #expect(StatusPage.routeTotalsTable([r]).contains("<th scope=\"col\">Coalesced</th>"))
+        var snapshot = AdminSnapshot(takenAt: noon)
+        snapshot.routes = [r]
+        #expect(snapshot.json.contains("\"coalesced\":1995.0"))
+        let readings = [RouteReading(route: "/catalog/", .coalesced, 7), RouteReading(route: "/catalog/", .requests(code: "OK"), 8)]
+        #expect(RouteTotals.read(readings, routes: ["/catalog/"])[0].coalesced == 7)
+        #expect(RouteReading.Series(family: "happypath_coalesced_requests_total", labels: [("route", "/catalog/")]) == .coalesced)
     }
 
     func deliveries() -> AdminSnapshot.Deliveries {

@@ -63,6 +63,9 @@ import Testing
         #expect(metrics.contains("happypath_coalesce_group_size_sum{route=\"/\"} 200.0"))
         #expect(metrics.contains("happypath_coalesce_group_size_bucket{route=\"/\",le=\"100.0\"} 0"))
         #expect(metrics.contains("happypath_coalesce_group_size_bucket{route=\"/\",le=\"1000.0\"} 1"))
+        // The route's line on the status page.
+        let page = try HTTP.request(port: h.adminPort, "/status").text
+        #expect(page.contains("<td data-k=\"r-coalesced\">199 of 200 (99.5%)</td>"), "\(page)")
     }
 
     @Test func aRouteWithoutCoalesceSendsEveryRequest() throws {
