@@ -23,6 +23,8 @@ OUT=$OUT/shaping BENCH_PROFILE=shaping PORT_BASE=$(( ${PORT_BASE:-18680} + 20 ))
 echo "== the cost of hedging (armed, never due) and of keeping answers for serve_stale"
 OUT=$OUT/hedge BENCH_PROFILE=hedge PORT_BASE=$(( ${PORT_BASE:-18680} + 30 )) "$here/callgrind.sh" hedge="$bin" || exit 1
 OUT=$OUT/stale BENCH_PROFILE=stale PORT_BASE=$(( ${PORT_BASE:-18680} + 40 )) "$here/callgrind.sh" stale="$bin" || exit 1
+echo "== the cost of coalesce: true for a request that shares with nobody (one connection: each leads alone)"
+OUT=$OUT/coalesce BENCH_PROFILE=coalesce PORT_BASE=$(( ${PORT_BASE:-18680} + 190 )) "$here/callgrind.sh" coalesce="$bin" || exit 1
 echo "== the cost of cors on a route (requests without Origin)"
 OUT=$OUT/cors BENCH_PROFILE=cors PORT_BASE=$(( ${PORT_BASE:-18680} + 180 )) "$here/callgrind.sh" cors="$bin" || exit 1
 echo "== the cost of a route that also takes WebSocket (upgrades: [websocket]) for its plain requests"
@@ -75,7 +77,7 @@ sys_h2, alloc_h2 = per_request(f"{out}/per-request-h2/all.tsv")
 def cell(d, k, f):
     return f.format(d[k]) if k in d else "-"
 print()
-for profile in ("shaping", "process", "cluster", "cluster1", "cors", "hedge", "stale", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
+for profile in ("shaping", "process", "cluster", "cluster1", "cors", "hedge", "stale", "coalesce", "upgrades", "adaptive", "h2up", "tracing0", "tracing1"):
     for line in open(f"{out}/{profile}/summary.md"):
         m = re.match(r"\| \*\*total\*\* \| \*\*([\d,]+)\*\* \|", line)
         if m:
@@ -127,6 +129,9 @@ if "hedge" in instr and "happypath" in instr:
 if "stale" in instr and "happypath" in instr:
     extra = instr["stale"] - instr["happypath"]
     print(f"| instructions keeping every answer for serve_stale (profile stale) | | {instr['stale']:,.0f} ({extra:+,.0f}) | | |")
+if "coalesce" in instr and "happypath" in instr:
+    extra = instr["coalesce"] - instr["happypath"]
+    print(f"| instructions on a route with coalesce: true, each request alone (profile coalesce) | | {instr['coalesce']:,.0f} ({extra:+,.0f}) | +1,500 | {'met' if extra <= 1500 else '**short**'} |")
 if "upgrades" in instr and "happypath" in instr:
     extra = instr["upgrades"] - instr["happypath"]
     print(f"| instructions on a route with upgrades: [websocket], plain requests (profile upgrades) | | {instr['upgrades']:,.0f} ({extra:+,.0f}) | +500 | {'met' if extra <= 500 else '**short**'} |")

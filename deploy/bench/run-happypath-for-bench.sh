@@ -114,6 +114,13 @@ case $profile in
     level=warning
     foundation_yaml "" "    fallback: { serve_stale: 10m }" > "$cfg"
     ;;
+  coalesce)
+    # One connection: each request leads a group of its own (its key, a
+    # table entry, the group closed at its head): what a coalescing route
+    # costs a request that shares with nobody.
+    level=warning
+    foundation_yaml "" "    coalesce: true" > "$cfg"
+    ;;
   upgrades)
     level=warning
     foundation_yaml "" "    upgrades: [websocket]" > "$cfg"
