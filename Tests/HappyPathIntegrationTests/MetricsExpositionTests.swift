@@ -105,6 +105,13 @@ struct MetricsExpositionTests {
             w.metrics.grpcCall(route: w.runtime.routes[0], status: nil)
             // A request the concurrency limit shed.
             w.metrics.shed(upstream: "demo", priority: .sheddable)
+            // A coalesced group's series (coalesce: true; CoalescingTests drives them for real).
+            let label = w.runtime.routes[0].label
+            w.metrics.coalesced(route: label, 3)
+            w.metrics.coalesceGroupEnded(route: label, size: 4)
+            w.metrics.coalesceAlone(route: label, .ineligible)
+            w.metrics.coalesceHandover(route: label)
+            w.metrics.coalesceCut(route: label)
         }
         let admin = AdminProbe(port: h.adminPort)
         guard
@@ -192,7 +199,8 @@ struct MetricsExpositionTests {
             "happypath_requests_total", "happypath_request_duration_seconds", "happypath_upstream_tries_total",
             "happypath_retries_total", "happypath_deliveries_total", "happypath_delivery_store_write_seconds",
             "happypath_rate_limited_total", "happypath_hedges_total", "happypath_fallback_total",
-            "happypath_requests_refused_total", "happypath_client_connections", "happypath_retry_budget_exhausted_total",
+            "happypath_coalesced_requests_total", "happypath_coalesce_group_size", "happypath_coalesce_alone_total",
+            "happypath_coalesce_handovers_total", "happypath_coalesce_cut_total", "happypath_requests_refused_total", "happypath_client_connections", "happypath_retry_budget_exhausted_total",
             "happypath_circuit_state", "happypath_parked_commands", "happypath_token_refreshes_total",
             "happypath_upstream_paused_seconds", "happypath_deliveries_queued", "happypath_delivery_oldest_queued_seconds",
             "process_cpu_seconds_total", "process_open_fds", "happypath_tls_certificate_expiry_seconds",

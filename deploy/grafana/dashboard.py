@@ -157,6 +157,26 @@ line(
       (f"sum by (route, outcome) (rate(happypath_hedges_total{{{R}}}[{RI}]))", "hedge {{route}} {{outcome}}")],
      {"unit": "reqps"}),
 )
+line(
+    ("Coalesced requests",
+     "Requests answered from another request's upstream try (coalesce: true), beside the requests on coalescing routes "
+     "that went on their own try, by reason (docs/coalescing.md).",
+     [(f"sum by (route) (rate(happypath_coalesced_requests_total{{{R}}}[{RI}]))", "{{route}} followers"),
+      (f"sum by (route, reason) (rate(happypath_coalesce_alone_total{{{R}}}[{RI}]))", "{{route}} alone: {{reason}}")],
+     {"unit": "reqps"}),
+    ("Coalesced group sizes",
+     "Requests one upstream try served (its leader and followers): the median and the 99th percentile of the groups "
+     "that ended, by route.",
+     [(f"histogram_quantile(0.5, sum by (route, le) (rate(happypath_coalesce_group_size_bucket{{{R}}}[{RI}])))",
+       "{{route}} p50"),
+      (f"histogram_quantile(0.99, sum by (route, le) (rate(happypath_coalesce_group_size_bucket{{{R}}}[{RI}])))",
+       "{{route}} p99")]),
+    ("Coalescing handovers and cuts",
+     "Groups whose leader ended for reasons of its own (its deadline, its client left) and whose next follower led a "
+     "new try; members cut for reading too far behind the fastest.",
+     [(f"sum by (route) (rate(happypath_coalesce_handovers_total{{{R}}}[{RI}]))", "{{route}} handovers"),
+      (f"sum by (route) (rate(happypath_coalesce_cut_total{{{R}}}[{RI}]))", "{{route}} cut")]),
+)
 
 row("Cluster (Redis)")
 line(

@@ -183,6 +183,39 @@ public enum OutsideValuesHarness {
                 precondition(!whole.failed && sent.count == whole.bytes.count, "text mode let a bad body through")
             }
             return whole.failed ? "refused" : "\(whole.bytes.count) bytes"
+        case UInt8(ascii: "o"):  // coalesce: request fields (a key) and answer fields (a verdict), "name:value" lines
+            var fields: [(name: ArraySlice<UInt8>, value: ArraySlice<UInt8>)] = []
+            for line in value.split(separator: 0x0A, omittingEmptySubsequences: false) {
+                guard let colon = line.firstIndex(of: 0x3A) else { continue }
+                fields.append((line[line.startIndex..<colon], line[(colon + 1)...]))
+            }
+            let staleKey = StaleKey(privateHeaders: ["X-Api-Key"], rateLimitHeader: "X-Client")
+            func key(_ method: String) -> String? {
+                var reader = CoalesceRules.RequestReader(key: staleKey, salt: Array("fuzz".utf8))
+                for field in fields {
+                    field.name.withUnsafeBytes { n in field.value.withUnsafeBytes { v in reader.field(name: n, value: v) } }
+                }
+                return reader.key(method: method, route: 0, upstream: "u", target: "/t", scheme: "http", pacingKey: nil)
+            }
+            let get = key("GET")
+            precondition(get == key("GET"), "the same request made two keys")
+            precondition((get == nil) == (key("HEAD") == nil) && (get == nil || get != key("HEAD")), "GET and HEAD share a key")
+            precondition(key("POST") == nil, "a POST coalesced")
+            var answer = KeptFields()
+            for field in fields {
+                field.name.withUnsafeBytes { n in field.value.withUnsafeBytes { v in _ = answer.append(name: n, value: v) } }
+            }
+            let verdict = CoalesceRules.head(fields: answer, contentLength: value.count, largeAbove: 64)
+            let cookie = fields.contains { String(decoding: $0.name, as: UTF8.self).lowercased() == "set-cookie" }
+            switch verdict {
+            case let .share(vary):
+                precondition(!cookie, "an answer that sets a cookie was shared")
+                precondition(value.count <= 64, "a large answer was shared")
+                precondition(vary.allSatisfy { $0 == $0.lowercased() && !$0.isEmpty }, "a Vary name not lower-cased")
+                return "share \(get == nil ? "-" : "key") vary \(vary.count)"
+            case let .release(reason):
+                return "release \(reason.rawValue)"
+            }
         default:
             return "no reader for \(kind)"
         }
