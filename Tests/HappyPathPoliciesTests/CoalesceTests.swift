@@ -16,7 +16,9 @@ import Testing
     ) -> String? {
         var reader = CoalesceRules.RequestReader(key: key, salt: salt)
         for (name, value) in fields { reader.field(name: name, value: value) }
-        return reader.key(method: method, route: route, upstream: "api", target: target, scheme: scheme, pacingKey: pacing)
+        return reader.key(
+            method: method, route: CoalesceRules.routeTag(route), upstream: "api", target: target, scheme: scheme,
+            pacingKey: pacing)
     }
 
     static let plain = key([("Host", "shop.example")])!

@@ -80,15 +80,19 @@ public enum CoalesceRules {
         /// - Parameters:
         ///   - pacingKey: the client a `pacing.scope_429: client` pause
         ///     concerns (nil: the upstream pauses for everyone).
+        /// - Parameters:
+        ///   - route: the route's tag (`CoalesceRules.routeTag`), made once per route.
         public func key(
-            method: String, route: Int, upstream: String, target: String, scheme: String, pacingKey: String?
+            method: String, route: String, upstream: String, target: String, scheme: String, pacingKey: String?
         ) -> String? {
             guard !ineligible, method == "GET" || method == "HEAD" else { return nil }
-            let keys = stale.keys(upstream: upstream, target: target, scheme: scheme)
-            var key = method + " " + String(route) + " " + (keys.credentials ?? keys.shared)
-            if !validators.isEmpty { key += String(decoding: validators, as: UTF8.self) }
-            if let pacingKey { key += "\npacing:" + pacingKey }
-            return key
+            // Written into the key's one allocation; the usual GET adds the route's tag alone.
+            var suffix = route
+            if method == "HEAD" { suffix += "\nHEAD" }
+            if !validators.isEmpty { suffix += String(decoding: validators, as: UTF8.self) }
+            if let pacingKey { suffix += "\npacing:" + pacingKey }
+            let keys = stale.keys(upstream: upstream, target: target, scheme: scheme, suffix: suffix)
+            return keys.credentials ?? keys.shared
         }
 
         /// A list field names `token` (one of its comma-separated elements, without case).
@@ -98,6 +102,11 @@ public enum CoalesceRules {
             return found
         }
     }
+
+    /// A route's part of its requests' keys: two routes to the same
+    /// upstream and target never share (their credential fields and
+    /// redirects are their own).
+    public static func routeTag(_ index: Int) -> String { "\n#" + String(index) }
 
     /// What the leader's answer head says about sharing it.
     public enum HeadVerdict: Sendable, Equatable {

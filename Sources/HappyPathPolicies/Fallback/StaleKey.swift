@@ -135,13 +135,16 @@ public struct StaleKey: Sendable, Equatable {
         ///   - upstream: the route's upstream.
         ///   - target: the target as sent upstream (after `strip_prefix`).
         ///   - scheme: the listener's, `http` or `https`.
-        public func keys(upstream: String, target: String, scheme: String) -> Keys {
+        /// - Parameter suffix: written at the end of the shared key, in the
+        ///   same allocation (a coalescing key's parts: `CoalesceRules`);
+        ///   empty for serve-stale's keys.
+        public func keys(upstream: String, target: String, scheme: String, suffix: String = "") -> Keys {
             // Field values hold no CR, LF or NUL (the parser refuses them)
             // and a target no space: a line feed between the parts, and the
             // upstream's name prefixed by its length, make the composition
             // unambiguous.
             let length = upstream.utf8.count
-            var parts = Writer.digits(length) + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7
+            var parts = Writer.digits(length) + upstream.utf8.count + target.utf8.count + scheme.utf8.count + 7 + suffix.utf8.count
             for (i, name) in StaleKey.forwardingFields.enumerated() {
                 forEachValue(of: i) { parts += 2 + name.utf8.count + $0.count }
             }
@@ -163,6 +166,7 @@ public struct StaleKey: Sendable, Equatable {
                         writer.put(value)
                     }
                 }
+                if !suffix.isEmpty { writer.put(text: suffix) }
                 return writer.at
             }
             guard sawCredential else { return Keys(shared: sharedKey, credentials: nil) }

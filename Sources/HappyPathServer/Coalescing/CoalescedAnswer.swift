@@ -317,8 +317,9 @@ final class CoalescedAnswer: ExchangeClient {
         // Before its head was shared, the group's end is its leader's to decide (Exchange+Coalesce).
         guard headShared, ended, readers.isEmpty, group.machine.state != .ended else { return }
         group.machine.finished()
-        group.table.metrics.coalesceGroupEnded(route: group.route.label, size: group.machine.size)
+        if group.machine.size > 1 { group.table.metrics.coalesceGroupEnded(route: group.route.label, size: group.machine.size) }
         group.members = [:]
+        group.leading = nil
         leader = nil
     }
 }

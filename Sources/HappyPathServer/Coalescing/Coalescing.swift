@@ -7,12 +7,12 @@ import HappyPathPolicies
 /// try per key per worker is out at a time.
 final class Coalescing {
     /// Groups that identical requests may still join, by key.
-    private var open: [String: CoalesceGroup] = [:]
+    private var open: [GroupKey: CoalesceGroup] = [:]
     /// Keys whose last answer said `Cache-Control: no-store`, until when:
     /// requests under them go alone at once instead of waiting for a head
     /// that will not be shared. At most `noStoreKeys`, the oldest dropped.
-    private var noStore: [String: Instant] = [:]
-    private var noStoreOrder: [String] = []
+    private var noStore: [GroupKey: Instant] = [:]
+    private var noStoreOrder: [GroupKey] = []
     static let noStoreKeys = 4096
     static let noStoreFor: Duration = .seconds(10)
     /// Mixed into every credential hash of a key: made once per process,
@@ -49,7 +49,8 @@ final class Coalescing {
         case alone(CoalesceRules.AloneReason)
     }
 
-    func join(_ exchange: Exchange, key: String, deadline: Instant, now: Instant) -> Role {
+    func join(_ exchange: Exchange, key text: String, deadline: Instant, now: Instant) -> Role {
+        let key = GroupKey(text)
         if let group = open[key] {
             let member = group.nextMember()
             switch group.machine.join(member, deadline: deadline) {
@@ -67,7 +68,7 @@ final class Coalescing {
                 return .lead(next)
             }
         }
-        if let until = noStore[key] {
+        if !noStore.isEmpty, let until = noStore[key] {
             if until > now { return .alone(.noStore) }
             noStore[key] = nil
         }
@@ -78,12 +79,15 @@ final class Coalescing {
 
     /// A group stopped taking new members (its answer is shared, or it ended).
     func close(_ group: CoalesceGroup) {
-        if let key = group.key, open[key] === group { open[key] = nil }
+        guard let key = group.key else { return }
         group.key = nil
+        // One look-up: the table holds this group under its key (a full
+        // group's key was taken by the next, and set to nil then).
+        open[key] = nil
     }
 
     /// The key's answer said `no-store`: its requests go alone for a while.
-    func rememberNoStore(_ key: String, now: Instant) {
+    func rememberNoStore(_ key: GroupKey, now: Instant) {
         if noStore[key] == nil {
             if noStoreOrder.count >= Self.noStoreKeys {
                 // Drop the oldest half's expired entries and the oldest beyond.
@@ -101,20 +105,22 @@ final class Coalescing {
 /// the pure machine that decides what each gets (`CoalesceGroupStateMachine`).
 final class CoalesceGroup {
     /// Its key while it is in the table (nil: closed, or a regroup made off the table).
-    var key: String?
+    var key: GroupKey?
     unowned let table: Coalescing
     let route: RuntimeRoute
     var machine: CoalesceGroupStateMachine
-    /// Every member still in the group, the leader's included.
+    /// The leader's exchange.
+    var leading: Exchange?
+    /// Its followers' exchanges, by member number (none made for a leader alone).
     var members: [Int: Exchange] = [:]
     private var lastMember = 0
 
-    init(key: String?, table: Coalescing, leader: Exchange, route: RuntimeRoute) {
+    init(key: GroupKey?, table: Coalescing, leader: Exchange, route: RuntimeRoute) {
         self.key = key
         self.table = table
         self.route = route
         machine = CoalesceGroupStateMachine(leader: 0, maxFollowers: route.coalesce?.maxFollowers ?? 1)
-        members[0] = leader
+        leading = leader
     }
 
     func nextMember() -> Int {
@@ -123,7 +129,6 @@ final class CoalesceGroup {
     }
 
     var hasFollowers: Bool { machine.followerCount > 0 }
-    var leader: Exchange? { members[machine.leader] }
 
     /// A follower left before any answer (its client, its deadline, drain).
     func leave(_ member: Int) {
@@ -190,6 +195,22 @@ final class CoalesceGroup {
         first.coalesce = CoalesceMembership(group: group, member: 0)
         first.leadAfterFollowing(now: now)
     }
+}
+
+/// A group's key with its hash worked out once: a request's key is looked
+/// up, filed and let go (three hashes of a string of some 50 to 200 bytes
+/// otherwise), and a `no-store` key is remembered.
+struct GroupKey: Hashable {
+    let text: String
+    let hash: Int
+
+    init(_ text: String) {
+        self.text = text
+        hash = text.hashValue
+    }
+
+    static func == (a: GroupKey, b: GroupKey) -> Bool { a.hash == b.hash && a.text == b.text }
+    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
 }
 
 /// An exchange's place in a group (`Exchange.coalesce`).

@@ -43,7 +43,7 @@ extension Exchange {
         var reader = CoalesceRules.RequestReader(key: staleKey, salt: Coalescing.salt)
         request.forEachRawHeader { reader.field(name: $0, value: $1) }
         return reader.key(
-            method: command.method, route: route.index, upstream: upstream.name, target: command.target,
+            method: command.method, route: route.coalesceTag, upstream: upstream.name, target: command.target,
             scheme: request.arrivedOverTLS ? "https" : "http", pacingKey: guardian.pausesClients ? pacingKey : nil)
     }
 
@@ -54,16 +54,16 @@ extension Exchange {
         guard var membership = coalesce, membership.leads, membership.answer == nil else { return }
         let group = membership.group
         guard group.hasFollowers else {
+            // Alone: nothing to observe (group sizes are of groups with followers).
             group.table.close(group)
             group.machine.finished()
-            env.metrics.coalesceGroupEnded(route: route.label, size: 1)
             coalesce = nil
             return
         }
         let answer = CoalescedAnswer(group: group, leader: self)
         membership.answer = answer
         coalesce = membership
-        answerTo = answer
+        sharesAnswer = true
     }
 
     /// The machine answered `failure` (`.answer`): a follower leaves its
@@ -78,7 +78,7 @@ extension Exchange {
         if let answer = membership.answer {
             // An answer began streaming to this leader's client, then its try
             // failed before the first byte and the next ended here.
-            answerTo = request
+            sharesAnswer = false
             if answer.headShared {
                 answer.abort()
                 return answer.detach()
@@ -106,7 +106,7 @@ extension Exchange {
             if answer.headShared { return answer.leaderFinished() }
             // Its client left (or drain) before any byte of the answer: the
             // followers have nothing yet, and are handed over below.
-            answerTo = request
+            sharesAnswer = false
             answer.detach()
         }
         coalesce = nil
@@ -124,7 +124,7 @@ extension Exchange {
     private func leaderEnded(
         _ group: CoalesceGroup, _ after: CoalesceRules.AfterLeader, failure: ExchangeStateMachine.Failure, now: Instant
     ) {
-        group.members[group.machine.leader] = nil
+        group.leading = nil
         let verdict = group.machine.leaderEnded(after, at: now)
         func take(_ member: Int) -> Exchange? {
             guard let follower = group.members.removeValue(forKey: member) else { return nil }
@@ -145,22 +145,21 @@ extension Exchange {
             let kept = members.filter(sharing.keeps)
             group.release(members.filter { !sharing.keeps($0) }, sharing, now: now)
             env.metrics.coalesced(route: route.label, kept.count)
-            env.metrics.coalesceGroupEnded(route: route.label, size: kept.count + 1)
+            if !kept.isEmpty { env.metrics.coalesceGroupEnded(route: route.label, size: kept.count + 1) }
             for member in kept { take(member)?.answerLeadersFailure(failure, leader: self) }
         case let .expireAll(members):
             group.table.close(group)
-            env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
             for member in members { take(member)?.followerFailed(.timeout) }
         case let .promote(leader, expired):
             for member in expired { take(member)?.followerFailed(.timeout) }
             env.metrics.coalesceHandover(route: route.label)
-            if let next = group.members[leader] {
+            if let next = group.members.removeValue(forKey: leader) {
+                group.leading = next
                 next.coalesce = CoalesceMembership(group: group, member: leader)
                 next.leadAfterFollowing(now: now)
             }
         case .ended:
             group.table.close(group)
-            env.metrics.coalesceGroupEnded(route: route.label, size: group.machine.size)
         }
     }
 

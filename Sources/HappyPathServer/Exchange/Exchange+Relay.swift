@@ -21,7 +21,8 @@ extension Exchange {
         // refresh could act on; any other error streams as it comes.
         let hold = route.passesErrors ? failsTry(status) : status >= 400 || route.retry.configuration.statuses.contains(status)
         if !hold, coalesce != nil { coalesceStreams() }
-        relay.begin(status: status, reason: reason, hold: hold, to: answerTo)
+        if sharesAnswer, let answer = coalesce?.answer { return relay.begin(status: status, reason: reason, hold: hold, to: answer) }
+        relay.begin(status: status, reason: reason, hold: hold, to: request)
     }
 
     /// A status the retry rules, pacing or a token refresh act on: the try
@@ -45,9 +46,14 @@ extension Exchange {
         if switching != nil { return switchingField(name: name, value: value) }
         if route.rewritesRedirects, RedirectRewriter.applies(to: name), let rewritten = redirect(name: name, value: value) {
             var rewritten = rewritten
-            return rewritten.withUTF8 { relay.header(name: name, value: UnsafeRawBufferPointer($0), to: answerTo) }
+            return rewritten.withUTF8 { relayHeader(name: name, value: UnsafeRawBufferPointer($0)) }
         }
-        relay.header(name: name, value: value, to: answerTo)
+        relayHeader(name: name, value: value)
+    }
+
+    @inline(__always) private func relayHeader(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        if sharesAnswer, let answer = coalesce?.answer { return relay.header(name: name, value: value, to: answer) }
+        relay.header(name: name, value: value, to: request)
     }
 
     /// A redirect to the endpoint this try went to, as a path on the proxy
@@ -65,7 +71,11 @@ extension Exchange {
         if guardian.adaptive != nil {
             if relay.status < 500, relay.status != 429 { measureTry() } else { dropSample() }
         }
-        switch relay.headComplete(to: answerTo, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields) {
+        let verdict =
+            sharesAnswer && coalesce?.answer != nil
+            ? relay.headComplete(to: coalesce!.answer!, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields)
+            : relay.headComplete(to: request, requestID: command.requestID, attempt: command.attempt, extra: rateLimitFields)
+        switch verdict {
         case let .refused(reason):
             return reason  // a failed try: BAD_GATEWAY once the retry rules give up
         case .held:
@@ -79,7 +89,8 @@ extension Exchange {
 
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !isFinished else { return true }
-        let taken = relay.body(bytes, to: answerTo)
+        let taken: Bool
+        if sharesAnswer, let answer = coalesce?.answer { taken = relay.body(bytes, to: answer) } else { taken = relay.body(bytes, to: request) }
         // Past the read-ahead, the answer goes at its client's pace: the
         // upstream is not what is slow (issue 44).
         if relay.waitingForDrain { answerStreams() }
@@ -88,7 +99,10 @@ extension Exchange {
 
     func upstreamTrailer(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
         guard !isFinished else { return }
-        relay.trailer(name: name, value: value, limit: env.maxTrailerBytes, to: answerTo)
+        if sharesAnswer, let answer = coalesce?.answer {
+            return relay.trailer(name: name, value: value, limit: env.maxTrailerBytes, to: answer)
+        }
+        relay.trailer(name: name, value: value, limit: env.maxTrailerBytes, to: request)
     }
 
     func upstreamFinished(_ failure: UpstreamFailure?) {

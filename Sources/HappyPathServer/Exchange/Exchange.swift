@@ -28,9 +28,11 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     let env: any ExchangeEnvironment
     /// The client's connection, or a `DeliverySink` for a delivery round.
     let request: any ExchangeClient
-    /// Where the try's answer goes: `request`, or the `CoalescedAnswer`
-    /// that gives it to every member of this leader's group.
-    var answerTo: any ExchangeClient
+    /// The try's answer goes to the `CoalescedAnswer` of this leader's
+    /// group (`coalesce.answer`), not only to `request`. A flag, not a
+    /// reference to the client: `request` is a constant, passed on without
+    /// a retain and a release at each part of every answer.
+    var sharesAnswer = false
     /// Its place in a coalescing group (`coalesce:`; nil: none).
     var coalesce: CoalesceMembership?
     /// What the request is, read once at its start (`ExchangeFacts`).
@@ -102,7 +104,6 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         upgrading = upgrade.map { Upgrading(request: $0) }
         self.env = env
         self.request = request
-        answerTo = request
         // One read of the protocol's name serves both (HTTP/1.x requests
         // stop there for gRPC).
         let name = request.protocolName
@@ -206,7 +207,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         for hedge in hedging.removeAll() { hedge.transfer.cancel() }
         for loser in hedging.removeLosers() { loser.transfer.cancel() }
         recycleTimers()
-        answerTo.abort()
+        if sharesAnswer, let answer = coalesce?.answer { answer.abort() } else { request.abort() }
     }
 
     /// Where the worker's parking lot has it (nil: not parked).
@@ -302,7 +303,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             if relay.web != nil, let frame = relay.webTrailerFrame() {
                 frame.withUnsafeBytes { request.send($0, notifyWhenDrained: false) }
             }
-            answerTo.endReply()
+            if sharesAnswer, let answer = coalesce?.answer { answer.endReply() } else { request.endReply() }
         case .truncated, .drained:
             result.status = machine.attempt == 0 ? machine.streamedStatus : relay.status
             result.code = "TRUNCATED"
@@ -321,7 +322,7 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
             }
             // Part of the response is already with the client: the only
             // honest signal left is a broken connection.
-            answerTo.abort()
+            if sharesAnswer, let answer = coalesce?.answer { answer.abort() } else { request.abort() }
         case .clientClosed:
             result.status = 499  // nginx's "client closed request"
             result.code = "CLIENT_CLOSED"

@@ -162,6 +162,8 @@ final class RuntimeRoute: Sendable {
     /// fields, the union of both lists: a field that is a credential for
     /// one is one for both.
     let coalesceKey: StaleKey?
+    /// Its part of its requests' coalescing keys (`CoalesceRules.routeTag`).
+    let coalesceTag: String
     /// `upgrades:` protocols a client may switch to (lowercased; empty: none).
     let upgrades: [String]
     /// `upgrades_idle_timeout`: a tunnel quiet both ways this long is closed.
@@ -219,6 +221,7 @@ final class RuntimeRoute: Sendable {
         staleKey = keepsStale ? key : nil
         self.coalesce = coalesce
         coalesceKey = coalesce != nil ? key : nil
+        coalesceTag = CoalesceRules.routeTag(index)
         if case .p95 = hedge?.after { tryLatency = Locked(LatencyWindow()) } else { tryLatency = nil }
         if case let .fixed(after) = hedge?.after { hedgeAfterNanoseconds = after.nanoseconds } else { hedgeAfterNanoseconds = nil }
         self.rateLimit = keptRateLimit ?? rateLimit.map { RouteRateLimit($0, label: label, timeout: timeout) }

@@ -195,7 +195,8 @@ public enum OutsideValuesHarness {
                 for field in fields {
                     field.name.withUnsafeBytes { n in field.value.withUnsafeBytes { v in reader.field(name: n, value: v) } }
                 }
-                return reader.key(method: method, route: 0, upstream: "u", target: "/t", scheme: "http", pacingKey: nil)
+                return reader.key(
+                    method: method, route: CoalesceRules.routeTag(0), upstream: "u", target: "/t", scheme: "http", pacingKey: nil)
             }
             let get = key("GET")
             precondition(get == key("GET"), "the same request made two keys")
