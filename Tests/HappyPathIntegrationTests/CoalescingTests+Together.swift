@@ -313,3 +313,27 @@ extension CoalescingTests {
         #expect(Set(lines.compactMap { $0["request_id"] as? String }) == Set(answers.compactMap { $0.header("X-Request-Id") }))
     }
 }
+
+extension CoalescingTests {
+    /// The proxy stops while a group waits, and while another streams to a
+    /// member that never reads: every member's connection ends, and nothing
+    /// of the groups outlives the proxy (the AddressSanitizer pass checks
+    /// for leaks at exit).
+    @Test func aStopWithGroupsInFlightEndsEveryMember() throws {
+        let body = String(repeating: "y", count: 4 << 20)
+        let up = ScriptedUpstream(answering: { head in
+            head.contains("/slow") ? "DELAY:10000\n" + http(200, "late") : "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
+        }).started()
+        let h = try ProxyHarness(Self.config(up.port, timeout: "30s"), workers: 1)
+        defer { up.stop() }
+        let waiting = try Self.send(h.port, 5, target: "/slow")
+        let stalled = try (0..<3).map { _ -> TestConnection in
+            let c = try TestConnection(port: h.port, timeout: 15, receiveBuffer: 4096)
+            try c.send("GET /big HTTP/1.1\r\nHost: shop.example\r\n\r\n")
+            return c
+        }
+        #expect(waitUntil("both tries reached the upstream") { Self.tries(up).count == 2 })
+        h.stop()
+        for c in waiting + stalled { #expect(c.bytesUntilClosed() != nil, "the connection ended") }
+    }
+}

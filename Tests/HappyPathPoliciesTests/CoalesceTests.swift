@@ -147,6 +147,23 @@ import Testing
         #expect(g.state == .ended)
     }
 
+    /// A follower with only moments left would send a try bound to fail:
+    /// one with time enough leads, and the other follows it.
+    @Test func onlyAFollowerWithTimeEnoughLeads() {
+        var g = G(leader: 0, maxFollowers: 10)
+        _ = g.join(1, deadline: Self.t0 + .milliseconds(10))
+        _ = g.join(2, deadline: Self.t0 + .seconds(2))
+        #expect(g.leaderEnded(.handOver, at: Self.t0) == .promote(leader: 2, expired: []))
+        #expect(g.followers.map(\.id) == [1])
+        // Nobody with time enough: the one with the most leads.
+        var h = G(leader: 0, maxFollowers: 10)
+        _ = h.join(1, deadline: Self.t0 + .milliseconds(20))
+        _ = h.join(2, deadline: Self.t0 + .milliseconds(30))
+        _ = h.join(3, deadline: Self.t0 - .milliseconds(1))
+        #expect(h.leaderEnded(.handOver, at: Self.t0) == .promote(leader: 2, expired: [3]))
+        #expect(h.followers.map(\.id) == [1])
+    }
+
     @Test func aLeaderAloneEndsItsGroup() {
         var g = G(leader: 0, maxFollowers: 10)
         #expect(g.leaderEnded(.handOver, at: Self.t0) == .ended)

@@ -38,6 +38,11 @@ public struct CoalesceGroupStateMachine: Sendable {
     }
 
     public let maxFollowers: Int
+    /// A follower leads a new try only with at least this long left of its
+    /// own time: one with less would send a try bound to fail, and the next
+    /// after it another. Those with less follow the new leader, and their
+    /// own deadlines answer them.
+    public static let minimumTimeToLead: Duration = .milliseconds(50)
     public private(set) var state = State.waiting
     public private(set) var leader: Member
     /// In arrival order, with the places of those who left empty (a leave
@@ -116,16 +121,22 @@ public struct CoalesceGroupStateMachine: Sendable {
             return all.isEmpty ? .ended : .answerAll(all)
         case .handOver:
             let waiting = followers
-            guard let next = waiting.firstIndex(where: { $0.deadline > now }) else {
+            let expired = waiting.filter { $0.deadline <= now }.map(\.id)
+            let living = waiting.filter { $0.deadline > now }
+            // The first with time enough to lead; else the one with the most.
+            guard
+                let next = living.firstIndex(where: { $0.deadline - now >= Self.minimumTimeToLead })
+                    ?? living.indices.max(by: { living[$0].deadline < living[$1].deadline })
+            else {
                 state = .ended
                 removeAllFollowers()
-                return waiting.isEmpty ? .ended : .expireAll(waiting.map(\.id))
+                return waiting.isEmpty ? .ended : .expireAll(expired)
             }
-            leader = waiting[next].id
-            queue = waiting[(next + 1)...].map { $0 }
+            leader = living[next].id
+            queue = living.enumerated().filter { $0.offset != next }.map { $0.element }
             place = [:]
             for (i, follower) in queue.enumerated() { place[follower!.id] = i }
-            return .promote(leader: leader, expired: waiting[..<next].map(\.id))
+            return .promote(leader: leader, expired: expired)
         }
     }
 

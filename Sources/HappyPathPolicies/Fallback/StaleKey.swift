@@ -229,7 +229,7 @@ public struct StaleKey: Sendable, Equatable {
             mutating func put(text: String) {
                 // Read in place (no copy of the string to make it contiguous);
                 // a string that is not contiguous is copied byte by byte.
-                let done = text.utf8.withContiguousStorageIfAvailable { put(UnsafeRawBufferPointer($0)) }
+                let done: Void? = text.utf8.withContiguousStorageIfAvailable { put(UnsafeRawBufferPointer($0)) }
                 if done == nil { for byte in text.utf8 { put(byte: byte) } }
             }
 

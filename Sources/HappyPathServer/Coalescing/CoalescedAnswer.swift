@@ -22,8 +22,10 @@ import HappyPathPolicies
 ///   that much, plus one piece.
 final class CoalescedAnswer: ExchangeClient {
     let group: CoalesceGroup
-    /// The leader's exchange, kept until every member has its answer.
-    private(set) var leader: Exchange?
+    /// The leader's exchange, while it lives (the worker keeps it until its
+    /// try ends, its client's request until it has read the answer): weak,
+    /// so that no cycle outlives a group that never ended (a shutdown).
+    private(set) weak var leader: Exchange?
     /// The leader's own client (member 0).
     private let leaderClient: any ExchangeClient
     private var buffer: FanOutBuffer
@@ -193,7 +195,21 @@ final class CoalescedAnswer: ExchangeClient {
         for member in Array(readers.keys) { pump(member) }
         cutLaggards()
         account()
-        if notifyWhenDrained, outputRoom <= 0 { relayWaits = true }
+        // The relay waits for a drain. A member with room left will not
+        // send one (it asked for none): the upstream goes on next pass.
+        if notifyWhenDrained {
+            relayWaits = true
+            if outputRoom > 0 { resumeNextPass() }
+        }
+    }
+
+    private func resumeNextPass() {
+        guard let leader else { return }
+        leader.env.loop.schedule(after: .zero) { [weak self] in
+            guard let self, self.relayWaits, self.outputRoom > 0 else { return }
+            self.relayWaits = false
+            self.leader?.sharedAnswerResumes()
+        }
     }
 
     func endReply() {
@@ -252,7 +268,13 @@ final class CoalescedAnswer: ExchangeClient {
             guard let reader = readers.removeValue(forKey: member) else { continue }
             buffer.remove(member, trimming: false)
             group.table.metrics.coalesceCut(route: group.route.label)
-            if let reader { reader.sharedAnswerEnded(complete: false) } else if !leaderClientGone { leaderClient.abort() }
+            if let reader {
+                reader.sharedAnswerEnded(complete: false)
+            } else if !leaderClientGone {
+                // The leader's own client, cut as a laggard: gone, as if it had left.
+                leaderClientGone = true
+                leaderClient.abort()
+            }
         }
     }
 
@@ -293,7 +315,10 @@ final class CoalescedAnswer: ExchangeClient {
     /// The leader's client hung up mid-answer. True: others still read,
     /// and the try goes on for them.
     func leaderLeft() -> Bool {
+        guard !leaderClientGone else { return !readers.isEmpty }
         leaderClientGone = true
+        // Its request is let go (and with it the request's hold on the leader's exchange).
+        leaderClient.abort()
         remove(0)
         return !readers.isEmpty
     }

@@ -90,7 +90,8 @@ final class Coalescing {
     func rememberNoStore(_ key: GroupKey, now: Instant) {
         if noStore[key] == nil {
             if noStoreOrder.count >= Self.noStoreKeys {
-                // Drop the oldest half's expired entries and the oldest beyond.
+                // Forget the oldest half (expired or not: a forgotten key only
+                // waits for one more head before it is remembered again).
                 let drop = noStoreOrder.count / 2
                 for old in noStoreOrder[..<drop] { noStore[old] = nil }
                 noStoreOrder.removeFirst(drop)
@@ -109,8 +110,8 @@ final class CoalesceGroup {
     unowned let table: Coalescing
     let route: RuntimeRoute
     var machine: CoalesceGroupStateMachine
-    /// The leader's exchange.
-    var leading: Exchange?
+    /// The leader's exchange (weak: the worker keeps it while it leads).
+    weak var leading: Exchange?
     /// Its followers' exchanges, by member number (none made for a leader alone).
     var members: [Int: Exchange] = [:]
     private var lastMember = 0
@@ -129,6 +130,12 @@ final class CoalesceGroup {
     }
 
     var hasFollowers: Bool { machine.followerCount > 0 }
+
+    /// The worker is shutting down: every link to an exchange goes.
+    func forget() {
+        members = [:]
+        leading = nil
+    }
 
     /// A follower left before any answer (its client, its deadline, drain).
     func leave(_ member: Int) {

@@ -133,15 +133,16 @@ extension Exchange {
         }
         switch verdict {
         case let .answerAll(members):
-            group.table.close(group)
             // The upstream's own answer, held: its fields say whether it is
-            // everyone's (Set-Cookie, no-store, Vary), as a streamed head's do.
+            // everyone's (Set-Cookie, no-store, Vary), as a streamed head's do
+            // (judged while the group still has its key, for the no-store memory).
             var sharing = CoalesceGroup.Sharing(keeps: { _ in true }, reason: nil, vary: [])
             if case .upstreamAnswer = failure {
                 let fields = KeptFields(relay.heldEndToEndFields)
                 sharing = group.sharing(
                     CoalesceRules.head(fields: fields, contentLength: nil, largeAbove: .max), leader: self, now: now)
             }
+            group.table.close(group)
             let kept = members.filter(sharing.keeps)
             group.release(members.filter { !sharing.keeps($0) }, sharing, now: now)
             env.metrics.coalesced(route: route.label, kept.count)

@@ -208,6 +208,14 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
         for loser in hedging.removeLosers() { loser.transfer.cancel() }
         recycleTimers()
         if sharesAnswer, let answer = coalesce?.answer { answer.abort() } else { request.abort() }
+        // A group's links to its exchanges (and theirs to it) go with it:
+        // every member of a shared answer is cut, as at the drain's end.
+        if let membership = coalesce {
+            coalesce = nil
+            membership.group.forget()
+            membership.answer?.abort()
+            membership.answer?.detach()
+        }
     }
 
     /// Where the worker's parking lot has it (nil: not parked).
@@ -369,7 +377,10 @@ final class Exchange: UpstreamUpgradeHandler, HTTPRequestObserver, LoopEventTarg
     }
 
     func requestOutputDrained(_ request: HTTPRequest) {
-        if let membership = coalesce, let answer = membership.answer { return answer.drained(membership.member) }
+        if let membership = coalesce, let answer = membership.answer {
+            // The leader's client is the answer's member 0, whatever its number in the group.
+            return answer.drained(membership.leads ? 0 : membership.member)
+        }
         relay.drained()
         transfer?.resume()
         upgradeTry?.resume()

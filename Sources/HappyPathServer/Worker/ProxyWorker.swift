@@ -101,7 +101,8 @@ final class ProxyWorker: HTTPServerDelegate {
         refreshes = TokenRefreshes(worker: self)
         tunnels = WorkerTunnels(worker: self)
         coalescing = Coalescing(
-            bound: limits.connectionBuffer, largeAbove: limits.readAhead, metrics: metrics,
+            // Without read-ahead (0), an answer past the connection's buffer is large.
+            bound: limits.connectionBuffer, largeAbove: max(limits.readAhead, limits.connectionBuffer), metrics: metrics,
             memory: shared.connectionMemory.coalesced)
         lanes.open(shared.guards)
     }
