@@ -30,6 +30,8 @@ raised to its hard limit here; it needs about CLIENTS + 50.
 """
 import argparse, asyncio, csv, json, re, resource, time
 
+from http11 import get, read_response, split
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--name", required=True)
 parser.add_argument("--proxy", required=True)
@@ -46,11 +48,6 @@ parser.add_argument("--drain", type=float, default=None)
 args = parser.parse_args()
 
 
-def split(address):
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
 PROXY, ADMIN = split(args.proxy), split(args.admin)
 
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -61,45 +58,6 @@ if soft != resource.RLIM_INFINITY and soft < args.clients + 50:
     raise SystemExit(f"coalesce-load: {args.clients:,} clients need about {args.clients + 50:,} descriptors; "
                      f"the hard limit is {hard:,} (ulimit -Hn)")
 
-# ---- HTTP/1.1, just enough: GET, answers with Content-Length or chunked
-
-
-async def read_response(reader):
-    head = await reader.readuntil(b"\r\n\r\n")
-    status_line, _, header_block = head.partition(b"\r\n")
-    status = int(status_line.split(b" ")[1])
-    length, chunked, close = 0, False, False
-    for line in header_block.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        name, value = name.strip().lower(), value.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding" and b"chunked" in value:
-            chunked = True
-        elif name == b"connection" and value == b"close":
-            close = True
-    body = b""
-    if chunked:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the empty line
-                    pass
-                break
-            body += (await reader.readexactly(size + 2))[:-2]
-    elif length:
-        body = await reader.readexactly(length)
-    return status, body, close
-
-
-async def get(address, path, timeout=2.0):
-    """One request on a new connection (the admin reads)."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {address[0]}\r\nConnection: close\r\n\r\n".encode())
-        return await asyncio.wait_for(read_response(reader), timeout)
-    finally:
-        writer.close()
 
 
 # ---- the clients
