@@ -192,30 +192,10 @@ public final class StaleStore: Sendable {
         return String(v)
     }
 
-    /// A key with its hash, made once per call: the dictionary hashes and
-    /// compares it many times (a lookup compares it with every key on its
-    /// probe), and a long key's bytes are then read once, not each time.
-    /// The hash is the string's own (seeded per process), so keys a client
-    /// chooses cannot be made to collide.
-    struct Key: Hashable {
-        let text: String
-        let hash: Int
-
-        init(_ text: String) {
-            self.text = text
-            hash = text.hashValue
-        }
-
-        /// A free slot's.
-        static let none = Key("")
-
-        static func == (a: Key, b: Key) -> Bool { a.hash == b.hash && a.text == b.text }
-        func hash(into hasher: inout Hasher) { hasher.combine(hash) }
-        /// What the dictionary asks for at each lookup and insertion: the
-        /// hash already made (a seeded SipHash of the whole key), not
-        /// hashed a second time; a collision is told apart by `==`.
-        func _rawHashValue(seed: Int) -> Int { hash ^ seed }
-    }
+    /// A key with its hash, made once per call (`HashedKey`).
+    typealias Key = HashedKey
+    /// A free slot's.
+    static let noKey = Key("")
 
     /// Slots in an array, linked most recently used first; freed slots are
     /// reused. The variants under one key are a second list through the
@@ -224,7 +204,7 @@ public final class StaleStore: Sendable {
     struct State {
         struct Slot {
             var entry: StaleEntry?
-            var key = Key.none
+            var key = StaleStore.noKey
             var size = 0
             var newer = -1
             var older = -1

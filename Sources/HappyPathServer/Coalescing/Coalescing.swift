@@ -204,21 +204,10 @@ final class CoalesceGroup {
     }
 }
 
-/// A group's key with its hash worked out once: a request's key is looked
-/// up, filed and let go (three hashes of a string of some 50 to 200 bytes
-/// otherwise), and a `no-store` key is remembered.
-struct GroupKey: Hashable {
-    let text: String
-    let hash: Int
-
-    init(_ text: String) {
-        self.text = text
-        hash = text.hashValue
-    }
-
-    static func == (a: GroupKey, b: GroupKey) -> Bool { a.hash == b.hash && a.text == b.text }
-    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
-}
+/// A group's key with its hash worked out once (`HashedKey`): a request's
+/// key is looked up, filed and let go (three hashes of a string of some 50
+/// to 200 bytes otherwise), and a `no-store` key is remembered.
+typealias GroupKey = HashedKey
 
 /// An exchange's place in a group (`Exchange.coalesce`).
 struct CoalesceMembership {
