@@ -30,7 +30,7 @@ raised to its hard limit here; it needs about CLIENTS + 50.
 """
 import argparse, asyncio, csv, json, re, resource, time
 
-from http11 import get, read_response, split
+from http11 import get, problem_code, read_response, split
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--name", required=True)
@@ -64,7 +64,6 @@ if soft != resource.RLIM_INFINITY and soft < args.clients + 50:
 
 zero = 0.0
 records = []  # (client, path, sent s, status, latency ms, problem code)
-CODE = re.compile(rb'"code"\s*:\s*"([A-Z_]+)"')
 opened = [0]
 done = [False]
 
@@ -89,8 +88,7 @@ async def client(index):
                     return await read_response(reader)
                 status, body, close = await asyncio.wait_for(exchange(), args.timeout)
                 if status != 200:
-                    m = CODE.search(body)
-                    code = m.group(1).decode() if m else ""
+                    code = problem_code(body)
                 if close:
                     connection[1].close()
                     connection = None

@@ -4,6 +4,10 @@ with its trailers, or none). Imported by overload-load.py and
 coalesce-load.py (run from this directory, which Python puts on the path).
 """
 import asyncio
+import re
+
+# The `code` of a problem body (the proxy's error JSON).
+CODE = re.compile(rb'"code"\s*:\s*"([A-Z_]+)"')
 
 
 def split(address):
@@ -48,3 +52,9 @@ async def get(address, path, timeout=2.0):
         return await asyncio.wait_for(read_response(reader), timeout)
     finally:
         writer.close()
+
+
+def problem_code(body):
+    """The `code` of a problem body, or "" (not one)."""
+    m = CODE.search(body)
+    return m.group(1).decode() if m else ""

@@ -27,7 +27,7 @@ in seconds from the run's start, status, latency ms), OUT/NAME.samples.csv
 """
 import argparse, asyncio, csv, json, re, time
 
-from http11 import get, read_response, split
+from http11 import get, problem_code, read_response, split
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--name", required=True)
@@ -83,7 +83,6 @@ class Pool:
 
 start = 0.0
 records = []  # (class, scheduled s, status, latency ms, problem code of a refusal)
-CODE = re.compile(rb'"code"\s*:\s*"([A-Z_]+)"')
 outstanding = {"critical": 0, "sheddable": 0}
 # Critical requests are many users' (a login each): each on its own
 # connection, so the kernel spreads them over the proxy's workers
@@ -113,8 +112,7 @@ async def one(kind, scheduled):
             return await read_response(reader)
         status, body, close = await asyncio.wait_for(exchange(), args.timeout)
         if status != 200:
-            m = CODE.search(body)
-            code = m.group(1).decode() if m else ""
+            code = problem_code(body)
         if close:
             connection[1].close()
         else:

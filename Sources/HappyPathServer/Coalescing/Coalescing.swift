@@ -37,9 +37,6 @@ final class Coalescing {
         self.memory = memory
     }
 
-    /// Followers across this worker's groups now (`/admin/state`).
-    var groups: Int { open.count }
-
     enum Role {
         /// The first with this key: it sends the try, and leads `group`.
         case lead(CoalesceGroup)
